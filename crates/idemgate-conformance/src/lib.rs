@@ -1,0 +1,633 @@
+//! The one conformance suite every idemgate store passes.
+//!
+//! Each behaviour is a plain `pub async fn` taking a [`Fixture`]; [`store_conformance!`] stamps each
+//! one out as a named `#[tokio::test]`, so a store's `tests/conformance.rs` is one macro call. Every
+//! behaviour works on keys of a fresh random tenant, so the suite can run against a shared server
+//! database, in parallel, without cleaning up.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use idemgate_core::{
+    Claim, Clock, Fingerprint, IdempotencyKey, Key, Lease, ListFilter, ManualClock, Outcome,
+    Record, RecordState, Reservation, State, Store, StoreError, TenantId, Timestamp, ToolName,
+};
+
+/// A store under test and a way to move its clock.
+#[derive(Debug)]
+pub struct Fixture<S> {
+    /// The store.
+    pub store: S,
+    /// How time passes for it.
+    pub time: TimeTravel,
+}
+
+/// How the suite makes time pass.
+#[derive(Clone, Debug)]
+pub enum TimeTravel {
+    /// The store judges time by this clock; the suite moves it by hand.
+    Manual(ManualClock),
+    /// The store judges time by a server's clock; the suite sleeps (briefly: leases in the suite
+    /// are a few hundred milliseconds).
+    Real,
+}
+
+impl<S: Store> Fixture<S> {
+    /// A store on a manual clock: `build` gets the clock to judge time by.
+    pub fn manual(build: impl FnOnce(Arc<dyn Clock>) -> S) -> Self {
+        let clock = ManualClock::new(Timestamp::from_millis(1_800_000_000_000));
+        let store = build(Arc::new(clock.clone()));
+        Fixture {
+            store,
+            time: TimeTravel::Manual(clock),
+        }
+    }
+
+    /// A store that judges time by a server's clock.
+    pub fn real(store: S) -> Self {
+        Fixture {
+            store,
+            time: TimeTravel::Real,
+        }
+    }
+
+    /// Lets `d` pass for the store.
+    pub async fn pass(&self, d: Duration) {
+        match &self.time {
+            TimeTravel::Manual(clock) => clock.advance(d),
+            TimeTravel::Real => tokio::time::sleep(d).await,
+        }
+    }
+}
+
+/// The lease used by behaviours that let it run out.
+pub const SHORT_LEASE: Duration = Duration::from_millis(300);
+/// Longer than [`SHORT_LEASE`], with margin for server clocks and scheduling.
+pub const PAST_SHORT_LEASE: Duration = Duration::from_millis(700);
+/// A lease no behaviour outlives.
+pub const LONG_LEASE: Duration = Duration::from_secs(600);
+/// A TTL no behaviour outlives.
+pub const LONG_TTL: Duration = Duration::from_secs(3600);
+
+/// A key under a fresh random tenant, so behaviours never see each other's records.
+pub fn fresh_key(tool: &str) -> Key {
+    let tenant = IdempotencyKey::mint();
+    Key::new(
+        TenantId::new(&tenant.as_str()[4..20]).expect("valid tenant"),
+        ToolName::new(tool).expect("valid tool"),
+        IdempotencyKey::new("order-42").expect("valid key"),
+    )
+}
+
+fn fp(s: &str) -> Fingerprint {
+    Fingerprint::of_bytes(s.as_bytes())
+}
+
+fn reservation(key: &Key, args: &str, lease_for: Duration) -> Reservation {
+    Reservation::new(key.clone(), fp(args), lease_for)
+}
+
+async fn acquire<S: Store>(s: &S, r: &Reservation) -> Lease {
+    match s.reserve(r).await.expect("reserve") {
+        Claim::Acquired(lease) => lease,
+        Claim::Existing(rec) => panic!("expected to acquire {}, found {rec:?}", r.key),
+    }
+}
+
+fn existing(claim: Result<Claim, StoreError>) -> Record {
+    match claim.expect("store operation") {
+        Claim::Existing(rec) => rec,
+        Claim::Acquired(lease) => panic!("expected an existing record, acquired {lease:?}"),
+    }
+}
+
+fn assert_lease_lost<T: std::fmt::Debug>(r: Result<T, StoreError>, what: &str) {
+    match r {
+        Err(StoreError::LeaseLost) => {}
+        other => panic!("{what}: expected LeaseLost, got {other:?}"),
+    }
+}
+
+/// 32 tasks race to reserve one key: exactly one acquires, and the others all see its record.
+pub async fn race_32_way_one_acquires<S: Store + Clone>(fx: &Fixture<S>) {
+    let key = fresh_key("race");
+    let mut tasks = Vec::new();
+    for _ in 0..32 {
+        let store = fx.store.clone();
+        let r = reservation(&key, "same", LONG_LEASE);
+        tasks.push(tokio::spawn(async move { store.reserve(&r).await }));
+    }
+    let mut acquired = Vec::new();
+    let mut seen = 0;
+    for t in tasks {
+        match t.await.expect("task").expect("reserve") {
+            Claim::Acquired(lease) => acquired.push(lease),
+            Claim::Existing(rec) => {
+                assert_eq!(rec.state_name(), State::InFlight);
+                seen += 1;
+            }
+        }
+    }
+    assert_eq!(acquired.len(), 1, "exactly one reservation must win");
+    assert_eq!(seen, 31);
+    let rec = fx.store.get(&key).await.expect("get").expect("record");
+    assert_eq!(rec.fence, acquired[0].fence);
+}
+
+/// A reservation retried with the same token (its first answer was lost) acquires its own record.
+pub async fn reserve_retry_with_same_token_acquires<S: Store>(fx: &Fixture<S>) {
+    let key = fresh_key("retry");
+    let r = reservation(&key, "a", LONG_LEASE);
+    let first = acquire(&fx.store, &r).await;
+    let again = acquire(&fx.store, &r).await;
+    assert_eq!(first, again);
+    let other = reservation(&key, "a", LONG_LEASE);
+    let rec = existing(fx.store.reserve(&other).await);
+    assert_eq!(rec.state_name(), State::InFlight);
+}
+
+/// A completed record is returned with its outcome to every later reservation, until it expires.
+pub async fn completed_record_replays<S: Store>(fx: &Fixture<S>) {
+    let key = fresh_key("replay");
+    let r = reservation(&key, "a", LONG_LEASE);
+    let lease = acquire(&fx.store, &r).await;
+    let done = fx
+        .store
+        .complete(&key, lease, &Outcome::success(b"paid".to_vec()), LONG_TTL)
+        .await
+        .expect("complete");
+    assert!(done.expires_at > done.completed_at);
+    for _ in 0..3 {
+        let rec = existing(fx.store.reserve(&reservation(&key, "a", LONG_LEASE)).await);
+        match rec.state {
+            RecordState::Completed {
+                outcome,
+                completed_at,
+                expires_at,
+            } => {
+                assert_eq!(outcome, Outcome::success(b"paid".to_vec()));
+                assert_eq!(
+                    (completed_at, expires_at),
+                    (done.completed_at, done.expires_at)
+                );
+            }
+            other => panic!("expected completed, found {other:?}"),
+        }
+    }
+}
+
+/// A failed outcome is stored and returned like a success, with its kind.
+pub async fn failed_outcome_is_stored<S: Store>(fx: &Fixture<S>) {
+    let key = fresh_key("failed");
+    let lease = acquire(&fx.store, &reservation(&key, "a", LONG_LEASE)).await;
+    let outcome = Outcome::failed(vec![0, 159, 255, 10]);
+    fx.store
+        .complete(&key, lease, &outcome, LONG_TTL)
+        .await
+        .expect("complete");
+    let rec = fx.store.get(&key).await.expect("get").expect("record");
+    assert!(matches!(rec.state, RecordState::Completed { outcome: o, .. } if o == outcome));
+}
+
+/// The record keeps the first call's fingerprint, so the engine can report a key reused with other
+/// arguments.
+pub async fn fingerprint_mismatch_is_visible<S: Store>(fx: &Fixture<S>) {
+    let key = fresh_key("mismatch");
+    let lease = acquire(&fx.store, &reservation(&key, "first", LONG_LEASE)).await;
+    let rec = existing(
+        fx.store
+            .reserve(&reservation(&key, "second", LONG_LEASE))
+            .await,
+    );
+    assert_eq!(rec.fingerprint, fp("first"));
+    fx.store
+        .complete(&key, lease, &Outcome::success(b"x".to_vec()), LONG_TTL)
+        .await
+        .expect("complete");
+    let rec = existing(
+        fx.store
+            .reserve(&reservation(&key, "second", LONG_LEASE))
+            .await,
+    );
+    assert_eq!(rec.fingerprint, fp("first"));
+}
+
+/// An expired lease reads as unknown, is never overwritten by a reservation, and can be taken over
+/// (by the right fence and fingerprint only), which raises the fence.
+pub async fn expired_lease_becomes_unknown_and_can_be_taken_over<S: Store>(fx: &Fixture<S>) {
+    let key = fresh_key("expiry");
+    let lease = acquire(&fx.store, &reservation(&key, "a", SHORT_LEASE)).await;
+    fx.pass(PAST_SHORT_LEASE).await;
+    let rec = fx.store.get(&key).await.expect("get").expect("record");
+    assert_eq!(rec.state_name(), State::Unknown);
+    assert_eq!(rec.fence, lease.fence);
+    let rec = existing(fx.store.reserve(&reservation(&key, "a", LONG_LEASE)).await);
+    assert_eq!(
+        rec.state_name(),
+        State::Unknown,
+        "unknown is never overwritten"
+    );
+    // Wrong fence or other arguments: no takeover.
+    let wrong = existing(
+        fx.store
+            .takeover(&reservation(&key, "a", LONG_LEASE), lease.fence + 5)
+            .await,
+    );
+    assert_eq!(wrong.state_name(), State::Unknown);
+    let other = existing(
+        fx.store
+            .takeover(&reservation(&key, "b", LONG_LEASE), lease.fence)
+            .await,
+    );
+    assert_eq!(other.state_name(), State::Unknown);
+    let r = reservation(&key, "a", LONG_LEASE);
+    let new = match fx.store.takeover(&r, lease.fence).await.expect("takeover") {
+        Claim::Acquired(l) => l,
+        Claim::Existing(rec) => panic!("takeover refused: {rec:?}"),
+    };
+    assert!(new.fence > lease.fence, "takeover raises the fence");
+    // A second taker with the old fence loses.
+    let late = existing(
+        fx.store
+            .takeover(&reservation(&key, "a", LONG_LEASE), lease.fence)
+            .await,
+    );
+    assert_eq!(late.state_name(), State::InFlight);
+}
+
+/// After a takeover, every write under the old lease fails with LeaseLost and changes nothing.
+pub async fn stale_fence_is_rejected<S: Store>(fx: &Fixture<S>) {
+    let key = fresh_key("zombie");
+    let old = acquire(&fx.store, &reservation(&key, "a", SHORT_LEASE)).await;
+    fx.pass(PAST_SHORT_LEASE).await;
+    let new = match fx
+        .store
+        .takeover(&reservation(&key, "a", LONG_LEASE), old.fence)
+        .await
+        .expect("takeover")
+    {
+        Claim::Acquired(l) => l,
+        Claim::Existing(rec) => panic!("takeover refused: {rec:?}"),
+    };
+    let zombie = Outcome::success(b"zombie".to_vec());
+    assert_lease_lost(
+        fx.store.complete(&key, old, &zombie, LONG_TTL).await,
+        "complete",
+    );
+    assert_lease_lost(fx.store.release(&key, old).await, "release");
+    assert_lease_lost(fx.store.mark_unknown(&key, old).await, "mark_unknown");
+    assert_lease_lost(fx.store.heartbeat(&key, old, LONG_LEASE).await, "heartbeat");
+    let rec = fx.store.get(&key).await.expect("get").expect("record");
+    assert_eq!(rec.state_name(), State::InFlight);
+    assert_eq!(rec.fence, new.fence);
+    fx.store
+        .complete(&key, new, &Outcome::success(b"real".to_vec()), LONG_TTL)
+        .await
+        .expect("the current holder completes");
+}
+
+/// A lease token from a removed record never completes a new record under the same key, even when
+/// the new record's fence happens to be the same number.
+pub async fn released_lease_cannot_complete_new_record<S: Store>(fx: &Fixture<S>) {
+    let key = fresh_key("aba");
+    let old = acquire(&fx.store, &reservation(&key, "a", LONG_LEASE)).await;
+    fx.store.release(&key, old).await.expect("release");
+    let new = acquire(&fx.store, &reservation(&key, "a", LONG_LEASE)).await;
+    assert_lease_lost(
+        fx.store
+            .complete(&key, old, &Outcome::success(b"old".to_vec()), LONG_TTL)
+            .await,
+        "complete with a released lease",
+    );
+    fx.store
+        .complete(&key, new, &Outcome::success(b"new".to_vec()), LONG_TTL)
+        .await
+        .expect("complete");
+}
+
+/// The current holder may still complete after its lease ran out, as long as nobody took over: the
+/// late truth replaces "unknown".
+pub async fn late_completion_by_current_holder_is_kept<S: Store>(fx: &Fixture<S>) {
+    let key = fresh_key("late");
+    let lease = acquire(&fx.store, &reservation(&key, "a", SHORT_LEASE)).await;
+    fx.pass(PAST_SHORT_LEASE).await;
+    fx.store
+        .complete(&key, lease, &Outcome::success(b"late".to_vec()), LONG_TTL)
+        .await
+        .expect("complete");
+    let rec = fx.store.get(&key).await.expect("get").expect("record");
+    assert_eq!(rec.state_name(), State::Completed);
+}
+
+/// Completing twice with the same lease (a retry after a lost answer) returns the first completion
+/// and keeps the first outcome.
+pub async fn complete_is_idempotent_for_its_lease<S: Store>(fx: &Fixture<S>) {
+    let key = fresh_key("complete-twice");
+    let lease = acquire(&fx.store, &reservation(&key, "a", LONG_LEASE)).await;
+    let first = fx
+        .store
+        .complete(&key, lease, &Outcome::success(b"one".to_vec()), LONG_TTL)
+        .await
+        .expect("complete");
+    fx.pass(Duration::from_millis(20)).await;
+    let second = fx
+        .store
+        .complete(&key, lease, &Outcome::success(b"two".to_vec()), LONG_TTL)
+        .await
+        .expect("complete again");
+    assert_eq!(first, second);
+    let rec = fx.store.get(&key).await.expect("get").expect("record");
+    assert!(
+        matches!(rec.state, RecordState::Completed { ref outcome, .. } if outcome.body == b"one")
+    );
+}
+
+/// Releasing removes the record so the next call runs; releasing again succeeds.
+pub async fn release_removes_the_record<S: Store>(fx: &Fixture<S>) {
+    let key = fresh_key("release");
+    let lease = acquire(&fx.store, &reservation(&key, "a", LONG_LEASE)).await;
+    fx.store.release(&key, lease).await.expect("release");
+    assert!(fx.store.get(&key).await.expect("get").is_none());
+    fx.store.release(&key, lease).await.expect("release again");
+    acquire(&fx.store, &reservation(&key, "a", LONG_LEASE)).await;
+}
+
+/// A completed record cannot be released by its holder.
+pub async fn completed_record_cannot_be_released<S: Store>(fx: &Fixture<S>) {
+    let key = fresh_key("release-done");
+    let lease = acquire(&fx.store, &reservation(&key, "a", LONG_LEASE)).await;
+    fx.store
+        .complete(&key, lease, &Outcome::success(b"x".to_vec()), LONG_TTL)
+        .await
+        .expect("complete");
+    assert_lease_lost(
+        fx.store.release(&key, lease).await,
+        "release after complete",
+    );
+    assert!(fx.store.get(&key).await.expect("get").is_some());
+}
+
+/// An ambiguous outcome marks the record unknown at once; reservations then see it, not overwrite it.
+pub async fn mark_unknown_blocks_the_key<S: Store>(fx: &Fixture<S>) {
+    let key = fresh_key("ambiguous");
+    let lease = acquire(&fx.store, &reservation(&key, "a", LONG_LEASE)).await;
+    fx.store
+        .mark_unknown(&key, lease)
+        .await
+        .expect("mark unknown");
+    fx.store.mark_unknown(&key, lease).await.expect("again");
+    let rec = existing(fx.store.reserve(&reservation(&key, "a", LONG_LEASE)).await);
+    assert_eq!(rec.state_name(), State::Unknown);
+    assert_lease_lost(
+        fx.store.heartbeat(&key, lease, LONG_LEASE).await,
+        "heartbeat",
+    );
+}
+
+/// A heartbeat keeps a long call's record in flight past its original lease.
+pub async fn heartbeat_extends_the_lease<S: Store>(fx: &Fixture<S>) {
+    let key = fresh_key("heartbeat");
+    let lease = acquire(&fx.store, &reservation(&key, "a", SHORT_LEASE)).await;
+    fx.store
+        .heartbeat(&key, lease, LONG_LEASE)
+        .await
+        .expect("heartbeat");
+    fx.pass(PAST_SHORT_LEASE).await;
+    let rec = fx.store.get(&key).await.expect("get").expect("record");
+    assert_eq!(rec.state_name(), State::InFlight);
+}
+
+/// A completed record past its TTL counts as absent: the key can be reserved again, with a fence
+/// that never goes down.
+pub async fn expired_record_counts_as_absent<S: Store>(fx: &Fixture<S>) {
+    let key = fresh_key("ttl");
+    let lease = acquire(&fx.store, &reservation(&key, "a", LONG_LEASE)).await;
+    fx.store
+        .complete(&key, lease, &Outcome::success(b"x".to_vec()), SHORT_LEASE)
+        .await
+        .expect("complete");
+    fx.pass(PAST_SHORT_LEASE).await;
+    assert!(fx.store.get(&key).await.expect("get").is_none());
+    let again = acquire(&fx.store, &reservation(&key, "other args", LONG_LEASE)).await;
+    assert!(again.fence >= lease.fence);
+}
+
+/// Purging removes expired completed records only; unknown and live records stay.
+pub async fn purge_removes_only_expired<S: Store>(fx: &Fixture<S>) {
+    let expired = fresh_key("purge");
+    let live = Key::new(
+        expired.tenant.clone(),
+        expired.tool.clone(),
+        IdempotencyKey::new("live").unwrap(),
+    );
+    let unknown = Key::new(
+        expired.tenant.clone(),
+        expired.tool.clone(),
+        IdempotencyKey::new("unknown").unwrap(),
+    );
+    let l = acquire(&fx.store, &reservation(&expired, "a", LONG_LEASE)).await;
+    fx.store
+        .complete(&expired, l, &Outcome::success(b"x".to_vec()), SHORT_LEASE)
+        .await
+        .expect("complete");
+    let l = acquire(&fx.store, &reservation(&live, "a", LONG_LEASE)).await;
+    fx.store
+        .complete(&live, l, &Outcome::success(b"x".to_vec()), LONG_TTL)
+        .await
+        .expect("complete");
+    let l = acquire(&fx.store, &reservation(&unknown, "a", LONG_LEASE)).await;
+    fx.store.mark_unknown(&unknown, l).await.expect("unknown");
+    fx.pass(PAST_SHORT_LEASE).await;
+    let purged = fx.store.purge_expired().await.expect("purge");
+    assert!(purged >= 1, "the expired record is purged");
+    assert!(fx.store.get(&live).await.expect("get").is_some());
+    assert!(fx.store.get(&unknown).await.expect("get").is_some());
+    let filter = ListFilter {
+        tenant: Some(expired.tenant.clone()),
+        ..ListFilter::default()
+    };
+    assert_eq!(fx.store.list(&filter).await.expect("list").len(), 2);
+}
+
+/// Listing filters by tenant, tool and state, expired leases counting as unknown.
+pub async fn list_filters_by_tenant_tool_and_state<S: Store>(fx: &Fixture<S>) {
+    let a = fresh_key("tool-a");
+    let b = Key::new(
+        a.tenant.clone(),
+        ToolName::new("tool-b").unwrap(),
+        a.key.clone(),
+    );
+    let c = Key::new(
+        a.tenant.clone(),
+        a.tool.clone(),
+        IdempotencyKey::new("c").unwrap(),
+    );
+    let l = acquire(&fx.store, &reservation(&a, "x", LONG_LEASE)).await;
+    fx.store
+        .complete(&a, l, &Outcome::success(b"x".to_vec()), LONG_TTL)
+        .await
+        .expect("complete");
+    acquire(&fx.store, &reservation(&b, "x", LONG_LEASE)).await;
+    acquire(&fx.store, &reservation(&c, "x", SHORT_LEASE)).await;
+    fx.pass(PAST_SHORT_LEASE).await;
+    let by = |tool: Option<&str>, state: Option<State>| ListFilter {
+        tenant: Some(a.tenant.clone()),
+        tool: tool.map(|t| ToolName::new(t).unwrap()),
+        state,
+        limit: 0,
+    };
+    let keys = |v: Vec<Record>| v.into_iter().map(|r| r.key).collect::<Vec<_>>();
+    assert_eq!(fx.store.list(&by(None, None)).await.unwrap().len(), 3);
+    assert_eq!(
+        keys(fx.store.list(&by(Some("tool-a"), None)).await.unwrap()).len(),
+        2
+    );
+    assert_eq!(
+        keys(
+            fx.store
+                .list(&by(None, Some(State::Unknown)))
+                .await
+                .unwrap()
+        ),
+        vec![c.clone()]
+    );
+    assert_eq!(
+        keys(
+            fx.store
+                .list(&by(None, Some(State::InFlight)))
+                .await
+                .unwrap()
+        ),
+        vec![b.clone()]
+    );
+    assert_eq!(
+        keys(
+            fx.store
+                .list(&by(None, Some(State::Completed)))
+                .await
+                .unwrap()
+        ),
+        vec![a.clone()]
+    );
+    let limited = ListFilter {
+        limit: 1,
+        ..by(None, None)
+    };
+    assert_eq!(fx.store.list(&limited).await.unwrap().len(), 1);
+}
+
+/// The same key and arguments under two tenants are two records: neither sees the other's outcome.
+pub async fn tenants_are_isolated<S: Store>(fx: &Fixture<S>) {
+    let a = fresh_key("shared-tool");
+    let b = Key::new(
+        TenantId::new(format!("{}x", a.tenant)).unwrap(),
+        a.tool.clone(),
+        a.key.clone(),
+    );
+    let la = acquire(&fx.store, &reservation(&a, "same", LONG_LEASE)).await;
+    fx.store
+        .complete(
+            &a,
+            la,
+            &Outcome::success(b"tenant a's secret".to_vec()),
+            LONG_TTL,
+        )
+        .await
+        .expect("complete");
+    let lb = acquire(&fx.store, &reservation(&b, "same", LONG_LEASE)).await;
+    assert!(matches!(
+        fx.store.get(&b).await.unwrap().unwrap().state,
+        RecordState::InFlight { .. }
+    ));
+    fx.store.release(&b, lb).await.expect("release");
+    assert!(fx.store.get(&a).await.unwrap().is_some());
+}
+
+/// Reservation futures dropped at every point of their life leave the store consistent: the key is
+/// either free or held by exactly one reservation, and a completion by a surviving holder works.
+pub async fn dropped_reservations_leave_consistent_state<S: Store + Clone>(fx: &Fixture<S>) {
+    let key = fresh_key("cancel");
+    for round in 0..16u64 {
+        let mut tasks = Vec::new();
+        for i in 0..8u64 {
+            let store = fx.store.clone();
+            let r = reservation(&key, "a", LONG_LEASE);
+            // Cancel most reservations after a few microseconds, at whatever point they reached.
+            let budget = Duration::from_micros((round * 8 + i) % 5 * 50);
+            tasks.push(tokio::spawn(async move {
+                let res = tokio::time::timeout(budget, store.reserve(&r)).await;
+                (r, res)
+            }));
+        }
+        let mut holders = Vec::new();
+        for t in tasks {
+            let (r, res) = t.await.expect("task");
+            match res {
+                Ok(Ok(Claim::Acquired(lease))) => holders.push(lease),
+                // Cancelled: if it did land, a retry with its token finds it.
+                Err(_) => {
+                    if let Ok(Claim::Acquired(lease)) = fx.store.reserve(&r).await {
+                        holders.push(lease);
+                    }
+                }
+                Ok(Ok(Claim::Existing(_))) | Ok(Err(_)) => {}
+            }
+        }
+        assert!(holders.len() <= 1, "round {round}: two holders {holders:?}");
+        match fx.store.get(&key).await.expect("get") {
+            None => assert!(holders.is_empty()),
+            Some(rec) => {
+                assert_eq!(rec.state_name(), State::InFlight);
+                let lease = holders.first().copied().unwrap_or_else(|| {
+                    panic!("round {round}: a record stands that no reservation holds")
+                });
+                fx.store.release(&key, lease).await.expect("release");
+            }
+        }
+    }
+}
+
+/// Stamps out every behaviour as a named `#[tokio::test]` for one store.
+///
+/// `$setup` is an expression evaluating to a future of a [`Fixture`] (whose store is `Clone`):
+///
+/// ```ignore
+/// idemgate_conformance::store_conformance!(async {
+///     idemgate_conformance::Fixture::manual(|clock| idemgate_core::MemoryStore::with_clock(clock))
+/// });
+/// ```
+#[macro_export]
+macro_rules! store_conformance {
+    ($setup:expr) => {
+        $crate::store_conformance!(@each $setup;
+            race_32_way_one_acquires,
+            reserve_retry_with_same_token_acquires,
+            completed_record_replays,
+            failed_outcome_is_stored,
+            fingerprint_mismatch_is_visible,
+            expired_lease_becomes_unknown_and_can_be_taken_over,
+            stale_fence_is_rejected,
+            released_lease_cannot_complete_new_record,
+            late_completion_by_current_holder_is_kept,
+            complete_is_idempotent_for_its_lease,
+            release_removes_the_record,
+            completed_record_cannot_be_released,
+            mark_unknown_blocks_the_key,
+            heartbeat_extends_the_lease,
+            expired_record_counts_as_absent,
+            purge_removes_only_expired,
+            list_filters_by_tenant_tool_and_state,
+            tenants_are_isolated,
+            dropped_reservations_leave_consistent_state,
+        );
+    };
+    (@each $setup:expr; $($name:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $name() {
+                let fx = $setup.await;
+                $crate::$name(&fx).await;
+            }
+        )*
+    };
+}

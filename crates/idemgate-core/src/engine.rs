@@ -1,0 +1,775 @@
+//! The engine: every decision of the contract, built on a [`Store`].
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tokio::time::Instant;
+
+use crate::canonical::Fingerprint;
+use crate::error::{retry_after, CanonicalError, EngineError, StoreError};
+use crate::journal::{Journal, JournalEntry, JournalOp, MemoryJournal};
+use crate::key::{IdempotencyKey, Key, KeyRule, TenantId, ToolName};
+use crate::policy::{Policies, ToolKind, ToolPolicy, UnknownPolicy};
+use crate::record::{Fence, Lease, Outcome, Record, RecordState};
+use crate::store::{Claim, Completion, ListFilter, Reservation, Store};
+use crate::time::Timestamp;
+
+/// What a side effect reports.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "effect", content = "value", rename_all = "snake_case")]
+pub enum Effect {
+    /// It happened; this is its result. Stored and replayed.
+    Success(Vec<u8>),
+    /// It failed for good; this is the failure. Stored and replayed.
+    Failed(Vec<u8>),
+    /// Nothing happened (validation failed, the tool refused before acting): the key is released so
+    /// a retry runs.
+    NotApplied(String),
+    /// It may or may not have happened (a timeout after sending, a dropped connection): the record
+    /// becomes unknown and is never silently re-run.
+    Ambiguous(String),
+}
+
+/// One call: who, which tool, which logical action, with which arguments.
+#[derive(Clone, Debug)]
+pub struct Call {
+    /// Whose call.
+    pub tenant: TenantId,
+    /// Which tool.
+    pub tool: ToolName,
+    /// The idempotency key, if the caller has one.
+    pub key: Option<IdempotencyKey>,
+    /// The fingerprint of the canonical arguments.
+    pub fingerprint: Fingerprint,
+}
+
+impl Call {
+    /// A call without key and with `null` arguments.
+    pub fn new(tenant: TenantId, tool: ToolName) -> Self {
+        Call {
+            tenant,
+            tool,
+            key: None,
+            fingerprint: Fingerprint::of_json(&Value::Null),
+        }
+    }
+
+    /// Sets the idempotency key.
+    pub fn key(mut self, key: IdempotencyKey) -> Self {
+        self.key = Some(key);
+        self
+    }
+
+    /// Sets the arguments from a JSON value.
+    pub fn args(mut self, args: &Value) -> Self {
+        self.fingerprint = Fingerprint::of_json(args);
+        self
+    }
+
+    /// Sets the arguments from raw JSON text, keeping every integer exact.
+    ///
+    /// # Errors
+    /// [`CanonicalError`] when the text is not one well-formed JSON value.
+    pub fn args_text(mut self, text: &[u8]) -> Result<Self, CanonicalError> {
+        self.fingerprint = Fingerprint::of_json_text(text)?;
+        Ok(self)
+    }
+
+    /// Sets the fingerprint directly (for arguments that are not JSON).
+    pub fn fingerprint(mut self, fingerprint: Fingerprint) -> Self {
+        self.fingerprint = fingerprint;
+        self
+    }
+}
+
+/// Whether the store has the outcome of a call that executed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "recording", content = "detail", rename_all = "snake_case")]
+pub enum Recording {
+    /// The store confirmed it.
+    Stored,
+    /// The store did not answer in time; the write is in the local journal and will be flushed
+    /// when the store is back. Until then duplicates wait, then see an unknown outcome.
+    Journaled,
+    /// The lease was lost while the side effect ran (it outlived its lease and somebody took the
+    /// record over): the store kept the other holder's record, not this outcome.
+    LeaseLost,
+    /// Neither the store nor the journal took the write; the record will turn unknown when its
+    /// lease ends, for an operator to resolve.
+    Unrecorded(String),
+}
+
+/// The engine's answer to one call.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Answer {
+    /// The record the call was judged by (none for reads and natural-idempotent writes).
+    pub key: Option<Key>,
+    /// Which rule named the record.
+    pub rule: Option<KeyRule>,
+    /// What happened.
+    #[serde(flatten)]
+    pub decision: Decision,
+}
+
+/// What happened to a call.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "decision", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Decision {
+    /// This call ran the side effect.
+    Executed {
+        /// The outcome.
+        outcome: Outcome,
+        /// When it was recorded (store clock; the local clock when only journaled).
+        executed_at: Timestamp,
+        /// Until when duplicates get it replayed.
+        expires_at: Timestamp,
+        /// Whether the store has it.
+        recording: Recording,
+    },
+    /// A duplicate: the stored outcome, without running the side effect.
+    Replayed {
+        /// The stored outcome.
+        outcome: Outcome,
+        /// When the original call's outcome was recorded.
+        executed_at: Timestamp,
+        /// Until when it is kept.
+        expires_at: Timestamp,
+        /// True when a verifier established the outcome after it was unknown.
+        verified: bool,
+    },
+    /// A read or naturally idempotent tool: run without a record.
+    PassedThrough {
+        /// What the tool reported.
+        effect: Effect,
+    },
+    /// This call ran the side effect, which reported that nothing happened; the key was released.
+    NotApplied {
+        /// What the tool said.
+        message: String,
+        /// Whether the store confirmed the release (else it is journaled or pending expiry).
+        recording: Recording,
+    },
+    /// Another call holds the key and did not finish within the wait bound.
+    InFlight {
+        /// When the other call reserved the key.
+        since: Timestamp,
+        /// When to ask again.
+        retry_after: Duration,
+    },
+    /// The outcome is unknown: the side effect may or may not have happened.
+    Unknown {
+        /// Since when.
+        since: Timestamp,
+        /// The record's fence (an operator resolves it with this).
+        fence: Fence,
+        /// True when this very call ran the side effect and the tool reported it ambiguous.
+        ran_here: bool,
+        /// What the tool or verifier said, if anything.
+        message: Option<String>,
+    },
+}
+
+impl Answer {
+    /// The outcome, when there is one (executed, replayed, or passed through with a result).
+    pub fn outcome(&self) -> Option<Outcome> {
+        match &self.decision {
+            Decision::Executed { outcome, .. } | Decision::Replayed { outcome, .. } => {
+                Some(outcome.clone())
+            }
+            Decision::PassedThrough {
+                effect: Effect::Success(b),
+            } => Some(Outcome::success(b.clone())),
+            Decision::PassedThrough {
+                effect: Effect::Failed(b),
+            } => Some(Outcome::failed(b.clone())),
+            _ => None,
+        }
+    }
+
+    /// Whether this call ran the side effect.
+    pub fn executed_here(&self) -> bool {
+        matches!(
+            self.decision,
+            Decision::Executed { .. }
+                | Decision::PassedThrough { .. }
+                | Decision::NotApplied { .. }
+                | Decision::Unknown { ran_here: true, .. }
+        )
+    }
+}
+
+/// What a verifier found out about an unknown outcome.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Probe {
+    /// The side effect happened; this is its outcome, to be stored and replayed.
+    Applied(Outcome),
+    /// It did not happen: the call runs now.
+    NotApplied,
+    /// Still cannot tell.
+    Unknown,
+}
+
+/// The future a verifier returns.
+pub type ProbeFuture<'a> = Pin<Box<dyn Future<Output = Result<Probe, String>> + Send + 'a>>;
+
+/// Probes whether the side effect of an unknown record happened, for tools whose unknown policy is
+/// `verify` (for example by looking the payment up by its idempotency key downstream).
+pub trait Verifier: Send + Sync + 'static {
+    /// Probes the record `key`.
+    fn verify<'a>(&'a self, key: &'a Key) -> ProbeFuture<'a>;
+}
+
+/// How an operator resolves an unknown record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Resolution {
+    /// The side effect happened with this outcome: store it and replay it, kept for `ttl`.
+    Completed {
+        /// The outcome to store.
+        outcome: Outcome,
+        /// How long to keep it.
+        ttl: Duration,
+    },
+    /// The side effect did not happen: remove the record so the next call runs.
+    Release,
+}
+
+/// Tuning of the engine's own retries.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Settings {
+    /// Attempts at a "done" write (complete, release, mark unknown) before it goes to the journal.
+    pub finish_attempts: u32,
+    /// Backoff before the second attempt; it doubles each time.
+    pub finish_backoff: Duration,
+    /// The longest a waiting duplicate goes without looking at the record again.
+    pub max_poll: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            finish_attempts: 5,
+            finish_backoff: Duration::from_millis(20),
+            max_poll: Duration::from_millis(100),
+        }
+    }
+}
+
+/// The outcome of one journal flush.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FlushReport {
+    /// Entries the store took.
+    pub applied: usize,
+    /// Entries dropped because their lease was no longer current (the record moved on).
+    pub superseded: usize,
+    /// Entries kept for a later flush (the store was still unavailable).
+    pub pending: usize,
+}
+
+/// The idempotency engine over a store.
+pub struct Engine<S> {
+    store: S,
+    policies: Policies,
+    journal: Arc<dyn Journal>,
+    verifiers: HashMap<String, Arc<dyn Verifier>>,
+    settings: Settings,
+}
+
+impl<S: std::fmt::Debug> std::fmt::Debug for Engine<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("store", &self.store)
+            .field("policies", &self.policies)
+            .field("journal", &self.journal)
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: Store> Engine<S> {
+    /// An engine over `store`, every tool a write, with an in-memory journal.
+    pub fn new(store: S) -> Self {
+        Engine {
+            store,
+            policies: Policies::new(),
+            journal: Arc::new(MemoryJournal::new()),
+            verifiers: HashMap::new(),
+            settings: Settings::default(),
+        }
+    }
+
+    /// Sets the tool policies.
+    pub fn with_policies(mut self, policies: Policies) -> Self {
+        self.policies = policies;
+        self
+    }
+
+    /// Sets the journal of unconfirmed writes (use a durable one with a durable store).
+    pub fn with_journal(mut self, journal: Arc<dyn Journal>) -> Self {
+        self.journal = journal;
+        self
+    }
+
+    /// Registers the verifier of a tool whose unknown policy is `verify`.
+    pub fn with_verifier(mut self, tool: impl Into<String>, verifier: Arc<dyn Verifier>) -> Self {
+        self.verifiers.insert(tool.into(), verifier);
+        self
+    }
+
+    /// Sets the engine's retry tuning.
+    pub fn with_settings(mut self, settings: Settings) -> Self {
+        self.settings = settings;
+        self
+    }
+
+    /// The store.
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    /// The policies.
+    pub fn policies(&self) -> &Policies {
+        &self.policies
+    }
+
+    /// Runs `effect` at most once for the call's record and says what happened.
+    ///
+    /// Reads and naturally idempotent writes run at once, without the store. A write needs a key
+    /// (or the tool's fallback window); its record is reserved before `effect` is even created, so a
+    /// failed reservation never runs it.
+    ///
+    /// # Concurrent calls on the same key
+    /// Exactly one call executes. The others wait up to the tool's wait bound for its outcome and
+    /// replay it, or get [`Decision::InFlight`]. If the executing call releases the key
+    /// ([`Effect::NotApplied`]), one waiting duplicate reserves it and executes.
+    ///
+    /// # Cancellation
+    /// Dropping the future before `effect` starts leaves at most an in-flight reservation, which
+    /// turns unknown when its lease ends; dropping it while `effect` runs is treated as a crash: the
+    /// record turns unknown, and is never silently re-run.
+    ///
+    /// # Errors
+    /// [`EngineError::KeyRequired`] for a write without key or fallback window,
+    /// [`EngineError::KeyReuse`] when the key was used with other arguments,
+    /// [`EngineError::ReserveFailed`] when the store failed at reservation (nothing ran), and
+    /// [`EngineError::Store`] when a waiting duplicate could not read the record.
+    pub async fn call<F, Fut>(&self, call: Call, effect: F) -> Result<Answer, EngineError>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Effect>,
+    {
+        let policy = self.policies.get(call.tool.as_str());
+        if policy.kind != ToolKind::Write {
+            let effect = effect().await;
+            return Ok(Answer {
+                key: None,
+                rule: None,
+                decision: Decision::PassedThrough { effect },
+            });
+        }
+        let (key, rule, ttl) = match (call.key, policy.fallback_window) {
+            (Some(k), _) => (
+                Key::new(call.tenant, call.tool, k),
+                KeyRule::Explicit,
+                policy.ttl,
+            ),
+            (None, Some(window)) => (
+                Key::fallback(call.tenant, call.tool, &call.fingerprint),
+                KeyRule::Fallback,
+                window,
+            ),
+            (None, None) => {
+                return Err(EngineError::KeyRequired {
+                    tool: call.tool.to_string(),
+                })
+            }
+        };
+        let answer = |decision| Answer {
+            key: Some(key.clone()),
+            rule: Some(rule),
+            decision,
+        };
+        let reservation = Reservation::new(key.clone(), call.fingerprint, policy.lease);
+        let deadline = Instant::now() + policy.wait;
+        loop {
+            let claim = match self.store.reserve(&reservation).await {
+                Ok(claim) => claim,
+                Err(e) => {
+                    self.abandon_reservation(&reservation).await;
+                    return Err(EngineError::ReserveFailed(e));
+                }
+            };
+            let record = match claim {
+                Claim::Acquired(lease) => {
+                    return Ok(answer(self.execute(&key, lease, policy, ttl, effect).await));
+                }
+                Claim::Existing(record) => record,
+            };
+            if record.fingerprint != call.fingerprint {
+                return Err(EngineError::KeyReuse {
+                    key,
+                    rule,
+                    first_seen: record.created_at,
+                });
+            }
+            match record.state {
+                RecordState::Completed {
+                    outcome,
+                    completed_at,
+                    expires_at,
+                } => {
+                    return Ok(answer(Decision::Replayed {
+                        outcome,
+                        executed_at: completed_at,
+                        expires_at,
+                        verified: false,
+                    }));
+                }
+                RecordState::InFlight { lease_until } => {
+                    if !self.wait_while_in_flight(&key, deadline).await? {
+                        return Ok(answer(Decision::InFlight {
+                            since: record.created_at,
+                            retry_after: retry_after(Timestamp::now().until(lease_until)),
+                        }));
+                    }
+                }
+                RecordState::Unknown { since } => {
+                    let blocked = |message: Option<String>| {
+                        answer(Decision::Unknown {
+                            since,
+                            fence: record.fence,
+                            ran_here: false,
+                            message,
+                        })
+                    };
+                    match policy.on_unknown {
+                        UnknownPolicy::Block => return Ok(blocked(None)),
+                        UnknownPolicy::Retry => {
+                            let Some(lease) = self.take_over(&reservation, record.fence).await?
+                            else {
+                                continue;
+                            };
+                            return Ok(answer(
+                                self.execute(&key, lease, policy, ttl, effect).await,
+                            ));
+                        }
+                        UnknownPolicy::Verify => {
+                            let Some(verifier) = self.verifiers.get(key.tool.as_str()) else {
+                                return Ok(blocked(Some(format!(
+                                    "tool {} has unknown policy verify but no verifier is registered",
+                                    key.tool
+                                ))));
+                            };
+                            let Some(lease) = self.take_over(&reservation, record.fence).await?
+                            else {
+                                continue;
+                            };
+                            let probe = verifier.verify(&key).await;
+                            match probe {
+                                Ok(Probe::NotApplied) => {
+                                    return Ok(answer(
+                                        self.execute(&key, lease, policy, ttl, effect).await,
+                                    ));
+                                }
+                                Ok(Probe::Applied(outcome)) => {
+                                    let op = JournalOp::complete(outcome.clone(), ttl);
+                                    let (done, _) = self.finish(&key, lease, op).await;
+                                    let done = done.unwrap_or_else(|| local_completion(ttl));
+                                    return Ok(answer(Decision::Replayed {
+                                        outcome,
+                                        executed_at: done.completed_at,
+                                        expires_at: done.expires_at,
+                                        verified: true,
+                                    }));
+                                }
+                                Ok(Probe::Unknown) | Err(_) => {
+                                    self.finish(&key, lease, JournalOp::MarkUnknown).await;
+                                    let message = match probe {
+                                        Err(e) => format!("verifier failed: {e}"),
+                                        _ => "verifier could not tell".to_owned(),
+                                    };
+                                    return Ok(blocked(Some(message)));
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Runs the side effect under `lease`, heartbeating, and records what it reports.
+    async fn execute<F, Fut>(
+        &self,
+        key: &Key,
+        lease: Lease,
+        policy: &ToolPolicy,
+        ttl: Duration,
+        effect: F,
+    ) -> Decision
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Effect>,
+    {
+        let outcome = match self
+            .with_heartbeat(key, lease, policy.lease, effect())
+            .await
+        {
+            Effect::Success(body) => Outcome::success(body),
+            Effect::Failed(body) => Outcome::failed(body),
+            Effect::NotApplied(message) => {
+                let (_, recording) = self.finish(key, lease, JournalOp::Release).await;
+                return Decision::NotApplied { message, recording };
+            }
+            Effect::Ambiguous(message) => {
+                self.finish(key, lease, JournalOp::MarkUnknown).await;
+                return Decision::Unknown {
+                    since: Timestamp::now(),
+                    fence: lease.fence,
+                    ran_here: true,
+                    message: Some(message),
+                };
+            }
+        };
+        let op = JournalOp::complete(outcome.clone(), ttl);
+        let (done, recording) = self.finish(key, lease, op).await;
+        let done = done.unwrap_or_else(|| local_completion(ttl));
+        Decision::Executed {
+            outcome,
+            executed_at: done.completed_at,
+            expires_at: done.expires_at,
+            recording,
+        }
+    }
+
+    /// Drives `fut` to completion, extending the lease every third of its length meanwhile.
+    async fn with_heartbeat(
+        &self,
+        key: &Key,
+        lease: Lease,
+        lease_for: Duration,
+        fut: impl Future<Output = Effect>,
+    ) -> Effect {
+        let every = (lease_for / 3).max(Duration::from_millis(1));
+        let fut = std::pin::pin!(fut);
+        let mut fut = fut;
+        let mut tick = tokio::time::interval_at(Instant::now() + every, every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                biased;
+                reported = &mut fut => return reported,
+                _ = tick.tick() => {
+                    // A failed heartbeat is not fatal: the next one may succeed, and a lease that
+                    // is really lost shows up as LeaseLost when the outcome is recorded.
+                    let _ = self.store.heartbeat(key, lease, lease_for).await;
+                }
+            }
+        }
+    }
+
+    /// Applies a "done" write with bounded retries, then journals it. Returns the store's
+    /// confirmation of a completion, if it gave one.
+    async fn finish(
+        &self,
+        key: &Key,
+        lease: Lease,
+        op: JournalOp,
+    ) -> (Option<Completion>, Recording) {
+        let mut backoff = self.settings.finish_backoff;
+        for attempt in 1..=self.settings.finish_attempts.max(1) {
+            match self.apply(key, lease, &op).await {
+                Ok(done) => return (done, Recording::Stored),
+                Err(StoreError::LeaseLost) => return (None, Recording::LeaseLost),
+                Err(e) if !e.is_transient() => break,
+                Err(_) if attempt < self.settings.finish_attempts => {
+                    tokio::time::sleep(backoff).await;
+                    backoff = backoff.saturating_mul(2);
+                }
+                Err(_) => {}
+            }
+        }
+        let entry = JournalEntry {
+            key: key.clone(),
+            lease,
+            op,
+            journaled_at: Timestamp::now(),
+        };
+        match self.journal.append(&entry) {
+            Ok(()) => (None, Recording::Journaled),
+            Err(e) => (None, Recording::Unrecorded(e)),
+        }
+    }
+
+    async fn apply(
+        &self,
+        key: &Key,
+        lease: Lease,
+        op: &JournalOp,
+    ) -> Result<Option<Completion>, StoreError> {
+        match op {
+            JournalOp::Complete { outcome, ttl_ms } => self
+                .store
+                .complete(key, lease, outcome, Duration::from_millis(*ttl_ms))
+                .await
+                .map(Some),
+            JournalOp::Release => self.store.release(key, lease).await.map(|()| None),
+            JournalOp::MarkUnknown => self.store.mark_unknown(key, lease).await.map(|()| None),
+        }
+    }
+
+    /// After a failed reservation, makes sure no reservation of ours is left behind to turn into a
+    /// false "unknown": the reservation is retried with the same token (which finds our own record
+    /// if the first attempt did land) and, if it is ours, released. Best effort and bounded.
+    async fn abandon_reservation(&self, r: &Reservation) {
+        for _ in 0..2 {
+            match self.store.reserve(r).await {
+                Ok(Claim::Acquired(lease)) => {
+                    let _ = self.store.release(&r.key, lease).await;
+                    return;
+                }
+                Ok(Claim::Existing(_)) => return,
+                Err(_) => tokio::time::sleep(self.settings.finish_backoff).await,
+            }
+        }
+    }
+
+    /// Takes an unknown record over. `None` when somebody else changed it first (look again).
+    async fn take_over(&self, r: &Reservation, stale: Fence) -> Result<Option<Lease>, EngineError> {
+        match self.store.takeover(r, stale).await {
+            Ok(Claim::Acquired(lease)) => Ok(Some(lease)),
+            Ok(Claim::Existing(_)) => Ok(None),
+            Err(e) => {
+                // The takeover may have landed: put the record back to unknown, never to absent.
+                let lease = Lease {
+                    fence: stale + 1,
+                    token: r.token,
+                };
+                let _ = self.store.mark_unknown(&r.key, lease).await;
+                Err(EngineError::ReserveFailed(e))
+            }
+        }
+    }
+
+    /// Waits until the record is no longer in flight (true) or the deadline passed (false).
+    async fn wait_while_in_flight(
+        &self,
+        key: &Key,
+        deadline: Instant,
+    ) -> Result<bool, EngineError> {
+        loop {
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(false);
+            }
+            let slice = (deadline - now).min(self.settings.max_poll);
+            self.store.wait_changed(key, slice).await;
+            match self.store.get(key).await? {
+                Some(Record {
+                    state: RecordState::InFlight { .. },
+                    ..
+                }) => {}
+                _ => return Ok(true),
+            }
+        }
+    }
+
+    /// The record, if one counts.
+    ///
+    /// # Errors
+    /// [`EngineError::Store`] when the store fails.
+    pub async fn get(&self, key: &Key) -> Result<Option<Record>, EngineError> {
+        Ok(self.store.get(key).await?)
+    }
+
+    /// Records that pass `filter`.
+    ///
+    /// # Errors
+    /// [`EngineError::Store`] when the store fails.
+    pub async fn list(&self, filter: &ListFilter) -> Result<Vec<Record>, EngineError> {
+        Ok(self.store.list(filter).await?)
+    }
+
+    /// Deletes expired completed records; returns how many.
+    ///
+    /// # Errors
+    /// [`EngineError::Store`] when the store fails.
+    pub async fn purge_expired(&self) -> Result<u64, EngineError> {
+        Ok(self.store.purge_expired().await?)
+    }
+
+    /// Resolves an unknown record as an operator decided: by taking it over (a compare-and-set on
+    /// `fence`, the fence the operator looked at) and completing or releasing it.
+    ///
+    /// # Errors
+    /// [`EngineError::NotFound`] when no record counts, [`EngineError::NotResolvable`] when it is
+    /// not unknown or its fence moved on, [`EngineError::Store`] when the store fails.
+    pub async fn resolve(
+        &self,
+        key: &Key,
+        fence: Fence,
+        resolution: Resolution,
+    ) -> Result<Option<Record>, EngineError> {
+        let record = self
+            .store
+            .get(key)
+            .await?
+            .ok_or_else(|| EngineError::NotFound { key: key.clone() })?;
+        let not_resolvable = |record: &Record| EngineError::NotResolvable {
+            key: key.clone(),
+            state: record.state_name(),
+            fence: record.fence,
+        };
+        if !matches!(record.state, RecordState::Unknown { .. }) || record.fence != fence {
+            return Err(not_resolvable(&record));
+        }
+        let r = Reservation::new(key.clone(), record.fingerprint, Duration::from_secs(30));
+        let lease = match self.store.takeover(&r, fence).await? {
+            Claim::Acquired(lease) => lease,
+            Claim::Existing(now) => return Err(not_resolvable(&now)),
+        };
+        match resolution {
+            Resolution::Completed { outcome, ttl } => {
+                self.store.complete(key, lease, &outcome, ttl).await?;
+            }
+            Resolution::Release => self.store.release(key, lease).await?,
+        }
+        Ok(self.store.get(key).await?)
+    }
+
+    /// Replays journaled writes into the store. Call it at start-up and now and then; entries the
+    /// store still refuses stay for the next flush.
+    ///
+    /// # Errors
+    /// [`EngineError::Journal`] when the journal cannot be read or an applied entry cannot be
+    /// removed.
+    pub async fn flush_journal(&self) -> Result<FlushReport, EngineError> {
+        let mut report = FlushReport::default();
+        for entry in self.journal.pending().map_err(EngineError::Journal)? {
+            match self.apply(&entry.key, entry.lease, &entry.op).await {
+                Ok(_) => report.applied += 1,
+                Err(StoreError::LeaseLost) => report.superseded += 1,
+                Err(_) => {
+                    report.pending += 1;
+                    continue;
+                }
+            }
+            self.journal.remove(&entry).map_err(EngineError::Journal)?;
+        }
+        Ok(report)
+    }
+}
+
+/// A completion time from the local clock, for outcomes the store has not confirmed.
+fn local_completion(ttl: Duration) -> Completion {
+    let now = Timestamp::now();
+    Completion {
+        completed_at: now,
+        expires_at: now.plus(ttl),
+    }
+}

@@ -1,0 +1,124 @@
+//! The local journal of completions the store has not confirmed yet.
+//!
+//! When the "done" write fails after the side effect ran, the engine retries it with bounded
+//! backoff, then writes it here durably and answers the caller with its result. Flushing replays
+//! journaled writes into the store once it is back; each is a compare-and-set on its lease, so
+//! replaying one twice, or after the record was taken over, is harmless.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::key::{hex, Key};
+use crate::record::{Lease, Outcome};
+use crate::time::Timestamp;
+
+/// The write a journal entry stands for.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum JournalOp {
+    /// Store this outcome, kept for `ttl_ms` from when it is stored.
+    Complete {
+        /// The outcome.
+        outcome: Outcome,
+        /// How long to keep it, in milliseconds.
+        ttl_ms: u64,
+    },
+    /// Remove the record: the side effect did not happen.
+    Release,
+    /// Mark the record unknown: the tool said the outcome is ambiguous.
+    MarkUnknown,
+}
+
+impl JournalOp {
+    /// A completion kept for `ttl`.
+    pub fn complete(outcome: Outcome, ttl: Duration) -> Self {
+        JournalOp::Complete {
+            outcome,
+            ttl_ms: u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
+        }
+    }
+}
+
+/// One unconfirmed write.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JournalEntry {
+    /// The record.
+    pub key: Key,
+    /// The lease it was held under.
+    pub lease: Lease,
+    /// The write.
+    #[serde(flatten)]
+    pub op: JournalOp,
+    /// When it was journaled (local clock).
+    pub journaled_at: Timestamp,
+}
+
+impl JournalEntry {
+    /// A name unique to this entry (one per record and lease), safe as a file name.
+    pub fn id(&self) -> String {
+        format!(
+            "{}-{}",
+            hex(&self.key.digest()[..16]),
+            self.lease.token.to_hex()
+        )
+    }
+}
+
+/// Durable storage for unconfirmed writes.
+///
+/// `append` must be durable when it returns (the caller's side effect has already happened).
+pub trait Journal: Send + Sync + std::fmt::Debug + 'static {
+    /// Adds an entry durably.
+    ///
+    /// # Errors
+    /// A message when the entry could not be made durable.
+    fn append(&self, entry: &JournalEntry) -> Result<(), String>;
+
+    /// The entries not yet removed, oldest first.
+    ///
+    /// # Errors
+    /// A message when the journal could not be read.
+    fn pending(&self) -> Result<Vec<JournalEntry>, String>;
+
+    /// Removes an entry once the store has it (or it can never apply).
+    ///
+    /// # Errors
+    /// A message when the entry could not be removed.
+    fn remove(&self, entry: &JournalEntry) -> Result<(), String>;
+}
+
+/// A journal in memory: as durable as the process, for the memory store and tests.
+#[derive(Debug, Default)]
+pub struct MemoryJournal {
+    entries: Mutex<Vec<JournalEntry>>,
+}
+
+impl MemoryJournal {
+    /// An empty journal.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn entries(&self) -> std::sync::MutexGuard<'_, Vec<JournalEntry>> {
+        self.entries.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Journal for MemoryJournal {
+    fn append(&self, entry: &JournalEntry) -> Result<(), String> {
+        self.entries().push(entry.clone());
+        Ok(())
+    }
+
+    fn pending(&self) -> Result<Vec<JournalEntry>, String> {
+        Ok(self.entries().clone())
+    }
+
+    fn remove(&self, entry: &JournalEntry) -> Result<(), String> {
+        let id = entry.id();
+        self.entries().retain(|e| e.id() != id);
+        Ok(())
+    }
+}

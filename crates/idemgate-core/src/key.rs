@@ -1,0 +1,305 @@
+//! Names of records: tenant, tool and idempotency key, with their limits and the minting helpers.
+//!
+//! A record is named by `(tenant, tool, key)`. A key that a model or a client supplies is therefore
+//! always namespaced under its tenant and tool: two tenants (or two tools) that pick the same key
+//! never meet.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::error::KeyError;
+
+/// Longest idempotency key accepted, in bytes (the IETF draft leaves it to the server; Stripe uses 255).
+pub const MAX_KEY_LEN: usize = 255;
+/// Longest tenant id accepted, in bytes.
+pub const MAX_TENANT_LEN: usize = 64;
+/// Longest tool name accepted, in bytes.
+pub const MAX_TOOL_LEN: usize = 128;
+
+macro_rules! name_type {
+    ($(#[$doc:meta])* $name:ident, $what:literal, $max:expr, $allowed:expr, $allowed_text:literal) => {
+        $(#[$doc])*
+        #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+        #[serde(try_from = "String", into = "String")]
+        pub struct $name(String);
+
+        impl $name {
+            /// Checks `s` against the limits and wraps it.
+            ///
+            /// # Errors
+            /// [`KeyError`] when `s` is empty, too long, or has a character outside the allowed set.
+            pub fn new(s: impl Into<String>) -> Result<Self, KeyError> {
+                let s = s.into();
+                check(&s, $what, $max, $allowed, $allowed_text)?;
+                Ok($name(s))
+            }
+
+            /// The name as text.
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+
+        impl FromStr for $name {
+            type Err = KeyError;
+            fn from_str(s: &str) -> Result<Self, KeyError> {
+                Self::new(s)
+            }
+        }
+
+        impl TryFrom<String> for $name {
+            type Error = KeyError;
+            fn try_from(s: String) -> Result<Self, KeyError> {
+                Self::new(s)
+            }
+        }
+
+        impl From<$name> for String {
+            fn from(n: $name) -> String {
+                n.0
+            }
+        }
+
+        impl AsRef<str> for $name {
+            fn as_ref(&self) -> &str {
+                &self.0
+            }
+        }
+    };
+}
+
+fn check(
+    s: &str,
+    what: &'static str,
+    max: usize,
+    allowed: fn(u8) -> bool,
+    allowed_text: &'static str,
+) -> Result<(), KeyError> {
+    if s.is_empty() {
+        return Err(KeyError::Empty { what });
+    }
+    if s.len() > max {
+        return Err(KeyError::TooLong {
+            what,
+            len: s.len(),
+            max,
+        });
+    }
+    if let Some((at, c)) = s
+        .char_indices()
+        .find(|&(_, c)| !c.is_ascii() || !allowed(c as u8))
+    {
+        return Err(KeyError::BadChar {
+            what,
+            at,
+            found: c,
+            allowed: allowed_text,
+        });
+    }
+    Ok(())
+}
+
+fn tenant_char(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-')
+}
+
+fn tool_char(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b':' | b'/')
+}
+
+fn key_char(b: u8) -> bool {
+    // Visible ASCII: no spaces or control characters, so a key survives headers, logs and shells.
+    b.is_ascii_graphic()
+}
+
+name_type!(
+    /// A tenant: whose records these are. 1 to 64 bytes of `A-Z a-z 0-9 . _ -`.
+    TenantId,
+    "tenant id",
+    MAX_TENANT_LEN,
+    tenant_char,
+    "letters, digits, '.', '_' and '-'"
+);
+
+name_type!(
+    /// A tool (or scope): which side effect a key guards. 1 to 128 bytes of `A-Z a-z 0-9 . _ - : /`.
+    ToolName,
+    "tool name",
+    MAX_TOOL_LEN,
+    tool_char,
+    "letters, digits, '.', '_', '-', ':' and '/'"
+);
+
+name_type!(
+    /// An idempotency key naming one logical action: 1 to 255 bytes of visible ASCII (`!` to `~`).
+    IdempotencyKey,
+    "idempotency key",
+    MAX_KEY_LEN,
+    key_char,
+    "visible ASCII characters ('!' to '~', no spaces)"
+);
+
+impl IdempotencyKey {
+    /// Derives a stable key for one step of one orchestration run: the same `(run_id, step)` always
+    /// gives the same key, so a retried step is recognised; different steps never collide.
+    ///
+    /// Use the run id of the agent run and a step id that names the logical action (a tool-call id,
+    /// or a step number that the orchestrator does not renumber on retry).
+    pub fn derive(run_id: &str, step: &str) -> Self {
+        // Length-prefix both parts so ("ab", "c") and ("a", "bc") differ.
+        let mut h = Sha256::new();
+        h.update((run_id.len() as u64).to_be_bytes());
+        h.update(run_id.as_bytes());
+        h.update((step.len() as u64).to_be_bytes());
+        h.update(step.as_bytes());
+        IdempotencyKey(format!("run-{}", hex(&h.finalize()[..16])))
+    }
+
+    /// Mints a fresh random key (128 bits) for a new logical action.
+    ///
+    /// Mint it once per action, before the first attempt, and reuse it on every retry: a key minted
+    /// per attempt deduplicates nothing.
+    ///
+    /// # Panics
+    /// When the operating system has no randomness to give, which std also treats as fatal.
+    pub fn mint() -> Self {
+        let mut bytes = [0u8; 16];
+        getrandom::fill(&mut bytes).expect("failed to read randomness from the operating system");
+        IdempotencyKey(format!("key-{}", hex(&bytes)))
+    }
+}
+
+/// Which rule named a record: the caller's key, or the (tool, arguments) fallback window.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KeyRule {
+    /// The call carried an explicit idempotency key.
+    Explicit,
+    /// The call had no key; one was derived from the tool and its canonical arguments, valid for the
+    /// tool's short fallback window.
+    Fallback,
+}
+
+impl fmt::Display for KeyRule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            KeyRule::Explicit => "explicit",
+            KeyRule::Fallback => "fallback",
+        })
+    }
+}
+
+/// The full name of one record: `(tenant, tool, key)`.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Key {
+    /// Whose record.
+    pub tenant: TenantId,
+    /// Which tool or scope.
+    pub tool: ToolName,
+    /// Which logical action.
+    pub key: IdempotencyKey,
+}
+
+impl Key {
+    /// Names a record.
+    pub fn new(tenant: TenantId, tool: ToolName, key: IdempotencyKey) -> Self {
+        Key { tenant, tool, key }
+    }
+
+    /// The fallback key for a call without a key: derived from the canonical arguments' fingerprint,
+    /// so byte-different but equal argument objects share it.
+    pub fn fallback(tenant: TenantId, tool: ToolName, fingerprint: &crate::Fingerprint) -> Self {
+        let key = IdempotencyKey(format!("fallback-{}", fingerprint.to_hex()));
+        Key { tenant, tool, key }
+    }
+
+    /// A fixed-length digest of the whole name, for stores whose key names must not be shaped by
+    /// client input (Redis key names, file names).
+    pub fn digest(&self) -> [u8; 32] {
+        let mut h = Sha256::new();
+        for part in [self.tenant.as_str(), self.tool.as_str(), self.key.as_str()] {
+            h.update((part.len() as u64).to_be_bytes());
+            h.update(part.as_bytes());
+        }
+        h.finalize().into()
+    }
+}
+
+impl fmt::Display for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}/{}", self.tenant, self.tool, self.key)
+    }
+}
+
+/// Lower-case hex of `bytes`.
+pub fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        s.push(DIGITS[(b >> 4) as usize] as char);
+        s.push(DIGITS[(b & 15) as usize] as char);
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_are_enforced_with_clear_errors() {
+        assert!(IdempotencyKey::new("order-42:attempt").is_ok());
+        let e = IdempotencyKey::new("").unwrap_err();
+        assert_eq!(e.to_string(), "idempotency key is empty");
+        let e = IdempotencyKey::new("a b").unwrap_err();
+        assert!(e.to_string().contains("position 1"), "{e}");
+        let e = IdempotencyKey::new("k".repeat(256)).unwrap_err();
+        assert!(e.to_string().contains("256 bytes"), "{e}");
+        assert!(IdempotencyKey::new("k".repeat(255)).is_ok());
+        assert!(TenantId::new("acme/prod").is_err());
+        assert!(ToolName::new("payments/charge:v2").is_ok());
+        assert!(ToolName::new("héllo").is_err());
+    }
+
+    #[test]
+    fn derived_keys_are_stable_and_distinct() {
+        let a = IdempotencyKey::derive("run-1", "call-7");
+        assert_eq!(a, IdempotencyKey::derive("run-1", "call-7"));
+        assert_ne!(a, IdempotencyKey::derive("run-1", "call-8"));
+        assert_ne!(
+            IdempotencyKey::derive("ab", "c"),
+            IdempotencyKey::derive("a", "bc")
+        );
+        assert!(IdempotencyKey::new(a.as_str()).is_ok());
+    }
+
+    #[test]
+    fn minted_keys_are_fresh_and_valid() {
+        let a = IdempotencyKey::mint();
+        let b = IdempotencyKey::mint();
+        assert_ne!(a, b);
+        assert!(IdempotencyKey::new(a.as_str()).is_ok());
+    }
+
+    #[test]
+    fn digest_separates_parts() {
+        let k = |t: &str, o: &str, k: &str| {
+            Key::new(
+                TenantId::new(t).unwrap(),
+                ToolName::new(o).unwrap(),
+                IdempotencyKey::new(k).unwrap(),
+            )
+        };
+        assert_ne!(k("a", "bc", "d").digest(), k("ab", "c", "d").digest());
+        assert_eq!(k("a", "b", "c").digest(), k("a", "b", "c").digest());
+    }
+}

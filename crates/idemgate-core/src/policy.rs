@@ -1,0 +1,237 @@
+//! Tool policies: how each tool's calls are treated.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// What kind of call a tool makes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolKind {
+    /// Changes nothing: passes un-keyed, without touching the store.
+    Read,
+    /// Changes state: needs a key (or a fallback window) and runs at most once per key. Tools that
+    /// are not configured are writes.
+    #[default]
+    Write,
+    /// Changes state, but repeating it is harmless (an upsert, a set-to-value): passes through.
+    NaturalIdempotent,
+}
+
+impl fmt::Display for ToolKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ToolKind::Read => "read",
+            ToolKind::Write => "write",
+            ToolKind::NaturalIdempotent => "natural_idempotent",
+        })
+    }
+}
+
+impl FromStr for ToolKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.replace('-', "_").as_str() {
+            "read" => Ok(ToolKind::Read),
+            "write" => Ok(ToolKind::Write),
+            "natural_idempotent" => Ok(ToolKind::NaturalIdempotent),
+            _ => Err(format!(
+                "unknown tool kind {s:?}: expected read, write or natural_idempotent"
+            )),
+        }
+    }
+}
+
+/// What duplicates of a call whose outcome is unknown get.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UnknownPolicy {
+    /// An outcome-unknown answer until an operator or a verifier resolves the record.
+    #[default]
+    Block,
+    /// A verifier registered for the tool probes whether the side effect happened.
+    Verify,
+    /// Run again: only for tools that pass the key downstream (so the downstream deduplicates) or
+    /// are otherwise safe to retry.
+    Retry,
+}
+
+impl fmt::Display for UnknownPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            UnknownPolicy::Block => "block",
+            UnknownPolicy::Verify => "verify",
+            UnknownPolicy::Retry => "retry",
+        })
+    }
+}
+
+impl FromStr for UnknownPolicy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "block" => Ok(UnknownPolicy::Block),
+            "verify" => Ok(UnknownPolicy::Verify),
+            "retry" => Ok(UnknownPolicy::Retry),
+            _ => Err(format!(
+                "unknown policy {s:?}: expected block, verify or retry"
+            )),
+        }
+    }
+}
+
+/// How one tool's calls are treated.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ToolPolicy {
+    /// Read, write or naturally idempotent.
+    pub kind: ToolKind,
+    /// How long a completed outcome is kept and replayed.
+    #[serde(with = "humantime_serde_compat")]
+    pub ttl: Duration,
+    /// How long a reservation holds without a heartbeat; the engine heartbeats at a third of it
+    /// while the side effect runs, so it bounds how long a crash goes unnoticed, not how long a
+    /// call may take.
+    #[serde(with = "humantime_serde_compat")]
+    pub lease: Duration,
+    /// How long a duplicate waits for an in-flight first call before it gets an in-flight answer.
+    #[serde(with = "humantime_serde_compat")]
+    pub wait: Duration,
+    /// When set, a call without a key is deduplicated by (tool, canonical arguments) for this long.
+    #[serde(with = "humantime_serde_compat::option")]
+    pub fallback_window: Option<Duration>,
+    /// What duplicates of an unknown outcome get.
+    pub on_unknown: UnknownPolicy,
+}
+
+impl Default for ToolPolicy {
+    fn default() -> Self {
+        ToolPolicy {
+            kind: ToolKind::Write,
+            ttl: Duration::from_secs(24 * 3600),
+            lease: Duration::from_secs(30),
+            wait: Duration::from_secs(5),
+            fallback_window: None,
+            on_unknown: UnknownPolicy::Block,
+        }
+    }
+}
+
+impl ToolPolicy {
+    /// A read tool.
+    pub fn read() -> Self {
+        ToolPolicy {
+            kind: ToolKind::Read,
+            ..Self::default()
+        }
+    }
+
+    /// A write tool with the default settings.
+    pub fn write() -> Self {
+        Self::default()
+    }
+
+    /// A naturally idempotent write.
+    pub fn natural_idempotent() -> Self {
+        ToolPolicy {
+            kind: ToolKind::NaturalIdempotent,
+            ..Self::default()
+        }
+    }
+}
+
+/// The policies of all tools, with a default for tools not named (a write, unless changed).
+#[derive(Clone, Debug, Default)]
+pub struct Policies {
+    default: ToolPolicy,
+    tools: HashMap<String, ToolPolicy>,
+}
+
+impl Policies {
+    /// Every tool a write with the default settings.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Sets the policy of tools that are not named.
+    pub fn with_default(mut self, policy: ToolPolicy) -> Self {
+        self.default = policy;
+        self
+    }
+
+    /// Sets one tool's policy.
+    pub fn with_tool(mut self, tool: impl Into<String>, policy: ToolPolicy) -> Self {
+        self.tools.insert(tool.into(), policy);
+        self
+    }
+
+    /// The policy of `tool`.
+    pub fn get(&self, tool: &str) -> &ToolPolicy {
+        self.tools.get(tool).unwrap_or(&self.default)
+    }
+}
+
+/// Durations as human text ("30s", "24h") in configuration files.
+mod humantime_serde_compat {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&humantime::format_duration(*d).to_string())
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let s = String::deserialize(d)?;
+        humantime::parse_duration(&s).map_err(serde::de::Error::custom)
+    }
+
+    pub(super) mod option {
+        use super::*;
+
+        pub(in super::super) fn serialize<S: Serializer>(
+            d: &Option<Duration>,
+            s: S,
+        ) -> Result<S::Ok, S::Error> {
+            match d {
+                Some(d) => super::serialize(d, s),
+                None => s.serialize_none(),
+            }
+        }
+
+        pub(in super::super) fn deserialize<'de, D: Deserializer<'de>>(
+            d: D,
+        ) -> Result<Option<Duration>, D::Error> {
+            super::deserialize(d).map(Some)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unnamed_tools_are_writes() {
+        let p = Policies::new().with_tool("search", ToolPolicy::read());
+        assert_eq!(p.get("search").kind, ToolKind::Read);
+        assert_eq!(p.get("never-heard-of-it").kind, ToolKind::Write);
+    }
+
+    #[test]
+    fn policy_reads_human_durations() {
+        let p: ToolPolicy = serde_json::from_str(
+            r#"{"kind":"write","ttl":"1h","fallback_window":"30s","on_unknown":"retry"}"#,
+        )
+        .unwrap();
+        assert_eq!(p.ttl, Duration::from_secs(3600));
+        assert_eq!(p.fallback_window, Some(Duration::from_secs(30)));
+        assert_eq!(p.on_unknown, UnknownPolicy::Retry);
+        assert_eq!(p.lease, ToolPolicy::default().lease);
+        assert!(serde_json::from_str::<ToolPolicy>(r#"{"ttl":"soon"}"#).is_err());
+        assert!(serde_json::from_str::<ToolPolicy>(r#"{"tll":"1h"}"#).is_err());
+    }
+}

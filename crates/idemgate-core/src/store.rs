@@ -1,0 +1,215 @@
+//! The store contract: a handful of atomic operations on one record each.
+//!
+//! Every store (memory, SQLite, Postgres, Redis) implements [`Store`] and passes the one conformance
+//! suite in `idemgate-conformance`. The engine builds every decision of the contract from these
+//! operations and nothing else.
+
+use std::future::Future;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::canonical::Fingerprint;
+use crate::error::StoreError;
+use crate::key::{Key, TenantId, ToolName};
+use crate::record::{Fence, Lease, LeaseToken, Outcome, Record, State};
+use crate::time::Timestamp;
+
+/// The result type of store operations.
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+/// A request to hold a record while a side effect runs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reservation {
+    /// Which record.
+    pub key: Key,
+    /// The fingerprint of the call's canonical arguments.
+    pub fingerprint: Fingerprint,
+    /// The caller's random token; a retried reservation with the same token that finds its own
+    /// in-flight record acquires it again, so a lost acknowledgement does not strand the record.
+    pub token: LeaseToken,
+    /// How long the lease lasts without a heartbeat.
+    pub lease_for: Duration,
+}
+
+impl Reservation {
+    /// A reservation with a fresh token.
+    pub fn new(key: Key, fingerprint: Fingerprint, lease_for: Duration) -> Self {
+        Reservation {
+            key,
+            fingerprint,
+            token: LeaseToken::mint(),
+            lease_for,
+        }
+    }
+}
+
+/// What a reservation or takeover found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Claim {
+    /// The caller now holds the record, in flight, with this lease.
+    Acquired(Lease),
+    /// Someone else's record stands (in flight, completed or unknown); nothing was written.
+    Existing(Record),
+}
+
+/// The store's confirmation of a completion.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Completion {
+    /// When the outcome was recorded (store clock).
+    pub completed_at: Timestamp,
+    /// When the record stops counting.
+    pub expires_at: Timestamp,
+}
+
+/// Which records an operator lists.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ListFilter {
+    /// Only this tenant's.
+    pub tenant: Option<TenantId>,
+    /// Only this tool's.
+    pub tool: Option<ToolName>,
+    /// Only records in this state (expired leases count as unknown).
+    pub state: Option<State>,
+    /// At most this many (0: no limit).
+    pub limit: usize,
+}
+
+impl ListFilter {
+    /// Whether `r` passes the filter (stores that cannot filter on the server use it).
+    pub fn matches(&self, r: &Record) -> bool {
+        self.tenant.as_ref().is_none_or(|t| *t == r.key.tenant)
+            && self.tool.as_ref().is_none_or(|t| *t == r.key.tool)
+            && self.state.is_none_or(|s| s == r.state_name())
+    }
+}
+
+/// A key-value store of idempotency records.
+///
+/// Each operation is atomic on its one record. Records are judged by the store's clock: a
+/// completed record past `expires_at` counts as absent, and an in-flight record past `lease_until`
+/// is reported as [`crate::RecordState::Unknown`] (since the lease's end) but keeps its lease, so
+/// its holder can still complete it truthfully until somebody takes it over.
+///
+/// # Concurrent calls on the same key
+/// Exactly one of any number of racing [`Store::reserve`] calls acquires an absent record; the
+/// others see it. Every write that names a [`Lease`] is a compare-and-set on the record's current
+/// fence and token, so a holder whose record was taken over, released or resolved gets
+/// [`StoreError::LeaseLost`] and changes nothing.
+///
+/// # Cancellation
+/// Dropping any returned future leaves the record either untouched or fully written, never half
+/// written: each operation is one atomic step on the store.
+///
+/// # Errors
+/// [`StoreError::Unavailable`] when the write certainly did not happen, [`StoreError::Indeterminate`]
+/// when it may have; the engine fails closed on both at reservation time.
+pub trait Store: Send + Sync + 'static {
+    /// Inserts an in-flight record if none counts (absent, or completed and expired).
+    ///
+    /// Returns [`Claim::Acquired`] when it inserted one, and also when the record is already in
+    /// flight under this reservation's token (a retried reservation whose answer was lost).
+    fn reserve(&self, r: &Reservation) -> impl Future<Output = Result<Claim>> + Send;
+
+    /// Takes over an unknown record (lease expired, or marked unknown) whose fence is `stale` and
+    /// whose fingerprint is the reservation's: it becomes in flight with fence `stale + 1` under the
+    /// reservation's token. A record in any other state is returned as [`Claim::Existing`]; an
+    /// absent one is reserved as by [`Store::reserve`].
+    fn takeover(&self, r: &Reservation, stale: Fence)
+        -> impl Future<Output = Result<Claim>> + Send;
+
+    /// Extends the lease of an in-flight record held under `lease` to `lease_for` from now, and
+    /// returns the new end of the lease.
+    fn heartbeat(
+        &self,
+        key: &Key,
+        lease: Lease,
+        lease_for: Duration,
+    ) -> impl Future<Output = Result<Timestamp>> + Send;
+
+    /// Stores the outcome of the record held under `lease` (in flight, or unknown under the same
+    /// lease), kept for `ttl`. Completing again with the same lease is a no-op that returns the
+    /// first completion, so a retry after a lost answer is safe.
+    fn complete(
+        &self,
+        key: &Key,
+        lease: Lease,
+        outcome: &Outcome,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<Completion>> + Send;
+
+    /// Removes the record held under `lease` (the side effect did not happen). Removing an absent
+    /// record succeeds, so a retry after a lost answer is safe.
+    fn release(&self, key: &Key, lease: Lease) -> impl Future<Output = Result<()>> + Send;
+
+    /// Marks the record held under `lease` unknown now (the tool said the outcome is ambiguous).
+    fn mark_unknown(&self, key: &Key, lease: Lease) -> impl Future<Output = Result<()>> + Send;
+
+    /// The record, if one counts.
+    fn get(&self, key: &Key) -> impl Future<Output = Result<Option<Record>>> + Send;
+
+    /// Records that pass `filter`, oldest first. Expired completed records are left out.
+    fn list(&self, filter: &ListFilter) -> impl Future<Output = Result<Vec<Record>>> + Send;
+
+    /// Deletes completed records past their expiry and returns how many went. Unknown records are
+    /// never purged: they wait for an operator.
+    fn purge_expired(&self) -> impl Future<Output = Result<u64>> + Send;
+
+    /// Waits until the record may have changed, or `timeout` passed. Waiting duplicates call it
+    /// between looks; stores with change notifications wake early, others poll.
+    fn wait_changed(&self, key: &Key, timeout: Duration) -> impl Future<Output = ()> + Send {
+        let _ = key;
+        tokio::time::sleep(timeout.min(DEFAULT_POLL))
+    }
+}
+
+/// How often a waiting duplicate looks again on stores without change notifications.
+pub const DEFAULT_POLL: Duration = Duration::from_millis(20);
+
+impl<S: Store> Store for std::sync::Arc<S> {
+    fn reserve(&self, r: &Reservation) -> impl Future<Output = Result<Claim>> + Send {
+        (**self).reserve(r)
+    }
+    fn takeover(
+        &self,
+        r: &Reservation,
+        stale: Fence,
+    ) -> impl Future<Output = Result<Claim>> + Send {
+        (**self).takeover(r, stale)
+    }
+    fn heartbeat(
+        &self,
+        key: &Key,
+        lease: Lease,
+        lease_for: Duration,
+    ) -> impl Future<Output = Result<Timestamp>> + Send {
+        (**self).heartbeat(key, lease, lease_for)
+    }
+    fn complete(
+        &self,
+        key: &Key,
+        lease: Lease,
+        outcome: &Outcome,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<Completion>> + Send {
+        (**self).complete(key, lease, outcome, ttl)
+    }
+    fn release(&self, key: &Key, lease: Lease) -> impl Future<Output = Result<()>> + Send {
+        (**self).release(key, lease)
+    }
+    fn mark_unknown(&self, key: &Key, lease: Lease) -> impl Future<Output = Result<()>> + Send {
+        (**self).mark_unknown(key, lease)
+    }
+    fn get(&self, key: &Key) -> impl Future<Output = Result<Option<Record>>> + Send {
+        (**self).get(key)
+    }
+    fn list(&self, filter: &ListFilter) -> impl Future<Output = Result<Vec<Record>>> + Send {
+        (**self).list(filter)
+    }
+    fn purge_expired(&self) -> impl Future<Output = Result<u64>> + Send {
+        (**self).purge_expired()
+    }
+    fn wait_changed(&self, key: &Key, timeout: Duration) -> impl Future<Output = ()> + Send {
+        (**self).wait_changed(key, timeout)
+    }
+}

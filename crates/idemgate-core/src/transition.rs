@@ -1,0 +1,218 @@
+//! The record state machine as pure functions: current stored record in, answer and change out.
+//!
+//! Stores that can read and write a record atomically (the memory store under its lock, SQLite in
+//! one write transaction) apply these functions and write the [`Change`], so they cannot drift
+//! apart. Stores that must run the logic on the server (Postgres statements, Redis scripts) mirror
+//! it, and the conformance suite holds them to it.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::canonical::Fingerprint;
+use crate::error::StoreError;
+use crate::key::Key;
+use crate::record::{Fence, Lease, LeaseToken, Outcome, Record, RecordState};
+use crate::store::{Claim, Completion, Reservation, Result};
+use crate::time::Timestamp;
+
+/// A record as a store keeps it: the public [`Record`] plus the holder's token.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredRecord {
+    /// The record's name.
+    pub key: Key,
+    /// The fingerprint of the reserving call's arguments.
+    pub fingerprint: Fingerprint,
+    /// The current fence.
+    pub fence: Fence,
+    /// The current holder's token.
+    pub token: LeaseToken,
+    /// When this incarnation was reserved.
+    pub created_at: Timestamp,
+    /// The state as written (an in-flight record stays in flight when its lease ends; only its view
+    /// changes).
+    pub state: RecordState,
+}
+
+/// What the store must write after an operation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Change {
+    /// Nothing.
+    Keep,
+    /// Insert or replace the record.
+    Put(StoredRecord),
+    /// Delete the record.
+    Delete,
+}
+
+impl StoredRecord {
+    /// The record as callers see it at `now`: `None` when it no longer counts (completed and
+    /// expired), unknown when an in-flight lease has run out.
+    pub fn view(&self, now: Timestamp) -> Option<Record> {
+        let state = match &self.state {
+            RecordState::Completed { expires_at, .. } if *expires_at <= now => return None,
+            RecordState::InFlight { lease_until } if *lease_until <= now => RecordState::Unknown {
+                since: *lease_until,
+            },
+            other => other.clone(),
+        };
+        Some(Record {
+            key: self.key.clone(),
+            fingerprint: self.fingerprint,
+            fence: self.fence,
+            created_at: self.created_at,
+            state,
+        })
+    }
+
+    fn holds(&self, lease: Lease) -> bool {
+        self.fence == lease.fence && self.token == lease.token
+    }
+
+    fn lease(&self) -> Lease {
+        Lease {
+            fence: self.fence,
+            token: self.token,
+        }
+    }
+
+    fn fresh(r: &Reservation, fence: Fence, created_at: Timestamp, now: Timestamp) -> Self {
+        StoredRecord {
+            key: r.key.clone(),
+            fingerprint: r.fingerprint,
+            fence,
+            token: r.token,
+            created_at,
+            state: RecordState::InFlight {
+                lease_until: now.plus(r.lease_for),
+            },
+        }
+    }
+}
+
+/// See [`crate::Store::reserve`].
+pub fn reserve(cur: Option<&StoredRecord>, r: &Reservation, now: Timestamp) -> (Claim, Change) {
+    match cur.and_then(|c| c.view(now).map(|v| (c, v))) {
+        None => {
+            // A record replaced after expiry keeps counting its fence up, so fences only grow.
+            let fence = cur.map_or(1, |c| c.fence + 1);
+            let rec = StoredRecord::fresh(r, fence, now, now);
+            (Claim::Acquired(rec.lease()), Change::Put(rec))
+        }
+        Some((c, _)) if c.token == r.token && matches!(c.state, RecordState::InFlight { .. }) => {
+            (Claim::Acquired(c.lease()), Change::Keep)
+        }
+        Some((_, view)) => (Claim::Existing(view), Change::Keep),
+    }
+}
+
+/// See [`crate::Store::takeover`].
+pub fn takeover(
+    cur: Option<&StoredRecord>,
+    r: &Reservation,
+    stale: Fence,
+    now: Timestamp,
+) -> (Claim, Change) {
+    let Some((c, view)) = cur.and_then(|c| c.view(now).map(|v| (c, v))) else {
+        return reserve(cur, r, now);
+    };
+    if c.token == r.token && matches!(c.state, RecordState::InFlight { .. }) {
+        // Our own takeover, retried after a lost answer.
+        return (Claim::Acquired(c.lease()), Change::Keep);
+    }
+    let unknown = matches!(view.state, RecordState::Unknown { .. });
+    if unknown && c.fence == stale && c.fingerprint == r.fingerprint {
+        let rec = StoredRecord::fresh(r, stale + 1, c.created_at, now);
+        return (Claim::Acquired(rec.lease()), Change::Put(rec));
+    }
+    (Claim::Existing(view), Change::Keep)
+}
+
+/// See [`crate::Store::heartbeat`].
+pub fn heartbeat(
+    cur: Option<&StoredRecord>,
+    lease: Lease,
+    lease_for: Duration,
+    now: Timestamp,
+) -> Result<(Timestamp, Change)> {
+    match cur {
+        Some(c) if c.holds(lease) && matches!(c.state, RecordState::InFlight { .. }) => {
+            let lease_until = now.plus(lease_for);
+            let mut next = c.clone();
+            next.state = RecordState::InFlight { lease_until };
+            Ok((lease_until, Change::Put(next)))
+        }
+        _ => Err(StoreError::LeaseLost),
+    }
+}
+
+/// See [`crate::Store::complete`].
+pub fn complete(
+    cur: Option<&StoredRecord>,
+    lease: Lease,
+    outcome: &Outcome,
+    ttl: Duration,
+    now: Timestamp,
+) -> Result<(Completion, Change)> {
+    match cur {
+        Some(c) if c.holds(lease) => match &c.state {
+            RecordState::Completed {
+                completed_at,
+                expires_at,
+                ..
+            } => Ok((
+                Completion {
+                    completed_at: *completed_at,
+                    expires_at: *expires_at,
+                },
+                Change::Keep,
+            )),
+            RecordState::InFlight { .. } | RecordState::Unknown { .. } => {
+                let done = Completion {
+                    completed_at: now,
+                    expires_at: now.plus(ttl),
+                };
+                let mut next = c.clone();
+                next.state = RecordState::Completed {
+                    outcome: outcome.clone(),
+                    completed_at: done.completed_at,
+                    expires_at: done.expires_at,
+                };
+                Ok((done, Change::Put(next)))
+            }
+        },
+        _ => Err(StoreError::LeaseLost),
+    }
+}
+
+/// See [`crate::Store::release`].
+pub fn release(cur: Option<&StoredRecord>, lease: Lease) -> Result<Change> {
+    match cur {
+        None => Ok(Change::Keep),
+        Some(c) if c.holds(lease) && !matches!(c.state, RecordState::Completed { .. }) => {
+            Ok(Change::Delete)
+        }
+        Some(_) => Err(StoreError::LeaseLost),
+    }
+}
+
+/// See [`crate::Store::mark_unknown`].
+pub fn mark_unknown(cur: Option<&StoredRecord>, lease: Lease, now: Timestamp) -> Result<Change> {
+    match cur {
+        Some(c) if c.holds(lease) => match c.state {
+            RecordState::InFlight { .. } => {
+                let mut next = c.clone();
+                next.state = RecordState::Unknown { since: now };
+                Ok(Change::Put(next))
+            }
+            RecordState::Unknown { .. } => Ok(Change::Keep),
+            RecordState::Completed { .. } => Err(StoreError::LeaseLost),
+        },
+        _ => Err(StoreError::LeaseLost),
+    }
+}
+
+/// Whether a stored record should be purged at `now` (completed and expired).
+pub fn is_purgeable(c: &StoredRecord, now: Timestamp) -> bool {
+    matches!(c.state, RecordState::Completed { expires_at, .. } if expires_at <= now)
+}
