@@ -5,6 +5,11 @@
 //! behaviour works on keys of a fresh random tenant, so the suite can run against a shared server
 //! database, in parallel, without cleaning up.
 
+pub mod model;
+
+#[doc(hidden)]
+pub use proptest;
+
 use std::sync::Arc;
 use std::time::Duration;
 

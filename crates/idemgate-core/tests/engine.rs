@@ -1,0 +1,928 @@
+//! Engine behaviours and failpoint tests: one test per decision of the contract.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use idemgate_core::faulty::{Fault, Op};
+use idemgate_core::{
+    Decision, Effect, EngineError, KeyRule, Outcome, OutcomeKind, Policies, Probe, ProbeFuture,
+    RecordState, Recording, Resolution, State, Store, ToolKind, ToolPolicy, UnknownPolicy,
+    Verifier,
+};
+use serde_json::json;
+use tokio::sync::Notify;
+
+use crate::support::{call, default_rig, key, rig, Counter, LEASE};
+
+fn success(body: &str) -> Effect {
+    Effect::Success(body.as_bytes().to_vec())
+}
+
+#[tokio::test(start_paused = true)]
+async fn executes_once_then_replays_with_time_and_rule() {
+    let r = default_rig();
+    let runs = Counter::default();
+    let c = call("acme", "charge", Some("k1"), json!({"amount": 5}));
+    let first = r
+        .engine
+        .call(c.clone(), || runs.effect(success("ok")))
+        .await
+        .unwrap();
+    let Decision::Executed {
+        executed_at,
+        expires_at,
+        recording,
+        ..
+    } = first.decision.clone()
+    else {
+        panic!("{first:?}")
+    };
+    assert_eq!(recording, Recording::Stored);
+    assert_eq!(first.rule, Some(KeyRule::Explicit));
+    assert_eq!(expires_at, executed_at.plus(Duration::from_secs(24 * 3600)));
+    r.clock.advance(Duration::from_secs(60));
+    for _ in 0..3 {
+        let again = r
+            .engine
+            .call(c.clone(), || runs.effect(success("twice")))
+            .await
+            .unwrap();
+        match again.decision {
+            Decision::Replayed {
+                outcome,
+                executed_at: at,
+                verified,
+                ..
+            } => {
+                assert_eq!(outcome.body, b"ok");
+                assert_eq!(
+                    at, executed_at,
+                    "a replay carries the original execution time"
+                );
+                assert!(!verified);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(runs.get(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn equal_arguments_in_another_order_replay() {
+    let r = default_rig();
+    let runs = Counter::default();
+    let a = call("acme", "charge", Some("k"), json!({"a": 1, "b": [1, 2]}));
+    let b = call("acme", "charge", Some("k"), json!({"b": [1, 2], "a": 1}));
+    r.engine
+        .call(a, || runs.effect(success("x")))
+        .await
+        .unwrap();
+    let again = r
+        .engine
+        .call(b, || runs.effect(success("y")))
+        .await
+        .unwrap();
+    assert!(matches!(again.decision, Decision::Replayed { .. }));
+    assert_eq!(runs.get(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn key_reused_with_other_arguments_is_refused() {
+    let r = default_rig();
+    let runs = Counter::default();
+    r.engine
+        .call(
+            call("acme", "charge", Some("k"), json!({"amount": 5})),
+            || runs.effect(success("x")),
+        )
+        .await
+        .unwrap();
+    let err = r
+        .engine
+        .call(
+            call("acme", "charge", Some("k"), json!({"amount": 500})),
+            || runs.effect(success("y")),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            EngineError::KeyReuse {
+                rule: KeyRule::Explicit,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("different arguments"));
+    assert_eq!(runs.get(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn writes_need_a_key_reads_and_natural_writes_pass_through() {
+    let policies = Policies::new()
+        .with_tool("search", ToolPolicy::read())
+        .with_tool("set_status", ToolPolicy::natural_idempotent());
+    let r = rig(policies);
+    let runs = Counter::default();
+    let err = r
+        .engine
+        .call(call("acme", "never_configured", None, json!({})), || {
+            runs.effect(success("x"))
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, EngineError::KeyRequired { .. }),
+        "unknown tools are writes"
+    );
+    assert_eq!(runs.get(), 0);
+    // Reads do not touch the store: a store that refuses everything does not matter.
+    r.store.always(Op::Reserve, Fault::Refuse);
+    for tool in ["search", "set_status"] {
+        for _ in 0..2 {
+            let a = r
+                .engine
+                .call(call("acme", tool, None, json!({"q": 1})), || {
+                    runs.effect(success("r"))
+                })
+                .await
+                .unwrap();
+            assert!(matches!(a.decision, Decision::PassedThrough { .. }));
+            assert_eq!(a.key, None);
+        }
+    }
+    assert_eq!(runs.get(), 4);
+    assert!(r.store.inner().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn fallback_window_deduplicates_visibly_and_expires() {
+    let window = Duration::from_secs(10);
+    let r = rig(Policies::new().with_tool(
+        "send_mail",
+        ToolPolicy {
+            fallback_window: Some(window),
+            ..ToolPolicy::default()
+        },
+    ));
+    let runs = Counter::default();
+    let c = call("acme", "send_mail", None, json!({"to": "a@b.c"}));
+    let first = r
+        .engine
+        .call(c.clone(), || runs.effect(success("sent")))
+        .await
+        .unwrap();
+    assert_eq!(first.rule, Some(KeyRule::Fallback));
+    let dup = r
+        .engine
+        .call(c.clone(), || runs.effect(success("again")))
+        .await
+        .unwrap();
+    assert!(matches!(dup.decision, Decision::Replayed { .. }));
+    assert_eq!(
+        dup.rule,
+        Some(KeyRule::Fallback),
+        "the answer says the fallback matched"
+    );
+    let other = call("acme", "send_mail", None, json!({"to": "x@y.z"}));
+    r.engine
+        .call(other, || runs.effect(success("other")))
+        .await
+        .unwrap();
+    assert_eq!(runs.get(), 2);
+    r.clock.advance(window + Duration::from_millis(1));
+    let later = r
+        .engine
+        .call(c, || runs.effect(success("later")))
+        .await
+        .unwrap();
+    assert!(
+        matches!(later.decision, Decision::Executed { .. }),
+        "the window is short"
+    );
+    assert_eq!(runs.get(), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn racing_duplicates_execute_once_and_replay() {
+    let r = default_rig();
+    let runs = Counter::default();
+    let gate = Arc::new(Notify::new());
+    let mut tasks = Vec::new();
+    for _ in 0..16 {
+        let engine = r.engine.clone();
+        let runs = runs.clone();
+        let gate = gate.clone();
+        tasks.push(tokio::spawn(async move {
+            engine
+                .call(
+                    call("acme", "charge", Some("race"), json!(1)),
+                    || async move {
+                        runs.bump();
+                        gate.notified().await;
+                        success("charged")
+                    },
+                )
+                .await
+                .unwrap()
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    gate.notify_waiters();
+    let mut executed = 0;
+    for t in tasks {
+        let a = t.await.unwrap();
+        match a.decision {
+            Decision::Executed { .. } => executed += 1,
+            Decision::Replayed { outcome, .. } => assert_eq!(outcome.body, b"charged"),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!((executed, runs.get()), (1, 1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn duplicate_gets_in_flight_answer_after_the_wait_bound() {
+    let r = rig(Policies::new().with_default(ToolPolicy {
+        wait: Duration::from_secs(2),
+        ..ToolPolicy::default()
+    }));
+    let gate = Arc::new(Notify::new());
+    let g = gate.clone();
+    let engine = r.engine.clone();
+    let first = tokio::spawn(async move {
+        engine
+            .call(
+                call("acme", "charge", Some("slow"), json!(1)),
+                || async move {
+                    g.notified().await;
+                    success("done")
+                },
+            )
+            .await
+            .unwrap()
+    });
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let started = tokio::time::Instant::now();
+    let dup = r
+        .engine
+        .call(call("acme", "charge", Some("slow"), json!(1)), || async {
+            unreachable!()
+        })
+        .await
+        .unwrap();
+    assert!(started.elapsed() >= Duration::from_secs(2));
+    match dup.decision {
+        Decision::InFlight { retry_after, .. } => assert!(retry_after >= Duration::from_secs(1)),
+        other => panic!("{other:?}"),
+    }
+    gate.notify_one();
+    assert!(matches!(
+        first.await.unwrap().decision,
+        Decision::Executed { .. }
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn not_applied_releases_the_key_so_a_retry_runs() {
+    let r = default_rig();
+    let runs = Counter::default();
+    let c = call("acme", "charge", Some("k"), json!(1));
+    let a = r
+        .engine
+        .call(c.clone(), || {
+            runs.effect(Effect::NotApplied("card declined before charge".into()))
+        })
+        .await
+        .unwrap();
+    assert!(matches!(
+        a.decision,
+        Decision::NotApplied {
+            recording: Recording::Stored,
+            ..
+        }
+    ));
+    assert!(r.store.inner().is_empty());
+    let b = r
+        .engine
+        .call(c, || runs.effect(success("charged")))
+        .await
+        .unwrap();
+    assert!(matches!(b.decision, Decision::Executed { .. }));
+    assert_eq!(runs.get(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn waiting_duplicate_runs_after_the_first_call_released() {
+    let r = default_rig();
+    let gate = Arc::new(Notify::new());
+    let g = gate.clone();
+    let engine = r.engine.clone();
+    let first = tokio::spawn(async move {
+        engine
+            .call(call("acme", "charge", Some("k"), json!(1)), || async move {
+                g.notified().await;
+                Effect::NotApplied("nothing happened".into())
+            })
+            .await
+            .unwrap()
+    });
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let engine = r.engine.clone();
+    let second = tokio::spawn(async move {
+        engine
+            .call(call("acme", "charge", Some("k"), json!(1)), || async {
+                success("second")
+            })
+            .await
+            .unwrap()
+    });
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    gate.notify_one();
+    assert!(matches!(
+        first.await.unwrap().decision,
+        Decision::NotApplied { .. }
+    ));
+    assert!(matches!(
+        second.await.unwrap().decision,
+        Decision::Executed { .. }
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn terminal_failure_is_stored_and_replayed_as_failure() {
+    let r = default_rig();
+    let runs = Counter::default();
+    let c = call("acme", "charge", Some("k"), json!(1));
+    r.engine
+        .call(c.clone(), || {
+            runs.effect(Effect::Failed(b"insufficient funds".to_vec()))
+        })
+        .await
+        .unwrap();
+    let again = r
+        .engine
+        .call(c, || runs.effect(success("x")))
+        .await
+        .unwrap();
+    assert_eq!(again.outcome().unwrap().kind, OutcomeKind::Failed);
+    assert_eq!(runs.get(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn ambiguous_outcome_blocks_duplicates() {
+    let r = default_rig();
+    let runs = Counter::default();
+    let c = call("acme", "charge", Some("k"), json!(1));
+    let a = r
+        .engine
+        .call(c.clone(), || {
+            runs.effect(Effect::Ambiguous("timeout after send".into()))
+        })
+        .await
+        .unwrap();
+    assert!(matches!(
+        a.decision,
+        Decision::Unknown { ran_here: true, .. }
+    ));
+    let b = r
+        .engine
+        .call(c, || runs.effect(success("x")))
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            b.decision,
+            Decision::Unknown {
+                ran_here: false,
+                ..
+            }
+        ),
+        "{b:?}"
+    );
+    assert_eq!(runs.get(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn crash_mid_effect_becomes_unknown_never_a_second_run() {
+    let r = default_rig();
+    let runs = Counter::default();
+    let c = call("acme", "charge", Some("k"), json!(1));
+    let r2 = runs.clone();
+    // The caller dies while the side effect runs: its future is dropped.
+    let crashed = tokio::time::timeout(
+        Duration::from_millis(50),
+        r.engine.call(c.clone(), || async move {
+            r2.bump();
+            std::future::pending::<Effect>().await
+        }),
+    )
+    .await;
+    assert!(crashed.is_err());
+    r.clock.advance(LEASE + Duration::from_secs(1));
+    let dup = r
+        .engine
+        .call(c, || runs.effect(success("twice")))
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            dup.decision,
+            Decision::Unknown {
+                ran_here: false,
+                ..
+            }
+        ),
+        "{dup:?}"
+    );
+    assert_eq!(runs.get(), 1);
+    let listed = r
+        .engine
+        .list(&idemgate_core::ListFilter {
+            state: Some(State::Unknown),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(listed.len(), 1, "unknown records are visible to operators");
+}
+
+#[tokio::test(start_paused = true)]
+async fn retry_policy_takes_over_with_a_higher_fence() {
+    let r = rig(Policies::new().with_default(ToolPolicy {
+        on_unknown: UnknownPolicy::Retry,
+        lease: LEASE,
+        ..ToolPolicy::default()
+    }));
+    let runs = Counter::default();
+    let c = call("acme", "charge", Some("k"), json!(1));
+    r.engine
+        .call(c.clone(), || runs.effect(Effect::Ambiguous("?".into())))
+        .await
+        .unwrap();
+    let before = r
+        .engine
+        .get(&key("acme", "charge", "k"))
+        .await
+        .unwrap()
+        .unwrap();
+    let again = r
+        .engine
+        .call(c, || runs.effect(success("second try")))
+        .await
+        .unwrap();
+    assert!(matches!(again.decision, Decision::Executed { .. }));
+    let after = r
+        .engine
+        .get(&key("acme", "charge", "k"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(after.fence > before.fence);
+    assert_eq!(runs.get(), 2);
+}
+
+struct FixedProbe(Probe);
+
+impl Verifier for FixedProbe {
+    fn verify<'a>(&'a self, _key: &'a idemgate_core::Key) -> ProbeFuture<'a> {
+        let p = self.0.clone();
+        Box::pin(async move { Ok(p) })
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn verify_policy_asks_the_verifier() {
+    let verify = ToolPolicy {
+        on_unknown: UnknownPolicy::Verify,
+        ..ToolPolicy::default()
+    };
+    let mut r = rig(Policies::new()
+        .with_tool("applied", verify.clone())
+        .with_tool("not_applied", verify.clone())
+        .with_tool("unsure", verify.clone())
+        .with_tool("unverified", verify));
+    let engine = Arc::try_unwrap(r.engine).ok().unwrap();
+    r.engine = Arc::new(
+        engine
+            .with_verifier(
+                "applied",
+                Arc::new(FixedProbe(Probe::Applied(Outcome::success(
+                    b"found".to_vec(),
+                )))),
+            )
+            .with_verifier("not_applied", Arc::new(FixedProbe(Probe::NotApplied)))
+            .with_verifier("unsure", Arc::new(FixedProbe(Probe::Unknown))),
+    );
+    let runs = Counter::default();
+    for tool in ["applied", "not_applied", "unsure", "unverified"] {
+        let c = call("acme", tool, Some("k"), json!(1));
+        r.engine
+            .call(c, || runs.effect(Effect::Ambiguous("?".into())))
+            .await
+            .unwrap();
+    }
+    let a = r
+        .engine
+        .call(call("acme", "applied", Some("k"), json!(1)), || {
+            runs.effect(success("x"))
+        })
+        .await
+        .unwrap();
+    assert!(
+        matches!(a.decision, Decision::Replayed { verified: true, ref outcome, .. } if outcome.body == b"found"),
+        "{a:?}"
+    );
+    let b = r
+        .engine
+        .call(call("acme", "not_applied", Some("k"), json!(1)), || {
+            runs.effect(success("ran"))
+        })
+        .await
+        .unwrap();
+    assert!(matches!(b.decision, Decision::Executed { .. }), "{b:?}");
+    let c = r
+        .engine
+        .call(call("acme", "unsure", Some("k"), json!(1)), || {
+            runs.effect(success("x"))
+        })
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            c.decision,
+            Decision::Unknown {
+                message: Some(_),
+                ..
+            }
+        ),
+        "{c:?}"
+    );
+    let d = r
+        .engine
+        .call(call("acme", "unverified", Some("k"), json!(1)), || {
+            runs.effect(success("x"))
+        })
+        .await
+        .unwrap();
+    assert!(
+        matches!(d.decision, Decision::Unknown { message: Some(ref m), .. } if m.contains("no verifier")),
+        "{d:?}"
+    );
+    // Four ambiguous first runs and the one the verifier cleared.
+    assert_eq!(runs.get(), 5);
+    // The verifier found it applied: now a plain replay.
+    let e = r
+        .engine
+        .call(call("acme", "applied", Some("k"), json!(1)), || {
+            runs.effect(success("x"))
+        })
+        .await
+        .unwrap();
+    assert!(matches!(e.decision, Decision::Replayed { .. }));
+}
+
+#[tokio::test(start_paused = true)]
+async fn failpoint_reservation_refused_runs_nothing() {
+    let r = default_rig();
+    let runs = Counter::default();
+    r.store.once(Op::Reserve, Fault::Refuse);
+    let err = r
+        .engine
+        .call(call("acme", "charge", Some("k"), json!(1)), || {
+            runs.effect(success("x"))
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(err, EngineError::ReserveFailed(_)), "{err}");
+    assert_eq!(runs.get(), 0);
+    assert!(r.store.inner().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn failpoint_reservation_answer_lost_runs_nothing_and_leaves_no_orphan() {
+    let r = default_rig();
+    let runs = Counter::default();
+    let c = call("acme", "charge", Some("k"), json!(1));
+    r.store.once(Op::Reserve, Fault::LoseAnswer);
+    let err = r
+        .engine
+        .call(c.clone(), || runs.effect(success("x")))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, EngineError::ReserveFailed(_)));
+    assert_eq!(runs.get(), 0);
+    assert!(
+        r.store.inner().is_empty(),
+        "our own orphaned reservation was released"
+    );
+    let ok = r
+        .engine
+        .call(c, || runs.effect(success("x")))
+        .await
+        .unwrap();
+    assert!(matches!(ok.decision, Decision::Executed { .. }));
+}
+
+#[tokio::test(start_paused = true)]
+async fn failpoint_store_down_at_reservation_fails_closed() {
+    let r = default_rig();
+    let runs = Counter::default();
+    r.store.always(Op::Reserve, Fault::LoseAnswer);
+    for _ in 0..3 {
+        let err = r
+            .engine
+            .call(call("acme", "charge", Some("k"), json!(1)), || {
+                runs.effect(success("x"))
+            })
+            .await
+            .unwrap_err();
+        assert!(matches!(err, EngineError::ReserveFailed(_)));
+    }
+    assert_eq!(
+        runs.get(),
+        0,
+        "a failed reservation never runs the side effect"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn failpoint_done_write_lost_once_is_retried() {
+    let r = default_rig();
+    let runs = Counter::default();
+    let c = call("acme", "charge", Some("k"), json!(1));
+    r.store.once(Op::Complete, Fault::LoseAnswer);
+    r.store.once(Op::Complete, Fault::Refuse);
+    let a = r
+        .engine
+        .call(c.clone(), || runs.effect(success("x")))
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            a.decision,
+            Decision::Executed {
+                recording: Recording::Stored,
+                ..
+            }
+        ),
+        "{a:?}"
+    );
+    let b = r
+        .engine
+        .call(c, || runs.effect(success("y")))
+        .await
+        .unwrap();
+    assert!(matches!(b.decision, Decision::Replayed { .. }));
+    assert_eq!(runs.get(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn failpoint_done_write_lost_for_good_is_journaled_then_flushed() {
+    let r = default_rig();
+    let runs = Counter::default();
+    let c = call("acme", "charge", Some("k"), json!(1));
+    r.store.always(Op::Complete, Fault::Refuse);
+    let a = r
+        .engine
+        .call(c.clone(), || runs.effect(success("paid")))
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            a.decision,
+            Decision::Executed {
+                recording: Recording::Journaled,
+                ..
+            }
+        ),
+        "{a:?}"
+    );
+    assert_eq!(
+        a.outcome().unwrap().body,
+        b"paid",
+        "the caller still gets its result"
+    );
+    // Until the journal is flushed, duplicates never run it again: they wait, then see unknown.
+    r.clock.advance(LEASE + Duration::from_secs(1));
+    let dup = r
+        .engine
+        .call(c.clone(), || runs.effect(success("twice")))
+        .await
+        .unwrap();
+    assert!(matches!(dup.decision, Decision::Unknown { .. }), "{dup:?}");
+    let report = r.engine.flush_journal().await.unwrap();
+    assert_eq!((report.applied, report.pending), (0, 1), "store still down");
+    r.store.heal();
+    let report = r.engine.flush_journal().await.unwrap();
+    assert_eq!((report.applied, report.pending), (1, 0));
+    let replay = r
+        .engine
+        .call(c, || runs.effect(success("twice")))
+        .await
+        .unwrap();
+    assert!(
+        matches!(replay.decision, Decision::Replayed { ref outcome, .. } if outcome.body == b"paid")
+    );
+    assert_eq!(runs.get(), 1);
+    use idemgate_core::Journal;
+    assert!(r.journal.pending().unwrap().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn failpoint_zombie_completion_is_rejected() {
+    let r = rig(Policies::new().with_default(ToolPolicy {
+        on_unknown: UnknownPolicy::Retry,
+        lease: LEASE,
+        ..ToolPolicy::default()
+    }));
+    // Heartbeats cannot reach the store, so the slow first call's lease runs out.
+    r.store.always(Op::Heartbeat, Fault::Refuse);
+    let gate = Arc::new(Notify::new());
+    let g = gate.clone();
+    let engine = r.engine.clone();
+    let zombie = tokio::spawn(async move {
+        engine
+            .call(call("acme", "charge", Some("k"), json!(1)), || async move {
+                g.notified().await;
+                success("zombie")
+            })
+            .await
+            .unwrap()
+    });
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    r.clock.advance(LEASE + Duration::from_secs(1));
+    let taker = r
+        .engine
+        .call(call("acme", "charge", Some("k"), json!(1)), || async {
+            success("taker")
+        })
+        .await
+        .unwrap();
+    assert!(matches!(
+        taker.decision,
+        Decision::Executed {
+            recording: Recording::Stored,
+            ..
+        }
+    ));
+    gate.notify_one();
+    let z = zombie.await.unwrap();
+    assert!(
+        matches!(
+            z.decision,
+            Decision::Executed {
+                recording: Recording::LeaseLost,
+                ..
+            }
+        ),
+        "{z:?}"
+    );
+    let rec = r
+        .engine
+        .get(&key("acme", "charge", "k"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        matches!(rec.state, RecordState::Completed { ref outcome, .. } if outcome.body == b"taker")
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn heartbeat_keeps_a_long_call_in_flight() {
+    let r = default_rig();
+    let clock = r.clock.clone();
+    let engine = r.engine.clone();
+    let long = tokio::spawn(async move {
+        engine
+            .call(call("acme", "export", Some("k"), json!(1)), || async move {
+                // Ten quarter-leases: two and a half leases of store time.
+                for _ in 0..10 {
+                    tokio::time::sleep(LEASE / 4).await;
+                    clock.advance(LEASE / 4);
+                }
+                success("exported")
+            })
+            .await
+            .unwrap()
+    });
+    for _ in 0..9 {
+        tokio::time::sleep(LEASE / 4).await;
+        let rec = r
+            .engine
+            .get(&key("acme", "export", "k"))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(rec.state_name(), State::InFlight);
+    }
+    let a = long.await.unwrap();
+    assert!(matches!(
+        a.decision,
+        Decision::Executed {
+            recording: Recording::Stored,
+            ..
+        }
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn tenants_never_see_each_others_results() {
+    let r = default_rig();
+    let a = r
+        .engine
+        .call(
+            call("tenant-a", "charge", Some("same"), json!(1)),
+            || async { success("a's secret") },
+        )
+        .await
+        .unwrap();
+    let b = r
+        .engine
+        .call(
+            call("tenant-b", "charge", Some("same"), json!(1)),
+            || async { success("b's") },
+        )
+        .await
+        .unwrap();
+    assert!(matches!(a.decision, Decision::Executed { .. }));
+    assert!(matches!(b.decision, Decision::Executed { ref outcome, .. } if outcome.body == b"b's"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn operator_resolves_unknown_records() {
+    let r = default_rig();
+    let runs = Counter::default();
+    let ck = |k| call("acme", "charge", Some(k), json!(1));
+    for k in ["done", "undo"] {
+        r.engine
+            .call(ck(k), || runs.effect(Effect::Ambiguous("?".into())))
+            .await
+            .unwrap();
+    }
+    let done = key("acme", "charge", "done");
+    let rec = r.engine.get(&done).await.unwrap().unwrap();
+    let err = r
+        .engine
+        .resolve(&done, rec.fence + 1, Resolution::Release)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, EngineError::NotResolvable { .. }),
+        "a moved fence refuses"
+    );
+    let resolved = r
+        .engine
+        .resolve(
+            &done,
+            rec.fence,
+            Resolution::Completed {
+                outcome: Outcome::success(b"checked by hand".to_vec()),
+                ttl: Duration::from_secs(60),
+            },
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(resolved.state_name(), State::Completed);
+    let a = r
+        .engine
+        .call(ck("done"), || runs.effect(success("x")))
+        .await
+        .unwrap();
+    assert!(
+        matches!(a.decision, Decision::Replayed { ref outcome, .. } if outcome.body == b"checked by hand")
+    );
+    let undo = key("acme", "charge", "undo");
+    let fence = r.engine.get(&undo).await.unwrap().unwrap().fence;
+    assert!(r
+        .engine
+        .resolve(&undo, fence, Resolution::Release)
+        .await
+        .unwrap()
+        .is_none());
+    let b = r
+        .engine
+        .call(ck("undo"), || runs.effect(success("ran")))
+        .await
+        .unwrap();
+    assert!(matches!(b.decision, Decision::Executed { .. }));
+    assert_eq!(runs.get(), 3);
+    let err = r
+        .engine
+        .resolve(&done, 1, Resolution::Release)
+        .await
+        .unwrap_err();
+    assert!(matches!(
+        err,
+        EngineError::NotResolvable {
+            state: State::Completed,
+            ..
+        }
+    ));
+    let _ = ToolKind::Write;
+    let _ = r.store.inner().get(&done).await;
+}
