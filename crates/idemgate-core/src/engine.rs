@@ -364,6 +364,24 @@ impl<S: Store> Engine<S> {
         Fut: Future<Output = Effect>,
     {
         let policy = self.policies.get(call.tool.as_str());
+        self.call_with_policy(call, policy, effect).await
+    }
+
+    /// As [`Engine::call`], with `policy` instead of the tool's configured one (for front doors
+    /// that take the policy per call, such as the command line).
+    ///
+    /// # Errors
+    /// As [`Engine::call`].
+    pub async fn call_with_policy<F, Fut>(
+        &self,
+        call: Call,
+        policy: &ToolPolicy,
+        effect: F,
+    ) -> Result<Answer, EngineError>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Effect>,
+    {
         if policy.kind != ToolKind::Write {
             let effect = effect().await;
             return Ok(Answer {

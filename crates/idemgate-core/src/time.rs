@@ -10,10 +10,43 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-/// Milliseconds since the Unix epoch, as judged by a store's clock.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(transparent)]
+/// Milliseconds since the Unix epoch, as judged by a store's clock. Serialized as RFC 3339 text
+/// (`2026-12-02T15:06:21.123Z`); integers of milliseconds are read too.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Timestamp(i64);
+
+impl Serialize for Timestamp {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Timestamp {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Wire {
+            Millis(i64),
+            Text(String),
+        }
+        match Wire::deserialize(d)? {
+            Wire::Millis(m) => Ok(Timestamp(m)),
+            Wire::Text(t) => t.parse().map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+impl std::str::FromStr for Timestamp {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let t = humantime::parse_rfc3339_weak(s)
+            .map_err(|e| format!("failed to read timestamp {s:?}: {e}"))?;
+        let since = t
+            .duration_since(UNIX_EPOCH)
+            .map_err(|_| format!("failed to read timestamp {s:?}: before 1970"))?;
+        Ok(Timestamp(duration_millis(since)))
+    }
+}
 
 impl Timestamp {
     /// The epoch itself; useful as "long ago" in tests.
@@ -122,6 +155,18 @@ mod tests {
     fn formats_rfc3339_utc() {
         let t = Timestamp::from_millis(1_796_223_981_123);
         assert_eq!(t.to_string(), "2026-12-02T15:06:21.123Z");
+    }
+
+    #[test]
+    fn serializes_as_text_and_reads_both_forms() {
+        let t = Timestamp::from_millis(1_796_223_981_123);
+        let json = serde_json::to_string(&t).unwrap();
+        assert_eq!(json, "\"2026-12-02T15:06:21.123Z\"");
+        assert_eq!(serde_json::from_str::<Timestamp>(&json).unwrap(), t);
+        assert_eq!(
+            serde_json::from_str::<Timestamp>("1796223981123").unwrap(),
+            t
+        );
     }
 
     #[test]

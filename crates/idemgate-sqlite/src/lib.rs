@@ -1,0 +1,1015 @@
+//! The embedded SQLite store of idemgate: one database file shared by many processes on one
+//! machine, in WAL mode, durable by default.
+//!
+//! [`SqliteStore`] implements [`idemgate_core::Store`] by applying the pure state machine of
+//! [`idemgate_core::transition`] to the stored row inside a write transaction, so it behaves exactly
+//! like the memory store and passes the same conformance suite.
+//!
+//! # Grouped commits
+//! One thread per store owns the write connection. Concurrent writes queue up for it; it runs all
+//! that are waiting (up to [`SqliteOptions::max_batch`]) in one `BEGIN IMMEDIATE` ... `COMMIT`, and
+//! answers each caller only once `COMMIT` returned. Many concurrent calls therefore share one fsync,
+//! and no answer runs ahead of the disk. Each write runs in its own `SAVEPOINT`, so one failing
+//! write does not fail the others of its batch. Reads (`get`, `list`) use separate connections and
+//! never wait behind writes.
+//!
+//! # Many processes
+//! Processes opening the same file take turns for the write lock; a process waits up to
+//! [`SqliteOptions::busy_timeout`] for it, then the write fails with
+//! [`StoreError::Unavailable`]. WAL needs shared memory, so
+//! the file must be on a local file system.
+//!
+//! ```
+//! use idemgate_core::{Call, Decision, Effect, Engine, IdempotencyKey, TenantId, ToolName};
+//! use idemgate_sqlite::{SqliteOptions, SqliteStore};
+//!
+//! # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+//! # let dir = tempfile::tempdir()?;
+//! let store = SqliteStore::open(dir.path().join("idemgate.db"), SqliteOptions::default())?;
+//! let engine = Engine::new(store);
+//! let call = Call::new(TenantId::new("acme")?, ToolName::new("send_invoice")?)
+//!     .key(IdempotencyKey::derive("run-17", "tool-call-3"))
+//!     .args(&serde_json::json!({"customer": 42}));
+//!
+//! let first = engine.call(call.clone(), || async { Effect::Success(b"invoice 9".to_vec()) }).await?;
+//! assert!(matches!(first.decision, Decision::Executed { .. }));
+//! let retry = engine.call(call, || async { unreachable!("never runs twice") }).await?;
+//! assert!(matches!(retry.decision, Decision::Replayed { .. }));
+//! # Ok::<_, Box<dyn std::error::Error>>(())
+//! # }).unwrap();
+//! ```
+
+mod error;
+mod row;
+mod schema;
+mod writer;
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use idemgate_core::transition::{self, Change, StoredRecord};
+use idemgate_core::{
+    Claim, Clock, Completion, Fence, Key, Lease, ListFilter, Outcome, Record, Reservation, State,
+    Store, StoreError, SystemClock, Timestamp,
+};
+use rusqlite::types::Value;
+use rusqlite::Connection;
+use tokio::sync::{mpsc, Notify};
+
+use crate::error::{Context, Stage};
+use crate::writer::{Counters, Op, Task, Writer};
+
+pub use crate::schema::{apply_pragmas, APPLICATION_ID, SCHEMA_VERSION};
+/// The rusqlite this crate is built with, so that a benchmark baseline opens its connection with
+/// the same SQLite.
+pub use rusqlite;
+
+type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+/// How much a commit survives.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Durability {
+    /// `PRAGMA synchronous = FULL`: a commit is on disk when it returns, even across a power cut.
+    #[default]
+    Full,
+    /// `PRAGMA synchronous = NORMAL`: a commit survives a crash of the process, but a power cut or
+    /// an operating-system crash may lose the last ones (the database stays consistent). A lost
+    /// reservation lets a side effect run twice: choose it knowingly.
+    Normal,
+}
+
+/// Settings of a [`SqliteStore`]. See [`apply_pragmas`] for the SQLite settings they lead to.
+#[derive(Clone, Debug)]
+pub struct SqliteOptions {
+    /// How far a commit must reach before it is answered (default [`Durability::Full`]).
+    pub durability: Durability,
+    /// How long an operation waits for another process's lock before failing with
+    /// [`StoreError::Unavailable`] (default 5 s).
+    pub busy_timeout: Duration,
+    /// The clock that judges leases and TTLs (default [`SystemClock`]; tests pass a
+    /// [`idemgate_core::ManualClock`]).
+    pub clock: Arc<dyn Clock>,
+    /// The most writes committed in one transaction (default 256; at least 1).
+    pub max_batch: usize,
+}
+
+impl Default for SqliteOptions {
+    fn default() -> Self {
+        SqliteOptions {
+            durability: Durability::Full,
+            busy_timeout: Duration::from_secs(5),
+            clock: Arc::new(SystemClock),
+            max_batch: 256,
+        }
+    }
+}
+
+/// What the writer has committed so far, for tests and benchmarks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WriterStats {
+    /// Committed transactions (each one fsync of the WAL at [`Durability::Full`]).
+    pub batches: u64,
+    /// Write operations in those transactions.
+    pub operations: u64,
+}
+
+/// Write operations waiting for the writer before callers wait for room in the queue.
+const QUEUE: usize = 4096;
+/// Read connections kept open between reads.
+const IDLE_READERS: usize = 4;
+
+/// Idempotency records in one SQLite file, shared by every process that opens it. Clones share one
+/// writer thread and its connections; dropping the last clone ends the thread, after waiting for
+/// the batch it is running (at most about `busy_timeout` when another process holds the lock).
+///
+/// # Concurrent calls on the same key
+/// Writes are serialized by SQLite's write lock (one `BEGIN IMMEDIATE` transaction at a time
+/// across all processes) and, within a process, by the writer thread, so exactly one of racing
+/// reservations acquires, in this process or any other.
+///
+/// # Cancellation
+/// A write is queued when its future is first polled. Dropping the future before that writes
+/// nothing; dropping it afterwards lets the write commit fully in its batch, unseen by the caller.
+///
+/// # Errors
+/// [`StoreError::Unavailable`] when the write certainly did not commit (the lock stayed busy past
+/// `busy_timeout`, the file cannot be opened, an error inside the transaction),
+/// [`StoreError::Indeterminate`] when `COMMIT` itself failed (disk full, I/O error), and
+/// [`StoreError::Corrupt`] when a stored row cannot be read.
+#[derive(Clone)]
+pub struct SqliteStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    path: PathBuf,
+    opts: SqliteOptions,
+    /// `None` only while dropping, so that the writer sees the queue close.
+    tx: Option<mpsc::Sender<Box<dyn Task>>>,
+    writer: Option<JoinHandle<()>>,
+    readers: Mutex<Vec<Connection>>,
+    changed: Arc<Notify>,
+    counters: Arc<Counters>,
+    #[cfg(test)]
+    hooks: Arc<writer::TestHooks>,
+}
+
+impl fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqliteStore")
+            .field("path", &self.inner.path)
+            .field("durability", &self.inner.opts.durability)
+            .field("busy_timeout", &self.inner.opts.busy_timeout)
+            .field("max_batch", &self.inner.opts.max_batch)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Closing the queue ends the writer after its current batch; joining it means the write
+        // connection is closed (and its batch answered) once the last clone is gone.
+        drop(self.tx.take());
+        if let Some(writer) = self.writer.take() {
+            let _ = writer.join();
+        }
+    }
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the database at `path`, migrating its schema to
+    /// [`SCHEMA_VERSION`], and starts its writer thread.
+    ///
+    /// # Errors
+    /// [`StoreError::Misconfigured`] when the directory of `path` does not exist (it is not
+    /// created), when the file is another program's database or was written by a newer version
+    /// of idemgate, or when WAL cannot be used there; [`StoreError::Unavailable`] when the file
+    /// cannot be opened or stays locked past `busy_timeout`; [`StoreError::Corrupt`] when it is
+    /// not a database.
+    pub fn open(path: impl AsRef<Path>, opts: SqliteOptions) -> Result<Self> {
+        let path = path.as_ref().to_path_buf();
+        if path.as_os_str().is_empty() || path.as_os_str() == ":memory:" {
+            return Err(StoreError::Misconfigured(format!(
+                "failed to open the sqlite store {:?}: it needs a file path, since the writer and \
+                 the readers (and other processes) must share the database",
+                path.display()
+            )));
+        }
+        let dir = match path.parent() {
+            Some(dir) if !dir.as_os_str().is_empty() => dir,
+            _ => Path::new("."),
+        };
+        if !dir.is_dir() {
+            return Err(StoreError::Misconfigured(format!(
+                "failed to open the sqlite store {}: directory {} does not exist (create it first)",
+                path.display(),
+                dir.display()
+            )));
+        }
+        let mut opts = opts;
+        opts.max_batch = opts.max_batch.max(1);
+
+        let conn = schema::connect(&path, &opts, false)?;
+        schema::migrate(&conn, &path)?;
+        // One reader now, so that a file that cannot be read fails here rather than at first use.
+        let reader = schema::connect(&path, &opts, true)?;
+
+        let (tx, rx) = mpsc::channel(QUEUE);
+        let changed = Arc::new(Notify::new());
+        let counters = Arc::new(Counters::default());
+        #[cfg(test)]
+        let hooks = Arc::new(writer::TestHooks::default());
+        let writer = Writer {
+            conn,
+            rx,
+            clock: opts.clock.clone(),
+            max_batch: opts.max_batch,
+            changed: changed.clone(),
+            counters: counters.clone(),
+            #[cfg(test)]
+            hooks: hooks.clone(),
+        };
+        let writer = std::thread::Builder::new()
+            .name("idemgate-sqlite-writer".into())
+            .spawn(move || writer.run())
+            .map_err(|e| {
+                StoreError::Unavailable(format!(
+                    "failed to start the writer thread of the sqlite store {}: {e}",
+                    path.display()
+                ))
+            })?;
+        Ok(SqliteStore {
+            inner: Arc::new(Inner {
+                path,
+                opts,
+                tx: Some(tx),
+                writer: Some(writer),
+                readers: Mutex::new(vec![reader]),
+                changed,
+                counters,
+                #[cfg(test)]
+                hooks,
+            }),
+        })
+    }
+
+    /// Opens the store named by `url` with default options.
+    ///
+    /// Accepted forms, the rest of the URL taken literally as a file path (no percent-decoding, no
+    /// query parameters):
+    /// - `sqlite:///var/lib/idemgate.db` and `sqlite:/var/lib/idemgate.db`: absolute paths;
+    /// - `sqlite://idemgate.db` and `sqlite:data/idemgate.db`: relative to the working directory.
+    ///
+    /// # Errors
+    /// [`StoreError::Misconfigured`] for any other URL, and as [`SqliteStore::open`].
+    pub fn connect(url: &str) -> Result<Self> {
+        Self::connect_with(url, SqliteOptions::default())
+    }
+
+    /// Opens the store named by `url` (see [`SqliteStore::connect`]) with `opts`.
+    ///
+    /// # Errors
+    /// As [`SqliteStore::connect`].
+    pub fn connect_with(url: &str, opts: SqliteOptions) -> Result<Self> {
+        Self::open(path_from_url(url)?, opts)
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    /// The options the store runs with.
+    pub fn options(&self) -> &SqliteOptions {
+        &self.inner.opts
+    }
+
+    /// What the writer has committed so far; `operations / batches` is how many writes shared
+    /// each commit.
+    pub fn writer_stats(&self) -> WriterStats {
+        WriterStats {
+            batches: self.inner.counters.batches.load(Ordering::Relaxed),
+            operations: self.inner.counters.operations.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Queues `work` for the writer and waits for its answer, given after its batch committed.
+    async fn write<T, F>(&self, work: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection, Timestamp) -> Result<(T, bool)> + Send + 'static,
+    {
+        let (task, answer) = Op::queue(work);
+        let stopped = || {
+            StoreError::Unavailable(format!(
+                "failed to reach the writer of the sqlite store {}: it has stopped",
+                self.inner.path.display()
+            ))
+        };
+        let tx = self.inner.tx.as_ref().ok_or_else(stopped)?;
+        tx.send(task).await.map_err(|_| stopped())?;
+        answer.await.unwrap_or_else(|_| {
+            // The writer went away between taking the task and answering it (it panicked).
+            Err(StoreError::Indeterminate(format!(
+                "failed to hear back from the writer of the sqlite store {}: it stopped during \
+                 the batch",
+                self.inner.path.display()
+            )))
+        })
+    }
+
+    /// Applies one transition to the stored record under `key`, in the writer's transaction.
+    async fn transition<T, F>(&self, key: &Key, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(Option<&StoredRecord>, Timestamp) -> Result<(T, Change)> + Send + 'static,
+    {
+        let key = key.clone();
+        self.write(move |conn, now| {
+            let cur = row::load(conn, &key, Stage::Write)?;
+            let (out, change) = f(cur.as_ref(), now)?;
+            let wrote = row::apply(conn, &key, &change)?;
+            Ok((out, wrote))
+        })
+        .await
+    }
+
+    /// Runs `f` on a read connection on the blocking pool.
+    async fn read<T, F>(&self, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection, &dyn Clock) -> Result<T> + Send + 'static,
+    {
+        let inner = self.inner.clone();
+        tokio::task::spawn_blocking(move || {
+            let conn = match inner.idle_readers().pop() {
+                Some(conn) => conn,
+                None => schema::connect(&inner.path, &inner.opts, true)?,
+            };
+            let out = f(&conn, inner.opts.clock.as_ref());
+            let mut idle = inner.idle_readers();
+            if idle.len() < IDLE_READERS {
+                idle.push(conn);
+            }
+            out
+        })
+        .await
+        .unwrap_or_else(|e| {
+            Err(StoreError::Unavailable(format!(
+                "failed to read the sqlite store: the read task ended early: {e}"
+            )))
+        })
+    }
+}
+
+impl Inner {
+    fn idle_readers(&self) -> MutexGuard<'_, Vec<Connection>> {
+        // A panic while holding the lock leaves at worst a connection missing from the pool.
+        self.readers.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The file path named by a `sqlite:` URL.
+fn path_from_url(url: &str) -> Result<PathBuf> {
+    let bad = |why: &str| {
+        StoreError::Misconfigured(format!(
+            "failed to parse the store url {url:?}: {why} (expected sqlite://PATH or sqlite:PATH)"
+        ))
+    };
+    let rest = url
+        .strip_prefix("sqlite://")
+        .or_else(|| url.strip_prefix("sqlite:"))
+        .ok_or_else(|| bad("it does not start with sqlite:"))?;
+    if rest.is_empty() {
+        return Err(bad("it names no file"));
+    }
+    if rest.contains('?') {
+        return Err(bad(
+            "query parameters are not supported; set options with SqliteStore::connect_with",
+        ));
+    }
+    Ok(PathBuf::from(rest))
+}
+
+/// The SQL condition and parameters that select the rows whose view at `now` is in `state`, or
+/// `None` for a state this version cannot express in SQL (then Rust filters).
+fn state_condition(state: Option<State>, now: i64) -> Option<(String, Vec<Value>)> {
+    use row::{COMPLETED, IN_FLIGHT, UNKNOWN};
+    // Mirrors StoredRecord::view: a completed row past expiry counts as absent, an in-flight row
+    // past its lease as unknown.
+    let sql = match state {
+        None => format!("NOT (state = {COMPLETED} AND expires_at <= ?)"),
+        Some(State::InFlight) => format!("state = {IN_FLIGHT} AND lease_until > ?"),
+        Some(State::Completed) => format!("state = {COMPLETED} AND expires_at > ?"),
+        Some(State::Unknown) => {
+            format!("(state = {UNKNOWN} OR (state = {IN_FLIGHT} AND lease_until <= ?))")
+        }
+        Some(_) => return None,
+    };
+    Some((sql, vec![Value::Integer(now)]))
+}
+
+fn list_rows(conn: &Connection, filter: &ListFilter, now: Timestamp) -> Result<Vec<Record>> {
+    let mut conditions = Vec::new();
+    let mut params = Vec::new();
+    if let Some(tenant) = &filter.tenant {
+        conditions.push("tenant = ?".to_owned());
+        params.push(Value::Text(tenant.as_str().to_owned()));
+    }
+    if let Some(tool) = &filter.tool {
+        conditions.push("tool = ?".to_owned());
+        params.push(Value::Text(tool.as_str().to_owned()));
+    }
+    let by_state = state_condition(filter.state, now.as_millis());
+    let limit_in_sql = by_state.is_some() && filter.limit > 0;
+    let limit = i64::try_from(filter.limit).unwrap_or(i64::MAX);
+    if let Some((sql, values)) = by_state {
+        conditions.push(sql);
+        params.extend(values);
+    }
+    let mut sql = format!("SELECT {} FROM idemgate_record", row::columns!());
+    if !conditions.is_empty() {
+        sql.push_str(" WHERE ");
+        sql.push_str(&conditions.join(" AND "));
+    }
+    // The memory store's order: (created_at, key), keys compared byte-wise as SQLite's BINARY
+    // collation does.
+    sql.push_str(" ORDER BY created_at, tenant, tool, key");
+    if limit_in_sql {
+        sql.push_str(" LIMIT ?");
+        params.push(Value::Integer(limit));
+    }
+    let what = || "list records";
+    let mut stmt = conn.prepare_cached(&sql).during(Stage::Read, what)?;
+    let mut rows = stmt
+        .query(rusqlite::params_from_iter(params))
+        .during(Stage::Read, what)?;
+    let mut out = Vec::new();
+    while let Some(r) = rows.next().during(Stage::Read, what)? {
+        let stored = row::decode(r)?;
+        if let Some(rec) = stored.view(now).filter(|rec| filter.matches(rec)) {
+            out.push(rec);
+            if filter.limit > 0 && out.len() == filter.limit {
+                break;
+            }
+        }
+    }
+    Ok(out)
+}
+
+impl Store for SqliteStore {
+    async fn reserve(&self, r: &Reservation) -> Result<Claim> {
+        let owned = r.clone();
+        self.transition(&r.key, move |cur, now| {
+            Ok(transition::reserve(cur, &owned, now))
+        })
+        .await
+    }
+
+    async fn takeover(&self, r: &Reservation, stale: Fence) -> Result<Claim> {
+        let owned = r.clone();
+        self.transition(&r.key, move |cur, now| {
+            Ok(transition::takeover(cur, &owned, stale, now))
+        })
+        .await
+    }
+
+    async fn heartbeat(&self, key: &Key, lease: Lease, lease_for: Duration) -> Result<Timestamp> {
+        self.transition(key, move |cur, now| {
+            transition::heartbeat(cur, lease, lease_for, now)
+        })
+        .await
+    }
+
+    async fn complete(
+        &self,
+        key: &Key,
+        lease: Lease,
+        outcome: &Outcome,
+        ttl: Duration,
+    ) -> Result<Completion> {
+        let outcome = outcome.clone();
+        self.transition(key, move |cur, now| {
+            transition::complete(cur, lease, &outcome, ttl, now)
+        })
+        .await
+    }
+
+    async fn release(&self, key: &Key, lease: Lease) -> Result<()> {
+        self.transition(key, move |cur, _| {
+            Ok(((), transition::release(cur, lease)?))
+        })
+        .await
+    }
+
+    async fn mark_unknown(&self, key: &Key, lease: Lease) -> Result<()> {
+        self.transition(key, move |cur, now| {
+            Ok(((), transition::mark_unknown(cur, lease, now)?))
+        })
+        .await
+    }
+
+    async fn get(&self, key: &Key) -> Result<Option<Record>> {
+        let key = key.clone();
+        self.read(move |conn, clock| {
+            let stored = row::load(conn, &key, Stage::Read)?;
+            // Judged after the read: the snapshot is no newer than this instant.
+            let now = clock.now();
+            Ok(stored.and_then(|s| s.view(now)))
+        })
+        .await
+    }
+
+    async fn list(&self, filter: &ListFilter) -> Result<Vec<Record>> {
+        let filter = filter.clone();
+        self.read(move |conn, clock| list_rows(conn, &filter, clock.now()))
+            .await
+    }
+
+    async fn purge_expired(&self) -> Result<u64> {
+        self.write(|conn, now| {
+            // Mirrors transition::is_purgeable: completed and expired. Unknown rows stay.
+            let purged = conn
+                .prepare_cached("DELETE FROM idemgate_record WHERE state = ?1 AND expires_at <= ?2")
+                .and_then(|mut stmt| stmt.execute((row::COMPLETED, now.as_millis())))
+                .during(Stage::Write, || "purge expired records")?;
+            Ok((purged as u64, purged > 0))
+        })
+        .await
+    }
+
+    async fn wait_changed(&self, _key: &Key, timeout: Duration) {
+        // Woken by any commit of this process; changes by other processes are found when the
+        // timeout ends and the caller looks again (the engine bounds it to its polling interval).
+        let _ = tokio::time::timeout(timeout, self.inner.changed.notified()).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+    use std::time::Instant;
+
+    use idemgate_core::{
+        Fingerprint, IdempotencyKey, ManualClock, OutcomeKind, RecordState, TenantId, ToolName,
+    };
+
+    use super::*;
+
+    fn key(name: &str) -> Key {
+        Key::new(
+            TenantId::new("acme").unwrap(),
+            ToolName::new("send_invoice").unwrap(),
+            IdempotencyKey::new(name).unwrap(),
+        )
+    }
+
+    fn reservation(key: &Key) -> Reservation {
+        Reservation::new(
+            key.clone(),
+            Fingerprint::of_bytes(b"args"),
+            Duration::from_secs(60),
+        )
+    }
+
+    fn manual() -> SqliteOptions {
+        SqliteOptions {
+            clock: Arc::new(ManualClock::new(Timestamp::from_millis(1_800_000_000_000))),
+            ..SqliteOptions::default()
+        }
+    }
+
+    fn raw(path: &Path) -> Connection {
+        let conn = Connection::open(path).unwrap();
+        conn.busy_timeout(Duration::from_secs(5)).unwrap();
+        conn
+    }
+
+    async fn acquire(store: &SqliteStore, key: &Key) -> Lease {
+        match store.reserve(&reservation(key)).await.unwrap() {
+            Claim::Acquired(lease) => lease,
+            Claim::Existing(rec) => panic!("expected to acquire {key}, found {rec:?}"),
+        }
+    }
+
+    /// The writer held after it takes its next task (see [`Held::release_as_one_batch`]).
+    struct Held<'a> {
+        store: &'a SqliteStore,
+        guard: tokio::sync::MutexGuard<'a, ()>,
+        arrived: u64,
+    }
+
+    async fn hold(store: &SqliteStore) -> Held<'_> {
+        let guard = store.inner.hooks.gate.lock().await;
+        let arrived = store.inner.hooks.arrived.load(Ordering::SeqCst);
+        Held {
+            store,
+            guard,
+            arrived,
+        }
+    }
+
+    impl Held<'_> {
+        /// Waits until the writer took one task and `queued` more wait behind it, then lets them
+        /// all go as one batch.
+        async fn release_as_one_batch(self, queued: usize) {
+            let hooks = &self.store.inner.hooks;
+            let tx = self.store.inner.tx.as_ref().unwrap();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                let waiting = tx.max_capacity() - tx.capacity();
+                if hooks.arrived.load(Ordering::SeqCst) > self.arrived && waiting == queued {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "the batch never formed: {waiting} queued"
+                );
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            drop(self.guard);
+        }
+    }
+
+    #[test]
+    fn urls_name_files() {
+        let p = |u: &str| path_from_url(u).unwrap();
+        assert_eq!(
+            p("sqlite:///var/lib/idemgate.db"),
+            Path::new("/var/lib/idemgate.db")
+        );
+        assert_eq!(
+            p("sqlite:/var/lib/idemgate.db"),
+            Path::new("/var/lib/idemgate.db")
+        );
+        assert_eq!(p("sqlite://idemgate.db"), Path::new("idemgate.db"));
+        assert_eq!(p("sqlite:data/idemgate.db"), Path::new("data/idemgate.db"));
+        for bad in [
+            "postgres://x",
+            "sqlite:",
+            "sqlite://",
+            "sqlite://x.db?mode=ro",
+            "x.db",
+        ] {
+            let e = path_from_url(bad).unwrap_err();
+            assert!(
+                matches!(&e, StoreError::Misconfigured(m) if m.starts_with("failed to parse")),
+                "{bad}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn connect_opens_the_named_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("via-url.db");
+        let store = SqliteStore::connect(&format!("sqlite://{}", path.display())).unwrap();
+        assert_eq!(store.path(), path);
+        assert!(path.exists());
+        assert!(format!("{store:?}").contains("via-url.db"));
+    }
+
+    #[test]
+    fn missing_directory_is_refused_not_created() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("missing").join("idemgate.db");
+        let e = SqliteStore::open(&path, SqliteOptions::default()).unwrap_err();
+        assert!(
+            matches!(&e, StoreError::Misconfigured(m) if m.contains("does not exist")),
+            "{e}"
+        );
+        assert!(!dir.path().join("missing").exists());
+        let e = SqliteStore::open(":memory:", SqliteOptions::default()).unwrap_err();
+        assert!(matches!(e, StoreError::Misconfigured(_)), "{e}");
+    }
+
+    #[tokio::test]
+    async fn reopening_keeps_records_and_the_schema_version() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("idemgate.db");
+        let k = key("order-1");
+        let store = SqliteStore::open(&path, manual()).unwrap();
+        let lease = acquire(&store, &k).await;
+        // An empty body must come back empty, not missing.
+        store
+            .complete(
+                &k,
+                lease,
+                &Outcome::failed(Vec::new()),
+                Duration::from_secs(3600),
+            )
+            .await
+            .unwrap();
+        drop(store);
+
+        let store = SqliteStore::open(&path, manual()).unwrap();
+        let rec = store
+            .get(&k)
+            .await
+            .unwrap()
+            .expect("the record survives reopening");
+        match rec.state {
+            RecordState::Completed { outcome, .. } => {
+                assert_eq!(outcome.kind, OutcomeKind::Failed);
+                assert!(outcome.body.is_empty());
+            }
+            other => panic!("expected completed, found {other:?}"),
+        }
+        let conn = raw(&path);
+        let version: i64 = conn
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .unwrap();
+        assert_eq!(version, SCHEMA_VERSION);
+        let tables: i64 = conn
+            .query_row(
+                "SELECT count(*) FROM sqlite_master WHERE name = 'idemgate_record'",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(tables, 1);
+    }
+
+    #[tokio::test]
+    async fn a_newer_schema_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("idemgate.db");
+        drop(SqliteStore::open(&path, manual()).unwrap());
+        raw(&path)
+            .pragma_update(None, "user_version", SCHEMA_VERSION + 1)
+            .unwrap();
+        let e = SqliteStore::open(&path, manual()).unwrap_err();
+        assert!(
+            matches!(&e, StoreError::Misconfigured(m) if m.contains("newer than this version")),
+            "{e}"
+        );
+    }
+
+    #[tokio::test]
+    async fn durability_is_set_on_the_write_connection() {
+        let dir = tempfile::tempdir().unwrap();
+        for (durability, expected) in [(Durability::Full, 2), (Durability::Normal, 1)] {
+            let opts = SqliteOptions {
+                durability,
+                ..manual()
+            };
+            let store =
+                SqliteStore::open(dir.path().join(format!("{durability:?}.db")), opts).unwrap();
+            let (synchronous, mode) = store
+                .write(|conn, _| {
+                    let s: i64 = conn
+                        .pragma_query_value(None, "synchronous", |r| r.get(0))
+                        .unwrap();
+                    let m: String = conn
+                        .pragma_query_value(None, "journal_mode", |r| r.get(0))
+                        .unwrap();
+                    Ok(((s, m), false))
+                })
+                .await
+                .unwrap();
+            assert_eq!(synchronous, expected, "{durability:?}");
+            assert_eq!(mode, "wal");
+        }
+        assert_eq!(SqliteOptions::default().durability, Durability::Full);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn two_stores_on_one_file_race_and_one_acquires() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("shared.db");
+        // Two stores, two writer threads and two write connections: as two processes would be.
+        let stores = [
+            SqliteStore::open(&path, SqliteOptions::default()).unwrap(),
+            SqliteStore::open(&path, SqliteOptions::default()).unwrap(),
+        ];
+        let k = key("shared");
+        let mut tasks = Vec::new();
+        for i in 0..32 {
+            let store = stores[i % 2].clone();
+            let r = reservation(&k);
+            tasks.push(tokio::spawn(async move { store.reserve(&r).await }));
+        }
+        let mut acquired = 0;
+        for t in tasks {
+            match t.await.unwrap().unwrap() {
+                Claim::Acquired(_) => acquired += 1,
+                Claim::Existing(rec) => assert_eq!(rec.state_name(), State::InFlight),
+            }
+        }
+        assert_eq!(acquired, 1);
+        for store in &stores {
+            assert!(store.get(&k).await.unwrap().is_some());
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn queued_writes_share_one_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(dir.path().join("db"), manual()).unwrap();
+        let before = store.writer_stats();
+        let held = hold(&store).await;
+        let tasks: Vec<_> = (0..64)
+            .map(|i| {
+                let store = store.clone();
+                tokio::spawn(
+                    async move { store.reserve(&reservation(&key(&format!("k{i}")))).await },
+                )
+            })
+            .collect();
+        held.release_as_one_batch(63).await;
+        for t in tasks {
+            assert!(matches!(t.await.unwrap().unwrap(), Claim::Acquired(_)));
+        }
+        let after = store.writer_stats();
+        assert_eq!(after.batches - before.batches, 1, "{after:?}");
+        assert_eq!(after.operations - before.operations, 64);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_writes_group_on_their_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(dir.path().join("db"), manual()).unwrap();
+        let tasks: Vec<_> = (0..64)
+            .map(|i| {
+                let store = store.clone();
+                tokio::spawn(
+                    async move { store.reserve(&reservation(&key(&format!("k{i}")))).await },
+                )
+            })
+            .collect();
+        for t in tasks {
+            assert!(matches!(t.await.unwrap().unwrap(), Claim::Acquired(_)));
+        }
+        let stats = store.writer_stats();
+        assert_eq!(stats.operations, 64);
+        assert!(
+            stats.batches < 32,
+            "64 concurrent writes took {} commits",
+            stats.batches
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failing_write_does_not_fail_its_batch() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(dir.path().join("db"), manual()).unwrap();
+        let held_key = key("held");
+        let lease = acquire(&store, &held_key).await;
+        let stolen = Lease {
+            fence: lease.fence + 1,
+            ..lease
+        };
+        let before = store.writer_stats();
+
+        let held = hold(&store).await;
+        let s = store.clone();
+        let good_a = tokio::spawn(async move { s.reserve(&reservation(&key("a"))).await });
+        let s = store.clone();
+        let broken = tokio::spawn(async move {
+            s.write(|conn, now| {
+                // Writes a record, then fails at the SQL level: the record must go with it.
+                let rec = StoredRecord {
+                    key: key("phantom"),
+                    fingerprint: Fingerprint::of_bytes(b"x"),
+                    fence: 1,
+                    token: idemgate_core::LeaseToken(7),
+                    created_at: now,
+                    state: RecordState::Unknown { since: now },
+                };
+                row::apply(conn, &rec.key.clone(), &Change::Put(rec))?;
+                conn.execute(
+                    "UPDATE idemgate_record SET token = x'00' WHERE key = 'phantom'",
+                    [],
+                )
+                .during(Stage::Write, || "break a check constraint")?;
+                Ok(((), true))
+            })
+            .await
+        });
+        let s = store.clone();
+        let hk = held_key.clone();
+        let lost = tokio::spawn(async move {
+            s.complete(
+                &hk,
+                stolen,
+                &Outcome::success(b"x".to_vec()),
+                Duration::from_secs(60),
+            )
+            .await
+        });
+        let s = store.clone();
+        let good_b = tokio::spawn(async move { s.reserve(&reservation(&key("b"))).await });
+        held.release_as_one_batch(3).await;
+
+        assert!(matches!(good_a.await.unwrap().unwrap(), Claim::Acquired(_)));
+        assert!(matches!(good_b.await.unwrap().unwrap(), Claim::Acquired(_)));
+        let e = broken.await.unwrap().unwrap_err();
+        assert!(
+            matches!(&e, StoreError::Unavailable(m) if m.contains("check constraint")),
+            "{e}"
+        );
+        assert!(matches!(lost.await.unwrap(), Err(StoreError::LeaseLost)));
+        let after = store.writer_stats();
+        assert_eq!(
+            after.batches - before.batches,
+            1,
+            "one batch held all four writes"
+        );
+        assert!(store.get(&key("a")).await.unwrap().is_some());
+        assert!(store.get(&key("b")).await.unwrap().is_some());
+        assert!(store.get(&key("phantom")).await.unwrap().is_none());
+        let rec = store.get(&held_key).await.unwrap().unwrap();
+        assert_eq!(rec.state_name(), State::InFlight);
+    }
+
+    #[tokio::test]
+    async fn unreadable_rows_are_corrupt_and_only_for_their_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db");
+        let store = SqliteStore::open(&path, manual()).unwrap();
+        let conn = raw(&path);
+        conn.pragma_update(None, "ignore_check_constraints", true)
+            .unwrap();
+        conn.execute(
+            "INSERT INTO idemgate_record (tenant, tool, key, fingerprint, fence, token, created_at, state) \
+             VALUES ('acme', 'send_invoice', 'bad', zeroblob(32), 1, zeroblob(16), 0, 7)",
+            [],
+        )
+        .unwrap();
+        let bad = key("bad");
+        assert!(matches!(store.get(&bad).await, Err(StoreError::Corrupt(_))));
+        let e = store.reserve(&reservation(&bad)).await.unwrap_err();
+        assert!(
+            matches!(&e, StoreError::Corrupt(m) if m.contains("state 7")),
+            "{e}"
+        );
+        assert!(matches!(
+            store.list(&ListFilter::default()).await,
+            Err(StoreError::Corrupt(_))
+        ));
+        acquire(&store, &key("good")).await;
+    }
+
+    #[tokio::test]
+    async fn a_lock_held_past_busy_timeout_is_unavailable_and_reads_go_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db");
+        let opts = SqliteOptions {
+            busy_timeout: Duration::from_millis(100),
+            ..manual()
+        };
+        let store = SqliteStore::open(&path, opts).unwrap();
+        let k = key("locked");
+        acquire(&store, &k).await;
+
+        // Another "process" holds the write lock.
+        let other = raw(&path);
+        other.execute_batch("BEGIN IMMEDIATE").unwrap();
+        let started = Instant::now();
+        let e = store.reserve(&reservation(&key("next"))).await.unwrap_err();
+        assert!(
+            matches!(&e, StoreError::Unavailable(m) if m.contains("locked")),
+            "{e}"
+        );
+        assert!(started.elapsed() >= Duration::from_millis(90));
+        // WAL: readers do not wait for the writer.
+        assert!(store.get(&k).await.unwrap().is_some());
+        other.execute_batch("ROLLBACK").unwrap();
+        acquire(&store, &key("next")).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn commits_wake_waiters_early() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(dir.path().join("db"), manual()).unwrap();
+        let k = key("watched");
+        let s = store.clone();
+        let wk = k.clone();
+        let waiter = tokio::spawn(async move {
+            let started = Instant::now();
+            s.wait_changed(&wk, Duration::from_secs(30)).await;
+            started.elapsed()
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        acquire(&store, &k).await;
+        let waited = waiter.await.unwrap();
+        assert!(waited < Duration::from_secs(10), "waited {waited:?}");
+    }
+
+    #[tokio::test]
+    async fn dropping_the_last_clone_stops_the_writer() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db");
+        let store = SqliteStore::open(&path, manual()).unwrap();
+        let clone = store.clone();
+        acquire(&clone, &key("k")).await;
+        drop(store);
+        drop(clone);
+        // The writer closed its connection: the last close checkpoints and removes the WAL.
+        assert!(!dir.path().join("db-wal").exists());
+    }
+}

@@ -1,0 +1,213 @@
+//! Rows of `idemgate_record` to and from [`StoredRecord`]s.
+
+use idemgate_core::transition::{Change, StoredRecord};
+use idemgate_core::{
+    Fingerprint, IdempotencyKey, Key, LeaseToken, Outcome, OutcomeKind, RecordState, StoreError,
+    TenantId, Timestamp, ToolName,
+};
+use rusqlite::{params, Connection, OptionalExtension, Row};
+
+use crate::error::{corrupt, Context, Stage};
+
+/// The `state` column of an in-flight record.
+pub(crate) const IN_FLIGHT: i64 = 0;
+/// The `state` column of a completed record.
+pub(crate) const COMPLETED: i64 = 1;
+/// The `state` column of an unknown record.
+pub(crate) const UNKNOWN: i64 = 2;
+
+const SUCCESS: i64 = 0;
+const FAILED: i64 = 1;
+
+/// The columns [`decode`] reads, in its order.
+macro_rules! columns {
+    () => {
+        "tenant, tool, key, fingerprint, fence, token, created_at, state, lease_until, since, \
+         completed_at, expires_at, outcome_kind, outcome_body"
+    };
+}
+pub(crate) use columns;
+
+const SELECT_ONE: &str = concat!(
+    "SELECT ",
+    columns!(),
+    " FROM idemgate_record WHERE tenant = ?1 AND tool = ?2 AND key = ?3"
+);
+
+// An upsert rather than INSERT OR REPLACE: same effect, but the row is updated in place instead of
+// deleted and inserted again, which spares the index entries that did not change.
+const UPSERT: &str = concat!(
+    "INSERT INTO idemgate_record (",
+    columns!(),
+    ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14) \
+     ON CONFLICT (tenant, tool, key) DO UPDATE SET fingerprint = excluded.fingerprint, \
+     fence = excluded.fence, token = excluded.token, created_at = excluded.created_at, \
+     state = excluded.state, lease_until = excluded.lease_until, since = excluded.since, \
+     completed_at = excluded.completed_at, expires_at = excluded.expires_at, \
+     outcome_kind = excluded.outcome_kind, outcome_body = excluded.outcome_body"
+);
+
+const DELETE: &str = "DELETE FROM idemgate_record WHERE tenant = ?1 AND tool = ?2 AND key = ?3";
+
+/// Reads the stored record under `key`, if a row exists (expired or not).
+pub(crate) fn load(
+    conn: &Connection,
+    key: &Key,
+    stage: Stage,
+) -> Result<Option<StoredRecord>, StoreError> {
+    let what = || format!("read record {key}");
+    let mut stmt = conn.prepare_cached(SELECT_ONE).during(stage, what)?;
+    let found = stmt
+        .query_row(
+            params![key.tenant.as_str(), key.tool.as_str(), key.key.as_str()],
+            |row| Ok(decode(row)),
+        )
+        .optional()
+        .during(stage, what)?;
+    found.transpose()
+}
+
+/// Writes `change` to the row of `key`; returns whether anything was written.
+pub(crate) fn apply(conn: &Connection, key: &Key, change: &Change) -> Result<bool, StoreError> {
+    match change {
+        Change::Keep => Ok(false),
+        Change::Put(rec) => {
+            put(conn, rec)?;
+            Ok(true)
+        }
+        Change::Delete => {
+            conn.prepare_cached(DELETE)
+                .and_then(|mut stmt| {
+                    stmt.execute(params![
+                        key.tenant.as_str(),
+                        key.tool.as_str(),
+                        key.key.as_str()
+                    ])
+                })
+                .during(Stage::Write, || format!("delete record {key}"))?;
+            Ok(true)
+        }
+    }
+}
+
+fn put(conn: &Connection, rec: &StoredRecord) -> Result<(), StoreError> {
+    let what = || format!("write record {}", rec.key);
+    let fence = i64::try_from(rec.fence)
+        .map_err(|_| corrupt(what(), format!("fence {} is out of range", rec.fence)))?;
+    let (mut lease_until, mut since, mut completed_at, mut expires_at) = (None, None, None, None);
+    let (mut kind, mut body) = (None, None);
+    let state = match &rec.state {
+        RecordState::InFlight { lease_until: l } => {
+            lease_until = Some(l.as_millis());
+            IN_FLIGHT
+        }
+        RecordState::Completed {
+            outcome,
+            completed_at: c,
+            expires_at: e,
+        } => {
+            completed_at = Some(c.as_millis());
+            expires_at = Some(e.as_millis());
+            kind = Some(match outcome.kind {
+                OutcomeKind::Success => SUCCESS,
+                OutcomeKind::Failed => FAILED,
+            });
+            body = Some(outcome.body.as_slice());
+            COMPLETED
+        }
+        RecordState::Unknown { since: s } => {
+            since = Some(s.as_millis());
+            UNKNOWN
+        }
+    };
+    let token = rec.token.0.to_be_bytes();
+    conn.prepare_cached(UPSERT)
+        .and_then(|mut stmt| {
+            stmt.execute(params![
+                rec.key.tenant.as_str(),
+                rec.key.tool.as_str(),
+                rec.key.key.as_str(),
+                rec.fingerprint.as_bytes().as_slice(),
+                fence,
+                token.as_slice(),
+                rec.created_at.as_millis(),
+                state,
+                lease_until,
+                since,
+                completed_at,
+                expires_at,
+                kind,
+                body,
+            ])
+        })
+        .during(Stage::Write, what)?;
+    Ok(())
+}
+
+/// Decodes a row selected with `columns!()`.
+pub(crate) fn decode(row: &Row<'_>) -> Result<StoredRecord, StoreError> {
+    let tenant: String = row
+        .get(0)
+        .during(Stage::Read, || "read a record's tenant")?;
+    let tool: String = row.get(1).during(Stage::Read, || "read a record's tool")?;
+    let name: String = row.get(2).during(Stage::Read, || "read a record's key")?;
+    let shown = format!("{tenant}/{tool}/{name}");
+    let what = || format!("read record {shown}");
+    let key = Key::new(
+        TenantId::new(tenant).map_err(|e| corrupt(what(), e))?,
+        ToolName::new(tool).map_err(|e| corrupt(what(), e))?,
+        IdempotencyKey::new(name).map_err(|e| corrupt(what(), e))?,
+    );
+    let fingerprint: Vec<u8> = row.get(3).during(Stage::Read, what)?;
+    let fingerprint = <[u8; 32]>::try_from(fingerprint.as_slice())
+        .map_err(|_| corrupt(what(), "the fingerprint is not 32 bytes"))?;
+    let fence: i64 = row.get(4).during(Stage::Read, what)?;
+    let fence = u64::try_from(fence).map_err(|_| corrupt(what(), "the fence is negative"))?;
+    let token: Vec<u8> = row.get(5).during(Stage::Read, what)?;
+    let token = <[u8; 16]>::try_from(token.as_slice())
+        .map_err(|_| corrupt(what(), "the lease token is not 16 bytes"))?;
+    let created_at: i64 = row.get(6).during(Stage::Read, what)?;
+    let state: i64 = row.get(7).during(Stage::Read, what)?;
+    let time = |i: usize, name: &str| -> Result<Timestamp, StoreError> {
+        let v: Option<i64> = row.get(i).during(Stage::Read, what)?;
+        v.map(Timestamp::from_millis)
+            .ok_or_else(|| corrupt(what(), format!("{name} is missing")))
+    };
+    let state = match state {
+        IN_FLIGHT => RecordState::InFlight {
+            lease_until: time(8, "lease_until")?,
+        },
+        UNKNOWN => RecordState::Unknown {
+            since: time(9, "since")?,
+        },
+        COMPLETED => {
+            let kind: Option<i64> = row.get(12).during(Stage::Read, what)?;
+            let kind = match kind {
+                Some(SUCCESS) => OutcomeKind::Success,
+                Some(FAILED) => OutcomeKind::Failed,
+                other => {
+                    return Err(corrupt(
+                        what(),
+                        format!("outcome kind {other:?} is unknown"),
+                    ))
+                }
+            };
+            let body: Option<Vec<u8>> = row.get(13).during(Stage::Read, what)?;
+            let body = body.ok_or_else(|| corrupt(what(), "outcome_body is missing"))?;
+            RecordState::Completed {
+                outcome: Outcome { kind, body },
+                completed_at: time(10, "completed_at")?,
+                expires_at: time(11, "expires_at")?,
+            }
+        }
+        other => return Err(corrupt(what(), format!("state {other} is unknown"))),
+    };
+    Ok(StoredRecord {
+        key,
+        fingerprint: Fingerprint::from_bytes(fingerprint),
+        fence,
+        token: LeaseToken(u128::from_be_bytes(token)),
+        created_at: Timestamp::from_millis(created_at),
+        state,
+    })
+}

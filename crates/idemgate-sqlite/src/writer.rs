@@ -1,0 +1,201 @@
+//! The writer thread: grouped commits of the store's write operations.
+//!
+//! Every write of a [`crate::SqliteStore`] is a [`Task`] sent to one thread that owns the write
+//! connection. The thread takes whatever tasks are queued (up to `max_batch`), runs them one after
+//! the other inside one `BEGIN IMMEDIATE` ... `COMMIT`, and answers each caller only after `COMMIT`
+//! returned, so concurrent callers share one transaction and one fsync, and no answer runs ahead of
+//! the disk. Each task runs inside its own `SAVEPOINT`: a task that fails is rolled back alone and
+//! the others of its batch still commit.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use idemgate_core::{Clock, StoreError, Timestamp};
+use rusqlite::Connection;
+use tokio::sync::{mpsc, oneshot, Notify};
+
+use crate::error::{Context, Stage};
+
+/// One queued write operation, its inputs and its caller's answer channel inside.
+pub(crate) trait Task: Send {
+    /// Runs the operation on `conn`, inside the batch's transaction, at `now`; returns whether it
+    /// wrote anything. Its answer is kept for [`Task::answer`].
+    fn run(&mut self, conn: &Connection, now: Timestamp) -> Result<bool, StoreError>;
+
+    /// Answers the caller: its own result when `batch` committed, the batch's error otherwise. A
+    /// caller that went away (its future was dropped) is not an error.
+    fn answer(self: Box<Self>, batch: Result<(), StoreError>);
+}
+
+/// A [`Task`] made of a closure and the channel its result goes back on.
+pub(crate) struct Op<T, F> {
+    work: Option<F>,
+    result: Option<Result<T, StoreError>>,
+    reply: oneshot::Sender<Result<T, StoreError>>,
+}
+
+impl<T, F> Op<T, F>
+where
+    T: Send + 'static,
+    F: FnOnce(&Connection, Timestamp) -> Result<(T, bool), StoreError> + Send + 'static,
+{
+    /// The task and the receiver of its answer.
+    pub(crate) fn queue(work: F) -> (Box<dyn Task>, oneshot::Receiver<Result<T, StoreError>>) {
+        let (reply, rx) = oneshot::channel();
+        let op = Op {
+            work: Some(work),
+            result: None,
+            reply,
+        };
+        (Box::new(op), rx)
+    }
+}
+
+impl<T, F> Task for Op<T, F>
+where
+    T: Send + 'static,
+    F: FnOnce(&Connection, Timestamp) -> Result<(T, bool), StoreError> + Send + 'static,
+{
+    fn run(&mut self, conn: &Connection, now: Timestamp) -> Result<bool, StoreError> {
+        let Some(work) = self.work.take() else {
+            return Ok(false);
+        };
+        match work(conn, now) {
+            Ok((value, wrote)) => {
+                self.result = Some(Ok(value));
+                Ok(wrote)
+            }
+            Err(e) => {
+                self.result = Some(Err(e.clone()));
+                Err(e)
+            }
+        }
+    }
+
+    fn answer(self: Box<Self>, batch: Result<(), StoreError>) {
+        let Op { result, reply, .. } = *self;
+        let answer = batch.and_then(|()| {
+            result.unwrap_or_else(|| {
+                Err(StoreError::Unavailable(
+                    "failed to run the operation: its batch ended before it".into(),
+                ))
+            })
+        });
+        // The caller may have dropped its future; the operation still ran fully or not at all.
+        let _ = reply.send(answer);
+    }
+}
+
+/// Counters of the writer, for tests and benchmarks.
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    /// Committed batches (transactions, so fsyncs of the WAL at `synchronous = FULL`).
+    pub(crate) batches: AtomicU64,
+    /// Operations in committed batches.
+    pub(crate) operations: AtomicU64,
+}
+
+/// The state the writer thread owns.
+pub(crate) struct Writer {
+    pub(crate) conn: Connection,
+    pub(crate) rx: mpsc::Receiver<Box<dyn Task>>,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) max_batch: usize,
+    pub(crate) changed: Arc<Notify>,
+    pub(crate) counters: Arc<Counters>,
+    #[cfg(test)]
+    pub(crate) hooks: Arc<TestHooks>,
+}
+
+/// Lets a test hold the writer after it took its first task, so that the test can queue a known
+/// batch behind it.
+#[cfg(test)]
+#[derive(Debug, Default)]
+pub(crate) struct TestHooks {
+    /// Held by the test; the writer takes it before draining the queue.
+    pub(crate) gate: tokio::sync::Mutex<()>,
+    /// How many times the writer arrived at the gate.
+    pub(crate) arrived: AtomicU64,
+}
+
+impl Writer {
+    /// Runs batches until every sender is gone, then closes the connection.
+    pub(crate) fn run(mut self) {
+        while let Some(first) = self.rx.blocking_recv() {
+            #[cfg(test)]
+            {
+                self.hooks.arrived.fetch_add(1, Ordering::SeqCst);
+                drop(self.hooks.gate.blocking_lock());
+            }
+            let mut batch = vec![first];
+            while batch.len() < self.max_batch {
+                match self.rx.try_recv() {
+                    Ok(task) => batch.push(task),
+                    Err(_) => break,
+                }
+            }
+            self.run_batch(batch);
+        }
+    }
+
+    fn run_batch(&mut self, mut batch: Vec<Box<dyn Task>>) {
+        let result = self.execute(&mut batch);
+        if result.is_err() && !self.conn.is_autocommit() {
+            // Nothing of a failed batch may stay behind for the next one. If even the rollback
+            // fails, the connection is unusable and the next BEGIN reports it.
+            let _ = self.conn.execute_batch("ROLLBACK");
+        }
+        let wrote = matches!(result, Ok(true));
+        if result.is_ok() {
+            self.counters.batches.fetch_add(1, Ordering::Relaxed);
+            self.counters
+                .operations
+                .fetch_add(batch.len() as u64, Ordering::Relaxed);
+        }
+        let result = result.map(|_| ());
+        for task in batch {
+            task.answer(result.clone());
+        }
+        if wrote {
+            self.changed.notify_waiters();
+        }
+    }
+
+    /// Runs `batch` in one transaction; returns whether any task wrote.
+    fn execute(&mut self, batch: &mut [Box<dyn Task>]) -> Result<bool, StoreError> {
+        let n = batch.len();
+        let conn = &self.conn;
+        conn.execute_batch("BEGIN IMMEDIATE")
+            .during(Stage::Write, || format!("begin a batch of {n} writes"))?;
+        let mut wrote = false;
+        for task in batch.iter_mut() {
+            let savepoint = || format!("isolate one write in a batch of {n}");
+            conn.prepare_cached("SAVEPOINT op")
+                .and_then(|mut s| s.execute([]))
+                .during(Stage::Write, savepoint)?;
+            let now = self.clock.now();
+            match task.run(conn, now) {
+                Ok(w) => wrote |= w,
+                Err(_) if conn.is_autocommit() => {
+                    // Some errors (I/O, disk full, out of memory) make SQLite roll back the whole
+                    // transaction on its own: the writes of the earlier tasks are gone too.
+                    return Err(StoreError::Unavailable(format!(
+                        "failed to run a batch of {n} writes: sqlite rolled it back after an error"
+                    )));
+                }
+                Err(_) => {
+                    // The task keeps its own error; only its own statements are undone.
+                    conn.prepare_cached("ROLLBACK TO op")
+                        .and_then(|mut s| s.execute([]))
+                        .during(Stage::Write, savepoint)?;
+                }
+            }
+            conn.prepare_cached("RELEASE op")
+                .and_then(|mut s| s.execute([]))
+                .during(Stage::Write, savepoint)?;
+        }
+        conn.execute_batch("COMMIT")
+            .during(Stage::Commit, || format!("commit a batch of {n} writes"))?;
+        Ok(wrote)
+    }
+}
