@@ -142,10 +142,11 @@ fn write_value(v: &Value, out: &mut String) {
         Value::Null => out.push_str("null"),
         Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
         Value::Number(n) => {
+            use std::fmt::Write as _;
             if let Some(i) = n.as_i64() {
-                out.push_str(itoa(i as i128).as_str());
+                let _ = write!(out, "{i}");
             } else if let Some(u) = n.as_u64() {
-                out.push_str(itoa(u as i128).as_str());
+                let _ = write!(out, "{u}");
             } else {
                 write_double(n.as_f64().unwrap_or(0.0), out);
             }
@@ -176,10 +177,6 @@ fn write_value(v: &Value, out: &mut String) {
             out.push('}');
         }
     }
-}
-
-fn itoa(i: i128) -> String {
-    i.to_string()
 }
 
 /// ECMAScript's Number.prototype.toString, which RFC 8785 prescribes; `-0` is written `0`.

@@ -495,8 +495,11 @@ impl<S: Store> Engine<S> {
                                     ));
                                 }
                                 Ok(Probe::Applied(outcome)) => {
-                                    let op = JournalOp::complete(outcome.clone(), ttl);
-                                    let (done, _) = self.finish(&key, lease, op).await;
+                                    let op = JournalOp::complete(outcome, ttl);
+                                    let (done, _) = self.finish(&key, lease, &op).await;
+                                    let JournalOp::Complete { outcome, .. } = op else {
+                                        unreachable!("built as a completion above")
+                                    };
                                     let done = done.unwrap_or_else(|| local_completion(ttl));
                                     return Ok(answer(Decision::Replayed {
                                         outcome,
@@ -506,7 +509,7 @@ impl<S: Store> Engine<S> {
                                     }));
                                 }
                                 Ok(Probe::Unknown) | Err(_) => {
-                                    self.finish(&key, lease, JournalOp::MarkUnknown).await;
+                                    self.finish(&key, lease, &JournalOp::MarkUnknown).await;
                                     let message = match probe {
                                         Err(e) => format!("verifier failed: {e}"),
                                         _ => "verifier could not tell".to_owned(),
@@ -541,11 +544,11 @@ impl<S: Store> Engine<S> {
             Effect::Success(body) => Outcome::success(body),
             Effect::Failed(body) => Outcome::failed(body),
             Effect::NotApplied(message) => {
-                let (_, recording) = self.finish(key, lease, JournalOp::Release).await;
+                let (_, recording) = self.finish(key, lease, &JournalOp::Release).await;
                 return Decision::NotApplied { message, recording };
             }
             Effect::Ambiguous(message) => {
-                self.finish(key, lease, JournalOp::MarkUnknown).await;
+                self.finish(key, lease, &JournalOp::MarkUnknown).await;
                 return Decision::Unknown {
                     since: Timestamp::now(),
                     fence: lease.fence,
@@ -554,9 +557,12 @@ impl<S: Store> Engine<S> {
                 };
             }
         };
-        let op = JournalOp::complete(outcome.clone(), ttl);
-        let (done, recording) = self.finish(key, lease, op).await;
+        let op = JournalOp::complete(outcome, ttl);
+        let (done, recording) = self.finish(key, lease, &op).await;
         let done = done.unwrap_or_else(|| local_completion(ttl));
+        let JournalOp::Complete { outcome, .. } = op else {
+            unreachable!("built as a completion above")
+        };
         Decision::Executed {
             outcome,
             executed_at: done.completed_at,
@@ -573,19 +579,27 @@ impl<S: Store> Engine<S> {
         lease_for: Duration,
         fut: impl Future<Output = Effect>,
     ) -> Effect {
+        let mut fut = std::pin::pin!(fut);
+        // A side effect that is done at its first poll needs no timer at all.
+        let first = std::future::poll_fn(|cx| match fut.as_mut().poll(cx) {
+            std::task::Poll::Ready(e) => std::task::Poll::Ready(Some(e)),
+            std::task::Poll::Pending => std::task::Poll::Ready(None),
+        })
+        .await;
+        if let Some(reported) = first {
+            return reported;
+        }
         let every = (lease_for / 3).max(Duration::from_millis(1));
-        let fut = std::pin::pin!(fut);
-        let mut fut = fut;
-        let mut tick = tokio::time::interval_at(Instant::now() + every, every);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut next = Instant::now() + every;
         loop {
             tokio::select! {
                 biased;
                 reported = &mut fut => return reported,
-                _ = tick.tick() => {
+                _ = tokio::time::sleep_until(next) => {
                     // A failed heartbeat is not fatal: the next one may succeed, and a lease that
                     // is really lost shows up as LeaseLost when the outcome is recorded.
                     let _ = self.store.heartbeat(key, lease, lease_for).await;
+                    next = Instant::now() + every;
                 }
             }
         }
@@ -597,11 +611,11 @@ impl<S: Store> Engine<S> {
         &self,
         key: &Key,
         lease: Lease,
-        op: JournalOp,
+        op: &JournalOp,
     ) -> (Option<Completion>, Recording) {
         let mut backoff = self.settings.finish_backoff;
         for attempt in 1..=self.settings.finish_attempts.max(1) {
-            match self.apply(key, lease, &op).await {
+            match self.apply(key, lease, op).await {
                 Ok(done) => return (done, Recording::Stored),
                 Err(StoreError::LeaseLost) => return (None, Recording::LeaseLost),
                 Err(e) if !e.is_transient() => break,
@@ -615,7 +629,7 @@ impl<S: Store> Engine<S> {
         let entry = JournalEntry {
             key: key.clone(),
             lease,
-            op,
+            op: op.clone(),
             journaled_at: Timestamp::now(),
         };
         match self.journal.append(&entry) {

@@ -6,6 +6,7 @@
 
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -19,12 +20,14 @@ pub const MAX_TENANT_LEN: usize = 64;
 /// Longest tool name accepted, in bytes.
 pub const MAX_TOOL_LEN: usize = 128;
 
+// Names are `Arc<str>`: a record's name is cloned into the reservation, the stored record and the
+// answer of every call, and a clone should be a reference count, not three allocations.
 macro_rules! name_type {
     ($(#[$doc:meta])* $name:ident, $what:literal, $max:expr, $allowed:expr, $allowed_text:literal) => {
         $(#[$doc])*
         #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
         #[serde(try_from = "String", into = "String")]
-        pub struct $name(String);
+        pub struct $name(Arc<str>);
 
         impl $name {
             /// Checks `s` against the limits and wraps it.
@@ -34,7 +37,7 @@ macro_rules! name_type {
             pub fn new(s: impl Into<String>) -> Result<Self, KeyError> {
                 let s = s.into();
                 check(&s, $what, $max, $allowed, $allowed_text)?;
-                Ok($name(s))
+                Ok($name(s.into()))
             }
 
             /// The name as text.
@@ -65,7 +68,7 @@ macro_rules! name_type {
 
         impl From<$name> for String {
             fn from(n: $name) -> String {
-                n.0
+                n.0.to_string()
             }
         }
 
@@ -161,7 +164,7 @@ impl IdempotencyKey {
         h.update(run_id.as_bytes());
         h.update((step.len() as u64).to_be_bytes());
         h.update(step.as_bytes());
-        IdempotencyKey(format!("run-{}", hex(&h.finalize()[..16])))
+        IdempotencyKey(format!("run-{}", hex(&h.finalize()[..16])).into())
     }
 
     /// Mints a fresh random key (128 bits) for a new logical action.
@@ -174,7 +177,7 @@ impl IdempotencyKey {
     pub fn mint() -> Self {
         let mut bytes = [0u8; 16];
         getrandom::fill(&mut bytes).expect("failed to read randomness from the operating system");
-        IdempotencyKey(format!("key-{}", hex(&bytes)))
+        IdempotencyKey(format!("key-{}", hex(&bytes)).into())
     }
 }
 
@@ -218,7 +221,7 @@ impl Key {
     /// The fallback key for a call without a key: derived from the canonical arguments' fingerprint,
     /// so byte-different but equal argument objects share it.
     pub fn fallback(tenant: TenantId, tool: ToolName, fingerprint: &crate::Fingerprint) -> Self {
-        let key = IdempotencyKey(format!("fallback-{}", fingerprint.to_hex()));
+        let key = IdempotencyKey(format!("fallback-{}", fingerprint.to_hex()).into());
         Key { tenant, tool, key }
     }
 

@@ -1,6 +1,8 @@
 //! The in-process store, for tests and single-process use.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -20,9 +22,11 @@ pub struct MemoryStore {
 
 #[derive(Debug)]
 struct Inner {
-    records: Mutex<HashMap<Key, StoredRecord>>,
+    records: Mutex<HashMap<Key, StoredRecord, SeededState>>,
     clock: Arc<dyn Clock>,
     changed: Notify,
+    /// How many callers are in `wait_changed`.
+    waiters: AtomicUsize,
 }
 
 impl Default for MemoryStore {
@@ -41,9 +45,10 @@ impl MemoryStore {
     pub fn with_clock(clock: Arc<dyn Clock>) -> Self {
         MemoryStore {
             inner: Arc::new(Inner {
-                records: Mutex::new(HashMap::new()),
+                records: Mutex::new(HashMap::with_hasher(SeededState::new())),
                 clock,
                 changed: Notify::new(),
+                waiters: AtomicUsize::new(0),
             }),
         }
     }
@@ -58,7 +63,7 @@ impl MemoryStore {
         self.len() == 0
     }
 
-    fn lock(&self) -> MutexGuard<'_, HashMap<Key, StoredRecord>> {
+    fn lock(&self) -> MutexGuard<'_, HashMap<Key, StoredRecord, SeededState>> {
         // A panic while holding the lock cannot leave a record half written (every change is one
         // insert or remove), so a poisoned map is still consistent.
         self.inner
@@ -75,19 +80,92 @@ impl MemoryStore {
     ) -> Result<T> {
         let mut map = self.lock();
         let now = self.inner.clock.now();
-        let (out, change) = f(map.get(key), now)?;
-        match change {
-            Change::Keep => return Ok(out),
-            Change::Put(rec) => {
-                map.insert(key.clone(), rec);
-            }
-            Change::Delete => {
-                map.remove(key);
-            }
-        }
+        // Look up by reference first: the key is cloned only when a new record is inserted.
+        let out = match map.get_mut(key) {
+            Some(slot) => match f(Some(slot), now)? {
+                (out, Change::Keep) => return Ok(out),
+                (out, Change::Put(rec)) => {
+                    *slot = rec;
+                    out
+                }
+                (out, Change::Delete) => {
+                    map.remove(key);
+                    out
+                }
+            },
+            None => match f(None, now)? {
+                (out, Change::Put(rec)) => {
+                    map.insert(key.clone(), rec);
+                    out
+                }
+                (out, Change::Keep | Change::Delete) => return Ok(out),
+            },
+        };
         drop(map);
-        self.inner.changed.notify_waiters();
+        // Waking is a lock of its own; skip it when nobody waits (the common case).
+        if self.inner.waiters.load(Ordering::Acquire) > 0 {
+            self.inner.changed.notify_waiters();
+        }
         Ok(out)
+    }
+}
+
+/// A fast keyed hash for the record map, seeded per store from the OS. Names are validated,
+/// short ASCII; SipHash would be a fifth of a fresh call's cost here. The random seed keeps
+/// colliding names from being precomputed.
+#[derive(Clone, Debug)]
+struct SeededState(u64);
+
+impl SeededState {
+    fn new() -> Self {
+        let mut b = [0u8; 8];
+        getrandom::fill(&mut b).expect("failed to read randomness from the operating system");
+        SeededState(u64::from_le_bytes(b) | 1)
+    }
+}
+
+impl BuildHasher for SeededState {
+    type Hasher = SeededHasher;
+    fn build_hasher(&self) -> SeededHasher {
+        SeededHasher(self.0)
+    }
+}
+
+struct SeededHasher(u64);
+
+impl SeededHasher {
+    fn mix(&mut self, word: u64) {
+        self.0 = (self.0 ^ word)
+            .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+            .rotate_left(29);
+    }
+}
+
+impl Hasher for SeededHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            self.mix(u64::from_le_bytes(c.try_into().unwrap_or_default()));
+        }
+        let rest = chunks.remainder();
+        let mut last = [0u8; 8];
+        last[..rest.len()].copy_from_slice(rest);
+        self.mix(u64::from_le_bytes(last) ^ (bytes.len() as u64) << 56);
+    }
+
+    fn write_u8(&mut self, b: u8) {
+        self.mix(u64::from(b));
+    }
+
+    fn finish(&self) -> u64 {
+        // A final avalanche (from MurmurHash3's fmix64) so every input bit reaches the low bits
+        // the table indexes by.
+        let mut h = self.0;
+        h ^= h >> 33;
+        h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+        h ^= h >> 33;
+        h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+        h ^ (h >> 33)
     }
 }
 
@@ -159,7 +237,18 @@ impl Store for MemoryStore {
     }
 
     async fn wait_changed(&self, _key: &Key, timeout: Duration) {
-        // Woken by any change; the caller looks at its own key again either way.
-        let _ = tokio::time::timeout(timeout, self.inner.changed.notified()).await;
+        // Woken by any change; the caller looks at its own key again either way. The count is
+        // raised before the `Notified` is enabled, so a change after it is never missed by a
+        // writer that read a zero count.
+        struct Waiting<'a>(&'a AtomicUsize);
+        impl Drop for Waiting<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+        self.inner.waiters.fetch_add(1, Ordering::AcqRel);
+        let _waiting = Waiting(&self.inner.waiters);
+        let notified = self.inner.changed.notified();
+        let _ = tokio::time::timeout(timeout, notified).await;
     }
 }

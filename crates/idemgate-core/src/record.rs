@@ -19,14 +19,23 @@ pub type Fence = u64;
 pub struct LeaseToken(pub u128);
 
 impl LeaseToken {
-    /// A fresh random token.
+    /// A fresh token, unique among all tokens minted anywhere: 64 random bits drawn once per
+    /// process, then a counter. (Tokens are names, not secrets: whoever can write to the store
+    /// can change records anyway. What matters is that no two holders ever share one, and a
+    /// syscall per call for fresh randomness would cost more than the rest of a call.)
     ///
     /// # Panics
     /// When the operating system has no randomness to give.
     pub fn mint() -> Self {
-        let mut b = [0u8; 16];
-        getrandom::fill(&mut b).expect("failed to read randomness from the operating system");
-        LeaseToken(u128::from_be_bytes(b))
+        static PREFIX: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+        static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let prefix = *PREFIX.get_or_init(|| {
+            let mut b = [0u8; 8];
+            getrandom::fill(&mut b).expect("failed to read randomness from the operating system");
+            u64::from_be_bytes(b)
+        });
+        let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        LeaseToken((u128::from(prefix) << 64) | u128::from(n))
     }
 
     /// Lower-case hex, 32 characters.

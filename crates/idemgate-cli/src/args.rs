@@ -1,0 +1,214 @@
+//! Command-line arguments.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+const ABOUT: &str =
+    "Run commands at most once per idempotency key, and inspect and resolve the records.";
+
+const LONG_ABOUT: &str = "\
+Run commands at most once per idempotency key, and inspect and resolve the records.
+
+`idemgate exec --key K -- CMD ARGS...` reserves K before CMD runs, stores CMD's exit code, stdout
+and stderr under K, and answers every later call with the same key by replaying them without
+running CMD again. Racing duplicates in other processes wait for the first one (up to --wait) or
+get an in-flight answer. If the process running CMD dies, later calls get an outcome-unknown
+answer, never a silent second run, until an operator resolves the record with `keys resolve`.
+
+Records live in a store named by --store (default: an SQLite file in your data directory).";
+
+const EXAMPLES: &str = "\
+Examples:
+  # charge once, however often the agent retries this line
+  idemgate exec --key order-1234-charge -- ./charge.sh 1234 19.99
+
+  # derive the key from the orchestrator's run id and step
+  idemgate exec --key \"$(idemgate key derive --run \"$RUN_ID\" --step 3)\" -- send-mail.sh
+
+  # what is stuck?
+  idemgate keys list --state unknown
+  idemgate keys resolve order-1234-charge --completed --exit-code 0
+
+Exit codes of `exec`: the command's own on execution and replay; 65 key reused with other
+arguments; 69 store unavailable (nothing ran); 75 in flight elsewhere; 76 outcome unknown;
+127 the command could not be started (nothing ran; the key is free again); 1 other errors.";
+
+/// The command line.
+#[derive(Debug, Parser)]
+#[command(name = "idemgate", version, about = ABOUT, long_about = LONG_ABOUT, after_long_help = EXAMPLES)]
+pub struct Cli {
+    /// Where records live: sqlite://PATH, postgres://..., redis://..., or memory:.
+    /// Default: sqlite://$XDG_DATA_HOME/idemgate/idemgate.db (~/.local/share/idemgate/idemgate.db).
+    #[arg(long, global = true, env = "IDEMGATE_STORE", value_name = "URL")]
+    pub store: Option<String>,
+
+    /// The tenant whose records to use; keys of different tenants never meet.
+    #[arg(long, global = true, env = "IDEMGATE_TENANT", default_value = "local")]
+    pub tenant: String,
+
+    /// Directory of the journal of outcomes the store has not confirmed yet.
+    /// Default: next to the SQLite file, or in the data directory for server stores.
+    #[arg(long, global = true, env = "IDEMGATE_JOURNAL", value_name = "DIR")]
+    pub journal: Option<PathBuf>,
+
+    /// Print machine-readable JSON instead of text.
+    #[arg(long, global = true)]
+    pub json: bool,
+
+    /// The command.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run a command at most once per key; replay its outcome to duplicates.
+    Exec(ExecArgs),
+    /// Inspect and resolve records.
+    #[command(subcommand)]
+    Keys(KeysCommand),
+    /// Make idempotency keys.
+    #[command(subcommand)]
+    Key(KeyCommand),
+    /// Flush outcomes the store did not confirm into it (exec does this on every start).
+    #[command(subcommand)]
+    Journal(JournalCommand),
+}
+
+/// `exec`.
+#[derive(Debug, Args)]
+pub struct ExecArgs {
+    /// The idempotency key naming this logical action (1-255 visible ASCII characters). Use the
+    /// same key on every retry of the action, and a new one for a new action.
+    #[arg(long, short = 'k')]
+    pub key: String,
+
+    /// The scope of the key; the same key under another tool is another record.
+    #[arg(long, default_value = "exec")]
+    pub tool: String,
+
+    /// How long the outcome is kept and replayed.
+    #[arg(long, default_value = "24h", value_parser = humantime::parse_duration)]
+    pub ttl: Duration,
+
+    /// How long the reservation holds without a heartbeat. While CMD runs it is renewed every
+    /// third of this, so it bounds how soon a crash is noticed, not how long CMD may run.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub lease: Duration,
+
+    /// How long to wait for a duplicate that is running elsewhere before answering "in flight".
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    pub wait: Duration,
+
+    /// What a call finds an unknown outcome does: block (answer "unknown" until resolved) or
+    /// retry (run again: only for commands that are safe to repeat or pass the key on).
+    #[arg(long, default_value = "block", value_parser = ["block", "retry"])]
+    pub on_unknown: String,
+
+    /// An exit code by which CMD says it did nothing (so the key is released and a retry runs),
+    /// for example 75 for a temporary failure before any effect. Repeatable. Any other non-zero
+    /// exit is stored and replayed like a success.
+    #[arg(long = "not-applied-exit-code", value_name = "CODE")]
+    pub not_applied: Vec<i32>,
+
+    /// Do not print the one-line notice on stderr when an outcome is replayed.
+    #[arg(long, short = 'q')]
+    pub quiet: bool,
+
+    /// The command and its arguments (after `--`). They are the call's arguments: the same key
+    /// with another command line is refused as key reuse. Standard input is not part of it.
+    #[arg(required = true, last = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
+/// `keys ...`.
+#[derive(Debug, Subcommand)]
+pub enum KeysCommand {
+    /// List records, oldest first.
+    List {
+        /// Only records in this state: in_flight, completed or unknown.
+        #[arg(long)]
+        state: Option<String>,
+        /// Only this tool's records.
+        #[arg(long)]
+        tool: Option<String>,
+        /// Records of every tenant, not just --tenant's.
+        #[arg(long)]
+        all_tenants: bool,
+        /// At most this many (0: all).
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+    },
+    /// Show one record, with its stored outcome.
+    Show {
+        /// The key.
+        key: String,
+        /// The tool it was used with.
+        #[arg(long, default_value = "exec")]
+        tool: String,
+    },
+    /// Resolve an unknown record after checking what really happened.
+    Resolve(ResolveArgs),
+    /// Delete completed records whose time is up.
+    Purge {
+        /// Required: purge records past their TTL (unknown records are never purged).
+        #[arg(long, required = true)]
+        expired: bool,
+    },
+}
+
+/// `keys resolve`.
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("how").required(true).args(["completed", "release"])))]
+pub struct ResolveArgs {
+    /// The key.
+    pub key: String,
+    /// The tool it was used with.
+    #[arg(long, default_value = "exec")]
+    pub tool: String,
+    /// The fence you looked at (`keys show`); the resolution is refused if the record moved on.
+    /// Default: the record's current fence.
+    #[arg(long)]
+    pub fence: Option<u64>,
+    /// The command did take effect: store this outcome and replay it to duplicates.
+    #[arg(long)]
+    pub completed: bool,
+    /// With --completed: the exit code to replay.
+    #[arg(long, default_value_t = 0, requires = "completed")]
+    pub exit_code: i32,
+    /// With --completed: the standard output to replay.
+    #[arg(long, default_value = "", requires = "completed")]
+    pub stdout: String,
+    /// With --completed: how long to keep it.
+    #[arg(long, default_value = "24h", value_parser = humantime::parse_duration, requires = "completed")]
+    pub ttl: Duration,
+    /// The command did not take effect: remove the record so the next call runs it.
+    #[arg(long)]
+    pub release: bool,
+}
+
+/// `key ...`.
+#[derive(Debug, Subcommand)]
+pub enum KeyCommand {
+    /// Print a fresh random key (mint it once per action, before the first attempt).
+    Mint,
+    /// Print the stable key of one step of one run: the same run and step give the same key.
+    Derive {
+        /// The orchestration run id.
+        #[arg(long)]
+        run: String,
+        /// The step or tool-call id within the run.
+        #[arg(long)]
+        step: String,
+    },
+}
+
+/// `journal ...`.
+#[derive(Debug, Subcommand)]
+pub enum JournalCommand {
+    /// Apply journaled outcomes to the store now.
+    Flush,
+}

@@ -1,0 +1,218 @@
+//! The `idemgate` command line: `exec` runs a command at most once per key; `keys` lets an
+//! operator see and resolve every record, unknown ones first of all.
+
+mod args;
+mod exec;
+mod keys;
+mod outcome;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::{Context as _, Result};
+use clap::Parser as _;
+use idemgate::{AnyStore, Engine, FileJournal, Key};
+
+pub use args::Cli;
+use args::{Command, JournalCommand, KeyCommand};
+
+/// Exit codes of `idemgate` itself (a command's own exit code passes through on execution and
+/// replay). One table, so docs, tests and code agree.
+pub mod exit {
+    /// Something else went wrong (bad store URL, I/O error).
+    pub const FAILURE: u8 = 1;
+    /// The key was used before with other arguments; nothing ran.
+    pub const KEY_REUSE: u8 = 65;
+    /// The store could not reserve the key; nothing ran.
+    pub const STORE_UNAVAILABLE: u8 = 69;
+    /// Another process holds the key and did not finish within --wait.
+    pub const IN_FLIGHT: u8 = 75;
+    /// The outcome is unknown (an earlier run died mid-command); resolve it with `keys resolve`.
+    pub const UNKNOWN: u8 = 76;
+    /// The command could not be started; nothing ran and the key is free again.
+    pub const NOT_STARTED: u8 = 127;
+}
+
+/// Parses the command line, runs it and returns the exit code.
+pub fn run() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("idemgate: failed to start the runtime: {e}");
+            return ExitCode::from(exit::FAILURE);
+        }
+    };
+    match runtime.block_on(dispatch(cli)) {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("idemgate: {e:#}");
+            ExitCode::from(exit::FAILURE)
+        }
+    }
+}
+
+async fn dispatch(cli: Cli) -> Result<u8> {
+    match &cli.command {
+        Command::Key(KeyCommand::Mint) => {
+            println!("{}", idemgate::IdempotencyKey::mint());
+            Ok(0)
+        }
+        Command::Key(KeyCommand::Derive { run, step }) => {
+            println!("{}", idemgate::IdempotencyKey::derive(run, step));
+            Ok(0)
+        }
+        Command::Exec(args) => {
+            let ctx = Context::open(&cli).await?;
+            exec::run(&ctx, args).await
+        }
+        Command::Keys(cmd) => {
+            let ctx = Context::open(&cli).await?;
+            keys::run(&ctx, cmd).await
+        }
+        Command::Journal(JournalCommand::Flush) => {
+            let ctx = Context::open(&cli).await?;
+            let report = ctx.engine.flush_journal().await?;
+            if cli.json {
+                println!("{}", serde_json::to_string(&report)?);
+            } else {
+                println!(
+                    "applied {}, superseded {}, still pending {}",
+                    report.applied, report.superseded, report.pending
+                );
+            }
+            Ok(if report.pending > 0 {
+                exit::STORE_UNAVAILABLE
+            } else {
+                0
+            })
+        }
+    }
+}
+
+/// What every command that touches records needs.
+pub(crate) struct Context {
+    pub(crate) engine: Engine<AnyStore>,
+    pub(crate) tenant: idemgate::TenantId,
+    pub(crate) json: bool,
+}
+
+impl Context {
+    async fn open(cli: &Cli) -> Result<Self> {
+        let tenant = idemgate::TenantId::new(cli.tenant.as_str()).context("invalid --tenant")?;
+        let (url, default_journal) = match &cli.store {
+            Some(url) => {
+                let journal = sqlite_path(url)
+                    .map(journal_beside)
+                    .unwrap_or_else(|| data_dir().join(format!("journal-{}", short_digest(url))));
+                (url.clone(), journal)
+            }
+            None => {
+                let dir = data_dir();
+                std::fs::create_dir_all(&dir)
+                    .with_context(|| format!("failed to create {}", dir.display()))?;
+                let db = dir.join("idemgate.db");
+                (format!("sqlite://{}", db.display()), journal_beside(db))
+            }
+        };
+        let store = AnyStore::connect(&url)
+            .await
+            .with_context(|| format!("failed to open store {}", redact(&url)))?;
+        let journal_dir = cli.journal.clone().unwrap_or(default_journal);
+        let journal = FileJournal::open(&journal_dir)
+            .with_context(|| format!("failed to open journal {}", journal_dir.display()))?;
+        let engine = Engine::new(store).with_journal(Arc::new(journal));
+        Ok(Context {
+            engine,
+            tenant,
+            json: cli.json,
+        })
+    }
+
+    pub(crate) fn key(&self, tool: &str, key: &str) -> Result<Key> {
+        Ok(Key::new(
+            self.tenant.clone(),
+            idemgate::ToolName::new(tool).context("invalid --tool")?,
+            idemgate::IdempotencyKey::new(key).context("invalid --key")?,
+        ))
+    }
+
+    pub(crate) fn store(&self) -> &AnyStore {
+        self.engine.store()
+    }
+}
+
+/// The data directory: `$XDG_DATA_HOME/idemgate`, else `~/.local/share/idemgate`.
+fn data_dir() -> PathBuf {
+    let base = std::env::var_os("XDG_DATA_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")))
+        .unwrap_or_else(|| PathBuf::from("."));
+    base.join("idemgate")
+}
+
+fn sqlite_path(url: &str) -> Option<PathBuf> {
+    let rest = url
+        .strip_prefix("sqlite://")
+        .or_else(|| url.strip_prefix("sqlite:"))?;
+    Some(PathBuf::from(rest))
+}
+
+fn journal_beside(db: PathBuf) -> PathBuf {
+    let mut name = db.file_name().unwrap_or_default().to_os_string();
+    name.push(".journal");
+    db.with_file_name(name)
+}
+
+fn short_digest(s: &str) -> String {
+    idemgate::Fingerprint::of_bytes(s.as_bytes()).to_hex()[..12].to_owned()
+}
+
+/// A URL without its password, for messages.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme_end), Some(at)) if at > scheme_end => {
+            let userinfo = &url[scheme_end + 3..at];
+            match userinfo.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme_end + 3], &url[at..]),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_never_reach_messages() {
+        assert_eq!(redact("postgres://u:secret@h/db"), "postgres://u:***@h/db");
+        assert_eq!(redact("redis://h:6379"), "redis://h:6379");
+    }
+
+    #[test]
+    fn journal_sits_beside_the_database() {
+        assert_eq!(
+            journal_beside(PathBuf::from("/tmp/x/idem.db")),
+            PathBuf::from("/tmp/x/idem.db.journal")
+        );
+        assert_eq!(
+            sqlite_path("sqlite:///a/b.db"),
+            Some(PathBuf::from("/a/b.db"))
+        );
+        assert_eq!(sqlite_path("sqlite:rel.db"), Some(PathBuf::from("rel.db")));
+    }
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        use clap::CommandFactory as _;
+        Cli::command().debug_assert();
+    }
+}

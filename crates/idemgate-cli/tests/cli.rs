@@ -1,0 +1,337 @@
+//! The binary, run as a user runs it: real processes on a real SQLite file.
+
+use std::fs;
+use std::os::unix::process::CommandExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+struct Sandbox {
+    dir: tempfile::TempDir,
+}
+
+impl Sandbox {
+    fn new() -> Self {
+        Sandbox {
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn idemgate(&self) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_idemgate"));
+        c.env("XDG_DATA_HOME", self.path("data"))
+            .env(
+                "IDEMGATE_STORE",
+                format!("sqlite://{}", self.path("idem.db").display()),
+            )
+            .env_remove("IDEMGATE_TENANT")
+            .env_remove("IDEMGATE_JOURNAL")
+            .stdin(Stdio::null());
+        c
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        self.idemgate().args(args).output().unwrap()
+    }
+
+    /// `exec` of a shell snippet that appends a line to `file` (the side effect we count).
+    fn exec_append(&self, key: &str, file: &Path, extra: &[&str]) -> Output {
+        let script = format!("echo ran >> '{}'; echo out; echo err >&2", file.display());
+        let mut args = vec!["exec", "--key", key];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["--", "sh", "-c", &script]);
+        self.run(&args)
+    }
+}
+
+fn lines(file: &Path) -> usize {
+    fs::read_to_string(file)
+        .map(|s| s.lines().count())
+        .unwrap_or(0)
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[test]
+fn exec_runs_once_and_replays_output_and_exit_code() {
+    let sb = Sandbox::new();
+    let effect = sb.path("effect");
+    let script = format!(
+        "echo ran >> '{}'; echo hello; echo oops >&2; exit 3",
+        effect.display()
+    );
+    let first = sb.run(&["exec", "--key", "order-1", "--", "sh", "-c", &script]);
+    assert_eq!(first.status.code(), Some(3));
+    assert_eq!(text(&first.stdout), "hello\n");
+    assert_eq!(text(&first.stderr), "oops\n");
+    let again = sb.run(&["exec", "--key", "order-1", "--", "sh", "-c", &script]);
+    assert_eq!(again.status.code(), Some(3), "the exit code is replayed");
+    assert_eq!(text(&again.stdout), "hello\n");
+    assert!(text(&again.stderr).starts_with("oops\n"));
+    assert!(
+        text(&again.stderr).contains("replayed"),
+        "{}",
+        text(&again.stderr)
+    );
+    let quiet = sb.run(&["exec", "-q", "--key", "order-1", "--", "sh", "-c", &script]);
+    assert_eq!(text(&quiet.stderr), "oops\n");
+    assert_eq!(lines(&effect), 1);
+}
+
+#[test]
+fn key_reuse_with_another_command_is_refused() {
+    let sb = Sandbox::new();
+    let effect = sb.path("effect");
+    sb.exec_append("k", &effect, &[]);
+    let other = sb.run(&["exec", "--key", "k", "--", "echo", "something else"]);
+    assert_eq!(other.status.code(), Some(65));
+    assert!(text(&other.stderr).contains("different arguments"));
+    assert_eq!(lines(&effect), 1);
+}
+
+#[test]
+fn json_answers_say_what_happened() {
+    let sb = Sandbox::new();
+    let effect = sb.path("effect");
+    let first = sb.exec_append("j", &effect, &["--tool", "mailer"]);
+    assert!(first.status.success());
+    let out = sb.run(&[
+        "--json",
+        "exec",
+        "--key",
+        "j",
+        "--tool",
+        "mailer",
+        "--",
+        "sh",
+        "-c",
+        &format!("echo ran >> '{}'; echo out; echo err >&2", effect.display()),
+    ]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["decision"], "replayed");
+    assert_eq!(v["rule"], "explicit");
+    assert_eq!(v["stdout"], "out\n");
+    assert_eq!(v["exit_code"], 0);
+    assert!(v["executed_at"].as_str().unwrap().ends_with('Z'));
+    let listed = sb.run(&["--json", "keys", "list", "--tool", "mailer"]);
+    let rows: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();
+    assert_eq!(rows.as_array().unwrap().len(), 1);
+    assert_eq!(rows[0]["state"], "completed");
+}
+
+#[test]
+fn not_applied_exit_code_frees_the_key() {
+    let sb = Sandbox::new();
+    let first = sb.run(&[
+        "exec",
+        "--key",
+        "t",
+        "--not-applied-exit-code",
+        "75",
+        "--",
+        "sh",
+        "-c",
+        "exit 75",
+    ]);
+    assert_eq!(first.status.code(), Some(127));
+    let second = sb.run(&[
+        "exec",
+        "--key",
+        "t",
+        "--not-applied-exit-code",
+        "75",
+        "--",
+        "sh",
+        "-c",
+        "exit 75",
+    ]);
+    assert_eq!(
+        second.status.code(),
+        Some(127),
+        "ran again: nothing was stored"
+    );
+    let missing = sb.run(&["exec", "--key", "m", "--", "/no/such/program"]);
+    assert_eq!(missing.status.code(), Some(127));
+    assert!(text(&missing.stderr).contains("free again"));
+}
+
+#[test]
+fn duplicate_gets_in_flight_answer_while_the_first_runs() {
+    let sb = Sandbox::new();
+    let mut first = sb
+        .idemgate()
+        .args(["exec", "--key", "slow", "--", "sh", "-c", "sleep 2"])
+        .spawn()
+        .unwrap();
+    wait_for_state(&sb, "slow", "in_flight");
+    let dup = sb.run(&[
+        "exec", "--key", "slow", "--wait", "200ms", "--", "sh", "-c", "sleep 2",
+    ]);
+    assert_eq!(dup.status.code(), Some(75), "{}", text(&dup.stderr));
+    assert!(text(&dup.stderr).contains("try again"));
+    assert!(first.wait().unwrap().success());
+    let waited = sb.run(&["exec", "--key", "slow", "--", "sh", "-c", "sleep 2"]);
+    assert!(waited.status.success());
+}
+
+fn wait_for_state(sb: &Sandbox, key: &str, state: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let out = sb.run(&["--json", "keys", "show", key]);
+        if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&out.stdout) {
+            if v["state"] == state {
+                return;
+            }
+        }
+        assert!(Instant::now() < deadline, "{key} never reached {state}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The process running the command is killed with SIGKILL mid-command: later calls get an
+/// outcome-unknown answer with its own exit code and a hint, never a second run, until resolved.
+#[test]
+fn sigkill_mid_command_leaves_unknown_never_a_second_run() {
+    let sb = Sandbox::new();
+    let effect = sb.path("effect");
+    let script = format!("echo ran >> '{}'; sleep 30", effect.display());
+    let mut victim = sb
+        .idemgate()
+        .args([
+            "exec", "--key", "pay-7", "--lease", "1s", "--", "sh", "-c", &script,
+        ])
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while lines(&effect) == 0 {
+        assert!(Instant::now() < deadline, "the command never started");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let status = Command::new("kill")
+        .args(["-KILL", &victim.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    victim.wait().unwrap();
+    // The orphaned `sleep` is this test's to clean up: kill its process group.
+    let _ = Command::new("kill")
+        .args(["-KILL", &format!("-{}", victim.id())])
+        .status();
+
+    let dup = sb.run(&[
+        "exec", "--key", "pay-7", "--lease", "1s", "--wait", "5s", "--", "sh", "-c", &script,
+    ]);
+    assert_eq!(dup.status.code(), Some(76), "{}", text(&dup.stderr));
+    let msg = text(&dup.stderr);
+    assert!(
+        msg.contains("unknown") && msg.contains("idemgate keys resolve pay-7"),
+        "{msg}"
+    );
+    assert_eq!(lines(&effect), 1, "never silently re-run");
+
+    let listed = sb.run(&["--json", "keys", "list", "--state", "unknown"]);
+    let rows: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();
+    assert_eq!(rows.as_array().unwrap().len(), 1);
+    let fence = rows[0]["fence"].as_u64().unwrap().to_string();
+
+    let wrong = sb.run(&["keys", "resolve", "pay-7", "--fence", "99", "--release"]);
+    assert_eq!(wrong.status.code(), Some(1));
+    let resolved = sb.run(&[
+        "keys",
+        "resolve",
+        "pay-7",
+        "--fence",
+        &fence,
+        "--completed",
+        "--exit-code",
+        "0",
+        "--stdout",
+        "paid by hand\n",
+    ]);
+    assert!(resolved.status.success(), "{}", text(&resolved.stderr));
+    let replay = sb.run(&["exec", "-q", "--key", "pay-7", "--", "sh", "-c", &script]);
+    assert!(replay.status.success());
+    assert_eq!(text(&replay.stdout), "paid by hand\n");
+    assert_eq!(lines(&effect), 1);
+}
+
+/// 16 processes fire the same key at once, for 200 keys: the command runs exactly once per key
+/// and every process gets its outcome.
+#[test]
+fn sixteen_processes_per_key_run_the_command_exactly_once() {
+    let sb = Sandbox::new();
+    // Create the database before the storm, as a deployed tool would have.
+    assert!(sb.run(&["keys", "list"]).status.success());
+    let keys = 200;
+    for k in 0..keys {
+        let effect = sb.path(&format!("effect-{k}"));
+        let script = format!("echo ran >> '{}'; echo result-{k}", effect.display());
+        let key = format!("storm-{k}");
+        let children: Vec<_> = (0..16)
+            .map(|_| {
+                sb.idemgate()
+                    .args([
+                        "exec", "-q", "--key", &key, "--wait", "30s", "--", "sh", "-c", &script,
+                    ])
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        for child in children {
+            let out = child.wait_with_output().unwrap();
+            assert!(
+                out.status.success(),
+                "key {k}: {:?} {}",
+                out.status,
+                text(&out.stderr)
+            );
+            assert_eq!(text(&out.stdout), format!("result-{k}\n"));
+        }
+        assert_eq!(lines(&effect), 1, "key {k} ran {} times", lines(&effect));
+    }
+}
+
+#[test]
+fn help_teaches_and_bad_input_says_what_to_do() {
+    let sb = Sandbox::new();
+    let help = sb.run(&["exec", "--help"]);
+    let h = text(&help.stdout);
+    assert!(
+        h.contains("--key") && h.contains("--not-applied-exit-code"),
+        "{h}"
+    );
+    let top = sb.run(&["--help"]);
+    assert!(text(&top.stdout).contains("Examples:"));
+    let bad = sb.run(&["exec", "--key", "has space", "--", "true"]);
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(
+        text(&bad.stderr).contains("position 3"),
+        "{}",
+        text(&bad.stderr)
+    );
+    let bad_store = sb
+        .idemgate()
+        .args(["--store", "mongodb://x", "keys", "list"])
+        .output()
+        .unwrap();
+    assert!(
+        text(&bad_store.stderr).contains("sqlite://"),
+        "{}",
+        text(&bad_store.stderr)
+    );
+    let derived = sb.run(&["key", "derive", "--run", "r", "--step", "1"]);
+    assert_eq!(
+        derived.stdout,
+        sb.run(&["key", "derive", "--run", "r", "--step", "1"])
+            .stdout
+    );
+}

@@ -1,0 +1,232 @@
+//! Engine calls per second through `Engine<PgStore>` beside a raw baseline: the same reserve and
+//! complete statements through the same driver and pool, without the engine.
+//!
+//! `cargo bench -p idemgate-postgres --bench pg` (server: `IDEMGATE_TEST_POSTGRES_URL`, default
+//! `postgres://postgres@127.0.0.1:5432/test`; schema `idemgate_bench`, dropped at the end).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use idemgate_core::{
+    Call, Effect, Engine, Fingerprint, IdempotencyKey, LeaseToken, TenantId, ToolName,
+};
+use idemgate_postgres::{PgOptions, PgStore};
+
+const CELL: Duration = Duration::from_millis(1500);
+/// Rounds per cell, engine and raw alternating; the median is reported (the machine is shared).
+const ROUNDS: usize = 3;
+const SCHEMA: &str = "idemgate_bench";
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Work {
+    Fresh,
+    Replay,
+}
+
+fn call(tenant: &TenantId, key: &str) -> Call {
+    Call::new(tenant.clone(), ToolName::new("bench").unwrap())
+        .key(IdempotencyKey::new(key).unwrap())
+        .fingerprint(Fingerprint::of_bytes(b"{}"))
+}
+
+/// Calls per second of `callers` tasks running `one(caller, i)` for [`CELL`].
+async fn measure<F, Fut>(callers: usize, one: F) -> f64
+where
+    F: Fn(usize, u64) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
+    let one = Arc::new(one);
+    let done = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..callers)
+        .map(|c| {
+            let (one, done) = (one.clone(), done.clone());
+            tokio::spawn(async move {
+                let mut i = 0;
+                while start.elapsed() < CELL {
+                    one(c, i).await;
+                    i += 1;
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
+}
+
+async fn engine_cell(engine: Arc<Engine<PgStore>>, run: u64, callers: usize, work: Work) -> f64 {
+    let tenant = TenantId::new(format!("e{run}")).unwrap();
+    measure(callers, move |c, i| {
+        let (engine, tenant) = (engine.clone(), tenant.clone());
+        async move {
+            let key = match work {
+                Work::Fresh => format!("f{callers}-{c}-{i}"),
+                Work::Replay => format!("r{c}"),
+            };
+            let a = engine
+                .call(call(&tenant, &key), || async {
+                    Effect::Success(b"result".to_vec())
+                })
+                .await
+                .expect("engine call");
+            assert_eq!(a.executed_here(), work == Work::Fresh);
+        }
+    })
+    .await
+}
+
+async fn raw_cell(store: PgStore, run: u64, callers: usize, work: Work) -> f64 {
+    let quoted = format!("\"{SCHEMA}\"");
+    let reserve = Arc::new(include_str!("../src/sql/reserve.sql").replace("{schema}", &quoted));
+    let complete = Arc::new(include_str!("../src/sql/complete.sql").replace("{schema}", &quoted));
+    let tenant = format!("r{run}");
+    measure(callers, move |c, i| {
+        let (store, reserve, complete, tenant) = (
+            store.clone(),
+            reserve.clone(),
+            complete.clone(),
+            tenant.clone(),
+        );
+        async move {
+            let key = match work {
+                Work::Fresh => format!("f{callers}-{c}-{i}"),
+                Work::Replay => format!("r{c}"),
+            };
+            let fp = Fingerprint::of_bytes(b"{}");
+            let token = LeaseToken::mint().0.to_be_bytes();
+            let lease_ms: i64 = 30_000;
+            let client = store.pool().get().await.expect("pool");
+            let stmt = client.prepare_cached(&reserve).await.expect("prepare");
+            let rows = client
+                .query(
+                    &stmt,
+                    &[
+                        &tenant.as_str(),
+                        &"bench",
+                        &key.as_str(),
+                        &fp.as_bytes().as_slice(),
+                        &token.as_slice(),
+                        &lease_ms,
+                    ],
+                )
+                .await
+                .expect("reserve");
+            let row = rows.first().expect("a row");
+            let written: bool = row.get("written");
+            if written {
+                let fence: i64 = row.get("fence");
+                let stmt = client.prepare_cached(&complete).await.expect("prepare");
+                let digest = idemgate_core::key::hex(&[0; 32]);
+                let ttl_ms: i64 = 3_600_000;
+                client
+                    .query(
+                        &stmt,
+                        &[
+                            &tenant.as_str(),
+                            &"bench",
+                            &key.as_str(),
+                            &fence,
+                            &token.as_slice(),
+                            &ttl_ms,
+                            &0i16,
+                            &b"result".as_slice(),
+                            &digest,
+                        ],
+                    )
+                    .await
+                    .expect("complete");
+            }
+            assert_eq!(written, work == Work::Fresh);
+        }
+    })
+    .await
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let url = std::env::var("IDEMGATE_TEST_POSTGRES_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+        let store = PgStore::connect_with(
+            &url,
+            PgOptions {
+                schema: SCHEMA.to_owned(),
+                pool_size: 16,
+                ..PgOptions::default()
+            },
+        )
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "failed to connect to {url}: {e}; start it with: pg_ctlcluster \
+                 --skip-systemctl-redirect $(ls /etc/postgresql) main start"
+            )
+        });
+        let engine = Arc::new(Engine::new(store.clone()));
+        let run = u64::from(LeaseToken::mint().0 as u16);
+        // Replays need completed records: one per caller, for both sides, in every round.
+        for (c, round) in (0..16).flat_map(|c| (0..ROUNDS as u64).map(move |r| (c, r))) {
+            let run = run * 10 + round;
+            let t = TenantId::new(format!("e{run}")).unwrap();
+            engine
+                .call(call(&t, &format!("r{c}")), || async {
+                    Effect::Success(b"result".to_vec())
+                })
+                .await
+                .unwrap();
+            let t = TenantId::new(format!("r{run}")).unwrap();
+            engine
+                .call(call(&t, &format!("r{c}")), || async {
+                    Effect::Success(b"result".to_vec())
+                })
+                .await
+                .unwrap();
+        }
+        println!("idemgate-postgres bench: {CELL:?} per cell, server {url}");
+        println!(
+            "{:>7}  {:<8}  {:>12}  {:>12}  {:>11}  target",
+            "callers", "work", "engine/s", "raw/s", "engine/raw"
+        );
+        for callers in [1usize, 16] {
+            for work in [Work::Fresh, Work::Replay] {
+                // Alternate the order so neither side always runs on a warmer server.
+                let (mut engs, mut raws) = (Vec::new(), Vec::new());
+                for round in 0..ROUNDS as u64 {
+                    let tag = run * 10 + round;
+                    if round % 2 == 0 {
+                        raws.push(raw_cell(store.clone(), tag, callers, work).await);
+                        engs.push(engine_cell(engine.clone(), tag, callers, work).await);
+                    } else {
+                        engs.push(engine_cell(engine.clone(), tag, callers, work).await);
+                        raws.push(raw_cell(store.clone(), tag, callers, work).await);
+                    }
+                }
+                let (eng, raw1) = (median(engs), median(raws));
+                let target = if callers == 1 { 0.9 } else { 1.0 };
+                let ratio = eng / raw1;
+                println!(
+                    "{callers:>7}  {:<8}  {eng:>12.0}  {raw1:>12.0}  {ratio:>11.2}  >= {target:.1}: {}",
+                    if work == Work::Fresh { "fresh" } else { "replay" },
+                    if ratio >= target { "reached" } else { "missed" }
+                );
+            }
+        }
+        let client = store.pool().get().await.unwrap();
+        client
+            .batch_execute(&format!("DROP SCHEMA IF EXISTS \"{SCHEMA}\" CASCADE"))
+            .await
+            .unwrap();
+    });
+}

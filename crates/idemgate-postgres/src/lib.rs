@@ -1,0 +1,726 @@
+#![doc = include_str!("../README.md")]
+
+mod error;
+mod listen;
+mod migrate;
+
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use deadpool_postgres::{
+    HookError, Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime,
+};
+use idemgate_core::key::hex;
+use idemgate_core::store::{Claim, Completion, ListFilter, Reservation, Result, Store};
+use idemgate_core::time::duration_millis;
+use idemgate_core::transition::StoredRecord;
+use idemgate_core::{
+    Fence, Fingerprint, IdempotencyKey, Key, Lease, LeaseToken, Outcome, OutcomeKind, Record,
+    RecordState, State, StoreError, TenantId, Timestamp, ToolName,
+};
+use tokio::sync::{broadcast, oneshot};
+use tokio::task::JoinHandle;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{NoTls, Row};
+
+pub use migrate::SCHEMA_VERSION;
+
+/// What to do with a server whose `synchronous_commit` would let an acknowledged write be lost in
+/// a crash (`off`, or `local` while synchronous standbys are configured).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SyncCommit {
+    /// Set `synchronous_commit = on` in every session the pool opens (post-create hook). The
+    /// default: a completion the store acknowledged is on disk.
+    #[default]
+    Enforce,
+    /// Refuse to connect ([`StoreError::Misconfigured`]).
+    Refuse,
+    /// Leave the setting as it is: the operator accepts that a crash may lose acknowledged records
+    /// (duplicates could then run again).
+    AllowLoss,
+}
+
+/// Settings of a [`PgStore`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PgOptions {
+    /// Most connections the pool opens (the listener connection comes on top).
+    pub pool_size: usize,
+    /// Server-side `statement_timeout` of every session; the client waits this long plus
+    /// [`PgOptions::answer_margin`] for an answer before it reports the write as indeterminate.
+    pub statement_timeout: Duration,
+    /// How long the client waits beyond `statement_timeout` (network, commit flush).
+    pub answer_margin: Duration,
+    /// How long to wait for a connection (TCP connect, session setup, a free pool slot).
+    pub connect_timeout: Duration,
+    /// The schema that holds the tables (created if missing).
+    pub schema: String,
+    /// What to do about `synchronous_commit`.
+    pub synchronous_commit: SyncCommit,
+    /// Whether waiting duplicates are woken by `LISTEN`/`NOTIFY` (else they poll).
+    pub listen: bool,
+}
+
+impl Default for PgOptions {
+    fn default() -> Self {
+        PgOptions {
+            pool_size: 16,
+            statement_timeout: Duration::from_secs(5),
+            answer_margin: Duration::from_secs(2),
+            connect_timeout: Duration::from_secs(5),
+            schema: "public".to_owned(),
+            synchronous_commit: SyncCommit::Enforce,
+            listen: true,
+        }
+    }
+}
+
+/// The statements, with the schema filled in.
+#[derive(Debug)]
+struct Sql {
+    reserve: String,
+    takeover: String,
+    heartbeat: String,
+    complete: String,
+    release: String,
+    mark_unknown: String,
+    get: String,
+    list: String,
+    purge: String,
+}
+
+impl Sql {
+    fn new(schema: &str) -> Self {
+        let ident = migrate::quote_ident(schema);
+        let fill = |s: &str| s.replace("{schema}", &ident);
+        Sql {
+            reserve: fill(include_str!("sql/reserve.sql")),
+            takeover: fill(include_str!("sql/takeover.sql")),
+            heartbeat: fill(include_str!("sql/heartbeat.sql")),
+            complete: fill(include_str!("sql/complete.sql")),
+            release: fill(include_str!("sql/release.sql")),
+            mark_unknown: fill(include_str!("sql/mark_unknown.sql")),
+            get: fill(include_str!("sql/get.sql")),
+            list: fill(include_str!("sql/list.sql")),
+            purge: fill(include_str!("sql/purge.sql")),
+        }
+    }
+}
+
+/// Idempotency records in a Postgres table, judged by the server clock. Clones share the pool and
+/// the listener connection.
+///
+/// # Concurrent calls on the same key
+/// Every operation is one statement (see the README); racing reservations are decided by the
+/// primary key, and every write naming a lease is a compare-and-set on `(fence, token)` that
+/// Postgres re-checks on the newest committed row version.
+///
+/// # Cancellation
+/// Dropping a future leaves each statement either committed or not: the record is never half
+/// written. A statement whose answer was abandoned may still commit.
+///
+/// # Errors
+/// See `src/error.rs`: nothing sent is [`StoreError::Unavailable`], sent but unanswered is
+/// [`StoreError::Indeterminate`].
+#[derive(Clone)]
+pub struct PgStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pool: Pool,
+    sql: Sql,
+    options: PgOptions,
+    changes: broadcast::Sender<Arc<str>>,
+    /// Dropped with the last clone, which stops the listener task.
+    _listener: Option<oneshot::Sender<()>>,
+}
+
+impl std::fmt::Debug for PgStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let status = self.inner.pool.status();
+        f.debug_struct("PgStore")
+            .field("schema", &self.inner.options.schema)
+            .field("pool_size", &status.size)
+            .field("pool_available", &status.available)
+            .field("options", &self.inner.options)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How often a reservation runs again when a concurrent writer committed after its snapshot.
+const RACE_ATTEMPTS: usize = 8;
+/// How often a statement runs again after a serialization failure or deadlock.
+const CONFLICT_RETRIES: u32 = 3;
+
+impl PgStore {
+    /// Connects with default [`PgOptions`] to a `postgres://` or `postgresql://` URL.
+    ///
+    /// # Errors
+    /// See [`PgStore::connect_with`].
+    pub async fn connect(url: &str) -> Result<Self> {
+        Self::connect_with(url, PgOptions::default()).await
+    }
+
+    /// Connects to a `postgres://` or `postgresql://` URL: opens the pool, checks durability,
+    /// applies migrations under an advisory lock, and starts the listener connection.
+    ///
+    /// # Errors
+    /// [`StoreError::Unavailable`] when the server cannot be reached, [`StoreError::Misconfigured`]
+    /// for a bad URL, a schema newer than this code, or (with [`SyncCommit::Refuse`]) a server
+    /// that may lose acknowledged commits.
+    pub async fn connect_with(url: &str, options: PgOptions) -> Result<Self> {
+        if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+            return Err(StoreError::Misconfigured(
+                "failed to read the store URL: expected postgres:// or postgresql://".to_owned(),
+            ));
+        }
+        let mut config: tokio_postgres::Config = url.parse().map_err(|e| {
+            StoreError::Misconfigured(format!("failed to read the Postgres URL: {e}"))
+        })?;
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(options.connect_timeout);
+        }
+        if config.get_application_name().is_none() {
+            config.application_name("idemgate");
+        }
+        let setup = Arc::<str>::from(session_setup(&options));
+        let manager = Manager::from_config(
+            config.clone(),
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let hook = deadpool_postgres::Hook::async_fn(move |client, _| {
+            let setup = Arc::clone(&setup);
+            Box::pin(async move {
+                client
+                    .batch_execute(&setup)
+                    .await
+                    .map_err(HookError::Backend)
+            })
+        });
+        let pool = Pool::builder(manager)
+            .max_size(options.pool_size.max(1))
+            .wait_timeout(Some(options.connect_timeout))
+            .create_timeout(Some(options.connect_timeout))
+            .recycle_timeout(Some(options.connect_timeout))
+            .runtime(Runtime::Tokio1)
+            .post_create(hook)
+            .build()
+            .map_err(|e| StoreError::Misconfigured(format!("failed to build the pool: {e}")))?;
+
+        let mut client = pool.get().await.map_err(error::pool)?;
+        check_durability(&client, options.synchronous_commit).await?;
+        migrate::migrate(&mut client, &options.schema).await?;
+        drop(client);
+
+        let (changes, _) = broadcast::channel(1024);
+        let listener = if options.listen {
+            let (stop, stopped) = oneshot::channel();
+            tokio::spawn(listen::run(config, changes.clone(), stopped));
+            Some(stop)
+        } else {
+            None
+        };
+        Ok(PgStore {
+            inner: Arc::new(Inner {
+                pool,
+                sql: Sql::new(&options.schema),
+                options,
+                changes,
+                _listener: listener,
+            }),
+        })
+    }
+
+    /// The connection pool (operators' queries, benchmarks).
+    pub fn pool(&self) -> &Pool {
+        &self.inner.pool
+    }
+
+    /// The options the store was opened with.
+    pub fn options(&self) -> &PgOptions {
+        &self.inner.options
+    }
+
+    /// The effective `synchronous_commit` of the pool's sessions.
+    ///
+    /// # Errors
+    /// [`StoreError::Unavailable`] when no connection can be had.
+    pub async fn synchronous_commit(&self) -> Result<String> {
+        let rows = self.run("SHOW synchronous_commit", &[]).await?;
+        rows.first()
+            .and_then(|r| r.try_get::<_, String>(0).ok())
+            .ok_or_else(|| error::corrupt("SHOW synchronous_commit gave no answer"))
+    }
+
+    /// Purges expired completed records every `every` until the handle is aborted or the last
+    /// clone of the store is dropped. Failures are retried at the next tick.
+    pub fn spawn_reaper(&self, every: Duration) -> JoinHandle<()> {
+        let weak: Weak<Inner> = Arc::downgrade(&self.inner);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every.max(Duration::from_millis(1)));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let Some(inner) = weak.upgrade() else { return };
+                let store = PgStore { inner };
+                let _ = store.purge_expired().await;
+            }
+        })
+    }
+
+    /// Runs one statement on a pooled connection, retrying serialization failures and deadlocks.
+    async fn run(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Vec<Row>> {
+        let opts = &self.inner.options;
+        let answer_within = opts.statement_timeout + opts.answer_margin;
+        let mut conflicts = 0;
+        loop {
+            let client = self.inner.pool.get().await.map_err(error::pool)?;
+            let stmt = match tokio::time::timeout(answer_within, client.prepare_cached(sql)).await {
+                Ok(Ok(stmt)) => stmt,
+                Ok(Err(e)) => return Err(error::before_send(&e)),
+                Err(_) => {
+                    let _ = Object::take(client);
+                    return Err(StoreError::Unavailable(
+                        "failed to prepare a statement in time".to_owned(),
+                    ));
+                }
+            };
+            match tokio::time::timeout(answer_within, client.query(&stmt, params)).await {
+                Ok(Ok(rows)) => return Ok(rows),
+                Ok(Err(e)) if conflicts < CONFLICT_RETRIES && error::is_retryable(&e) => {
+                    conflicts += 1;
+                }
+                Ok(Err(e)) => return Err(error::after_send(&e)),
+                Err(_) => {
+                    // The answer is still owed on this connection: never hand it out again.
+                    let _ = Object::take(client);
+                    return Err(StoreError::Indeterminate(format!(
+                        "failed to get an answer from Postgres within {answer_within:?}"
+                    )));
+                }
+            }
+        }
+    }
+}
+
+/// The statements every new session runs first.
+fn session_setup(options: &PgOptions) -> String {
+    let mut sql = format!(
+        "SET statement_timeout = {};",
+        duration_millis(options.statement_timeout)
+    );
+    if options.synchronous_commit == SyncCommit::Enforce {
+        sql.push_str(
+            " SELECT set_config('synchronous_commit', 'on', false) \
+             WHERE current_setting('synchronous_commit') = 'off' \
+             OR (current_setting('synchronous_commit') = 'local' \
+                 AND current_setting('synchronous_standby_names') <> '');",
+        );
+    }
+    sql
+}
+
+/// Checks that a commit the server acknowledges is durable, as `policy` demands.
+async fn check_durability(client: &Object, policy: SyncCommit) -> Result<()> {
+    let row = client
+        .query_one(
+            "SELECT current_setting('synchronous_commit'), \
+                    current_setting('synchronous_standby_names')",
+            &[],
+        )
+        .await
+        .map_err(|e| error::after_send(&e))?;
+    let (commit, standbys): (String, String) = (row.get(0), row.get(1));
+    let lossy = commit == "off" || (commit == "local" && !standbys.is_empty());
+    if lossy && policy != SyncCommit::AllowLoss {
+        return Err(StoreError::Misconfigured(format!(
+            "Postgres has synchronous_commit = {commit}{}, so an acknowledged record may be lost \
+             in a crash; set it to on, or open the store with SyncCommit::Enforce (the default) \
+             or SyncCommit::AllowLoss",
+            if standbys.is_empty() {
+                String::new()
+            } else {
+                format!(" with synchronous standbys {standbys:?}")
+            }
+        )));
+    }
+    Ok(())
+}
+
+/// The wire form of a token.
+fn token_bytes(t: LeaseToken) -> [u8; 16] {
+    t.0.to_be_bytes()
+}
+
+fn fence_param(f: Fence) -> Result<i64> {
+    i64::try_from(f).map_err(|_| StoreError::LeaseLost)
+}
+
+fn digest_hex(key: &Key) -> String {
+    hex(&key.digest())
+}
+
+fn get<'a, T: tokio_postgres::types::FromSql<'a>>(row: &'a Row, col: &str) -> Result<T> {
+    row.try_get(col)
+        .map_err(|e| error::corrupt(format_args!("column {col}: {}", error::chain(&e))))
+}
+
+fn need<T>(v: Option<T>, col: &str) -> Result<T> {
+    v.ok_or_else(|| error::corrupt(format_args!("column {col} is NULL for its state")))
+}
+
+/// Decodes a record row (the columns of `sql/get.sql`) and the server clock it came with.
+fn decode(key: Key, row: &Row) -> Result<(StoredRecord, Timestamp)> {
+    let fingerprint: &[u8] = get(row, "fingerprint")?;
+    let fingerprint = <[u8; 32]>::try_from(fingerprint)
+        .map_err(|_| error::corrupt("fingerprint is not 32 bytes"))?;
+    let token: &[u8] = get(row, "token")?;
+    let token = <[u8; 16]>::try_from(token).map_err(|_| error::corrupt("token is not 16 bytes"))?;
+    let fence: i64 = get(row, "fence")?;
+    let fence = Fence::try_from(fence).map_err(|_| error::corrupt("negative fence"))?;
+    let ms = |col: &str| -> Result<Option<Timestamp>> {
+        Ok(get::<Option<i64>>(row, col)?.map(Timestamp::from_millis))
+    };
+    let state = match get::<i16>(row, "state")? {
+        0 => RecordState::InFlight {
+            lease_until: need(ms("lease_until")?, "lease_until")?,
+        },
+        1 => {
+            let kind = match need(get::<Option<i16>>(row, "outcome_kind")?, "outcome_kind")? {
+                0 => OutcomeKind::Success,
+                1 => OutcomeKind::Failed,
+                k => return Err(error::corrupt(format_args!("unknown outcome kind {k}"))),
+            };
+            RecordState::Completed {
+                outcome: Outcome {
+                    kind,
+                    body: need(get::<Option<Vec<u8>>>(row, "outcome_body")?, "outcome_body")?,
+                },
+                completed_at: need(ms("completed_at")?, "completed_at")?,
+                expires_at: need(ms("expires_at")?, "expires_at")?,
+            }
+        }
+        2 => RecordState::Unknown {
+            since: need(ms("since")?, "since")?,
+        },
+        s => return Err(error::corrupt(format_args!("unknown state {s}"))),
+    };
+    let rec = StoredRecord {
+        key,
+        fingerprint: Fingerprint::from_bytes(fingerprint),
+        fence,
+        token: LeaseToken(u128::from_be_bytes(token)),
+        created_at: Timestamp::from_millis(get(row, "created_at")?),
+        state,
+    };
+    Ok((rec, Timestamp::from_millis(get(row, "now")?)))
+}
+
+fn lease_of(rec: &StoredRecord) -> Lease {
+    Lease {
+        fence: rec.fence,
+        token: rec.token,
+    }
+}
+
+fn state_code(s: State) -> i16 {
+    match s {
+        State::InFlight => 0,
+        State::Completed => 1,
+        // `State` is non-exhaustive; anything else than these is asked as unknown.
+        _ => 2,
+    }
+}
+
+impl PgStore {
+    /// The reservation and its retries (also the absent-record arm of a takeover).
+    async fn reserve_inner(&self, r: &Reservation) -> Result<Claim> {
+        let k = &r.key;
+        let token = token_bytes(r.token);
+        let lease_ms = duration_millis(r.lease_for);
+        for _ in 0..RACE_ATTEMPTS {
+            let rows = self
+                .run(
+                    &self.inner.sql.reserve,
+                    &[
+                        &k.tenant.as_str(),
+                        &k.tool.as_str(),
+                        &k.key.as_str(),
+                        &r.fingerprint.as_bytes().as_slice(),
+                        &token.as_slice(),
+                        &lease_ms,
+                    ],
+                )
+                .await?;
+            // No row: a concurrent reservation committed after this statement's snapshot (and
+            // this one wrote nothing); look again.
+            let Some(row) = rows.first() else { continue };
+            let written: bool = get(row, "written")?;
+            let (rec, now) = decode(k.clone(), row)?;
+            if written
+                || (rec.token == r.token && matches!(rec.state, RecordState::InFlight { .. }))
+            {
+                return Ok(Claim::Acquired(lease_of(&rec)));
+            }
+            let view = rec.view(now).ok_or_else(|| {
+                error::corrupt("reservation returned a record that does not count")
+            })?;
+            return Ok(Claim::Existing(view));
+        }
+        Err(StoreError::Unavailable(format!(
+            "failed to reserve {k}: the record kept changing under concurrent writers"
+        )))
+    }
+}
+
+impl Store for PgStore {
+    async fn reserve(&self, r: &Reservation) -> Result<Claim> {
+        self.reserve_inner(r).await
+    }
+
+    async fn takeover(&self, r: &Reservation, stale: Fence) -> Result<Claim> {
+        let k = &r.key;
+        let Ok(stale_param) = i64::try_from(stale) else {
+            // No row has such a fence: look at what stands.
+            return match self.get(k).await? {
+                Some(view) => Ok(Claim::Existing(view)),
+                None => self.reserve_inner(r).await,
+            };
+        };
+        let token = token_bytes(r.token);
+        let rows = self
+            .run(
+                &self.inner.sql.takeover,
+                &[
+                    &k.tenant.as_str(),
+                    &k.tool.as_str(),
+                    &k.key.as_str(),
+                    &r.fingerprint.as_bytes().as_slice(),
+                    &token.as_slice(),
+                    &duration_millis(r.lease_for),
+                    &stale_param,
+                    &digest_hex(k),
+                ],
+            )
+            .await?;
+        let Some(row) = rows.first() else {
+            // Absent: reserve as by `reserve`.
+            return self.reserve_inner(r).await;
+        };
+        let written: bool = get(row, "written")?;
+        let (rec, now) = decode(k.clone(), row)?;
+        if written {
+            return Ok(Claim::Acquired(lease_of(&rec)));
+        }
+        match rec.view(now) {
+            // Completed and expired: as absent.
+            None => self.reserve_inner(r).await,
+            Some(_)
+                if rec.token == r.token && matches!(rec.state, RecordState::InFlight { .. }) =>
+            {
+                // Our own takeover, retried after a lost answer.
+                Ok(Claim::Acquired(lease_of(&rec)))
+            }
+            Some(view) => Ok(Claim::Existing(view)),
+        }
+    }
+
+    async fn heartbeat(&self, key: &Key, lease: Lease, lease_for: Duration) -> Result<Timestamp> {
+        let token = token_bytes(lease.token);
+        let rows = self
+            .run(
+                &self.inner.sql.heartbeat,
+                &[
+                    &key.tenant.as_str(),
+                    &key.tool.as_str(),
+                    &key.key.as_str(),
+                    &fence_param(lease.fence)?,
+                    &token.as_slice(),
+                    &duration_millis(lease_for),
+                ],
+            )
+            .await?;
+        match rows.first() {
+            Some(row) => Ok(Timestamp::from_millis(get(row, "lease_until")?)),
+            None => Err(StoreError::LeaseLost),
+        }
+    }
+
+    async fn complete(
+        &self,
+        key: &Key,
+        lease: Lease,
+        outcome: &Outcome,
+        ttl: Duration,
+    ) -> Result<Completion> {
+        let token = token_bytes(lease.token);
+        let fence = fence_param(lease.fence)?;
+        let kind: i16 = match outcome.kind {
+            OutcomeKind::Success => 0,
+            OutcomeKind::Failed => 1,
+        };
+        let digest = digest_hex(key);
+        // A second run settles a concurrent completion under the same lease that committed after
+        // the first run's snapshot.
+        for _ in 0..2 {
+            let rows = self
+                .run(
+                    &self.inner.sql.complete,
+                    &[
+                        &key.tenant.as_str(),
+                        &key.tool.as_str(),
+                        &key.key.as_str(),
+                        &fence,
+                        &token.as_slice(),
+                        &duration_millis(ttl),
+                        &kind,
+                        &outcome.body.as_slice(),
+                        &digest,
+                    ],
+                )
+                .await?;
+            if let Some(row) = rows.first() {
+                return Ok(Completion {
+                    completed_at: Timestamp::from_millis(get(row, "completed_at")?),
+                    expires_at: Timestamp::from_millis(get(row, "expires_at")?),
+                });
+            }
+        }
+        Err(StoreError::LeaseLost)
+    }
+
+    async fn release(&self, key: &Key, lease: Lease) -> Result<()> {
+        let token = token_bytes(lease.token);
+        let fence = fence_param(lease.fence)?;
+        let digest = digest_hex(key);
+        for _ in 0..2 {
+            let rows = self
+                .run(
+                    &self.inner.sql.release,
+                    &[
+                        &key.tenant.as_str(),
+                        &key.tool.as_str(),
+                        &key.key.as_str(),
+                        &fence,
+                        &token.as_slice(),
+                        &digest,
+                    ],
+                )
+                .await?;
+            let row = rows
+                .first()
+                .ok_or_else(|| error::corrupt("release gave no answer"))?;
+            let deleted: i64 = get(row, "deleted")?;
+            let present: bool = get(row, "present")?;
+            if deleted > 0 || !present {
+                return Ok(());
+            }
+        }
+        Err(StoreError::LeaseLost)
+    }
+
+    async fn mark_unknown(&self, key: &Key, lease: Lease) -> Result<()> {
+        let token = token_bytes(lease.token);
+        let fence = fence_param(lease.fence)?;
+        let digest = digest_hex(key);
+        for _ in 0..2 {
+            let rows = self
+                .run(
+                    &self.inner.sql.mark_unknown,
+                    &[
+                        &key.tenant.as_str(),
+                        &key.tool.as_str(),
+                        &key.key.as_str(),
+                        &fence,
+                        &token.as_slice(),
+                        &digest,
+                    ],
+                )
+                .await?;
+            let row = rows
+                .first()
+                .ok_or_else(|| error::corrupt("mark unknown gave no answer"))?;
+            let updated: i64 = get(row, "updated")?;
+            let already: bool = get(row, "already")?;
+            if updated > 0 || already {
+                return Ok(());
+            }
+        }
+        Err(StoreError::LeaseLost)
+    }
+
+    async fn get(&self, key: &Key) -> Result<Option<Record>> {
+        let rows = self
+            .run(
+                &self.inner.sql.get,
+                &[&key.tenant.as_str(), &key.tool.as_str(), &key.key.as_str()],
+            )
+            .await?;
+        match rows.first() {
+            None => Ok(None),
+            Some(row) => {
+                let (rec, now) = decode(key.clone(), row)?;
+                Ok(rec.view(now))
+            }
+        }
+    }
+
+    async fn list(&self, filter: &ListFilter) -> Result<Vec<Record>> {
+        let tenant = filter.tenant.as_ref().map(TenantId::as_str);
+        let tool = filter.tool.as_ref().map(ToolName::as_str);
+        let state = filter.state.map(state_code);
+        let limit = (filter.limit > 0).then(|| i64::try_from(filter.limit).unwrap_or(i64::MAX));
+        let rows = self
+            .run(&self.inner.sql.list, &[&tenant, &tool, &state, &limit])
+            .await?;
+        let mut out = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let name = |col: &str| -> Result<String> { get::<String>(row, col) };
+            let key = Key::new(
+                TenantId::new(name("tenant")?).map_err(error::corrupt)?,
+                ToolName::new(name("tool")?).map_err(error::corrupt)?,
+                IdempotencyKey::new(name("key")?).map_err(error::corrupt)?,
+            );
+            let (rec, now) = decode(key, row)?;
+            if let Some(view) = rec.view(now) {
+                out.push(view);
+            }
+        }
+        Ok(out)
+    }
+
+    async fn purge_expired(&self) -> Result<u64> {
+        let rows = self.run(&self.inner.sql.purge, &[]).await?;
+        let n: i64 = match rows.first() {
+            Some(row) => get(row, "purged")?,
+            None => 0,
+        };
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+
+    async fn wait_changed(&self, key: &Key, timeout: Duration) {
+        if self.inner._listener.is_none() {
+            tokio::time::sleep(timeout.min(idemgate_core::store::DEFAULT_POLL)).await;
+            return;
+        }
+        let digest = digest_hex(key);
+        let mut rx = self.inner.changes.subscribe();
+        let _ = tokio::time::timeout(timeout, async {
+            loop {
+                match rx.recv().await {
+                    Ok(d) if *d == *digest || &*d == listen::WAKE_ALL => return,
+                    Ok(_) => {}
+                    // Too many notifications to keep up with: look again rather than miss ours.
+                    Err(broadcast::error::RecvError::Lagged(_)) => return,
+                    Err(broadcast::error::RecvError::Closed) => {
+                        std::future::pending::<()>().await;
+                    }
+                }
+            }
+        })
+        .await;
+    }
+}

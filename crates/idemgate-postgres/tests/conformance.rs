@@ -1,0 +1,27 @@
+//! The Postgres store passes the conformance suite against the shared server on loopback
+//! (`IDEMGATE_TEST_POSTGRES_URL`, default `postgres://postgres@127.0.0.1:5432/test`), in schema
+//! `idemgate_test`.
+
+/// The shared test server, in schema `idemgate_test`.
+async fn fixture() -> idemgate_conformance::Fixture<idemgate_postgres::PgStore> {
+    let url = std::env::var("IDEMGATE_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+    let options = idemgate_postgres::PgOptions {
+        schema: "idemgate_test".to_owned(),
+        pool_size: 8,
+        ..idemgate_postgres::PgOptions::default()
+    };
+    match idemgate_postgres::PgStore::connect_with(&url, options).await {
+        Ok(store) => idemgate_conformance::Fixture::real(store),
+        Err(e) => panic!(
+            "failed to connect to the test Postgres at {url}: {e}\nstart it with: \
+             pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start \
+             (or point IDEMGATE_TEST_POSTGRES_URL at one)"
+        ),
+    }
+}
+
+idemgate_conformance::store_conformance!(fixture());
+
+// Server clocks cannot be moved, so the model runs without clock moves and with long leases.
+idemgate_conformance::store_model_test!(fixture(), cases = 64);

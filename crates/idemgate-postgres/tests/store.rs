@@ -1,0 +1,452 @@
+//! Migrations, durability, notifications, the reaper, error mapping, and the edges of the state
+//! machine that the conformance suite does not reach.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::future::join_all;
+use idemgate_core::engine::Settings;
+use idemgate_core::key::hex;
+use idemgate_core::{
+    Call, Claim, Decision, Effect, Engine, Fingerprint, Policies, RecordState, Reservation, Store,
+    StoreError, ToolPolicy,
+};
+use idemgate_postgres::{PgOptions, PgStore, SyncCommit, SCHEMA_VERSION};
+
+use crate::support::{self, connect, fresh_key, fresh_schema};
+
+fn fp(s: &str) -> Fingerprint {
+    Fingerprint::of_bytes(s.as_bytes())
+}
+
+async fn acquire(store: &PgStore, r: &Reservation) -> idemgate_core::Lease {
+    match store.reserve(r).await.expect("reserve") {
+        Claim::Acquired(l) => l,
+        Claim::Existing(rec) => panic!("expected to acquire, found {rec:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrations_rerun_idempotently_and_concurrently() {
+    let schema = fresh_schema("idemgate_mig");
+    let opts = PgOptions {
+        schema: schema.clone(),
+        pool_size: 2,
+        ..PgOptions::default()
+    };
+    let url = support::url();
+    // Four gateways starting at once migrate once, under the advisory lock.
+    let stores = join_all((0..4).map(|_| PgStore::connect_with(&url, opts.clone()))).await;
+    for s in &stores {
+        assert!(s.is_ok(), "{s:?}");
+    }
+    drop(stores);
+    let again = support::connect_with(&url, opts).await;
+    let key = fresh_key("mig", "k");
+    acquire(
+        &again,
+        &Reservation::new(key, fp("a"), Duration::from_secs(60)),
+    )
+    .await;
+    let client = support::raw_client(&url).await;
+    let rows = client
+        .query(
+            &format!("SELECT version FROM \"{schema}\".idemgate_schema_version ORDER BY version"),
+            &[],
+        )
+        .await
+        .unwrap();
+    let versions: Vec<i32> = rows.iter().map(|r| r.get(0)).collect();
+    assert_eq!(versions, (1..=SCHEMA_VERSION).collect::<Vec<_>>());
+    support::drop_schema(&schema).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn newer_schema_is_refused() {
+    let schema = fresh_schema("idemgate_mig");
+    let opts = PgOptions {
+        schema: schema.clone(),
+        pool_size: 2,
+        ..PgOptions::default()
+    };
+    let url = support::url();
+    drop(support::connect_with(&url, opts.clone()).await);
+    let client = support::raw_client(&url).await;
+    client
+        .execute(
+            &format!(
+                "INSERT INTO \"{schema}\".idemgate_schema_version (version, name) VALUES ($1, 'future')"
+            ),
+            &[&(SCHEMA_VERSION + 1)],
+        )
+        .await
+        .unwrap();
+    let res = PgStore::connect_with(&url, opts).await;
+    support::drop_schema(&schema).await;
+    match res {
+        Err(StoreError::Misconfigured(msg)) => assert!(msg.contains("newer"), "{msg}"),
+        other => panic!("expected Misconfigured, got {other:?}"),
+    }
+}
+
+fn lossy_url() -> String {
+    support::with_params(&support::url(), "options=-c%20synchronous_commit%3Doff")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn synchronous_commit_off_is_set_on_by_default() {
+    // The session starts with synchronous_commit = off (as a server or role default would set it).
+    let store = support::connect_with(&lossy_url(), support::options()).await;
+    assert_eq!(store.synchronous_commit().await.unwrap(), "on");
+    // Every pooled session, not just the first.
+    let all = join_all((0..4).map(|_| store.synchronous_commit())).await;
+    assert!(
+        all.iter().all(|s| matches!(s.as_deref(), Ok("on"))),
+        "{all:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn synchronous_commit_off_is_refused_or_allowed_when_asked() {
+    let refuse = PgOptions {
+        synchronous_commit: SyncCommit::Refuse,
+        ..support::options()
+    };
+    match PgStore::connect_with(&lossy_url(), refuse.clone()).await {
+        Err(StoreError::Misconfigured(msg)) => assert!(msg.contains("synchronous_commit"), "{msg}"),
+        other => panic!("expected Misconfigured, got {other:?}"),
+    }
+    // A durable server passes the same check.
+    let ok = support::connect_with(&support::url(), refuse).await;
+    assert_eq!(ok.synchronous_commit().await.unwrap(), "on");
+    let allow = PgOptions {
+        synchronous_commit: SyncCommit::AllowLoss,
+        ..support::options()
+    };
+    let lossy = support::connect_with(&lossy_url(), allow).await;
+    assert_eq!(lossy.synchronous_commit().await.unwrap(), "off");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiter_wakes_on_completion_from_another_store() {
+    let a = connect().await;
+    let b = connect().await;
+    let key = fresh_key("notify", "k");
+    let lease = acquire(
+        &a,
+        &Reservation::new(key.clone(), fp("x"), Duration::from_secs(60)),
+    )
+    .await;
+    // Give b's listener time to be listening.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    // Store level: wait_changed returns soon after the other store's completion.
+    let waiter = {
+        let (b, key) = (b.clone(), key.clone());
+        tokio::spawn(async move {
+            let start = Instant::now();
+            b.wait_changed(&key, Duration::from_secs(10)).await;
+            start.elapsed()
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let done_at = Instant::now();
+    a.complete(
+        &key,
+        lease,
+        &idemgate_core::Outcome::success(b"ok".to_vec()),
+        Duration::from_secs(60),
+    )
+    .await
+    .unwrap();
+    let waited = waiter.await.unwrap();
+    let latency = done_at.elapsed();
+    assert!(
+        waited >= Duration::from_millis(250),
+        "woke before the change: {waited:?}"
+    );
+    assert!(
+        waited < Duration::from_secs(2),
+        "not woken by NOTIFY: waited {waited:?}"
+    );
+    eprintln!("wait_changed woke {latency:?} after the completion was sent");
+
+    // A waiter on another key sleeps through it.
+    let other = fresh_key("notify", "other");
+    let start = Instant::now();
+    b.wait_changed(&other, Duration::from_millis(300)).await;
+    assert!(start.elapsed() >= Duration::from_millis(290));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_duplicate_replays_without_polling() {
+    let a = connect().await;
+    let b = connect().await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let key = fresh_key("notify-engine", "k");
+    let policy = ToolPolicy {
+        wait: Duration::from_secs(20),
+        ..ToolPolicy::default()
+    };
+    // max_poll as long as the wait: only a notification can wake the duplicate early.
+    let settings = Settings {
+        max_poll: Duration::from_secs(20),
+        ..Settings::default()
+    };
+    let engine_a =
+        Arc::new(Engine::new(a).with_policies(Policies::new().with_default(policy.clone())));
+    let engine_b = Engine::new(b)
+        .with_policies(Policies::new().with_default(policy))
+        .with_settings(settings);
+    let call = Call::new(key.tenant.clone(), key.tool.clone()).key(key.key.clone());
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+    let first = {
+        let (engine_a, call) = (engine_a.clone(), call.clone());
+        tokio::spawn(async move {
+            engine_a
+                .call(call, || async move {
+                    let _ = started_tx.send(());
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    Effect::Success(b"once".to_vec())
+                })
+                .await
+        })
+    };
+    started_rx.await.unwrap();
+    let start = Instant::now();
+    let dup = engine_b
+        .call(call, || async { panic!("the duplicate must not run") })
+        .await
+        .unwrap();
+    let waited = start.elapsed();
+    assert!(matches!(dup.decision, Decision::Replayed { .. }), "{dup:?}");
+    assert!(waited < Duration::from_secs(3), "woken late: {waited:?}");
+    eprintln!("duplicate replayed after {waited:?} (first call took about 500 ms)");
+    assert!(first.await.unwrap().unwrap().executed_here());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notifications_carry_the_digest_never_the_key() {
+    let store = connect().await;
+    let (client, mut conn) = tokio_postgres::connect(&support::url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut msgs = futures_util::stream::poll_fn(move |cx| conn.poll_message(cx));
+        while let Some(Ok(m)) = futures_util::StreamExt::next(&mut msgs).await {
+            if let tokio_postgres::AsyncMessage::Notification(n) = m {
+                let _ = tx.send(n.payload().to_owned());
+            }
+        }
+    });
+    client.batch_execute("LISTEN idemgate").await.unwrap();
+    let key = fresh_key("digest", "secret-key-123");
+    let lease = acquire(
+        &store,
+        &Reservation::new(key.clone(), fp("x"), Duration::from_secs(60)),
+    )
+    .await;
+    store
+        .complete(
+            &key,
+            lease,
+            &idemgate_core::Outcome::success(b"x".to_vec()),
+            Duration::from_secs(60),
+        )
+        .await
+        .unwrap();
+    let want = hex(&key.digest());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let got = tokio::time::timeout_at(deadline, rx.recv())
+            .await
+            .expect("notification")
+            .unwrap();
+        assert!(!got.contains("secret-key"), "raw key leaked: {got}");
+        if got == want {
+            break;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reserve_over_expired_completed_record_raises_the_fence() {
+    let store = connect().await;
+    let key = fresh_key("ttl-fence", "k");
+    let first = acquire(
+        &store,
+        &Reservation::new(key.clone(), fp("a"), Duration::from_secs(60)),
+    )
+    .await;
+    store
+        .complete(
+            &key,
+            first,
+            &idemgate_core::Outcome::success(b"x".to_vec()),
+            Duration::from_millis(200),
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let second = acquire(
+        &store,
+        &Reservation::new(key.clone(), fp("b"), Duration::from_secs(60)),
+    )
+    .await;
+    assert_eq!(second.fence, first.fence + 1);
+    let rec = store.get(&key).await.unwrap().unwrap();
+    assert_eq!(rec.fingerprint, fp("b"));
+    assert!(matches!(rec.state, RecordState::InFlight { .. }));
+    assert!(matches!(
+        store
+            .complete(
+                &key,
+                first,
+                &idemgate_core::Outcome::success(b"old".to_vec()),
+                Duration::from_secs(60)
+            )
+            .await,
+        Err(StoreError::LeaseLost)
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn takeover_retried_with_its_token_acquires_its_own_record() {
+    let store = connect().await;
+    let key = fresh_key("takeover-retry", "k");
+    let old = acquire(
+        &store,
+        &Reservation::new(key.clone(), fp("a"), Duration::from_millis(200)),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let r = Reservation::new(key.clone(), fp("a"), Duration::from_millis(200));
+    let Claim::Acquired(new) = store.takeover(&r, old.fence).await.unwrap() else {
+        panic!("takeover refused")
+    };
+    assert_eq!(new.fence, old.fence + 1);
+    let created = store.get(&key).await.unwrap().unwrap().created_at;
+    // Even after its own lease ran out, the retried takeover finds its own record as it stands.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        store.takeover(&r, old.fence).await.unwrap(),
+        Claim::Acquired(new)
+    );
+    assert_eq!(store.reserve(&r).await.unwrap(), Claim::Acquired(new));
+    assert_eq!(store.get(&key).await.unwrap().unwrap().created_at, created);
+    // Takeover of an absent record reserves it.
+    store.release(&key, new).await.unwrap();
+    let r2 = Reservation::new(key.clone(), fp("a"), Duration::from_secs(60));
+    assert!(matches!(
+        store.takeover(&r2, 99).await.unwrap(),
+        Claim::Acquired(_)
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_record_completes_under_its_lease_once() {
+    let store = connect().await;
+    let key = fresh_key("unknown-complete", "k");
+    let lease = acquire(
+        &store,
+        &Reservation::new(key.clone(), fp("a"), Duration::from_secs(60)),
+    )
+    .await;
+    store.mark_unknown(&key, lease).await.unwrap();
+    let outcome = idemgate_core::Outcome::failed(b"declined".to_vec());
+    let first = store
+        .complete(&key, lease, &outcome, Duration::from_secs(60))
+        .await
+        .unwrap();
+    let again = store
+        .complete(
+            &key,
+            lease,
+            &idemgate_core::Outcome::success(b"other".to_vec()),
+            Duration::from_secs(60),
+        )
+        .await
+        .unwrap();
+    assert_eq!(first, again);
+    assert!(matches!(
+        store.mark_unknown(&key, lease).await,
+        Err(StoreError::LeaseLost)
+    ));
+    assert!(matches!(
+        store.heartbeat(&key, lease, Duration::from_secs(1)).await,
+        Err(StoreError::LeaseLost)
+    ));
+    let rec = store.get(&key).await.unwrap().unwrap();
+    assert!(
+        matches!(rec.state, RecordState::Completed { ref outcome, .. } if outcome.body == b"declined")
+    );
+    // Release of a record that never existed succeeds.
+    store
+        .release(&fresh_key("nothing", "k"), lease)
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reaper_deletes_expired_rows() {
+    let store = connect().await;
+    let key = fresh_key("reaper", "k");
+    let lease = acquire(
+        &store,
+        &Reservation::new(key.clone(), fp("a"), Duration::from_secs(60)),
+    )
+    .await;
+    store
+        .complete(
+            &key,
+            lease,
+            &idemgate_core::Outcome::success(b"x".to_vec()),
+            Duration::from_millis(100),
+        )
+        .await
+        .unwrap();
+    let reaper = store.spawn_reaper(Duration::from_millis(50));
+    let client = support::raw_client(&support::url()).await;
+    let count = || async {
+        client
+            .query_one(
+                &format!(
+                    "SELECT count(*) FROM {}.idemgate_records WHERE tenant = $1",
+                    support::SCHEMA
+                ),
+                &[&key.tenant.as_str()],
+            )
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while count().await > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the reaper did not delete the expired row"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    reaper.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_server_is_unavailable_and_bad_urls_misconfigured() {
+    let opts = PgOptions {
+        connect_timeout: Duration::from_secs(2),
+        ..support::options()
+    };
+    // Nothing listens on port 1 of loopback.
+    match PgStore::connect_with("postgres://postgres@127.0.0.1:1/test", opts.clone()).await {
+        Err(StoreError::Unavailable(_)) => {}
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+    for bad in ["redis://127.0.0.1", "postgres://127.0.0.1:notaport/x"] {
+        match PgStore::connect_with(bad, opts.clone()).await {
+            Err(StoreError::Misconfigured(_)) => {}
+            other => panic!("{bad}: expected Misconfigured, got {other:?}"),
+        }
+    }
+}

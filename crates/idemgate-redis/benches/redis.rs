@@ -1,0 +1,243 @@
+//! Throughput of `Engine<RedisStore>` beside a raw baseline: the same reserve and complete scripts
+//! through the same store and connection, without the engine.
+//!
+//! `cargo bench -p idemgate-redis --bench redis` against `IDEMGATE_TEST_REDIS_URL` (default
+//! `redis://127.0.0.1:6379`, volatile allowed), under a random key prefix deleted at the end.
+//! Each figure is the best of two runs of `RUN` each, raw and engine alternating.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use idemgate_core::{
+    Call, Claim, Decision, Effect, Engine, Fingerprint, IdempotencyKey, Key, Outcome, Reservation,
+    Store, TenantId, ToolName,
+};
+use idemgate_redis::{RedisOptions, RedisStore};
+
+const RUN: Duration = Duration::from_millis(1500);
+const LEASE: Duration = Duration::from_secs(30);
+const TTL: Duration = Duration::from_secs(600);
+/// Completed keys per caller that the replay runs cycle through.
+const REPLAY_KEYS: usize = 100;
+
+fn main() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(bench());
+}
+
+async fn bench() {
+    let url = std::env::var("IDEMGATE_TEST_REDIS_URL")
+        .unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned());
+    let mut b = [0u8; 6];
+    getrandom::fill(&mut b).expect("randomness");
+    let prefix = format!("idemgate-bench-{}:", idemgate_core::key::hex(&b));
+    let options = RedisOptions {
+        allow_volatile: true,
+        key_prefix: prefix.clone(),
+        ..RedisOptions::default()
+    };
+    let store = RedisStore::connect_with(&url, options)
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "failed to reach redis at {url} ({e}); start one with `redis-server --daemonize yes \
+                 --bind 127.0.0.1 -::1 --port 6379 --save \"\" --appendonly no --dir \
+                 /var/lib/redis --logfile /var/log/redis/ci.log`"
+            )
+        });
+    let engine = Arc::new(Engine::new(store.clone()));
+    let tenant = TenantId::new("bench").unwrap();
+    let tool = ToolName::new("charge").unwrap();
+    let seq = Arc::new(AtomicU64::new(0));
+    let fresh_key = {
+        let (tenant, tool, seq) = (tenant.clone(), tool.clone(), seq.clone());
+        move || {
+            let n = seq.fetch_add(1, Ordering::Relaxed);
+            Key::new(
+                tenant.clone(),
+                tool.clone(),
+                IdempotencyKey::new(format!("k{n}")).unwrap(),
+            )
+        }
+    };
+
+    println!("idemgate-redis bench against {url} ({RUN:?} per run, best of 2)");
+    let mut misses = Vec::new();
+    for callers in [1usize, 16] {
+        // Completed keys for the replay runs, one set per caller.
+        let mut replay_sets = Vec::new();
+        for _ in 0..callers {
+            let mut set = Vec::new();
+            for _ in 0..REPLAY_KEYS {
+                let key = fresh_key();
+                let fp = Fingerprint::of_bytes(key.key.as_str().as_bytes());
+                let r = Reservation::new(key.clone(), fp, LEASE);
+                let Claim::Acquired(lease) = store.reserve(&r).await.expect("reserve") else {
+                    panic!("fresh key taken");
+                };
+                store
+                    .complete(&key, lease, &Outcome::success(b"ok".to_vec()), TTL)
+                    .await
+                    .expect("complete");
+                set.push(key);
+            }
+            replay_sets.push(Arc::new(set));
+        }
+
+        let raw_fresh = {
+            let (store, fresh_key) = (store.clone(), fresh_key.clone());
+            move |_: usize, _: u64| {
+                let (store, key) = (store.clone(), fresh_key());
+                async move {
+                    let fp = Fingerprint::of_bytes(key.key.as_str().as_bytes());
+                    let r = Reservation::new(key.clone(), fp, LEASE);
+                    let Claim::Acquired(lease) = store.reserve(&r).await.expect("reserve") else {
+                        panic!("fresh key taken");
+                    };
+                    store
+                        .complete(&key, lease, &Outcome::success(b"ok".to_vec()), TTL)
+                        .await
+                        .expect("complete");
+                }
+            }
+        };
+        let engine_fresh = {
+            let (engine, fresh_key) = (engine.clone(), fresh_key.clone());
+            move |_: usize, _: u64| {
+                let (engine, key) = (engine.clone(), fresh_key());
+                async move {
+                    let fp = Fingerprint::of_bytes(key.key.as_str().as_bytes());
+                    let call = Call::new(key.tenant, key.tool).key(key.key).fingerprint(fp);
+                    let answer = engine
+                        .call(call, || async { Effect::Success(b"ok".to_vec()) })
+                        .await
+                        .expect("call");
+                    assert!(matches!(answer.decision, Decision::Executed { .. }));
+                }
+            }
+        };
+        let raw_replay = {
+            let (store, sets) = (store.clone(), replay_sets.clone());
+            move |caller: usize, i: u64| {
+                let store = store.clone();
+                let key = sets[caller][i as usize % REPLAY_KEYS].clone();
+                async move {
+                    let fp = Fingerprint::of_bytes(key.key.as_str().as_bytes());
+                    let r = Reservation::new(key, fp, LEASE);
+                    let claim = store.reserve(&r).await.expect("reserve");
+                    assert!(matches!(claim, Claim::Existing(_)));
+                }
+            }
+        };
+        let engine_replay = {
+            let (engine, sets) = (engine.clone(), replay_sets.clone());
+            move |caller: usize, i: u64| {
+                let engine = engine.clone();
+                let key = sets[caller][i as usize % REPLAY_KEYS].clone();
+                async move {
+                    let fp = Fingerprint::of_bytes(key.key.as_str().as_bytes());
+                    let call = Call::new(key.tenant, key.tool).key(key.key).fingerprint(fp);
+                    let answer = engine
+                        .call(call, || async { Effect::Success(b"never".to_vec()) })
+                        .await
+                        .expect("call");
+                    assert!(matches!(answer.decision, Decision::Replayed { .. }));
+                }
+            }
+        };
+
+        let mut fresh = [0f64; 2];
+        let mut replay = [0f64; 2];
+        for _ in 0..2 {
+            fresh[0] = fresh[0].max(measure(callers, raw_fresh.clone()).await);
+            fresh[1] = fresh[1].max(measure(callers, engine_fresh.clone()).await);
+            replay[0] = replay[0].max(measure(callers, raw_replay.clone()).await);
+            replay[1] = replay[1].max(measure(callers, engine_replay.clone()).await);
+        }
+        let target = if callers == 1 { 0.9 } else { 1.0 };
+        for (what, [raw, eng]) in [("fresh calls", fresh), ("replays", replay)] {
+            let ratio = eng / raw;
+            let reached = ratio >= target;
+            if !reached {
+                misses.push(format!("{what} at {callers} caller(s): {ratio:.2}x"));
+            }
+            println!(
+                "{callers:>2} caller(s) {what:<11}: engine {eng:>8.0}/s  raw {raw:>8.0}/s  \
+                 engine/raw {ratio:.2}x (target >= {target:.1}x: {})",
+                if reached { "reached" } else { "missed" }
+            );
+        }
+    }
+    if misses.is_empty() {
+        println!("all targets reached");
+    } else {
+        println!("targets missed: {}", misses.join(", "));
+    }
+    cleanup(&url, &prefix).await;
+}
+
+/// Operations per second of `op` run back to back by `callers` tasks for [`RUN`].
+async fn measure<F, Fut>(callers: usize, op: F) -> f64
+where
+    F: Fn(usize, u64) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = ()> + Send,
+{
+    let start = Instant::now();
+    let deadline = start + RUN;
+    let tasks: Vec<_> = (0..callers)
+        .map(|caller| {
+            let op = op.clone();
+            tokio::spawn(async move {
+                let mut n = 0u64;
+                while Instant::now() < deadline {
+                    op(caller, n).await;
+                    n += 1;
+                }
+                n
+            })
+        })
+        .collect();
+    let mut total = 0;
+    for t in tasks {
+        total += t.await.expect("caller");
+    }
+    total as f64 / start.elapsed().as_secs_f64()
+}
+
+/// Deletes the bench's own keys (never a flush of the shared server).
+async fn cleanup(url: &str, prefix: &str) {
+    let client = redis::Client::open(url).expect("url");
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    let mut cursor: u64 = 0;
+    loop {
+        let (next, names): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(format!("{prefix}*"))
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(&mut conn)
+            .await
+            .expect("scan");
+        if !names.is_empty() {
+            let _: i64 = redis::cmd("UNLINK")
+                .arg(&names)
+                .query_async(&mut conn)
+                .await
+                .expect("unlink");
+        }
+        if next == 0 {
+            return;
+        }
+        cursor = next;
+    }
+}

@@ -1,0 +1,56 @@
+-- Shared by every idemgate script (prepended to each). A record is one hash:
+--   tenant, tool, key, fp, fence, token, created, state ('i' in flight, 'c' completed, 'u' unknown)
+--   'i': lease_until        'c': kind, body, completed_at, expires_at        'u': since
+-- Times are milliseconds since the epoch by the server's clock (TIME), never the client's.
+-- Numbers are written with string.format('%d') so that large values never turn into '1.8e+12'.
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local function fmt(n)
+  return string.format('%d', n)
+end
+
+-- The record as a table (nil when absent) and as the flat HGETALL array.
+local function load(k)
+  local flat = redis.call('HGETALL', k)
+  if #flat == 0 then
+    return nil, flat
+  end
+  local r = {}
+  for i = 1, #flat, 2 do
+    r[flat[i]] = flat[i + 1]
+  end
+  return r, flat
+end
+
+-- Whether the record counts at now: a completed record past its expiry is as if absent.
+local function counts(r, now)
+  return not (r.state == 'c' and tonumber(r.expires_at) <= now)
+end
+
+-- Whether the lease (fence, token) is the record's current one.
+local function holds(r, fence, token)
+  return r ~= nil and r.fence == fence and r.token == token
+end
+
+-- Whether the record reads as unknown at now: marked so, or its lease ran out.
+local function reads_unknown(r, now)
+  return r.state == 'u' or (r.state == 'i' and tonumber(r.lease_until) <= now)
+end
+
+-- Replaces whatever the key held (fields and expiry) with a fresh in-flight record from the
+-- reservation in ARGV[1..6]: tenant, tool, key, fingerprint, token, lease in ms.
+local function put_fresh(k, fence, created, now)
+  redis.call('DEL', k)
+  redis.call('HSET', k,
+    'tenant', ARGV[1], 'tool', ARGV[2], 'key', ARGV[3], 'fp', ARGV[4],
+    'fence', fmt(fence), 'token', ARGV[5], 'created', fmt(created),
+    'state', 'i', 'lease_until', fmt(now + tonumber(ARGV[6])))
+end
+
+local function lease_lost()
+  return redis.error_reply('LEASE_LOST the caller no longer holds the record')
+end

@@ -1,0 +1,624 @@
+#![doc = include_str!("../README.md")]
+
+mod codec;
+mod error;
+
+use std::collections::HashSet;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use idemgate_core::key::hex;
+use idemgate_core::store::Result;
+use idemgate_core::{
+    Claim, Completion, Fence, Key, Lease, ListFilter, Outcome, Record, Reservation, Store,
+    StoreError, Timestamp,
+};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{Script, ScriptInvocation, Value};
+
+use crate::codec::{array, number, stored_record, text};
+use crate::error::{classify, corrupt};
+
+/// The longest duration sent to a script, in milliseconds (about 35,000 years). Scripts compute
+/// in Lua doubles, exact up to 2^53; capping durations keeps every timestamp exact.
+const MAX_MS: u64 = 1 << 50;
+
+/// How many keys one `SCAN` step asks for.
+const SCAN_COUNT: u64 = 500;
+
+/// Settings of a [`RedisStore`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RedisOptions {
+    /// Accept a Redis without append-only persistence (or whose settings cannot be read): records,
+    /// in-flight reservations included, are lost when it restarts, so a side effect may run twice.
+    /// Also set by `?allow_volatile=true` in the URL.
+    pub allow_volatile: bool,
+    /// After every write, wait until this many replicas acknowledged it (`WAIT n timeout`); fewer
+    /// acknowledgements make the write [`StoreError::Indeterminate`], since a failover could lose it.
+    pub wait_replicas: Option<(u32, Duration)>,
+    /// The prefix of every key name: letters, digits, `:`, `_`, `.` and `-`, at most 64 bytes. Also
+    /// set by `?key_prefix=...` in the URL.
+    pub key_prefix: String,
+    /// How long a command may take before its answer counts as lost (then the write is
+    /// [`StoreError::Indeterminate`]). `None`: wait forever.
+    pub response_timeout: Option<Duration>,
+    /// How long one connection attempt may take.
+    pub connection_timeout: Option<Duration>,
+    /// How long after its expiry a completed record stays in Redis before Redis reaps it. Within
+    /// the grace the record already counts as absent, but it still carries its fence (so the next
+    /// reservation continues the count) and still answers a late retry of its completion.
+    pub expiry_grace: Duration,
+}
+
+impl Default for RedisOptions {
+    fn default() -> Self {
+        RedisOptions {
+            allow_volatile: false,
+            wait_replicas: None,
+            key_prefix: "idemgate:".to_owned(),
+            response_timeout: Some(Duration::from_secs(5)),
+            connection_timeout: Some(Duration::from_secs(2)),
+            expiry_grace: Duration::from_secs(60),
+        }
+    }
+}
+
+/// The Lua scripts, one per transition; [`Script`] loads them again after a `NOSCRIPT`.
+#[derive(Debug)]
+struct Scripts {
+    reserve: Script,
+    takeover: Script,
+    heartbeat: Script,
+    complete: Script,
+    release: Script,
+    mark_unknown: Script,
+    get: Script,
+    purge: Script,
+}
+
+impl Scripts {
+    fn new() -> Self {
+        let common = include_str!("common.lua");
+        let script = |body: &str| Script::new(&format!("{common}\n{body}"));
+        Scripts {
+            reserve: script(include_str!("reserve.lua")),
+            takeover: script(include_str!("takeover.lua")),
+            heartbeat: script(include_str!("heartbeat.lua")),
+            complete: script(include_str!("complete.lua")),
+            release: script(include_str!("release.lua")),
+            mark_unknown: script(include_str!("mark_unknown.lua")),
+            get: script(include_str!("get.lua")),
+            purge: script(include_str!("purge.lua")),
+        }
+    }
+}
+
+/// Idempotency records in Redis: one hash per record, every transition one Lua script judged by
+/// the server's clock. Clones share one multiplexed connection, which reconnects by itself.
+///
+/// # Concurrent calls on the same key
+/// Each operation is one script, and Redis runs scripts one at a time, so racing reservations see
+/// each other exactly as the memory store's lock makes them.
+///
+/// # Cancellation
+/// A dropped future either never sent its script or sent all of it: Redis runs a script whole.
+/// Whether a sent script ran is then unknown to the caller, as after a lost answer; retrying with
+/// the same reservation token or lease is safe.
+///
+/// # Errors
+/// See the crate's error mapping: [`StoreError::Unavailable`] when nothing was sent or Redis
+/// refused the command, [`StoreError::Indeterminate`] when the answer was lost (timeout, broken
+/// connection) or too few replicas acknowledged a write, [`StoreError::LeaseLost`] from the
+/// scripts' compare-and-set, [`StoreError::Corrupt`] for records this version cannot read.
+///
+/// # Fences after Redis reaped a record
+/// A completed record stays [`RedisOptions::expiry_grace`] past its expiry, so a reservation soon
+/// after expiry continues its fence (old fence + 1) as the contract says. Once Redis has reaped it
+/// the next reservation starts again at fence 1, as after a release; the random lease token still
+/// keeps any holder of the old record from completing the new one.
+#[derive(Clone)]
+pub struct RedisStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    conn: ConnectionManager,
+    scripts: Scripts,
+    options: RedisOptions,
+    /// The URL without credentials, for messages.
+    shown_url: String,
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("url", &self.inner.shown_url)
+            .field("options", &self.inner.options)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisStore {
+    /// Connects to the Redis at `url` (`redis://[user:password@]host[:port][/db][?query]`) with the
+    /// default [`RedisOptions`]; the query may set `allow_volatile=true` and `key_prefix=...`.
+    ///
+    /// # Errors
+    /// [`StoreError::Misconfigured`] for a bad URL or a Redis without append-only persistence
+    /// (see [`RedisOptions::allow_volatile`]), [`StoreError::Unavailable`] when it cannot be
+    /// reached.
+    pub async fn connect(url: &str) -> Result<Self> {
+        Self::connect_with(url, RedisOptions::default()).await
+    }
+
+    /// Connects to the Redis at `url` with `options` (settings in the URL's query win).
+    ///
+    /// # Errors
+    /// As [`RedisStore::connect`].
+    pub async fn connect_with(url: &str, options: RedisOptions) -> Result<Self> {
+        let (url, options) = parse_url(url, options)?;
+        check_prefix(&options.key_prefix)?;
+        let shown_url = redact(&url);
+        let client = redis::Client::open(url.as_str()).map_err(|e| {
+            StoreError::Misconfigured(format!("failed to read redis url {shown_url}: {e}"))
+        })?;
+        // A command that waits for replicas must not time out before the wait does.
+        let response_timeout = match (options.response_timeout, options.wait_replicas) {
+            (Some(t), Some((_, wait))) => Some(t.max(wait + Duration::from_secs(1))),
+            (t, _) => t,
+        };
+        let config = ConnectionManagerConfig::new()
+            .set_response_timeout(response_timeout)
+            .set_connection_timeout(options.connection_timeout)
+            .set_number_of_retries(4)
+            .set_max_delay(Duration::from_millis(500));
+        let mut conn = ConnectionManager::new_with_config(client, config)
+            .await
+            .map_err(|e| {
+                StoreError::Unavailable(format!("failed to connect to redis at {shown_url}: {e}"))
+            })?;
+        if !options.allow_volatile {
+            check_persistence(&mut conn, &shown_url).await?;
+        }
+        Ok(RedisStore {
+            inner: Arc::new(Inner {
+                conn,
+                scripts: Scripts::new(),
+                options,
+                shown_url,
+            }),
+        })
+    }
+
+    /// The Redis key name of a record: the prefix, then the hex SHA-256 of the record's name in a
+    /// hash tag. Its length is fixed whatever the client key.
+    pub fn record_key(&self, key: &Key) -> String {
+        record_key(&self.inner.options.key_prefix, key)
+    }
+
+    /// The settings in force.
+    pub fn options(&self) -> &RedisOptions {
+        &self.inner.options
+    }
+
+    fn conn(&self) -> ConnectionManager {
+        self.inner.conn.clone()
+    }
+
+    /// Runs a read-only script.
+    async fn read(&self, inv: &ScriptInvocation<'_>, what: &str) -> Result<Value> {
+        inv.invoke_async(&mut self.conn())
+            .await
+            .map_err(|e| classify(&e, what))
+    }
+
+    /// Runs a write script, then waits for replicas if so configured.
+    async fn write(&self, inv: &ScriptInvocation<'_>, what: &str) -> Result<Value> {
+        let mut conn = self.conn();
+        let value = inv
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| classify(&e, what))?;
+        if let Some((replicas, timeout)) = self.inner.options.wait_replicas {
+            let acked: i64 = redis::cmd("WAIT")
+                .arg(replicas)
+                .arg(ms(timeout))
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| {
+                    // The write itself went through on the primary; only its replication is open.
+                    StoreError::Indeterminate(format!(
+                        "failed to {what} on redis: waiting for replicas failed: {e}"
+                    ))
+                })?;
+            if acked < i64::from(replicas) {
+                return Err(StoreError::Indeterminate(format!(
+                    "failed to {what} on redis: {acked} of {replicas} replicas acknowledged the \
+                     write within {timeout:?}, so a failover could lose it"
+                )));
+            }
+        }
+        Ok(value)
+    }
+
+    async fn claim(&self, r: &Reservation, stale: Option<Fence>) -> Result<Claim> {
+        let what = if stale.is_some() {
+            "take over"
+        } else {
+            "reserve"
+        };
+        let script = match stale {
+            Some(_) => &self.inner.scripts.takeover,
+            None => &self.inner.scripts.reserve,
+        };
+        let mut inv = script.prepare_invoke();
+        inv.key(self.record_key(&r.key))
+            .arg(r.key.tenant.as_str())
+            .arg(r.key.tool.as_str())
+            .arg(r.key.key.as_str())
+            .arg(r.fingerprint.to_hex())
+            .arg(r.token.to_hex())
+            .arg(ms(r.lease_for));
+        if let Some(stale) = stale {
+            inv.arg(stale.to_string());
+        }
+        let reply = self.write(&inv, what).await?;
+        let items = array(&reply)?;
+        match items {
+            [tag, fence] if text(tag)? == "A" => Ok(Claim::Acquired(Lease {
+                fence: number(fence)?,
+                token: r.token,
+            })),
+            [tag, now, flat] if text(tag)? == "E" => {
+                let now = Timestamp::from_millis(number(now)?);
+                let record = stored_record(flat)?
+                    .and_then(|c| c.view(now))
+                    .ok_or_else(|| corrupt(format_args!("{what} script returned no record")))?;
+                Ok(Claim::Existing(record))
+            }
+            _ => Err(corrupt(format_args!(
+                "{what} script answered {reply:?}, expected a claim"
+            ))),
+        }
+    }
+
+    fn lease_call<'a>(&self, script: &'a Script, key: &Key, lease: Lease) -> ScriptInvocation<'a> {
+        let mut inv = script.prepare_invoke();
+        inv.key(self.record_key(key))
+            .arg(lease.fence.to_string())
+            .arg(lease.token.to_hex());
+        inv
+    }
+
+    /// The key names of all records under the prefix (deduplicated: `SCAN` may repeat keys).
+    async fn scan(&self) -> Result<Vec<String>> {
+        let prefix = &self.inner.options.key_prefix;
+        let pattern = format!("{prefix}{{*}}");
+        let mut conn = self.conn();
+        let mut seen = HashSet::new();
+        let mut cursor: u64 = 0;
+        loop {
+            let (next, names): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(SCAN_COUNT)
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| classify(&e, "scan records"))?;
+            seen.extend(names.into_iter().filter(|n| is_record_key(prefix, n)));
+            if next == 0 {
+                return Ok(seen.into_iter().collect());
+            }
+            cursor = next;
+        }
+    }
+
+    /// The server's clock.
+    async fn server_now(&self) -> Result<Timestamp> {
+        let (secs, micros): (i64, i64) = redis::cmd("TIME")
+            .query_async(&mut self.conn())
+            .await
+            .map_err(|e| classify(&e, "read the server time"))?;
+        Ok(Timestamp::from_millis(secs * 1000 + micros / 1000))
+    }
+}
+
+impl Store for RedisStore {
+    async fn reserve(&self, r: &Reservation) -> Result<Claim> {
+        self.claim(r, None).await
+    }
+
+    async fn takeover(&self, r: &Reservation, stale: Fence) -> Result<Claim> {
+        self.claim(r, Some(stale)).await
+    }
+
+    async fn heartbeat(&self, key: &Key, lease: Lease, lease_for: Duration) -> Result<Timestamp> {
+        let mut inv = self.lease_call(&self.inner.scripts.heartbeat, key, lease);
+        inv.arg(ms(lease_for));
+        let reply = self.write(&inv, "extend a lease").await?;
+        Ok(Timestamp::from_millis(number(&reply)?))
+    }
+
+    async fn complete(
+        &self,
+        key: &Key,
+        lease: Lease,
+        outcome: &Outcome,
+        ttl: Duration,
+    ) -> Result<Completion> {
+        let mut inv = self.lease_call(&self.inner.scripts.complete, key, lease);
+        inv.arg(outcome.kind.to_string())
+            .arg(outcome.body.as_slice())
+            .arg(ms(ttl))
+            .arg(ms(self.inner.options.expiry_grace));
+        let reply = self.write(&inv, "complete a record").await?;
+        match array(&reply)? {
+            [completed_at, expires_at] => Ok(Completion {
+                completed_at: Timestamp::from_millis(number(completed_at)?),
+                expires_at: Timestamp::from_millis(number(expires_at)?),
+            }),
+            _ => Err(corrupt(format_args!(
+                "complete script answered {reply:?}, expected two times"
+            ))),
+        }
+    }
+
+    async fn release(&self, key: &Key, lease: Lease) -> Result<()> {
+        let inv = self.lease_call(&self.inner.scripts.release, key, lease);
+        self.write(&inv, "release a record").await.map(drop)
+    }
+
+    async fn mark_unknown(&self, key: &Key, lease: Lease) -> Result<()> {
+        let inv = self.lease_call(&self.inner.scripts.mark_unknown, key, lease);
+        self.write(&inv, "mark a record unknown").await.map(drop)
+    }
+
+    async fn get(&self, key: &Key) -> Result<Option<Record>> {
+        let mut inv = self.inner.scripts.get.prepare_invoke();
+        inv.key(self.record_key(key));
+        let reply = self.read(&inv, "read a record").await?;
+        match array(&reply)? {
+            [now, flat] => {
+                let now = Timestamp::from_millis(number(now)?);
+                Ok(stored_record(flat)?.and_then(|c| c.view(now)))
+            }
+            _ => Err(corrupt(format_args!(
+                "get script answered {reply:?}, expected a time and a record"
+            ))),
+        }
+    }
+
+    async fn list(&self, filter: &ListFilter) -> Result<Vec<Record>> {
+        let now = self.server_now().await?;
+        let names = self.scan().await?;
+        let mut out = Vec::new();
+        for batch in names.chunks(SCAN_COUNT as usize) {
+            let mut pipe = redis::pipe();
+            for name in batch {
+                pipe.cmd("HGETALL").arg(name);
+            }
+            let hashes: Vec<Value> = pipe
+                .query_async(&mut self.conn())
+                .await
+                .map_err(|e| classify(&e, "list records"))?;
+            for flat in &hashes {
+                // A record deleted since the scan reads as an empty hash: absent.
+                if let Some(record) = stored_record(flat)?.and_then(|c| c.view(now)) {
+                    if filter.matches(&record) {
+                        out.push(record);
+                    }
+                }
+            }
+        }
+        out.sort_by(|a, b| (a.created_at, &a.key).cmp(&(b.created_at, &b.key)));
+        if filter.limit > 0 {
+            out.truncate(filter.limit);
+        }
+        Ok(out)
+    }
+
+    async fn purge_expired(&self) -> Result<u64> {
+        let now = self.server_now().await?;
+        let names = self.scan().await?;
+        let mut purged = 0;
+        for batch in names.chunks(SCAN_COUNT as usize) {
+            let mut pipe = redis::pipe();
+            for name in batch {
+                pipe.cmd("HMGET").arg(name).arg("state").arg("expires_at");
+            }
+            let states: Vec<(Option<String>, Option<i64>)> = pipe
+                .query_async(&mut self.conn())
+                .await
+                .map_err(|e| classify(&e, "purge records"))?;
+            for (name, (state, expires_at)) in batch.iter().zip(states) {
+                let expired = expires_at.is_some_and(|t| Timestamp::from_millis(t) <= now);
+                if state.as_deref() == Some("c") && expired {
+                    // The script checks again by the server clock, atomically, so a record
+                    // reserved anew since the look above stays.
+                    let mut inv = self.inner.scripts.purge.prepare_invoke();
+                    inv.key(name);
+                    let gone: u64 = number(&self.write(&inv, "purge records").await?)?;
+                    purged += gone;
+                }
+            }
+        }
+        Ok(purged)
+    }
+}
+
+/// Whole milliseconds of `d`, capped at [`MAX_MS`].
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).min(MAX_MS)
+}
+
+fn record_key(prefix: &str, key: &Key) -> String {
+    format!("{prefix}{{{}}}", hex(&key.digest()))
+}
+
+fn is_record_key(prefix: &str, name: &str) -> bool {
+    name.strip_prefix(prefix)
+        .and_then(|rest| rest.strip_prefix('{'))
+        .and_then(|rest| rest.strip_suffix('}'))
+        .is_some_and(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+fn check_prefix(prefix: &str) -> Result<()> {
+    let ok = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b':' | b'_' | b'.' | b'-');
+    if prefix.len() > 64 || !prefix.bytes().all(ok) {
+        return Err(StoreError::Misconfigured(format!(
+            "redis key prefix {prefix:?} is not allowed: use at most 64 letters, digits, ':', '_', \
+             '.' and '-' (no glob or hash-tag characters)"
+        )));
+    }
+    Ok(())
+}
+
+/// Takes this crate's settings out of the URL's query; the rest goes to redis-rs.
+fn parse_url(url: &str, mut options: RedisOptions) -> Result<(String, RedisOptions)> {
+    let Some((base, query)) = url.split_once('?') else {
+        return Ok((url.to_owned(), options));
+    };
+    let mut rest = Vec::new();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        match name {
+            "allow_volatile" => {
+                options.allow_volatile = match value {
+                    "" | "true" | "1" | "yes" => true,
+                    "false" | "0" | "no" => false,
+                    _ => {
+                        return Err(StoreError::Misconfigured(format!(
+                            "failed to read allow_volatile={value:?} in the redis url: expected \
+                             true or false"
+                        )))
+                    }
+                }
+            }
+            "key_prefix" => options.key_prefix = value.to_owned(),
+            _ => rest.push(pair),
+        }
+    }
+    let url = if rest.is_empty() {
+        base.to_owned()
+    } else {
+        format!("{base}?{}", rest.join("&"))
+    };
+    Ok((url, options))
+}
+
+/// The URL without its password, for messages.
+fn redact(url: &str) -> String {
+    let url = url.split_once('?').map_or(url, |(base, _)| base);
+    match (url.split_once("://"), url.rfind('@')) {
+        (Some((scheme, rest)), Some(at)) if at > scheme.len() => {
+            let host = &url[at + 1..];
+            let user = rest.split_once('@').map_or("", |(u, _)| u);
+            let user = user.split_once(':').map_or(user, |(u, _)| u);
+            format!("{scheme}://{user}:***@{host}")
+        }
+        _ => url.to_owned(),
+    }
+}
+
+/// Refuses a Redis that would forget acknowledged records when it restarts.
+async fn check_persistence(conn: &mut ConnectionManager, url: &str) -> Result<()> {
+    let how = "enable append-only persistence (appendonly yes, appendfsync always or everysec), or \
+               accept losing records on a restart with RedisOptions { allow_volatile: true, .. } or \
+               ?allow_volatile=true in the url";
+    let aof: redis::RedisResult<Vec<String>> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("appendonly")
+        .query_async(conn)
+        .await;
+    let aof = match aof {
+        Ok(pair) => pair,
+        Err(e) if e.is_io_error() => return Err(classify(&e, "read the persistence settings")),
+        Err(e) => {
+            return Err(StoreError::Misconfigured(format!(
+                "failed to read the persistence settings of redis at {url} (CONFIG GET appendonly: \
+                 {e}; managed services often disable CONFIG), so it may lose records on a \
+                 restart: {how}"
+            )))
+        }
+    };
+    match aof.as_slice() {
+        [_, on] if on == "yes" => Ok(()),
+        [_, value] => {
+            let save: Vec<String> = redis::cmd("CONFIG")
+                .arg("GET")
+                .arg("save")
+                .query_async(conn)
+                .await
+                .unwrap_or_default();
+            let save = save.get(1).map_or("?", String::as_str);
+            Err(StoreError::Misconfigured(format!(
+                "redis at {url} runs with appendonly {value} (save {save:?}), so it loses \
+                 reservations and outcomes when it restarts and side effects could run twice: \
+                 {how}"
+            )))
+        }
+        _ => Err(StoreError::Misconfigured(format!(
+            "redis at {url} did not report its appendonly setting, so it may lose records on a \
+             restart: {how}"
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn url_settings_are_taken_out_of_the_query() {
+        let (url, o) = parse_url(
+            "redis://127.0.0.1:6379/2?allow_volatile=true&protocol=resp3&key_prefix=t:",
+            RedisOptions::default(),
+        )
+        .unwrap();
+        assert_eq!(url, "redis://127.0.0.1:6379/2?protocol=resp3");
+        assert!(o.allow_volatile);
+        assert_eq!(o.key_prefix, "t:");
+        let (url, o) =
+            parse_url("redis://h/?allow_volatile=false", RedisOptions::default()).unwrap();
+        assert_eq!(url, "redis://h/");
+        assert!(!o.allow_volatile);
+        assert!(parse_url("redis://h/?allow_volatile=maybe", RedisOptions::default()).is_err());
+    }
+
+    #[test]
+    fn passwords_are_not_shown() {
+        assert_eq!(redact("redis://u:secret@h:1/0?x=1"), "redis://u:***@h:1/0");
+        assert_eq!(redact("redis://h:1"), "redis://h:1");
+    }
+
+    #[test]
+    fn prefixes_with_glob_or_tag_characters_are_refused() {
+        assert!(check_prefix("idemgate:").is_ok());
+        assert!(check_prefix("").is_ok());
+        for bad in ["a*", "a{", "a}", "a?", "a[", "a b"] {
+            assert!(check_prefix(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn record_keys_are_recognised() {
+        let key = idemgate_core::Key::new(
+            "t".parse().unwrap(),
+            "tool".parse().unwrap(),
+            "k".parse().unwrap(),
+        );
+        let name = record_key("p:", &key);
+        assert_eq!(name.len(), "p:".len() + 66);
+        assert!(is_record_key("p:", &name));
+        assert!(!is_record_key("q:", &name));
+        assert!(!is_record_key("p:", "p:{abc}"));
+    }
+
+    #[test]
+    fn durations_are_capped() {
+        assert_eq!(ms(Duration::from_millis(1500)), 1500);
+        assert_eq!(ms(Duration::MAX), MAX_MS);
+    }
+}

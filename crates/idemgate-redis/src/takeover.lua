@@ -1,0 +1,25 @@
+-- Takeover of an unknown record. Mirrors idemgate_core::transition::takeover.
+-- KEYS[1] record; ARGV tenant, tool, key, fingerprint, token, lease_ms, stale fence.
+-- Returns {'A', fence} when acquired, {'E', now, flat record} otherwise.
+local k = KEYS[1]
+local stale = ARGV[7]
+local now = now_ms()
+local r, flat = load(k)
+if r == nil or not counts(r, now) then
+  local fence = 1
+  if r ~= nil then
+    fence = tonumber(r.fence) + 1
+  end
+  put_fresh(k, fence, now, now)
+  return {'A', fmt(fence)}
+end
+if r.token == ARGV[5] and r.state == 'i' then
+  -- Our own takeover, retried after a lost answer.
+  return {'A', r.fence}
+end
+if reads_unknown(r, now) and r.fence == stale and r.fp == ARGV[4] then
+  local fence = tonumber(stale) + 1
+  put_fresh(k, fence, tonumber(r.created), now)
+  return {'A', fmt(fence)}
+end
+return {'E', fmt(now), flat}

@@ -1,0 +1,41 @@
+//! The store conformance suite against the Redis at `IDEMGATE_TEST_REDIS_URL` (default
+//! `redis://127.0.0.1:6379`), under a random key prefix per run. Leases expire by the server clock,
+//! so the suite sleeps briefly.
+
+use idemgate_redis::{RedisOptions, RedisStore};
+
+async fn shared_store() -> RedisStore {
+    static PREFIX: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let prefix = PREFIX.get_or_init(|| {
+        let mut b = [0u8; 6];
+        getrandom::fill(&mut b).expect("randomness");
+        format!("idemgate-conformance-{}:", idemgate_core::key::hex(&b))
+    });
+    let url = std::env::var("IDEMGATE_TEST_REDIS_URL")
+        .unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned());
+    let options = RedisOptions {
+        allow_volatile: true,
+        key_prefix: prefix.clone(),
+        ..RedisOptions::default()
+    };
+    RedisStore::connect_with(&url, options)
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "failed to reach the test redis at {url} ({e}); start one with \
+             `redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save \"\" \
+             --appendonly no --dir /var/lib/redis --logfile /var/log/redis/ci.log` \
+             or point IDEMGATE_TEST_REDIS_URL at one"
+            )
+        })
+}
+
+idemgate_conformance::store_conformance!(async {
+    idemgate_conformance::Fixture::real(shared_store().await)
+});
+
+// Server clocks cannot be moved, so the model runs without clock moves and with long leases.
+idemgate_conformance::store_model_test!(
+    async { idemgate_conformance::Fixture::real(shared_store().await) },
+    cases = 64
+);

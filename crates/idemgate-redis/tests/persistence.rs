@@ -1,0 +1,83 @@
+//! A Redis that would forget records on a restart is refused unless the operator allows it.
+
+use idemgate_core::StoreError;
+use idemgate_redis::{RedisOptions, RedisStore};
+
+use crate::common::{raw, run_prefix, test_url, PrivateRedis};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_without_aof_is_refused() {
+    let url = test_url();
+    let mut conn = raw(&url).await;
+    let aof: Vec<String> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("appendonly")
+        .query_async(&mut conn)
+        .await
+        .expect("config get");
+    assert_eq!(
+        aof[1], "no",
+        "the shared test redis is expected to run without persistence"
+    );
+    match RedisStore::connect(&url).await {
+        Err(StoreError::Misconfigured(msg)) => {
+            assert!(msg.contains("appendonly no"), "{msg}");
+            assert!(msg.contains("allow_volatile"), "{msg}");
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    let strict = RedisOptions {
+        key_prefix: run_prefix().to_owned(),
+        ..RedisOptions::default()
+    };
+    assert!(matches!(
+        RedisStore::connect_with(&url, strict).await,
+        Err(StoreError::Misconfigured(_))
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allow_volatile_in_options_or_url_is_accepted() {
+    let url = test_url();
+    let options = RedisOptions {
+        allow_volatile: true,
+        key_prefix: run_prefix().to_owned(),
+        ..RedisOptions::default()
+    };
+    RedisStore::connect_with(&url, options)
+        .await
+        .expect("allowed by options");
+    let with_query = format!("{url}?allow_volatile=true&key_prefix={}", run_prefix());
+    let store = RedisStore::connect(&with_query)
+        .await
+        .expect("allowed by the url");
+    assert!(store.options().allow_volatile);
+    assert_eq!(store.options().key_prefix, run_prefix());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_with_aof_is_accepted() {
+    let server = PrivateRedis::start(true);
+    RedisStore::connect(&server.url())
+        .await
+        .expect("a redis with appendonly yes is accepted");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_redis_is_unavailable() {
+    let server = PrivateRedis::start(false);
+    let url = server.url();
+    drop(server);
+    match RedisStore::connect_with(
+        &url,
+        RedisOptions {
+            allow_volatile: true,
+            ..RedisOptions::default()
+        },
+    )
+    .await
+    {
+        Err(StoreError::Unavailable(msg)) => assert!(msg.contains("failed to connect"), "{msg}"),
+        other => panic!("expected unavailable, got {other:?}"),
+    }
+}

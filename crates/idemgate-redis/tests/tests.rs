@@ -1,0 +1,11 @@
+//! Integration tests against real Redis servers on loopback: the shared one at
+//! `IDEMGATE_TEST_REDIS_URL` (default `redis://127.0.0.1:6379`, used under a random key prefix and
+//! never flushed or reconfigured) and private `redis-server` processes started per test.
+
+mod common;
+mod crash;
+mod keys;
+mod noscript;
+mod persistence;
+mod replicas;
+mod storm;

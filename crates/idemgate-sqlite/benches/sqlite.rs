@@ -1,0 +1,167 @@
+//! Fresh engine calls per second on the SQLite store at 1 and 16 concurrent callers, beside a raw
+//! SQLite baseline measured in the same run: per call an `INSERT OR IGNORE` (the reservation) and an
+//! `UPDATE` (the completion), each its own commit, with the store's own pragmas (WAL,
+//! `synchronous=FULL`, busy timeout) applied by the same function.
+//!
+//! `cargo bench -p idemgate-sqlite --bench sqlite`; `BENCH_SECONDS` sets the time per cell
+//! (default 3). The database files live in a temporary directory under the system's temp dir, so
+//! fsync cost is that of the disk behind it.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use idemgate_core::{Call, Effect, Engine, Fingerprint, IdempotencyKey, TenantId, ToolName};
+use idemgate_sqlite::rusqlite::{params, Connection};
+use idemgate_sqlite::{apply_pragmas, SqliteOptions, SqliteStore};
+
+fn raw(path: &std::path::Path, callers: usize, budget: Duration) -> f64 {
+    let opts = SqliteOptions::default();
+    {
+        let conn = Connection::open(path).unwrap();
+        apply_pragmas(&conn, &opts).unwrap();
+        conn.execute_batch(
+            "CREATE TABLE IF NOT EXISTS raw_calls (
+                 tenant TEXT NOT NULL, tool TEXT NOT NULL, key TEXT NOT NULL,
+                 fingerprint BLOB NOT NULL, state INTEGER NOT NULL, body BLOB,
+                 PRIMARY KEY (tenant, tool, key))",
+        )
+        .unwrap();
+    }
+    let done = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let start = Instant::now();
+    let threads: Vec<_> = (0..callers)
+        .map(|t| {
+            let (done, stop, opts) = (done.clone(), stop.clone(), opts.clone());
+            let path = path.to_owned();
+            std::thread::spawn(move || {
+                let conn = Connection::open(&path).unwrap();
+                apply_pragmas(&conn, &opts).unwrap();
+                let fp = [7u8; 32];
+                let mut i = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let key = format!("raw-{t}-{i}");
+                    i += 1;
+                    let inserted = conn
+                        .prepare_cached(
+                            "INSERT OR IGNORE INTO raw_calls (tenant, tool, key, fingerprint, state)
+                             VALUES ('bench', 'charge', ?1, ?2, 0)",
+                        )
+                        .unwrap()
+                        .execute(params![key, fp])
+                        .unwrap();
+                    if inserted == 1 {
+                        conn.prepare_cached(
+                            "UPDATE raw_calls SET state = 1, body = ?2
+                             WHERE tenant = 'bench' AND tool = 'charge' AND key = ?1",
+                        )
+                        .unwrap()
+                        .execute(params![key, b"ok".as_slice()])
+                        .unwrap();
+                    }
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(budget);
+    stop.store(true, Ordering::Relaxed);
+    for t in threads {
+        t.join().unwrap();
+    }
+    done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
+}
+
+fn engine(path: &std::path::Path, callers: usize, budget: Duration) -> (f64, f64) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let store = SqliteStore::open(path, SqliteOptions::default()).unwrap();
+        let engine = Arc::new(Engine::new(store.clone()));
+        let before = store.writer_stats();
+        let done = Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let start = Instant::now();
+        let tasks: Vec<_> = (0..callers)
+            .map(|t| {
+                let (engine, done, stop) = (engine.clone(), done.clone(), stop.clone());
+                tokio::spawn(async move {
+                    let tenant = TenantId::new("bench").unwrap();
+                    let tool = ToolName::new("charge").unwrap();
+                    let fp = Fingerprint::of_bytes(b"args");
+                    let mut i = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        let key = IdempotencyKey::new(format!("eng-{t}-{i}")).unwrap();
+                        i += 1;
+                        let call = Call::new(tenant.clone(), tool.clone())
+                            .key(key)
+                            .fingerprint(fp);
+                        engine
+                            .call(call, || async { Effect::Success(b"ok".to_vec()) })
+                            .await
+                            .unwrap();
+                        done.fetch_add(1, Ordering::Relaxed);
+                    }
+                })
+            })
+            .collect();
+        tokio::time::sleep(budget).await;
+        stop.store(true, Ordering::Relaxed);
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let rate = done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64();
+        let after = store.writer_stats();
+        let per_commit = (after.operations - before.operations) as f64
+            / (after.batches - before.batches).max(1) as f64;
+        (rate, per_commit)
+    })
+}
+
+fn main() {
+    let budget = Duration::from_secs(
+        std::env::var("BENCH_SECONDS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(3),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    println!(
+        "# SQLite fresh calls: engine (grouped commits) vs raw per-call commits, synchronous=FULL, {}s per cell",
+        budget.as_secs()
+    );
+    println!(
+        "{:>8} {:>14} {:>14} {:>9} {:>16}",
+        "callers", "engine/s", "raw/s", "ratio", "writes/commit"
+    );
+    let mut raw_single = 0.0;
+    for callers in [1usize, 16] {
+        let raw_rate = raw(
+            &dir.path().join(format!("raw-{callers}.db")),
+            callers,
+            budget,
+        );
+        let (engine_rate, per_commit) = engine(
+            &dir.path().join(format!("engine-{callers}.db")),
+            callers,
+            budget,
+        );
+        if callers == 1 {
+            raw_single = raw_rate;
+        }
+        println!(
+            "{callers:>8} {engine_rate:>14.0} {raw_rate:>14.0} {:>8.2}x {per_commit:>16.1}",
+            engine_rate / raw_rate
+        );
+        if callers == 16 {
+            println!(
+                "engine at 16 callers vs raw per-call baseline at 1 caller: {:.2}x",
+                engine_rate / raw_single
+            );
+        }
+    }
+}

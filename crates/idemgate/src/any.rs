@@ -1,0 +1,143 @@
+//! Store choice at run time, by URL.
+
+use std::time::Duration;
+
+use idemgate_core::store::Result;
+use idemgate_core::{
+    Claim, Completion, Fence, Key, Lease, ListFilter, MemoryStore, Outcome, Record, Reservation,
+    Store, StoreError, Timestamp,
+};
+
+/// Any store, chosen by URL: a plain enum rather than a trait object, so every call is a match
+/// and the async methods stay `Send` without boxing.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub enum AnyStore {
+    /// `memory:` (one process; for tests and trials).
+    Memory(MemoryStore),
+    /// `sqlite://PATH` (the embedded default).
+    #[cfg(feature = "sqlite")]
+    Sqlite(idemgate_sqlite::SqliteStore),
+    /// `postgres://…` or `postgresql://…`.
+    #[cfg(feature = "postgres")]
+    Postgres(idemgate_postgres::PgStore),
+    /// `redis://…`.
+    #[cfg(feature = "redis")]
+    Redis(idemgate_redis::RedisStore),
+}
+
+impl AnyStore {
+    /// Opens the store a URL names: `memory:`, `sqlite://PATH` (or `sqlite:PATH`),
+    /// `postgres://…`/`postgresql://…`, `redis://…`.
+    ///
+    /// # Errors
+    /// [`StoreError::Misconfigured`] for a URL of no known (or no compiled-in) kind, and whatever
+    /// the store reports when it cannot open.
+    pub async fn connect(url: &str) -> Result<Self> {
+        let scheme = url.split(':').next().unwrap_or_default();
+        match scheme {
+            "memory" => Ok(AnyStore::Memory(MemoryStore::new())),
+            #[cfg(feature = "sqlite")]
+            "sqlite" => Ok(AnyStore::Sqlite(idemgate_sqlite::SqliteStore::connect(
+                url,
+            )?)),
+            #[cfg(feature = "postgres")]
+            "postgres" | "postgresql" => Ok(AnyStore::Postgres(
+                idemgate_postgres::PgStore::connect(url).await?,
+            )),
+            #[cfg(feature = "redis")]
+            "redis" => Ok(AnyStore::Redis(
+                idemgate_redis::RedisStore::connect(url).await?,
+            )),
+            _ => Err(StoreError::Misconfigured(format!(
+                "failed to open store {url:?}: expected a URL starting with {}",
+                SCHEMES.join(", ")
+            ))),
+        }
+    }
+
+    /// Whether the store keeps records across restarts of this process.
+    pub fn is_durable(&self) -> bool {
+        !matches!(self, AnyStore::Memory(_))
+    }
+}
+
+/// The URL schemes compiled in.
+pub const SCHEMES: &[&str] = &[
+    "memory:",
+    #[cfg(feature = "sqlite")]
+    "sqlite://",
+    #[cfg(feature = "postgres")]
+    "postgres://",
+    #[cfg(feature = "redis")]
+    "redis://",
+];
+
+/// Forwards a method to whichever store this is.
+macro_rules! dispatch {
+    ($self:ident, $s:ident => $call:expr) => {
+        match $self {
+            AnyStore::Memory($s) => $call,
+            #[cfg(feature = "sqlite")]
+            AnyStore::Sqlite($s) => $call,
+            #[cfg(feature = "postgres")]
+            AnyStore::Postgres($s) => $call,
+            #[cfg(feature = "redis")]
+            AnyStore::Redis($s) => $call,
+        }
+    };
+}
+
+impl Store for AnyStore {
+    async fn reserve(&self, r: &Reservation) -> Result<Claim> {
+        dispatch!(self, s => s.reserve(r).await)
+    }
+    async fn takeover(&self, r: &Reservation, stale: Fence) -> Result<Claim> {
+        dispatch!(self, s => s.takeover(r, stale).await)
+    }
+    async fn heartbeat(&self, key: &Key, lease: Lease, lease_for: Duration) -> Result<Timestamp> {
+        dispatch!(self, s => s.heartbeat(key, lease, lease_for).await)
+    }
+    async fn complete(
+        &self,
+        key: &Key,
+        lease: Lease,
+        outcome: &Outcome,
+        ttl: Duration,
+    ) -> Result<Completion> {
+        dispatch!(self, s => s.complete(key, lease, outcome, ttl).await)
+    }
+    async fn release(&self, key: &Key, lease: Lease) -> Result<()> {
+        dispatch!(self, s => s.release(key, lease).await)
+    }
+    async fn mark_unknown(&self, key: &Key, lease: Lease) -> Result<()> {
+        dispatch!(self, s => s.mark_unknown(key, lease).await)
+    }
+    async fn get(&self, key: &Key) -> Result<Option<Record>> {
+        dispatch!(self, s => s.get(key).await)
+    }
+    async fn list(&self, filter: &ListFilter) -> Result<Vec<Record>> {
+        dispatch!(self, s => s.list(filter).await)
+    }
+    async fn purge_expired(&self) -> Result<u64> {
+        dispatch!(self, s => s.purge_expired().await)
+    }
+    async fn wait_changed(&self, key: &Key, timeout: Duration) {
+        dispatch!(self, s => s.wait_changed(key, timeout).await)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn unknown_schemes_are_refused_with_the_list() {
+        let err = AnyStore::connect("mongodb://x").await.unwrap_err();
+        assert!(err.to_string().contains("memory:"), "{err}");
+        assert!(matches!(
+            AnyStore::connect("memory:").await,
+            Ok(AnyStore::Memory(_))
+        ));
+    }
+}
