@@ -204,6 +204,33 @@ impl Answer {
     }
 }
 
+/// What [`Engine::begin`] decided.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Begun {
+    /// Run the side effect now, then report with [`Engine::finish`].
+    Execute(Ticket),
+    /// A read or naturally idempotent tool: run it, nothing is recorded.
+    PassThrough,
+    /// No execution: a replay, an in-flight or unknown answer.
+    Answered(Answer),
+}
+
+/// Permission to run one call's side effect: the record's name and the lease held on it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ticket {
+    /// The record.
+    pub key: Key,
+    /// Which rule named it.
+    pub rule: KeyRule,
+    /// The lease held on it.
+    pub lease: Lease,
+    /// How long the outcome is kept.
+    pub ttl: Duration,
+    /// How long the lease lasts without a heartbeat.
+    pub lease_for: Duration,
+}
+
 /// What a verifier found out about an unknown outcome.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Probe {
@@ -382,13 +409,36 @@ impl<S: Store> Engine<S> {
         F: FnOnce() -> Fut,
         Fut: Future<Output = Effect>,
     {
-        if policy.kind != ToolKind::Write {
-            let effect = effect().await;
-            return Ok(Answer {
+        match self.begin(call, policy).await? {
+            Begun::Answered(answer) => Ok(answer),
+            Begun::PassThrough => Ok(Answer {
                 key: None,
                 rule: None,
-                decision: Decision::PassedThrough { effect },
-            });
+                decision: Decision::PassedThrough {
+                    effect: effect().await,
+                },
+            }),
+            Begun::Execute(ticket) => {
+                let reported = self.with_heartbeat(&ticket, effect()).await;
+                Ok(self.finish(&ticket, reported).await)
+            }
+        }
+    }
+
+    /// The first half of a call, for callers that run the side effect themselves (the HTTP
+    /// coordination API): decides whether the call may run now. On [`Begun::Execute`] the caller
+    /// holds the record's lease and must report what happened with [`Engine::finish`] (and renew
+    /// the lease with [`Engine::heartbeat`] while it runs); every other decision is in the answer.
+    ///
+    /// # Concurrent calls on the same key
+    /// As [`Engine::call`]: exactly one racing call gets [`Begun::Execute`]; the others wait up to
+    /// the policy's bound for its outcome.
+    ///
+    /// # Errors
+    /// As [`Engine::call`].
+    pub async fn begin(&self, call: Call, policy: &ToolPolicy) -> Result<Begun, EngineError> {
+        if policy.kind != ToolKind::Write {
+            return Ok(Begun::PassThrough);
         }
         let (key, rule, ttl) = match (call.key, policy.fallback_window) {
             (Some(k), _) => (
@@ -407,13 +457,25 @@ impl<S: Store> Engine<S> {
                 })
             }
         };
-        let answer = |decision| Answer {
-            key: Some(key.clone()),
-            rule: Some(rule),
-            decision,
+        let answer = |decision| {
+            Begun::Answered(Answer {
+                key: Some(key.clone()),
+                rule: Some(rule),
+                decision,
+            })
+        };
+        let ticket = |lease| {
+            Begun::Execute(Ticket {
+                key: key.clone(),
+                rule,
+                lease,
+                ttl,
+                lease_for: policy.lease,
+            })
         };
         let reservation = Reservation::new(key.clone(), call.fingerprint, policy.lease);
-        let deadline = Instant::now() + policy.wait;
+        // Only a waiting duplicate needs the clock; a fresh call or a replay does not read it.
+        let mut deadline = None;
         loop {
             let claim = match self.store.reserve(&reservation).await {
                 Ok(claim) => claim,
@@ -423,9 +485,7 @@ impl<S: Store> Engine<S> {
                 }
             };
             let record = match claim {
-                Claim::Acquired(lease) => {
-                    return Ok(answer(self.execute(&key, lease, policy, ttl, effect).await));
-                }
+                Claim::Acquired(lease) => return Ok(ticket(lease)),
                 Claim::Existing(record) => record,
             };
             if record.fingerprint != call.fingerprint {
@@ -449,6 +509,7 @@ impl<S: Store> Engine<S> {
                     }));
                 }
                 RecordState::InFlight { lease_until } => {
+                    let deadline = *deadline.get_or_insert_with(|| Instant::now() + policy.wait);
                     if !self.wait_while_in_flight(&key, deadline).await? {
                         return Ok(answer(Decision::InFlight {
                             since: record.created_at,
@@ -468,13 +529,10 @@ impl<S: Store> Engine<S> {
                     match policy.on_unknown {
                         UnknownPolicy::Block => return Ok(blocked(None)),
                         UnknownPolicy::Retry => {
-                            let Some(lease) = self.take_over(&reservation, record.fence).await?
-                            else {
-                                continue;
-                            };
-                            return Ok(answer(
-                                self.execute(&key, lease, policy, ttl, effect).await,
-                            ));
+                            match self.take_over(&reservation, record.fence).await? {
+                                Some(lease) => return Ok(ticket(lease)),
+                                None => continue,
+                            }
                         }
                         UnknownPolicy::Verify => {
                             let Some(verifier) = self.verifiers.get(key.tool.as_str()) else {
@@ -489,14 +547,10 @@ impl<S: Store> Engine<S> {
                             };
                             let probe = verifier.verify(&key).await;
                             match probe {
-                                Ok(Probe::NotApplied) => {
-                                    return Ok(answer(
-                                        self.execute(&key, lease, policy, ttl, effect).await,
-                                    ));
-                                }
+                                Ok(Probe::NotApplied) => return Ok(ticket(lease)),
                                 Ok(Probe::Applied(outcome)) => {
                                     let op = JournalOp::complete(outcome, ttl);
-                                    let (done, _) = self.finish(&key, lease, &op).await;
+                                    let (done, _) = self.record(&key, lease, &op).await;
                                     let JournalOp::Complete { outcome, .. } = op else {
                                         unreachable!("built as a completion above")
                                     };
@@ -509,7 +563,7 @@ impl<S: Store> Engine<S> {
                                     }));
                                 }
                                 Ok(Probe::Unknown) | Err(_) => {
-                                    self.finish(&key, lease, &JournalOp::MarkUnknown).await;
+                                    self.record(&key, lease, &JournalOp::MarkUnknown).await;
                                     let message = match probe {
                                         Err(e) => format!("verifier failed: {e}"),
                                         _ => "verifier could not tell".to_owned(),
@@ -524,41 +578,59 @@ impl<S: Store> Engine<S> {
         }
     }
 
-    /// Runs the side effect under `lease`, heartbeating, and records what it reports.
-    async fn execute<F, Fut>(
-        &self,
-        key: &Key,
-        lease: Lease,
-        policy: &ToolPolicy,
-        ttl: Duration,
-        effect: F,
-    ) -> Decision
-    where
-        F: FnOnce() -> Fut,
-        Fut: Future<Output = Effect>,
-    {
-        let outcome = match self
-            .with_heartbeat(key, lease, policy.lease, effect())
-            .await
-        {
-            Effect::Success(body) => Outcome::success(body),
-            Effect::Failed(body) => Outcome::failed(body),
+    /// The second half of a call begun with [`Engine::begin`]: records what the side effect
+    /// reported (with bounded retries, then the journal) and answers.
+    pub async fn finish(&self, ticket: &Ticket, reported: Effect) -> Answer {
+        let (key, lease, ttl) = (&ticket.key, ticket.lease, ticket.ttl);
+        let decision = match reported {
+            Effect::Success(body) => {
+                self.store_outcome(key, lease, ttl, Outcome::success(body))
+                    .await
+            }
+            Effect::Failed(body) => {
+                self.store_outcome(key, lease, ttl, Outcome::failed(body))
+                    .await
+            }
             Effect::NotApplied(message) => {
-                let (_, recording) = self.finish(key, lease, &JournalOp::Release).await;
-                return Decision::NotApplied { message, recording };
+                let (_, recording) = self.record(key, lease, &JournalOp::Release).await;
+                Decision::NotApplied { message, recording }
             }
             Effect::Ambiguous(message) => {
-                self.finish(key, lease, &JournalOp::MarkUnknown).await;
-                return Decision::Unknown {
+                self.record(key, lease, &JournalOp::MarkUnknown).await;
+                Decision::Unknown {
                     since: Timestamp::now(),
                     fence: lease.fence,
                     ran_here: true,
                     message: Some(message),
-                };
+                }
             }
         };
+        Answer {
+            key: Some(ticket.key.clone()),
+            rule: Some(ticket.rule),
+            decision,
+        }
+    }
+
+    /// Extends the lease of a call begun with [`Engine::begin`] while its side effect runs.
+    ///
+    /// # Errors
+    /// [`StoreError::LeaseLost`] when the record was taken over meanwhile, or the store's error.
+    pub async fn heartbeat(&self, ticket: &Ticket) -> Result<Timestamp, StoreError> {
+        self.store
+            .heartbeat(&ticket.key, ticket.lease, ticket.lease_for)
+            .await
+    }
+
+    async fn store_outcome(
+        &self,
+        key: &Key,
+        lease: Lease,
+        ttl: Duration,
+        outcome: Outcome,
+    ) -> Decision {
         let op = JournalOp::complete(outcome, ttl);
-        let (done, recording) = self.finish(key, lease, &op).await;
+        let (done, recording) = self.record(key, lease, &op).await;
         let done = done.unwrap_or_else(|| local_completion(ttl));
         let JournalOp::Complete { outcome, .. } = op else {
             unreachable!("built as a completion above")
@@ -572,13 +644,7 @@ impl<S: Store> Engine<S> {
     }
 
     /// Drives `fut` to completion, extending the lease every third of its length meanwhile.
-    async fn with_heartbeat(
-        &self,
-        key: &Key,
-        lease: Lease,
-        lease_for: Duration,
-        fut: impl Future<Output = Effect>,
-    ) -> Effect {
+    async fn with_heartbeat(&self, ticket: &Ticket, fut: impl Future<Output = Effect>) -> Effect {
         let mut fut = std::pin::pin!(fut);
         // A side effect that is done at its first poll needs no timer at all.
         let first = std::future::poll_fn(|cx| match fut.as_mut().poll(cx) {
@@ -589,7 +655,7 @@ impl<S: Store> Engine<S> {
         if let Some(reported) = first {
             return reported;
         }
-        let every = (lease_for / 3).max(Duration::from_millis(1));
+        let every = (ticket.lease_for / 3).max(Duration::from_millis(1));
         let mut next = Instant::now() + every;
         loop {
             tokio::select! {
@@ -598,7 +664,7 @@ impl<S: Store> Engine<S> {
                 _ = tokio::time::sleep_until(next) => {
                     // A failed heartbeat is not fatal: the next one may succeed, and a lease that
                     // is really lost shows up as LeaseLost when the outcome is recorded.
-                    let _ = self.store.heartbeat(key, lease, lease_for).await;
+                    let _ = self.heartbeat(ticket).await;
                     next = Instant::now() + every;
                 }
             }
@@ -607,7 +673,7 @@ impl<S: Store> Engine<S> {
 
     /// Applies a "done" write with bounded retries, then journals it. Returns the store's
     /// confirmation of a completion, if it gave one.
-    async fn finish(
+    async fn record(
         &self,
         key: &Key,
         lease: Lease,

@@ -40,8 +40,8 @@ pub mod transition;
 
 pub use canonical::Fingerprint;
 pub use engine::{
-    Answer, Call, Decision, Effect, Engine, FlushReport, Probe, ProbeFuture, Recording, Resolution,
-    Settings, Verifier,
+    Answer, Begun, Call, Decision, Effect, Engine, FlushReport, Probe, ProbeFuture, Recording,
+    Resolution, Settings, Ticket, Verifier,
 };
 pub use error::{CanonicalError, EngineError, KeyError, StoreError};
 pub use journal::{Journal, JournalEntry, JournalOp, MemoryJournal};
