@@ -51,11 +51,13 @@ pub struct Call {
 impl Call {
     /// A call without key and with `null` arguments.
     pub fn new(tenant: TenantId, tool: ToolName) -> Self {
+        // Computed once: most calls set their own arguments right after.
+        static NULL_ARGS: std::sync::OnceLock<Fingerprint> = std::sync::OnceLock::new();
         Call {
             tenant,
             tool,
             key: None,
-            fingerprint: Fingerprint::of_json(&Value::Null),
+            fingerprint: *NULL_ARGS.get_or_init(|| Fingerprint::of_json(&Value::Null)),
         }
     }
 
@@ -385,13 +387,18 @@ impl<S: Store> Engine<S> {
     /// [`EngineError::KeyReuse`] when the key was used with other arguments,
     /// [`EngineError::ReserveFailed`] when the store failed at reservation (nothing ran), and
     /// [`EngineError::Store`] when a waiting duplicate could not read the record.
-    pub async fn call<F, Fut>(&self, call: Call, effect: F) -> Result<Answer, EngineError>
+    pub fn call<'a, F, Fut>(
+        &'a self,
+        call: Call,
+        effect: F,
+    ) -> impl Future<Output = Result<Answer, EngineError>> + 'a
     where
-        F: FnOnce() -> Fut,
-        Fut: Future<Output = Effect>,
+        F: FnOnce() -> Fut + 'a,
+        Fut: Future<Output = Effect> + 'a,
     {
+        // Not an `async fn`: returning the inner future itself spares a copy of it per call.
         let policy = self.policies.get(call.tool.as_str());
-        self.call_with_policy(call, policy, effect).await
+        self.call_with_policy(call, policy, effect)
     }
 
     /// As [`Engine::call`], with `policy` instead of the tool's configured one (for front doors
@@ -457,27 +464,59 @@ impl<S: Store> Engine<S> {
                 })
             }
         };
-        let answer = |decision| {
-            Begun::Answered(Answer {
-                key: Some(key.clone()),
-                rule: Some(rule),
-                decision,
-            })
-        };
-        let ticket = |lease| {
-            Begun::Execute(Ticket {
-                key: key.clone(),
+        // The key moves into the reservation and from there into the ticket or the answer: a
+        // call clones no name on its way through the engine.
+        let reservation = Reservation::new(key, call.fingerprint, policy.lease);
+        match self.store.reserve(&reservation).await {
+            Ok(Claim::Acquired(lease)) => Ok(executing(reservation, rule, ttl, lease)),
+            // A replay, the other common case, also answers without the slow path.
+            Ok(Claim::Existing(Record {
+                fingerprint,
+                state:
+                    RecordState::Completed {
+                        outcome,
+                        completed_at,
+                        expires_at,
+                    },
+                ..
+            })) if fingerprint == call.fingerprint => Ok(answered(
+                reservation,
                 rule,
-                lease,
-                ttl,
-                lease_for: policy.lease,
-            })
-        };
-        let reservation = Reservation::new(key.clone(), call.fingerprint, policy.lease);
+                Decision::Replayed {
+                    outcome,
+                    executed_at: completed_at,
+                    expires_at,
+                    verified: false,
+                },
+            )),
+            // Waits, unknown records, key reuse and store errors: boxed, so that the common
+            // call's future stays small (all of it is copied on every call).
+            first => Box::pin(self.settle(reservation, rule, ttl, policy, first)).await,
+        }
+    }
+
+    /// The slow path of [`Engine::begin`]: judges an existing record (or a failed reservation),
+    /// waiting, taking over or verifying as the policy says, and reserving again when the record
+    /// goes away meanwhile.
+    async fn settle(
+        &self,
+        reservation: Reservation,
+        rule: KeyRule,
+        ttl: Duration,
+        policy: &ToolPolicy,
+        first: Result<Claim, StoreError>,
+    ) -> Result<Begun, EngineError> {
+        let answer = |r: Reservation, decision| answered(r, rule, decision);
+        let ticket = |r: Reservation, lease| executing(r, rule, ttl, lease);
+        let mut first = Some(first);
         // Only a waiting duplicate needs the clock; a fresh call or a replay does not read it.
         let mut deadline = None;
         loop {
-            let claim = match self.store.reserve(&reservation).await {
+            let reserved = match first.take() {
+                Some(claim) => claim,
+                None => self.store.reserve(&reservation).await,
+            };
+            let claim = match reserved {
                 Ok(claim) => claim,
                 Err(e) => {
                     self.abandon_reservation(&reservation).await;
@@ -485,12 +524,12 @@ impl<S: Store> Engine<S> {
                 }
             };
             let record = match claim {
-                Claim::Acquired(lease) => return Ok(ticket(lease)),
+                Claim::Acquired(lease) => return Ok(ticket(reservation, lease)),
                 Claim::Existing(record) => record,
             };
-            if record.fingerprint != call.fingerprint {
+            if record.fingerprint != reservation.fingerprint {
                 return Err(EngineError::KeyReuse {
-                    key,
+                    key: reservation.key,
                     rule,
                     first_seen: record.created_at,
                 });
@@ -501,74 +540,97 @@ impl<S: Store> Engine<S> {
                     completed_at,
                     expires_at,
                 } => {
-                    return Ok(answer(Decision::Replayed {
-                        outcome,
-                        executed_at: completed_at,
-                        expires_at,
-                        verified: false,
-                    }));
+                    return Ok(answer(
+                        reservation,
+                        Decision::Replayed {
+                            outcome,
+                            executed_at: completed_at,
+                            expires_at,
+                            verified: false,
+                        },
+                    ));
                 }
                 RecordState::InFlight { lease_until } => {
                     let deadline = *deadline.get_or_insert_with(|| Instant::now() + policy.wait);
-                    if !self.wait_while_in_flight(&key, deadline).await? {
-                        return Ok(answer(Decision::InFlight {
-                            since: record.created_at,
-                            retry_after: retry_after(Timestamp::now().until(lease_until)),
-                        }));
+                    if !Box::pin(self.wait_while_in_flight(&reservation.key, deadline)).await? {
+                        let retry_after = retry_after(Timestamp::now().until(lease_until));
+                        return Ok(answer(
+                            reservation,
+                            Decision::InFlight {
+                                since: record.created_at,
+                                retry_after,
+                            },
+                        ));
                     }
                 }
                 RecordState::Unknown { since } => {
-                    let blocked = |message: Option<String>| {
-                        answer(Decision::Unknown {
-                            since,
-                            fence: record.fence,
-                            ran_here: false,
-                            message,
-                        })
+                    let fence = record.fence;
+                    let blocked = |r: Reservation, message: Option<String>| {
+                        answer(
+                            r,
+                            Decision::Unknown {
+                                since,
+                                fence,
+                                ran_here: false,
+                                message,
+                            },
+                        )
                     };
                     match policy.on_unknown {
-                        UnknownPolicy::Block => return Ok(blocked(None)),
+                        UnknownPolicy::Block => return Ok(blocked(reservation, None)),
                         UnknownPolicy::Retry => {
-                            match self.take_over(&reservation, record.fence).await? {
-                                Some(lease) => return Ok(ticket(lease)),
+                            match Box::pin(self.take_over(&reservation, record.fence)).await? {
+                                Some(lease) => return Ok(ticket(reservation, lease)),
                                 None => continue,
                             }
                         }
                         UnknownPolicy::Verify => {
-                            let Some(verifier) = self.verifiers.get(key.tool.as_str()) else {
-                                return Ok(blocked(Some(format!(
+                            let Some(verifier) = self.verifiers.get(reservation.key.tool.as_str())
+                            else {
+                                let message = format!(
                                     "tool {} has unknown policy verify but no verifier is registered",
-                                    key.tool
-                                ))));
+                                    reservation.key.tool
+                                );
+                                return Ok(blocked(reservation, Some(message)));
                             };
-                            let Some(lease) = self.take_over(&reservation, record.fence).await?
+                            let Some(lease) =
+                                Box::pin(self.take_over(&reservation, record.fence)).await?
                             else {
                                 continue;
                             };
-                            let probe = verifier.verify(&key).await;
+                            let probe = verifier.verify(&reservation.key).await;
                             match probe {
-                                Ok(Probe::NotApplied) => return Ok(ticket(lease)),
+                                Ok(Probe::NotApplied) => return Ok(ticket(reservation, lease)),
                                 Ok(Probe::Applied(outcome)) => {
                                     let op = JournalOp::complete(outcome, ttl);
-                                    let (done, _) = self.record(&key, lease, &op).await;
+                                    let (done, _) =
+                                        Box::pin(self.record(&reservation.key, lease, &op)).await;
                                     let JournalOp::Complete { outcome, .. } = op else {
                                         unreachable!("built as a completion above")
                                     };
                                     let done = done.unwrap_or_else(|| local_completion(ttl));
-                                    return Ok(answer(Decision::Replayed {
-                                        outcome,
-                                        executed_at: done.completed_at,
-                                        expires_at: done.expires_at,
-                                        verified: true,
-                                    }));
+                                    return Ok(answer(
+                                        reservation,
+                                        Decision::Replayed {
+                                            outcome,
+                                            executed_at: done.completed_at,
+                                            expires_at: done.expires_at,
+                                            verified: true,
+                                        },
+                                    ));
                                 }
                                 Ok(Probe::Unknown) | Err(_) => {
-                                    self.record(&key, lease, &JournalOp::MarkUnknown).await;
+                                    Box::pin(self.record(
+                                        &reservation.key,
+                                        lease,
+                                        &JournalOp::MarkUnknown,
+                                    ))
+                                    .await;
                                     let message = match probe {
                                         Err(e) => format!("verifier failed: {e}"),
                                         _ => "verifier could not tell".to_owned(),
                                     };
-                                    return Ok(blocked(Some(message)));
+                                    return Ok(blocked(reservation, Some(message)));
                                 }
                             }
                         }
@@ -655,6 +717,16 @@ impl<S: Store> Engine<S> {
         if let Some(reported) = first {
             return reported;
         }
+        Box::pin(self.heartbeat_until_done(ticket, fut)).await
+    }
+
+    /// The slow path of [`Engine::with_heartbeat`], boxed so that calls that finish at once do
+    /// not carry its timer in their future.
+    async fn heartbeat_until_done(
+        &self,
+        ticket: &Ticket,
+        mut fut: Pin<&mut impl Future<Output = Effect>>,
+    ) -> Effect {
         let every = (ticket.lease_for / 3).max(Duration::from_millis(1));
         let mut next = Instant::now() + every;
         loop {
@@ -679,17 +751,34 @@ impl<S: Store> Engine<S> {
         lease: Lease,
         op: &JournalOp,
     ) -> (Option<Completion>, Recording) {
+        match self.apply(key, lease, op).await {
+            Ok(done) => (done, Recording::Stored),
+            Err(StoreError::LeaseLost) => (None, Recording::LeaseLost),
+            // Retries and the journal are the rare path: boxed, so that the common call's future
+            // (all of which is copied on every call) does not carry their timers.
+            Err(first) => Box::pin(self.record_after_failure(key, lease, op, first)).await,
+        }
+    }
+
+    async fn record_after_failure(
+        &self,
+        key: &Key,
+        lease: Lease,
+        op: &JournalOp,
+        first: StoreError,
+    ) -> (Option<Completion>, Recording) {
+        let mut last = first;
         let mut backoff = self.settings.finish_backoff;
-        for attempt in 1..=self.settings.finish_attempts.max(1) {
+        for _ in 1..self.settings.finish_attempts.max(1) {
+            if !last.is_transient() {
+                break;
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = backoff.saturating_mul(2);
             match self.apply(key, lease, op).await {
                 Ok(done) => return (done, Recording::Stored),
                 Err(StoreError::LeaseLost) => return (None, Recording::LeaseLost),
-                Err(e) if !e.is_transient() => break,
-                Err(_) if attempt < self.settings.finish_attempts => {
-                    tokio::time::sleep(backoff).await;
-                    backoff = backoff.saturating_mul(2);
-                }
-                Err(_) => {}
+                Err(e) => last = e,
             }
         }
         let entry = JournalEntry {
@@ -861,6 +950,24 @@ impl<S: Store> Engine<S> {
         }
         Ok(report)
     }
+}
+
+fn answered(r: Reservation, rule: KeyRule, decision: Decision) -> Begun {
+    Begun::Answered(Answer {
+        key: Some(r.key),
+        rule: Some(rule),
+        decision,
+    })
+}
+
+fn executing(r: Reservation, rule: KeyRule, ttl: Duration, lease: Lease) -> Begun {
+    Begun::Execute(Ticket {
+        key: r.key,
+        rule,
+        lease,
+        ttl,
+        lease_for: r.lease_for,
+    })
 }
 
 /// A completion time from the local clock, for outcomes the store has not confirmed.

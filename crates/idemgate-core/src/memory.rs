@@ -88,6 +88,10 @@ impl MemoryStore {
                     *slot = rec;
                     out
                 }
+                (out, Change::SetState(state)) => {
+                    slot.state = state;
+                    out
+                }
                 (out, Change::Delete) => {
                     map.remove(key);
                     out
@@ -98,7 +102,7 @@ impl MemoryStore {
                     map.insert(key.clone(), rec);
                     out
                 }
-                (out, Change::Keep | Change::Delete) => return Ok(out),
+                (out, Change::Keep | Change::SetState(_) | Change::Delete) => return Ok(out),
             },
         };
         drop(map);

@@ -41,8 +41,23 @@ pub enum Change {
     Keep,
     /// Insert or replace the record.
     Put(StoredRecord),
+    /// Keep the record, with this state (its other fields are unchanged).
+    SetState(RecordState),
     /// Delete the record.
     Delete,
+}
+
+impl Change {
+    /// The change with [`Change::SetState`] spelled out as a whole record, for stores that write
+    /// whole rows; `cur` is the record the change was computed from.
+    pub fn into_put(self, cur: Option<&StoredRecord>) -> Change {
+        match (self, cur) {
+            (Change::SetState(state), Some(c)) => Change::Put(StoredRecord { state, ..c.clone() }),
+            // The transitions only set the state of a record they found.
+            (Change::SetState(_), None) => Change::Keep,
+            (other, _) => other,
+        }
+    }
 }
 
 impl StoredRecord {
@@ -138,9 +153,10 @@ pub fn heartbeat(
     match cur {
         Some(c) if c.holds(lease) && matches!(c.state, RecordState::InFlight { .. }) => {
             let lease_until = now.plus(lease_for);
-            let mut next = c.clone();
-            next.state = RecordState::InFlight { lease_until };
-            Ok((lease_until, Change::Put(next)))
+            Ok((
+                lease_until,
+                Change::SetState(RecordState::InFlight { lease_until }),
+            ))
         }
         _ => Err(StoreError::LeaseLost),
     }
@@ -172,13 +188,12 @@ pub fn complete(
                     completed_at: now,
                     expires_at: now.plus(ttl),
                 };
-                let mut next = c.clone();
-                next.state = RecordState::Completed {
+                let state = RecordState::Completed {
                     outcome: outcome.clone(),
                     completed_at: done.completed_at,
                     expires_at: done.expires_at,
                 };
-                Ok((done, Change::Put(next)))
+                Ok((done, Change::SetState(state)))
             }
         },
         _ => Err(StoreError::LeaseLost),
@@ -201,9 +216,7 @@ pub fn mark_unknown(cur: Option<&StoredRecord>, lease: Lease, now: Timestamp) ->
     match cur {
         Some(c) if c.holds(lease) => match c.state {
             RecordState::InFlight { .. } => {
-                let mut next = c.clone();
-                next.state = RecordState::Unknown { since: now };
-                Ok(Change::Put(next))
+                Ok(Change::SetState(RecordState::Unknown { since: now }))
             }
             RecordState::Unknown { .. } => Ok(Change::Keep),
             RecordState::Completed { .. } => Err(StoreError::LeaseLost),

@@ -332,7 +332,7 @@ impl SqliteStore {
         self.write(move |conn, now| {
             let cur = row::load(conn, &key, Stage::Write)?;
             let (out, change) = f(cur.as_ref(), now)?;
-            let wrote = row::apply(conn, &key, &change)?;
+            let wrote = row::apply(conn, &key, cur.as_ref(), change)?;
             Ok((out, wrote))
         })
         .await
@@ -880,7 +880,7 @@ mod tests {
                     created_at: now,
                     state: RecordState::Unknown { since: now },
                 };
-                row::apply(conn, &rec.key.clone(), &Change::Put(rec))?;
+                row::apply(conn, &rec.key.clone(), None, Change::Put(rec))?;
                 conn.execute(
                     "UPDATE idemgate_record SET token = x'00' WHERE key = 'phantom'",
                     [],

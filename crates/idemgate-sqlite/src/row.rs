@@ -67,12 +67,18 @@ pub(crate) fn load(
     found.transpose()
 }
 
-/// Writes `change` to the row of `key`; returns whether anything was written.
-pub(crate) fn apply(conn: &Connection, key: &Key, change: &Change) -> Result<bool, StoreError> {
-    match change {
-        Change::Keep => Ok(false),
+/// Writes `change` (computed from `cur`, the row as read) to the row of `key`; returns whether
+/// anything was written.
+pub(crate) fn apply(
+    conn: &Connection,
+    key: &Key,
+    cur: Option<&StoredRecord>,
+    change: Change,
+) -> Result<bool, StoreError> {
+    match change.into_put(cur) {
+        Change::Keep | Change::SetState(_) => Ok(false),
         Change::Put(rec) => {
-            put(conn, rec)?;
+            put(conn, &rec)?;
             Ok(true)
         }
         Change::Delete => {
