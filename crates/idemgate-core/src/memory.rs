@@ -1,7 +1,7 @@
 //! The in-process store, for tests and single-process use.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, Hasher};
+use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -22,7 +22,7 @@ pub struct MemoryStore {
 
 #[derive(Debug)]
 struct Inner {
-    records: Mutex<HashMap<Key, StoredRecord, SeededState>>,
+    records: Mutex<Records>,
     clock: Arc<dyn Clock>,
     changed: Notify,
     /// How many callers are in `wait_changed`.
@@ -45,7 +45,7 @@ impl MemoryStore {
     pub fn with_clock(clock: Arc<dyn Clock>) -> Self {
         MemoryStore {
             inner: Arc::new(Inner {
-                records: Mutex::new(HashMap::with_hasher(SeededState::new())),
+                records: Mutex::new(Records::new()),
                 clock,
                 changed: Notify::new(),
                 waiters: AtomicUsize::new(0),
@@ -55,7 +55,7 @@ impl MemoryStore {
 
     /// How many records are held, expired ones included.
     pub fn len(&self) -> usize {
-        self.lock().len()
+        self.lock().len
     }
 
     /// Whether no record is held.
@@ -63,7 +63,7 @@ impl MemoryStore {
         self.len() == 0
     }
 
-    fn lock(&self) -> MutexGuard<'_, HashMap<Key, StoredRecord, SeededState>> {
+    fn lock(&self) -> MutexGuard<'_, Records> {
         // A panic while holding the lock cannot leave a record half written (every change is one
         // insert or remove), so a poisoned map is still consistent.
         self.inner
@@ -80,8 +80,8 @@ impl MemoryStore {
     ) -> Result<T> {
         let mut map = self.lock();
         let now = self.inner.clock.now();
-        // Look up by reference first: the key is cloned only when a new record is inserted.
-        let out = match map.get_mut(key) {
+        let hash = map.hash(key);
+        let out = match map.get_mut(hash, key) {
             Some(slot) => match f(Some(slot), now)? {
                 (out, Change::Keep) => return Ok(out),
                 (out, Change::Put(rec)) => {
@@ -93,13 +93,13 @@ impl MemoryStore {
                     out
                 }
                 (out, Change::Delete) => {
-                    map.remove(key);
+                    map.remove(hash, key);
                     out
                 }
             },
             None => match f(None, now)? {
                 (out, Change::Put(rec)) => {
-                    map.insert(key.clone(), rec);
+                    map.insert(hash, rec);
                     out
                 }
                 (out, Change::Keep | Change::SetState(_) | Change::Delete) => return Ok(out),
@@ -111,6 +111,138 @@ impl MemoryStore {
             self.inner.changed.notify_waiters();
         }
         Ok(out)
+    }
+}
+
+/// The records, by a hash of their key computed once per operation. The map's own hashing is a
+/// pass-through of that hash, so growing the table never hashes names again; the rare colliding
+/// keys share a bucket and are told apart by the full key each record holds.
+#[derive(Debug)]
+struct Records {
+    seed: SeededState,
+    map: HashMap<u64, Bucket, BuildHasherDefault<PassThrough>>,
+    len: usize,
+}
+
+#[derive(Debug)]
+enum Bucket {
+    One(StoredRecord),
+    Many(Vec<StoredRecord>),
+}
+
+impl Records {
+    fn new() -> Self {
+        Records {
+            seed: SeededState::new(),
+            map: HashMap::default(),
+            len: 0,
+        }
+    }
+
+    fn hash(&self, key: &Key) -> u64 {
+        self.seed.hash_one(key)
+    }
+
+    fn get(&self, key: &Key) -> Option<&StoredRecord> {
+        match self.map.get(&self.hash(key))? {
+            Bucket::One(r) => (r.key == *key).then_some(r),
+            Bucket::Many(rs) => rs.iter().find(|r| r.key == *key),
+        }
+    }
+
+    fn get_mut(&mut self, hash: u64, key: &Key) -> Option<&mut StoredRecord> {
+        match self.map.get_mut(&hash)? {
+            Bucket::One(r) => (r.key == *key).then_some(r),
+            Bucket::Many(rs) => rs.iter_mut().find(|r| r.key == *key),
+        }
+    }
+
+    /// Inserts a record whose key is not present.
+    fn insert(&mut self, hash: u64, rec: StoredRecord) {
+        use std::collections::hash_map::Entry;
+        self.len += 1;
+        match self.map.entry(hash) {
+            Entry::Vacant(v) => {
+                v.insert(Bucket::One(rec));
+            }
+            Entry::Occupied(mut o) => {
+                let bucket = o.get_mut();
+                match std::mem::replace(bucket, Bucket::Many(Vec::new())) {
+                    Bucket::One(first) => *bucket = Bucket::Many(vec![first, rec]),
+                    Bucket::Many(mut rs) => {
+                        rs.push(rec);
+                        *bucket = Bucket::Many(rs);
+                    }
+                }
+            }
+        }
+    }
+
+    fn remove(&mut self, hash: u64, key: &Key) {
+        use std::collections::hash_map::Entry;
+        let Entry::Occupied(mut o) = self.map.entry(hash) else {
+            return;
+        };
+        match o.get_mut() {
+            Bucket::One(r) if r.key == *key => {
+                o.remove();
+                self.len -= 1;
+            }
+            Bucket::One(_) => {}
+            Bucket::Many(rs) => {
+                let before = rs.len();
+                rs.retain(|r| r.key != *key);
+                self.len -= before - rs.len();
+                if rs.is_empty() {
+                    o.remove();
+                }
+            }
+        }
+    }
+
+    fn values(&self) -> impl Iterator<Item = &StoredRecord> {
+        self.map.values().flat_map(|b| match b {
+            Bucket::One(r) => std::slice::from_ref(r).iter(),
+            Bucket::Many(rs) => rs.iter(),
+        })
+    }
+
+    fn retain(&mut self, mut keep: impl FnMut(&StoredRecord) -> bool) {
+        let mut len = 0;
+        self.map.retain(|_, b| match b {
+            Bucket::One(r) => {
+                let kept = keep(r);
+                len += usize::from(kept);
+                kept
+            }
+            Bucket::Many(rs) => {
+                rs.retain(|r| keep(r));
+                len += rs.len();
+                !rs.is_empty()
+            }
+        });
+        self.len = len;
+    }
+}
+
+/// The identity hash for keys that are hashes already.
+#[derive(Default)]
+struct PassThrough(u64);
+
+impl Hasher for PassThrough {
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `u64` keys are hashed with it; this keeps it correct for anything else.
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
     }
 }
 
@@ -235,9 +367,9 @@ impl Store for MemoryStore {
     async fn purge_expired(&self) -> Result<u64> {
         let now = self.inner.clock.now();
         let mut map = self.lock();
-        let before = map.len();
-        map.retain(|_, c| !transition::is_purgeable(c, now));
-        Ok((before - map.len()) as u64)
+        let before = map.len;
+        map.retain(|c| !transition::is_purgeable(c, now));
+        Ok((before - map.len) as u64)
     }
 
     async fn wait_changed(&self, _key: &Key, timeout: Duration) {
@@ -254,5 +386,52 @@ impl Store for MemoryStore {
         let _waiting = Waiting(&self.inner.waiters);
         let notified = self.inner.changed.notified();
         let _ = tokio::time::timeout(timeout, notified).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Fingerprint, IdempotencyKey, LeaseToken, RecordState, TenantId, ToolName};
+
+    fn rec(k: &str) -> StoredRecord {
+        StoredRecord {
+            key: Key::new(
+                TenantId::new("t").unwrap(),
+                ToolName::new("x").unwrap(),
+                IdempotencyKey::new(k).unwrap(),
+            ),
+            fingerprint: Fingerprint::of_bytes(b""),
+            fence: 1,
+            token: LeaseToken(1),
+            created_at: Timestamp::EPOCH,
+            state: RecordState::Unknown {
+                since: Timestamp::EPOCH,
+            },
+        }
+    }
+
+    #[test]
+    fn colliding_hashes_keep_records_apart() {
+        let mut records = Records::new();
+        let (a, b, c) = (rec("a"), rec("b"), rec("c"));
+        // Force all three into one bucket, as a 64-bit collision would.
+        for r in [&a, &b, &c] {
+            records.insert(7, r.clone());
+        }
+        assert_eq!(records.len, 3);
+        assert_eq!(
+            records.get_mut(7, &b.key).map(|r| r.key.clone()),
+            Some(b.key.clone())
+        );
+        records.remove(7, &b.key);
+        assert!(records.get_mut(7, &b.key).is_none());
+        assert!(records.get_mut(7, &a.key).is_some() && records.get_mut(7, &c.key).is_some());
+        assert_eq!(records.values().count(), 2);
+        records.retain(|r| r.key == a.key);
+        assert_eq!(records.len, 1);
+        assert!(records.get_mut(7, &c.key).is_none());
+        records.remove(7, &a.key);
+        assert_eq!((records.len, records.map.len()), (0, 0));
     }
 }
