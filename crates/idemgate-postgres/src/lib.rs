@@ -304,6 +304,48 @@ impl PgStore {
             }
         }
     }
+
+    /// Runs a lease-carrying statement that answers with a count of rows it changed and a flag,
+    /// (`columns`), and decides by `settled(changed > 0, flag)` whether the record is as wanted.
+    /// A second run settles a concurrent write under the same lease that committed after the
+    /// first run's snapshot; if neither settles it, the lease is lost.
+    async fn settle_lease(
+        &self,
+        sql: &str,
+        key: &Key,
+        lease: Lease,
+        what: &str,
+        columns: (&str, &str),
+        settled: impl Fn(bool, bool) -> bool,
+    ) -> Result<()> {
+        let token = token_bytes(lease.token);
+        let fence = fence_param(lease.fence)?;
+        let digest = digest_hex(key);
+        for _ in 0..2 {
+            let rows = self
+                .run(
+                    sql,
+                    &[
+                        &key.tenant.as_str(),
+                        &key.tool.as_str(),
+                        &key.key.as_str(),
+                        &fence,
+                        &token.as_slice(),
+                        &digest,
+                    ],
+                )
+                .await?;
+            let row = rows
+                .first()
+                .ok_or_else(|| error::corrupt(format!("{what} gave no answer")))?;
+            let changed: i64 = get(row, columns.0)?;
+            let flag: bool = get(row, columns.1)?;
+            if settled(changed > 0, flag) {
+                return Ok(());
+            }
+        }
+        Err(StoreError::LeaseLost)
+    }
 }
 
 /// The statements every new session runs first.
@@ -593,63 +635,29 @@ impl Store for PgStore {
     }
 
     async fn release(&self, key: &Key, lease: Lease) -> Result<()> {
-        let token = token_bytes(lease.token);
-        let fence = fence_param(lease.fence)?;
-        let digest = digest_hex(key);
-        for _ in 0..2 {
-            let rows = self
-                .run(
-                    &self.inner.sql.release,
-                    &[
-                        &key.tenant.as_str(),
-                        &key.tool.as_str(),
-                        &key.key.as_str(),
-                        &fence,
-                        &token.as_slice(),
-                        &digest,
-                    ],
-                )
-                .await?;
-            let row = rows
-                .first()
-                .ok_or_else(|| error::corrupt("release gave no answer"))?;
-            let deleted: i64 = get(row, "deleted")?;
-            let present: bool = get(row, "present")?;
-            if deleted > 0 || !present {
-                return Ok(());
-            }
-        }
-        Err(StoreError::LeaseLost)
+        let sql = &self.inner.sql.release;
+        self.settle_lease(
+            sql,
+            key,
+            lease,
+            "release",
+            ("deleted", "present"),
+            |done, present| done || !present,
+        )
+        .await
     }
 
     async fn mark_unknown(&self, key: &Key, lease: Lease) -> Result<()> {
-        let token = token_bytes(lease.token);
-        let fence = fence_param(lease.fence)?;
-        let digest = digest_hex(key);
-        for _ in 0..2 {
-            let rows = self
-                .run(
-                    &self.inner.sql.mark_unknown,
-                    &[
-                        &key.tenant.as_str(),
-                        &key.tool.as_str(),
-                        &key.key.as_str(),
-                        &fence,
-                        &token.as_slice(),
-                        &digest,
-                    ],
-                )
-                .await?;
-            let row = rows
-                .first()
-                .ok_or_else(|| error::corrupt("mark unknown gave no answer"))?;
-            let updated: i64 = get(row, "updated")?;
-            let already: bool = get(row, "already")?;
-            if updated > 0 || already {
-                return Ok(());
-            }
-        }
-        Err(StoreError::LeaseLost)
+        let sql = &self.inner.sql.mark_unknown;
+        self.settle_lease(
+            sql,
+            key,
+            lease,
+            "mark unknown",
+            ("updated", "already"),
+            |done, already| done || already,
+        )
+        .await
     }
 
     async fn get(&self, key: &Key) -> Result<Option<Record>> {
