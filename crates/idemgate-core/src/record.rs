@@ -19,23 +19,29 @@ pub type Fence = u64;
 pub struct LeaseToken(pub u128);
 
 impl LeaseToken {
-    /// A fresh token, unique among all tokens minted anywhere: 64 random bits drawn once per
-    /// process, then a counter. (Tokens are names, not secrets: whoever can write to the store
-    /// can change records anyway. What matters is that no two holders ever share one, and a
-    /// syscall per call for fresh randomness would cost more than the rest of a call.)
+    /// A fresh token: 64 random bits drawn once per process, then 64 bits that are a keyed hash
+    /// (SipHash with a random per-process key) of a counter. Tokens never repeat within a process
+    /// in practice and cannot be guessed from one another, which matters once a lease travels
+    /// over HTTP; a syscall for fresh randomness on every call would cost more than the rest of
+    /// the call.
     ///
     /// # Panics
     /// When the operating system has no randomness to give.
     pub fn mint() -> Self {
-        static PREFIX: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+        use std::hash::BuildHasher as _;
+        static KEYS: std::sync::OnceLock<(u64, std::collections::hash_map::RandomState)> =
+            std::sync::OnceLock::new();
         static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let prefix = *PREFIX.get_or_init(|| {
+        let (prefix, hasher) = KEYS.get_or_init(|| {
             let mut b = [0u8; 8];
             getrandom::fill(&mut b).expect("failed to read randomness from the operating system");
-            u64::from_be_bytes(b)
+            (
+                u64::from_be_bytes(b),
+                std::collections::hash_map::RandomState::new(),
+            )
         });
         let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        LeaseToken((u128::from(prefix) << 64) | u128::from(n))
+        LeaseToken((u128::from(*prefix) << 64) | u128::from(hasher.hash_one(n)))
     }
 
     /// Lower-case hex, 32 characters.
@@ -262,6 +268,20 @@ mod tests {
         assert_eq!(lease.to_string().parse::<Lease>().unwrap(), lease);
         assert!("7".parse::<Lease>().is_err());
         assert!("x.ab".parse::<Lease>().is_err());
+    }
+
+    #[test]
+    fn minted_tokens_are_distinct_and_not_sequential() {
+        let tokens: Vec<u128> = (0..10_000).map(|_| LeaseToken::mint().0).collect();
+        let unique: std::collections::HashSet<_> = tokens.iter().collect();
+        assert_eq!(unique.len(), tokens.len());
+        let low = |t: u128| t as u64;
+        assert!(
+            tokens
+                .windows(2)
+                .all(|w| low(w[1]).wrapping_sub(low(w[0])) != 1),
+            "the low half must not be a visible counter"
+        );
     }
 
     #[test]
