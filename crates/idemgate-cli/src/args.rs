@@ -76,6 +76,65 @@ pub enum Command {
     /// Flush outcomes the store did not confirm into it (exec does this on every start).
     #[command(subcommand)]
     Journal(JournalCommand),
+    /// Run the HTTP gateway (docs/HTTP.md).
+    #[command(long_about = SERVE_ABOUT, after_long_help = SERVE_EXAMPLES)]
+    Serve(ServeArgs),
+    /// Make and hash the gateway's bearer tokens.
+    #[command(subcommand)]
+    Token(TokenCommand),
+}
+
+const SERVE_ABOUT: &str = "\
+Run the HTTP gateway (docs/HTTP.md): forwarded and coordinated tool calls, at most once per key.
+
+With --config PATH the TOML file says everything (listen address, store, tenants, tools); a file
+without server.store uses --store or the default SQLite file, as the other commands do.
+
+Without --config the gateway listens on 127.0.0.1:8080 (or --listen) with one tenant, \"default\",
+whose bearer token is read from the environment variable named by --token-env (IDEMGATE_TOKEN
+unless changed; at least 16 characters). It never starts without a tenant: there is no
+unauthenticated mode. Every tool is a coordinated write with the default policy; forwarded tools
+need a config file.
+
+Logs are JSON lines on stderr, filtered by IDEMGATE_LOG (default info). SIGTERM or Ctrl-C stops
+accepting, lets in-flight requests finish, flushes the journal and exits 0.";
+
+const SERVE_EXAMPLES: &str = "\
+Examples:
+  # quickest start, on the default SQLite file
+  export IDEMGATE_TOKEN=\"$(idemgate token new | head -n1)\"
+  idemgate serve
+
+  # everything from a file (hash tokens with `idemgate token hash TOKEN`)
+  idemgate serve --config /etc/idemgate/gateway.toml";
+
+/// `serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// The gateway's TOML configuration (docs/HTTP.md).
+    #[arg(long, value_name = "PATH")]
+    pub config: Option<PathBuf>,
+
+    /// Without --config: the environment variable holding the bearer token of the one tenant,
+    /// "default".
+    #[arg(long, value_name = "VAR", default_value = "IDEMGATE_TOKEN")]
+    pub token_env: String,
+
+    /// Without --config: the address to listen on.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8080")]
+    pub listen: std::net::SocketAddr,
+}
+
+/// `token ...`.
+#[derive(Debug, Subcommand)]
+pub enum TokenCommand {
+    /// Print the SHA-256 of a token, for `token_sha256` in the gateway's configuration.
+    Hash {
+        /// The bearer token.
+        token: String,
+    },
+    /// Print a fresh random token (first line) and its SHA-256 (second line).
+    New,
 }
 
 /// `exec`.

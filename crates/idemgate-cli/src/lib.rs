@@ -5,6 +5,7 @@ mod args;
 mod exec;
 mod keys;
 mod outcome;
+mod serve;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -15,7 +16,7 @@ use clap::Parser as _;
 use idemgate::{AnyStore, Engine, FileJournal, Key};
 
 pub use args::Cli;
-use args::{Command, JournalCommand, KeyCommand};
+use args::{Command, JournalCommand, KeyCommand, TokenCommand};
 
 /// Exit codes of `idemgate` itself (a command's own exit code passes through on execution and
 /// replay). One table, so docs, tests and code agree.
@@ -37,10 +38,17 @@ pub mod exit {
 /// Parses the command line, runs it and returns the exit code.
 pub fn run() -> ExitCode {
     let cli = Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    // The gateway serves many connections at once; every other command is one call.
+    let runtime = if matches!(cli.command, Command::Serve(_)) {
+        tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    };
+    let runtime = match runtime {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("idemgate: failed to start the runtime: {e}");
@@ -74,6 +82,24 @@ async fn dispatch(cli: Cli) -> Result<u8> {
             let ctx = Context::open(&cli).await?;
             keys::run(&ctx, cmd).await
         }
+        Command::Serve(args) => serve::run(&cli, args).await,
+        Command::Token(TokenCommand::Hash { token }) => {
+            println!("{}", idemgate_http::token_sha256(token));
+            Ok(0)
+        }
+        Command::Token(TokenCommand::New) => {
+            let token = idemgate_http::new_token();
+            let hash = idemgate_http::token_sha256(&token);
+            if cli.json {
+                println!(
+                    "{}",
+                    serde_json::json!({"token": token, "token_sha256": hash})
+                );
+            } else {
+                println!("{token}\n{hash}");
+            }
+            Ok(0)
+        }
         Command::Journal(JournalCommand::Flush) => {
             let ctx = Context::open(&cli).await?;
             let report = ctx.engine.flush_journal().await?;
@@ -104,25 +130,10 @@ pub(crate) struct Context {
 impl Context {
     async fn open(cli: &Cli) -> Result<Self> {
         let tenant = idemgate::TenantId::new(cli.tenant.as_str()).context("invalid --tenant")?;
-        let (url, default_journal) = match &cli.store {
-            Some(url) => {
-                let journal = sqlite_path(url)
-                    .map(journal_beside)
-                    .unwrap_or_else(|| data_dir().join(format!("journal-{}", short_digest(url))));
-                (url.clone(), journal)
-            }
-            None => {
-                let dir = data_dir();
-                std::fs::create_dir_all(&dir)
-                    .with_context(|| format!("failed to create {}", dir.display()))?;
-                let db = dir.join("idemgate.db");
-                (format!("sqlite://{}", db.display()), journal_beside(db))
-            }
-        };
+        let (url, journal_dir) = store_and_journal(cli)?;
         let store = AnyStore::connect(&url)
             .await
             .with_context(|| format!("failed to open store {}", redact(&url)))?;
-        let journal_dir = cli.journal.clone().unwrap_or(default_journal);
         let journal = FileJournal::open(&journal_dir)
             .with_context(|| format!("failed to open journal {}", journal_dir.display()))?;
         let engine = Engine::new(store).with_journal(Arc::new(journal));
@@ -144,6 +155,36 @@ impl Context {
     pub(crate) fn store(&self) -> &AnyStore {
         self.engine.store()
     }
+}
+
+/// The store URL and journal directory every command uses: `--store` (or `IDEMGATE_STORE`), else
+/// the default SQLite file in the data directory; `--journal`, else beside the SQLite file or in
+/// the data directory for server stores.
+pub(crate) fn store_and_journal(cli: &Cli) -> Result<(String, PathBuf)> {
+    store_and_journal_for(cli.store.as_deref(), cli.journal.as_deref())
+}
+
+/// As [`store_and_journal`], from a store URL and journal directory that may be given.
+pub(crate) fn store_and_journal_for(
+    store: Option<&str>,
+    journal: Option<&std::path::Path>,
+) -> Result<(String, PathBuf)> {
+    let (url, default_journal) = match store {
+        Some(url) => {
+            let journal = sqlite_path(url)
+                .map(journal_beside)
+                .unwrap_or_else(|| data_dir().join(format!("journal-{}", short_digest(url))));
+            (url.to_owned(), journal)
+        }
+        None => {
+            let dir = data_dir();
+            std::fs::create_dir_all(&dir)
+                .with_context(|| format!("failed to create {}", dir.display()))?;
+            let db = dir.join("idemgate.db");
+            (format!("sqlite://{}", db.display()), journal_beside(db))
+        }
+    };
+    Ok((url, journal.map(PathBuf::from).unwrap_or(default_journal)))
 }
 
 /// The data directory: `$XDG_DATA_HOME/idemgate`, else `~/.local/share/idemgate`.

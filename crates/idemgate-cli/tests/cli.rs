@@ -335,3 +335,109 @@ fn help_teaches_and_bad_input_says_what_to_do() {
             .stdout
     );
 }
+
+#[test]
+fn token_commands_make_and_hash_tokens() {
+    let sb = Sandbox::new();
+    let hash = sb.run(&["token", "hash", "test"]);
+    assert_eq!(
+        text(&hash.stdout),
+        "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08\n"
+    );
+    let new = text(&sb.run(&["token", "new"]).stdout);
+    let lines: Vec<&str> = new.lines().collect();
+    assert_eq!(lines.len(), 2, "{new}");
+    assert!(lines[0].starts_with("igt_"));
+    let rehashed = sb.run(&["token", "hash", lines[0]]);
+    assert_eq!(text(&rehashed.stdout).trim(), lines[1]);
+}
+
+#[test]
+fn serve_refuses_to_start_without_a_tenant() {
+    let sb = Sandbox::new();
+    let out = sb
+        .idemgate()
+        .env_remove("IDEMGATE_TOKEN")
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("IDEMGATE_TOKEN"),
+        "{}",
+        text(&out.stderr)
+    );
+    let short = sb
+        .idemgate()
+        .env("IDEMGATE_TOKEN", "short")
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .output()
+        .unwrap();
+    assert_eq!(short.status.code(), Some(1));
+    let help = text(&sb.run(&["serve", "--help"]).stdout);
+    assert!(
+        help.contains("--token-env") && help.contains("never starts without a tenant"),
+        "{help}"
+    );
+}
+
+#[test]
+fn serve_answers_and_stops_cleanly_on_sigterm() {
+    use std::io::{BufRead as _, BufReader, Read as _, Write as _};
+    let sb = Sandbox::new();
+    let token = "test-token-0123456789abcdef";
+    let mut child = sb
+        .idemgate()
+        .env("IDEMGATE_TOKEN", token)
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .trim()
+        .strip_prefix("idemgate: listening on http://")
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .to_owned();
+    let request = |req: String| {
+        let mut s = std::net::TcpStream::connect(&addr).unwrap();
+        s.write_all(req.as_bytes()).unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out
+    };
+    let begin = request(format!(
+        "POST /v1/tools/t/begin HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n\
+         Idempotency-Key: k\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{{}}"
+    ));
+    assert!(begin.starts_with("HTTP/1.1 201"), "{begin}");
+    let unauthorized =
+        request("GET /v1/records HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".to_owned());
+    assert!(unauthorized.starts_with("HTTP/1.1 401"), "{unauthorized}");
+    // The gateway's records are the CLI's: same default store, tenant "default".
+    let listed = sb.run(&[
+        "--tenant", "default", "keys", "list", "--tool", "t", "--json",
+    ]);
+    assert!(
+        text(&listed.stdout).contains("in_flight"),
+        "{}",
+        text(&listed.stdout)
+    );
+    Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "serve did not stop on SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(0));
+}

@@ -1,0 +1,64 @@
+//! `idemgate serve`: the HTTP gateway, configured by a file or by the environment.
+
+use std::io::Write as _;
+
+use anyhow::{bail, Context as _, Result};
+use idemgate_http::{Config, TenantConfig};
+
+use crate::args::{Cli, ServeArgs};
+
+/// Shortest bearer token accepted from the environment: short secrets are guessable.
+const MIN_TOKEN_LEN: usize = 16;
+
+/// Runs the gateway until SIGTERM or Ctrl-C.
+pub(crate) async fn run(cli: &Cli, args: &ServeArgs) -> Result<u8> {
+    idemgate_http::logging::init();
+    let mut config = match &args.config {
+        Some(path) => Config::load(path)?,
+        None => env_config(args)?,
+    };
+    // A file without a store uses the store every other command uses, so `idemgate keys` sees
+    // the gateway's records.
+    let store = config.server.store.clone().or_else(|| cli.store.clone());
+    let (url, journal) = crate::store_and_journal_for(
+        store.as_deref(),
+        config.server.journal.as_deref().or(cli.journal.as_deref()),
+    )?;
+    config.server.store = Some(url);
+    config.server.journal = Some(journal);
+    let server = idemgate_http::bind(config)
+        .await
+        .context("failed to start the gateway")?;
+    // One plain line on stdout (logs go to stderr as JSON), so scripts can learn the port when
+    // they listen on port 0.
+    println!("idemgate: listening on http://{}", server.local_addr());
+    let _ = std::io::stdout().flush();
+    server
+        .serve(idemgate_http::shutdown_signal())
+        .await
+        .context("failed to serve")?;
+    Ok(0)
+}
+
+/// The configuration without a file: one tenant, "default", whose token is in the environment.
+fn env_config(args: &ServeArgs) -> Result<Config> {
+    let var = &args.token_env;
+    let token = match std::env::var(var) {
+        Ok(t) if !t.trim().is_empty() => t.trim().to_owned(),
+        _ => bail!(
+            "failed to find a tenant: set {var} to a bearer token (`idemgate token new` makes one) or pass --config PATH; the gateway never serves without authentication"
+        ),
+    };
+    if token.len() < MIN_TOKEN_LEN {
+        bail!("failed to accept the token in {var}: it has {} characters, at least {MIN_TOKEN_LEN} are required (`idemgate token new` makes one)", token.len());
+    }
+    let mut config = Config::default();
+    config.server.listen = args.listen;
+    config.tenants.push(TenantConfig {
+        id: idemgate::TenantId::new("default").context("invalid tenant id")?,
+        token_sha256: idemgate_http::token_sha256(&token),
+        rate_limit_per_second: None,
+        max_live_keys: None,
+    });
+    Ok(config)
+}

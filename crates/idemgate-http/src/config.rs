@@ -1,0 +1,329 @@
+//! The gateway's TOML configuration (see `docs/HTTP.md`).
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use idemgate::{TenantId, ToolKind, ToolPolicy, UnknownPolicy};
+use serde::{Deserialize, Deserializer};
+
+use crate::error::Error;
+
+/// The whole configuration file.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Listening, store and limits.
+    #[serde(default)]
+    pub server: ServerConfig,
+    /// Who may call, each with a bearer token. At least one is required.
+    #[serde(default)]
+    pub tenants: Vec<TenantConfig>,
+    /// Per-tool policies and upstreams; tools not listed are coordinated writes with the default
+    /// policy.
+    #[serde(default)]
+    pub tools: BTreeMap<String, ToolConfig>,
+}
+
+/// `[server]`.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    /// The address to listen on.
+    pub listen: SocketAddr,
+    /// The store URL: `sqlite://PATH`, `postgres://…`, `redis://…` or `memory:`. Required by the
+    /// gateway; `idemgate serve` fills in its default SQLite file when it is left out.
+    pub store: Option<String>,
+    /// The journal directory of outcomes the store has not confirmed. Default: beside the SQLite
+    /// file; required for server stores (`idemgate serve` fills one in).
+    pub journal: Option<PathBuf>,
+    /// Larger request bodies get 413 before they are read.
+    pub max_body_bytes: u64,
+    /// Time allowed to receive a request head.
+    #[serde(deserialize_with = "duration")]
+    pub header_timeout: Duration,
+    /// Time allowed for a whole request, forwarding included.
+    #[serde(deserialize_with = "duration")]
+    pub request_timeout: Duration,
+    /// Where to append one JSON line per record state transition.
+    pub audit_log: Option<PathBuf>,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            store: None,
+            journal: None,
+            max_body_bytes: 1024 * 1024,
+            header_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(60),
+            audit_log: None,
+        }
+    }
+}
+
+/// `[[tenants]]`.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantConfig {
+    /// The tenant's id; its records are named under it.
+    pub id: TenantId,
+    /// Lower-case hex SHA-256 of the tenant's bearer token (`idemgate token hash TOKEN`).
+    pub token_sha256: String,
+    /// Requests per second (token bucket, burst twice the rate); unlimited when absent.
+    pub rate_limit_per_second: Option<f64>,
+    /// Records this gateway may hold in flight for the tenant at once; unlimited when absent.
+    pub max_live_keys: Option<usize>,
+}
+
+/// `[tools.NAME]`: the tool's policy, and its upstream if the gateway forwards calls to it.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolConfig {
+    /// `write`, `read` or `natural_idempotent` (default `write`).
+    pub kind: Option<ToolKind>,
+    /// Where `POST /v1/tools/{tool}/call` forwards to (`http://…`); coordinated only when absent.
+    pub upstream: Option<String>,
+    /// How long outcomes are kept.
+    #[serde(default, deserialize_with = "optional_duration")]
+    pub ttl: Option<Duration>,
+    /// How long a reservation holds without a heartbeat.
+    #[serde(default, deserialize_with = "optional_duration")]
+    pub lease: Option<Duration>,
+    /// How long a duplicate waits for an in-flight first call.
+    #[serde(default, deserialize_with = "optional_duration")]
+    pub wait: Option<Duration>,
+    /// Calls without a key dedupe by (tool, arguments) for this long.
+    #[serde(default, deserialize_with = "optional_duration")]
+    pub fallback_window: Option<Duration>,
+    /// `block`, `verify` or `retry`.
+    pub on_unknown: Option<UnknownPolicy>,
+}
+
+impl ToolConfig {
+    /// The engine policy this configures, defaults filled in.
+    pub fn policy(&self) -> ToolPolicy {
+        let d = ToolPolicy::default();
+        ToolPolicy {
+            kind: self.kind.unwrap_or(d.kind),
+            ttl: self.ttl.unwrap_or(d.ttl),
+            lease: self.lease.unwrap_or(d.lease),
+            wait: self.wait.unwrap_or(d.wait),
+            fallback_window: self.fallback_window,
+            on_unknown: self.on_unknown.unwrap_or(d.on_unknown),
+        }
+    }
+}
+
+impl Config {
+    /// Reads and checks a configuration file.
+    ///
+    /// # Errors
+    /// [`Error::Config`] naming the file and the field at fault.
+    pub fn load(path: &Path) -> Result<Self, Error> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::Config {
+            origin: path.display().to_string(),
+            message: format!("failed to read the file: {e}"),
+        })?;
+        Self::parse(&text).map_err(|e| match e {
+            Error::Config { message, .. } => Error::Config {
+                origin: path.display().to_string(),
+                message,
+            },
+            other => other,
+        })
+    }
+
+    /// Parses and checks configuration text.
+    ///
+    /// # Errors
+    /// [`Error::Config`] naming the field at fault.
+    pub fn parse(text: &str) -> Result<Self, Error> {
+        let config: Config = toml::from_str(text).map_err(|e| Error::Config {
+            origin: "configuration".to_owned(),
+            // toml's message names the line, the column and the key.
+            message: e.to_string().trim_end().to_owned(),
+        })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks what serde cannot: hashes, uniqueness, limits, upstream URLs.
+    ///
+    /// # Errors
+    /// [`Error::Config`] naming the field at fault.
+    pub fn validate(&self) -> Result<(), Error> {
+        let fail = |field: String, message: String| {
+            Err(Error::Config {
+                origin: "configuration".to_owned(),
+                message: format!("{field}: {message}"),
+            })
+        };
+        if self.tenants.is_empty() {
+            return fail(
+                "tenants".to_owned(),
+                "at least one [[tenants]] entry is required: the gateway never serves without authentication".to_owned(),
+            );
+        }
+        for (i, t) in self.tenants.iter().enumerate() {
+            let h = &t.token_sha256;
+            if h.len() != 64 || !h.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return fail(
+                    format!("tenants[{i}].token_sha256"),
+                    "expected 64 hex digits (`idemgate token hash TOKEN` prints them)".to_owned(),
+                );
+            }
+            if self.tenants[..i].iter().any(|o| o.id == t.id) {
+                return fail(
+                    format!("tenants[{i}].id"),
+                    format!("tenant {:?} is listed twice", t.id.as_str()),
+                );
+            }
+            if self.tenants[..i]
+                .iter()
+                .any(|o| o.token_sha256.eq_ignore_ascii_case(h))
+            {
+                return fail(
+                    format!("tenants[{i}].token_sha256"),
+                    "two tenants share one token".to_owned(),
+                );
+            }
+            if let Some(r) = t.rate_limit_per_second {
+                if !(r.is_finite() && r > 0.0) {
+                    return fail(
+                        format!("tenants[{i}].rate_limit_per_second"),
+                        "expected a positive number".to_owned(),
+                    );
+                }
+            }
+        }
+        if self.server.max_body_bytes == 0 {
+            return fail(
+                "server.max_body_bytes".to_owned(),
+                "expected a positive number".to_owned(),
+            );
+        }
+        for (field, d) in [
+            ("server.header_timeout", self.server.header_timeout),
+            ("server.request_timeout", self.server.request_timeout),
+        ] {
+            if d.is_zero() {
+                return fail(field.to_owned(), "expected a positive duration".to_owned());
+            }
+        }
+        for (name, tool) in &self.tools {
+            if let Err(e) = idemgate::ToolName::new(name.as_str()) {
+                return fail(format!("tools.{name}"), e.to_string());
+            }
+            if let Some(up) = &tool.upstream {
+                if !up.starts_with("http://") || reqwest::Url::parse(up).is_err() {
+                    return fail(
+                        format!("tools.{name}.upstream"),
+                        format!("expected an http:// URL, found {up:?}"),
+                    );
+                }
+            }
+            let p = tool.policy();
+            if p.lease.is_zero() {
+                return fail(
+                    format!("tools.{name}.lease"),
+                    "expected a positive duration".to_owned(),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// The policy of `tool` (the default write policy for tools not listed).
+    pub fn policy(&self, tool: &str) -> ToolPolicy {
+        self.tools
+            .get(tool)
+            .map(ToolConfig::policy)
+            .unwrap_or_default()
+    }
+}
+
+fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    let s = String::deserialize(d)?;
+    humantime::parse_duration(&s).map_err(|e| {
+        serde::de::Error::custom(format!(
+            "failed to read duration {s:?}: {e} (write it like \"30s\", \"500ms\" or \"24h\")"
+        ))
+    })
+}
+
+fn optional_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    duration(d).map(Some)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HASH: &str = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
+
+    #[test]
+    fn the_documented_example_parses() {
+        let text = format!(
+            r#"
+[server]
+listen = "127.0.0.1:8080"
+store = "sqlite://./idemgate.db"
+journal = "./idemgate.db.journal"
+max_body_bytes = 1048576
+header_timeout = "5s"
+request_timeout = "60s"
+audit_log = "./audit.jsonl"
+
+[[tenants]]
+id = "acme"
+token_sha256 = "{HASH}"
+rate_limit_per_second = 200
+max_live_keys = 10000
+
+[tools.charge]
+kind = "write"
+upstream = "http://127.0.0.1:9000/charge"
+ttl = "24h"
+lease = "30s"
+wait = "5s"
+fallback_window = "10s"
+on_unknown = "block"
+
+[tools.create_ticket]
+ttl = "1h"
+"#
+        );
+        let c = Config::parse(&text).unwrap();
+        assert_eq!(c.server.request_timeout, Duration::from_secs(60));
+        assert_eq!(c.tenants[0].rate_limit_per_second, Some(200.0));
+        assert_eq!(
+            c.policy("charge").fallback_window,
+            Some(Duration::from_secs(10))
+        );
+        assert_eq!(c.policy("create_ticket").ttl, Duration::from_secs(3600));
+        assert_eq!(c.policy("anything").kind, ToolKind::Write);
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let tenant = format!("[[tenants]]\nid = \"a\"\ntoken_sha256 = \"{HASH}\"\n");
+        let err = |text: &str| Config::parse(text).unwrap_err().to_string();
+        let e = err(&format!("{tenant}[tools.x]\nttl = \"soon\"\n"));
+        assert!(e.contains("ttl") && e.contains("soon"), "{e}");
+        let e = err(&format!("{tenant}[tools.x]\ntll = \"1h\"\n"));
+        assert!(e.contains("tll"), "{e}");
+        let e = err("[server]\nlisten = \"127.0.0.1:1\"\n");
+        assert!(e.contains("tenants"), "{e}");
+        let e = err("[[tenants]]\nid = \"a\"\ntoken_sha256 = \"abc\"\n");
+        assert!(e.contains("tenants[0].token_sha256"), "{e}");
+        let e = err(&format!(
+            "{tenant}[tools.x]\nupstream = \"https://example.invalid\"\n"
+        ));
+        assert!(e.contains("tools.x.upstream"), "{e}");
+        let e = err(&format!("{tenant}[server]\nheader_timeout = \"0s\"\n"));
+        assert!(e.contains("server.header_timeout"), "{e}");
+    }
+}

@@ -1,0 +1,272 @@
+//! Errors: the gateway's own (start-up, serving) and the problem answers it gives callers.
+
+use std::time::Duration;
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use idemgate::{EngineError, Fence, KeyRule, StoreError, Timestamp};
+use serde_json::{json, Map, Value};
+
+/// Why the gateway could not start or stopped.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The configuration is invalid.
+    #[error("failed to load {origin}: {message}")]
+    Config {
+        /// The file (or "configuration" for text).
+        origin: String,
+        /// What is wrong, naming the field.
+        message: String,
+    },
+    /// The store could not be opened.
+    #[error("failed to open the store: {0}")]
+    Store(#[source] StoreError),
+    /// The journal or the audit log could not be opened.
+    #[error("failed to open {what} {path}: {source}")]
+    File {
+        /// Which file.
+        what: &'static str,
+        /// Its path.
+        path: String,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The listening socket could not be bound or accepted on.
+    #[error("failed to listen on {addr}: {source}")]
+    Listen {
+        /// The address.
+        addr: String,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The HTTP client for upstreams could not be built.
+    #[error("failed to build the upstream HTTP client: {0}")]
+    Client(#[source] reqwest::Error),
+}
+
+/// An RFC 9457 problem answer (`application/problem+json`).
+#[derive(Clone, Debug)]
+pub(crate) struct Problem {
+    pub(crate) status: StatusCode,
+    /// The last part of `https://idemgate.dev/problems/<name>`.
+    pub(crate) name: &'static str,
+    pub(crate) title: &'static str,
+    pub(crate) detail: String,
+    pub(crate) retry_after: Option<Duration>,
+    /// Extra members (`since`, `fence`).
+    pub(crate) extra: Map<String, Value>,
+    /// `Idempotent-Replayed: false` and `Idempotency-Rule` when the answer is about a record.
+    pub(crate) rule: Option<KeyRule>,
+}
+
+impl Problem {
+    pub(crate) fn new(
+        status: StatusCode,
+        name: &'static str,
+        title: &'static str,
+        detail: impl Into<String>,
+    ) -> Self {
+        Problem {
+            status,
+            name,
+            title,
+            detail: detail.into(),
+            retry_after: None,
+            extra: Map::new(),
+            rule: None,
+        }
+    }
+
+    pub(crate) fn unauthorized() -> Self {
+        Problem::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "Unauthorized",
+            "a valid `Authorization: Bearer <token>` header is required",
+        )
+    }
+
+    pub(crate) fn bad_request(detail: impl Into<String>) -> Self {
+        Problem::new(
+            StatusCode::BAD_REQUEST,
+            "bad-request",
+            "Bad request",
+            detail,
+        )
+    }
+
+    pub(crate) fn not_found(detail: impl Into<String>) -> Self {
+        Problem::new(StatusCode::NOT_FOUND, "not-found", "Not found", detail)
+    }
+
+    pub(crate) fn payload_too_large(max: u64) -> Self {
+        Problem::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload-too-large",
+            "Payload too large",
+            format!("the request body is larger than the limit of {max} bytes"),
+        )
+    }
+
+    pub(crate) fn lease_lost() -> Self {
+        Problem::new(
+            StatusCode::CONFLICT,
+            "lease-lost",
+            "Lease lost",
+            "the lease is no longer the record's current one: it was taken over, resolved or released",
+        )
+    }
+
+    pub(crate) fn store_unavailable(detail: impl Into<String>) -> Self {
+        Problem::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "store-unavailable",
+            "Store unavailable",
+            detail,
+        )
+    }
+
+    pub(crate) fn timeout(after: Duration) -> Self {
+        Problem::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "timeout",
+            "Request timeout",
+            format!(
+                "the request took longer than the limit of {}",
+                humantime::format_duration(after)
+            ),
+        )
+    }
+
+    pub(crate) fn in_flight(since: Timestamp, retry_after: Duration, rule: KeyRule) -> Self {
+        Problem::new(
+            StatusCode::CONFLICT,
+            "in-flight",
+            "Call in flight",
+            "another call with this key is running and did not finish within the wait bound; retry after the time given",
+        )
+        .with("since", json!(since))
+        .with_retry_after(retry_after)
+        .with_rule(Some(rule))
+    }
+
+    pub(crate) fn outcome_unknown(
+        since: Timestamp,
+        fence: Fence,
+        rule: KeyRule,
+        message: Option<&str>,
+    ) -> Self {
+        let mut detail = "the side effect may or may not have happened; it is not run again until an operator resolves the record (POST /v1/tools/{tool}/records/{key}/resolve)".to_owned();
+        if let Some(m) = message {
+            detail = format!("{detail}: {m}");
+        }
+        Problem::new(
+            StatusCode::CONFLICT,
+            "outcome-unknown",
+            "Outcome unknown",
+            detail,
+        )
+        .with("since", json!(since))
+        .with("fence", json!(fence))
+        .with_rule(Some(rule))
+    }
+
+    pub(crate) fn quota_exceeded(max: Option<usize>) -> Self {
+        Problem::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "quota-exceeded",
+            "Quota exceeded",
+            format!(
+                "the tenant already holds its limit of {} keys in flight; nothing ran",
+                max.unwrap_or_default()
+            ),
+        )
+        .with_retry_after(Duration::from_secs(1))
+    }
+
+    pub(crate) fn with_retry_after(mut self, after: Duration) -> Self {
+        self.retry_after = Some(after);
+        self
+    }
+
+    pub(crate) fn with_rule(mut self, rule: Option<KeyRule>) -> Self {
+        self.rule = rule;
+        self
+    }
+
+    pub(crate) fn with(mut self, name: &str, value: Value) -> Self {
+        self.extra.insert(name.to_owned(), value);
+        self
+    }
+
+    /// The problem for an engine error; the only place engine errors become statuses.
+    pub(crate) fn from_engine(e: &EngineError) -> Self {
+        match e {
+            EngineError::KeyRequired { .. } => Problem::new(
+                StatusCode::BAD_REQUEST,
+                "key-required",
+                "Idempotency key required",
+                format!("{e}; send it in the Idempotency-Key header"),
+            ),
+            EngineError::KeyReuse {
+                rule, first_seen, ..
+            } => Problem::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "key-reused",
+                "Idempotency key reused",
+                // The engine's message names the raw key; callers know it, but keep answers and
+                // logs alike free of it.
+                format!("the idempotency key was already used with different arguments (first use at {first_seen}); use a new key for a new action"),
+            )
+            .with_rule(Some(*rule)),
+            EngineError::InvalidKey(k) => Problem::bad_request(k.to_string()),
+            EngineError::InvalidArguments(a) => Problem::bad_request(a.to_string()),
+            EngineError::ReserveFailed(_) => {
+                Problem::store_unavailable("failed to reserve the key, so nothing ran")
+            }
+            EngineError::NotFound { .. } => Problem::not_found("no record under this key"),
+            EngineError::NotResolvable { state, fence, .. } => Problem::new(
+                StatusCode::CONFLICT,
+                "not-resolvable",
+                "Not resolvable",
+                format!("the record is {state} at fence {fence}; only an unknown record at the fence you looked at can be resolved"),
+            )
+            .with("state", json!(state.to_string()))
+            .with("fence", json!(fence)),
+            EngineError::Store(StoreError::LeaseLost) => Problem::lease_lost(),
+            _ => Problem::store_unavailable("failed to reach the store"),
+        }
+    }
+}
+
+impl IntoResponse for Problem {
+    fn into_response(self) -> Response {
+        let mut body = Map::new();
+        body.insert(
+            "type".into(),
+            json!(format!("https://idemgate.dev/problems/{}", self.name)),
+        );
+        body.insert("title".into(), json!(self.title));
+        body.insert("status".into(), json!(self.status.as_u16()));
+        body.insert("detail".into(), json!(self.detail));
+        body.extend(self.extra);
+        let mut res = (self.status, Value::Object(body).to_string()).into_response();
+        let h = res.headers_mut();
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        if let Some(after) = self.retry_after {
+            // Whole seconds, rounded up so a client never asks again too early.
+            let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
+            h.insert(header::RETRY_AFTER, HeaderValue::from(secs.max(1)));
+        }
+        if let Some(rule) = self.rule {
+            crate::headers::set_record_headers(h, false, rule, None, None);
+        }
+        res
+    }
+}

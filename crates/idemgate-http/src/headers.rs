@@ -1,0 +1,43 @@
+//! The idempotency headers of the IETF draft and this gateway's additions.
+
+use axum::http::{HeaderMap, HeaderName, HeaderValue};
+use idemgate::{KeyRule, Timestamp};
+
+/// The caller's idempotency key.
+pub(crate) const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+/// Whether the answer is a replay of a stored outcome.
+pub(crate) const REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+/// Which rule named the record: `explicit` or `fallback`.
+pub(crate) const RULE: HeaderName = HeaderName::from_static("idempotency-rule");
+/// When the original execution was recorded.
+pub(crate) const EXECUTED_AT: HeaderName = HeaderName::from_static("idempotency-executed-at");
+/// Until when the record is kept.
+pub(crate) const EXPIRES_AT: HeaderName = HeaderName::from_static("idempotency-expires-at");
+
+/// Sets the headers every answer about a keyed record carries.
+pub(crate) fn set_record_headers(
+    h: &mut HeaderMap,
+    replayed: bool,
+    rule: KeyRule,
+    executed_at: Option<Timestamp>,
+    expires_at: Option<Timestamp>,
+) {
+    h.insert(
+        REPLAYED,
+        HeaderValue::from_static(if replayed { "true" } else { "false" }),
+    );
+    h.insert(
+        RULE,
+        HeaderValue::from_static(match rule {
+            KeyRule::Explicit => "explicit",
+            KeyRule::Fallback => "fallback",
+        }),
+    );
+    for (name, at) in [(EXECUTED_AT, executed_at), (EXPIRES_AT, expires_at)] {
+        if let Some(at) = at {
+            if let Ok(v) = HeaderValue::from_str(&at.to_string()) {
+                h.insert(name, v);
+            }
+        }
+    }
+}

@@ -1,0 +1,134 @@
+//! The operator view of a tenant's records: list, show, resolve.
+
+use axum::body::Body;
+use axum::extract::{Path, Query, State};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use idemgate::{Key, ListFilter, Resolution, State as RecordStateName};
+use serde::Deserialize;
+
+use crate::audit::Event;
+use crate::auth::Caller;
+use crate::error::Problem;
+use crate::gateway::Gateway;
+use crate::request::{self, OutcomeBody, RecordView};
+
+/// Most records one list answer holds.
+const MAX_LIST: usize = 1000;
+
+/// `GET /v1/records` query.
+#[derive(Debug, Deserialize)]
+pub(crate) struct ListQuery {
+    state: Option<String>,
+    tool: Option<String>,
+    limit: Option<usize>,
+}
+
+/// `GET /v1/records?state=&tool=&limit=`: the caller's records, oldest first.
+pub(crate) async fn list(
+    State(gw): State<Gateway>,
+    Caller(tenant): Caller,
+    Query(q): Query<ListQuery>,
+) -> Result<Response, Problem> {
+    let state = q
+        .state
+        .as_deref()
+        .map(str::parse::<RecordStateName>)
+        .transpose()
+        .map_err(Problem::bad_request)?;
+    let tool = q.tool.as_deref().map(request::tool_name).transpose()?;
+    let filter = ListFilter {
+        tenant: Some(tenant.id.clone()),
+        tool,
+        state,
+        limit: q.limit.unwrap_or(100).clamp(1, MAX_LIST),
+    };
+    let records = gw.engine().list(&filter).await.map_err(|e| {
+        gw.metrics().store_error();
+        Problem::from_engine(&e)
+    })?;
+    let views: Vec<RecordView> = records.iter().map(RecordView::of).collect();
+    Ok(Json(views).into_response())
+}
+
+/// `GET /v1/tools/{tool}/records/{key}`.
+pub(crate) async fn show(
+    State(gw): State<Gateway>,
+    Caller(tenant): Caller,
+    Path((tool, key)): Path<(String, String)>,
+) -> Result<Response, Problem> {
+    let key = Key::new(
+        tenant.id.clone(),
+        request::tool_name(&tool)?,
+        request::idempotency_key(&key)?,
+    );
+    match gw.engine().get(&key).await {
+        Ok(Some(r)) => Ok(Json(RecordView::of(&r)).into_response()),
+        Ok(None) => Err(Problem::not_found("no record under this key")),
+        Err(e) => {
+            gw.metrics().store_error();
+            Err(Problem::from_engine(&e))
+        }
+    }
+}
+
+/// The body of `resolve`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ResolveBody {
+    fence: u64,
+    resolution: String,
+    outcome: Option<OutcomeBody>,
+}
+
+/// `POST /v1/tools/{tool}/records/{key}/resolve`: an operator says what happened to an unknown
+/// record. Answers the record after (`null` once released).
+pub(crate) async fn resolve(
+    State(gw): State<Gateway>,
+    Caller(tenant): Caller,
+    Path((tool, key)): Path<(String, String)>,
+    body: Body,
+) -> Result<Response, Problem> {
+    let tool = request::tool_name(&tool)?;
+    let key = Key::new(
+        tenant.id.clone(),
+        tool.clone(),
+        request::idempotency_key(&key)?,
+    );
+    let b: ResolveBody = request::json_body(&request::read_body(body).await?)?;
+    let resolution = match (b.resolution.as_str(), b.outcome) {
+        ("completed", Some(o)) => Resolution::Completed {
+            outcome: o.into_outcome(),
+            ttl: gw.config().policy(tool.as_str()).ttl,
+        },
+        ("completed", None) => {
+            return Err(Problem::bad_request(
+                "resolution \"completed\" needs an outcome: {\"kind\": \"success\"|\"failed\", \"result\": ...}",
+            ))
+        }
+        ("release", None) => Resolution::Release,
+        ("release", Some(_)) => {
+            return Err(Problem::bad_request(
+                "resolution \"release\" takes no outcome: nothing happened",
+            ))
+        }
+        (other, _) => {
+            return Err(Problem::bad_request(format!(
+                "unknown resolution {other:?}: expected \"completed\" or \"release\""
+            )))
+        }
+    };
+    match gw.engine().resolve(&key, b.fence, resolution).await {
+        Ok(after) => {
+            gw.audit().record(Event::Resolved, &key, Some(b.fence));
+            tracing::info!(tenant = %tenant.id, tool = %tool, key = %request::short(&key), fence = b.fence, "resolved");
+            Ok(Json(after.as_ref().map(RecordView::of)).into_response())
+        }
+        Err(e) => {
+            if matches!(e, idemgate::EngineError::Store(_)) {
+                gw.metrics().store_error();
+            }
+            Err(Problem::from_engine(&e))
+        }
+    }
+}

@@ -1,0 +1,196 @@
+//! What every handler needs: reading bodies within the limit, names from paths and headers, and
+//! the JSON shapes of outcomes and records.
+
+use axum::body::Body;
+use axum::http::HeaderMap;
+use bytes::Bytes;
+use http_body_util::BodyExt as _;
+use idemgate::key::hex;
+use idemgate::{
+    Call, IdempotencyKey, Key, Outcome, OutcomeKind, Record, RecordState, TenantId, Timestamp,
+    ToolName,
+};
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+use crate::error::Problem;
+use crate::headers::IDEMPOTENCY_KEY;
+
+/// Reads a whole request body. The limit itself sits in the body (see `server::limit_body`), so a
+/// body that grows past it fails here with 413 instead of filling memory.
+pub(crate) async fn read_body(body: Body) -> Result<Bytes, Problem> {
+    match body.collect().await {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(e) => {
+            let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&e);
+            while let Some(err) = source {
+                if let Some(limit) = err.downcast_ref::<crate::server::TooLarge>() {
+                    return Err(Problem::payload_too_large(limit.0));
+                }
+                source = err.source();
+            }
+            Err(Problem::bad_request(format!(
+                "failed to read the request body: {e}"
+            )))
+        }
+    }
+}
+
+/// Reads a JSON body into `T`, with a 400 problem that says what is wrong.
+pub(crate) fn json_body<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, Problem> {
+    serde_json::from_slice(bytes)
+        .map_err(|e| Problem::bad_request(format!("failed to read the JSON body: {e}")))
+}
+
+/// The tool named in the path.
+pub(crate) fn tool_name(tool: &str) -> Result<ToolName, Problem> {
+    ToolName::new(tool).map_err(|e| Problem::bad_request(e.to_string()))
+}
+
+/// An idempotency key from a body or path.
+pub(crate) fn idempotency_key(key: &str) -> Result<IdempotencyKey, Problem> {
+    IdempotencyKey::new(key).map_err(|e| Problem::bad_request(e.to_string()))
+}
+
+/// The engine call of a request: tenant, tool, the `Idempotency-Key` header, and the fingerprint
+/// of the raw JSON arguments (integers kept exact). An empty body counts as `null`.
+pub(crate) fn call(
+    tenant: &TenantId,
+    tool: &ToolName,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Call, Problem> {
+    let args: &[u8] = if body.iter().all(u8::is_ascii_whitespace) {
+        b"null"
+    } else {
+        body
+    };
+    let mut call = Call::new(tenant.clone(), tool.clone())
+        .args_text(args)
+        .map_err(|e| Problem::bad_request(e.to_string()))?;
+    if let Some(v) = headers.get(IDEMPOTENCY_KEY) {
+        let text = v.to_str().map_err(|_| {
+            Problem::bad_request("the Idempotency-Key header must be visible ASCII")
+        })?;
+        // The IETF draft writes keys as structured-field strings ("..."); accept both forms.
+        let text = text
+            .strip_prefix('"')
+            .and_then(|t| t.strip_suffix('"'))
+            .unwrap_or(text);
+        call = call.key(idempotency_key(text)?);
+    }
+    Ok(call)
+}
+
+/// A short, non-reversible name of a record for logs: never the raw key.
+pub(crate) fn short(key: &Key) -> String {
+    hex(&key.digest()[..6])
+}
+
+/// An outcome as the API shows it: `{"kind", "result"}`.
+#[derive(Debug, Serialize)]
+pub(crate) struct OutcomeView {
+    kind: OutcomeKind,
+    result: ResultView,
+}
+
+/// Stored bytes as the API shows them: the JSON text itself, byte for byte, when they are JSON
+/// (so integers of any size come back exact), else a string.
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+enum ResultView {
+    Json(Box<RawValue>),
+    Text(String),
+}
+
+impl OutcomeView {
+    pub(crate) fn of(outcome: &Outcome) -> Self {
+        let result = match serde_json::from_slice::<Box<RawValue>>(&outcome.body) {
+            Ok(raw) => ResultView::Json(raw),
+            Err(_) => ResultView::Text(String::from_utf8_lossy(&outcome.body).into_owned()),
+        };
+        OutcomeView {
+            kind: outcome.kind,
+            result,
+        }
+    }
+}
+
+/// A record as the API shows it.
+#[derive(Debug, Serialize)]
+pub(crate) struct RecordView {
+    key: IdempotencyKey,
+    tool: ToolName,
+    tenant: TenantId,
+    state: String,
+    fence: u64,
+    created_at: Timestamp,
+    fingerprint: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lease_until: Option<Timestamp>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    since: Option<Timestamp>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    outcome: Option<OutcomeView>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    completed_at: Option<Timestamp>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    expires_at: Option<Timestamp>,
+}
+
+impl RecordView {
+    pub(crate) fn of(r: &Record) -> Self {
+        let mut v = RecordView {
+            key: r.key.key.clone(),
+            tool: r.key.tool.clone(),
+            tenant: r.key.tenant.clone(),
+            state: r.state_name().to_string(),
+            fence: r.fence,
+            created_at: r.created_at,
+            fingerprint: r.fingerprint.to_hex(),
+            lease_until: None,
+            since: None,
+            outcome: None,
+            completed_at: None,
+            expires_at: None,
+        };
+        match &r.state {
+            RecordState::InFlight { lease_until } => v.lease_until = Some(*lease_until),
+            RecordState::Unknown { since } => v.since = Some(*since),
+            RecordState::Completed {
+                outcome,
+                completed_at,
+                expires_at,
+            } => {
+                v.outcome = Some(OutcomeView::of(outcome));
+                v.completed_at = Some(*completed_at);
+                v.expires_at = Some(*expires_at);
+            }
+        }
+        v
+    }
+}
+
+/// The outcome a caller reports: `{"kind": "success"|"failed", "result": <any JSON>}`. The result
+/// is kept as the caller wrote it, so it is replayed verbatim (integers exact).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct OutcomeBody {
+    pub(crate) kind: OutcomeKind,
+    #[serde(default = "null_raw")]
+    pub(crate) result: Box<RawValue>,
+}
+
+fn null_raw() -> Box<RawValue> {
+    RawValue::from_string("null".to_owned()).expect("null is JSON")
+}
+
+impl OutcomeBody {
+    pub(crate) fn into_outcome(self) -> Outcome {
+        let body = self.result.get().as_bytes().to_vec();
+        Outcome {
+            kind: self.kind,
+            body,
+        }
+    }
+}

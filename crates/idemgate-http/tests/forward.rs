@@ -1,0 +1,268 @@
+//! Forwarding: the gateway calls the upstream at most once per key and replays its answer.
+
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use crate::support::{closed_port, header, problem, start, upstream, Gw, ACME, OTHER};
+
+fn tools(up: &str, extra: &str) -> String {
+    format!(
+        r#"
+[tools.charge]
+upstream = "{up}/ok"
+wait = "5s"
+{extra}
+
+[tools.slow]
+upstream = "{up}/slow"
+wait = "5s"
+
+[tools.declined]
+upstream = "{up}/bad"
+
+[tools.busy]
+upstream = "{up}/busy"
+
+[tools.broken]
+upstream = "{up}/fail"
+
+[tools.hang]
+upstream = "{up}/hang"
+
+[tools.lookup]
+kind = "read"
+upstream = "{up}/ok"
+"#
+    )
+}
+
+async fn call(gw: &Gw, tool: &str, token: &str, key: &str, body: &str) -> reqwest::Response {
+    gw.post(&format!("/v1/tools/{tool}/call"), token)
+        .header("idempotency-key", key)
+        .body(body.to_owned())
+        .send()
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixteen_racing_calls_reach_the_upstream_once() {
+    let up = upstream().await;
+    let gw = Arc::new(start("", &tools(&up.url, "")).await);
+    let mut tasks = Vec::new();
+    for _ in 0..16 {
+        let gw = gw.clone();
+        tasks.push(tokio::spawn(async move {
+            let res = call(&gw, "slow", ACME, "order-1", r#"{"amount":5}"#).await;
+            let replayed = header(&res, "idempotent-replayed").unwrap().to_owned();
+            let status = res.status().as_u16();
+            (status, replayed, res.text().await.unwrap())
+        }));
+    }
+    let mut answers = Vec::new();
+    for t in tasks {
+        answers.push(t.await.unwrap());
+    }
+    assert_eq!(up.calls("slow"), 1);
+    assert!(
+        answers
+            .iter()
+            .all(|(s, _, b)| *s == 200 && *b == answers[0].2),
+        "{answers:?}"
+    );
+    assert_eq!(answers.iter().filter(|(_, r, _)| r == "false").count(), 1);
+    assert_eq!(answers.iter().filter(|(_, r, _)| r == "true").count(), 15);
+    // The downstream saw the record's digest, never the raw key.
+    let keys = up.seen.lock().unwrap().keys.clone();
+    let k = keys[0].as_deref().unwrap();
+    assert_eq!(k.len(), 64);
+    assert!(k.bytes().all(|b| b.is_ascii_hexdigit()));
+}
+
+#[tokio::test]
+async fn answers_are_stored_and_replayed_with_headers() {
+    let up = upstream().await;
+    let gw = start("", &tools(&up.url, "")).await;
+    let first = call(&gw, "charge", ACME, "c-1", r#"{"amount":5}"#).await;
+    assert_eq!(first.status(), 200);
+    assert_eq!(header(&first, "content-type"), Some("application/json"));
+    assert_eq!(header(&first, "idempotent-replayed"), Some("false"));
+    assert_eq!(header(&first, "idempotency-rule"), Some("explicit"));
+    let executed_at = header(&first, "idempotency-executed-at")
+        .unwrap()
+        .to_owned();
+    assert!(header(&first, "idempotency-expires-at").is_some());
+    let body = first.text().await.unwrap();
+    let again = call(&gw, "charge", ACME, "c-1", r#"{"amount": 5}"#).await;
+    assert_eq!(again.status(), 200);
+    assert_eq!(header(&again, "idempotent-replayed"), Some("true"));
+    assert_eq!(
+        header(&again, "idempotency-executed-at"),
+        Some(executed_at.as_str())
+    );
+    assert_eq!(again.text().await.unwrap(), body);
+    assert_eq!(up.calls("ok"), 1);
+    // Other arguments under the same key: 422, nothing sent.
+    problem(
+        call(&gw, "charge", ACME, "c-1", r#"{"amount":6}"#).await,
+        422,
+        "key-reused",
+    )
+    .await;
+    assert_eq!(up.calls("ok"), 1);
+    // No key: 400, nothing sent.
+    let res = gw
+        .post("/v1/tools/charge/call", ACME)
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    problem(res, 400, "key-required").await;
+    assert_eq!(up.calls("ok"), 1);
+}
+
+#[tokio::test]
+async fn a_4xx_is_a_stored_terminal_failure() {
+    let up = upstream().await;
+    let gw = start("", &tools(&up.url, "")).await;
+    for replayed in ["false", "true"] {
+        let res = call(&gw, "declined", ACME, "d-1", "{}").await;
+        assert_eq!(res.status(), 400);
+        assert_eq!(header(&res, "content-type"), Some("text/plain"));
+        assert_eq!(header(&res, "idempotent-replayed"), Some(replayed));
+        assert_eq!(res.text().await.unwrap(), "card declined 1");
+    }
+    assert_eq!(up.calls("bad"), 1);
+}
+
+#[tokio::test]
+async fn a_429_is_passed_on_and_the_key_released() {
+    let up = upstream().await;
+    let gw = start("", &tools(&up.url, "")).await;
+    for _ in 0..2 {
+        let res = call(&gw, "busy", ACME, "b-1", "{}").await;
+        assert_eq!(res.status(), 429);
+        assert_eq!(header(&res, "retry-after"), Some("7"));
+        assert_eq!(header(&res, "idempotent-replayed"), Some("false"));
+        assert_eq!(res.text().await.unwrap(), "slow down");
+    }
+    assert_eq!(up.calls("busy"), 2, "a released key runs again");
+}
+
+#[tokio::test]
+async fn an_unreachable_upstream_is_502_and_releases_the_key() {
+    let dead = closed_port().await;
+    let gw = start("", &format!("[tools.dead]\nupstream = \"{dead}/x\"\n")).await;
+    problem(
+        call(&gw, "dead", ACME, "u-1", "{}").await,
+        502,
+        "upstream-unreachable",
+    )
+    .await;
+    let rec = gw
+        .get("/v1/tools/dead/records/u-1", ACME)
+        .send()
+        .await
+        .unwrap();
+    problem(rec, 404, "not-found").await;
+}
+
+#[tokio::test]
+async fn a_5xx_makes_the_outcome_unknown() {
+    let up = upstream().await;
+    let gw = start("", &tools(&up.url, "")).await;
+    let body = problem(
+        call(&gw, "broken", ACME, "x-1", "{}").await,
+        409,
+        "outcome-unknown",
+    )
+    .await;
+    assert_eq!(body["fence"], 1);
+    problem(
+        call(&gw, "broken", ACME, "x-1", "{}").await,
+        409,
+        "outcome-unknown",
+    )
+    .await;
+    assert_eq!(up.calls("fail"), 1, "never silently re-run");
+    let rec: Value = gw
+        .get("/v1/tools/broken/records/x-1", ACME)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(rec["state"], "unknown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_timeout_makes_the_outcome_unknown() {
+    let up = upstream().await;
+    let gw = start("request_timeout = \"1s\"", &tools(&up.url, "")).await;
+    problem(
+        call(&gw, "hang", ACME, "h-1", "{}").await,
+        409,
+        "outcome-unknown",
+    )
+    .await;
+    problem(
+        call(&gw, "hang", ACME, "h-1", "{}").await,
+        409,
+        "outcome-unknown",
+    )
+    .await;
+    assert_eq!(up.calls("hang"), 1);
+}
+
+#[tokio::test]
+async fn tenants_with_the_same_key_and_payload_run_separately() {
+    let up = upstream().await;
+    let gw = start("", &tools(&up.url, "")).await;
+    let a = call(&gw, "charge", ACME, "same", r#"{"amount":1}"#).await;
+    let b = call(&gw, "charge", OTHER, "same", r#"{"amount":1}"#).await;
+    assert_eq!(header(&a, "idempotent-replayed"), Some("false"));
+    assert_eq!(header(&b, "idempotent-replayed"), Some("false"));
+    let (a, b): (Value, Value) = (a.json().await.unwrap(), b.json().await.unwrap());
+    assert_eq!(up.calls("ok"), 2);
+    assert_ne!(a["n"], b["n"]);
+    // Each replays its own answer.
+    let a2: Value = call(&gw, "charge", ACME, "same", r#"{"amount":1}"#)
+        .await
+        .json()
+        .await
+        .unwrap();
+    let b2: Value = call(&gw, "charge", OTHER, "same", r#"{"amount":1}"#)
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!((a2, b2), (a, b));
+    let keys = up.seen.lock().unwrap().keys.clone();
+    assert_ne!(keys[0], keys[1], "downstream keys differ per tenant");
+}
+
+#[tokio::test]
+async fn reads_pass_through_and_coordinated_tools_cannot_be_forwarded() {
+    let up = upstream().await;
+    let gw = start("", &tools(&up.url, "")).await;
+    for _ in 0..2 {
+        let res = gw
+            .post("/v1/tools/lookup/call", ACME)
+            .body("{}")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 200);
+        assert!(header(&res, "idempotent-replayed").is_none());
+    }
+    assert_eq!(up.calls("ok"), 2);
+    assert_eq!(up.seen.lock().unwrap().keys, vec![None, None]);
+    problem(
+        call(&gw, "not_configured", ACME, "k", "{}").await,
+        404,
+        "not-found",
+    )
+    .await;
+}

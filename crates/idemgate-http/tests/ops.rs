@@ -1,0 +1,166 @@
+//! Operations: health, metrics, OpenAPI, logs, audit, graceful shutdown.
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::support::{logs, start, upstream, ACME};
+
+#[tokio::test]
+async fn health_readiness_and_openapi() {
+    let gw = start("", "").await;
+    for path in ["/healthz", "/readyz"] {
+        assert_eq!(
+            gw.http
+                .get(format!("{}{path}", gw.url))
+                .send()
+                .await
+                .unwrap()
+                .status(),
+            200
+        );
+    }
+    let doc: Value = gw
+        .http
+        .get(format!("{}/openapi.json", gw.url))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(doc["openapi"], "3.1.0");
+    for path in [
+        "/healthz",
+        "/readyz",
+        "/metrics",
+        "/openapi.json",
+        "/v1/records",
+        "/v1/tools/{tool}/begin",
+        "/v1/tools/{tool}/heartbeat",
+        "/v1/tools/{tool}/complete",
+        "/v1/tools/{tool}/release",
+        "/v1/tools/{tool}/ambiguous",
+        "/v1/tools/{tool}/call",
+        "/v1/tools/{tool}/records/{key}",
+        "/v1/tools/{tool}/records/{key}/resolve",
+    ] {
+        assert!(doc["paths"][path].is_object(), "{path} is documented");
+    }
+}
+
+#[tokio::test]
+async fn metrics_count_decisions() {
+    let gw = start("", "[tools.t]\nwait = \"10ms\"\n").await;
+    gw.begin("t", "m", "{}").await;
+    gw.begin("t", "m", "{}").await;
+    gw.begin("t", "m", r#"{"other":1}"#).await;
+    let text = gw
+        .http
+        .get(format!("{}/metrics", gw.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for line in [
+        "idemgate_calls_total{tenant=\"acme\",tool=\"t\",decision=\"execute\"} 1",
+        "idemgate_calls_total{tenant=\"acme\",tool=\"t\",decision=\"in_flight\"} 1",
+        "idemgate_calls_total{tenant=\"acme\",tool=\"t\",decision=\"key_reused\"} 1",
+        "idemgate_in_flight_waits_total 1",
+        "idemgate_key_reuse_total 1",
+        "idemgate_unknown_total 0",
+        "idemgate_store_errors_total 0",
+        "idemgate_request_duration_seconds_count{route=\"/v1/tools/{tool}/begin\"} 3",
+    ] {
+        assert!(text.contains(line), "missing {line:?} in\n{text}");
+    }
+}
+
+#[tokio::test]
+async fn logs_and_audit_never_hold_raw_keys_or_tokens() {
+    let gw = start("audit_log = \"AUDIT\"", "").await;
+    let key = "raw-key-that-must-not-leak-7f3a";
+    let b: Value = gw
+        .begin("t", key, r#"{"card":"4242-result-secret"}"#)
+        .await
+        .json()
+        .await
+        .unwrap();
+    gw.post("/v1/tools/t/complete", ACME)
+        .json(&serde_json::json!({"key": key, "lease": b["lease"], "outcome": {"kind": "success", "result": "result-secret-9c1d"}}))
+        .send()
+        .await
+        .unwrap();
+    gw.begin("t", key, r#"{"card":"4242-result-secret"}"#).await;
+    let text = String::from_utf8(logs().lock().unwrap().clone()).unwrap();
+    let audit = std::fs::read_to_string(gw.dir.path().join("audit.jsonl")).unwrap();
+    let digest = {
+        use std::fmt::Write as _;
+        let k = idemgate::Key::new(
+            idemgate::TenantId::new("acme").unwrap(),
+            idemgate::ToolName::new("t").unwrap(),
+            idemgate::IdempotencyKey::new(key).unwrap(),
+        );
+        k.digest().iter().fold(String::new(), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
+    };
+    assert!(
+        text.contains(&digest[..12]),
+        "the logs name the key by its digest prefix"
+    );
+    for secret in [key, ACME, crate::support::OTHER, "result-secret"] {
+        assert!(!text.contains(secret), "the logs hold {secret:?}");
+        assert!(!audit.contains(secret), "the audit log holds {secret:?}");
+    }
+    let events: Vec<Value> = audit
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let names: Vec<&str> = events
+        .iter()
+        .map(|e| e["event"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["reserved", "executed", "replayed"]);
+    assert_eq!(events[0]["tenant"], "acme");
+    assert_eq!(events[0]["tool"], "t");
+    assert_eq!(events[0]["key_digest"], digest);
+    assert_eq!(events[0]["fence"], 1);
+    assert!(events[0]["time"].is_string());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_finishes_the_request_in_flight() {
+    let up = upstream().await;
+    let mut gw = start(
+        "",
+        &format!("[tools.slow]\nupstream = \"{}/slow\"\n", up.url),
+    )
+    .await;
+    let req = gw
+        .post("/v1/tools/slow/call", ACME)
+        .header("idempotency-key", "s-1")
+        .body("{}")
+        .send();
+    let pending = tokio::spawn(req);
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    gw.stop_signal();
+    let res = pending.await.unwrap().unwrap();
+    assert_eq!(res.status(), 200, "the call in flight was answered");
+    let stopped = tokio::time::timeout(Duration::from_secs(5), gw.task.take().unwrap()).await;
+    assert!(
+        matches!(stopped, Ok(Ok(Ok(())))),
+        "the server stopped cleanly"
+    );
+    assert_eq!(up.calls("slow"), 1);
+    // It no longer accepts connections.
+    assert!(gw
+        .http
+        .get(format!("{}/healthz", gw.url))
+        .send()
+        .await
+        .is_err());
+}

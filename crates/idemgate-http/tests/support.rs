@@ -1,0 +1,266 @@
+//! A gateway in this process on 127.0.0.1:0, a fake upstream, and captured logs.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::Router;
+use serde_json::{json, Value};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+pub(crate) const ACME: &str = "acme-token-0123456789abcdef";
+pub(crate) const OTHER: &str = "other-token-0123456789abcdef";
+
+/// Everything every gateway in this test binary logged.
+pub(crate) fn logs() -> &'static Arc<Mutex<Vec<u8>>> {
+    static LOGS: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
+    LOGS.get_or_init(|| {
+        let buf = Arc::new(Mutex::new(Vec::new()));
+        let writer = Capture(buf.clone());
+        let _ = tracing::subscriber::set_global_default(idemgate_http::logging::subscriber(
+            move || writer.clone(),
+        ));
+        buf
+    })
+}
+
+#[derive(Clone)]
+struct Capture(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Capture {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A running gateway.
+pub(crate) struct Gw {
+    pub(crate) url: String,
+    pub(crate) addr: SocketAddr,
+    pub(crate) http: reqwest::Client,
+    stop: Option<oneshot::Sender<()>>,
+    pub(crate) task: Option<JoinHandle<Result<(), idemgate_http::Error>>>,
+    pub(crate) dir: tempfile::TempDir,
+}
+
+/// The configuration of a test gateway: two tenants on the memory store, plus `extra` (tables
+/// after `[server]`), with `server` lines added to `[server]`.
+pub(crate) fn config_text(server: &str, extra: &str) -> String {
+    format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+store = "memory:"
+{server}
+
+[[tenants]]
+id = "acme"
+token_sha256 = "{}"
+
+[[tenants]]
+id = "other"
+token_sha256 = "{}"
+
+{extra}
+"#,
+        idemgate_http::token_sha256(ACME),
+        idemgate_http::token_sha256(OTHER),
+    )
+}
+
+pub(crate) async fn start(server: &str, extra: &str) -> Gw {
+    let dir = tempfile::tempdir().unwrap();
+    let text = config_text(server, extra).replace(
+        "AUDIT",
+        &dir.path().join("audit.jsonl").display().to_string(),
+    );
+    start_config(idemgate_http::Config::parse(&text).unwrap(), dir).await
+}
+
+pub(crate) async fn start_config(config: idemgate_http::Config, dir: tempfile::TempDir) -> Gw {
+    logs();
+    let server = idemgate_http::bind(config).await.unwrap();
+    let addr = server.local_addr();
+    let (tx, rx) = oneshot::channel::<()>();
+    let task = tokio::spawn(server.serve(async {
+        let _ = rx.await;
+    }));
+    Gw {
+        url: format!("http://{addr}"),
+        addr,
+        http: client(),
+        stop: Some(tx),
+        task: Some(task),
+        dir,
+    }
+}
+
+pub(crate) fn client() -> reqwest::Client {
+    reqwest::Client::builder().no_proxy().build().unwrap()
+}
+
+impl Gw {
+    pub(crate) fn post(&self, path: &str, token: &str) -> reqwest::RequestBuilder {
+        self.http
+            .post(format!("{}{path}", self.url))
+            .bearer_auth(token)
+            .header("content-type", "application/json")
+    }
+
+    pub(crate) fn get(&self, path: &str, token: &str) -> reqwest::RequestBuilder {
+        self.http
+            .get(format!("{}{path}", self.url))
+            .bearer_auth(token)
+    }
+
+    /// `begin` with a key and a JSON body.
+    pub(crate) async fn begin(&self, tool: &str, key: &str, body: &str) -> reqwest::Response {
+        self.post(&format!("/v1/tools/{tool}/begin"), ACME)
+            .header("idempotency-key", key)
+            .body(body.to_owned())
+            .send()
+            .await
+            .unwrap()
+    }
+
+    /// Asks the gateway to stop; `task` ends once it did.
+    pub(crate) fn stop_signal(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+/// The body of a problem answer, checked for its content type, status and type.
+pub(crate) async fn problem(res: reqwest::Response, status: u16, name: &str) -> Value {
+    assert_eq!(res.status().as_u16(), status, "status");
+    assert_eq!(
+        res.headers()["content-type"],
+        "application/problem+json",
+        "problem content type"
+    );
+    let body: Value = res.json().await.unwrap();
+    assert_eq!(
+        body["type"],
+        format!("https://idemgate.dev/problems/{name}"),
+        "{body}"
+    );
+    assert_eq!(body["status"], status);
+    body
+}
+
+pub(crate) fn header<'a>(res: &'a reqwest::Response, name: &str) -> Option<&'a str> {
+    res.headers().get(name).map(|v| v.to_str().unwrap())
+}
+
+/// What the fake upstream saw.
+#[derive(Default)]
+pub(crate) struct Seen {
+    pub(crate) calls: HashMap<String, usize>,
+    pub(crate) keys: Vec<Option<String>>,
+}
+
+/// A fake downstream. Paths: `/ok` (200, `{"n": calls so far, "tenant_body": body}`),
+/// `/slow` (the same after 400 ms), `/bad` (400), `/busy` (429 with Retry-After 7),
+/// `/fail` (500), `/hang` (answers after 5 s).
+pub(crate) struct Upstream {
+    pub(crate) url: String,
+    pub(crate) seen: Arc<Mutex<Seen>>,
+}
+
+impl Upstream {
+    pub(crate) fn calls(&self, path: &str) -> usize {
+        self.seen
+            .lock()
+            .unwrap()
+            .calls
+            .get(path)
+            .copied()
+            .unwrap_or(0)
+    }
+}
+
+pub(crate) async fn upstream() -> Upstream {
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let app = Router::new()
+        .route("/{path}", post(handle))
+        .with_state(seen.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    Upstream {
+        url: format!("http://{addr}"),
+        seen,
+    }
+}
+
+async fn handle(
+    State(seen): State<Arc<Mutex<Seen>>>,
+    Path(path): Path<String>,
+    headers: HeaderMap,
+    body: String,
+) -> Response {
+    let n = {
+        let mut s = seen.lock().unwrap();
+        s.keys.push(
+            headers
+                .get("idempotency-key")
+                .map(|v| v.to_str().unwrap().to_owned()),
+        );
+        let n = s.calls.entry(path.clone()).or_default();
+        *n += 1;
+        *n
+    };
+    let ok = || {
+        (
+            StatusCode::OK,
+            [("content-type", "application/json")],
+            json!({"n": n, "body": body}).to_string(),
+        )
+            .into_response()
+    };
+    match path.as_str() {
+        "ok" => ok(),
+        "slow" => {
+            tokio::time::sleep(Duration::from_millis(400)).await;
+            ok()
+        }
+        "bad" => (
+            StatusCode::BAD_REQUEST,
+            [("content-type", "text/plain")],
+            format!("card declined {n}"),
+        )
+            .into_response(),
+        "busy" => (
+            StatusCode::TOO_MANY_REQUESTS,
+            [("retry-after", "7")],
+            "slow down",
+        )
+            .into_response(),
+        "fail" => (StatusCode::INTERNAL_SERVER_ERROR, "boom").into_response(),
+        "hang" => {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            ok()
+        }
+        _ => StatusCode::NOT_FOUND.into_response(),
+    }
+}
+
+/// A loopback address nothing listens on.
+pub(crate) async fn closed_port() -> String {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    drop(l);
+    format!("http://{addr}")
+}

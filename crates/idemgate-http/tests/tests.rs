@@ -1,0 +1,8 @@
+//! The gateway over real HTTP on loopback, with a fake upstream that counts its calls.
+
+mod coordinate;
+mod forward;
+mod limits;
+mod ops;
+mod records;
+mod support;
