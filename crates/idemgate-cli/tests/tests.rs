@@ -1,3 +1,4 @@
 //! End-to-end tests of the `idemgate` binary.
 
 mod cli;
+mod gateway;
