@@ -16,8 +16,9 @@ use crate::journal::{Journal, JournalEntry, JournalOp, MemoryJournal};
 use crate::key::{IdempotencyKey, Key, KeyRule, TenantId, ToolName};
 use crate::policy::{Policies, ToolKind, ToolPolicy, UnknownPolicy};
 use crate::record::{Fence, Lease, Outcome, Record, RecordState};
+use crate::replay::{Completed, ReplayCache};
 use crate::store::{Claim, Completion, ListFilter, Reservation, Store};
-use crate::time::Timestamp;
+use crate::time::{Clock, SystemClock, Timestamp};
 
 /// What a side effect reports.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -277,6 +278,9 @@ pub struct Settings {
     pub finish_backoff: Duration,
     /// The longest a waiting duplicate goes without looking at the record again.
     pub max_poll: Duration,
+    /// How many completed records the engine keeps to answer replays without asking the store
+    /// (a completed record is final until it expires); 0 turns the cache off.
+    pub replay_cache: usize,
 }
 
 impl Default for Settings {
@@ -285,6 +289,7 @@ impl Default for Settings {
             finish_attempts: 5,
             finish_backoff: Duration::from_millis(20),
             max_poll: Duration::from_millis(100),
+            replay_cache: 4096,
         }
     }
 }
@@ -307,6 +312,8 @@ pub struct Engine<S> {
     journal: Arc<dyn Journal>,
     verifiers: HashMap<String, Arc<dyn Verifier>>,
     settings: Settings,
+    replays: ReplayCache,
+    clock: Arc<dyn Clock>,
 }
 
 impl<S: std::fmt::Debug> std::fmt::Debug for Engine<S> {
@@ -328,7 +335,9 @@ impl<S: Store> Engine<S> {
             policies: Policies::new(),
             journal: Arc::new(MemoryJournal::new()),
             verifiers: HashMap::new(),
+            replays: ReplayCache::new(Settings::default().replay_cache),
             settings: Settings::default(),
+            clock: Arc::new(SystemClock),
         }
     }
 
@@ -350,8 +359,18 @@ impl<S: Store> Engine<S> {
         self
     }
 
+    /// Sets the clock the engine judges its own times by (replay cache expiry, answers the store
+    /// did not time). Give it the store's clock when that is not the system's (tests with a
+    /// [`crate::ManualClock`]); server stores judge by their server, which should agree with the
+    /// system clock to within [`Settings`]' tolerances.
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
     /// Sets the engine's retry tuning.
     pub fn with_settings(mut self, settings: Settings) -> Self {
+        self.replays = ReplayCache::new(settings.replay_cache);
         self.settings = settings;
         self
     }
@@ -464,6 +483,25 @@ impl<S: Store> Engine<S> {
                 })
             }
         };
+        if let Some(done) = self.replays.get(&key, self.clock.now()) {
+            if done.fingerprint != call.fingerprint {
+                return Err(EngineError::KeyReuse {
+                    key,
+                    rule,
+                    first_seen: done.created_at,
+                });
+            }
+            return Ok(Begun::Answered(Answer {
+                key: Some(key),
+                rule: Some(rule),
+                decision: Decision::Replayed {
+                    outcome: done.outcome,
+                    executed_at: done.completed_at,
+                    expires_at: done.expires_at,
+                    verified: false,
+                },
+            }));
+        }
         // The key moves into the reservation and from there into the ticket or the answer: a
         // call clones no name on its way through the engine.
         let reservation = Reservation::new(key, call.fingerprint, policy.lease);
@@ -472,6 +510,7 @@ impl<S: Store> Engine<S> {
             // A replay, the other common case, also answers without the slow path.
             Ok(Claim::Existing(Record {
                 fingerprint,
+                created_at,
                 state:
                     RecordState::Completed {
                         outcome,
@@ -479,16 +518,26 @@ impl<S: Store> Engine<S> {
                         expires_at,
                     },
                 ..
-            })) if fingerprint == call.fingerprint => Ok(answered(
-                reservation,
-                rule,
-                Decision::Replayed {
+            })) if fingerprint == call.fingerprint => {
+                let done = Completed {
+                    fingerprint,
+                    created_at,
                     outcome,
-                    executed_at: completed_at,
+                    completed_at,
                     expires_at,
-                    verified: false,
-                },
-            )),
+                };
+                self.replays.put(&reservation.key, done.clone());
+                Ok(answered(
+                    reservation,
+                    rule,
+                    Decision::Replayed {
+                        outcome: done.outcome,
+                        executed_at: completed_at,
+                        expires_at,
+                        verified: false,
+                    },
+                ))
+            }
             // Waits, unknown records, key reuse and store errors: boxed, so that the common
             // call's future stays small (all of it is copied on every call).
             first => Box::pin(self.settle(reservation, rule, ttl, policy, first)).await,
@@ -540,10 +589,18 @@ impl<S: Store> Engine<S> {
                     completed_at,
                     expires_at,
                 } => {
+                    let done = Completed {
+                        fingerprint: record.fingerprint,
+                        created_at: record.created_at,
+                        outcome,
+                        completed_at,
+                        expires_at,
+                    };
+                    self.replays.put(&reservation.key, done.clone());
                     return Ok(answer(
                         reservation,
                         Decision::Replayed {
-                            outcome,
+                            outcome: done.outcome,
                             executed_at: completed_at,
                             expires_at,
                             verified: false,
@@ -553,7 +610,7 @@ impl<S: Store> Engine<S> {
                 RecordState::InFlight { lease_until } => {
                     let deadline = *deadline.get_or_insert_with(|| Instant::now() + policy.wait);
                     if !Box::pin(self.wait_while_in_flight(&reservation.key, deadline)).await? {
-                        let retry_after = retry_after(Timestamp::now().until(lease_until));
+                        let retry_after = retry_after(self.clock.now().until(lease_until));
                         return Ok(answer(
                             reservation,
                             Decision::InFlight {
@@ -608,7 +665,7 @@ impl<S: Store> Engine<S> {
                                     let JournalOp::Complete { outcome, .. } = op else {
                                         unreachable!("built as a completion above")
                                     };
-                                    let done = done.unwrap_or_else(|| local_completion(ttl));
+                                    let done = done.unwrap_or_else(|| self.local_completion(ttl));
                                     return Ok(answer(
                                         reservation,
                                         Decision::Replayed {
@@ -660,7 +717,7 @@ impl<S: Store> Engine<S> {
             Effect::Ambiguous(message) => {
                 self.record(key, lease, &JournalOp::MarkUnknown).await;
                 Decision::Unknown {
-                    since: Timestamp::now(),
+                    since: self.clock.now(),
                     fence: lease.fence,
                     ran_here: true,
                     message: Some(message),
@@ -684,6 +741,15 @@ impl<S: Store> Engine<S> {
             .await
     }
 
+    /// A completion time from the engine's clock, for outcomes the store has not confirmed.
+    fn local_completion(&self, ttl: Duration) -> Completion {
+        let now = self.clock.now();
+        Completion {
+            completed_at: now,
+            expires_at: now.plus(ttl),
+        }
+    }
+
     async fn store_outcome(
         &self,
         key: &Key,
@@ -693,7 +759,7 @@ impl<S: Store> Engine<S> {
     ) -> Decision {
         let op = JournalOp::complete(outcome, ttl);
         let (done, recording) = self.record(key, lease, &op).await;
-        let done = done.unwrap_or_else(|| local_completion(ttl));
+        let done = done.unwrap_or_else(|| self.local_completion(ttl));
         let JournalOp::Complete { outcome, .. } = op else {
             unreachable!("built as a completion above")
         };
@@ -785,7 +851,7 @@ impl<S: Store> Engine<S> {
             key: key.clone(),
             lease,
             op: op.clone(),
-            journaled_at: Timestamp::now(),
+            journaled_at: self.clock.now(),
         };
         match self.journal.append(&entry) {
             Ok(()) => (None, Recording::Journaled),
@@ -968,13 +1034,4 @@ fn executing(r: Reservation, rule: KeyRule, ttl: Duration, lease: Lease) -> Begu
         ttl,
         lease_for: r.lease_for,
     })
-}
-
-/// A completion time from the local clock, for outcomes the store has not confirmed.
-fn local_completion(ttl: Duration) -> Completion {
-    let now = Timestamp::now();
-    Completion {
-        completed_at: now,
-        expires_at: now.plus(ttl),
-    }
 }

@@ -34,6 +34,7 @@ pub mod key;
 pub mod memory;
 pub mod policy;
 pub mod record;
+mod replay;
 pub mod store;
 pub mod time;
 pub mod transition;

@@ -926,3 +926,48 @@ async fn operator_resolves_unknown_records() {
     let _ = ToolKind::Write;
     let _ = r.store.inner().get(&done).await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn replays_come_from_the_engine_cache_until_shortly_before_expiry() {
+    let r = default_rig();
+    let runs = Counter::default();
+    let c = call("acme", "charge", Some("k"), json!(1));
+    r.engine
+        .call(c.clone(), || runs.effect(success("paid")))
+        .await
+        .unwrap();
+    // The first replay comes from the store and fills the cache.
+    let first = r
+        .engine
+        .call(c.clone(), || runs.effect(success("x")))
+        .await
+        .unwrap();
+    assert!(matches!(first.decision, Decision::Replayed { .. }));
+    // Now the store is down, yet replays (and key-reuse refusals) are still answered.
+    r.store.always(Op::Reserve, Fault::Refuse);
+    let cached = r
+        .engine
+        .call(c.clone(), || runs.effect(success("x")))
+        .await
+        .unwrap();
+    assert!(
+        matches!(cached.decision, Decision::Replayed { ref outcome, .. } if outcome.body == b"paid")
+    );
+    let other = call("acme", "charge", Some("k"), json!(2));
+    let err = r
+        .engine
+        .call(other, || runs.effect(success("x")))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, EngineError::KeyReuse { .. }), "{err}");
+    // Close to expiry the copy stops answering and the store decides again.
+    r.clock
+        .advance(Duration::from_secs(24 * 3600) - Duration::from_secs(1));
+    let err = r
+        .engine
+        .call(c, || runs.effect(success("x")))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, EngineError::ReserveFailed(_)), "{err}");
+    assert_eq!(runs.get(), 1);
+}

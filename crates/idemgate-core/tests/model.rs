@@ -48,11 +48,14 @@ enum Expect {
 
 #[derive(Clone, Debug)]
 enum Rec {
+    /// `cached`: the engine has seen the store replay it, so it answers later replays itself
+    /// (until shortly before expiry) without asking the store.
     Done {
         args: u8,
         kind: OutcomeKind,
         body: Vec<u8>,
         expires: u64,
+        cached: bool,
     },
     Unknown {
         args: u8,
@@ -77,6 +80,23 @@ impl Model {
     }
 
     fn call(&mut self, k: u8, args: u8, eff: Eff) -> Expect {
+        if let Some(Rec::Done {
+            args: a,
+            kind,
+            body,
+            expires,
+            cached: true,
+        }) = self.live(k)
+        {
+            if self.now + 2000 < *expires {
+                // Answered from the engine's replay cache: the store is not asked.
+                return if *a == args {
+                    Expect::Replayed(*kind, body.clone())
+                } else {
+                    Expect::KeyReuse
+                };
+            }
+        }
         if self.reserve_faults > 0 {
             self.reserve_faults -= 1;
             return Expect::ReserveFailed;
@@ -85,7 +105,12 @@ impl Model {
             Some(Rec::Done { args: a, .. }) | Some(Rec::Unknown { args: a }) if a != args => {
                 Expect::KeyReuse
             }
-            Some(Rec::Done { kind, body, .. }) => Expect::Replayed(kind, body),
+            Some(Rec::Done { kind, body, .. }) => {
+                if let Some(Rec::Done { cached, .. }) = self.records.get_mut(&k) {
+                    *cached = true;
+                }
+                Expect::Replayed(kind, body)
+            }
             Some(Rec::Unknown { .. }) => Expect::UnknownBlocked,
             None => {
                 self.executions += 1;
@@ -94,6 +119,7 @@ impl Model {
                     kind,
                     body: vec![b],
                     expires: self.now + TTL.as_millis() as u64,
+                    cached: false,
                 };
                 if matches!(eff, Eff::Success(_) | Eff::Failed(_)) {
                     // Up to two armed faults on the "done" write are absorbed by its retries.

@@ -28,10 +28,12 @@ pub(crate) fn rig(policies: Policies) -> Rig {
     let engine = Engine::new(store.clone())
         .with_policies(policies)
         .with_journal(journal.clone())
+        .with_clock(Arc::new(clock.clone()))
         .with_settings(Settings {
             finish_attempts: 3,
             finish_backoff: Duration::from_millis(5),
             max_poll: Duration::from_millis(50),
+            ..Settings::default()
         });
     Rig {
         engine: Arc::new(engine),

@@ -288,6 +288,7 @@ async fn sigkill_mid_stream_loses_no_acknowledged_completion() {
                 finish_attempts: 3,
                 finish_backoff: Duration::from_millis(20),
                 max_poll: Duration::from_millis(50),
+                ..Settings::default()
             }),
     );
     let tenant = TenantId::new("crash-test").unwrap();

@@ -41,6 +41,7 @@ async fn sigkill_loses_no_acknowledged_completion() {
                 finish_attempts: 3,
                 finish_backoff: Duration::from_millis(10),
                 max_poll: Duration::from_millis(50),
+                ..Settings::default()
             }),
     );
     let tenant = TenantId::new("crash").unwrap();

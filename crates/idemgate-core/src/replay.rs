@@ -1,0 +1,163 @@
+//! Completed records this engine has seen, so that a replay needs no store round trip.
+//!
+//! A completed record is final until it expires: completing again under its lease changes
+//! nothing, takeovers and operator resolutions apply only to unknown records, and purging removes
+//! only expired ones. A copy therefore answers exactly as the store would, until its expiry. The
+//! copy is dropped a little before that (judged by the local clock, with a margin for skew against
+//! the store's clock), after which the store decides again.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use crate::canonical::Fingerprint;
+use crate::key::Key;
+use crate::record::Outcome;
+use crate::time::Timestamp;
+
+/// How long before a record's expiry its copy stops answering.
+pub(crate) const EXPIRY_MARGIN: Duration = Duration::from_secs(2);
+
+/// One completed record, as the store reported it.
+#[derive(Clone, Debug)]
+pub(crate) struct Completed {
+    pub(crate) fingerprint: Fingerprint,
+    pub(crate) created_at: Timestamp,
+    pub(crate) outcome: Outcome,
+    pub(crate) completed_at: Timestamp,
+    pub(crate) expires_at: Timestamp,
+}
+
+/// A bounded map of completed records, oldest insertion evicted first.
+#[derive(Debug)]
+pub(crate) struct ReplayCache {
+    capacity: usize,
+    inner: Mutex<Inner>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    records: HashMap<Key, Completed>,
+    /// Insertion order for eviction; may name keys already dropped, which eviction skips.
+    order: VecDeque<Key>,
+}
+
+impl ReplayCache {
+    /// A cache of at most `capacity` records; 0 turns it off.
+    pub(crate) fn new(capacity: usize) -> Self {
+        ReplayCache {
+            capacity,
+            inner: Mutex::new(Inner::default()),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        // Every change is one insert or remove: a poisoned map is still consistent.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The completed record of `key`, unless it is unknown here or close to its expiry at `now`.
+    pub(crate) fn get(&self, key: &Key, now: Timestamp) -> Option<Completed> {
+        if self.capacity == 0 {
+            return None;
+        }
+        let mut inner = self.lock();
+        let found = inner.records.get(key)?;
+        if now.plus(EXPIRY_MARGIN) < found.expires_at {
+            return Some(found.clone());
+        }
+        inner.records.remove(key);
+        None
+    }
+
+    /// Remembers the completed record of `key`.
+    pub(crate) fn put(&self, key: &Key, record: Completed) {
+        if self.capacity == 0 {
+            return;
+        }
+        let mut inner = self.lock();
+        if inner.records.insert(key.clone(), record).is_none() {
+            inner.order.push_back(key.clone());
+        }
+        while inner.records.len() > self.capacity {
+            let Some(oldest) = inner.order.pop_front() else {
+                break;
+            };
+            inner.records.remove(&oldest);
+        }
+        // Keys dropped at expiry stay in `order` until evicted; keep that list bounded too.
+        if inner.order.len() > 2 * self.capacity {
+            let Inner { records, order } = &mut *inner;
+            order.retain(|k| records.contains_key(k));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{IdempotencyKey, TenantId, ToolName};
+
+    fn key(k: &str) -> Key {
+        Key::new(
+            TenantId::new("t").unwrap(),
+            ToolName::new("x").unwrap(),
+            IdempotencyKey::new(k).unwrap(),
+        )
+    }
+
+    fn completed(expires_at: i64) -> Completed {
+        Completed {
+            fingerprint: Fingerprint::of_bytes(b""),
+            created_at: Timestamp::EPOCH,
+            outcome: Outcome::success(b"x".to_vec()),
+            completed_at: Timestamp::EPOCH,
+            expires_at: Timestamp::from_millis(expires_at),
+        }
+    }
+
+    #[test]
+    fn answers_until_shortly_before_expiry() {
+        let cache = ReplayCache::new(8);
+        cache.put(&key("a"), completed(10_000));
+        assert!(cache
+            .get(&key("a"), Timestamp::from_millis(7_000))
+            .is_some());
+        assert!(cache
+            .get(&key("a"), Timestamp::from_millis(8_000))
+            .is_none());
+        assert!(
+            cache
+                .get(&key("a"), Timestamp::from_millis(1_000))
+                .is_none(),
+            "dropped"
+        );
+    }
+
+    #[test]
+    fn evicts_the_oldest_and_stays_bounded() {
+        let cache = ReplayCache::new(2);
+        for k in ["a", "b", "c"] {
+            cache.put(&key(k), completed(i64::MAX));
+        }
+        assert!(cache.get(&key("a"), Timestamp::EPOCH).is_none());
+        assert!(cache.get(&key("b"), Timestamp::EPOCH).is_some());
+        assert!(cache.get(&key("c"), Timestamp::EPOCH).is_some());
+        for i in 0..100 {
+            cache.put(&key(&format!("e{i}")), completed(3_000));
+            cache.get(&key(&format!("e{i}")), Timestamp::from_millis(2_000));
+        }
+        let inner = cache.lock();
+        assert!(
+            inner.records.len() <= 2 && inner.order.len() <= 4,
+            "{inner:?}"
+        );
+    }
+
+    #[test]
+    fn capacity_zero_turns_it_off() {
+        let cache = ReplayCache::new(0);
+        cache.put(&key("a"), completed(i64::MAX));
+        assert!(cache.get(&key("a"), Timestamp::EPOCH).is_none());
+    }
+}
