@@ -179,6 +179,40 @@ struct CompleteBody {
     outcome: OutcomeBody,
 }
 
+/// A request body that names a held lease.
+trait Held {
+    fn key(&self) -> &str;
+    fn lease(&self) -> &str;
+}
+
+macro_rules! held {
+    ($($body:ty),*) => {$(
+        impl Held for $body {
+            fn key(&self) -> &str {
+                &self.key
+            }
+            fn lease(&self) -> &str {
+                &self.lease
+            }
+        }
+    )*};
+}
+held!(LeaseBody, ReasonBody, CompleteBody);
+
+/// Reads a lease-carrying request: the tool, its body, and the ticket the lease stands for.
+async fn held_request<B: Held + serde::de::DeserializeOwned>(
+    gw: &Gateway,
+    tenant: &idemgate::TenantId,
+    tool: &str,
+    body: Body,
+) -> Result<(ToolName, B, Ticket), Problem> {
+    let tool = request::tool_name(tool)?;
+    let b: B = request::json_body(&request::read_body(body).await?)?;
+    let policy = gw.config().policy(tool.as_str());
+    let ticket = ticket(tenant, &tool, &policy, b.key(), b.lease())?;
+    Ok((tool, b, ticket))
+}
+
 /// Rebuilds the ticket `begin` handed out from the key, the lease text and the tool's policy.
 fn ticket(
     tenant: &idemgate::TenantId,
@@ -211,10 +245,7 @@ pub(crate) async fn heartbeat(
     Path(tool): Path<String>,
     body: Body,
 ) -> Result<Response, Problem> {
-    let tool = request::tool_name(&tool)?;
-    let b: LeaseBody = request::json_body(&request::read_body(body).await?)?;
-    let policy = gw.config().policy(tool.as_str());
-    let ticket = ticket(&tenant.id, &tool, &policy, &b.key, &b.lease)?;
+    let (_, _, ticket) = held_request::<LeaseBody>(&gw, &tenant.id, &tool, body).await?;
     match gw.engine().heartbeat(&ticket).await {
         Ok(until) => {
             tenant
@@ -238,10 +269,7 @@ pub(crate) async fn complete(
     Path(tool): Path<String>,
     body: Body,
 ) -> Result<Response, Problem> {
-    let tool = request::tool_name(&tool)?;
-    let b: CompleteBody = request::json_body(&request::read_body(body).await?)?;
-    let policy = gw.config().policy(tool.as_str());
-    let ticket = ticket(&tenant.id, &tool, &policy, &b.key, &b.lease)?;
+    let (tool, b, ticket) = held_request::<CompleteBody>(&gw, &tenant.id, &tool, body).await?;
     let outcome = b.outcome.into_outcome();
     let effect = match outcome.kind {
         idemgate::OutcomeKind::Success => Effect::Success(outcome.body),
@@ -298,10 +326,7 @@ pub(crate) async fn release(
     Path(tool): Path<String>,
     body: Body,
 ) -> Result<Response, Problem> {
-    let tool = request::tool_name(&tool)?;
-    let b: ReasonBody = request::json_body(&request::read_body(body).await?)?;
-    let policy = gw.config().policy(tool.as_str());
-    let ticket = ticket(&tenant.id, &tool, &policy, &b.key, &b.lease)?;
+    let (tool, b, ticket) = held_request::<ReasonBody>(&gw, &tenant.id, &tool, body).await?;
     let reason = b.reason.unwrap_or_default();
     let answer = finish(&gw, &ticket, Effect::NotApplied(reason)).await;
     tenant.live.release(&ticket.key.digest());
@@ -337,10 +362,7 @@ pub(crate) async fn ambiguous(
     Path(tool): Path<String>,
     body: Body,
 ) -> Result<Response, Problem> {
-    let tool = request::tool_name(&tool)?;
-    let b: ReasonBody = request::json_body(&request::read_body(body).await?)?;
-    let policy = gw.config().policy(tool.as_str());
-    let ticket = ticket(&tenant.id, &tool, &policy, &b.key, &b.lease)?;
+    let (tool, b, ticket) = held_request::<ReasonBody>(&gw, &tenant.id, &tool, body).await?;
     let reason = b.reason.unwrap_or_default();
     finish(&gw, &ticket, Effect::Ambiguous(reason)).await;
     tenant.live.release(&ticket.key.digest());
