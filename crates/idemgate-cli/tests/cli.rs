@@ -1,7 +1,6 @@
 //! The binary, run as a user runs it: real processes on a real SQLite file.
 
 use std::fs;
-use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -200,13 +199,20 @@ fn wait_for_state(sb: &Sandbox, key: &str, state: &str) {
 fn sigkill_mid_command_leaves_unknown_never_a_second_run() {
     let sb = Sandbox::new();
     let effect = sb.path("effect");
-    let script = format!("echo ran >> '{}'; sleep 30", effect.display());
+    let pidfile = sb.path("command.pid");
+    // The command records its pid and becomes `sleep`, so the test can stop the orphan it leaves
+    // by that pid alone: /bin/kill from procps-ng 4.0.2 reads a negative (group) pid as -1, all
+    // processes, so no group kill here.
+    let script = format!(
+        "echo $$ > '{}'; echo ran >> '{}'; exec sleep 30",
+        pidfile.display(),
+        effect.display()
+    );
     let mut victim = sb
         .idemgate()
         .args([
             "exec", "--key", "pay-7", "--lease", "1s", "--", "sh", "-c", &script,
         ])
-        .process_group(0)
         .spawn()
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -220,10 +226,15 @@ fn sigkill_mid_command_leaves_unknown_never_a_second_run() {
         .unwrap();
     assert!(status.success());
     victim.wait().unwrap();
-    // The orphaned `sleep` is this test's to clean up: kill its process group.
-    let _ = Command::new("kill")
-        .args(["-KILL", &format!("-{}", victim.id())])
-        .status();
+    // The orphaned `sleep` is this test's to clean up, by its own pid, and only while that pid
+    // still runs our `sleep 30`.
+    if let Ok(pid) = fs::read_to_string(&pidfile) {
+        let pid = pid.trim();
+        let cmdline = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        if cmdline.starts_with(b"sleep\0") && pid.parse::<u32>().is_ok() {
+            let _ = Command::new("kill").args(["-KILL", pid]).status();
+        }
+    }
 
     let dup = sb.run(&[
         "exec", "--key", "pay-7", "--lease", "1s", "--wait", "5s", "--", "sh", "-c", &script,
@@ -266,6 +277,7 @@ fn sigkill_mid_command_leaves_unknown_never_a_second_run() {
 /// and every process gets its outcome.
 #[test]
 fn sixteen_processes_per_key_run_the_command_exactly_once() {
+    let _heavy = crate::heavy();
     let sb = Sandbox::new();
     // Create the database before the storm, as a deployed tool would have.
     assert!(sb.run(&["keys", "list"]).status.success());

@@ -32,9 +32,6 @@ const TOOL: &str = "charge";
 /// The client phase gives up after this long (the test then fails as too slow).
 const CLIENT_DEADLINE: Duration = Duration::from_secs(240);
 
-/// The two crash tests (SQLite, Postgres) each load both cores: run them one after the other.
-static SERIAL: Mutex<()> = Mutex::new(());
-
 fn keys_from_env() -> usize {
     std::env::var("IDEMGATE_CRASH_KEYS")
         .ok()
@@ -44,7 +41,7 @@ fn keys_from_env() -> usize {
 
 #[test]
 fn gateway_crash_sqlite_three_processes_one_file() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _heavy = crate::heavy();
     let dir = tempfile::tempdir().unwrap();
     let store = format!("sqlite://{}", dir.path().join("idem.db").display());
     crash_test(dir.path(), &store, "crash", keys_from_env(), Tidy::No);
@@ -55,7 +52,7 @@ fn gateway_crash_postgres_three_processes() {
     // The shared server on loopback; a test that cannot reach it fails (it never skips).
     let url = std::env::var("IDEMGATE_TEST_POSTGRES_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _heavy = crate::heavy();
     let dir = tempfile::tempdir().unwrap();
     // The shared database: a tenant of our own keeps these records apart from everybody else's;
     // completed records expire after 10 minutes, unknown ones are released at the end.

@@ -2,3 +2,10 @@
 
 mod cli;
 mod gateway;
+
+/// Tests that load both cores (process storms, crash tests) take this lock so that they run one
+/// after the other: together they would starve each other of the time their deadlines assume.
+fn heavy() -> std::sync::MutexGuard<'static, ()> {
+    static HEAVY: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    HEAVY.lock().unwrap_or_else(|e| e.into_inner())
+}

@@ -142,14 +142,24 @@ impl PrivatePg {
         }
     }
 
+    /// The pid of this instance's running postmaster. The pid file outlives a SIGKILLed
+    /// postmaster, and pids are reused (`pid_max` is 32768 here), so the pid only counts when
+    /// that process still runs `postgres -D <this data directory>`: never signal a stranger.
     fn postmaster_pid(&self) -> Option<u32> {
-        std::fs::read_to_string(self.data().join("postmaster.pid"))
+        let pid: u32 = std::fs::read_to_string(self.data().join("postmaster.pid"))
             .ok()?
             .lines()
             .next()?
             .trim()
             .parse()
-            .ok()
+            .ok()?;
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+        let data = self.data();
+        let data = data.to_str()?;
+        cmdline
+            .split(|b| *b == 0)
+            .any(|arg| arg == data.as_bytes())
+            .then_some(pid)
     }
 
     /// SIGKILLs the postmaster and all its children at once, as a machine crash would.
