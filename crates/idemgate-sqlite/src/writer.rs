@@ -96,6 +96,9 @@ pub(crate) struct Counters {
 }
 
 /// The state the writer thread owns.
+/// How long the writer looks for more work before it sleeps.
+const SPIN: std::time::Duration = std::time::Duration::from_micros(200);
+
 pub(crate) struct Writer {
     pub(crate) conn: Connection,
     pub(crate) rx: mpsc::Receiver<Box<dyn Task>>,
@@ -119,9 +122,27 @@ pub(crate) struct TestHooks {
 }
 
 impl Writer {
+    /// The next task: looked for briefly without sleeping first, because a caller's next write
+    /// (the completion after its reservation) usually follows within microseconds, and putting
+    /// this thread to sleep and waking it again costs more than the wait.
+    fn next_task(&mut self) -> Option<Box<dyn Task>> {
+        let spin_until = std::time::Instant::now() + SPIN;
+        loop {
+            match self.rx.try_recv() {
+                Ok(task) => return Some(task),
+                Err(mpsc::error::TryRecvError::Disconnected) => return None,
+                Err(mpsc::error::TryRecvError::Empty) => {}
+            }
+            if std::time::Instant::now() >= spin_until {
+                return self.rx.blocking_recv();
+            }
+            std::thread::yield_now();
+        }
+    }
+
     /// Runs batches until every sender is gone, then closes the connection.
     pub(crate) fn run(mut self) {
-        while let Some(first) = self.rx.blocking_recv() {
+        while let Some(first) = self.next_task() {
             #[cfg(test)]
             {
                 self.hooks.arrived.fetch_add(1, Ordering::SeqCst);
