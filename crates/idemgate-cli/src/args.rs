@@ -32,8 +32,14 @@ Examples:
   idemgate keys resolve order-1234-charge --completed --exit-code 0
 
 Exit codes of `exec`: the command's own on execution and replay; 65 key reused with other
-arguments; 69 store unavailable (nothing ran); 75 in flight elsewhere; 76 outcome unknown;
-127 the command could not be started (nothing ran; the key is free again); 1 other errors.";
+arguments; 69 store unavailable (nothing ran); 70 the command ran but its outcome could not be
+recorded; 75 in flight elsewhere; 76 outcome unknown; 77 the command ran but outlived its lease
+and another run took the key over; 79 the command declared it did nothing
+(--not-applied-exit-code; the key is free again); 127 the command could not be started (nothing
+ran; the key is free again); 1 other errors.
+
+Signals: SIGTERM and SIGINT sent to idemgate are passed on to the command, and idemgate waits for
+it and records what it did: its exit code if it exits, an unknown outcome if the signal kills it.";
 
 /// The command line.
 #[derive(Debug, Parser)]
@@ -44,9 +50,11 @@ pub struct Cli {
     #[arg(long, global = true, env = "IDEMGATE_STORE", value_name = "URL")]
     pub store: Option<String>,
 
-    /// The tenant whose records to use; keys of different tenants never meet.
-    #[arg(long, global = true, env = "IDEMGATE_TENANT", default_value = "local")]
-    pub tenant: String,
+    /// The tenant whose records to use; keys of different tenants never meet. Default: "local"
+    /// for exec; `keys list` shows every tenant and `keys show`/`keys resolve` find the key in
+    /// any; `serve` without --config names its one tenant "default".
+    #[arg(long, global = true, env = "IDEMGATE_TENANT")]
+    pub tenant: Option<String>,
 
     /// Directory of the journal of outcomes the store has not confirmed yet.
     /// Default: next to the SQLite file, or in the data directory for server stores.
@@ -90,9 +98,9 @@ Run the HTTP gateway (docs/HTTP.md): forwarded and coordinated tool calls, at mo
 With --config PATH the TOML file says everything (listen address, store, tenants, tools); a file
 without server.store uses --store or the default SQLite file, as the other commands do.
 
-Without --config the gateway listens on 127.0.0.1:8080 (or --listen) with one tenant, \"default\",
-whose bearer token is read from the environment variable named by --token-env (IDEMGATE_TOKEN
-unless changed; at least 16 characters). It never starts without a tenant: there is no
+Without --config the gateway listens on 127.0.0.1:8080 (or --listen) with one tenant, \"default\"
+(or --tenant), whose bearer token is read from the environment variable named by --token-env
+(IDEMGATE_TOKEN unless changed; at least 16 characters). It never starts without a tenant: there is no
 unauthenticated mode. Every tool is a coordinated write with the default policy; forwarded tools
 need a config file.
 
@@ -205,9 +213,9 @@ pub enum KeysCommand {
     Show {
         /// The key.
         key: String,
-        /// The tool it was used with.
-        #[arg(long, default_value = "exec")]
-        tool: String,
+        /// The tool it was used with. Default: whichever tool has a record under the key.
+        #[arg(long)]
+        tool: Option<String>,
     },
     /// Resolve an unknown record after checking what really happened.
     Resolve(ResolveArgs),
@@ -225,9 +233,9 @@ pub enum KeysCommand {
 pub struct ResolveArgs {
     /// The key.
     pub key: String,
-    /// The tool it was used with.
-    #[arg(long, default_value = "exec")]
-    pub tool: String,
+    /// The tool it was used with. Default: whichever tool has a record under the key.
+    #[arg(long)]
+    pub tool: Option<String>,
     /// The fence you looked at (`keys show`); the resolution is refused if the record moved on.
     /// Default: the record's current fence.
     #[arg(long)]
@@ -235,6 +243,11 @@ pub struct ResolveArgs {
     /// The command did take effect: store this outcome and replay it to duplicates.
     #[arg(long)]
     pub completed: bool,
+    /// With --completed: the result to replay, as JSON (for records of the HTTP gateway, the MCP
+    /// proxy and the library; every front door replays a JSON result). Without it the outcome is
+    /// a command's: --exit-code and --stdout.
+    #[arg(long, value_name = "JSON", requires = "completed", conflicts_with_all = ["exit_code", "stdout"])]
+    pub result: Option<String>,
     /// With --completed: the exit code to replay.
     #[arg(long, default_value_t = 0, requires = "completed")]
     pub exit_code: i32,

@@ -1,20 +1,18 @@
 //! `idemgate exec`: run a command at most once per key.
 
-use std::io::Write as _;
 use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::Result;
 use idemgate::{
-    Answer, Call, Decision, Effect, EngineError, Fingerprint, KeyRule, Outcome, Recording,
-    ToolPolicy, UnknownPolicy,
+    exit, Answer, Call, Decision, Effect, EngineError, Fingerprint, KeyRule, Recording, ToolPolicy,
+    UnknownPolicy, Verdict,
 };
+use idemgate_kit::Payload;
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
 
 use crate::args::ExecArgs;
-use crate::exit;
-use crate::outcome::CommandOutcome;
-use crate::Context;
+use crate::{out, Context};
 
 pub(crate) async fn run(ctx: &Context, args: &ExecArgs) -> Result<u8> {
     let key = ctx.key(&args.tool, &args.key)?;
@@ -39,17 +37,26 @@ pub(crate) async fn run(ctx: &Context, args: &ExecArgs) -> Result<u8> {
         .key(key.key.clone())
         .fingerprint(Fingerprint::of_json(&argv));
     let stream = !ctx.json;
+    let mut started = false;
     let answer = ctx
         .engine
         .call_with_policy(call, &policy, || {
-            run_command(&args.command, &args.not_applied, stream)
+            run_command(&args.command, &args.not_applied, stream, &mut started)
         })
         .await;
-    report(ctx, args, answer)
+    report(ctx, args, &policy, answer, started)
 }
 
 /// Runs the command, passing its output through live (unless `--json`) while keeping a copy.
-async fn run_command(argv: &[String], not_applied: &[i32], stream: bool) -> Effect {
+/// SIGTERM and SIGINT sent to idemgate are passed on to the command, and its outcome is recorded
+/// as usual once it exits: a command that exits on its own after the signal is recorded with its
+/// exit code, one that the signal kills has an unknown outcome.
+async fn run_command(
+    argv: &[String],
+    not_applied: &[i32],
+    stream: bool,
+    started: &mut bool,
+) -> Effect {
     let mut cmd = tokio::process::Command::new(&argv[0]);
     cmd.args(&argv[1..])
         .stdin(Stdio::inherit())
@@ -58,8 +65,10 @@ async fn run_command(argv: &[String], not_applied: &[i32], stream: bool) -> Effe
     let mut child = match cmd.spawn() {
         Ok(child) => child,
         // Nothing ran: release the key so that a corrected retry can run.
-        Err(e) => return Effect::NotApplied(format!("failed to start {:?}: {e}", argv[0])),
+        Err(e) => return Effect::not_applied(format!("failed to start {:?}: {e}", argv[0])),
     };
+    *started = true;
+    let pid = child.id();
     let out = child
         .stdout
         .take()
@@ -68,21 +77,24 @@ async fn run_command(argv: &[String], not_applied: &[i32], stream: bool) -> Effe
         .stderr
         .take()
         .map(|e| tee(e, tokio::io::stderr(), stream));
-    let (status, stdout, stderr) = tokio::join!(
-        child.wait(),
-        async {
-            match out {
-                Some(f) => f.await,
-                None => Vec::new(),
-            }
-        },
-        async {
-            match err {
-                Some(f) => f.await,
-                None => Vec::new(),
-            }
-        },
-    );
+    let finished = async {
+        tokio::join!(
+            child.wait(),
+            async {
+                match out {
+                    Some(f) => f.await,
+                    None => Vec::new(),
+                }
+            },
+            async {
+                match err {
+                    Some(f) => f.await,
+                    None => Vec::new(),
+                }
+            },
+        )
+    };
+    let (status, stdout, stderr) = forward_signals(pid, finished).await;
     let status = match status {
         Ok(s) => s,
         Err(e) => return Effect::Ambiguous(format!("failed to wait for the command: {e}")),
@@ -92,11 +104,11 @@ async fn run_command(argv: &[String], not_applied: &[i32], stream: bool) -> Effe
         return Effect::Ambiguous(format!("the command was stopped by a signal ({status})"));
     };
     if not_applied.contains(&code) {
-        return Effect::NotApplied(format!(
+        return Effect::not_applied(format!(
             "the command exited with {code}, which says it did nothing"
         ));
     }
-    let body = CommandOutcome {
+    let body = Payload::Command {
         exit_code: code,
         stdout,
         stderr,
@@ -106,6 +118,30 @@ async fn run_command(argv: &[String], not_applied: &[i32], stream: bool) -> Effe
         Effect::Success(body)
     } else {
         Effect::Failed(body)
+    }
+}
+
+/// Drives `finished` (the command and its output) to its end, passing SIGTERM and SIGINT that
+/// reach idemgate on to the command meanwhile: idemgate stays to record what the command did.
+async fn forward_signals<T>(pid: Option<u32>, finished: impl std::future::Future<Output = T>) -> T {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut finished = std::pin::pin!(finished);
+    let (Ok(mut term), Ok(mut int), Some(pid)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+        pid.and_then(|p| i32::try_from(p).ok()).filter(|p| *p > 0),
+    ) else {
+        return finished.await;
+    };
+    // Our own child's pid, positive and still ours until we reap it below: never a group or -1.
+    let child = nix::unistd::Pid::from_raw(pid);
+    loop {
+        let sig = tokio::select! {
+            done = &mut finished => return done,
+            _ = term.recv() => nix::sys::signal::Signal::SIGTERM,
+            _ = int.recv() => nix::sys::signal::Signal::SIGINT,
+        };
+        let _ = nix::sys::signal::kill(child, sig);
     }
 }
 
@@ -133,19 +169,23 @@ async fn tee(
     kept
 }
 
-fn report(ctx: &Context, args: &ExecArgs, answer: Result<Answer, EngineError>) -> Result<u8> {
-    let key_text = format!("{} (tool {})", args.key, args.tool);
+/// Tells the user what happened and picks the exit code: the command's own on execution and
+/// replay, else the [`Verdict`]'s.
+fn report(
+    ctx: &Context,
+    args: &ExecArgs,
+    policy: &ToolPolicy,
+    answer: Result<Answer, EngineError>,
+    started: bool,
+) -> Result<u8> {
+    let verdict = Verdict::of(&answer);
     let answer = match answer {
         Ok(a) => a,
         Err(e) => {
-            let code = match e {
-                EngineError::KeyReuse { .. } => exit::KEY_REUSE,
-                EngineError::ReserveFailed(_) => exit::STORE_UNAVAILABLE,
-                _ => exit::FAILURE,
-            };
+            let code = verdict.exit_code().unwrap_or(exit::FAILURE);
             if ctx.json {
                 let v = serde_json::json!({ "decision": "error", "error": e.to_string(), "exit_code": code });
-                println!("{v}");
+                out::line(format_args!("{v}"));
             } else {
                 eprintln!("idemgate: {e}");
             }
@@ -153,102 +193,110 @@ fn report(ctx: &Context, args: &ExecArgs, answer: Result<Answer, EngineError>) -
         }
     };
     let mut fields = serde_json::Map::new();
-    let code = match &answer.decision {
-        Decision::Executed {
-            outcome, recording, ..
-        } => {
-            let cmd = decode(outcome)?;
-            cmd.json_fields(&mut fields);
-            match recording {
-                Recording::Stored => {}
-                Recording::Journaled => warn(ctx, "the store did not confirm the outcome; it is journaled and will be stored on the next run"),
-                Recording::LeaseLost => warn(ctx, "the command outlived its lease and another run took the key over; this outcome was not stored"),
-                Recording::Unrecorded(why) => warn(ctx, &format!("the outcome could not be recorded ({why}); the key will read as unknown until resolved")),
-            }
-            cmd.status()
+    let mut code = match verdict {
+        // Nothing ran at all: the program could not be started.
+        Verdict::NotApplied if !started => Some(exit::NOT_STARTED),
+        _ => verdict.exit_code(),
+    };
+    if let Some(outcome) = answer.outcome() {
+        let (exit_code, stdout, stderr) = Payload::of(&outcome)?.to_command(outcome.kind);
+        let view = Payload::Command {
+            exit_code,
+            stdout: stdout.clone(),
+            stderr: stderr.clone(),
         }
+        .to_json();
+        if let Ok(serde_json::Value::Object(view)) = serde_json::from_str(view.get()) {
+            fields.extend(view);
+        }
+        code = code.or(Some(u8::try_from(exit_code.rem_euclid(256)).unwrap_or(1)));
+        if !ctx.json && matches!(answer.decision, Decision::Replayed { .. }) {
+            out::bytes(&stdout);
+            let _ = std::io::Write::write_all(&mut std::io::stderr(), &stderr);
+        }
+    }
+    if !ctx.json {
+        tell(ctx, args, policy, &answer);
+    }
+    if let Decision::InFlight { retry_after, .. } = &answer.decision {
+        fields.insert("retry_after_secs".into(), retry_after.as_secs().into());
+    }
+    let code = code.unwrap_or(0);
+    if ctx.json {
+        let mut v = serde_json::to_value(&answer)?;
+        if let Some(obj) = v.as_object_mut() {
+            obj.remove("outcome");
+            obj.remove("reply");
+            obj.insert("exit_code".into(), code.into());
+            obj.extend(fields);
+        }
+        out::line(format_args!("{v}"));
+    }
+    Ok(code)
+}
+
+/// The lines on stderr that say what happened (not for executions that went as planned).
+fn tell(ctx: &Context, args: &ExecArgs, policy: &ToolPolicy, answer: &Answer) {
+    let key_text = format!("{} (tool {})", args.key, args.tool);
+    let resolve = |fence| {
+        format!(
+            "idemgate keys resolve {} --tool {} --tenant {} --fence {fence}",
+            args.key, args.tool, ctx.tenant
+        )
+    };
+    match &answer.decision {
+        Decision::Executed { recording, .. } => match recording {
+            Recording::Stored => {}
+            Recording::Journaled => eprintln!("idemgate: warning: the store did not confirm the outcome; it is journaled and will be stored on the next run"),
+            Recording::LeaseLost => eprintln!("idemgate: the command ran, but outlived its lease and another run took the key over: the record holds that run's outcome, not this one (`idemgate keys show {} --tool {} --tenant {}`)", args.key, args.tool, ctx.tenant),
+            Recording::Unrecorded(why) => eprintln!("idemgate: the command ran, but its outcome could not be recorded ({why}); the key will read as unknown until resolved"),
+        },
         Decision::Replayed {
-            outcome,
             executed_at,
             expires_at,
-            verified: _,
-        } => {
-            let cmd = decode(outcome)?;
-            cmd.json_fields(&mut fields);
-            if !ctx.json {
-                std::io::stdout().write_all(&cmd.stdout)?;
-                std::io::stderr().write_all(&cmd.stderr)?;
-                if !args.quiet {
-                    let rule = match answer.rule {
-                        Some(KeyRule::Fallback) => "fallback window",
-                        _ => "key",
-                    };
-                    eprintln!(
-                        "idemgate: replayed the outcome of {key_text} by {rule}: the command ran at {executed_at}, not now (kept until {expires_at})"
-                    );
-                }
-            }
-            cmd.status()
+            ..
+        } if !args.quiet => {
+            let rule = match answer.rule {
+                Some(KeyRule::Fallback) => "fallback window",
+                _ => "key",
+            };
+            eprintln!(
+                "idemgate: replayed the outcome of {key_text} by {rule}: the command ran at {executed_at}, not now (kept until {expires_at})"
+            );
         }
         Decision::NotApplied { message, .. } => {
-            if !ctx.json {
-                eprintln!("idemgate: {message}; nothing ran and the key {key_text} is free again");
-            }
-            exit::NOT_STARTED
+            eprintln!("idemgate: {message}; the key {key_text} is free again");
         }
-        Decision::InFlight { since, retry_after } => {
-            if !ctx.json {
-                eprintln!(
-                    "idemgate: {key_text} is being run by another process since {since}; try again in {}",
-                    humantime::format_duration(round_secs(*retry_after))
-                );
-            }
-            fields.insert("retry_after_secs".into(), retry_after.as_secs().into());
-            exit::IN_FLIGHT
-        }
+        Decision::InFlight { since, retry_after } => eprintln!(
+            "idemgate: {key_text} is being run by another process since {since}; try again in {}",
+            humantime::format_duration(round_secs(*retry_after))
+        ),
         Decision::Unknown {
             since,
             fence,
             ran_here,
             message,
+            ..
         } => {
-            if !ctx.json {
-                let why = match (ran_here, message) {
-                    (_, Some(m)) => m.clone(),
-                    (false, None) => "an earlier run stopped before recording its outcome".into(),
-                    (true, None) => "the command's outcome is ambiguous".into(),
-                };
-                eprintln!(
-                    "idemgate: the outcome of {key_text} is unknown since {since}: {why}.\n\
-                     It was not run again. Check whether it took effect, then record what happened:\n  \
-                     idemgate keys resolve {} --tool {} --fence {fence} --completed [--exit-code N]   # it did\n  \
-                     idemgate keys resolve {} --tool {} --fence {fence} --release                     # it did not",
-                    args.key, args.tool, args.key, args.tool
-                );
-            }
-            exit::UNKNOWN
+            let why = match (ran_here, message) {
+                (_, Some(m)) => m.clone(),
+                (false, None) => "an earlier run stopped before recording its outcome".into(),
+                (true, None) => "the command's outcome is ambiguous".into(),
+            };
+            let next = if policy.on_unknown == UnknownPolicy::Retry && !ran_here {
+                "With --on-unknown retry, the next call runs it again.".to_owned()
+            } else {
+                format!(
+                    "It was not run again. Check whether it took effect, then record what happened:\n  \
+                     {} --completed [--exit-code N]   # it did\n  \
+                     {} --release                     # it did not",
+                    resolve(fence),
+                    resolve(fence)
+                )
+            };
+            eprintln!("idemgate: the outcome of {key_text} is unknown since {since}: {why}.\n{next}");
         }
-        Decision::PassedThrough { .. } => 0,
-        _ => exit::FAILURE,
-    };
-    if ctx.json {
-        let mut v = serde_json::to_value(&answer)?;
-        if let Some(obj) = v.as_object_mut() {
-            obj.remove("outcome");
-            obj.extend(fields);
-        }
-        println!("{v}");
-    }
-    Ok(code)
-}
-
-fn decode(outcome: &Outcome) -> Result<CommandOutcome> {
-    CommandOutcome::decode(&outcome.body)
-}
-
-fn warn(ctx: &Context, msg: &str) {
-    if !ctx.json {
-        eprintln!("idemgate: warning: {msg}");
+        _ => {}
     }
 }
 

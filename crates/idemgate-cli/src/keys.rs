@@ -1,13 +1,14 @@
-//! `idemgate keys`: the operator's view of records.
+//! `idemgate keys`: the operator's view of records, whichever front door wrote them.
 
 use anyhow::{bail, Context as _, Result};
 use idemgate::{
-    EngineError, ListFilter, Outcome, Record, RecordState, Resolution, State, Store as _, ToolName,
+    EngineError, Key, ListFilter, OutcomeKind, Record, RecordState, Resolution, State, Store as _,
+    ToolName,
 };
+use idemgate_kit::Payload;
 
 use crate::args::{KeysCommand, ResolveArgs};
-use crate::outcome::CommandOutcome;
-use crate::{exit, Context};
+use crate::{exit, out, Context};
 
 pub(crate) async fn run(ctx: &Context, cmd: &KeysCommand) -> Result<u8> {
     match cmd {
@@ -18,7 +19,9 @@ pub(crate) async fn run(ctx: &Context, cmd: &KeysCommand) -> Result<u8> {
             limit,
         } => {
             let filter = ListFilter {
-                tenant: (!all_tenants).then(|| ctx.tenant.clone()),
+                // Without --tenant the operator sees every tenant: the gateway's records live
+                // under its tenants ("default" without a config file), exec's under "local".
+                tenant: (ctx.tenant_given && !all_tenants).then(|| ctx.tenant.clone()),
                 tool: tool
                     .as_deref()
                     .map(ToolName::new)
@@ -34,43 +37,40 @@ pub(crate) async fn run(ctx: &Context, cmd: &KeysCommand) -> Result<u8> {
             let records = ctx.store().list(&filter).await?;
             if ctx.json {
                 let rows: Vec<_> = records.iter().map(record_json).collect();
-                println!("{}", serde_json::Value::Array(rows));
+                out::line(format_args!("{}", serde_json::Value::Array(rows)));
             } else if records.is_empty() {
                 eprintln!("no records");
             } else {
-                println!(
-                    "{:<10} {:<16} {:<24} {:>5}  {:<24}  DETAIL",
-                    "STATE", "TOOL", "KEY", "FENCE", "CREATED"
-                );
+                out::line(format_args!(
+                    "{:<10} {:<12} {:<16} {:<24} {:>5}  {:<24}  DETAIL",
+                    "STATE", "TENANT", "TOOL", "KEY", "FENCE", "CREATED"
+                ));
                 for r in &records {
-                    println!(
-                        "{:<10} {:<16} {:<24} {:>5}  {:<24}  {}",
+                    out::line(format_args!(
+                        "{:<10} {:<12} {:<16} {:<24} {:>5}  {:<24}  {}",
                         r.state_name().to_string(),
+                        r.key.tenant.as_str(),
                         r.key.tool.as_str(),
                         r.key.key.as_str(),
                         r.fence,
                         r.created_at.to_string(),
                         detail(r)
-                    );
+                    ));
                 }
             }
             Ok(0)
         }
         KeysCommand::Show { key, tool } => {
-            let key = ctx.key(tool, key)?;
-            let Some(record) = ctx.store().get(&key).await? else {
+            let Some(record) = find(ctx, key, tool.as_deref()).await? else {
                 if ctx.json {
-                    println!("null");
+                    out::line(format_args!("null"));
                 } else {
-                    eprintln!(
-                        "no record for key {} (tool {}, tenant {})",
-                        key.key, key.tool, key.tenant
-                    );
+                    eprintln!("no record for key {key}{}", scope(ctx, tool.as_deref()));
                 }
                 return Ok(exit::FAILURE);
             };
             if ctx.json {
-                println!("{}", record_json(&record));
+                out::line(format_args!("{}", record_json(&record)));
             } else {
                 print_record(&record);
             }
@@ -83,38 +83,102 @@ pub(crate) async fn run(ctx: &Context, cmd: &KeysCommand) -> Result<u8> {
             }
             let n = ctx.engine.purge_expired().await?;
             if ctx.json {
-                println!("{}", serde_json::json!({ "purged": n }));
+                out::line(format_args!("{}", serde_json::json!({ "purged": n })));
             } else {
-                println!("purged {n} expired record(s)");
+                out::line(format_args!("purged {n} expired record(s)"));
             }
             Ok(0)
         }
     }
 }
 
-async fn resolve(ctx: &Context, args: &ResolveArgs) -> Result<u8> {
-    let key = ctx.key(&args.tool, &args.key)?;
-    let fence = match args.fence {
-        Some(f) => f,
-        None => match ctx.store().get(&key).await? {
-            Some(r) => r.fence,
-            None => bail!("no record for key {} (tool {})", key.key, key.tool),
-        },
+/// " (tool T, tenant N)" for messages, naming what the lookup was limited to.
+fn scope(ctx: &Context, tool: Option<&str>) -> String {
+    let mut parts = Vec::new();
+    if let Some(t) = tool {
+        parts.push(format!("tool {t}"));
+    }
+    parts.push(if ctx.tenant_given {
+        format!("tenant {}", ctx.tenant)
+    } else {
+        "any tenant".to_owned()
+    });
+    format!(" ({})", parts.join(", "))
+}
+
+/// The record of `key`: under `--tenant` and `--tool` when given, else wherever exactly one
+/// record has that key (an operator who copies a key from a log need not know which front door
+/// or tenant wrote it).
+async fn find(ctx: &Context, key: &str, tool: Option<&str>) -> Result<Option<Record>> {
+    let key = idemgate::IdempotencyKey::new(key).context("invalid key")?;
+    let tool = tool
+        .map(ToolName::new)
+        .transpose()
+        .context("invalid --tool")?;
+    if let (true, Some(tool)) = (ctx.tenant_given, &tool) {
+        let name = Key::new(ctx.tenant.clone(), tool.clone(), key);
+        return Ok(ctx.store().get(&name).await?);
+    }
+    let filter = ListFilter {
+        tenant: ctx.tenant_given.then(|| ctx.tenant.clone()),
+        tool,
+        state: None,
+        limit: 0,
     };
-    let resolution = if args.completed {
-        let body = CommandOutcome {
-            exit_code: args.exit_code,
-            stdout: args.stdout.clone().into_bytes(),
-            stderr: Vec::new(),
+    let mut found: Vec<Record> = ctx
+        .store()
+        .list(&filter)
+        .await?
+        .into_iter()
+        .filter(|r| r.key.key == key)
+        .collect();
+    match found.len() {
+        0 | 1 => Ok(found.pop()),
+        _ => {
+            let names: Vec<String> = found
+                .iter()
+                .map(|r| format!("--tenant {} --tool {}", r.key.tenant, r.key.tool))
+                .collect();
+            bail!(
+                "key {key} has a record under several tenants or tools; name one with: {}",
+                names.join(" | ")
+            )
         }
-        .encode();
-        let outcome = if args.exit_code == 0 {
-            Outcome::success(body)
-        } else {
-            Outcome::failed(body)
+    }
+}
+
+async fn resolve(ctx: &Context, args: &ResolveArgs) -> Result<u8> {
+    let Some(record) = find(ctx, &args.key, args.tool.as_deref()).await? else {
+        eprintln!(
+            "idemgate: no record for key {}{}",
+            args.key,
+            scope(ctx, args.tool.as_deref())
+        );
+        return Ok(exit::FAILURE);
+    };
+    let key = record.key.clone();
+    let fence = args.fence.unwrap_or(record.fence);
+    let resolution = if args.completed {
+        let (payload, kind) = match &args.result {
+            Some(json) => (
+                Payload::json_text(json).context("invalid --result")?,
+                OutcomeKind::Success,
+            ),
+            None => (
+                Payload::Command {
+                    exit_code: args.exit_code,
+                    stdout: args.stdout.clone().into_bytes(),
+                    stderr: Vec::new(),
+                },
+                if args.exit_code == 0 {
+                    OutcomeKind::Success
+                } else {
+                    OutcomeKind::Failed
+                },
+            ),
         };
         Resolution::Completed {
-            outcome,
+            outcome: payload.into_outcome(kind),
             ttl: args.ttl,
         }
     } else {
@@ -123,17 +187,21 @@ async fn resolve(ctx: &Context, args: &ResolveArgs) -> Result<u8> {
     match ctx.engine.resolve(&key, fence, resolution).await {
         Ok(after) => {
             if ctx.json {
-                println!(
+                out::line(format_args!(
                     "{}",
                     after.as_ref().map_or(serde_json::Value::Null, record_json)
-                );
+                ));
             } else if let Some(r) = after {
-                println!("resolved: {} is now {}", key.key, r.state_name());
+                out::line(format_args!(
+                    "resolved: {} is now {}",
+                    key.key,
+                    r.state_name()
+                ));
             } else {
-                println!(
+                out::line(format_args!(
                     "released: the next call with key {} runs the command",
                     key.key
-                );
+                ));
             }
             Ok(0)
         }
@@ -153,58 +221,72 @@ fn detail(r: &Record) -> String {
             completed_at,
             expires_at,
         } => {
-            let exit = CommandOutcome::decode(&outcome.body)
-                .map(|c| format!("exit {}", c.exit_code))
-                .unwrap_or_else(|_| format!("{} bytes", outcome.body.len()));
+            let what = match Payload::of(outcome) {
+                Ok(Payload::Command { exit_code, .. }) => format!("exit {exit_code}"),
+                Ok(Payload::Http { status, .. }) => format!("HTTP {status}"),
+                Ok(p) => p.content().to_owned(),
+                Err(_) => format!("{} bytes", outcome.body.len()),
+            };
             format!(
-                "{} ({exit}) at {completed_at}, kept until {expires_at}",
+                "{} ({what}) at {completed_at}, kept until {expires_at}",
                 outcome.kind
             )
         }
-        RecordState::Unknown { since } => {
-            format!("since {since}: resolve with `idemgate keys resolve`")
-        }
+        RecordState::Unknown { since } => format!(
+            "since {since}: idemgate keys resolve {} --tool {} --tenant {} --fence {} (--completed | --release)",
+            r.key.key, r.key.tool, r.key.tenant, r.fence
+        ),
     }
 }
 
 fn print_record(r: &Record) {
-    println!("key:          {}", r.key.key);
-    println!("tool:         {}", r.key.tool);
-    println!("tenant:       {}", r.key.tenant);
-    println!("state:        {}", r.state_name());
-    println!("fence:        {}", r.fence);
-    println!("fingerprint:  {}", r.fingerprint);
-    println!("created:      {}", r.created_at);
+    out::line(format_args!("key:          {}", r.key.key));
+    out::line(format_args!("tool:         {}", r.key.tool));
+    out::line(format_args!("tenant:       {}", r.key.tenant));
+    out::line(format_args!("state:        {}", r.state_name()));
+    out::line(format_args!("fence:        {}", r.fence));
+    out::line(format_args!("fingerprint:  {}", r.fingerprint));
+    out::line(format_args!("created:      {}", r.created_at));
     match &r.state {
-        RecordState::InFlight { lease_until } => println!("lease until:  {lease_until}"),
+        RecordState::InFlight { lease_until } => {
+            out::line(format_args!("lease until:  {lease_until}"));
+        }
         RecordState::Unknown { since } => {
-            println!("unknown since: {since}");
-            println!(
-                "resolve with: idemgate keys resolve {} --tool {} --fence {} (--completed [--exit-code N] | --release)",
-                r.key.key, r.key.tool, r.fence
-            );
+            out::line(format_args!("unknown since: {since}"));
+            out::line(format_args!(
+                "resolve with: idemgate keys resolve {} --tool {} --tenant {} --fence {} (--completed [--exit-code N | --result JSON] | --release)",
+                r.key.key, r.key.tool, r.key.tenant, r.fence
+            ));
         }
         RecordState::Completed {
             outcome,
             completed_at,
             expires_at,
         } => {
-            println!("outcome:      {}", outcome.kind);
-            println!("completed:    {completed_at}");
-            println!("kept until:   {expires_at}");
-            match CommandOutcome::decode(&outcome.body) {
-                Ok(c) => {
-                    println!("exit code:    {}", c.exit_code);
-                    println!(
+            out::line(format_args!("outcome:      {}", outcome.kind));
+            out::line(format_args!("completed:    {completed_at}"));
+            out::line(format_args!("kept until:   {expires_at}"));
+            match Payload::of(outcome) {
+                Ok(Payload::Command {
+                    exit_code,
+                    stdout,
+                    stderr,
+                }) => {
+                    out::line(format_args!("exit code:    {exit_code}"));
+                    out::line(format_args!(
                         "stdout:       {}",
-                        String::from_utf8_lossy(&c.stdout).trim_end()
-                    );
-                    println!(
+                        String::from_utf8_lossy(&stdout).trim_end()
+                    ));
+                    out::line(format_args!(
                         "stderr:       {}",
-                        String::from_utf8_lossy(&c.stderr).trim_end()
-                    );
+                        String::from_utf8_lossy(&stderr).trim_end()
+                    ));
                 }
-                Err(_) => println!("body:         {} bytes", outcome.body.len()),
+                Ok(p) => {
+                    out::line(format_args!("content:      {}", p.content()));
+                    out::line(format_args!("result:       {}", p.to_json().get()));
+                }
+                Err(_) => out::line(format_args!("body:         {} bytes", outcome.body.len())),
             }
         }
     }
@@ -215,8 +297,17 @@ fn record_json(r: &Record) -> serde_json::Value {
     if let (Some(obj), RecordState::Completed { outcome, .. }) = (v.as_object_mut(), &r.state) {
         obj.remove("outcome");
         obj.insert("outcome_kind".into(), outcome.kind.to_string().into());
-        if let Ok(c) = CommandOutcome::decode(&outcome.body) {
-            c.json_fields(obj);
+        if let Ok(p) = Payload::of(outcome) {
+            obj.insert("content".into(), p.content().into());
+            if let Ok(serde_json::Value::Object(view)) = serde_json::from_str(p.to_json().get()) {
+                if matches!(p, Payload::Command { .. }) {
+                    obj.extend(view);
+                } else {
+                    obj.insert("result".into(), serde_json::Value::Object(view));
+                }
+            } else if let Ok(value) = serde_json::from_str(p.to_json().get()) {
+                obj.insert("result".into(), value);
+            }
         }
     }
     v

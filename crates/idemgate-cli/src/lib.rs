@@ -4,7 +4,7 @@
 mod args;
 mod exec;
 mod keys;
-mod outcome;
+mod out;
 mod serve;
 
 use std::path::PathBuf;
@@ -19,21 +19,8 @@ pub use args::Cli;
 use args::{Command, JournalCommand, KeyCommand, TokenCommand};
 
 /// Exit codes of `idemgate` itself (a command's own exit code passes through on execution and
-/// replay). One table, so docs, tests and code agree.
-pub mod exit {
-    /// Something else went wrong (bad store URL, I/O error).
-    pub const FAILURE: u8 = 1;
-    /// The key was used before with other arguments; nothing ran.
-    pub const KEY_REUSE: u8 = 65;
-    /// The store could not reserve the key; nothing ran.
-    pub const STORE_UNAVAILABLE: u8 = 69;
-    /// Another process holds the key and did not finish within --wait.
-    pub const IN_FLIGHT: u8 = 75;
-    /// The outcome is unknown (an earlier run died mid-command); resolve it with `keys resolve`.
-    pub const UNKNOWN: u8 = 76;
-    /// The command could not be started; nothing ran and the key is free again.
-    pub const NOT_STARTED: u8 = 127;
-}
+/// replay): the engine's one table, so docs, tests and every front door agree.
+pub use idemgate::exit;
 
 /// Parses the command line, runs it and returns the exit code.
 pub fn run() -> ExitCode {
@@ -67,49 +54,61 @@ pub fn run() -> ExitCode {
 async fn dispatch(cli: Cli) -> Result<u8> {
     match &cli.command {
         Command::Key(KeyCommand::Mint) => {
-            println!("{}", idemgate::IdempotencyKey::mint());
+            let key = idemgate::IdempotencyKey::mint();
+            print_key(&cli, key.as_str());
             Ok(0)
         }
         Command::Key(KeyCommand::Derive { run, step }) => {
-            println!("{}", idemgate::IdempotencyKey::derive(run, step));
+            let key = idemgate::IdempotencyKey::derive(run, step);
+            print_key(&cli, key.as_str());
             Ok(0)
         }
         Command::Exec(args) => {
-            let ctx = Context::open(&cli).await?;
+            let ctx = match Context::open(&cli, "local").await? {
+                Ok(ctx) => ctx,
+                Err(code) => return Ok(code),
+            };
             exec::run(&ctx, args).await
         }
         Command::Keys(cmd) => {
-            let ctx = Context::open(&cli).await?;
+            let ctx = match Context::open(&cli, "local").await? {
+                Ok(ctx) => ctx,
+                Err(code) => return Ok(code),
+            };
             keys::run(&ctx, cmd).await
         }
         Command::Serve(args) => serve::run(&cli, args).await,
         Command::Token(TokenCommand::Hash { token }) => {
-            println!("{}", idemgate_http::token_sha256(token));
+            out::line(format_args!("{}", idemgate_http::token_sha256(token)));
             Ok(0)
         }
         Command::Token(TokenCommand::New) => {
             let token = idemgate_http::new_token();
             let hash = idemgate_http::token_sha256(&token);
             if cli.json {
-                println!(
+                out::line(format_args!(
                     "{}",
                     serde_json::json!({"token": token, "token_sha256": hash})
-                );
+                ));
             } else {
-                println!("{token}\n{hash}");
+                out::line(format_args!("{token}"));
+                out::line(format_args!("{hash}"));
             }
             Ok(0)
         }
         Command::Journal(JournalCommand::Flush) => {
-            let ctx = Context::open(&cli).await?;
+            let ctx = match Context::open(&cli, "local").await? {
+                Ok(ctx) => ctx,
+                Err(code) => return Ok(code),
+            };
             let report = ctx.engine.flush_journal().await?;
             if cli.json {
-                println!("{}", serde_json::to_string(&report)?);
+                out::line(format_args!("{}", serde_json::to_string(&report)?));
             } else {
-                println!(
+                out::line(format_args!(
                     "applied {}, superseded {}, still pending {}",
                     report.applied, report.superseded, report.pending
-                );
+                ));
             }
             Ok(if report.pending > 0 {
                 exit::STORE_UNAVAILABLE
@@ -120,28 +119,56 @@ async fn dispatch(cli: Cli) -> Result<u8> {
     }
 }
 
+/// A key on stdout: the key alone, or `{"key": ...}` with `--json`.
+fn print_key(cli: &Cli, key: &str) {
+    if cli.json {
+        out::line(format_args!("{}", serde_json::json!({ "key": key })));
+    } else {
+        out::line(format_args!("{key}"));
+    }
+}
+
 /// What every command that touches records needs.
 pub(crate) struct Context {
     pub(crate) engine: Engine<AnyStore>,
+    /// `--tenant`, else the command's default.
     pub(crate) tenant: idemgate::TenantId,
+    /// Whether `--tenant` was given (operator commands look in every tenant otherwise).
+    pub(crate) tenant_given: bool,
     pub(crate) json: bool,
 }
 
 impl Context {
-    async fn open(cli: &Cli) -> Result<Self> {
-        let tenant = idemgate::TenantId::new(cli.tenant.as_str()).context("invalid --tenant")?;
+    /// Opens the store and the journal. `Ok(Err(code))` when the store cannot be opened: that is
+    /// said on stderr, and nothing ran, so the exit code is the store's (69), as at reservation.
+    async fn open(cli: &Cli, default_tenant: &str) -> Result<Result<Self, u8>> {
+        let tenant = idemgate::TenantId::new(cli.tenant.as_deref().unwrap_or(default_tenant))
+            .context("invalid --tenant")?;
         let (url, journal_dir) = store_and_journal(cli)?;
-        let store = AnyStore::connect(&url)
-            .await
-            .with_context(|| format!("failed to open store {}", redact(&url)))?;
+        if url.trim() == "memory:" || url.starts_with("memory:") {
+            anyhow::bail!(
+                "refusing store memory: for a one-shot command: its records die with this process, so every later call would run again. Use the default SQLite file, sqlite://PATH, or a server store (memory: suits only `serve` and tests)"
+            );
+        }
+        let store = match AnyStore::connect(&url).await {
+            Ok(store) => store,
+            Err(e) => {
+                eprintln!(
+                    "idemgate: failed to open store {}, so nothing ran: {e}",
+                    redact(&url)
+                );
+                return Ok(Err(exit::STORE_UNAVAILABLE));
+            }
+        };
         let journal = FileJournal::open(&journal_dir)
             .with_context(|| format!("failed to open journal {}", journal_dir.display()))?;
         let engine = Engine::new(store).with_journal(Arc::new(journal));
-        Ok(Context {
+        Ok(Ok(Context {
             engine,
             tenant,
+            tenant_given: cli.tenant.is_some(),
             json: cli.json,
-        })
+        }))
     }
 
     pub(crate) fn key(&self, tool: &str, key: &str) -> Result<Key> {

@@ -14,8 +14,11 @@ const MIN_TOKEN_LEN: usize = 16;
 pub(crate) async fn run(cli: &Cli, args: &ServeArgs) -> Result<u8> {
     idemgate_http::logging::init();
     let mut config = match &args.config {
+        Some(_) if cli.tenant.is_some() => bail!(
+            "--tenant names the one tenant of a gateway without --config; with a config file, the file's [[tenants]] say who may call"
+        ),
         Some(path) => Config::load(path)?,
-        None => env_config(args)?,
+        None => env_config(args, cli.tenant.as_deref().unwrap_or("default"))?,
     };
     // A file without a store uses the store every other command uses, so `idemgate keys` sees
     // the gateway's records.
@@ -26,9 +29,26 @@ pub(crate) async fn run(cli: &Cli, args: &ServeArgs) -> Result<u8> {
     )?;
     config.server.store = Some(url);
     config.server.journal = Some(journal);
-    let server = idemgate_http::bind(config)
-        .await
-        .context("failed to start the gateway")?;
+    if config
+        .server
+        .store
+        .as_deref()
+        .is_some_and(|s| s.starts_with("memory:"))
+    {
+        eprintln!("idemgate: warning: store memory: keeps records only while this gateway runs: a restart forgets every key, and no other process sees them");
+    }
+    let server = match idemgate_http::bind(config).await {
+        Ok(server) => server,
+        // Nothing ran: the same exit code as a store that fails at reservation.
+        Err(e @ idemgate_http::Error::Store(_)) => {
+            eprintln!(
+                "idemgate: failed to start the gateway: {:#}",
+                anyhow::Error::new(e)
+            );
+            return Ok(crate::exit::STORE_UNAVAILABLE);
+        }
+        Err(e) => return Err(anyhow::Error::new(e).context("failed to start the gateway")),
+    };
     // One plain line on stdout (logs go to stderr as JSON), so scripts can learn the port when
     // they listen on port 0.
     println!("idemgate: listening on http://{}", server.local_addr());
@@ -41,7 +61,7 @@ pub(crate) async fn run(cli: &Cli, args: &ServeArgs) -> Result<u8> {
 }
 
 /// The configuration without a file: one tenant, "default", whose token is in the environment.
-fn env_config(args: &ServeArgs) -> Result<Config> {
+fn env_config(args: &ServeArgs, tenant: &str) -> Result<Config> {
     let var = &args.token_env;
     let token = match std::env::var(var) {
         Ok(t) if !t.trim().is_empty() => t.trim().to_owned(),
@@ -55,7 +75,7 @@ fn env_config(args: &ServeArgs) -> Result<Config> {
     let mut config = Config::default();
     config.server.listen = args.listen;
     config.tenants.push(TenantConfig {
-        id: idemgate::TenantId::new("default").context("invalid tenant id")?,
+        id: idemgate::TenantId::new(tenant).context("invalid --tenant")?,
         token_sha256: idemgate_http::token_sha256(&token),
         rate_limit_per_second: None,
         max_live_keys: None,

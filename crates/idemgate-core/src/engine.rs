@@ -14,11 +14,13 @@ use crate::canonical::Fingerprint;
 use crate::error::{retry_after, CanonicalError, EngineError, StoreError};
 use crate::journal::{Journal, JournalEntry, JournalOp, MemoryJournal};
 use crate::key::{IdempotencyKey, Key, KeyRule, TenantId, ToolName};
+use crate::observe::{Event, Observer, Observers};
 use crate::policy::{Policies, ToolKind, ToolPolicy, UnknownPolicy};
 use crate::record::{Fence, Lease, Outcome, Record, RecordState};
 use crate::replay::{Completed, ReplayCache};
 use crate::store::{Claim, Completion, ListFilter, Reservation, Store};
 use crate::time::{Clock, SystemClock, Timestamp};
+use crate::verdict::Verdict;
 
 /// What a side effect reports.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -29,11 +31,26 @@ pub enum Effect {
     /// It failed for good; this is the failure. Stored and replayed.
     Failed(Vec<u8>),
     /// Nothing happened (validation failed, the tool refused before acting): the key is released so
-    /// a retry runs.
-    NotApplied(String),
+    /// a retry runs. `reply` is what the tool answered, for the caller (it is not stored).
+    NotApplied {
+        /// Why, in words.
+        message: String,
+        /// The tool's own answer, passed to this caller only (a front door may show it).
+        reply: Option<Vec<u8>>,
+    },
     /// It may or may not have happened (a timeout after sending, a dropped connection): the record
     /// becomes unknown and is never silently re-run.
     Ambiguous(String),
+}
+
+impl Effect {
+    /// Nothing happened, for this reason; no reply to pass on.
+    pub fn not_applied(message: impl Into<String>) -> Self {
+        Effect::NotApplied {
+            message: message.into(),
+            reply: None,
+        }
+    }
 }
 
 /// One call: who, which tool, which logical action, with which arguments.
@@ -155,6 +172,8 @@ pub enum Decision {
     NotApplied {
         /// What the tool said.
         message: String,
+        /// The tool's own answer, if it gave one (not stored).
+        reply: Option<Vec<u8>>,
         /// Whether the store confirmed the release (else it is journaled or pending expiry).
         recording: Recording,
     },
@@ -175,6 +194,9 @@ pub enum Decision {
         ran_here: bool,
         /// What the tool or verifier said, if anything.
         message: Option<String>,
+        /// When this call marked the record unknown (it ran the side effect, or took the record
+        /// over to verify it): whether the store took the mark.
+        recording: Option<Recording>,
     },
 }
 
@@ -208,8 +230,9 @@ impl Answer {
 }
 
 /// What [`Engine::begin`] decided.
+// Not `non_exhaustive`: every front door matches it whole, so a new way to begin is a compile
+// error at each of them.
 #[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
 pub enum Begun {
     /// Run the side effect now, then report with [`Engine::finish`].
     Execute(Ticket),
@@ -232,6 +255,27 @@ pub struct Ticket {
     pub ttl: Duration,
     /// How long the lease lasts without a heartbeat.
     pub lease_for: Duration,
+}
+
+/// The record a write call is judged by (see [`Engine::key_for`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Named {
+    /// The record.
+    pub key: Key,
+    /// Which rule named it.
+    pub rule: KeyRule,
+    /// How long its outcome is kept.
+    pub ttl: Duration,
+}
+
+/// The task that flushes the journal (see [`Engine::spawn_journal_flusher`]); stops when dropped.
+#[derive(Debug)]
+pub struct JournalFlusher(tokio::task::JoinHandle<()>);
+
+impl Drop for JournalFlusher {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// What a verifier found out about an unknown outcome.
@@ -314,6 +358,7 @@ pub struct Engine<S> {
     settings: Settings,
     replays: ReplayCache,
     clock: Arc<dyn Clock>,
+    observers: Observers,
 }
 
 impl<S: std::fmt::Debug> std::fmt::Debug for Engine<S> {
@@ -323,6 +368,7 @@ impl<S: std::fmt::Debug> std::fmt::Debug for Engine<S> {
             .field("policies", &self.policies)
             .field("journal", &self.journal)
             .field("settings", &self.settings)
+            .field("observers", &self.observers)
             .finish_non_exhaustive()
     }
 }
@@ -338,7 +384,20 @@ impl<S: Store> Engine<S> {
             replays: ReplayCache::new(Settings::default().replay_cache),
             settings: Settings::default(),
             clock: Arc::new(SystemClock),
+            observers: Observers::new(),
         }
+    }
+
+    /// Adds an observer: it is told every decision, resolution and journal flush (metrics, audit
+    /// log, logs).
+    pub fn with_observer(mut self, observer: Arc<dyn Observer>) -> Self {
+        self.observers.push(observer);
+        self
+    }
+
+    /// Tells the observers of something a front door decided itself (a quota refusal, say).
+    pub fn observe(&self, event: &Event<'_>) {
+        self.observers.observe(event);
     }
 
     /// Sets the tool policies.
@@ -463,28 +522,60 @@ impl<S: Store> Engine<S> {
     /// # Errors
     /// As [`Engine::call`].
     pub async fn begin(&self, call: Call, policy: &ToolPolicy) -> Result<Begun, EngineError> {
-        if policy.kind != ToolKind::Write {
-            return Ok(Begun::PassThrough);
+        if self.observers.is_empty() {
+            return self.decide(call, policy).await;
         }
-        let (key, rule, ttl) = match (call.key, policy.fallback_window) {
-            (Some(k), _) => (
-                Key::new(call.tenant, call.tool, k),
-                KeyRule::Explicit,
-                policy.ttl,
-            ),
-            (None, Some(window)) => (
-                Key::fallback(call.tenant, call.tool, &call.fingerprint),
-                KeyRule::Fallback,
-                window,
-            ),
-            (None, None) => {
-                return Err(EngineError::KeyRequired {
-                    tool: call.tool.to_string(),
-                })
-            }
+        let (tenant, tool) = (call.tenant.clone(), call.tool.clone());
+        let begun = self.decide(call, policy).await;
+        self.observe_begun(&tenant, &tool, &begun);
+        begun
+    }
+
+    /// The record a call is judged by, the rule that named it and how long its outcome is kept;
+    /// `None` for reads and naturally idempotent writes, which have no record. The one place
+    /// record names are derived: a front door that needs the name before the call (to send the
+    /// downstream key) asks here.
+    ///
+    /// # Errors
+    /// [`EngineError::KeyRequired`] for a write without key or fallback window.
+    pub fn key_for(&self, call: &Call, policy: &ToolPolicy) -> Result<Option<Named>, EngineError> {
+        name(call.clone(), policy)
+    }
+
+    /// The ticket of a lease that `begin` handed out and a caller brings back (the HTTP
+    /// coordination API): the record of `key` under `tenant` and `tool`, named by the rule the key
+    /// itself shows (fallback keys are minted by the engine; explicit ones can never look like
+    /// them, see [`IdempotencyKey::explicit`]), kept as long as that rule says.
+    pub fn ticket_for(
+        &self,
+        tenant: TenantId,
+        tool: ToolName,
+        key: IdempotencyKey,
+        lease: Lease,
+        policy: &ToolPolicy,
+    ) -> Ticket {
+        let rule = KeyRule::of(&key);
+        let ttl = match (rule, policy.fallback_window) {
+            (KeyRule::Fallback, Some(window)) => window,
+            _ => policy.ttl,
+        };
+        Ticket {
+            key: Key::new(tenant, tool, key),
+            rule,
+            lease,
+            ttl,
+            lease_for: policy.lease,
+        }
+    }
+
+    /// The decision of [`Engine::begin`], before the observers hear of it.
+    async fn decide(&self, call: Call, policy: &ToolPolicy) -> Result<Begun, EngineError> {
+        let fingerprint = call.fingerprint;
+        let Some(Named { key, rule, ttl }) = name(call, policy)? else {
+            return Ok(Begun::PassThrough);
         };
         if let Some(done) = self.replays.get(&key, self.clock.now()) {
-            if done.fingerprint != call.fingerprint {
+            if done.fingerprint != fingerprint {
                 return Err(EngineError::KeyReuse {
                     key,
                     rule,
@@ -494,54 +585,83 @@ impl<S: Store> Engine<S> {
             return Ok(Begun::Answered(Answer {
                 key: Some(key),
                 rule: Some(rule),
-                decision: Decision::Replayed {
-                    outcome: done.outcome,
-                    executed_at: done.completed_at,
-                    expires_at: done.expires_at,
-                    verified: false,
-                },
+                decision: done.into_replay(false),
             }));
         }
         // The key moves into the reservation and from there into the ticket or the answer: a
         // call clones no name on its way through the engine.
-        let reservation = Reservation::new(key, call.fingerprint, policy.lease);
+        let reservation = Reservation::new(key, fingerprint, policy.lease);
         match self.store.reserve(&reservation).await {
             Ok(Claim::Acquired(lease)) => Ok(executing(reservation, rule, ttl, lease)),
             // A replay, the other common case, also answers without the slow path.
-            Ok(Claim::Existing(Record {
-                fingerprint,
-                created_at,
-                state:
-                    RecordState::Completed {
-                        outcome,
-                        completed_at,
-                        expires_at,
-                    },
-                ..
-            })) if fingerprint == call.fingerprint => {
-                let done = Completed {
-                    fingerprint,
-                    created_at,
-                    outcome,
-                    completed_at,
-                    expires_at,
-                };
-                self.replays.put(&reservation.key, done.clone());
-                Ok(answered(
-                    reservation,
-                    rule,
-                    Decision::Replayed {
-                        outcome: done.outcome,
-                        executed_at: completed_at,
-                        expires_at,
-                        verified: false,
-                    },
-                ))
+            Ok(Claim::Existing(record))
+                if record.fingerprint == fingerprint
+                    && matches!(record.state, RecordState::Completed { .. }) =>
+            {
+                let decision = self.replay(&reservation.key, record);
+                Ok(answered(reservation, rule, decision))
             }
             // Waits, unknown records, key reuse and store errors: boxed, so that the common
             // call's future stays small (all of it is copied on every call).
             first => Box::pin(self.settle(reservation, rule, ttl, policy, first)).await,
         }
+    }
+
+    /// Tells the observers what `begin` decided.
+    fn observe_begun(
+        &self,
+        tenant: &TenantId,
+        tool: &ToolName,
+        begun: &Result<Begun, EngineError>,
+    ) {
+        let (key, verdict, fence, answer, error) = match begun {
+            Ok(Begun::Execute(t)) => (
+                Some(&t.key),
+                Verdict::Execute,
+                Some(t.lease.fence),
+                None,
+                None,
+            ),
+            Ok(Begun::PassThrough) => (None, Verdict::PassedThrough, None, None, None),
+            Ok(Begun::Answered(a)) => (a.key.as_ref(), Verdict::of_answer(a), None, Some(a), None),
+            Err(e) => {
+                let key = match e {
+                    EngineError::KeyReuse { key, .. } => Some(key),
+                    _ => None,
+                };
+                (key, Verdict::of_error(e), None, None, Some(e))
+            }
+        };
+        self.observers.observe(&Event::Call {
+            tenant,
+            tool,
+            key,
+            verdict,
+            fence,
+            answer,
+            error,
+        });
+    }
+
+    /// The replay of a completed record (remembered for the next duplicate).
+    fn replay(&self, key: &Key, record: Record) -> Decision {
+        let RecordState::Completed {
+            outcome,
+            completed_at,
+            expires_at,
+        } = record.state
+        else {
+            unreachable!("only completed records are replayed")
+        };
+        let done = Completed {
+            fingerprint: record.fingerprint,
+            created_at: record.created_at,
+            outcome,
+            completed_at,
+            expires_at,
+        };
+        self.replays.put(key, done.clone());
+        done.into_replay(false)
     }
 
     /// The slow path of [`Engine::begin`]: judges an existing record (or a failed reservation),
@@ -584,28 +704,9 @@ impl<S: Store> Engine<S> {
                 });
             }
             match record.state {
-                RecordState::Completed {
-                    outcome,
-                    completed_at,
-                    expires_at,
-                } => {
-                    let done = Completed {
-                        fingerprint: record.fingerprint,
-                        created_at: record.created_at,
-                        outcome,
-                        completed_at,
-                        expires_at,
-                    };
-                    self.replays.put(&reservation.key, done.clone());
-                    return Ok(answer(
-                        reservation,
-                        Decision::Replayed {
-                            outcome: done.outcome,
-                            executed_at: completed_at,
-                            expires_at,
-                            verified: false,
-                        },
-                    ));
+                RecordState::Completed { .. } => {
+                    let decision = self.replay(&reservation.key, record);
+                    return Ok(answer(reservation, decision));
                 }
                 RecordState::InFlight { lease_until } => {
                     let deadline = *deadline.get_or_insert_with(|| Instant::now() + policy.wait);
@@ -630,6 +731,7 @@ impl<S: Store> Engine<S> {
                                 fence,
                                 ran_here: false,
                                 message,
+                                recording: None,
                             },
                         )
                     };
@@ -677,7 +779,7 @@ impl<S: Store> Engine<S> {
                                     ));
                                 }
                                 Ok(Probe::Unknown) | Err(_) => {
-                                    Box::pin(self.record(
+                                    let (_, recording) = Box::pin(self.record(
                                         &reservation.key,
                                         lease,
                                         &JournalOp::MarkUnknown,
@@ -687,7 +789,18 @@ impl<S: Store> Engine<S> {
                                         Err(e) => format!("verifier failed: {e}"),
                                         _ => "verifier could not tell".to_owned(),
                                     };
-                                    return Ok(blocked(reservation, Some(message)));
+                                    // The takeover raised the fence: an operator resolves the
+                                    // record at the new one.
+                                    return Ok(answer(
+                                        reservation,
+                                        Decision::Unknown {
+                                            since,
+                                            fence: lease.fence,
+                                            ran_here: false,
+                                            message: Some(message),
+                                            recording: Some(recording),
+                                        },
+                                    ));
                                 }
                             }
                         }
@@ -710,25 +823,40 @@ impl<S: Store> Engine<S> {
                 self.store_outcome(key, lease, ttl, Outcome::failed(body))
                     .await
             }
-            Effect::NotApplied(message) => {
+            Effect::NotApplied { message, reply } => {
                 let (_, recording) = self.record(key, lease, &JournalOp::Release).await;
-                Decision::NotApplied { message, recording }
+                Decision::NotApplied {
+                    message,
+                    reply,
+                    recording,
+                }
             }
             Effect::Ambiguous(message) => {
-                self.record(key, lease, &JournalOp::MarkUnknown).await;
+                let (_, recording) = self.record(key, lease, &JournalOp::MarkUnknown).await;
                 Decision::Unknown {
                     since: self.clock.now(),
                     fence: lease.fence,
                     ran_here: true,
                     message: Some(message),
+                    recording: Some(recording),
                 }
             }
         };
-        Answer {
+        let answer = Answer {
             key: Some(ticket.key.clone()),
             rule: Some(ticket.rule),
             decision,
-        }
+        };
+        self.observers.observe(&Event::Call {
+            tenant: &ticket.key.tenant,
+            tool: &ticket.key.tool,
+            key: Some(&ticket.key),
+            verdict: Verdict::of_answer(&answer),
+            fence: Some(ticket.lease.fence),
+            answer: Some(&answer),
+            error: None,
+        });
+        answer
     }
 
     /// Extends the lease of a call begun with [`Engine::begin`] while its side effect runs.
@@ -853,7 +981,12 @@ impl<S: Store> Engine<S> {
             op: op.clone(),
             journaled_at: self.clock.now(),
         };
-        match self.journal.append(&entry) {
+        // A durable journal fsyncs: on a blocking thread, so the async workers keep serving.
+        let journal = Arc::clone(&self.journal);
+        let appended = tokio::task::spawn_blocking(move || journal.append(&entry))
+            .await
+            .unwrap_or_else(|e| Err(format!("the journal writer failed: {e}")));
+        match appended {
             Ok(()) => (None, Recording::Journaled),
             Err(e) => (None, Recording::Unrecorded(e)),
         }
@@ -986,12 +1119,18 @@ impl<S: Store> Engine<S> {
             Claim::Acquired(lease) => lease,
             Claim::Existing(now) => return Err(not_resolvable(&now)),
         };
+        let released = matches!(resolution, Resolution::Release);
         match resolution {
             Resolution::Completed { outcome, ttl } => {
                 self.store.complete(key, lease, &outcome, ttl).await?;
             }
             Resolution::Release => self.store.release(key, lease).await?,
         }
+        self.observers.observe(&Event::Resolved {
+            key,
+            fence,
+            released,
+        });
         Ok(self.store.get(key).await?)
     }
 
@@ -1002,6 +1141,30 @@ impl<S: Store> Engine<S> {
     /// [`EngineError::Journal`] when the journal cannot be read or an applied entry cannot be
     /// removed.
     pub async fn flush_journal(&self) -> Result<FlushReport, EngineError> {
+        let flushed = self.flush_journal_entries().await;
+        if !matches!(&flushed, Ok(r) if *r == FlushReport::default()) {
+            self.observers.observe(&Event::Flushed(&flushed));
+        }
+        flushed
+    }
+
+    /// Flushes the journal now, then every `every` in a task of its own, for as long as the
+    /// returned handle lives. The one place a front door starts it: call it once at start-up.
+    pub fn spawn_journal_flusher(self: &Arc<Self>, every: Duration) -> JournalFlusher
+    where
+        S: 'static,
+    {
+        let engine = Arc::clone(self);
+        JournalFlusher(tokio::spawn(async move {
+            let mut ticks = tokio::time::interval(every);
+            loop {
+                ticks.tick().await;
+                let _ = engine.flush_journal().await;
+            }
+        }))
+    }
+
+    async fn flush_journal_entries(&self) -> Result<FlushReport, EngineError> {
         let mut report = FlushReport::default();
         for entry in self.journal.pending().map_err(EngineError::Journal)? {
             match self.apply(&entry.key, entry.lease, &entry.op).await {
@@ -1016,6 +1179,31 @@ impl<S: Store> Engine<S> {
         }
         Ok(report)
     }
+}
+
+/// Names the record of a call (see [`Engine::key_for`]).
+fn name(call: Call, policy: &ToolPolicy) -> Result<Option<Named>, EngineError> {
+    if policy.kind != ToolKind::Write {
+        return Ok(None);
+    }
+    let named = match (call.key, policy.fallback_window) {
+        (Some(k), _) => Named {
+            key: Key::new(call.tenant, call.tool, k),
+            rule: KeyRule::Explicit,
+            ttl: policy.ttl,
+        },
+        (None, Some(window)) => Named {
+            key: Key::fallback(call.tenant, call.tool, &call.fingerprint),
+            rule: KeyRule::Fallback,
+            ttl: window,
+        },
+        (None, None) => {
+            return Err(EngineError::KeyRequired {
+                tool: call.tool.to_string(),
+            })
+        }
+    };
+    Ok(Some(named))
 }
 
 fn answered(r: Reservation, rule: KeyRule, decision: Decision) -> Begun {

@@ -25,6 +25,14 @@ pub enum KeyError {
         /// The limit.
         max: usize,
     },
+    /// An explicit key used a prefix the engine reserves for the keys it derives itself.
+    #[error("{what} starts with {prefix:?}, which is reserved for keys idemgate derives itself (the fallback window); choose another key")]
+    Reserved {
+        /// Which kind of name.
+        what: &'static str,
+        /// The reserved prefix.
+        prefix: &'static str,
+    },
     /// The name had a character outside the allowed set.
     #[error("{what} has {found:?} at position {at}; only {allowed} are allowed")]
     BadChar {
@@ -141,14 +149,6 @@ pub enum EngineError {
     /// The arguments were not valid JSON.
     #[error(transparent)]
     InvalidArguments(#[from] CanonicalError),
-    /// The verifier of a `verify` tool failed.
-    #[error("failed to verify the unknown outcome of {key}: {message}")]
-    VerifyFailed {
-        /// The record.
-        key: Key,
-        /// What the verifier said.
-        message: String,
-    },
     /// A store operation other than the reservation failed (lookups by operators, journal
     /// flushing).
     #[error(transparent)]

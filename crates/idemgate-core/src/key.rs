@@ -15,6 +15,8 @@ use crate::error::KeyError;
 
 /// Longest idempotency key accepted, in bytes (the IETF draft leaves it to the server; Stripe uses 255).
 pub const MAX_KEY_LEN: usize = 255;
+/// The prefix of the keys the engine derives for calls without a key (the fallback window).
+pub const FALLBACK_PREFIX: &str = "fallback-";
 /// Longest tenant id accepted, in bytes.
 pub const MAX_TENANT_LEN: usize = 64;
 /// Longest tool name accepted, in bytes.
@@ -167,6 +169,23 @@ impl IdempotencyKey {
         IdempotencyKey(format!("run-{}", hex(&h.finalize()[..16])).into())
     }
 
+    /// Checks a key that a caller supplied: as [`IdempotencyKey::new`], and it must not start
+    /// with the prefix of the keys the engine derives for the fallback window, so that a caller's
+    /// key can never pass for one (and get the fallback window's shorter retention).
+    ///
+    /// # Errors
+    /// As [`IdempotencyKey::new`], and [`KeyError::Reserved`] for the reserved prefix.
+    pub fn explicit(s: impl Into<String>) -> Result<Self, KeyError> {
+        let key = Self::new(s)?;
+        if key.as_str().starts_with(FALLBACK_PREFIX) {
+            return Err(KeyError::Reserved {
+                what: "idempotency key",
+                prefix: FALLBACK_PREFIX,
+            });
+        }
+        Ok(key)
+    }
+
     /// Mints a fresh random key (128 bits) for a new logical action.
     ///
     /// Mint it once per action, before the first attempt, and reuse it on every retry: a key minted
@@ -190,6 +209,18 @@ pub enum KeyRule {
     /// The call had no key; one was derived from the tool and its canonical arguments, valid for the
     /// tool's short fallback window.
     Fallback,
+}
+
+impl KeyRule {
+    /// The rule that named a record, as its key shows: the engine derives fallback keys under a
+    /// prefix that callers' keys may not use ([`IdempotencyKey::explicit`]).
+    pub fn of(key: &IdempotencyKey) -> Self {
+        if key.as_str().starts_with(FALLBACK_PREFIX) {
+            KeyRule::Fallback
+        } else {
+            KeyRule::Explicit
+        }
+    }
 }
 
 impl fmt::Display for KeyRule {
@@ -221,7 +252,7 @@ impl Key {
     /// The fallback key for a call without a key: derived from the canonical arguments' fingerprint,
     /// so byte-different but equal argument objects share it.
     pub fn fallback(tenant: TenantId, tool: ToolName, fingerprint: &crate::Fingerprint) -> Self {
-        let key = IdempotencyKey(format!("fallback-{}", fingerprint.to_hex()).into());
+        let key = IdempotencyKey(format!("{FALLBACK_PREFIX}{}", fingerprint.to_hex()).into());
         Key { tenant, tool, key }
     }
 
@@ -271,6 +302,18 @@ mod tests {
         assert!(TenantId::new("acme/prod").is_err());
         assert!(ToolName::new("payments/charge:v2").is_ok());
         assert!(ToolName::new("héllo").is_err());
+    }
+
+    #[test]
+    fn explicit_keys_cannot_pass_for_fallback_keys() {
+        let e = IdempotencyKey::explicit("fallback-1234").unwrap_err();
+        assert!(e.to_string().contains("reserved"), "{e}");
+        let k = IdempotencyKey::explicit("order-1").unwrap();
+        assert_eq!(KeyRule::of(&k), KeyRule::Explicit);
+        let fp = crate::Fingerprint::of_bytes(b"x");
+        let t = TenantId::new("t").unwrap();
+        let f = Key::fallback(t, ToolName::new("x").unwrap(), &fp);
+        assert_eq!(KeyRule::of(&f.key), KeyRule::Fallback);
     }
 
     #[test]

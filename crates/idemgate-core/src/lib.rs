@@ -32,23 +32,27 @@ pub mod faulty;
 pub mod journal;
 pub mod key;
 pub mod memory;
+pub mod observe;
 pub mod policy;
 pub mod record;
 mod replay;
 pub mod store;
 pub mod time;
 pub mod transition;
+pub mod verdict;
 
 pub use canonical::Fingerprint;
 pub use engine::{
-    Answer, Begun, Call, Decision, Effect, Engine, FlushReport, Probe, ProbeFuture, Recording,
-    Resolution, Settings, Ticket, Verifier,
+    Answer, Begun, Call, Decision, Effect, Engine, FlushReport, JournalFlusher, Named, Probe,
+    ProbeFuture, Recording, Resolution, Settings, Ticket, Verifier,
 };
 pub use error::{CanonicalError, EngineError, KeyError, StoreError};
 pub use journal::{Journal, JournalEntry, JournalOp, MemoryJournal};
 pub use key::{IdempotencyKey, Key, KeyRule, TenantId, ToolName};
 pub use memory::MemoryStore;
+pub use observe::{Event, Observer, Observers};
 pub use policy::{Policies, ToolKind, ToolPolicy, UnknownPolicy};
 pub use record::{Fence, Lease, LeaseToken, Outcome, OutcomeKind, Record, RecordState, State};
 pub use store::{Claim, Completion, ListFilter, Reservation, Store};
 pub use time::{Clock, ManualClock, SystemClock, Timestamp};
+pub use verdict::{exit, Verdict};

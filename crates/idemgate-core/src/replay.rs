@@ -28,6 +28,18 @@ pub(crate) struct Completed {
     pub(crate) expires_at: Timestamp,
 }
 
+impl Completed {
+    /// The replay answer of this record.
+    pub(crate) fn into_replay(self, verified: bool) -> crate::engine::Decision {
+        crate::engine::Decision::Replayed {
+            outcome: self.outcome,
+            executed_at: self.completed_at,
+            expires_at: self.expires_at,
+            verified,
+        }
+    }
+}
+
 /// A bounded map of completed records, oldest insertion evicted first.
 #[derive(Debug)]
 pub(crate) struct ReplayCache {

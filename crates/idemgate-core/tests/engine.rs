@@ -293,7 +293,7 @@ async fn not_applied_releases_the_key_so_a_retry_runs() {
     let a = r
         .engine
         .call(c.clone(), || {
-            runs.effect(Effect::NotApplied("card declined before charge".into()))
+            runs.effect(Effect::not_applied("card declined before charge"))
         })
         .await
         .unwrap();
@@ -324,7 +324,7 @@ async fn waiting_duplicate_runs_after_the_first_call_released() {
         engine
             .call(call("acme", "charge", Some("k"), json!(1)), || async move {
                 g.notified().await;
-                Effect::NotApplied("nothing happened".into())
+                Effect::not_applied("nothing happened")
             })
             .await
             .unwrap()

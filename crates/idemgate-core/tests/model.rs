@@ -232,7 +232,7 @@ fn run_case(steps: Vec<Step>) -> Result<(), TestCaseError> {
                                 runs.effect(match effect {
                                     Eff::Success(b) => Effect::Success(vec![b]),
                                     Eff::Failed(b) => Effect::Failed(vec![b]),
-                                    Eff::NotApplied => Effect::NotApplied("no".into()),
+                                    Eff::NotApplied => Effect::not_applied("no"),
                                     Eff::Ambiguous => Effect::Ambiguous("?".into()),
                                 })
                             })

@@ -1,17 +1,15 @@
 //! Bearer tokens, tenants, and the per-tenant limits (rate and live keys).
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::Arc;
 
 use axum::extract::FromRequestParts;
 use axum::http::header;
 use axum::http::request::Parts;
 use idemgate::key::hex;
-use idemgate::TenantId;
+use idemgate::{TenantId, Verdict};
+use idemgate_kit::{LiveKeys, RateLimit};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq as _;
-use tokio::time::Instant;
 
 use crate::config::TenantConfig;
 use crate::error::Problem;
@@ -37,7 +35,7 @@ pub fn new_token() -> String {
 pub(crate) struct Tenant {
     pub(crate) id: TenantId,
     hash: [u8; 32],
-    bucket: Option<Mutex<Bucket>>,
+    rate: Option<RateLimit>,
     pub(crate) live: LiveKeys,
 }
 
@@ -51,20 +49,14 @@ impl Tenant {
         Tenant {
             id: c.id.clone(),
             hash,
-            bucket: c.rate_limit_per_second.map(|r| Mutex::new(Bucket::new(r))),
+            rate: c.rate_limit_per_second.map(RateLimit::new),
             live: LiveKeys::new(c.max_live_keys),
         }
     }
 
     /// Takes one request from the tenant's rate budget, or says when to come back.
-    fn admit(&self) -> Result<(), Duration> {
-        match &self.bucket {
-            Some(b) => b
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .take(Instant::now()),
-            None => Ok(()),
-        }
+    fn admit(&self) -> Result<(), std::time::Duration> {
+        self.rate.as_ref().map_or(Ok(()), RateLimit::admit)
     }
 }
 
@@ -96,116 +88,15 @@ impl FromRequestParts<Gateway> for Caller {
     async fn from_request_parts(parts: &mut Parts, gw: &Gateway) -> Result<Self, Problem> {
         let tenant = authenticate(gw.tenants(), parts).ok_or_else(Problem::unauthorized)?;
         tenant.admit().map_err(|after| {
-            gw.metrics().call(tenant.id.as_str(), "-", "rate_limited");
-            Problem::new(
-                axum::http::StatusCode::TOO_MANY_REQUESTS,
-                "rate-limited",
-                "Rate limited",
+            gw.metrics()
+                .call(tenant.id.as_str(), "-", Verdict::RateLimited);
+            Problem::of(
+                Verdict::RateLimited,
                 "the tenant's request rate limit is exhausted; retry after the time given",
             )
             .with_retry_after(after)
         })?;
         Ok(Caller(tenant))
-    }
-}
-
-/// A token bucket: `rate` tokens a second, holding at most twice that.
-#[derive(Debug)]
-struct Bucket {
-    rate: f64,
-    burst: f64,
-    tokens: f64,
-    last: Option<Instant>,
-}
-
-impl Bucket {
-    fn new(rate: f64) -> Self {
-        let burst = (2.0 * rate).max(1.0);
-        Bucket {
-            rate,
-            burst,
-            tokens: burst,
-            last: None,
-        }
-    }
-
-    fn take(&mut self, now: Instant) -> Result<(), Duration> {
-        if let Some(last) = self.last {
-            let refill = now.saturating_duration_since(last).as_secs_f64() * self.rate;
-            self.tokens = (self.tokens + refill).min(self.burst);
-        }
-        self.last = Some(now);
-        if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
-            Ok(())
-        } else {
-            Err(Duration::from_secs_f64((1.0 - self.tokens) / self.rate))
-        }
-    }
-}
-
-/// The records this gateway holds in flight for one tenant, by key digest, each until its lease
-/// would run out (a coordinated caller that never reports back stops counting when its lease
-/// ends).
-#[derive(Debug)]
-pub(crate) struct LiveKeys {
-    max: Option<usize>,
-    held: Mutex<HashMap<[u8; 32], Instant>>,
-}
-
-impl LiveKeys {
-    fn new(max: Option<usize>) -> Self {
-        LiveKeys {
-            max,
-            held: Mutex::new(HashMap::new()),
-        }
-    }
-
-    /// The quota, if any.
-    pub(crate) fn max(&self) -> Option<usize> {
-        self.max
-    }
-
-    /// Counts `digest` as live until `until`; false when the tenant is at its quota.
-    pub(crate) fn hold(&self, digest: [u8; 32], until: Instant) -> bool {
-        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(max) = self.max {
-            if held.len() >= max && !held.contains_key(&digest) {
-                let now = Instant::now();
-                held.retain(|_, t| *t > now);
-                if held.len() >= max {
-                    return false;
-                }
-            }
-        }
-        held.insert(digest, until);
-        true
-    }
-
-    /// Extends a held key (after a heartbeat).
-    pub(crate) fn extend(&self, digest: [u8; 32], until: Instant) {
-        if let Some(t) = self
-            .held
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get_mut(&digest)
-        {
-            *t = until;
-        }
-    }
-
-    /// Stops counting a key (its outcome was reported).
-    pub(crate) fn release(&self, digest: &[u8; 32]) {
-        self.held
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(digest);
-    }
-
-    /// How many keys count now.
-    #[cfg(test)]
-    fn len(&self) -> usize {
-        self.held.lock().unwrap().len()
     }
 }
 
@@ -222,30 +113,5 @@ mod tests {
         let t = new_token();
         assert!(t.starts_with("igt_") && t.len() == 68);
         assert_ne!(t, new_token());
-    }
-
-    #[test]
-    fn bucket_allows_a_burst_then_paces() {
-        let mut b = Bucket::new(2.0);
-        let t0 = Instant::now();
-        for _ in 0..4 {
-            assert!(b.take(t0).is_ok());
-        }
-        let wait = b.take(t0).unwrap_err();
-        assert!(wait <= Duration::from_millis(500) && wait > Duration::ZERO);
-        assert!(b.take(t0 + Duration::from_millis(500)).is_ok());
-    }
-
-    #[test]
-    fn live_keys_enforce_the_quota_and_forget_expired_ones() {
-        let live = LiveKeys::new(Some(1));
-        let now = Instant::now();
-        assert!(live.hold([1; 32], now + Duration::from_secs(60)));
-        assert!(!live.hold([2; 32], now + Duration::from_secs(60)));
-        live.release(&[1; 32]);
-        assert!(live.hold([2; 32], now));
-        // [2] expires at `now`, so it no longer counts.
-        assert!(live.hold([3; 32], now + Duration::from_secs(60)));
-        assert_eq!(live.len(), 1);
     }
 }

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use idemgate::{EngineError, Fence, KeyRule, StoreError, Timestamp};
+use idemgate::{EngineError, Fence, KeyRule, StoreError, Timestamp, Verdict};
 use serde_json::{json, Map, Value};
 
 /// Why the gateway could not start or stopped.
@@ -20,10 +20,11 @@ pub enum Error {
         message: String,
     },
     /// The store could not be opened.
-    #[error("failed to open the store: {0}")]
+    // Sources are not repeated in the messages: error reports print the whole chain.
+    #[error("failed to open the store")]
     Store(#[source] StoreError),
     /// The journal or the audit log could not be opened.
-    #[error("failed to open {what} {path}: {source}")]
+    #[error("failed to open {what} {path}")]
     File {
         /// Which file.
         what: &'static str,
@@ -34,7 +35,7 @@ pub enum Error {
         source: std::io::Error,
     },
     /// The listening socket could not be bound or accepted on.
-    #[error("failed to listen on {addr}: {source}")]
+    #[error("failed to listen on {addr}")]
     Listen {
         /// The address.
         addr: String,
@@ -43,7 +44,7 @@ pub enum Error {
         source: std::io::Error,
     },
     /// The HTTP client for upstreams could not be built.
-    #[error("failed to build the upstream HTTP client: {0}")]
+    #[error("failed to build the upstream HTTP client")]
     Client(#[source] reqwest::Error),
 }
 
@@ -80,6 +81,14 @@ impl Problem {
         }
     }
 
+    /// The problem of a verdict (its status, name and title), with `detail`.
+    pub(crate) fn of(verdict: Verdict, detail: impl Into<String>) -> Self {
+        let (name, title) = verdict.problem();
+        let status = StatusCode::from_u16(verdict.http_status())
+            .expect("the verdict table holds valid status codes");
+        Problem::new(status, name, title, detail)
+    }
+
     pub(crate) fn unauthorized() -> Self {
         Problem::new(
             StatusCode::UNAUTHORIZED,
@@ -90,16 +99,11 @@ impl Problem {
     }
 
     pub(crate) fn bad_request(detail: impl Into<String>) -> Self {
-        Problem::new(
-            StatusCode::BAD_REQUEST,
-            "bad-request",
-            "Bad request",
-            detail,
-        )
+        Problem::of(Verdict::BadRequest, detail)
     }
 
     pub(crate) fn not_found(detail: impl Into<String>) -> Self {
-        Problem::new(StatusCode::NOT_FOUND, "not-found", "Not found", detail)
+        Problem::of(Verdict::NotFound, detail)
     }
 
     pub(crate) fn payload_too_large(max: u64) -> Self {
@@ -112,21 +116,15 @@ impl Problem {
     }
 
     pub(crate) fn lease_lost() -> Self {
-        Problem::new(
-            StatusCode::CONFLICT,
-            "lease-lost",
-            "Lease lost",
+        Problem::of(
+            Verdict::LeaseLost,
             "the lease is no longer the record's current one: it was taken over, resolved or released",
         )
     }
 
+    /// The store failed before anything ran.
     pub(crate) fn store_unavailable(detail: impl Into<String>) -> Self {
-        Problem::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "store-unavailable",
-            "Store unavailable",
-            detail,
-        )
+        Problem::of(Verdict::StoreUnavailable, detail)
     }
 
     pub(crate) fn timeout(after: Duration) -> Self {
@@ -142,10 +140,8 @@ impl Problem {
     }
 
     pub(crate) fn in_flight(since: Timestamp, retry_after: Duration, rule: KeyRule) -> Self {
-        Problem::new(
-            StatusCode::CONFLICT,
-            "in-flight",
-            "Call in flight",
+        Problem::of(
+            Verdict::InFlight,
             "another call with this key is running and did not finish within the wait bound; retry after the time given",
         )
         .with("since", json!(since))
@@ -153,32 +149,32 @@ impl Problem {
         .with_rule(Some(rule))
     }
 
+    /// `retry`: whether the tool's unknown policy runs it again on the next call (else it waits
+    /// for an operator or a verifier).
     pub(crate) fn outcome_unknown(
         since: Timestamp,
         fence: Fence,
         rule: KeyRule,
         message: Option<&str>,
+        retry: bool,
     ) -> Self {
-        let mut detail = "the side effect may or may not have happened; it is not run again until an operator resolves the record (POST /v1/tools/{tool}/records/{key}/resolve)".to_owned();
+        let mut detail = if retry {
+            "the side effect may or may not have happened; the tool's unknown policy is retry, so the next call with this key takes the record over and runs it again".to_owned()
+        } else {
+            "the side effect may or may not have happened; it is not run again until an operator resolves the record (POST /v1/tools/{tool}/records/{key}/resolve)".to_owned()
+        };
         if let Some(m) = message {
             detail = format!("{detail}: {m}");
         }
-        Problem::new(
-            StatusCode::CONFLICT,
-            "outcome-unknown",
-            "Outcome unknown",
-            detail,
-        )
-        .with("since", json!(since))
-        .with("fence", json!(fence))
-        .with_rule(Some(rule))
+        Problem::of(Verdict::Unknown, detail)
+            .with("since", json!(since))
+            .with("fence", json!(fence))
+            .with_rule(Some(rule))
     }
 
     pub(crate) fn quota_exceeded(max: Option<usize>) -> Self {
-        Problem::new(
-            StatusCode::TOO_MANY_REQUESTS,
-            "quota-exceeded",
-            "Quota exceeded",
+        Problem::of(
+            Verdict::QuotaExceeded,
             format!(
                 "the tenant already holds its limit of {} keys in flight; nothing ran",
                 max.unwrap_or_default()
@@ -202,42 +198,37 @@ impl Problem {
         self
     }
 
-    /// The problem for an engine error; the only place engine errors become statuses.
+    /// The problem for an engine error: its status and name from the [`Verdict`] table, its detail
+    /// from the error, with what HTTP callers need besides.
     pub(crate) fn from_engine(e: &EngineError) -> Self {
+        let verdict = Verdict::of_error(e);
         match e {
-            EngineError::KeyRequired { .. } => Problem::new(
-                StatusCode::BAD_REQUEST,
-                "key-required",
-                "Idempotency key required",
-                format!("{e}; send it in the Idempotency-Key header"),
-            ),
+            EngineError::KeyRequired { .. } => {
+                Problem::of(verdict, format!("{e}; send it in the Idempotency-Key header"))
+            }
+            // The engine's message names the raw key; callers know it, but keep answers and logs
+            // alike free of it.
             EngineError::KeyReuse {
                 rule, first_seen, ..
-            } => Problem::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "key-reused",
-                "Idempotency key reused",
-                // The engine's message names the raw key; callers know it, but keep answers and
-                // logs alike free of it.
+            } => Problem::of(
+                verdict,
                 format!("the idempotency key was already used with different arguments (first use at {first_seen}); use a new key for a new action"),
             )
             .with_rule(Some(*rule)),
-            EngineError::InvalidKey(k) => Problem::bad_request(k.to_string()),
-            EngineError::InvalidArguments(a) => Problem::bad_request(a.to_string()),
             EngineError::ReserveFailed(_) => {
-                Problem::store_unavailable("failed to reserve the key, so nothing ran")
+                Problem::of(verdict, "failed to reserve the key, so nothing ran")
             }
-            EngineError::NotFound { .. } => Problem::not_found("no record under this key"),
-            EngineError::NotResolvable { state, fence, .. } => Problem::new(
-                StatusCode::CONFLICT,
-                "not-resolvable",
-                "Not resolvable",
+            EngineError::NotFound { .. } => Problem::of(verdict, "no record under this key"),
+            EngineError::NotResolvable { state, fence, .. } => Problem::of(
+                verdict,
                 format!("the record is {state} at fence {fence}; only an unknown record at the fence you looked at can be resolved"),
             )
             .with("state", json!(state.to_string()))
             .with("fence", json!(fence)),
-            EngineError::Store(StoreError::LeaseLost) => Problem::lease_lost(),
-            _ => Problem::store_unavailable("failed to reach the store"),
+            _ if verdict == Verdict::LeaseLost => Problem::lease_lost(),
+            // Store errors after the reservation: their text says what failed, never that
+            // nothing ran.
+            _ => Problem::of(verdict, e.to_string()),
         }
     }
 }

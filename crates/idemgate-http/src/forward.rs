@@ -7,28 +7,18 @@ use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use base64::Engine as _;
 use bytes::Bytes;
 use idemgate::key::hex;
-use idemgate::{Call, Decision, Effect, Key, KeyRule, Outcome, ToolKind, ToolPolicy};
-use serde::{Deserialize, Serialize};
+use idemgate::{Call, Effect, ToolPolicy};
+use idemgate_kit::Payload;
 use tokio::time::Instant;
 
-use crate::audit::Event;
+use crate::answer::{respond, Shape};
 use crate::auth::{Caller, Tenant};
 use crate::error::Problem;
 use crate::gateway::Gateway;
-use crate::headers::{set_record_headers, IDEMPOTENCY_KEY};
+use crate::headers::IDEMPOTENCY_KEY;
 use crate::request;
-
-/// The stored outcome of a forwarded call: the upstream's answer.
-#[derive(Debug, Serialize, Deserialize)]
-struct Envelope {
-    status: u16,
-    content_type: Option<String>,
-    /// The body, base64 (standard alphabet, padded).
-    body: String,
-}
 
 /// What the upstream answered.
 #[derive(Debug)]
@@ -40,32 +30,15 @@ struct Upstream {
 }
 
 impl Upstream {
-    fn envelope(&self) -> Vec<u8> {
-        let env = Envelope {
+    /// The answer as the stored outcome format.
+    fn payload(&self) -> Vec<u8> {
+        Payload::Http {
             status: self.status.as_u16(),
-            content_type: self
-                .content_type
-                .as_ref()
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned),
-            body: base64::engine::general_purpose::STANDARD.encode(&self.body),
-        };
-        serde_json::to_vec(&env).expect("an envelope always serializes")
-    }
-
-    fn from_outcome(outcome: &Outcome) -> Option<Self> {
-        let env: Envelope = serde_json::from_slice(&outcome.body).ok()?;
-        Some(Upstream {
-            status: StatusCode::from_u16(env.status).ok()?,
-            content_type: env
-                .content_type
-                .and_then(|c| HeaderValue::from_str(&c).ok()),
-            retry_after: None,
-            body: base64::engine::general_purpose::STANDARD
-                .decode(env.body)
-                .ok()?
-                .into(),
-        })
+            content_type: text(self.content_type.as_ref()),
+            retry_after: text(self.retry_after.as_ref()),
+            body: self.body.to_vec(),
+        }
+        .encode()
     }
 
     fn into_response(self) -> Response {
@@ -80,16 +53,6 @@ impl Upstream {
         }
         res
     }
-}
-
-/// Why a call ended without a stored outcome, for the answer to the caller.
-#[derive(Debug, Default)]
-enum Note {
-    #[default]
-    None,
-    Quota,
-    Unreachable(String),
-    Passed(Upstream),
 }
 
 /// `POST /v1/tools/{tool}/call`.
@@ -127,187 +90,74 @@ async fn forward(
     upstream: String,
     body: Bytes,
 ) -> Result<Response, Problem> {
-    let (tenant_id, tool) = (call.tenant.clone(), call.tool.clone());
-    let counted = |decision| {
-        gw.metrics()
-            .call(tenant_id.as_str(), tool.as_str(), decision)
-    };
     let deadline = upstream_deadline(gw.config().server.request_timeout);
-    if policy.kind != ToolKind::Write {
-        counted("pass_through");
+    // The record's name, known before the engine reserves it, so the downstream key can be sent.
+    let Some(named) = gw
+        .engine()
+        .key_for(&call, &policy)
+        .map_err(|e| Problem::from_engine(&e))?
+    else {
+        // Reads and naturally idempotent tools: no record, the upstream answers as it is.
+        gw.engine()
+            .begin(call, &policy)
+            .await
+            .map_err(|e| Problem::from_engine(&e))?;
         return match send(&gw, &upstream, None, body, deadline).await {
             Ok(up) => Ok(up.into_response()),
             Err(e) => Err(unreachable(&e)),
         };
-    }
-    // The record's name, known before the engine reserves it, so the downstream key can be sent.
-    let key = match (&call.key, policy.fallback_window) {
-        (Some(k), _) => Key::new(tenant_id.clone(), tool.clone(), k.clone()),
-        (None, Some(_)) => Key::fallback(tenant_id.clone(), tool.clone(), &call.fingerprint),
-        (None, None) => {
-            let e = idemgate::EngineError::KeyRequired {
-                tool: tool.to_string(),
-            };
-            gw.metrics()
-                .engine_error(tenant_id.as_str(), tool.as_str(), &e);
-            return Err(Problem::from_engine(&e));
-        }
     };
-    let digest = key.digest();
-    let mut note = Note::None;
-    let note_slot = &mut note;
+    let digest = named.key.digest();
+    let mut quota_exceeded = false;
+    let refused = &mut quota_exceeded;
     let effect = {
-        let (gw, tenant, key) = (gw.clone(), tenant.clone(), key.clone());
+        let (gw, tenant) = (gw.clone(), tenant.clone());
         move || async move {
             if !tenant
                 .live
                 .hold(digest, Instant::now() + deadline + Duration::from_secs(1))
             {
-                *note_slot = Note::Quota;
-                return Effect::NotApplied("quota exceeded".to_owned());
+                *refused = true;
+                return Effect::not_applied("quota exceeded");
             }
-            gw.audit().record(Event::Reserved, &key, None);
             let sent = send(&gw, &upstream, Some(hex(&digest)), body, deadline).await;
             tenant.live.release(&digest);
-            classify(sent, note_slot)
+            classify(sent)
         }
     };
     let answer = gw
         .engine()
         .call_with_policy(call, &policy, effect)
         .await
-        .map_err(|e| {
-            gw.metrics()
-                .engine_error(tenant_id.as_str(), tool.as_str(), &e);
-            Problem::from_engine(&e)
-        })?;
-    let rule = answer.rule.unwrap_or(KeyRule::Explicit);
-    let short = request::short(&key);
-    match answer.decision {
-        Decision::Executed {
-            outcome,
-            executed_at,
-            expires_at,
-            recording,
-        } => {
-            counted("executed");
-            gw.audit().record(Event::Executed, &key, None);
-            tracing::info!(tenant = %tenant_id, tool = %tool, key = %short, recording = ?recording_name(&recording), "executed");
-            let up = Upstream::from_outcome(&outcome)
-                .ok_or_else(|| Problem::store_unavailable("failed to read the stored answer"))?;
-            let mut res = up.into_response();
-            set_record_headers(
-                res.headers_mut(),
-                false,
-                rule,
-                Some(executed_at),
-                Some(expires_at),
-            );
-            Ok(res)
-        }
-        Decision::Replayed {
-            outcome,
-            executed_at,
-            expires_at,
-            ..
-        } => {
-            counted("replayed");
-            gw.audit().record(Event::Replayed, &key, None);
-            tracing::info!(tenant = %tenant_id, tool = %tool, key = %short, "replayed");
-            let up = Upstream::from_outcome(&outcome).ok_or_else(|| {
-                Problem::store_unavailable(
-                    "failed to read the stored answer: it was not stored by a forwarded call",
-                )
-            })?;
-            let mut res = up.into_response();
-            set_record_headers(
-                res.headers_mut(),
-                true,
-                rule,
-                Some(executed_at),
-                Some(expires_at),
-            );
-            Ok(res)
-        }
-        Decision::NotApplied { .. } => {
-            gw.audit().record(Event::Released, &key, None);
-            tracing::info!(tenant = %tenant_id, tool = %tool, key = %short, "released");
-            match note {
-                Note::Quota => {
-                    counted("quota_exceeded");
-                    Err(Problem::quota_exceeded(tenant.live.max()))
-                }
-                Note::Passed(up) => {
-                    counted("not_applied");
-                    let mut res = up.into_response();
-                    set_record_headers(res.headers_mut(), false, rule, None, None);
-                    Ok(res)
-                }
-                Note::Unreachable(detail) => {
-                    counted("not_applied");
-                    Err(Problem::new(
-                        StatusCode::BAD_GATEWAY,
-                        "upstream-unreachable",
-                        "Upstream unreachable",
-                        format!("failed to reach the upstream, so nothing was sent and the key was released: {detail}"),
-                    )
-                    .with_rule(Some(rule)))
-                }
-                Note::None => {
-                    counted("not_applied");
-                    Err(Problem::new(
-                        StatusCode::BAD_GATEWAY,
-                        "upstream-unreachable",
-                        "Upstream unreachable",
-                        "the upstream call was not applied and the key was released",
-                    )
-                    .with_rule(Some(rule)))
-                }
-            }
-        }
-        Decision::InFlight { since, retry_after } => {
-            counted("in_flight");
-            Err(Problem::in_flight(since, retry_after, rule))
-        }
-        Decision::Unknown {
-            since,
-            fence,
-            ran_here,
-            message,
-        } => {
-            counted("unknown");
-            if ran_here {
-                gw.audit().record(Event::Unknown, &key, Some(fence));
-                tracing::warn!(tenant = %tenant_id, tool = %tool, key = %short, fence, "outcome unknown");
-            }
-            Err(Problem::outcome_unknown(
-                since,
-                fence,
-                rule,
-                message.as_deref(),
-            ))
-        }
-        _ => Err(Problem::store_unavailable("failed to decide the call")),
+        .map_err(|e| Problem::from_engine(&e))?;
+    if quota_exceeded {
+        gw.quota_exceeded(&named.key);
+        return Err(Problem::quota_exceeded(tenant.live.max()));
     }
+    respond(answer, Shape::Forwarded, &policy)
+}
+
+fn text(v: Option<&HeaderValue>) -> Option<String> {
+    v.and_then(|v| v.to_str().ok()).map(str::to_owned)
 }
 
 /// Maps what the upstream did onto what the engine records (docs/HTTP.md, "Upstream result
 /// mapping").
-fn classify(sent: Result<Upstream, reqwest::Error>, note: &mut Note) -> Effect {
+fn classify(sent: Result<Upstream, reqwest::Error>) -> Effect {
     match sent {
-        Ok(up) if up.status.is_success() => Effect::Success(up.envelope()),
-        Ok(up) if up.status == StatusCode::TOO_MANY_REQUESTS => {
-            *note = Note::Passed(up);
-            Effect::NotApplied("the upstream answered 429".to_owned())
-        }
+        Ok(up) if up.status.is_success() => Effect::Success(up.payload()),
+        // The upstream refused before acting: its answer goes back to this caller only.
+        Ok(up) if up.status == StatusCode::TOO_MANY_REQUESTS => Effect::NotApplied {
+            message: "the upstream answered 429".to_owned(),
+            reply: Some(up.payload()),
+        },
         Ok(up) if up.status.is_client_error() && up.status != StatusCode::REQUEST_TIMEOUT => {
-            Effect::Failed(up.envelope())
+            Effect::Failed(up.payload())
         }
         Ok(up) => Effect::Ambiguous(format!("the upstream answered {}", up.status)),
         Err(e) if e.is_connect() => {
             // A failed connect never sent a byte of the request.
-            *note = Note::Unreachable(error_chain(&e));
-            Effect::NotApplied(format!(
+            Effect::not_applied(format!(
                 "failed to connect to the upstream: {}",
                 error_chain(&e)
             ))
@@ -371,15 +221,6 @@ fn unreachable(e: &reqwest::Error) -> Problem {
             "Upstream unreachable",
             format!("failed to call the upstream: {}", error_chain(e)),
         )
-    }
-}
-
-fn recording_name(r: &idemgate::Recording) -> &'static str {
-    match r {
-        idemgate::Recording::Stored => "stored",
-        idemgate::Recording::Journaled => "journaled",
-        idemgate::Recording::LeaseLost => "lease_lost",
-        idemgate::Recording::Unrecorded(_) => "unrecorded",
     }
 }
 

@@ -1,18 +1,22 @@
-//! The gateway's shared state: engine, tenants, upstream client, metrics, audit log.
+//! The gateway's shared state: engine (with the kit's metrics, audit log and logs observing it),
+//! tenants, upstream client.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use idemgate::{
-    AnyStore, Engine, FileJournal, Journal, MemoryJournal, Policies, Store as _, ToolName,
+    AnyStore, Engine, FileJournal, Journal, JournalFlusher, MemoryJournal, Policies, Store as _,
+    ToolName,
 };
+use idemgate_kit::{Instruments, Metrics};
 
-use crate::audit::Audit;
 use crate::auth::Tenant;
 use crate::config::Config;
 use crate::error::Error;
-use crate::metrics::Metrics;
+
+/// How often journaled outcomes are written into the store while the gateway runs.
+const FLUSH_EVERY: Duration = Duration::from_secs(5);
 
 /// One gateway: cheap to clone, shared by every request.
 #[derive(Clone, Debug)]
@@ -21,11 +25,10 @@ pub struct Gateway(Arc<Inner>);
 #[derive(Debug)]
 struct Inner {
     config: Config,
-    engine: Engine<AnyStore>,
+    engine: Arc<Engine<AnyStore>>,
     tenants: Vec<Arc<Tenant>>,
     client: reqwest::Client,
-    metrics: Metrics,
-    audit: Audit,
+    instruments: Instruments,
 }
 
 impl Gateway {
@@ -66,21 +69,25 @@ impl Gateway {
         for name in config.tools.keys() {
             policies = policies.with_tool(name.clone(), config.policy(name));
         }
-        let engine = Engine::new(store)
-            .with_policies(policies)
-            .with_journal(journal);
-        let audit =
-            Audit::open(config.server.audit_log.as_deref()).map_err(|source| Error::File {
-                what: "audit log",
-                path: config
-                    .server
-                    .audit_log
-                    .as_deref()
-                    .unwrap_or_else(|| std::path::Path::new(""))
-                    .display()
-                    .to_string(),
-                source,
-            })?;
+        let instruments =
+            Instruments::open(config.server.audit_log.as_deref(), config.tools.keys()).map_err(
+                |source| Error::File {
+                    what: "audit log",
+                    path: config
+                        .server
+                        .audit_log
+                        .as_deref()
+                        .unwrap_or_else(|| std::path::Path::new(""))
+                        .display()
+                        .to_string(),
+                    source,
+                },
+            )?;
+        let engine = instruments.attach(
+            Engine::new(store)
+                .with_policies(policies)
+                .with_journal(journal),
+        );
         let client = reqwest::Client::builder()
             // Upstreams are configured addresses; a proxy from the environment must not reroute
             // side effects, and a redirect would turn a POST into something else.
@@ -96,11 +103,10 @@ impl Gateway {
             .collect();
         Ok(Gateway(Arc::new(Inner {
             config,
-            engine,
+            engine: Arc::new(engine),
             tenants,
             client,
-            metrics: Metrics::default(),
-            audit,
+            instruments,
         })))
     }
 
@@ -114,18 +120,14 @@ impl Gateway {
         &self.0.engine
     }
 
-    /// Writes journaled outcomes into the store; logs what it did.
+    /// Writes journaled outcomes into the store (the engine's observers log what it did).
     pub async fn flush_journal(&self) {
-        match self.0.engine.flush_journal().await {
-            Ok(r) if r.applied + r.superseded + r.pending > 0 => tracing::info!(
-                applied = r.applied,
-                superseded = r.superseded,
-                pending = r.pending,
-                "flushed the journal"
-            ),
-            Ok(_) => {}
-            Err(e) => tracing::warn!(error = %e, "failed to flush the journal"),
-        }
+        let _ = self.0.engine.flush_journal().await;
+    }
+
+    /// Starts flushing the journal now and every few seconds, until the handle is dropped.
+    pub fn start_journal_flusher(&self) -> JournalFlusher {
+        self.0.engine.spawn_journal_flusher(FLUSH_EVERY)
     }
 
     /// Whether the store answers a lookup.
@@ -146,12 +148,22 @@ impl Gateway {
         &self.0.client
     }
 
-    pub(crate) fn metrics(&self) -> &Metrics {
-        &self.0.metrics
+    /// Tells the engine's observers that a call was refused at the tenant's quota of keys in
+    /// flight (after its reservation was given back).
+    pub(crate) fn quota_exceeded(&self, key: &idemgate::Key) {
+        self.0.engine.observe(&idemgate::Event::Call {
+            tenant: &key.tenant,
+            tool: &key.tool,
+            key: Some(key),
+            verdict: idemgate::Verdict::QuotaExceeded,
+            fence: None,
+            answer: None,
+            error: None,
+        });
     }
 
-    pub(crate) fn audit(&self) -> &Audit {
-        &self.0.audit
+    pub(crate) fn metrics(&self) -> &Metrics {
+        &self.0.instruments.metrics
     }
 
     /// The upstream of a forwarded tool.

@@ -11,6 +11,9 @@ pub(crate) const REPLAYED: HeaderName = HeaderName::from_static("idempotent-repl
 pub(crate) const RULE: HeaderName = HeaderName::from_static("idempotency-rule");
 /// When the original execution was recorded.
 pub(crate) const EXECUTED_AT: HeaderName = HeaderName::from_static("idempotency-executed-at");
+/// How the outcome of an execution was recorded: `stored` or `journaled` (in the gateway's local
+/// journal until the store is back).
+pub(crate) const RECORDING: HeaderName = HeaderName::from_static("idempotency-recording");
 /// Until when the record is kept.
 pub(crate) const EXPIRES_AT: HeaderName = HeaderName::from_static("idempotency-expires-at");
 

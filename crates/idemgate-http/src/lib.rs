@@ -1,6 +1,6 @@
 #![doc = include_str!("../README.md")]
 
-mod audit;
+mod answer;
 mod auth;
 pub mod config;
 mod coordinate;
@@ -9,7 +9,6 @@ mod forward;
 mod gateway;
 mod headers;
 pub mod logging;
-mod metrics;
 mod ops;
 mod records;
 mod request;

@@ -7,7 +7,6 @@ use axum::Json;
 use idemgate::{Key, ListFilter, Resolution, State as RecordStateName};
 use serde::Deserialize;
 
-use crate::audit::Event;
 use crate::auth::Caller;
 use crate::error::Problem;
 use crate::gateway::Gateway;
@@ -119,11 +118,7 @@ pub(crate) async fn resolve(
         }
     };
     match gw.engine().resolve(&key, b.fence, resolution).await {
-        Ok(after) => {
-            gw.audit().record(Event::Resolved, &key, Some(b.fence));
-            tracing::info!(tenant = %tenant.id, tool = %tool, key = %request::short(&key), fence = b.fence, "resolved");
-            Ok(Json(after.as_ref().map(RecordView::of)).into_response())
-        }
+        Ok(after) => Ok(Json(after.as_ref().map(RecordView::of)).into_response()),
         Err(e) => {
             if matches!(e, idemgate::EngineError::Store(_)) {
                 gw.metrics().store_error();

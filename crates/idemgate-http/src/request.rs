@@ -5,11 +5,10 @@ use axum::body::Body;
 use axum::http::HeaderMap;
 use bytes::Bytes;
 use http_body_util::BodyExt as _;
-use idemgate::key::hex;
 use idemgate::{
-    Call, IdempotencyKey, Key, Outcome, OutcomeKind, Record, RecordState, TenantId, Timestamp,
-    ToolName,
+    Call, IdempotencyKey, Outcome, OutcomeKind, Record, RecordState, TenantId, Timestamp, ToolName,
 };
+use idemgate_kit::Payload;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
@@ -77,40 +76,36 @@ pub(crate) fn call(
             .strip_prefix('"')
             .and_then(|t| t.strip_suffix('"'))
             .unwrap_or(text);
-        call = call.key(idempotency_key(text)?);
+        // A caller's key may not pass for one the engine derives (the fallback window).
+        call = call
+            .key(IdempotencyKey::explicit(text).map_err(|e| Problem::bad_request(e.to_string()))?);
     }
     Ok(call)
 }
 
-/// A short, non-reversible name of a record for logs: never the raw key.
-pub(crate) fn short(key: &Key) -> String {
-    hex(&key.digest()[..6])
-}
-
-/// An outcome as the API shows it: `{"kind", "result"}`.
+/// An outcome as the API shows it: `{"kind", "content", "result"}`. A JSON result is its own
+/// text, byte for byte (so integers of any size come back exact); other content is its JSON view
+/// ([`Payload::to_json`]); unreadable bytes are a string.
 #[derive(Debug, Serialize)]
 pub(crate) struct OutcomeView {
     kind: OutcomeKind,
-    result: ResultView,
-}
-
-/// Stored bytes as the API shows them: the JSON text itself, byte for byte, when they are JSON
-/// (so integers of any size come back exact), else a string.
-#[derive(Debug, Serialize)]
-#[serde(untagged)]
-enum ResultView {
-    Json(Box<RawValue>),
-    Text(String),
+    content: &'static str,
+    result: Box<RawValue>,
 }
 
 impl OutcomeView {
     pub(crate) fn of(outcome: &Outcome) -> Self {
-        let result = match serde_json::from_slice::<Box<RawValue>>(&outcome.body) {
-            Ok(raw) => ResultView::Json(raw),
-            Err(_) => ResultView::Text(String::from_utf8_lossy(&outcome.body).into_owned()),
+        let (content, result) = match Payload::of(outcome) {
+            Ok(p) => (p.content(), p.to_json()),
+            Err(_) => (
+                "unreadable",
+                serde_json::value::to_raw_value(&String::from_utf8_lossy(&outcome.body))
+                    .expect("a string always encodes"),
+            ),
         };
         OutcomeView {
             kind: outcome.kind,
+            content,
             result,
         }
     }
@@ -186,11 +181,8 @@ fn null_raw() -> Box<RawValue> {
 }
 
 impl OutcomeBody {
+    /// The outcome, stored as a JSON result.
     pub(crate) fn into_outcome(self) -> Outcome {
-        let body = self.result.get().as_bytes().to_vec();
-        Outcome {
-            kind: self.kind,
-            body,
-        }
+        Payload::Json(self.result).into_outcome(self.kind)
     }
 }

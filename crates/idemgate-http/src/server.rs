@@ -24,9 +24,6 @@ use crate::error::{Error, Problem};
 use crate::gateway::Gateway;
 use crate::{coordinate, forward, ops, records};
 
-/// How often journaled outcomes are written into the store while serving.
-const FLUSH_EVERY: Duration = Duration::from_secs(5);
-
 /// Every route, as metrics and logs name it (never the concrete path, which holds keys).
 const ROUTES: &[&str] = &[
     "/healthz",
@@ -129,7 +126,7 @@ async fn observe(State(gw): State<Gateway>, req: Request, next: Next) -> Respons
     let start = Instant::now();
     let res = next.run(req).await;
     let took = start.elapsed();
-    gw.metrics().observe(route, took);
+    gw.metrics().request(route, took);
     tracing::info!(
         method = %method,
         route,
@@ -191,18 +188,9 @@ impl Server {
             addr,
         } = self;
         let cfg = gateway.config().server.clone();
+        // Outcomes an earlier run could not store go in before the first request is served.
         gateway.flush_journal().await;
-        let flusher = {
-            let gw = gateway.clone();
-            tokio::spawn(async move {
-                let mut every = tokio::time::interval(FLUSH_EVERY);
-                every.tick().await;
-                loop {
-                    every.tick().await;
-                    gw.flush_journal().await;
-                }
-            })
-        };
+        let flusher = gateway.start_journal_flusher();
         let app = router(gateway.clone());
         let graceful = GracefulShutdown::new();
         let mut shutdown = std::pin::pin!(shutdown);
@@ -248,7 +236,7 @@ impl Server {
         {
             tracing::warn!("stopped waiting for connections after the request timeout");
         }
-        flusher.abort();
+        drop(flusher);
         gateway.flush_journal().await;
         tracing::info!("stopped");
         Ok(())

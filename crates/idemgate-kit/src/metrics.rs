@@ -1,20 +1,27 @@
 //! Prometheus counters and the request latency histogram, written by hand: a few maps behind
-//! mutexes are all the gateway needs.
+//! mutexes are all a front door needs. The counters are an engine [`Observer`]: every decision
+//! reaches them without a front door writing a line.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
+
+use idemgate_core::{Event, Observer, Verdict};
 
 /// Upper bounds of the latency buckets, in seconds.
 const BUCKETS: [f64; 12] = [
     0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
 
-/// Distinct (tenant, tool, decision) series kept before new ones are folded into tool "other":
-/// tool names come from request paths, and a caller must not be able to grow memory without bound.
+/// Distinct (tenant, tool, decision) series kept before new ones are folded into tool "other", a
+/// second bound behind the configured tool names (tenants are configured too).
 const MAX_CALL_SERIES: usize = 10_000;
+
+/// The tool label of every tool that is not configured: tool names come from callers, and a caller
+/// must not be able to add series.
+pub const OTHER_TOOL: &str = "other";
 
 #[derive(Default)]
 struct Histogram {
@@ -23,9 +30,12 @@ struct Histogram {
     sum: f64,
 }
 
-/// The gateway's metrics.
+/// A front door's metrics.
 #[derive(Default)]
-pub(crate) struct Metrics {
+pub struct Metrics {
+    /// Tools labelled by name; `None` labels every tool by name (for doors whose tools are all
+    /// known in advance, such as a single command).
+    tools: Option<BTreeSet<String>>,
     calls: Mutex<BTreeMap<(String, String, &'static str), u64>>,
     in_flight_waits: AtomicU64,
     key_reuse: AtomicU64,
@@ -41,45 +51,50 @@ impl std::fmt::Debug for Metrics {
 }
 
 impl Metrics {
-    /// Counts one call's decision (`executed`, `replayed`, `pass_through`, `not_applied`,
-    /// `in_flight`, `unknown`, `key_reused`, `rejected`, ...).
-    pub(crate) fn call(&self, tenant: &str, tool: &str, decision: &'static str) {
+    /// Metrics that label the `tools` by name and every other tool as [`OTHER_TOOL`].
+    pub fn for_tools<I, T>(tools: I) -> Self
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<String>,
+    {
+        Metrics {
+            tools: Some(tools.into_iter().map(Into::into).collect()),
+            ..Metrics::default()
+        }
+    }
+
+    /// Counts one call's verdict.
+    pub fn call(&self, tenant: &str, tool: &str, verdict: Verdict) {
+        let tool = match &self.tools {
+            Some(known) if !known.contains(tool) => OTHER_TOOL,
+            _ => tool,
+        };
         let mut calls = self.calls.lock().unwrap_or_else(|p| p.into_inner());
-        let mut series = (tenant.to_owned(), tool.to_owned(), decision);
+        let mut series = (tenant.to_owned(), tool.to_owned(), verdict.label());
         if !calls.contains_key(&series) && calls.len() >= MAX_CALL_SERIES {
-            series.1 = "other".to_owned();
+            OTHER_TOOL.clone_into(&mut series.1);
         }
         *calls.entry(series).or_default() += 1;
-        match decision {
-            "in_flight" => self.in_flight_waits.fetch_add(1, Ordering::Relaxed),
-            "key_reused" => self.key_reuse.fetch_add(1, Ordering::Relaxed),
-            "unknown" => self.unknown.fetch_add(1, Ordering::Relaxed),
+        drop(calls);
+        match verdict {
+            Verdict::InFlight => self.in_flight_waits.fetch_add(1, Ordering::Relaxed),
+            Verdict::KeyReused => self.key_reuse.fetch_add(1, Ordering::Relaxed),
+            Verdict::Unknown => self.unknown.fetch_add(1, Ordering::Relaxed),
+            Verdict::StoreUnavailable | Verdict::JournalFailed => {
+                self.store_errors.fetch_add(1, Ordering::Relaxed)
+            }
             _ => 0,
         };
     }
 
-    /// Counts a call the engine refused, by why.
-    pub(crate) fn engine_error(&self, tenant: &str, tool: &str, e: &idemgate::EngineError) {
-        use idemgate::EngineError as E;
-        let decision = match e {
-            E::KeyRequired { .. } => "key_required",
-            E::KeyReuse { .. } => "key_reused",
-            E::InvalidKey(_) | E::InvalidArguments(_) => "bad_request",
-            _ => {
-                self.store_error();
-                "store_unavailable"
-            }
-        };
-        self.call(tenant, tool, decision);
-    }
-
-    /// Counts one failed store operation.
-    pub(crate) fn store_error(&self) {
+    /// Counts one failed store operation that no call verdict shows (a heartbeat, an operator's
+    /// lookup).
+    pub fn store_error(&self) {
         self.store_errors.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Records one request's latency under its route template.
-    pub(crate) fn observe(&self, route: &'static str, took: Duration) {
+    pub fn request(&self, route: &'static str, took: Duration) {
         let secs = took.as_secs_f64();
         let mut durations = self.durations.lock().unwrap_or_else(|p| p.into_inner());
         let h = durations.entry(route).or_default();
@@ -93,7 +108,7 @@ impl Metrics {
     }
 
     /// The Prometheus text exposition.
-    pub(crate) fn render(&self) -> String {
+    pub fn render(&self) -> String {
         let mut out = String::new();
         out.push_str("# HELP idemgate_calls_total Calls by tenant, tool and decision.\n");
         out.push_str("# TYPE idemgate_calls_total counter\n");
@@ -161,6 +176,21 @@ impl Metrics {
     }
 }
 
+impl Observer for Metrics {
+    fn observe(&self, event: &Event<'_>) {
+        match event {
+            Event::Call {
+                tenant,
+                tool,
+                verdict,
+                ..
+            } => self.call(tenant.as_str(), tool.as_str(), *verdict),
+            Event::Flushed(Err(_)) => self.store_error(),
+            _ => {}
+        }
+    }
+}
+
 /// Escapes a label value for the text format.
 fn escape(s: &str) -> String {
     s.replace('\\', "\\\\")
@@ -175,10 +205,10 @@ mod tests {
     #[test]
     fn renders_counters_and_cumulative_buckets() {
         let m = Metrics::default();
-        m.call("acme", "charge", "executed");
-        m.call("acme", "charge", "executed");
-        m.call("acme", "charge", "in_flight");
-        m.observe("/v1/tools/{tool}/call", Duration::from_millis(20));
+        m.call("acme", "charge", Verdict::Executed);
+        m.call("acme", "charge", Verdict::Executed);
+        m.call("acme", "charge", Verdict::InFlight);
+        m.request("/v1/tools/{tool}/call", Duration::from_millis(20));
         let text = m.render();
         assert!(text.contains(
             "idemgate_calls_total{tenant=\"acme\",tool=\"charge\",decision=\"executed\"} 2"
@@ -193,5 +223,22 @@ mod tests {
         assert!(text.contains(
             "idemgate_request_duration_seconds_count{route=\"/v1/tools/{tool}/call\"} 1"
         ));
+    }
+
+    #[test]
+    fn unconfigured_tools_share_one_series() {
+        let m = Metrics::for_tools(["charge"]);
+        for i in 0..100 {
+            m.call("acme", &format!("made-up-{i}"), Verdict::KeyRequired);
+        }
+        m.call("acme", "charge", Verdict::Replayed);
+        let text = m.render();
+        assert!(text.contains(
+            "idemgate_calls_total{tenant=\"acme\",tool=\"other\",decision=\"key_required\"} 100"
+        ));
+        assert!(text.contains(
+            "idemgate_calls_total{tenant=\"acme\",tool=\"charge\",decision=\"replayed\"} 1"
+        ));
+        assert!(!text.contains("made-up"), "{text}");
     }
 }

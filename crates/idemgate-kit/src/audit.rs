@@ -1,0 +1,102 @@
+//! The audit log: one JSON line per record state transition, appended to a file. An engine
+//! [`Observer`]: it hears every transition from the engine itself.
+
+use std::fs::{File, OpenOptions};
+use std::io::Write as _;
+use std::path::Path;
+use std::sync::Mutex;
+
+use idemgate_core::key::hex;
+use idemgate_core::{Decision, Event, Fence, Key, Observer, Timestamp, Verdict};
+use serde_json::json;
+
+/// Where audit lines go; absent when not configured.
+#[derive(Debug, Default)]
+pub struct Audit {
+    file: Option<Mutex<File>>,
+}
+
+impl Audit {
+    /// Appends to the file at `path`, or writes nothing when there is none.
+    ///
+    /// # Errors
+    /// When the file cannot be opened for appending.
+    pub fn open(path: Option<&Path>) -> std::io::Result<Self> {
+        let file = match path {
+            Some(p) => Some(Mutex::new(
+                OpenOptions::new().create(true).append(true).open(p)?,
+            )),
+            None => None,
+        };
+        Ok(Audit { file })
+    }
+
+    /// Appends one line. The raw key never appears: only its digest, as downstreams see it.
+    fn record(&self, event: &str, key: &Key, fence: Option<Fence>) {
+        let Some(file) = &self.file else { return };
+        let line = json!({
+            "time": Timestamp::now(),
+            "event": event,
+            "tenant": key.tenant,
+            "tool": key.tool,
+            "key_digest": hex(&key.digest()),
+            "fence": fence,
+        });
+        let mut line = line.to_string();
+        line.push('\n');
+        // One write of a whole line on an append-mode file: lines never interleave.
+        let mut f = file.lock().unwrap_or_else(|p| p.into_inner());
+        if let Err(e) = f.write_all(line.as_bytes()) {
+            tracing::error!(error = %e, "failed to write the audit log");
+        }
+    }
+}
+
+/// The audit name of a call's verdict, when it changed a record (or replayed one).
+fn transition(verdict: Verdict, decision: Option<&Decision>) -> Option<&'static str> {
+    Some(match verdict {
+        Verdict::Execute => "reserved",
+        Verdict::Executed => "executed",
+        Verdict::LeaseLost => "lease_lost",
+        Verdict::Unrecorded => "unrecorded",
+        Verdict::Replayed => "replayed",
+        Verdict::NotApplied => "released",
+        // Only the call that marked the record unknown changed it; duplicates that find it
+        // unknown did not.
+        Verdict::Unknown => match decision {
+            Some(Decision::Unknown {
+                recording: Some(_), ..
+            }) => "unknown",
+            _ => return None,
+        },
+        _ => return None,
+    })
+}
+
+impl Observer for Audit {
+    fn observe(&self, event: &Event<'_>) {
+        if self.file.is_none() {
+            return;
+        }
+        match event {
+            Event::Call {
+                key: Some(key),
+                verdict,
+                fence,
+                answer,
+                ..
+            } => {
+                let decision = answer.map(|a| &a.decision);
+                if let Some(name) = transition(*verdict, decision) {
+                    let fence = match decision {
+                        Some(Decision::Unknown { fence, .. }) => Some(*fence),
+                        _ => *fence,
+                    };
+                    self.record(name, key, fence);
+                }
+            }
+            Event::Resolved { key, fence, .. } => self.record("resolved", key, Some(*fence)),
+            _ => {}
+        }
+    }
+}

@@ -1,0 +1,63 @@
+//! The front-door kit: what every way into idemgate (the command line, the HTTP gateway, the MCP
+//! proxy, the Python package) shares, so that none of them writes it again.
+//!
+//! - [`payload`]: the one stored-outcome format, tagged by content, so a record written by one
+//!   door is replayed by another;
+//! - [`Metrics`], [`Audit`] and [`Log`]: engine observers, attached in one call by
+//!   [`Instruments::attach`];
+//! - [`limits`]: per-tenant request rate and keys in flight.
+//!
+//! How a decision becomes an answer (status, problem, exit code, error or not) is
+//! [`idemgate_core::Verdict`], next to the decisions themselves.
+
+pub mod audit;
+pub mod limits;
+pub mod log;
+pub mod metrics;
+pub mod payload;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use idemgate_core::{Engine, Store};
+
+pub use audit::Audit;
+pub use limits::{LiveKeys, RateLimit};
+pub use log::Log;
+pub use metrics::Metrics;
+pub use payload::{HttpAnswer, Payload, PayloadError};
+
+/// Metrics, the audit log and logs of one front door.
+#[derive(Clone, Debug)]
+pub struct Instruments {
+    /// The Prometheus counters.
+    pub metrics: Arc<Metrics>,
+    /// The audit log (a no-op when not configured).
+    pub audit: Arc<Audit>,
+}
+
+impl Instruments {
+    /// Metrics that label the `tools` by name (every other tool counts as `other`, so callers
+    /// cannot grow the series without bound) and the audit log at `audit_log`, if given.
+    ///
+    /// # Errors
+    /// When the audit log cannot be opened for appending.
+    pub fn open<I, T>(audit_log: Option<&Path>, tools: I) -> std::io::Result<Self>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<String>,
+    {
+        Ok(Instruments {
+            metrics: Arc::new(Metrics::for_tools(tools)),
+            audit: Arc::new(Audit::open(audit_log)?),
+        })
+    }
+
+    /// The engine with metrics, audit log and logs observing it.
+    pub fn attach<S: Store>(&self, engine: Engine<S>) -> Engine<S> {
+        engine
+            .with_observer(self.metrics.clone())
+            .with_observer(self.audit.clone())
+            .with_observer(Arc::new(Log))
+    }
+}

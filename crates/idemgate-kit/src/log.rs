@@ -1,0 +1,78 @@
+//! One log line per decision, through `tracing`: an engine [`Observer`]. Lines name records by a
+//! short digest, never by the raw key.
+
+use idemgate_core::key::hex;
+use idemgate_core::{Decision, Event, Key, Observer, Recording, Verdict};
+
+/// The log observer.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Log;
+
+/// A short, non-reversible name of a record for logs: never the raw key.
+pub fn short(key: &Key) -> String {
+    hex(&key.digest()[..6])
+}
+
+fn recording_of(decision: Option<&Decision>) -> Option<&'static str> {
+    let recording = match decision? {
+        Decision::Executed { recording, .. } | Decision::NotApplied { recording, .. } => recording,
+        Decision::Unknown {
+            recording: Some(recording),
+            ..
+        } => recording,
+        _ => return None,
+    };
+    Some(match recording {
+        Recording::Stored => "stored",
+        Recording::Journaled => "journaled",
+        Recording::LeaseLost => "lease_lost",
+        Recording::Unrecorded(_) => "unrecorded",
+    })
+}
+
+impl Observer for Log {
+    fn observe(&self, event: &Event<'_>) {
+        match event {
+            Event::Call {
+                tenant,
+                tool,
+                key,
+                verdict,
+                fence,
+                answer,
+                error,
+            } => {
+                let key = key.map(short).unwrap_or_default();
+                let recording = recording_of(answer.map(|a| &a.decision)).unwrap_or("");
+                let error = error.map(ToString::to_string).unwrap_or_default();
+                match verdict {
+                    Verdict::Unknown
+                    | Verdict::LeaseLost
+                    | Verdict::Unrecorded
+                    | Verdict::StoreUnavailable
+                    | Verdict::JournalFailed => tracing::warn!(
+                        %tenant, %tool, key, fence, recording, error, decision = %verdict
+                    ),
+                    _ => tracing::info!(
+                        %tenant, %tool, key, fence, recording, error, decision = %verdict
+                    ),
+                }
+            }
+            Event::Resolved {
+                key,
+                fence,
+                released,
+            } => tracing::info!(
+                tenant = %key.tenant, tool = %key.tool, key = short(key), fence, released, "resolved"
+            ),
+            Event::Flushed(Ok(r)) => tracing::info!(
+                applied = r.applied,
+                superseded = r.superseded,
+                pending = r.pending,
+                "flushed the journal"
+            ),
+            Event::Flushed(Err(e)) => tracing::warn!(error = %e, "failed to flush the journal"),
+            _ => {}
+        }
+    }
+}

@@ -1,0 +1,452 @@
+//! The one stored-outcome format: every front door stores its outcomes as a [`Payload`], tagged
+//! by what it holds, so that a record written by one door is replayed by another (or refused
+//! with a clear error), and an operator's resolution is understood by all of them.
+//!
+//! Stored as a JSON object whose `content` member names the kind:
+//!
+//! | `content` | written by | other members |
+//! |---|---|---|
+//! | `command` | `idemgate exec` | `exit_code`, `stdout`, `stderr` (base64) |
+//! | `http` | forwarded HTTP calls | `status`, `content_type`, `body` (base64) |
+//! | `json` | the coordination API, operators, in-process callers | `result` (any JSON, kept as written) |
+//! | `mcp_tool_result` | the MCP proxy | `result` (an MCP `CallToolResult`) |
+//!
+//! Records written before the tag existed are read by their shape: `exit_code`/`stdout`/`stderr`
+//! is a command, `status`/`content_type`/`body` an HTTP answer, any other JSON a JSON result.
+
+use std::collections::BTreeMap;
+
+use base64::Engine as _;
+use idemgate_core::{Outcome, OutcomeKind};
+use serde::Serialize;
+use serde_json::value::RawValue;
+
+/// A stored outcome's content.
+#[derive(Clone, Debug)]
+pub enum Payload {
+    /// A command's exit code and output.
+    Command {
+        /// Its exit code.
+        exit_code: i32,
+        /// Its standard output.
+        stdout: Vec<u8>,
+        /// Its standard error.
+        stderr: Vec<u8>,
+    },
+    /// An upstream's HTTP answer.
+    Http {
+        /// The status code.
+        status: u16,
+        /// The `Content-Type`, if it sent one.
+        content_type: Option<String>,
+        /// The `Retry-After` of a refusal passed on to the caller (answers that are stored are
+        /// never refusals, so stored ones have none).
+        retry_after: Option<String>,
+        /// The body.
+        body: Vec<u8>,
+    },
+    /// A JSON result, kept as written (integers of any size stay exact).
+    Json(Box<RawValue>),
+    /// An MCP `CallToolResult`, kept as the server wrote it.
+    McpToolResult(Box<RawValue>),
+}
+
+/// A stored outcome that no front door can read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("failed to read the stored outcome: {0}")]
+pub struct PayloadError(String);
+
+const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
+
+impl Payload {
+    /// A JSON result from its text.
+    ///
+    /// # Errors
+    /// When `text` is not one JSON value.
+    pub fn json_text(text: &str) -> Result<Self, PayloadError> {
+        RawValue::from_string(text.to_owned())
+            .map(Payload::Json)
+            .map_err(|e| PayloadError(format!("the result is not JSON: {e}")))
+    }
+
+    /// The name of its kind, as stored in `content`.
+    pub fn content(&self) -> &'static str {
+        match self {
+            Payload::Command { .. } => "command",
+            Payload::Http { .. } => "http",
+            Payload::Json(_) => "json",
+            Payload::McpToolResult(_) => "mcp_tool_result",
+        }
+    }
+
+    /// The stored bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        #[derive(Serialize)]
+        struct Tagged<'a, T: Serialize> {
+            content: &'static str,
+            #[serde(flatten)]
+            fields: &'a T,
+        }
+        #[derive(Serialize)]
+        struct Command {
+            exit_code: i32,
+            stdout: String,
+            stderr: String,
+        }
+        #[derive(Serialize)]
+        struct Http<'a> {
+            status: u16,
+            content_type: Option<&'a str>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            retry_after: Option<&'a str>,
+            body: String,
+        }
+        #[derive(Serialize)]
+        struct Result<'a> {
+            result: &'a RawValue,
+        }
+        let content = self.content();
+        let encoded = match self {
+            Payload::Command {
+                exit_code,
+                stdout,
+                stderr,
+            } => serde_json::to_vec(&Tagged {
+                content,
+                fields: &Command {
+                    exit_code: *exit_code,
+                    stdout: B64.encode(stdout),
+                    stderr: B64.encode(stderr),
+                },
+            }),
+            Payload::Http {
+                status,
+                content_type,
+                retry_after,
+                body,
+            } => serde_json::to_vec(&Tagged {
+                content,
+                fields: &Http {
+                    status: *status,
+                    content_type: content_type.as_deref(),
+                    retry_after: retry_after.as_deref(),
+                    body: B64.encode(body),
+                },
+            }),
+            Payload::Json(result) | Payload::McpToolResult(result) => serde_json::to_vec(&Tagged {
+                content,
+                fields: &Result { result },
+            }),
+        };
+        encoded.expect("numbers, strings and JSON text always encode")
+    }
+
+    /// Reads stored bytes.
+    ///
+    /// # Errors
+    /// [`PayloadError`] when the bytes are not JSON, or name a kind with members missing or of the
+    /// wrong type.
+    pub fn decode(body: &[u8]) -> Result<Self, PayloadError> {
+        let bad = |e: serde_json::Error| PayloadError(e.to_string());
+        let Ok(fields) = serde_json::from_slice::<BTreeMap<String, Box<RawValue>>>(body) else {
+            // Not an object: a JSON result from before the tag, or not JSON at all.
+            let raw: Box<RawValue> = serde_json::from_slice(body)
+                .map_err(|_| PayloadError("it is not JSON".to_owned()))?;
+            return Ok(Payload::Json(raw));
+        };
+        let field = |name: &str| fields.get(name).map(|v| v.get());
+        let tag = field("content").and_then(|t| serde_json::from_str::<String>(t).ok());
+        let shape = |names: &[&str]| {
+            let mut want: Vec<&str> = names.to_vec();
+            want.sort_unstable();
+            fields.keys().map(String::as_str).eq(want)
+        };
+        match tag.as_deref() {
+            Some("command") => Self::command(&fields).map_err(bad),
+            Some("http") => Self::http(&fields).map_err(bad),
+            Some("json") => Ok(Payload::Json(result(&fields)?)),
+            Some("mcp_tool_result") => Ok(Payload::McpToolResult(result(&fields)?)),
+            // Untagged outcomes stored before the format had a tag.
+            None if shape(&["exit_code", "stdout", "stderr"]) => {
+                Self::command(&fields).map_err(bad)
+            }
+            None if shape(&["status", "content_type", "body"]) => Self::http(&fields).map_err(bad),
+            _ => Ok(Payload::Json(serde_json::from_slice(body).map_err(bad)?)),
+        }
+    }
+
+    fn command(f: &BTreeMap<String, Box<RawValue>>) -> Result<Self, serde_json::Error> {
+        Ok(Payload::Command {
+            exit_code: member(f, "exit_code")?,
+            stdout: bytes(f, "stdout")?,
+            stderr: bytes(f, "stderr")?,
+        })
+    }
+
+    fn http(f: &BTreeMap<String, Box<RawValue>>) -> Result<Self, serde_json::Error> {
+        Ok(Payload::Http {
+            status: member(f, "status")?,
+            content_type: member(f, "content_type")?,
+            retry_after: member(f, "retry_after")?,
+            body: bytes(f, "body")?,
+        })
+    }
+
+    /// Reads a stored outcome.
+    ///
+    /// # Errors
+    /// As [`Payload::decode`].
+    pub fn of(outcome: &Outcome) -> Result<Self, PayloadError> {
+        Self::decode(&outcome.body)
+    }
+
+    /// An outcome of `kind` holding this payload.
+    pub fn into_outcome(self, kind: OutcomeKind) -> Outcome {
+        Outcome {
+            kind,
+            body: self.encode(),
+        }
+    }
+
+    /// The payload as one JSON value, for front doors that answer in JSON (the coordination
+    /// API's `result`, record views, MCP structured content). JSON results are their own text;
+    /// bytes are text when they are UTF-8, else base64 under a `_base64` name.
+    pub fn to_json(&self) -> Box<RawValue> {
+        let mut object = serde_json::Map::new();
+        match self {
+            Payload::Json(raw) | Payload::McpToolResult(raw) => return raw.clone(),
+            Payload::Command {
+                exit_code,
+                stdout,
+                stderr,
+            } => {
+                object.insert("exit_code".into(), (*exit_code).into());
+                bytes_field(&mut object, "stdout", stdout);
+                bytes_field(&mut object, "stderr", stderr);
+            }
+            Payload::Http {
+                status,
+                content_type,
+                body,
+                ..
+            } => {
+                object.insert("status".into(), (*status).into());
+                object.insert("content_type".into(), content_type.clone().into());
+                // A JSON body goes in as JSON, so big integers in it keep their text.
+                if let Ok(raw) = serde_json::from_slice::<Box<RawValue>>(body) {
+                    return raw_object(object, Some(("body", raw)));
+                }
+                bytes_field(&mut object, "body", body);
+            }
+        }
+        raw_object(object, None)
+    }
+
+    /// The payload as a command's exit code and output, for `idemgate exec`: a command is
+    /// itself; an HTTP answer prints its body and exits 0 for a 2xx; a JSON result prints its
+    /// text and a newline. Other content exits 0 for a success and 1 for a failure.
+    pub fn to_command(&self, kind: OutcomeKind) -> (i32, Vec<u8>, Vec<u8>) {
+        let code = match kind {
+            OutcomeKind::Success => 0,
+            OutcomeKind::Failed => 1,
+        };
+        match self {
+            Payload::Command {
+                exit_code,
+                stdout,
+                stderr,
+            } => (*exit_code, stdout.clone(), stderr.clone()),
+            Payload::Http { status, body, .. } => (
+                if (200..300).contains(status) { 0 } else { 1 },
+                body.clone(),
+                Vec::new(),
+            ),
+            Payload::Json(raw) | Payload::McpToolResult(raw) => {
+                let mut out = raw.get().as_bytes().to_vec();
+                out.push(b'\n');
+                (code, out, Vec::new())
+            }
+        }
+    }
+
+    /// The payload as an HTTP answer, for forwarded calls: an HTTP answer is itself; other
+    /// content is its JSON view ([`Payload::to_json`]) with status 200 for a success and 422 for a
+    /// failure.
+    pub fn into_http(self, kind: OutcomeKind) -> HttpAnswer {
+        match self {
+            Payload::Http {
+                status,
+                content_type,
+                retry_after,
+                body,
+            } => HttpAnswer {
+                status,
+                content_type,
+                retry_after,
+                body,
+            },
+            other => HttpAnswer {
+                status: match kind {
+                    OutcomeKind::Success => 200,
+                    OutcomeKind::Failed => 422,
+                },
+                content_type: Some("application/json".to_owned()),
+                retry_after: None,
+                body: other.to_json().get().as_bytes().to_vec(),
+            },
+        }
+    }
+}
+
+/// A payload as an HTTP answer (see [`Payload::into_http`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HttpAnswer {
+    /// The status code.
+    pub status: u16,
+    /// The `Content-Type`.
+    pub content_type: Option<String>,
+    /// The `Retry-After`.
+    pub retry_after: Option<String>,
+    /// The body.
+    pub body: Vec<u8>,
+}
+
+fn result(f: &BTreeMap<String, Box<RawValue>>) -> Result<Box<RawValue>, PayloadError> {
+    f.get("result")
+        .cloned()
+        .ok_or_else(|| PayloadError("a JSON outcome without `result`".to_owned()))
+}
+
+fn member<T: serde::de::DeserializeOwned>(
+    f: &BTreeMap<String, Box<RawValue>>,
+    name: &str,
+) -> Result<T, serde_json::Error> {
+    let text = f.get(name).map_or("null", |v| v.get());
+    serde_json::from_str(text)
+        .map_err(|e| serde::de::Error::custom(format!("member `{name}`: {e}")))
+}
+
+fn bytes(f: &BTreeMap<String, Box<RawValue>>, name: &str) -> Result<Vec<u8>, serde_json::Error> {
+    let text: String = member(f, name)?;
+    B64.decode(text)
+        .map_err(|e| serde::de::Error::custom(format!("member `{name}` is not base64: {e}")))
+}
+
+fn bytes_field(object: &mut serde_json::Map<String, serde_json::Value>, name: &str, b: &[u8]) {
+    match std::str::from_utf8(b) {
+        Ok(text) => object.insert(name.into(), text.into()),
+        Err(_) => object.insert(format!("{name}_base64"), B64.encode(b).into()),
+    };
+}
+
+/// `object` as raw JSON, with one more member given as raw JSON text.
+fn raw_object(
+    object: serde_json::Map<String, serde_json::Value>,
+    raw_member: Option<(&str, Box<RawValue>)>,
+) -> Box<RawValue> {
+    #[derive(Serialize)]
+    struct WithRaw<'a> {
+        #[serde(flatten)]
+        object: &'a serde_json::Map<String, serde_json::Value>,
+        #[serde(flatten, skip_serializing_if = "Option::is_none")]
+        extra: Option<BTreeMap<&'a str, &'a RawValue>>,
+    }
+    let extra = raw_member
+        .as_ref()
+        .map(|(name, raw)| BTreeMap::from([(*name, raw.as_ref())]));
+    let text = serde_json::to_string(&WithRaw {
+        object: &object,
+        extra,
+    })
+    .expect("a map of JSON values always encodes");
+    RawValue::from_string(text).expect("serialized JSON is JSON")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn round_trip(p: &Payload) -> Payload {
+        Payload::decode(&p.encode()).unwrap()
+    }
+
+    #[test]
+    fn every_kind_round_trips() {
+        let cmd = Payload::Command {
+            exit_code: -1,
+            stdout: vec![0, 255, 10],
+            stderr: b"warn\n".to_vec(),
+        };
+        assert_eq!(round_trip(&cmd).encode(), cmd.encode());
+        let http = Payload::Http {
+            status: 201,
+            content_type: Some("application/json".into()),
+            retry_after: None,
+            body: br#"{"id":12345678901234567890}"#.to_vec(),
+        };
+        assert_eq!(round_trip(&http).encode(), http.encode());
+        let json = Payload::json_text(r#"{"n":12345678901234567890123}"#).unwrap();
+        let back = round_trip(&json);
+        assert!(matches!(&back, Payload::Json(r) if r.get() == r#"{"n":12345678901234567890123}"#));
+        let mcp = Payload::McpToolResult(
+            RawValue::from_string(r#"{"content":[],"isError":true}"#.into()).unwrap(),
+        );
+        assert!(matches!(round_trip(&mcp), Payload::McpToolResult(_)));
+    }
+
+    #[test]
+    fn outcomes_stored_before_the_tag_are_read_by_shape() {
+        let legacy_cmd = br#"{"exit_code":3,"stdout":"aGk=","stderr":""}"#;
+        assert!(matches!(
+            Payload::decode(legacy_cmd).unwrap(),
+            Payload::Command { exit_code: 3, ref stdout, .. } if stdout == b"hi"
+        ));
+        let legacy_http = br#"{"status":200,"content_type":null,"body":"e30="}"#;
+        assert!(matches!(
+            Payload::decode(legacy_http).unwrap(),
+            Payload::Http { status: 200, ref body, .. } if body == b"{}"
+        ));
+        for legacy_json in [&b"42"[..], b"[1,2]", br#"{"ticket":1234}"#, b"null"] {
+            let p = Payload::decode(legacy_json).unwrap();
+            assert!(matches!(&p, Payload::Json(r) if r.get().as_bytes() == legacy_json));
+        }
+        assert!(Payload::decode(b"not json").is_err());
+        assert!(Payload::decode(br#"{"content":"command","exit_code":"x"}"#).is_err());
+    }
+
+    #[test]
+    fn every_door_can_show_every_kind() {
+        let cmd = Payload::Command {
+            exit_code: 0,
+            stdout: b"done\n".to_vec(),
+            stderr: vec![0xff],
+        };
+        assert_eq!(
+            cmd.to_json().get(),
+            r#"{"exit_code":0,"stderr_base64":"/w==","stdout":"done\n"}"#
+        );
+        let answer = cmd.clone().into_http(OutcomeKind::Success);
+        assert_eq!(
+            (answer.status, answer.content_type.as_deref()),
+            (200, Some("application/json"))
+        );
+        assert!(answer.body.starts_with(b"{\"exit_code\":0"));
+        let http = Payload::Http {
+            status: 404,
+            content_type: None,
+            retry_after: None,
+            body: br#"{"n":12345678901234567890}"#.to_vec(),
+        };
+        assert_eq!(
+            http.to_json().get(),
+            r#"{"content_type":null,"status":404,"body":{"n":12345678901234567890}}"#
+        );
+        assert_eq!(http.to_command(OutcomeKind::Failed).0, 1);
+        let json = Payload::json_text("[1]").unwrap();
+        assert_eq!(
+            json.to_command(OutcomeKind::Failed),
+            (1, b"[1]\n".to_vec(), Vec::new())
+        );
+        assert_eq!(json.into_http(OutcomeKind::Failed).status, 422);
+    }
+}
