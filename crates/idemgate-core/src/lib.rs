@@ -38,6 +38,7 @@ mod replay;
 pub mod store;
 pub mod time;
 pub mod transition;
+pub mod url;
 
 pub use canonical::Fingerprint;
 pub use engine::{

@@ -14,6 +14,7 @@ use idemgate_core::key::hex;
 use idemgate_core::store::{Claim, Completion, ListFilter, Reservation, Result, Store};
 use idemgate_core::time::duration_millis;
 use idemgate_core::transition::StoredRecord;
+use idemgate_core::url::UrlQuery;
 use idemgate_core::{
     Fence, Fingerprint, IdempotencyKey, Key, Lease, LeaseToken, Outcome, OutcomeKind, Record,
     RecordState, State, StoreError, TenantId, Timestamp, ToolName,
@@ -147,6 +148,30 @@ impl std::fmt::Debug for PgStore {
     }
 }
 
+/// The query options of a Postgres URL, all read by tokio-postgres under libpq's names. Options
+/// of libpq that tokio-postgres does not know (`sslrootcert`, `gssencmode`, …) are refused.
+const URL_OPTIONS: &[&str] = &[
+    "user",
+    "password",
+    "dbname",
+    "options",
+    "application_name",
+    "sslmode",
+    "sslnegotiation",
+    "host",
+    "hostaddr",
+    "port",
+    "connect_timeout",
+    "tcp_user_timeout",
+    "keepalives",
+    "keepalives_idle",
+    "keepalives_interval",
+    "keepalives_retries",
+    "target_session_attrs",
+    "channel_binding",
+    "load_balance_hosts",
+];
+
 /// How often a reservation runs again when a concurrent writer committed after its snapshot.
 const RACE_ATTEMPTS: usize = 8;
 /// How often a statement runs again after a serialization failure or deadlock.
@@ -166,7 +191,8 @@ impl PgStore {
     ///
     /// # Errors
     /// [`StoreError::Unavailable`] when the server cannot be reached, [`StoreError::Misconfigured`]
-    /// for a bad URL, a schema newer than this code, or (with [`SyncCommit::Refuse`]) a server
+    /// for a bad URL (or a query option tokio-postgres does not read, see `docs/STORES.md`), a
+    /// schema newer than this code, or (with [`SyncCommit::Refuse`]) a server
     /// that may lose acknowledged commits.
     pub async fn connect_with(url: &str, options: PgOptions) -> Result<Self> {
         if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
@@ -174,6 +200,8 @@ impl PgStore {
                 "failed to read the store URL: expected postgres:// or postgresql://".to_owned(),
             ));
         }
+        // tokio-postgres refuses an unknown option too, but without naming it.
+        UrlQuery::parse(url, "postgres", URL_OPTIONS)?;
         let mut config: tokio_postgres::Config = url.parse().map_err(|e| {
             StoreError::Misconfigured(format!("failed to read the Postgres URL: {e}"))
         })?;

@@ -450,3 +450,47 @@ async fn unreachable_server_is_unavailable_and_bad_urls_misconfigured() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_url_options_are_refused_by_name() {
+    // Refused before any connection is tried: nothing listens on port 1.
+    for (url, bad) in [
+        (
+            "postgres://postgres@127.0.0.1:1/test?sslmod=disable",
+            "sslmod",
+        ),
+        (
+            "postgresql://postgres@127.0.0.1:1/test?application_name=a&schema=x",
+            "schema",
+        ),
+        // libpq knows it, tokio-postgres does not: it would never take effect.
+        (
+            "postgres://postgres@127.0.0.1:1/test?sslrootcert=ca.pem",
+            "sslrootcert",
+        ),
+    ] {
+        match PgStore::connect_with(url, support::options()).await {
+            Err(StoreError::Misconfigured(m)) => {
+                assert!(m.contains(&format!("unknown option {bad:?}")), "{url}: {m}");
+                assert!(m.contains("sslmode"), "the valid options are listed: {m}");
+            }
+            other => panic!("{url}: expected Misconfigured, got {other:?}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn driver_url_options_still_take_effect() {
+    let name = format!("idemgate-url-{}", &fresh_schema("x")[2..]);
+    let url = support::with_params(
+        &support::url(),
+        &format!("application_name={name}&connect_timeout=5&sslmode=disable&keepalives=1"),
+    );
+    let store = support::connect_with(&url, support::options()).await;
+    let client = store.pool().get().await.expect("a pooled connection");
+    let row = client
+        .query_one("SHOW application_name", &[])
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, String>(0), name);
+}

@@ -52,6 +52,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use idemgate_core::transition::{self, Change, StoredRecord};
+use idemgate_core::url::UrlQuery;
 use idemgate_core::{
     Claim, Clock, Completion, Fence, Key, Lease, ListFilter, Outcome, Record, Reservation, State,
     Store, StoreError, SystemClock, Timestamp,
@@ -259,8 +260,8 @@ impl SqliteStore {
 
     /// Opens the store named by `url` with default options.
     ///
-    /// Accepted forms, the rest of the URL taken literally as a file path (no percent-decoding, no
-    /// query parameters):
+    /// Accepted forms, the rest of the URL taken literally as a file path (no percent-decoding). The
+    /// URL takes no query options; any is refused (`docs/STORES.md`):
     /// - `sqlite:///var/lib/idemgate.db` and `sqlite:/var/lib/idemgate.db`: absolute paths;
     /// - `sqlite://idemgate.db` and `sqlite:data/idemgate.db`: relative to the working directory.
     ///
@@ -384,13 +385,10 @@ fn path_from_url(url: &str) -> Result<PathBuf> {
         .strip_prefix("sqlite://")
         .or_else(|| url.strip_prefix("sqlite:"))
         .ok_or_else(|| bad("it does not start with sqlite:"))?;
+    // No option is read from the URL (SqliteStore::connect_with sets them), so any is refused.
+    let rest = UrlQuery::parse(rest, "sqlite", &[])?.base;
     if rest.is_empty() {
         return Err(bad("it names no file"));
-    }
-    if rest.contains('?') {
-        return Err(bad(
-            "query parameters are not supported; set options with SqliteStore::connect_with",
-        ));
     }
     Ok(PathBuf::from(rest))
 }
@@ -661,6 +659,20 @@ mod tests {
                 "{bad}: {e}"
             );
         }
+    }
+
+    #[test]
+    fn url_options_are_refused_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("opts.db");
+        let url = format!("sqlite://{}?durability=normal", path.display());
+        let e = SqliteStore::connect(&url).unwrap_err();
+        assert!(
+            matches!(&e, StoreError::Misconfigured(m)
+                if m.contains("\"durability\"") && m.contains("sqlite URLs take no options")),
+            "{e}"
+        );
+        assert!(!path.exists(), "a refused URL must not create its file");
     }
 
     #[test]
