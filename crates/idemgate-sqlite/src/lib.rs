@@ -549,6 +549,7 @@ impl Store for SqliteStore {
 
 #[cfg(test)]
 mod tests {
+    use std::future::Future;
     use std::sync::atomic::Ordering;
     use std::time::Instant;
 
@@ -999,16 +1000,23 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = SqliteStore::open(dir.path().join("db"), manual()).unwrap();
         let k = key("watched");
-        let s = store.clone();
-        let wk = k.clone();
-        let waiter = tokio::spawn(async move {
-            let started = Instant::now();
-            s.wait_changed(&wk, Duration::from_secs(30)).await;
-            started.elapsed()
-        });
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        let started = Instant::now();
+        let mut waiter = std::pin::pin!(store.wait_changed(&k, Duration::from_secs(30)));
+        // The first poll registers the waiter, so the commit cannot run ahead of it. (A spawned
+        // waiter and a sleep before the commit lost that race on a loaded machine, and the
+        // waiter then slept the whole 30 s.)
+        std::future::poll_fn(|cx| {
+            assert!(
+                waiter.as_mut().poll(cx).is_pending(),
+                "woke before any commit"
+            );
+            std::task::Poll::Ready(())
+        })
+        .await;
         acquire(&store, &k).await;
-        let waited = waiter.await.unwrap();
+        // Notified while not being polled: it is ready at once.
+        waiter.await;
+        let waited = started.elapsed();
         assert!(waited < Duration::from_secs(10), "waited {waited:?}");
     }
 
