@@ -19,7 +19,7 @@ use idemgate_core::{
     Fence, Fingerprint, IdempotencyKey, Key, Lease, LeaseToken, Outcome, OutcomeKind, Record,
     RecordState, State, StoreError, TenantId, Timestamp, ToolName,
 };
-use tokio::sync::{broadcast, oneshot};
+use tokio::sync::{broadcast, oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{NoTls, Row};
@@ -132,6 +132,8 @@ struct Inner {
     sql: Sql,
     options: PgOptions,
     changes: broadcast::Sender<Arc<str>>,
+    /// Whether the listener's `LISTEN` is in effect (always false without a listener).
+    listening: watch::Receiver<bool>,
     /// Dropped with the last clone, which stops the listener task.
     _listener: Option<oneshot::Sender<()>>,
 }
@@ -244,9 +246,10 @@ impl PgStore {
         drop(client);
 
         let (changes, _) = broadcast::channel(1024);
+        let (listening_tx, listening) = watch::channel(false);
         let listener = if options.listen {
             let (stop, stopped) = oneshot::channel();
-            tokio::spawn(listen::run(config, changes.clone(), stopped));
+            tokio::spawn(listen::run(config, changes.clone(), listening_tx, stopped));
             Some(stop)
         } else {
             None
@@ -257,6 +260,7 @@ impl PgStore {
                 sql: Sql::new(&options.schema),
                 options,
                 changes,
+                listening,
                 _listener: listener,
             }),
         })
@@ -270,6 +274,27 @@ impl PgStore {
     /// The options the store was opened with.
     pub fn options(&self) -> &PgOptions {
         &self.inner.options
+    }
+
+    /// Whether the listener connection's `LISTEN` is in effect now, so that waiting duplicates
+    /// are woken by other processes' changes; false while it (re)connects, and always with
+    /// [`PgOptions::listen`] off.
+    pub fn is_listening(&self) -> bool {
+        *self.inner.listening.borrow()
+    }
+
+    /// Waits until the listener connection's `LISTEN` is in effect, at most `timeout`; returns
+    /// whether it is (false at once with [`PgOptions::listen`] off). For callers (and tests) that
+    /// must not miss a notification sent right after connecting.
+    pub async fn wait_listening(&self, timeout: Duration) -> bool {
+        if self.inner._listener.is_none() {
+            return false;
+        }
+        let mut listening = self.inner.listening.clone();
+        let on = tokio::time::timeout(timeout, listening.wait_for(|on| *on))
+            .await
+            .is_ok_and(|seen| seen.is_ok());
+        on
     }
 
     /// The effective `synchronous_commit` of the pool's sessions.

@@ -137,30 +137,36 @@ async fn waiter_wakes_on_completion_from_another_store() {
         &Reservation::new(key.clone(), fp("x"), Duration::from_secs(60)),
     )
     .await;
-    // Give b's listener time to be listening.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        b.wait_listening(Duration::from_secs(10)).await,
+        "b's listener never listened"
+    );
 
-    // Store level: wait_changed returns soon after the other store's completion.
-    let waiter = {
-        let (b, key) = (b.clone(), key.clone());
-        tokio::spawn(async move {
-            let start = Instant::now();
+    // Store level: wait_changed returns soon after the other store's completion. Both run in
+    // this task: the first poll of `join!` subscribes the waiter before the completion can be
+    // sent, however late the machine schedules anything. The 300 ms pause is what the waiter
+    // must sleep through, not a wait for it to be ready.
+    let start = Instant::now();
+    let (waited, latency) = tokio::join!(
+        async {
             b.wait_changed(&key, Duration::from_secs(10)).await;
             start.elapsed()
-        })
-    };
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let done_at = Instant::now();
-    a.complete(
-        &key,
-        lease,
-        &idemgate_core::Outcome::success(b"ok".to_vec()),
-        Duration::from_secs(60),
-    )
-    .await
-    .unwrap();
-    let waited = waiter.await.unwrap();
-    let latency = done_at.elapsed();
+        },
+        async {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let done_at = Instant::now();
+            a.complete(
+                &key,
+                lease,
+                &idemgate_core::Outcome::success(b"ok".to_vec()),
+                Duration::from_secs(60),
+            )
+            .await
+            .unwrap();
+            done_at
+        }
+    );
+    let latency = latency.elapsed();
     assert!(
         waited >= Duration::from_millis(250),
         "woke before the change: {waited:?}"
@@ -179,10 +185,50 @@ async fn waiter_wakes_on_completion_from_another_store() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_listener_reports_when_it_listens() {
+    let name = format!("idemgate-listen-{}", &fresh_schema("x")[2..]);
+    let url = support::with_params(&support::url(), &format!("application_name={name}"));
+    let store = support::connect_with(&url, support::options()).await;
+    assert!(store.wait_listening(Duration::from_secs(10)).await);
+    assert!(store.is_listening());
+    // The server agrees: the store's listener session has run LISTEN.
+    let client = support::raw_client(&support::url()).await;
+    let listeners: i64 = client
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 \
+             AND query = 'LISTEN idemgate'",
+            &[&name],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(listeners, 1, "the listener session");
+
+    let polling = support::connect_with(
+        &support::url(),
+        PgOptions {
+            listen: false,
+            ..support::options()
+        },
+    )
+    .await;
+    let start = Instant::now();
+    assert!(!polling.wait_listening(Duration::from_secs(10)).await);
+    assert!(
+        start.elapsed() < Duration::from_secs(1),
+        "no listener to wait for"
+    );
+    assert!(!polling.is_listening());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiting_duplicate_replays_without_polling() {
     let a = connect().await;
     let b = connect().await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        b.wait_listening(Duration::from_secs(10)).await,
+        "b's listener never listened"
+    );
     let key = fresh_key("notify-engine", "k");
     let policy = ToolPolicy {
         wait: Duration::from_secs(20),
