@@ -540,3 +540,57 @@ async fn driver_url_options_still_take_effect() {
         .unwrap();
     assert_eq!(row.get::<_, String>(0), name);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreadable_rows_are_corrupt_and_only_for_their_key() {
+    let store = connect().await;
+    let bad = fresh_key("corrupt", "bad");
+    // A completed row whose outcome kind this version does not know (the table allows it).
+    let client = support::raw_client(&support::url()).await;
+    client
+        .execute(
+            &format!(
+                "INSERT INTO {}.idemgate_records (tenant, tool, key, fingerprint, fence, token, \
+                 created_at, state, completed_at, expires_at, outcome_kind, outcome_body) \
+                 VALUES ($1, $2, $3, $4, 1, $5, 0, 1, 0, 9000000000000, 5, '')",
+                support::SCHEMA
+            ),
+            &[
+                &bad.tenant.as_str(),
+                &bad.tool.as_str(),
+                &bad.key.as_str(),
+                &fp("x").as_bytes().as_slice(),
+                &[0u8; 16].as_slice(),
+            ],
+        )
+        .await
+        .unwrap();
+    match store.get(&bad).await {
+        Err(StoreError::Corrupt(m)) => assert!(m.contains("unknown outcome kind 5"), "{m}"),
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+    let r = Reservation::new(bad.clone(), fp("x"), Duration::from_secs(60));
+    assert!(matches!(
+        store.reserve(&r).await,
+        Err(StoreError::Corrupt(_))
+    ));
+    let filter = idemgate_core::ListFilter {
+        tenant: Some(bad.tenant.clone()),
+        ..idemgate_core::ListFilter::default()
+    };
+    assert!(matches!(
+        store.list(&filter).await,
+        Err(StoreError::Corrupt(_))
+    ));
+    // Other records under the same tenant are unaffected.
+    let good = idemgate_core::Key::new(
+        bad.tenant.clone(),
+        bad.tool.clone(),
+        "good".parse().unwrap(),
+    );
+    acquire(
+        &store,
+        &Reservation::new(good, fp("y"), Duration::from_secs(60)),
+    )
+    .await;
+}
