@@ -39,6 +39,7 @@ mod replay;
 pub mod store;
 pub mod time;
 pub mod transition;
+pub mod url;
 pub mod verdict;
 
 pub use canonical::Fingerprint;

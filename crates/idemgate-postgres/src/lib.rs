@@ -3,6 +3,7 @@
 mod error;
 mod listen;
 mod migrate;
+mod row;
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -13,15 +14,18 @@ use deadpool_postgres::{
 use idemgate_core::key::hex;
 use idemgate_core::store::{Claim, Completion, ListFilter, Reservation, Result, Store};
 use idemgate_core::time::duration_millis;
-use idemgate_core::transition::StoredRecord;
+use idemgate_core::url::UrlQuery;
 use idemgate_core::{
-    Fence, Fingerprint, IdempotencyKey, Key, Lease, LeaseToken, Outcome, OutcomeKind, Record,
-    RecordState, State, StoreError, TenantId, Timestamp, ToolName,
+    Fence, Key, Lease, Outcome, Record, RecordState, StoreError, TenantId, Timestamp, ToolName,
 };
-use tokio::sync::{broadcast, oneshot};
+use tokio::sync::{broadcast, oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{NoTls, Row};
+
+use crate::row::{
+    decode, fence_param, get, key_of, lease_of, outcome_kind_code, state_code, token_bytes,
+};
 
 pub use migrate::SCHEMA_VERSION;
 
@@ -131,6 +135,8 @@ struct Inner {
     sql: Sql,
     options: PgOptions,
     changes: broadcast::Sender<Arc<str>>,
+    /// Whether the listener's `LISTEN` is in effect (always false without a listener).
+    listening: watch::Receiver<bool>,
     /// Dropped with the last clone, which stops the listener task.
     _listener: Option<oneshot::Sender<()>>,
 }
@@ -146,6 +152,30 @@ impl std::fmt::Debug for PgStore {
             .finish_non_exhaustive()
     }
 }
+
+/// The query options of a Postgres URL, all read by tokio-postgres under libpq's names. Options
+/// of libpq that tokio-postgres does not know (`sslrootcert`, `gssencmode`, …) are refused.
+const URL_OPTIONS: &[&str] = &[
+    "user",
+    "password",
+    "dbname",
+    "options",
+    "application_name",
+    "sslmode",
+    "sslnegotiation",
+    "host",
+    "hostaddr",
+    "port",
+    "connect_timeout",
+    "tcp_user_timeout",
+    "keepalives",
+    "keepalives_idle",
+    "keepalives_interval",
+    "keepalives_retries",
+    "target_session_attrs",
+    "channel_binding",
+    "load_balance_hosts",
+];
 
 /// How often a reservation runs again when a concurrent writer committed after its snapshot.
 const RACE_ATTEMPTS: usize = 8;
@@ -166,7 +196,8 @@ impl PgStore {
     ///
     /// # Errors
     /// [`StoreError::Unavailable`] when the server cannot be reached, [`StoreError::Misconfigured`]
-    /// for a bad URL, a schema newer than this code, or (with [`SyncCommit::Refuse`]) a server
+    /// for a bad URL (or a query option tokio-postgres does not read, see `docs/STORES.md`), a
+    /// schema newer than this code, or (with [`SyncCommit::Refuse`]) a server
     /// that may lose acknowledged commits.
     pub async fn connect_with(url: &str, options: PgOptions) -> Result<Self> {
         if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
@@ -174,6 +205,8 @@ impl PgStore {
                 "failed to read the store URL: expected postgres:// or postgresql://".to_owned(),
             ));
         }
+        // tokio-postgres refuses an unknown option too, but without naming it.
+        UrlQuery::parse(url, "postgres", URL_OPTIONS)?;
         let mut config: tokio_postgres::Config = url.parse().map_err(|e| {
             StoreError::Misconfigured(format!("failed to read the Postgres URL: {e}"))
         })?;
@@ -216,9 +249,10 @@ impl PgStore {
         drop(client);
 
         let (changes, _) = broadcast::channel(1024);
+        let (listening_tx, listening) = watch::channel(false);
         let listener = if options.listen {
             let (stop, stopped) = oneshot::channel();
-            tokio::spawn(listen::run(config, changes.clone(), stopped));
+            tokio::spawn(listen::run(config, changes.clone(), listening_tx, stopped));
             Some(stop)
         } else {
             None
@@ -229,6 +263,7 @@ impl PgStore {
                 sql: Sql::new(&options.schema),
                 options,
                 changes,
+                listening,
                 _listener: listener,
             }),
         })
@@ -242,6 +277,27 @@ impl PgStore {
     /// The options the store was opened with.
     pub fn options(&self) -> &PgOptions {
         &self.inner.options
+    }
+
+    /// Whether the listener connection's `LISTEN` is in effect now, so that waiting duplicates
+    /// are woken by other processes' changes; false while it (re)connects, and always with
+    /// [`PgOptions::listen`] off.
+    pub fn is_listening(&self) -> bool {
+        *self.inner.listening.borrow()
+    }
+
+    /// Waits until the listener connection's `LISTEN` is in effect, at most `timeout`; returns
+    /// whether it is (false at once with [`PgOptions::listen`] off). For callers (and tests) that
+    /// must not miss a notification sent right after connecting.
+    pub async fn wait_listening(&self, timeout: Duration) -> bool {
+        if self.inner._listener.is_none() {
+            return false;
+        }
+        let mut listening = self.inner.listening.clone();
+        let on = tokio::time::timeout(timeout, listening.wait_for(|on| *on))
+            .await
+            .is_ok_and(|seen| seen.is_ok());
+        on
     }
 
     /// The effective `synchronous_commit` of the pool's sessions.
@@ -392,89 +448,9 @@ async fn check_durability(client: &Object, policy: SyncCommit) -> Result<()> {
     Ok(())
 }
 
-/// The wire form of a token.
-fn token_bytes(t: LeaseToken) -> [u8; 16] {
-    t.0.to_be_bytes()
-}
-
-fn fence_param(f: Fence) -> Result<i64> {
-    i64::try_from(f).map_err(|_| StoreError::LeaseLost)
-}
-
+/// The notification payload of a record: the hex digest of its name, never the name itself.
 fn digest_hex(key: &Key) -> String {
     hex(&key.digest())
-}
-
-fn get<'a, T: tokio_postgres::types::FromSql<'a>>(row: &'a Row, col: &str) -> Result<T> {
-    row.try_get(col)
-        .map_err(|e| error::corrupt(format_args!("column {col}: {}", error::chain(&e))))
-}
-
-fn need<T>(v: Option<T>, col: &str) -> Result<T> {
-    v.ok_or_else(|| error::corrupt(format_args!("column {col} is NULL for its state")))
-}
-
-/// Decodes a record row (the columns of `sql/get.sql`) and the server clock it came with.
-fn decode(key: Key, row: &Row) -> Result<(StoredRecord, Timestamp)> {
-    let fingerprint: &[u8] = get(row, "fingerprint")?;
-    let fingerprint = <[u8; 32]>::try_from(fingerprint)
-        .map_err(|_| error::corrupt("fingerprint is not 32 bytes"))?;
-    let token: &[u8] = get(row, "token")?;
-    let token = <[u8; 16]>::try_from(token).map_err(|_| error::corrupt("token is not 16 bytes"))?;
-    let fence: i64 = get(row, "fence")?;
-    let fence = Fence::try_from(fence).map_err(|_| error::corrupt("negative fence"))?;
-    let ms = |col: &str| -> Result<Option<Timestamp>> {
-        Ok(get::<Option<i64>>(row, col)?.map(Timestamp::from_millis))
-    };
-    let state = match get::<i16>(row, "state")? {
-        0 => RecordState::InFlight {
-            lease_until: need(ms("lease_until")?, "lease_until")?,
-        },
-        1 => {
-            let kind = match need(get::<Option<i16>>(row, "outcome_kind")?, "outcome_kind")? {
-                0 => OutcomeKind::Success,
-                1 => OutcomeKind::Failed,
-                k => return Err(error::corrupt(format_args!("unknown outcome kind {k}"))),
-            };
-            RecordState::Completed {
-                outcome: Outcome {
-                    kind,
-                    body: need(get::<Option<Vec<u8>>>(row, "outcome_body")?, "outcome_body")?,
-                },
-                completed_at: need(ms("completed_at")?, "completed_at")?,
-                expires_at: need(ms("expires_at")?, "expires_at")?,
-            }
-        }
-        2 => RecordState::Unknown {
-            since: need(ms("since")?, "since")?,
-        },
-        s => return Err(error::corrupt(format_args!("unknown state {s}"))),
-    };
-    let rec = StoredRecord {
-        key,
-        fingerprint: Fingerprint::from_bytes(fingerprint),
-        fence,
-        token: LeaseToken(u128::from_be_bytes(token)),
-        created_at: Timestamp::from_millis(get(row, "created_at")?),
-        state,
-    };
-    Ok((rec, Timestamp::from_millis(get(row, "now")?)))
-}
-
-fn lease_of(rec: &StoredRecord) -> Lease {
-    Lease {
-        fence: rec.fence,
-        token: rec.token,
-    }
-}
-
-fn state_code(s: State) -> i16 {
-    match s {
-        State::InFlight => 0,
-        State::Completed => 1,
-        // `State` is non-exhaustive; anything else than these is asked as unknown.
-        _ => 2,
-    }
 }
 
 impl PgStore {
@@ -600,10 +576,7 @@ impl Store for PgStore {
     ) -> Result<Completion> {
         let token = token_bytes(lease.token);
         let fence = fence_param(lease.fence)?;
-        let kind: i16 = match outcome.kind {
-            OutcomeKind::Success => 0,
-            OutcomeKind::Failed => 1,
-        };
+        let kind = outcome_kind_code(outcome.kind);
         let digest = digest_hex(key);
         // A second run settles a concurrent completion under the same lease that committed after
         // the first run's snapshot.
@@ -686,13 +659,7 @@ impl Store for PgStore {
             .await?;
         let mut out = Vec::with_capacity(rows.len());
         for row in &rows {
-            let name = |col: &str| -> Result<String> { get::<String>(row, col) };
-            let key = Key::new(
-                TenantId::new(name("tenant")?).map_err(error::corrupt)?,
-                ToolName::new(name("tool")?).map_err(error::corrupt)?,
-                IdempotencyKey::new(name("key")?).map_err(error::corrupt)?,
-            );
-            let (rec, now) = decode(key, row)?;
+            let (rec, now) = decode(key_of(row)?, row)?;
             if let Some(view) = rec.view(now) {
                 out.push(view);
             }

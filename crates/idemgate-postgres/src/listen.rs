@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use tokio::sync::{broadcast, oneshot};
+use tokio::sync::{broadcast, oneshot, watch};
 use tokio_postgres::{AsyncMessage, NoTls};
 
 /// The notification channel every write that ends an in-flight record notifies.
@@ -14,15 +14,17 @@ pub(crate) const CHANNEL: &str = "idemgate";
 pub(crate) const WAKE_ALL: &str = "*";
 
 /// Keeps a dedicated connection listening on [`CHANNEL`] and forwards each payload (a key digest)
-/// to `tx`, reconnecting with backoff, until `shutdown` fires or its sender is dropped.
+/// to `tx`, reconnecting with backoff, until `shutdown` fires or its sender is dropped. `listening`
+/// says whether `LISTEN` is in effect now.
 pub(crate) async fn run(
     config: tokio_postgres::Config,
     tx: broadcast::Sender<Arc<str>>,
+    listening: watch::Sender<bool>,
     mut shutdown: oneshot::Receiver<()>,
 ) {
     let mut backoff = Duration::from_millis(50);
     loop {
-        let session = session(&config, &tx);
+        let session = session(&config, &tx, &listening);
         tokio::select! {
             _ = &mut shutdown => return,
             connected = session => {
@@ -31,6 +33,7 @@ pub(crate) async fn run(
                 }
             }
         }
+        listening.send_replace(false);
         // Whatever happened while we were not listening, waiters look again.
         let _ = tx.send(Arc::from(WAKE_ALL));
         tokio::select! {
@@ -42,7 +45,11 @@ pub(crate) async fn run(
 }
 
 /// One listening session; returns whether it got as far as listening.
-async fn session(config: &tokio_postgres::Config, tx: &broadcast::Sender<Arc<str>>) -> bool {
+async fn session(
+    config: &tokio_postgres::Config,
+    tx: &broadcast::Sender<Arc<str>>,
+    listening: &watch::Sender<bool>,
+) -> bool {
     let Ok((client, mut conn)) = config.connect(NoTls).await else {
         return false;
     };
@@ -66,6 +73,8 @@ async fn session(config: &tokio_postgres::Config, tx: &broadcast::Sender<Arc<str
     }
     // Notifications sent before LISTEN took effect were missed.
     let _ = tx.send(Arc::from(WAKE_ALL));
+    // Only after that wake-up: a waiter that saw `listening` is woken by changes alone.
+    listening.send_replace(true);
     forward.await;
     drop(client);
     true

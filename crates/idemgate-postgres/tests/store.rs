@@ -137,30 +137,36 @@ async fn waiter_wakes_on_completion_from_another_store() {
         &Reservation::new(key.clone(), fp("x"), Duration::from_secs(60)),
     )
     .await;
-    // Give b's listener time to be listening.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        b.wait_listening(Duration::from_secs(10)).await,
+        "b's listener never listened"
+    );
 
-    // Store level: wait_changed returns soon after the other store's completion.
-    let waiter = {
-        let (b, key) = (b.clone(), key.clone());
-        tokio::spawn(async move {
-            let start = Instant::now();
+    // Store level: wait_changed returns soon after the other store's completion. Both run in
+    // this task: the first poll of `join!` subscribes the waiter before the completion can be
+    // sent, however late the machine schedules anything. The 300 ms pause is what the waiter
+    // must sleep through, not a wait for it to be ready.
+    let start = Instant::now();
+    let (waited, latency) = tokio::join!(
+        async {
             b.wait_changed(&key, Duration::from_secs(10)).await;
             start.elapsed()
-        })
-    };
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let done_at = Instant::now();
-    a.complete(
-        &key,
-        lease,
-        &idemgate_core::Outcome::success(b"ok".to_vec()),
-        Duration::from_secs(60),
-    )
-    .await
-    .unwrap();
-    let waited = waiter.await.unwrap();
-    let latency = done_at.elapsed();
+        },
+        async {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let done_at = Instant::now();
+            a.complete(
+                &key,
+                lease,
+                &idemgate_core::Outcome::success(b"ok".to_vec()),
+                Duration::from_secs(60),
+            )
+            .await
+            .unwrap();
+            done_at
+        }
+    );
+    let latency = latency.elapsed();
     assert!(
         waited >= Duration::from_millis(250),
         "woke before the change: {waited:?}"
@@ -179,10 +185,50 @@ async fn waiter_wakes_on_completion_from_another_store() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_listener_reports_when_it_listens() {
+    let name = format!("idemgate-listen-{}", &fresh_schema("x")[2..]);
+    let url = support::with_params(&support::url(), &format!("application_name={name}"));
+    let store = support::connect_with(&url, support::options()).await;
+    assert!(store.wait_listening(Duration::from_secs(10)).await);
+    assert!(store.is_listening());
+    // The server agrees: the store's listener session has run LISTEN.
+    let client = support::raw_client(&support::url()).await;
+    let listeners: i64 = client
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 \
+             AND query = 'LISTEN idemgate'",
+            &[&name],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(listeners, 1, "the listener session");
+
+    let polling = support::connect_with(
+        &support::url(),
+        PgOptions {
+            listen: false,
+            ..support::options()
+        },
+    )
+    .await;
+    let start = Instant::now();
+    assert!(!polling.wait_listening(Duration::from_secs(10)).await);
+    assert!(
+        start.elapsed() < Duration::from_secs(1),
+        "no listener to wait for"
+    );
+    assert!(!polling.is_listening());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiting_duplicate_replays_without_polling() {
     let a = connect().await;
     let b = connect().await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        b.wait_listening(Duration::from_secs(10)).await,
+        "b's listener never listened"
+    );
     let key = fresh_key("notify-engine", "k");
     let policy = ToolPolicy {
         wait: Duration::from_secs(20),
@@ -449,4 +495,102 @@ async fn unreachable_server_is_unavailable_and_bad_urls_misconfigured() {
             other => panic!("{bad}: expected Misconfigured, got {other:?}"),
         }
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_url_options_are_refused_by_name() {
+    // Refused before any connection is tried: nothing listens on port 1.
+    for (url, bad) in [
+        (
+            "postgres://postgres@127.0.0.1:1/test?sslmod=disable",
+            "sslmod",
+        ),
+        (
+            "postgresql://postgres@127.0.0.1:1/test?application_name=a&schema=x",
+            "schema",
+        ),
+        // libpq knows it, tokio-postgres does not: it would never take effect.
+        (
+            "postgres://postgres@127.0.0.1:1/test?sslrootcert=ca.pem",
+            "sslrootcert",
+        ),
+    ] {
+        match PgStore::connect_with(url, support::options()).await {
+            Err(StoreError::Misconfigured(m)) => {
+                assert!(m.contains(&format!("unknown option {bad:?}")), "{url}: {m}");
+                assert!(m.contains("sslmode"), "the valid options are listed: {m}");
+            }
+            other => panic!("{url}: expected Misconfigured, got {other:?}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn driver_url_options_still_take_effect() {
+    let name = format!("idemgate-url-{}", &fresh_schema("x")[2..]);
+    let url = support::with_params(
+        &support::url(),
+        &format!("application_name={name}&connect_timeout=5&sslmode=disable&keepalives=1"),
+    );
+    let store = support::connect_with(&url, support::options()).await;
+    let client = store.pool().get().await.expect("a pooled connection");
+    let row = client
+        .query_one("SHOW application_name", &[])
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, String>(0), name);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreadable_rows_are_corrupt_and_only_for_their_key() {
+    let store = connect().await;
+    let bad = fresh_key("corrupt", "bad");
+    // A completed row whose outcome kind this version does not know (the table allows it).
+    let client = support::raw_client(&support::url()).await;
+    client
+        .execute(
+            &format!(
+                "INSERT INTO {}.idemgate_records (tenant, tool, key, fingerprint, fence, token, \
+                 created_at, state, completed_at, expires_at, outcome_kind, outcome_body) \
+                 VALUES ($1, $2, $3, $4, 1, $5, 0, 1, 0, 9000000000000, 5, '')",
+                support::SCHEMA
+            ),
+            &[
+                &bad.tenant.as_str(),
+                &bad.tool.as_str(),
+                &bad.key.as_str(),
+                &fp("x").as_bytes().as_slice(),
+                &[0u8; 16].as_slice(),
+            ],
+        )
+        .await
+        .unwrap();
+    match store.get(&bad).await {
+        Err(StoreError::Corrupt(m)) => assert!(m.contains("unknown outcome kind 5"), "{m}"),
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+    let r = Reservation::new(bad.clone(), fp("x"), Duration::from_secs(60));
+    assert!(matches!(
+        store.reserve(&r).await,
+        Err(StoreError::Corrupt(_))
+    ));
+    let filter = idemgate_core::ListFilter {
+        tenant: Some(bad.tenant.clone()),
+        ..idemgate_core::ListFilter::default()
+    };
+    assert!(matches!(
+        store.list(&filter).await,
+        Err(StoreError::Corrupt(_))
+    ));
+    // Other records under the same tenant are unaffected.
+    let good = idemgate_core::Key::new(
+        bad.tenant.clone(),
+        bad.tool.clone(),
+        "good".parse().unwrap(),
+    );
+    acquire(
+        &store,
+        &Reservation::new(good, fp("y"), Duration::from_secs(60)),
+    )
+    .await;
 }

@@ -2,8 +2,9 @@
 //! effect runs exactly once across all processes (every execution inserts a row into an
 //! `executions` table), and every other caller gets the stored result or an in-flight answer.
 //!
-//! The parent test re-executes this test binary three times, running only
-//! [`storm_worker`] with [`WORKER_ENV`] set; without it, the worker returns at once.
+//! The parent test re-executes this test binary three times, running only the ignored
+//! [`storm_worker`] (`--ignored --exact`) with its parameters in [`WORKER_ENV`]; run any other
+//! way, the worker fails rather than passing without doing anything.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -30,12 +31,13 @@ struct Counts {
     other: AtomicU64,
 }
 
-/// One process of the storm (does nothing unless started by the storm test).
+/// One process of the storm, started only by the storm test.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "run as a child process by the storm test"]
 async fn storm_worker() {
-    let Ok(spec) = std::env::var(WORKER_ENV) else {
-        return;
-    };
+    let spec = std::env::var(WORKER_ENV).unwrap_or_else(|_| {
+        panic!("storm_worker is a child process of the storm test, which sets {WORKER_ENV}")
+    });
     let parts: Vec<&str> = spec.split(',').collect();
     let (schema, keys, callers, proc_id) = (
         parts[0].to_owned(),
@@ -142,9 +144,6 @@ fn field(line: &str, name: &str) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn storm_three_processes_execute_each_key_once() {
-    if std::env::var(WORKER_ENV).is_ok() {
-        return;
-    }
     let schema = support::fresh_schema("idemgate_storm");
     // Migrate once before the workers race, and make the executions table.
     drop(
@@ -172,7 +171,7 @@ async fn storm_three_processes_execute_each_key_once() {
     let children: Vec<_> = (0..PROCESSES)
         .map(|p| {
             std::process::Command::new(&exe)
-                .args(["--exact", "storm::storm_worker", "--nocapture"])
+                .args(["--ignored", "--exact", "storm::storm_worker", "--nocapture"])
                 .env(WORKER_ENV, format!("{schema},{KEYS},{CALLERS},{p}"))
                 .stdout(std::process::Stdio::piped())
                 .spawn()

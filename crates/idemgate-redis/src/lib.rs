@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use idemgate_core::key::hex;
 use idemgate_core::store::Result;
+use idemgate_core::url::UrlQuery;
 use idemgate_core::{
     Claim, Completion, Fence, Key, Lease, ListFilter, Outcome, Record, Reservation, Store,
     StoreError, Timestamp,
@@ -141,12 +142,14 @@ impl fmt::Debug for RedisStore {
 
 impl RedisStore {
     /// Connects to the Redis at `url` (`redis://[user:password@]host[:port][/db][?query]`) with the
-    /// default [`RedisOptions`]; the query may set `allow_volatile=true` and `key_prefix=...`.
+    /// default [`RedisOptions`]; the query may set `allow_volatile=true` and `key_prefix=...`, and
+    /// redis-rs's own `protocol` (and, for `redis+unix://` URLs, `db`, `user` and `pass`).
+    /// `docs/STORES.md` describes them.
     ///
     /// # Errors
-    /// [`StoreError::Misconfigured`] for a bad URL or a Redis without append-only persistence
-    /// (see [`RedisOptions::allow_volatile`]), [`StoreError::Unavailable`] when it cannot be
-    /// reached.
+    /// [`StoreError::Misconfigured`] for a bad URL, an unknown query option, or a Redis without
+    /// append-only persistence (see [`RedisOptions::allow_volatile`]), [`StoreError::Unavailable`]
+    /// when it cannot be reached.
     pub async fn connect(url: &str) -> Result<Self> {
         Self::connect_with(url, RedisOptions::default()).await
     }
@@ -475,14 +478,27 @@ fn check_prefix(prefix: &str) -> Result<()> {
     Ok(())
 }
 
-/// Takes this crate's settings out of the URL's query; the rest goes to redis-rs.
+/// The query options this crate reads itself.
+const OWN_OPTIONS: &[&str] = &["allow_volatile", "key_prefix"];
+/// The query options redis-rs reads from every URL.
+const DRIVER_OPTIONS: &[&str] = &["protocol"];
+/// The query options redis-rs reads only from Unix-socket URLs (a TCP URL carries them in its
+/// user, password and path, and redis-rs ignores them in its query).
+const UNIX_DRIVER_OPTIONS: &[&str] = &["db", "user", "pass"];
+
+/// Takes this crate's settings out of the URL's query; the driver's options go on to redis-rs, and
+/// any other is refused, so that a misspelt option cannot silently fall back to a default.
 fn parse_url(url: &str, mut options: RedisOptions) -> Result<(String, RedisOptions)> {
-    let Some((base, query)) = url.split_once('?') else {
-        return Ok((url.to_owned(), options));
-    };
+    let unix = ["unix:", "redis+unix:", "valkey+unix:"]
+        .iter()
+        .any(|scheme| url.starts_with(scheme));
+    let mut known = [OWN_OPTIONS, DRIVER_OPTIONS].concat();
+    if unix {
+        known.extend_from_slice(UNIX_DRIVER_OPTIONS);
+    }
+    let query = UrlQuery::parse(url, "redis", &known)?;
     let mut rest = Vec::new();
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+    for (name, value) in query.options {
         match name {
             "allow_volatile" => {
                 options.allow_volatile = match value {
@@ -497,13 +513,13 @@ fn parse_url(url: &str, mut options: RedisOptions) -> Result<(String, RedisOptio
                 }
             }
             "key_prefix" => options.key_prefix = value.to_owned(),
-            _ => rest.push(pair),
+            _ => rest.push(format!("{name}={value}")),
         }
     }
     let url = if rest.is_empty() {
-        base.to_owned()
+        query.base.to_owned()
     } else {
-        format!("{base}?{}", rest.join("&"))
+        format!("{}?{}", query.base, rest.join("&"))
     };
     Ok((url, options))
 }
@@ -585,6 +601,38 @@ mod tests {
         assert_eq!(url, "redis://h/");
         assert!(!o.allow_volatile);
         assert!(parse_url("redis://h/?allow_volatile=maybe", RedisOptions::default()).is_err());
+    }
+
+    #[test]
+    fn unknown_url_options_are_refused_by_name() {
+        for (url, bad) in [
+            ("redis://h/?prefx=x", "prefx"),
+            (
+                "redis://h/?key_prefix=a:&allow_volatil=true",
+                "allow_volatil",
+            ),
+            // redis-rs reads these only from Unix-socket URLs; on TCP they would be ignored.
+            ("redis://h/?db=3", "db"),
+            ("redis://h/?pass=secret", "pass"),
+        ] {
+            let e = parse_url(url, RedisOptions::default()).unwrap_err();
+            let StoreError::Misconfigured(m) = &e else {
+                panic!("{url}: expected Misconfigured, got {e:?}")
+            };
+            assert!(m.contains(&format!("unknown option {bad:?}")), "{url}: {m}");
+            assert!(
+                m.contains("allow_volatile, key_prefix, protocol"),
+                "{url}: {m}"
+            );
+            assert!(!m.contains("secret"), "{m}");
+        }
+        let (url, o) = parse_url(
+            "redis+unix:///run/redis.sock?db=2&pass=pw&key_prefix=u:",
+            RedisOptions::default(),
+        )
+        .unwrap();
+        assert_eq!(url, "redis+unix:///run/redis.sock?db=2&pass=pw");
+        assert_eq!(o.key_prefix, "u:");
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! 3 processes × 16 callers fire the same key at once, for 2,000 keys, on the shared Redis: exactly
 //! one execution per key, and every other caller gets the stored result or an in-flight answer.
 //!
-//! The processes are this test binary itself, run again with `--exact storm::storm_worker` and the
-//! worker's parameters in [`WORKER_ENV`]; without that variable the worker test returns at once.
+//! The processes are this test binary itself, run again with `--ignored --exact
+//! storm::storm_worker` and the worker's parameters in [`WORKER_ENV`]; run any other way, the
+//! ignored worker fails rather than passing without doing anything.
 
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -33,6 +34,7 @@ fn storm_three_processes_one_execution_per_key() {
         .map(|_| {
             Command::new(&exe)
                 .args([
+                    "--ignored",
                     "--exact",
                     "storm::storm_worker",
                     "--nocapture",
@@ -92,12 +94,13 @@ fn storm_three_processes_one_execution_per_key() {
     });
 }
 
-/// One storm process; does nothing unless started by the test above.
+/// One storm process, started only by the test above.
 #[test]
+#[ignore = "run as a child process by the storm test"]
 fn storm_worker() {
-    let Ok(params) = std::env::var(WORKER_ENV) else {
-        return;
-    };
+    let params = std::env::var(WORKER_ENV).unwrap_or_else(|_| {
+        panic!("storm_worker is a child process of the storm test, which sets {WORKER_ENV}")
+    });
     let mut parts = params.split(' ');
     let (url, prefix, start_at) = (
         parts.next().unwrap().to_owned(),

@@ -9,3 +9,4 @@ mod noscript;
 mod persistence;
 mod replicas;
 mod storm;
+mod url;

@@ -52,6 +52,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use idemgate_core::transition::{self, Change, StoredRecord};
+use idemgate_core::url::UrlQuery;
 use idemgate_core::{
     Claim, Clock, Completion, Fence, Key, Lease, ListFilter, Outcome, Record, Reservation, State,
     Store, StoreError, SystemClock, Timestamp,
@@ -259,8 +260,8 @@ impl SqliteStore {
 
     /// Opens the store named by `url` with default options.
     ///
-    /// Accepted forms, the rest of the URL taken literally as a file path (no percent-decoding, no
-    /// query parameters):
+    /// Accepted forms, the rest of the URL taken literally as a file path (no percent-decoding). The
+    /// URL takes no query options; any is refused (`docs/STORES.md`):
     /// - `sqlite:///var/lib/idemgate.db` and `sqlite:/var/lib/idemgate.db`: absolute paths;
     /// - `sqlite://idemgate.db` and `sqlite:data/idemgate.db`: relative to the working directory.
     ///
@@ -384,13 +385,10 @@ fn path_from_url(url: &str) -> Result<PathBuf> {
         .strip_prefix("sqlite://")
         .or_else(|| url.strip_prefix("sqlite:"))
         .ok_or_else(|| bad("it does not start with sqlite:"))?;
+    // No option is read from the URL (SqliteStore::connect_with sets them), so any is refused.
+    let rest = UrlQuery::parse(rest, "sqlite", &[])?.base;
     if rest.is_empty() {
         return Err(bad("it names no file"));
-    }
-    if rest.contains('?') {
-        return Err(bad(
-            "query parameters are not supported; set options with SqliteStore::connect_with",
-        ));
     }
     Ok(PathBuf::from(rest))
 }
@@ -551,6 +549,7 @@ impl Store for SqliteStore {
 
 #[cfg(test)]
 mod tests {
+    use std::future::Future;
     use std::sync::atomic::Ordering;
     use std::time::Instant;
 
@@ -661,6 +660,20 @@ mod tests {
                 "{bad}: {e}"
             );
         }
+    }
+
+    #[test]
+    fn url_options_are_refused_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("opts.db");
+        let url = format!("sqlite://{}?durability=normal", path.display());
+        let e = SqliteStore::connect(&url).unwrap_err();
+        assert!(
+            matches!(&e, StoreError::Misconfigured(m)
+                if m.contains("\"durability\"") && m.contains("sqlite URLs take no options")),
+            "{e}"
+        );
+        assert!(!path.exists(), "a refused URL must not create its file");
     }
 
     #[test]
@@ -987,16 +1000,23 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = SqliteStore::open(dir.path().join("db"), manual()).unwrap();
         let k = key("watched");
-        let s = store.clone();
-        let wk = k.clone();
-        let waiter = tokio::spawn(async move {
-            let started = Instant::now();
-            s.wait_changed(&wk, Duration::from_secs(30)).await;
-            started.elapsed()
-        });
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        let started = Instant::now();
+        let mut waiter = std::pin::pin!(store.wait_changed(&k, Duration::from_secs(30)));
+        // The first poll registers the waiter, so the commit cannot run ahead of it. (A spawned
+        // waiter and a sleep before the commit lost that race on a loaded machine, and the
+        // waiter then slept the whole 30 s.)
+        std::future::poll_fn(|cx| {
+            assert!(
+                waiter.as_mut().poll(cx).is_pending(),
+                "woke before any commit"
+            );
+            std::task::Poll::Ready(())
+        })
+        .await;
         acquire(&store, &k).await;
-        let waited = waiter.await.unwrap();
+        // Notified while not being polled: it is ready at once.
+        waiter.await;
+        let waited = started.elapsed();
         assert!(waited < Duration::from_secs(10), "waited {waited:?}");
     }
 

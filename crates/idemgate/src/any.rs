@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use idemgate_core::store::Result;
+use idemgate_core::url::UrlQuery;
 use idemgate_core::{
     Claim, Completion, Fence, Key, Lease, ListFilter, MemoryStore, Outcome, Record, Reservation,
     Store, StoreError, Timestamp,
@@ -28,15 +29,25 @@ pub enum AnyStore {
 
 impl AnyStore {
     /// Opens the store a URL names: `memory:`, `sqlite://PATH` (or `sqlite:PATH`),
-    /// `postgres://…`/`postgresql://…`, `redis://…`.
+    /// `postgres://…`/`postgresql://…`, `redis://…`. `docs/STORES.md` lists the query options
+    /// each kind takes.
     ///
     /// # Errors
-    /// [`StoreError::Misconfigured`] for a URL of no known (or no compiled-in) kind, and whatever
-    /// the store reports when it cannot open.
+    /// [`StoreError::Misconfigured`] for a URL of no known (or no compiled-in) kind or with a query
+    /// option its store does not know, and whatever the store reports when it cannot open.
     pub async fn connect(url: &str) -> Result<Self> {
         let scheme = url.split(':').next().unwrap_or_default();
         match scheme {
-            "memory" => Ok(AnyStore::Memory(MemoryStore::new())),
+            "memory" => {
+                // Takes no options and names nothing: anything after `memory:` is a mistake.
+                let rest = UrlQuery::parse(url, "memory", &[])?.base;
+                if !matches!(rest, "memory:" | "memory://") {
+                    return Err(StoreError::Misconfigured(format!(
+                        "failed to parse the memory URL {url:?}: it is just memory:"
+                    )));
+                }
+                Ok(AnyStore::Memory(MemoryStore::new()))
+            }
             #[cfg(feature = "sqlite")]
             "sqlite" => Ok(AnyStore::Sqlite(idemgate_sqlite::SqliteStore::connect(
                 url,
@@ -139,5 +150,36 @@ mod tests {
             AnyStore::connect("memory:").await,
             Ok(AnyStore::Memory(_))
         ));
+    }
+
+    #[tokio::test]
+    async fn unknown_options_are_refused_for_every_scheme() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("x.db");
+        let mut urls = vec![("memory:?prefx=x", "prefx")];
+        let sqlite = format!("sqlite://{}?mode=ro", db.display());
+        if cfg!(feature = "sqlite") {
+            urls.push((&sqlite, "mode"));
+        }
+        if cfg!(feature = "postgres") {
+            // Refused before any connection is tried (nothing listens on port 1).
+            urls.push(("postgres://u@127.0.0.1:1/db?sslmod=disable", "sslmod"));
+        }
+        if cfg!(feature = "redis") {
+            urls.push(("redis://127.0.0.1:1/0?prefx=t:", "prefx"));
+        }
+        for (url, option) in urls {
+            let e = AnyStore::connect(url).await.unwrap_err();
+            assert!(
+                matches!(&e, StoreError::Misconfigured(m)
+                    if m.contains(&format!("unknown option {option:?}"))),
+                "{url}: {e}"
+            );
+        }
+        for bad in ["memory:x", "memory:/tmp/db"] {
+            let e = AnyStore::connect(bad).await.unwrap_err();
+            assert!(matches!(e, StoreError::Misconfigured(_)), "{bad}: {e}");
+        }
+        assert!(AnyStore::connect("memory://").await.is_ok());
     }
 }
