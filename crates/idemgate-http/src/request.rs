@@ -68,7 +68,15 @@ pub(crate) fn call(
     let mut call = Call::new(tenant.clone(), tool.clone())
         .args_text(args)
         .map_err(|e| Problem::bad_request(e.to_string()))?;
-    if let Some(v) = headers.get(IDEMPOTENCY_KEY) {
+    let mut keys = headers.get_all(IDEMPOTENCY_KEY).iter();
+    let first = keys.next();
+    if keys.next().is_some() {
+        // Which one would win is up to whoever added the second: refuse rather than guess.
+        return Err(Problem::bad_request(
+            "only one Idempotency-Key header is allowed; this request has several",
+        ));
+    }
+    if let Some(v) = first {
         let text = v.to_str().map_err(|_| {
             Problem::bad_request("the Idempotency-Key header must be visible ASCII")
         })?;

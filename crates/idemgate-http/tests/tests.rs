@@ -1,6 +1,7 @@
 //! The gateway over real HTTP on loopback, with a fake upstream that counts its calls.
 
 mod coordinate;
+mod errors;
 mod forward;
 mod limits;
 mod ops;
