@@ -2,7 +2,7 @@
 //! `complete`/`release`/`ambiguous`.
 
 use axum::body::Body;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -19,7 +19,7 @@ use crate::auth::Caller;
 use crate::error::Problem;
 use crate::gateway::Gateway;
 use crate::headers::set_record_headers;
-use crate::request::{self, OutcomeBody, OutcomeView};
+use crate::request::{self, OutcomeBody, OutcomeView, Path};
 
 /// `POST /v1/tools/{tool}/begin`.
 pub(crate) async fn begin(

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
@@ -19,7 +19,7 @@ use crate::auth::{Caller, Tenant};
 use crate::error::Problem;
 use crate::gateway::Gateway;
 use crate::headers::{set_record_headers, IDEMPOTENCY_KEY};
-use crate::request;
+use crate::request::{self, Path};
 
 /// The stored outcome of a forwarded call: the upstream's answer.
 #[derive(Debug, Serialize, Deserialize)]
