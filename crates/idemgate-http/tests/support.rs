@@ -12,7 +12,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
 use serde_json::{json, Value};
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch, Semaphore};
 use tokio::task::JoinHandle;
 
 pub(crate) const ACME: &str = "acme-token-0123456789abcdef";
@@ -172,11 +172,23 @@ pub(crate) struct Seen {
 }
 
 /// A fake downstream. Paths: `/ok` (200, `{"n": calls so far, "tenant_body": body}`),
-/// `/slow` (the same after 400 ms), `/bad` (400), `/busy` (429 with Retry-After 7),
-/// `/fail` (500), `/hang` (answers after 5 s).
+/// `/slow` (the same after 400 ms), `/gate` (the same once the test opens the gate),
+/// `/bad` (400), `/busy` (429 with Retry-After 7), `/fail` (500), `/hang` (answers after 5 s).
 pub(crate) struct Upstream {
     pub(crate) url: String,
     pub(crate) seen: Arc<Mutex<Seen>>,
+    arrived: watch::Receiver<usize>,
+    gate: Arc<Semaphore>,
+}
+
+/// The fake downstream's state.
+#[derive(Clone)]
+struct Shared {
+    seen: Arc<Mutex<Seen>>,
+    /// Bumped after every call is counted.
+    arrived: Arc<watch::Sender<usize>>,
+    /// `/gate` answers once a permit is added.
+    gate: Arc<Semaphore>,
 }
 
 impl Upstream {
@@ -189,30 +201,55 @@ impl Upstream {
             .copied()
             .unwrap_or(0)
     }
+
+    /// Waits until `path` has been called `n` times (the calls reached the upstream), for at most
+    /// 10 s.
+    pub(crate) async fn wait_for_calls(&self, path: &str, n: usize) {
+        let mut rx = self.arrived.clone();
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            rx.wait_for(|_| self.calls(path) >= n),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("{path} was not called {n} times within 10 s"))
+        .unwrap();
+    }
+
+    /// Lets one call waiting at `/gate` answer.
+    pub(crate) fn open_gate(&self) {
+        self.gate.add_permits(1);
+    }
 }
 
 pub(crate) async fn upstream() -> Upstream {
-    let seen = Arc::new(Mutex::new(Seen::default()));
+    let (arrived, rx) = watch::channel(0);
+    let shared = Shared {
+        seen: Arc::new(Mutex::new(Seen::default())),
+        arrived: Arc::new(arrived),
+        gate: Arc::new(Semaphore::new(0)),
+    };
     let app = Router::new()
         .route("/{path}", post(handle))
-        .with_state(seen.clone());
+        .with_state(shared.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     Upstream {
         url: format!("http://{addr}"),
-        seen,
+        seen: shared.seen,
+        arrived: rx,
+        gate: shared.gate,
     }
 }
 
 async fn handle(
-    State(seen): State<Arc<Mutex<Seen>>>,
+    State(shared): State<Shared>,
     Path(path): Path<String>,
     headers: HeaderMap,
     body: String,
 ) -> Response {
     let n = {
-        let mut s = seen.lock().unwrap();
+        let mut s = shared.seen.lock().unwrap();
         s.keys.push(
             headers
                 .get("idempotency-key")
@@ -222,6 +259,7 @@ async fn handle(
         *n += 1;
         *n
     };
+    shared.arrived.send_modify(|total| *total += 1);
     let ok = || {
         (
             StatusCode::OK,
@@ -234,6 +272,10 @@ async fn handle(
         "ok" => ok(),
         "slow" => {
             tokio::time::sleep(Duration::from_millis(400)).await;
+            ok()
+        }
+        "gate" => {
+            shared.gate.acquire().await.unwrap().forget();
             ok()
         }
         "bad" => (
