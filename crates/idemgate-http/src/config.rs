@@ -48,6 +48,9 @@ pub struct ServerConfig {
     pub request_timeout: Duration,
     /// Where to append one JSON line per record state transition.
     pub audit_log: Option<PathBuf>,
+    /// A PEM file of root certificates trusted for `https://` upstreams besides the system's (an
+    /// internal CA).
+    pub upstream_ca_file: Option<PathBuf>,
 }
 
 impl Default for ServerConfig {
@@ -60,6 +63,7 @@ impl Default for ServerConfig {
             header_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(60),
             audit_log: None,
+            upstream_ca_file: None,
         }
     }
 }
@@ -84,7 +88,8 @@ pub struct TenantConfig {
 pub struct ToolConfig {
     /// `write`, `read` or `natural_idempotent` (default `write`).
     pub kind: Option<ToolKind>,
-    /// Where `POST /v1/tools/{tool}/call` forwards to (`http://…`); coordinated only when absent.
+    /// Where `POST /v1/tools/{tool}/call` forwards to (`http://…` or `https://…`); coordinated
+    /// only when absent.
     pub upstream: Option<String>,
     /// How long outcomes are kept.
     #[serde(default, deserialize_with = "optional_duration")]
@@ -218,11 +223,8 @@ impl Config {
                 return fail(format!("tools.{name}"), e.to_string());
             }
             if let Some(up) = &tool.upstream {
-                if !up.starts_with("http://") || reqwest::Url::parse(up).is_err() {
-                    return fail(
-                        format!("tools.{name}.upstream"),
-                        format!("expected an http:// URL, found {up:?}"),
-                    );
+                if let Err(e) = http_url(up) {
+                    return fail(format!("tools.{name}.upstream"), e);
                 }
             }
             let p = tool.policy();
@@ -233,6 +235,7 @@ impl Config {
                 );
             }
         }
+        self.server.upstream_roots()?;
         Ok(())
     }
 
@@ -242,6 +245,52 @@ impl Config {
             .get(tool)
             .map(ToolConfig::policy)
             .unwrap_or_default()
+    }
+}
+
+impl ServerConfig {
+    /// The certificates of `upstream_ca_file` (none when it is not set).
+    ///
+    /// # Errors
+    /// [`Error::Config`] naming `server.upstream_ca_file` when the file cannot be read or holds
+    /// no PEM certificate.
+    pub fn upstream_roots(&self) -> Result<Vec<reqwest::Certificate>, Error> {
+        let Some(path) = &self.upstream_ca_file else {
+            return Ok(Vec::new());
+        };
+        let fail = |message: String| Error::Config {
+            origin: "configuration".to_owned(),
+            message: format!("server.upstream_ca_file: {message}"),
+        };
+        let pem = std::fs::read(path)
+            .map_err(|e| fail(format!("failed to read {}: {e}", path.display())))?;
+        let certs = reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| {
+            fail(format!(
+                "failed to read PEM certificates from {}: {e}",
+                path.display()
+            ))
+        })?;
+        if certs.is_empty() {
+            return Err(fail(format!(
+                "{} holds no PEM certificate (-----BEGIN CERTIFICATE-----)",
+                path.display()
+            )));
+        }
+        Ok(certs)
+    }
+}
+
+/// Checks that `url` is an absolute `http://` or `https://` URL with a host.
+fn http_url(url: &str) -> Result<(), String> {
+    match reqwest::Url::parse(url) {
+        Ok(u) if matches!(u.scheme(), "http" | "https") && u.has_host() => Ok(()),
+        Ok(u) => Err(format!(
+            "expected an http:// or https:// URL, found the scheme {:?} in {url:?}",
+            u.scheme()
+        )),
+        Err(e) => Err(format!(
+            "expected an http:// or https:// URL, found {url:?} ({e})"
+        )),
     }
 }
 
@@ -319,10 +368,36 @@ ttl = "1h"
         assert!(e.contains("tenants"), "{e}");
         let e = err("[[tenants]]\nid = \"a\"\ntoken_sha256 = \"abc\"\n");
         assert!(e.contains("tenants[0].token_sha256"), "{e}");
+        // https:// is forwarded since upstreams may use TLS; other schemes are not.
         let e = err(&format!(
-            "{tenant}[tools.x]\nupstream = \"https://example.invalid\"\n"
+            "{tenant}[tools.x]\nupstream = \"ftp://example.invalid\"\n"
         ));
         assert!(e.contains("tools.x.upstream"), "{e}");
+        assert!(e.contains("\"ftp\""), "{e}");
+        let e = err(&format!(
+            "{tenant}[tools.x]\nupstream = \"example.invalid/x\"\n"
+        ));
+        assert!(e.contains("tools.x.upstream"), "{e}");
+        for ok in ["http://127.0.0.1:9000/x", "https://example.invalid/charge"] {
+            Config::parse(&format!("{tenant}[tools.x]\nupstream = \"{ok}\"\n")).unwrap();
+        }
+        let e = err(&format!(
+            "{tenant}[server]\nupstream_ca_file = \"/nonexistent/ca.pem\"\n"
+        ));
+        assert!(
+            e.contains("server.upstream_ca_file") && e.contains("/nonexistent/ca.pem"),
+            "{e}"
+        );
+        let not_pem = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(not_pem.path(), "not a certificate\n").unwrap();
+        let e = err(&format!(
+            "{tenant}[server]\nupstream_ca_file = \"{}\"\n",
+            not_pem.path().display()
+        ));
+        assert!(
+            e.contains("server.upstream_ca_file") && e.contains("no PEM certificate"),
+            "{e}"
+        );
         let e = err(&format!("{tenant}[server]\nheader_timeout = \"0s\"\n"));
         assert!(e.contains("server.header_timeout"), "{e}");
     }

@@ -87,6 +87,8 @@ impl Gateway {
             .no_proxy()
             .redirect(reqwest::redirect::Policy::none())
             .connect_timeout(Duration::from_secs(5))
+            // Besides the system's roots, which stay trusted.
+            .tls_certs_merge(config.server.upstream_roots()?)
             .build()
             .map_err(Error::Client)?;
         let tenants = config

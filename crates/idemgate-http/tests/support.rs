@@ -107,7 +107,13 @@ pub(crate) async fn start_config(config: idemgate_http::Config, dir: tempfile::T
 }
 
 pub(crate) fn client() -> reqwest::Client {
-    reqwest::Client::builder().no_proxy().build().unwrap()
+    reqwest::Client::builder()
+        .no_proxy()
+        // The gateway speaks plain HTTP: skip loading the system's root certificates, which
+        // takes about 100 ms per client in a debug build.
+        .tls_certs_only([])
+        .build()
+        .unwrap()
 }
 
 impl Gw {
@@ -221,7 +227,8 @@ impl Upstream {
     }
 }
 
-pub(crate) async fn upstream() -> Upstream {
+/// The fake downstream's routes, and the `Upstream` that watches them at `url`.
+fn upstream_app(url: String) -> (Router, Upstream) {
     let (arrived, rx) = watch::channel(0);
     let shared = Shared {
         seen: Arc::new(Mutex::new(Seen::default())),
@@ -231,15 +238,73 @@ pub(crate) async fn upstream() -> Upstream {
     let app = Router::new()
         .route("/{path}", post(handle))
         .with_state(shared.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    Upstream {
-        url: format!("http://{addr}"),
+    let up = Upstream {
+        url,
         seen: shared.seen,
         arrived: rx,
         gate: shared.gate,
-    }
+    };
+    (app, up)
+}
+
+pub(crate) async fn upstream() -> Upstream {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (app, up) = upstream_app(format!("http://{addr}"));
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    up
+}
+
+/// The fake downstream over HTTPS on 127.0.0.1, its certificate issued by a CA made here and now;
+/// also returns the CA certificate (PEM), which nothing trusts unless told to.
+pub(crate) async fn https_upstream() -> (Upstream, String) {
+    use rcgen::{
+        BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose,
+        IsCa, KeyPair,
+    };
+    use tokio_rustls::rustls::pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
+
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "idemgate test CA");
+    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
+    let mut leaf_params =
+        CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()]).unwrap();
+    leaf_params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    let leaf_key = KeyPair::generate().unwrap();
+    let leaf = leaf_params.signed_by(&leaf_key, &ca).unwrap();
+    let tls = tokio_rustls::rustls::ServerConfig::builder()
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![leaf.der().clone()],
+            PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(leaf_key.serialize_der())),
+        )
+        .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (app, up) = upstream_app(format!("https://{addr}"));
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let (acceptor, app) = (acceptor.clone(), app.clone());
+            tokio::spawn(async move {
+                // A client that does not trust the certificate hangs up here.
+                let Ok(stream) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(
+                        hyper_util::rt::TokioIo::new(stream),
+                        hyper_util::service::TowerToHyperService::new(app),
+                    )
+                    .await;
+            });
+        }
+    });
+    (up, ca.pem())
 }
 
 async fn handle(

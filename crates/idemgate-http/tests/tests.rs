@@ -7,3 +7,4 @@ mod limits;
 mod ops;
 mod records;
 mod support;
+mod tls;
