@@ -105,6 +105,9 @@ pub struct ToolConfig {
     pub fallback_window: Option<Duration>,
     /// `block`, `verify` or `retry`.
     pub on_unknown: Option<UnknownPolicy>,
+    /// Under `on_unknown = "verify"`, where the gateway asks whether an unknown outcome happened
+    /// (`http://…` or `https://…`; see docs/HTTP.md, "Verifying unknown outcomes").
+    pub verify_url: Option<String>,
 }
 
 impl ToolConfig {
@@ -228,6 +231,30 @@ impl Config {
                 }
             }
             let p = tool.policy();
+            match (&tool.verify_url, p.on_unknown) {
+                (None, UnknownPolicy::Verify) => {
+                    return fail(
+                        format!("tools.{name}.verify_url"),
+                        format!(
+                            "tool {name:?} has on_unknown = \"verify\" but no verify_url to ask"
+                        ),
+                    )
+                }
+                (Some(_), policy) if policy != UnknownPolicy::Verify => {
+                    return fail(
+                        format!("tools.{name}.verify_url"),
+                        format!(
+                        "tool {name:?} has a verify_url, which only on_unknown = \"verify\" uses"
+                    ),
+                    )
+                }
+                (Some(url), _) => {
+                    if let Err(e) = http_url(url) {
+                        return fail(format!("tools.{name}.verify_url"), e);
+                    }
+                }
+                (None, _) => {}
+            }
             if p.lease.is_zero() {
                 return fail(
                     format!("tools.{name}.lease"),
@@ -388,6 +415,26 @@ ttl = "1h"
             e.contains("server.upstream_ca_file") && e.contains("/nonexistent/ca.pem"),
             "{e}"
         );
+        let e = err(&format!("{tenant}[tools.x]\non_unknown = \"verify\"\n"));
+        assert!(
+            e.contains("tools.x.verify_url") && e.contains("\"x\""),
+            "{e}"
+        );
+        let e = err(&format!(
+            "{tenant}[tools.x]\non_unknown = \"verify\"\nverify_url = \"file:///etc/x\"\n"
+        ));
+        assert!(
+            e.contains("tools.x.verify_url") && e.contains("\"file\""),
+            "{e}"
+        );
+        let e = err(&format!(
+            "{tenant}[tools.x]\nverify_url = \"http://127.0.0.1:1/v\"\n"
+        ));
+        assert!(e.contains("tools.x.verify_url"), "{e}");
+        Config::parse(&format!(
+            "{tenant}[tools.x]\non_unknown = \"verify\"\nverify_url = \"https://127.0.0.1:1/v\"\n"
+        ))
+        .unwrap();
         let not_pem = tempfile::NamedTempFile::new().unwrap();
         std::fs::write(not_pem.path(), "not a certificate\n").unwrap();
         let e = err(&format!(

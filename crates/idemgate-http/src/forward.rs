@@ -39,18 +39,24 @@ struct Upstream {
     body: Bytes,
 }
 
+/// The stored outcome of an upstream answer, as a forwarded call replays it (also what the HTTP
+/// verifier stores for a call it found applied).
+pub(crate) fn envelope(status: StatusCode, content_type: Option<&str>, body: &[u8]) -> Vec<u8> {
+    let env = Envelope {
+        status: status.as_u16(),
+        content_type: content_type.map(str::to_owned),
+        body: base64::engine::general_purpose::STANDARD.encode(body),
+    };
+    serde_json::to_vec(&env).expect("an envelope always serializes")
+}
+
 impl Upstream {
     fn envelope(&self) -> Vec<u8> {
-        let env = Envelope {
-            status: self.status.as_u16(),
-            content_type: self
-                .content_type
-                .as_ref()
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned),
-            body: base64::engine::general_purpose::STANDARD.encode(&self.body),
-        };
-        serde_json::to_vec(&env).expect("an envelope always serializes")
+        envelope(
+            self.status,
+            self.content_type.as_ref().and_then(|v| v.to_str().ok()),
+            &self.body,
+        )
     }
 
     fn from_outcome(outcome: &Outcome) -> Option<Self> {
@@ -384,7 +390,7 @@ fn recording_name(r: &idemgate::Recording) -> &'static str {
 }
 
 /// An error with its causes, without the URL (which may carry credentials).
-fn error_chain(e: &reqwest::Error) -> String {
+pub(crate) fn error_chain(e: &reqwest::Error) -> String {
     let mut out = String::new();
     let mut cur: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
     while let Some(c) = cur {

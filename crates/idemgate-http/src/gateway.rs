@@ -13,6 +13,7 @@ use crate::auth::Tenant;
 use crate::config::Config;
 use crate::error::Error;
 use crate::metrics::Metrics;
+use crate::verify::HttpVerifier;
 
 /// One gateway: cheap to clone, shared by every request.
 #[derive(Clone, Debug)]
@@ -66,9 +67,6 @@ impl Gateway {
         for name in config.tools.keys() {
             policies = policies.with_tool(name.clone(), config.policy(name));
         }
-        let engine = Engine::new(store)
-            .with_policies(policies)
-            .with_journal(journal);
         let audit =
             Audit::open(config.server.audit_log.as_deref()).map_err(|source| Error::File {
                 what: "audit log",
@@ -91,6 +89,22 @@ impl Gateway {
             .tls_certs_merge(config.server.upstream_roots()?)
             .build()
             .map_err(Error::Client)?;
+        let mut engine = Engine::new(store)
+            .with_policies(policies)
+            .with_journal(journal);
+        // The probe gets half the request's time; the call may still have to run after it.
+        let probe_timeout = config.server.request_timeout / 2;
+        for (name, tool) in &config.tools {
+            if let Some(url) = &tool.verify_url {
+                let verifier = HttpVerifier::new(
+                    client.clone(),
+                    url.clone(),
+                    tool.upstream.is_some(),
+                    probe_timeout,
+                );
+                engine = engine.with_verifier(name.clone(), Arc::new(verifier));
+            }
+        }
         let tenants = config
             .tenants
             .iter()

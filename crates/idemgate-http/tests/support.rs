@@ -130,6 +130,12 @@ impl Gw {
             .bearer_auth(token)
     }
 
+    /// The JSON body of a `GET`.
+    pub(crate) async fn get_json(&self, path: &str, token: &str) -> Value {
+        let res = self.get(path, token).send().await.unwrap();
+        res.json().await.unwrap()
+    }
+
     /// `begin` with a key and a JSON body.
     pub(crate) async fn begin(&self, tool: &str, key: &str, body: &str) -> reqwest::Response {
         self.post(&format!("/v1/tools/{tool}/begin"), ACME)
@@ -175,11 +181,15 @@ pub(crate) fn header<'a>(res: &'a reqwest::Response, name: &str) -> Option<&'a s
 pub(crate) struct Seen {
     pub(crate) calls: HashMap<String, usize>,
     pub(crate) keys: Vec<Option<String>>,
+    /// The request bodies, in order.
+    pub(crate) bodies: Vec<String>,
 }
 
 /// A fake downstream. Paths: `/ok` (200, `{"n": calls so far, "tenant_body": body}`),
 /// `/slow` (the same after 400 ms), `/gate` (the same once the test opens the gate),
-/// `/bad` (400), `/busy` (429 with Retry-After 7), `/fail` (500), `/hang` (answers after 5 s).
+/// `/bad` (400), `/busy` (429 with Retry-After 7), `/fail` (500), `/hang` (answers after 5 s),
+/// `/flaky` (500 the first time, then like `/ok`); and verify URLs: `/applied` (the call happened,
+/// with the result `{"charge": "ch_verified"}`), `/not_applied`, `/unknown`.
 pub(crate) struct Upstream {
     pub(crate) url: String,
     pub(crate) seen: Arc<Mutex<Seen>>,
@@ -320,6 +330,7 @@ async fn handle(
                 .get("idempotency-key")
                 .map(|v| v.to_str().unwrap().to_owned()),
         );
+        s.bodies.push(body.clone());
         let n = s.calls.entry(path.clone()).or_default();
         *n += 1;
         *n
@@ -356,6 +367,11 @@ async fn handle(
         )
             .into_response(),
         "fail" => (StatusCode::INTERNAL_SERVER_ERROR, "boom").into_response(),
+        "flaky" if n == 1 => (StatusCode::INTERNAL_SERVER_ERROR, "boom").into_response(),
+        "flaky" => ok(),
+        "applied" => axum::Json(json!({"status": "applied", "result": {"charge": "ch_verified"}}))
+            .into_response(),
+        "not_applied" | "unknown" => axum::Json(json!({"status": path})).into_response(),
         "hang" => {
             tokio::time::sleep(Duration::from_secs(5)).await;
             ok()

@@ -8,3 +8,4 @@ mod ops;
 mod records;
 mod support;
 mod tls;
+mod verify;
