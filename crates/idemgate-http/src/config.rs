@@ -281,7 +281,7 @@ impl ServerConfig {
     /// # Errors
     /// [`Error::Config`] naming `server.upstream_ca_file` when the file cannot be read or holds
     /// no PEM certificate.
-    pub fn upstream_roots(&self) -> Result<Vec<reqwest::Certificate>, Error> {
+    pub(crate) fn upstream_roots(&self) -> Result<Vec<reqwest::Certificate>, Error> {
         let Some(path) = &self.upstream_ca_file else {
             return Ok(Vec::new());
         };
