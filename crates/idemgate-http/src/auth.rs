@@ -3,8 +3,9 @@
 use std::sync::Arc;
 
 use axum::extract::FromRequestParts;
-use axum::http::header;
 use axum::http::request::Parts;
+use axum::http::{header, HeaderValue};
+use axum::response::{IntoResponse as _, Response};
 use idemgate::key::hex;
 use idemgate::{TenantId, Verdict};
 use idemgate_kit::{LiveKeys, RateLimit};
@@ -64,15 +65,22 @@ impl Tenant {
 #[derive(Clone, Debug)]
 pub(crate) struct Caller(pub(crate) Arc<Tenant>);
 
+/// The token of an `Authorization: Bearer <token>` header, trimmed (maybe empty); `None` without a
+/// bearer header.
+fn bearer(parts: &Parts) -> Option<&str> {
+    let value = parts.headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    // A header of the scheme alone ("Bearer") carries an empty token.
+    let (scheme, token) = value.split_once(' ').unwrap_or((value, ""));
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then_some(token.trim())
+}
+
 /// Finds the tenant whose token hash matches, comparing against every tenant in constant time so
 /// the answer's timing says nothing about which tenants exist or how close a guess was.
 pub(crate) fn authenticate(tenants: &[Arc<Tenant>], parts: &Parts) -> Option<Arc<Tenant>> {
-    let value = parts.headers.get(header::AUTHORIZATION)?.to_str().ok()?;
-    let (scheme, token) = value.split_once(' ')?;
-    if !scheme.eq_ignore_ascii_case("bearer") {
-        return None;
-    }
-    let presented: [u8; 32] = Sha256::digest(token.trim().as_bytes()).into();
+    let presented: [u8; 32] =
+        Sha256::digest(bearer(parts).filter(|t| !t.is_empty())?.as_bytes()).into();
     let mut found = None;
     for t in tenants {
         if bool::from(t.hash.ct_eq(&presented)) {
@@ -83,10 +91,10 @@ pub(crate) fn authenticate(tenants: &[Arc<Tenant>], parts: &Parts) -> Option<Arc
 }
 
 impl FromRequestParts<Gateway> for Caller {
-    type Rejection = Problem;
+    type Rejection = Response;
 
-    async fn from_request_parts(parts: &mut Parts, gw: &Gateway) -> Result<Self, Problem> {
-        let tenant = authenticate(gw.tenants(), parts).ok_or_else(Problem::unauthorized)?;
+    async fn from_request_parts(parts: &mut Parts, gw: &Gateway) -> Result<Self, Response> {
+        let tenant = authenticate(gw.tenants(), parts).ok_or_else(|| unauthorized(parts))?;
         tenant.admit().map_err(|after| {
             gw.metrics()
                 .call(tenant.id.as_str(), "-", Verdict::RateLimited);
@@ -95,9 +103,38 @@ impl FromRequestParts<Gateway> for Caller {
                 "the tenant's request rate limit is exhausted; retry after the time given",
             )
             .with_retry_after(after)
+            .into_response()
         })?;
         Ok(Caller(tenant))
     }
+}
+
+/// 401 with the RFC 6750 challenge: no error code when the request carried no bearer token (it
+/// may not have known one is needed), `invalid_request` for an empty one, `invalid_token` for one
+/// that matches no tenant.
+fn unauthorized(parts: &Parts) -> Response {
+    let (challenge, detail) = match bearer(parts) {
+        None => (
+            r#"Bearer realm="idemgate""#,
+            "a valid `Authorization: Bearer <token>` header is required",
+        ),
+        Some("") => (
+            r#"Bearer realm="idemgate", error="invalid_request""#,
+            "the bearer token is empty",
+        ),
+        Some(_) => (
+            r#"Bearer realm="idemgate", error="invalid_token""#,
+            "the bearer token is not valid for any tenant",
+        ),
+    };
+    let mut problem = Problem::unauthorized();
+    problem.detail = detail.to_owned();
+    let mut res = problem.into_response();
+    res.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        HeaderValue::from_static(challenge),
+    );
+    res
 }
 
 #[cfg(test)]

@@ -48,6 +48,9 @@ pub struct ServerConfig {
     pub request_timeout: Duration,
     /// Where to append one JSON line per record state transition.
     pub audit_log: Option<PathBuf>,
+    /// A PEM file of root certificates trusted for `https://` upstreams besides the system's (an
+    /// internal CA).
+    pub upstream_ca_file: Option<PathBuf>,
 }
 
 impl Default for ServerConfig {
@@ -60,6 +63,7 @@ impl Default for ServerConfig {
             header_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(60),
             audit_log: None,
+            upstream_ca_file: None,
         }
     }
 }
@@ -84,7 +88,8 @@ pub struct TenantConfig {
 pub struct ToolConfig {
     /// `write`, `read` or `natural_idempotent` (default `write`).
     pub kind: Option<ToolKind>,
-    /// Where `POST /v1/tools/{tool}/call` forwards to (`http://…`); coordinated only when absent.
+    /// Where `POST /v1/tools/{tool}/call` forwards to (`http://…` or `https://…`); coordinated
+    /// only when absent.
     pub upstream: Option<String>,
     /// How long outcomes are kept.
     #[serde(default, deserialize_with = "optional_duration")]
@@ -100,6 +105,9 @@ pub struct ToolConfig {
     pub fallback_window: Option<Duration>,
     /// `block`, `verify` or `retry`.
     pub on_unknown: Option<UnknownPolicy>,
+    /// Under `on_unknown = "verify"`, where the gateway asks whether an unknown outcome happened
+    /// (`http://…` or `https://…`; see docs/HTTP.md, "Verifying unknown outcomes").
+    pub verify_url: Option<String>,
 }
 
 impl ToolConfig {
@@ -218,14 +226,35 @@ impl Config {
                 return fail(format!("tools.{name}"), e.to_string());
             }
             if let Some(up) = &tool.upstream {
-                if !up.starts_with("http://") || reqwest::Url::parse(up).is_err() {
-                    return fail(
-                        format!("tools.{name}.upstream"),
-                        format!("expected an http:// URL, found {up:?}"),
-                    );
+                if let Err(e) = http_url(up) {
+                    return fail(format!("tools.{name}.upstream"), e);
                 }
             }
             let p = tool.policy();
+            match (&tool.verify_url, p.on_unknown) {
+                (None, UnknownPolicy::Verify) => {
+                    return fail(
+                        format!("tools.{name}.verify_url"),
+                        format!(
+                            "tool {name:?} has on_unknown = \"verify\" but no verify_url to ask"
+                        ),
+                    )
+                }
+                (Some(_), policy) if policy != UnknownPolicy::Verify => {
+                    return fail(
+                        format!("tools.{name}.verify_url"),
+                        format!(
+                        "tool {name:?} has a verify_url, which only on_unknown = \"verify\" uses"
+                    ),
+                    )
+                }
+                (Some(url), _) => {
+                    if let Err(e) = http_url(url) {
+                        return fail(format!("tools.{name}.verify_url"), e);
+                    }
+                }
+                (None, _) => {}
+            }
             if p.lease.is_zero() {
                 return fail(
                     format!("tools.{name}.lease"),
@@ -233,6 +262,7 @@ impl Config {
                 );
             }
         }
+        self.server.upstream_roots()?;
         Ok(())
     }
 
@@ -242,6 +272,52 @@ impl Config {
             .get(tool)
             .map(ToolConfig::policy)
             .unwrap_or_default()
+    }
+}
+
+impl ServerConfig {
+    /// The certificates of `upstream_ca_file` (none when it is not set).
+    ///
+    /// # Errors
+    /// [`Error::Config`] naming `server.upstream_ca_file` when the file cannot be read or holds
+    /// no PEM certificate.
+    pub(crate) fn upstream_roots(&self) -> Result<Vec<reqwest::Certificate>, Error> {
+        let Some(path) = &self.upstream_ca_file else {
+            return Ok(Vec::new());
+        };
+        let fail = |message: String| Error::Config {
+            origin: "configuration".to_owned(),
+            message: format!("server.upstream_ca_file: {message}"),
+        };
+        let pem = std::fs::read(path)
+            .map_err(|e| fail(format!("failed to read {}: {e}", path.display())))?;
+        let certs = reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| {
+            fail(format!(
+                "failed to read PEM certificates from {}: {e}",
+                path.display()
+            ))
+        })?;
+        if certs.is_empty() {
+            return Err(fail(format!(
+                "{} holds no PEM certificate (-----BEGIN CERTIFICATE-----)",
+                path.display()
+            )));
+        }
+        Ok(certs)
+    }
+}
+
+/// Checks that `url` is an absolute `http://` or `https://` URL with a host.
+fn http_url(url: &str) -> Result<(), String> {
+    match reqwest::Url::parse(url) {
+        Ok(u) if matches!(u.scheme(), "http" | "https") && u.has_host() => Ok(()),
+        Ok(u) => Err(format!(
+            "expected an http:// or https:// URL, found the scheme {:?} in {url:?}",
+            u.scheme()
+        )),
+        Err(e) => Err(format!(
+            "expected an http:// or https:// URL, found {url:?} ({e})"
+        )),
     }
 }
 
@@ -319,10 +395,56 @@ ttl = "1h"
         assert!(e.contains("tenants"), "{e}");
         let e = err("[[tenants]]\nid = \"a\"\ntoken_sha256 = \"abc\"\n");
         assert!(e.contains("tenants[0].token_sha256"), "{e}");
+        // https:// is forwarded since upstreams may use TLS; other schemes are not.
         let e = err(&format!(
-            "{tenant}[tools.x]\nupstream = \"https://example.invalid\"\n"
+            "{tenant}[tools.x]\nupstream = \"ftp://example.invalid\"\n"
         ));
         assert!(e.contains("tools.x.upstream"), "{e}");
+        assert!(e.contains("\"ftp\""), "{e}");
+        let e = err(&format!(
+            "{tenant}[tools.x]\nupstream = \"example.invalid/x\"\n"
+        ));
+        assert!(e.contains("tools.x.upstream"), "{e}");
+        for ok in ["http://127.0.0.1:9000/x", "https://example.invalid/charge"] {
+            Config::parse(&format!("{tenant}[tools.x]\nupstream = \"{ok}\"\n")).unwrap();
+        }
+        let e = err(&format!(
+            "{tenant}[server]\nupstream_ca_file = \"/nonexistent/ca.pem\"\n"
+        ));
+        assert!(
+            e.contains("server.upstream_ca_file") && e.contains("/nonexistent/ca.pem"),
+            "{e}"
+        );
+        let e = err(&format!("{tenant}[tools.x]\non_unknown = \"verify\"\n"));
+        assert!(
+            e.contains("tools.x.verify_url") && e.contains("\"x\""),
+            "{e}"
+        );
+        let e = err(&format!(
+            "{tenant}[tools.x]\non_unknown = \"verify\"\nverify_url = \"file:///etc/x\"\n"
+        ));
+        assert!(
+            e.contains("tools.x.verify_url") && e.contains("\"file\""),
+            "{e}"
+        );
+        let e = err(&format!(
+            "{tenant}[tools.x]\nverify_url = \"http://127.0.0.1:1/v\"\n"
+        ));
+        assert!(e.contains("tools.x.verify_url"), "{e}");
+        Config::parse(&format!(
+            "{tenant}[tools.x]\non_unknown = \"verify\"\nverify_url = \"https://127.0.0.1:1/v\"\n"
+        ))
+        .unwrap();
+        let not_pem = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(not_pem.path(), "not a certificate\n").unwrap();
+        let e = err(&format!(
+            "{tenant}[server]\nupstream_ca_file = \"{}\"\n",
+            not_pem.path().display()
+        ));
+        assert!(
+            e.contains("server.upstream_ca_file") && e.contains("no PEM certificate"),
+            "{e}"
+        );
         let e = err(&format!("{tenant}[server]\nheader_timeout = \"0s\"\n"));
         assert!(e.contains("server.header_timeout"), "{e}");
     }

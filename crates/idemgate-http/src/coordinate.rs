@@ -2,7 +2,7 @@
 //! `complete`/`release`/`ambiguous`.
 
 use axum::body::Body;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -16,7 +16,7 @@ use crate::auth::{Caller, Tenant};
 use crate::error::Problem;
 use crate::gateway::Gateway;
 use crate::headers::set_record_headers;
-use crate::request::{self, OutcomeBody};
+use crate::request::{self, OutcomeBody, Path};
 
 /// `POST /v1/tools/{tool}/begin`.
 pub(crate) async fn begin(

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
@@ -18,7 +18,7 @@ use crate::auth::{Caller, Tenant};
 use crate::error::Problem;
 use crate::gateway::Gateway;
 use crate::headers::IDEMPOTENCY_KEY;
-use crate::request;
+use crate::request::{self, Path};
 
 /// What the upstream answered.
 #[derive(Debug)]
@@ -225,7 +225,7 @@ fn unreachable(e: &reqwest::Error) -> Problem {
 }
 
 /// An error with its causes, without the URL (which may carry credentials).
-fn error_chain(e: &reqwest::Error) -> String {
+pub(crate) fn error_chain(e: &reqwest::Error) -> String {
     let mut out = String::new();
     let mut cur: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
     while let Some(c) = cur {

@@ -14,6 +14,7 @@ use idemgate_kit::{Instruments, Metrics};
 use crate::auth::Tenant;
 use crate::config::Config;
 use crate::error::Error;
+use crate::verify::HttpVerifier;
 
 /// How often journaled outcomes are written into the store while the gateway runs.
 const FLUSH_EVERY: Duration = Duration::from_secs(5);
@@ -83,19 +84,29 @@ impl Gateway {
                     source,
                 },
             )?;
-        let engine = instruments.attach(
-            Engine::new(store)
-                .with_policies(policies)
-                .with_journal(journal),
-        );
         let client = reqwest::Client::builder()
             // Upstreams are configured addresses; a proxy from the environment must not reroute
             // side effects, and a redirect would turn a POST into something else.
             .no_proxy()
             .redirect(reqwest::redirect::Policy::none())
             .connect_timeout(Duration::from_secs(5))
+            // Besides the system's roots, which stay trusted.
+            .tls_certs_merge(config.server.upstream_roots()?)
             .build()
             .map_err(Error::Client)?;
+        let mut engine = instruments.attach(
+            Engine::new(store)
+                .with_policies(policies)
+                .with_journal(journal),
+        );
+        // The probe gets half the request's time; the call may still have to run after it.
+        let probe_timeout = config.server.request_timeout / 2;
+        for (name, tool) in &config.tools {
+            if let Some(url) = &tool.verify_url {
+                let verifier = HttpVerifier::new(client.clone(), url.clone(), probe_timeout);
+                engine = engine.with_verifier(name.clone(), Arc::new(verifier));
+            }
+        }
         let tenants = config
             .tenants
             .iter()

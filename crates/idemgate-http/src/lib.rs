@@ -13,6 +13,7 @@ mod ops;
 mod records;
 mod request;
 mod server;
+mod verify;
 
 pub use auth::{new_token, token_sha256};
 pub use config::{Config, ServerConfig, TenantConfig, ToolConfig};

@@ -4,6 +4,7 @@ use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 
+use crate::error::Problem;
 use crate::gateway::Gateway;
 
 /// The OpenAPI 3.1 document of every route.
@@ -20,11 +21,7 @@ pub(crate) async fn readyz(State(gw): State<Gateway>) -> Response {
         (StatusCode::OK, "ready\n").into_response()
     } else {
         gw.metrics().store_error();
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "the store does not answer\n",
-        )
-            .into_response()
+        Problem::store_unavailable("the store does not answer").into_response()
     }
 }
 

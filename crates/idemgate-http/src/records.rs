@@ -1,7 +1,7 @@
 //! The operator view of a tenant's records: list, show, resolve.
 
 use axum::body::Body;
-use axum::extract::{Path, Query, State};
+use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use idemgate::{Key, ListFilter, Resolution, State as RecordStateName};
@@ -10,7 +10,7 @@ use serde::Deserialize;
 use crate::auth::Caller;
 use crate::error::Problem;
 use crate::gateway::Gateway;
-use crate::request::{self, OutcomeBody, RecordView};
+use crate::request::{self, OutcomeBody, Path, Query, RecordView};
 
 /// Most records one list answer holds.
 const MAX_LIST: usize = 1000;

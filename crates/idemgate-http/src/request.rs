@@ -2,6 +2,8 @@
 //! the JSON shapes of outcomes and records.
 
 use axum::body::Body;
+use axum::extract::FromRequestParts;
+use axum::http::request::Parts;
 use axum::http::HeaderMap;
 use bytes::Bytes;
 use http_body_util::BodyExt as _;
@@ -33,6 +35,34 @@ pub(crate) async fn read_body(body: Body) -> Result<Bytes, Problem> {
             )))
         }
     }
+}
+
+/// Path and query extractors whose rejections are problem answers, like every other error (axum's
+/// own answer plain text).
+macro_rules! problem_extractor {
+    ($($(#[$doc:meta])* $name:ident = $inner:path;)*) => {$(
+        $(#[$doc])*
+        #[derive(Debug)]
+        pub(crate) struct $name<T>(pub(crate) T);
+
+        impl<S: Send + Sync, T: serde::de::DeserializeOwned + Send> FromRequestParts<S> for $name<T> {
+            type Rejection = Problem;
+
+            async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Problem> {
+                match <$inner as FromRequestParts<S>>::from_request_parts(parts, state).await {
+                    Ok(v) => Ok($name(v.0)),
+                    Err(rejection) => Err(Problem::bad_request(rejection.body_text())),
+                }
+            }
+        }
+    )*};
+}
+
+problem_extractor! {
+    /// The path parameters (`axum::extract::Path`), or 400 `bad-request`.
+    Path = axum::extract::Path<T>;
+    /// The query string (`axum::extract::Query`), or 400 `bad-request`.
+    Query = axum::extract::Query<T>;
 }
 
 /// Reads a JSON body into `T`, with a 400 problem that says what is wrong.
@@ -67,7 +97,15 @@ pub(crate) fn call(
     let mut call = Call::new(tenant.clone(), tool.clone())
         .args_text(args)
         .map_err(|e| Problem::bad_request(e.to_string()))?;
-    if let Some(v) = headers.get(IDEMPOTENCY_KEY) {
+    let mut keys = headers.get_all(IDEMPOTENCY_KEY).iter();
+    let first = keys.next();
+    if keys.next().is_some() {
+        // Which one would win is up to whoever added the second: refuse rather than guess.
+        return Err(Problem::bad_request(
+            "only one Idempotency-Key header is allowed; this request has several",
+        ));
+    }
+    if let Some(v) = first {
         let text = v.to_str().map_err(|_| {
             Problem::bad_request("the Idempotency-Key header must be visible ASCII")
         })?;

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{MatchedPath, Request, State};
-use axum::http::header;
+use axum::http::{header, Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -60,6 +60,15 @@ pub fn router(gateway: Gateway) -> Router {
             "/v1/tools/{tool}/records/{key}/resolve",
             post(records::resolve),
         )
+        // After every route: it applies to the routes added so far. axum adds the `Allow` header.
+        .method_not_allowed_fallback(|method: Method| async move {
+            Problem::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method-not-allowed",
+                "Method not allowed",
+                format!("{method} is not allowed here; the Allow header lists what is"),
+            )
+        })
         .fallback(|| async { Problem::not_found("no such route; see /openapi.json") })
         // Innermost first: the body limit, then the whole-request timeout, then observation, so
         // the latency and the log line include timeouts and 413s.

@@ -137,17 +137,28 @@ async fn shutdown_finishes_the_request_in_flight() {
     let up = upstream().await;
     let mut gw = start(
         "",
-        &format!("[tools.slow]\nupstream = \"{}/slow\"\n", up.url),
+        &format!("[tools.gated]\nupstream = \"{}/gate\"\n", up.url),
     )
     .await;
     let req = gw
-        .post("/v1/tools/slow/call", ACME)
+        .post("/v1/tools/gated/call", ACME)
         .header("idempotency-key", "s-1")
         .body("{}")
         .send();
     let pending = tokio::spawn(req);
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    // The call is in flight once it reached the upstream, which holds it until the gate opens.
+    up.wait_for_calls("gate", 1).await;
     gw.stop_signal();
+    // The gateway stops accepting while the call is still held upstream.
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while tokio::net::TcpStream::connect(gw.addr).await.is_ok() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the gateway stops accepting connections");
+    assert!(!pending.is_finished(), "the call waits for the upstream");
+    up.open_gate();
     let res = pending.await.unwrap().unwrap();
     assert_eq!(res.status(), 200, "the call in flight was answered");
     let stopped = tokio::time::timeout(Duration::from_secs(5), gw.task.take().unwrap()).await;
@@ -155,7 +166,7 @@ async fn shutdown_finishes_the_request_in_flight() {
         matches!(stopped, Ok(Ok(Ok(())))),
         "the server stopped cleanly"
     );
-    assert_eq!(up.calls("slow"), 1);
+    assert_eq!(up.calls("gate"), 1);
     // It no longer accepts connections.
     assert!(gw
         .http

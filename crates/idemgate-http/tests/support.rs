@@ -12,7 +12,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
 use serde_json::{json, Value};
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch, Semaphore};
 use tokio::task::JoinHandle;
 
 pub(crate) const ACME: &str = "acme-token-0123456789abcdef";
@@ -107,7 +107,13 @@ pub(crate) async fn start_config(config: idemgate_http::Config, dir: tempfile::T
 }
 
 pub(crate) fn client() -> reqwest::Client {
-    reqwest::Client::builder().no_proxy().build().unwrap()
+    reqwest::Client::builder()
+        .no_proxy()
+        // The gateway speaks plain HTTP: skip loading the system's root certificates, which
+        // takes about 100 ms per client in a debug build.
+        .tls_certs_only([])
+        .build()
+        .unwrap()
 }
 
 impl Gw {
@@ -122,6 +128,12 @@ impl Gw {
         self.http
             .get(format!("{}{path}", self.url))
             .bearer_auth(token)
+    }
+
+    /// The JSON body of a `GET`.
+    pub(crate) async fn get_json(&self, path: &str, token: &str) -> Value {
+        let res = self.get(path, token).send().await.unwrap();
+        res.json().await.unwrap()
     }
 
     /// `begin` with a key and a JSON body.
@@ -169,14 +181,30 @@ pub(crate) fn header<'a>(res: &'a reqwest::Response, name: &str) -> Option<&'a s
 pub(crate) struct Seen {
     pub(crate) calls: HashMap<String, usize>,
     pub(crate) keys: Vec<Option<String>>,
+    /// The request bodies, in order.
+    pub(crate) bodies: Vec<String>,
 }
 
 /// A fake downstream. Paths: `/ok` (200, `{"n": calls so far, "tenant_body": body}`),
-/// `/slow` (the same after 400 ms), `/bad` (400), `/busy` (429 with Retry-After 7),
-/// `/fail` (500), `/hang` (answers after 5 s).
+/// `/slow` (the same after 400 ms), `/gate` (the same once the test opens the gate),
+/// `/bad` (400), `/busy` (429 with Retry-After 7), `/fail` (500), `/hang` (answers after 5 s),
+/// `/flaky` (500 the first time, then like `/ok`); and verify URLs: `/applied` (the call happened,
+/// with the result `{"charge": "ch_verified"}`), `/not_applied`, `/unknown`.
 pub(crate) struct Upstream {
     pub(crate) url: String,
     pub(crate) seen: Arc<Mutex<Seen>>,
+    arrived: watch::Receiver<usize>,
+    gate: Arc<Semaphore>,
+}
+
+/// The fake downstream's state.
+#[derive(Clone)]
+struct Shared {
+    seen: Arc<Mutex<Seen>>,
+    /// Bumped after every call is counted.
+    arrived: Arc<watch::Sender<usize>>,
+    /// `/gate` answers once a permit is added.
+    gate: Arc<Semaphore>,
 }
 
 impl Upstream {
@@ -189,39 +217,125 @@ impl Upstream {
             .copied()
             .unwrap_or(0)
     }
-}
 
-pub(crate) async fn upstream() -> Upstream {
-    let seen = Arc::new(Mutex::new(Seen::default()));
-    let app = Router::new()
-        .route("/{path}", post(handle))
-        .with_state(seen.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    Upstream {
-        url: format!("http://{addr}"),
-        seen,
+    /// Waits until `path` has been called `n` times (the calls reached the upstream), for at most
+    /// 10 s.
+    pub(crate) async fn wait_for_calls(&self, path: &str, n: usize) {
+        let mut rx = self.arrived.clone();
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            rx.wait_for(|_| self.calls(path) >= n),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("{path} was not called {n} times within 10 s"))
+        .unwrap();
+    }
+
+    /// Lets one call waiting at `/gate` answer.
+    pub(crate) fn open_gate(&self) {
+        self.gate.add_permits(1);
     }
 }
 
+/// The fake downstream's routes, and the `Upstream` that watches them at `url`.
+fn upstream_app(url: String) -> (Router, Upstream) {
+    let (arrived, rx) = watch::channel(0);
+    let shared = Shared {
+        seen: Arc::new(Mutex::new(Seen::default())),
+        arrived: Arc::new(arrived),
+        gate: Arc::new(Semaphore::new(0)),
+    };
+    let app = Router::new()
+        .route("/{path}", post(handle))
+        .with_state(shared.clone());
+    let up = Upstream {
+        url,
+        seen: shared.seen,
+        arrived: rx,
+        gate: shared.gate,
+    };
+    (app, up)
+}
+
+pub(crate) async fn upstream() -> Upstream {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (app, up) = upstream_app(format!("http://{addr}"));
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    up
+}
+
+/// The fake downstream over HTTPS on 127.0.0.1, its certificate issued by a CA made here and now;
+/// also returns the CA certificate (PEM), which nothing trusts unless told to.
+pub(crate) async fn https_upstream() -> (Upstream, String) {
+    use rcgen::{
+        BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose,
+        IsCa, KeyPair,
+    };
+    use tokio_rustls::rustls::pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
+
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "idemgate test CA");
+    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
+    let mut leaf_params =
+        CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()]).unwrap();
+    leaf_params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    let leaf_key = KeyPair::generate().unwrap();
+    let leaf = leaf_params.signed_by(&leaf_key, &ca).unwrap();
+    let tls = tokio_rustls::rustls::ServerConfig::builder()
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![leaf.der().clone()],
+            PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(leaf_key.serialize_der())),
+        )
+        .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (app, up) = upstream_app(format!("https://{addr}"));
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let (acceptor, app) = (acceptor.clone(), app.clone());
+            tokio::spawn(async move {
+                // A client that does not trust the certificate hangs up here.
+                let Ok(stream) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(
+                        hyper_util::rt::TokioIo::new(stream),
+                        hyper_util::service::TowerToHyperService::new(app),
+                    )
+                    .await;
+            });
+        }
+    });
+    (up, ca.pem())
+}
+
 async fn handle(
-    State(seen): State<Arc<Mutex<Seen>>>,
+    State(shared): State<Shared>,
     Path(path): Path<String>,
     headers: HeaderMap,
     body: String,
 ) -> Response {
     let n = {
-        let mut s = seen.lock().unwrap();
+        let mut s = shared.seen.lock().unwrap();
         s.keys.push(
             headers
                 .get("idempotency-key")
                 .map(|v| v.to_str().unwrap().to_owned()),
         );
+        s.bodies.push(body.clone());
         let n = s.calls.entry(path.clone()).or_default();
         *n += 1;
         *n
     };
+    shared.arrived.send_modify(|total| *total += 1);
     let ok = || {
         (
             StatusCode::OK,
@@ -234,6 +348,10 @@ async fn handle(
         "ok" => ok(),
         "slow" => {
             tokio::time::sleep(Duration::from_millis(400)).await;
+            ok()
+        }
+        "gate" => {
+            shared.gate.acquire().await.unwrap().forget();
             ok()
         }
         "bad" => (
@@ -249,6 +367,11 @@ async fn handle(
         )
             .into_response(),
         "fail" => (StatusCode::INTERNAL_SERVER_ERROR, "boom").into_response(),
+        "flaky" if n == 1 => (StatusCode::INTERNAL_SERVER_ERROR, "boom").into_response(),
+        "flaky" => ok(),
+        "applied" => axum::Json(json!({"status": "applied", "result": {"charge": "ch_verified"}}))
+            .into_response(),
+        "not_applied" | "unknown" => axum::Json(json!({"status": path})).into_response(),
         "hang" => {
             tokio::time::sleep(Duration::from_secs(5)).await;
             ok()
