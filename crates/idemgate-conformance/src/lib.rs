@@ -347,6 +347,61 @@ pub async fn complete_is_idempotent_for_its_lease<S: Store>(fx: &Fixture<S>) {
     );
 }
 
+/// A completion stored later than its side effect ran (a journal flush) keeps the time it ran, never
+/// one later than the store's now, and is kept for its whole TTL from when it is stored.
+pub async fn late_completion_keeps_its_execution_time<S: Store>(fx: &Fixture<S>) {
+    let now_key = fresh_key("complete-at-now");
+    let lease = acquire(&fx.store, &reservation(&now_key, "a", LONG_LEASE)).await;
+    let now = fx
+        .store
+        .complete(&now_key, lease, &Outcome::success(b"x".to_vec()), LONG_TTL)
+        .await
+        .expect("complete")
+        .completed_at;
+
+    let key = fresh_key("complete-at");
+    let lease = acquire(&fx.store, &reservation(&key, "a", LONG_LEASE)).await;
+    let ran = Timestamp::from_millis(now.as_millis() - 5_000);
+    let done = fx
+        .store
+        .complete_at(
+            &key,
+            lease,
+            &Outcome::success(b"y".to_vec()),
+            LONG_TTL,
+            Some(ran),
+        )
+        .await
+        .expect("complete at");
+    assert_eq!(done.completed_at, ran);
+    assert!(done.expires_at >= now.plus(LONG_TTL), "{done:?} from {now}");
+    let rec = fx.store.get(&key).await.expect("get").expect("record");
+    assert!(
+        matches!(rec.state, RecordState::Completed { completed_at, .. } if completed_at == ran),
+        "{rec:?}"
+    );
+
+    // A time from the future (a clock ahead of the store's) is never believed.
+    let future = fresh_key("complete-at-future");
+    let lease = acquire(&fx.store, &reservation(&future, "a", LONG_LEASE)).await;
+    let ahead = now.plus(Duration::from_secs(3600));
+    let done = fx
+        .store
+        .complete_at(
+            &future,
+            lease,
+            &Outcome::success(b"z".to_vec()),
+            LONG_TTL,
+            Some(ahead),
+        )
+        .await
+        .expect("complete at");
+    assert!(
+        done.completed_at < ahead && done.completed_at >= now,
+        "{done:?}"
+    );
+}
+
 /// Releasing removes the record so the next call runs; releasing again succeeds.
 pub async fn release_removes_the_record<S: Store>(fx: &Fixture<S>) {
     let key = fresh_key("release");
@@ -615,6 +670,7 @@ macro_rules! store_conformance {
             released_lease_cannot_complete_new_record,
             late_completion_by_current_holder_is_kept,
             complete_is_idempotent_for_its_lease,
+            late_completion_keeps_its_execution_time,
             release_removes_the_record,
             completed_record_cannot_be_released,
             mark_unknown_blocks_the_key,

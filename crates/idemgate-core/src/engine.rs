@@ -945,7 +945,7 @@ impl<S: Store> Engine<S> {
         lease: Lease,
         op: &JournalOp,
     ) -> (Option<Completion>, Recording) {
-        match self.apply(key, lease, op).await {
+        match self.apply(key, lease, op, None).await {
             Ok(done) => (done, Recording::Stored),
             Err(StoreError::LeaseLost) => (None, Recording::LeaseLost),
             // Retries and the journal are the rare path: boxed, so that the common call's future
@@ -961,6 +961,9 @@ impl<S: Store> Engine<S> {
         op: &JournalOp,
         first: StoreError,
     ) -> (Option<Completion>, Recording) {
+        // When the side effect reported (the first attempt failed at once): what the record says
+        // as its execution time once the journal is flushed, not the time of the flush.
+        let reported_at = self.clock.now();
         let mut last = first;
         let mut backoff = self.settings.finish_backoff;
         for _ in 1..self.settings.finish_attempts.max(1) {
@@ -969,7 +972,7 @@ impl<S: Store> Engine<S> {
             }
             tokio::time::sleep(backoff).await;
             backoff = backoff.saturating_mul(2);
-            match self.apply(key, lease, op).await {
+            match self.apply(key, lease, op, None).await {
                 Ok(done) => return (done, Recording::Stored),
                 Err(StoreError::LeaseLost) => return (None, Recording::LeaseLost),
                 Err(e) => last = e,
@@ -979,7 +982,7 @@ impl<S: Store> Engine<S> {
             key: key.clone(),
             lease,
             op: op.clone(),
-            journaled_at: self.clock.now(),
+            journaled_at: reported_at,
         };
         // A durable journal fsyncs: on a blocking thread, so the async workers keep serving.
         let journal = Arc::clone(&self.journal);
@@ -992,16 +995,25 @@ impl<S: Store> Engine<S> {
         }
     }
 
+    /// Applies a "done" write; `executed_at` is when the side effect reported, for writes applied
+    /// later than that (journal flushes).
     async fn apply(
         &self,
         key: &Key,
         lease: Lease,
         op: &JournalOp,
+        executed_at: Option<Timestamp>,
     ) -> Result<Option<Completion>, StoreError> {
         match op {
             JournalOp::Complete { outcome, ttl_ms } => self
                 .store
-                .complete(key, lease, outcome, Duration::from_millis(*ttl_ms))
+                .complete_at(
+                    key,
+                    lease,
+                    outcome,
+                    Duration::from_millis(*ttl_ms),
+                    executed_at,
+                )
                 .await
                 .map(Some),
             JournalOp::Release => self.store.release(key, lease).await.map(|()| None),
@@ -1167,7 +1179,10 @@ impl<S: Store> Engine<S> {
     async fn flush_journal_entries(&self) -> Result<FlushReport, EngineError> {
         let mut report = FlushReport::default();
         for entry in self.journal.pending().map_err(EngineError::Journal)? {
-            match self.apply(&entry.key, entry.lease, &entry.op).await {
+            match self
+                .apply(&entry.key, entry.lease, &entry.op, Some(entry.journaled_at))
+                .await
+            {
                 Ok(_) => report.applied += 1,
                 Err(StoreError::LeaseLost) => report.superseded += 1,
                 Err(_) => {

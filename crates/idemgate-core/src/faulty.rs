@@ -137,15 +137,20 @@ impl<S: Store> Store for FaultyStore<S> {
         self.run(Op::Heartbeat, self.inner.heartbeat(key, lease, lease_for))
             .await
     }
-    async fn complete(
+    async fn complete_at(
         &self,
         key: &Key,
         lease: Lease,
         outcome: &Outcome,
         ttl: Duration,
+        executed_at: Option<Timestamp>,
     ) -> Result<Completion> {
-        self.run(Op::Complete, self.inner.complete(key, lease, outcome, ttl))
-            .await
+        self.run(
+            Op::Complete,
+            self.inner
+                .complete_at(key, lease, outcome, ttl, executed_at),
+        )
+        .await
     }
     async fn release(&self, key: &Key, lease: Lease) -> Result<()> {
         self.run(Op::Release, self.inner.release(key, lease)).await

@@ -322,15 +322,16 @@ impl Store for MemoryStore {
         })
     }
 
-    async fn complete(
+    async fn complete_at(
         &self,
         key: &Key,
         lease: Lease,
         outcome: &Outcome,
         ttl: Duration,
+        executed_at: Option<Timestamp>,
     ) -> Result<Completion> {
         self.apply(key, |cur, now| {
-            transition::complete(cur, lease, outcome, ttl, now)
+            transition::complete(cur, lease, outcome, ttl, executed_at, now)
         })
     }
 

@@ -136,6 +136,22 @@ pub trait Store: Send + Sync + 'static {
         lease: Lease,
         outcome: &Outcome,
         ttl: Duration,
+    ) -> impl Future<Output = Result<Completion>> + Send {
+        self.complete_at(key, lease, outcome, ttl, None)
+    }
+
+    /// As [`Store::complete`], for an outcome the side effect reported at `executed_at` and that
+    /// is stored only now (a journaled completion flushed after the store was back): the record's
+    /// completion time is `executed_at` (never later than now, by the store's clock), so replays
+    /// say when the side effect ran, not when the journal was flushed. It is still kept for `ttl`
+    /// from now: a late flush never shortens how long duplicates are answered.
+    fn complete_at(
+        &self,
+        key: &Key,
+        lease: Lease,
+        outcome: &Outcome,
+        ttl: Duration,
+        executed_at: Option<Timestamp>,
     ) -> impl Future<Output = Result<Completion>> + Send;
 
     /// Removes the record held under `lease` (the side effect did not happen). Removing an absent
@@ -185,14 +201,15 @@ impl<S: Store> Store for std::sync::Arc<S> {
     ) -> impl Future<Output = Result<Timestamp>> + Send {
         (**self).heartbeat(key, lease, lease_for)
     }
-    fn complete(
+    fn complete_at(
         &self,
         key: &Key,
         lease: Lease,
         outcome: &Outcome,
         ttl: Duration,
+        executed_at: Option<Timestamp>,
     ) -> impl Future<Output = Result<Completion>> + Send {
-        (**self).complete(key, lease, outcome, ttl)
+        (**self).complete_at(key, lease, outcome, ttl, executed_at)
     }
     fn release(&self, key: &Key, lease: Lease) -> impl Future<Output = Result<()>> + Send {
         (**self).release(key, lease)

@@ -168,6 +168,7 @@ pub fn complete(
     lease: Lease,
     outcome: &Outcome,
     ttl: Duration,
+    executed_at: Option<Timestamp>,
     now: Timestamp,
 ) -> Result<(Completion, Change)> {
     match cur {
@@ -185,7 +186,7 @@ pub fn complete(
             )),
             RecordState::InFlight { .. } | RecordState::Unknown { .. } => {
                 let done = Completion {
-                    completed_at: now,
+                    completed_at: executed_at.map_or(now, |at| at.min(now)),
                     expires_at: now.plus(ttl),
                 };
                 let state = RecordState::Completed {

@@ -726,6 +726,17 @@ async fn failpoint_done_write_lost_for_good_is_journaled_then_flushed() {
     assert!(
         matches!(replay.decision, Decision::Replayed { ref outcome, .. } if outcome.body == b"paid")
     );
+    // Issue 7: the replay says when the side effect ran, not when the journal was flushed.
+    let (
+        Decision::Executed {
+            executed_at: ran, ..
+        },
+        Decision::Replayed { executed_at, .. },
+    ) = (&a.decision, &replay.decision)
+    else {
+        unreachable!("matched above")
+    };
+    assert_eq!(executed_at, ran, "flushed {:?} later", LEASE);
     assert_eq!(runs.get(), 1);
     use idemgate_core::Journal;
     assert!(r.journal.pending().unwrap().is_empty());

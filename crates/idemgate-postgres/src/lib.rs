@@ -567,12 +567,13 @@ impl Store for PgStore {
         }
     }
 
-    async fn complete(
+    async fn complete_at(
         &self,
         key: &Key,
         lease: Lease,
         outcome: &Outcome,
         ttl: Duration,
+        executed_at: Option<Timestamp>,
     ) -> Result<Completion> {
         let token = token_bytes(lease.token);
         let fence = fence_param(lease.fence)?;
@@ -594,6 +595,7 @@ impl Store for PgStore {
                         &kind,
                         &outcome.body.as_slice(),
                         &digest,
+                        &executed_at.map(Timestamp::as_millis),
                     ],
                 )
                 .await?;

@@ -1,5 +1,5 @@
 -- Complete: store the outcome under the holder's lease. Mirrors idemgate_core::transition::complete.
--- KEYS[1] record; ARGV fence, token, kind, body, ttl_ms, grace_ms.
+-- KEYS[1] record; ARGV fence, token, kind, body, ttl_ms, grace_ms, executed_at_ms ('' for now).
 -- Returns {completed_at, expires_at}: the first completion's when it is already completed.
 local k = KEYS[1]
 local now = now_ms()
@@ -11,10 +11,14 @@ if r.state == 'c' then
   return {r.completed_at, r.expires_at}
 end
 local expires_at = now + tonumber(ARGV[5])
+local completed_at = now
+if ARGV[7] ~= '' then
+  completed_at = math.min(now, tonumber(ARGV[7]))
+end
 redis.call('HDEL', k, 'lease_until', 'since')
 redis.call('HSET', k, 'state', 'c', 'kind', ARGV[3], 'body', ARGV[4],
-  'completed_at', fmt(now), 'expires_at', fmt(expires_at))
+  'completed_at', fmt(completed_at), 'expires_at', fmt(expires_at))
 -- Redis reaps the record itself a grace period after it stops counting; until then it keeps the
 -- fence for the next reservation and answers a late retry of this completion.
 redis.call('PEXPIREAT', k, fmt(expires_at + tonumber(ARGV[6])))
-return {fmt(now), fmt(expires_at)}
+return {fmt(completed_at), fmt(expires_at)}

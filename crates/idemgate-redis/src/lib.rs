@@ -344,18 +344,20 @@ impl Store for RedisStore {
         Ok(Timestamp::from_millis(number(&reply)?))
     }
 
-    async fn complete(
+    async fn complete_at(
         &self,
         key: &Key,
         lease: Lease,
         outcome: &Outcome,
         ttl: Duration,
+        executed_at: Option<Timestamp>,
     ) -> Result<Completion> {
         let mut inv = self.lease_call(&self.inner.scripts.complete, key, lease);
         inv.arg(outcome.kind.to_string())
             .arg(outcome.body.as_slice())
             .arg(ms(ttl))
-            .arg(ms(self.inner.options.expiry_grace));
+            .arg(ms(self.inner.options.expiry_grace))
+            .arg(executed_at.map_or(String::new(), |t| t.as_millis().to_string()));
         let reply = self.write(&inv, "complete a record").await?;
         match array(&reply)? {
             [completed_at, expires_at] => Ok(Completion {

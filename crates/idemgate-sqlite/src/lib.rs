@@ -483,16 +483,17 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn complete(
+    async fn complete_at(
         &self,
         key: &Key,
         lease: Lease,
         outcome: &Outcome,
         ttl: Duration,
+        executed_at: Option<Timestamp>,
     ) -> Result<Completion> {
         let outcome = outcome.clone();
         self.transition(key, move |cur, now| {
-            transition::complete(cur, lease, &outcome, ttl, now)
+            transition::complete(cur, lease, &outcome, ttl, executed_at, now)
         })
         .await
     }

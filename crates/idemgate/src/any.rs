@@ -109,14 +109,15 @@ impl Store for AnyStore {
     async fn heartbeat(&self, key: &Key, lease: Lease, lease_for: Duration) -> Result<Timestamp> {
         dispatch!(self, s => s.heartbeat(key, lease, lease_for).await)
     }
-    async fn complete(
+    async fn complete_at(
         &self,
         key: &Key,
         lease: Lease,
         outcome: &Outcome,
         ttl: Duration,
+        executed_at: Option<Timestamp>,
     ) -> Result<Completion> {
-        dispatch!(self, s => s.complete(key, lease, outcome, ttl).await)
+        dispatch!(self, s => s.complete_at(key, lease, outcome, ttl, executed_at).await)
     }
     async fn release(&self, key: &Key, lease: Lease) -> Result<()> {
         dispatch!(self, s => s.release(key, lease).await)

@@ -1,6 +1,7 @@
 -- Complete: store the outcome of a row held under the lease (in flight or unknown). $1 tenant,
 -- $2 tool, $3 key, $4 fence, $5 token, $6 ttl in ms, $7 outcome kind, $8 outcome body,
--- $9 notification payload (key digest).
+-- $9 notification payload (key digest), $10 when the side effect ran in ms (NULL: now; a journaled
+-- completion flushed later keeps its own time, never later than now).
 --
 -- A row already completed under the same lease answers with its first completion (a retry after a
 -- lost answer). No row: the lease is lost, unless a concurrent completion under the same lease
@@ -10,7 +11,7 @@ WITH clock AS (
 ), upd AS (
     UPDATE {schema}.idemgate_records r SET
         state = 1,
-        completed_at = c.now,
+        completed_at = LEAST(COALESCE($10::bigint, c.now), c.now),
         expires_at = c.now + $6::bigint,
         outcome_kind = $7,
         outcome_body = $8,
