@@ -5,22 +5,22 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-struct Sandbox {
+pub(crate) struct Sandbox {
     dir: tempfile::TempDir,
 }
 
 impl Sandbox {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Sandbox {
             dir: tempfile::tempdir().unwrap(),
         }
     }
 
-    fn path(&self, name: &str) -> PathBuf {
+    pub(crate) fn path(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
     }
 
-    fn idemgate(&self) -> Command {
+    pub(crate) fn idemgate(&self) -> Command {
         let mut c = Command::new(env!("CARGO_BIN_EXE_idemgate"));
         c.env("XDG_DATA_HOME", self.path("data"))
             .env(
@@ -33,7 +33,7 @@ impl Sandbox {
         c
     }
 
-    fn run(&self, args: &[&str]) -> Output {
+    pub(crate) fn run(&self, args: &[&str]) -> Output {
         self.idemgate().args(args).output().unwrap()
     }
 
@@ -47,13 +47,13 @@ impl Sandbox {
     }
 }
 
-fn lines(file: &Path) -> usize {
+pub(crate) fn lines(file: &Path) -> usize {
     fs::read_to_string(file)
         .map(|s| s.lines().count())
         .unwrap_or(0)
 }
 
-fn text(b: &[u8]) -> String {
+pub(crate) fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
@@ -163,23 +163,27 @@ fn not_applied_exit_code_frees_the_key() {
 #[test]
 fn duplicate_gets_in_flight_answer_while_the_first_runs() {
     let sb = Sandbox::new();
+    // The first run holds the key until the test opens the gate: no race against a sleep.
+    let gate = sb.path("gate");
+    let script = format!("while [ ! -e '{}' ]; do sleep 0.02; done", gate.display());
     let mut first = sb
         .idemgate()
-        .args(["exec", "--key", "slow", "--", "sh", "-c", "sleep 2"])
+        .args(["exec", "--key", "slow", "--", "sh", "-c", &script])
         .spawn()
         .unwrap();
     wait_for_state(&sb, "slow", "in_flight");
     let dup = sb.run(&[
-        "exec", "--key", "slow", "--wait", "200ms", "--", "sh", "-c", "sleep 2",
+        "exec", "--key", "slow", "--wait", "200ms", "--", "sh", "-c", &script,
     ]);
     assert_eq!(dup.status.code(), Some(75), "{}", text(&dup.stderr));
     assert!(text(&dup.stderr).contains("try again"));
+    fs::write(&gate, b"").unwrap();
     assert!(first.wait().unwrap().success());
-    let waited = sb.run(&["exec", "--key", "slow", "--", "sh", "-c", "sleep 2"]);
+    let waited = sb.run(&["exec", "--key", "slow", "--", "sh", "-c", &script]);
     assert!(waited.status.success());
 }
 
-fn wait_for_state(sb: &Sandbox, key: &str, state: &str) {
+pub(crate) fn wait_for_state(sb: &Sandbox, key: &str, state: &str) {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let out = sb.run(&["--json", "keys", "show", key]);

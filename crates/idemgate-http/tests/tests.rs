@@ -6,6 +6,7 @@ mod forward;
 mod limits;
 mod ops;
 mod records;
+mod regressions;
 mod support;
 mod tls;
 mod verify;

@@ -1,0 +1,208 @@
+//! Regressions of issue 7: what a new user ran into with the command line, one test each.
+
+use std::io::{BufRead as _, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::cli::{text, Sandbox};
+
+/// `--store memory:` ran the command on every call: its records die with the process.
+#[test]
+fn issue_7_memory_store_is_refused_for_one_shot_commands() {
+    let sb = Sandbox::new();
+    for _ in 0..2 {
+        let out = sb.run(&[
+            "--store", "memory:", "exec", "--key", "m1", "--", "echo", "run",
+        ]);
+        assert_eq!(out.status.code(), Some(1));
+        assert!(!text(&out.stdout).contains("run"), "nothing ran");
+        assert!(
+            text(&out.stderr).contains("memory:"),
+            "{}",
+            text(&out.stderr)
+        );
+    }
+}
+
+/// Store trouble at open exited 1, at reservation 69: nothing ran in both.
+#[test]
+fn issue_7_store_trouble_at_open_exits_69() {
+    let sb = Sandbox::new();
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = dead.local_addr().unwrap().port();
+    drop(dead);
+    for store in [
+        format!("postgres://postgres@127.0.0.1:{port}/x"),
+        format!("redis://127.0.0.1:{port}"),
+    ] {
+        let out = sb.run(&["--store", &store, "exec", "--key", "k", "--", "echo", "ran"]);
+        assert_eq!(
+            out.status.code(),
+            Some(69),
+            "{store}: {}",
+            text(&out.stderr)
+        );
+        assert!(!text(&out.stdout).contains("ran"));
+        let out = sb.run(&["--store", &store, "keys", "list"]);
+        assert_eq!(
+            out.status.code(),
+            Some(69),
+            "{store}: {}",
+            text(&out.stderr)
+        );
+    }
+}
+
+/// SIGTERM to a running `exec` left the child running and the record in flight.
+#[test]
+fn issue_7_sigterm_reaches_the_command_and_its_outcome_is_recorded() {
+    let sb = Sandbox::new();
+    // A command that exits on its own after SIGTERM: its exit code is recorded and replayed.
+    let graceful = "trap 'echo got-term; exit 3' TERM; echo ready; while :; do sleep 0.02; done";
+    let code = exec_then_term(&sb, "t1", graceful);
+    assert_eq!(code, Some(3));
+    let shown: serde_json::Value =
+        serde_json::from_slice(&sb.run(&["--json", "keys", "show", "t1"]).stdout).unwrap();
+    assert_eq!(shown["state"], "completed", "{shown}");
+    assert_eq!(shown["exit_code"], 3);
+    assert!(shown["stdout"].as_str().unwrap().contains("got-term"));
+
+    // A command the signal kills: the outcome is unknown, never silently re-run.
+    let killed = "echo ready; exec sleep 60";
+    let code = exec_then_term(&sb, "t2", killed);
+    assert_eq!(code, Some(76));
+    let shown: serde_json::Value =
+        serde_json::from_slice(&sb.run(&["--json", "keys", "show", "t2"]).stdout).unwrap();
+    assert_eq!(shown["state"], "unknown", "{shown}");
+    // The hint names the tenant, so it works whichever tenant the record is under.
+    let again = sb.run(&["exec", "--key", "t2", "--", "sh", "-c", killed]);
+    assert_eq!(again.status.code(), Some(76));
+    assert!(
+        text(&again.stderr).contains("--tenant local"),
+        "{}",
+        text(&again.stderr)
+    );
+}
+
+/// Runs `exec --key KEY -- sh -c SCRIPT`, waits until the script printed "ready", sends SIGTERM
+/// to idemgate (a pid this test started) and returns idemgate's exit code.
+fn exec_then_term(sb: &Sandbox, key: &str, script: &str) -> Option<i32> {
+    let mut child = sb
+        .idemgate()
+        .args(["exec", "--key", key, "--", "sh", "-c", script])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "ready");
+    Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    // Keep reading so the command's output never blocks on a full pipe.
+    std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s.code();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "exec did not finish after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// After the README's quick start (`serve`, tenant "default"), `keys list` showed nothing: it
+/// looked only under tenant "local". It now shows every tenant, and show/resolve find the key.
+#[test]
+fn issue_7_operator_commands_find_records_of_every_tenant() {
+    let sb = Sandbox::new();
+    assert!(sb
+        .run(&["exec", "--key", "a", "--", "true"])
+        .status
+        .success());
+    let ran = sb.run(&[
+        "--tenant", "default", "exec", "--tool", "t", "--key", "b", "--", "true",
+    ]);
+    assert!(ran.status.success());
+    let listed = text(&sb.run(&["keys", "list"]).stdout);
+    assert!(listed.contains("TENANT"), "{listed}");
+    assert!(
+        listed.contains("local") && listed.contains("default"),
+        "{listed}"
+    );
+    let shown = sb.run(&["--json", "keys", "show", "b"]);
+    let shown: serde_json::Value = serde_json::from_slice(&shown.stdout).unwrap();
+    assert_eq!(shown["key"]["tenant"], "default", "{shown}");
+    // With --tenant the list is that tenant's.
+    let local = text(&sb.run(&["--tenant", "local", "keys", "list"]).stdout);
+    assert!(!local.contains("default"), "{local}");
+}
+
+/// `idemgate token new | head -n1` panicked with a backtrace now and then (a closed stdout).
+#[test]
+fn issue_7_a_closed_stdout_ends_quietly() {
+    let sb = Sandbox::new();
+    let (reader, writer) = std::io::pipe().unwrap();
+    // The reader is gone before idemgate writes: every write meets a closed pipe.
+    drop(reader);
+    let out = sb
+        .idemgate()
+        .args(["token", "new"])
+        .stdout(writer)
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    let err = text(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(out.status.code(), Some(141), "{err}");
+}
+
+/// `--json key mint` printed plain text.
+#[test]
+fn issue_7_json_key_commands_print_json() {
+    let sb = Sandbox::new();
+    for args in [
+        &["--json", "key", "mint"][..],
+        &["--json", "key", "derive", "--run", "r", "--step", "1"],
+    ] {
+        let out = sb.run(args);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert!(v["key"].as_str().unwrap().len() > 8, "{v}");
+    }
+}
+
+/// "Address already in use" was printed twice; `serve --tenant` was ignored.
+#[test]
+fn issue_7_serve_says_a_busy_address_once() {
+    let sb = Sandbox::new();
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = busy.local_addr().unwrap().to_string();
+    let out = sb
+        .idemgate()
+        .env("IDEMGATE_TOKEN", "test-token-0123456789abcdef")
+        .args(["serve", "--listen", &addr])
+        .output()
+        .unwrap();
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.matches("in use").count(), 1, "{err}");
+    // --tenant names the gateway's one tenant (it was ignored): an invalid one is refused.
+    let out = sb
+        .idemgate()
+        .env("IDEMGATE_TOKEN", "test-token-0123456789abcdef")
+        .args(["--tenant", "no spaces", "serve", "--listen", "127.0.0.1:0"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("--tenant"),
+        "{}",
+        text(&out.stderr)
+    );
+}

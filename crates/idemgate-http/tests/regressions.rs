@@ -1,0 +1,122 @@
+//! Regressions of issue 7: what a new user ran into, one test each.
+
+use serde_json::json;
+
+use crate::support::{header, problem, start, upstream, Gw, ACME};
+
+async fn call(gw: &Gw, tool: &str, key: &str) -> reqwest::Response {
+    gw.post(&format!("/v1/tools/{tool}/call"), ACME)
+        .header("idempotency-key", key)
+        .body("{}")
+        .send()
+        .await
+        .unwrap()
+}
+
+/// The outcome-unknown text said "not run again until an operator resolves" under `retry` too.
+#[tokio::test]
+async fn issue_7_unknown_under_retry_says_the_next_call_runs_it_again() {
+    let up = upstream().await;
+    let gw = start(
+        "",
+        &format!(
+            "[tools.flaky]\nupstream = \"{}/flaky\"\non_unknown = \"retry\"\n",
+            up.url
+        ),
+    )
+    .await;
+    let p = problem(call(&gw, "flaky", "k").await, 409, "outcome-unknown").await;
+    let detail = p["detail"].as_str().unwrap();
+    assert!(detail.contains("runs it again"), "{detail}");
+    assert!(!detail.contains("operator"), "{detail}");
+    let res = call(&gw, "flaky", "k").await;
+    assert_eq!(res.status(), 200, "retry takes the record over and runs");
+    assert_eq!(up.calls("flaky"), 2);
+}
+
+/// A record of a forwarded tool resolved by an operator (or written by another front door) made
+/// every later `/call` answer 503 for the whole TTL: `/call` could read only its own format.
+#[tokio::test]
+async fn issue_7_an_operator_resolution_of_a_forwarded_tool_is_replayed() {
+    let up = upstream().await;
+    let gw = start(
+        "",
+        &format!("[tools.flaky]\nupstream = \"{}/flaky\"\n", up.url),
+    )
+    .await;
+    let p = problem(call(&gw, "flaky", "k").await, 409, "outcome-unknown").await;
+    let fence = p["fence"].as_u64().unwrap();
+    let res = gw
+        .post("/v1/tools/flaky/records/k/resolve", ACME)
+        .json(&json!({
+            "fence": fence,
+            "resolution": "completed",
+            "outcome": {"kind": "success", "result": {"charge": 12345678901234567890u64}},
+        }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200, "{:?}", res.text().await);
+    for _ in 0..2 {
+        let res = call(&gw, "flaky", "k").await;
+        assert_eq!(res.status(), 200);
+        assert_eq!(header(&res, "idempotent-replayed"), Some("true"));
+        assert_eq!(header(&res, "content-type"), Some("application/json"));
+        assert_eq!(
+            res.text().await.unwrap(),
+            r#"{"charge":12345678901234567890}"#
+        );
+    }
+    assert_eq!(up.calls("flaky"), 1, "the upstream never ran again");
+}
+
+/// Every answer about an execution says how it was recorded.
+#[tokio::test]
+async fn issue_7_call_answers_say_how_the_outcome_was_recorded() {
+    let up = upstream().await;
+    let gw = start(
+        "",
+        &format!("[tools.charge]\nupstream = \"{}/ok\"\n", up.url),
+    )
+    .await;
+    let res = call(&gw, "charge", "r-1").await;
+    assert_eq!(res.status(), 200);
+    assert_eq!(header(&res, "idempotency-recording"), Some("stored"));
+    assert!(header(&res, "idempotency-executed-at").is_some());
+}
+
+/// An explicit key that starts like the keys the fallback window derives got the fallback
+/// window's retention; such keys are now refused.
+#[tokio::test]
+async fn issue_7_explicit_keys_cannot_pose_as_fallback_keys() {
+    let gw = start("", "[tools.t]\nfallback_window = \"1s\"\n").await;
+    let res = gw.begin("t", "fallback-0123", "{}").await;
+    let p = problem(res, 400, "bad-request").await;
+    assert!(p["detail"].as_str().unwrap().contains("reserved"), "{p}");
+}
+
+/// `/metrics` labelled series by any tool name a caller sent.
+#[tokio::test]
+async fn issue_7_metrics_label_unconfigured_tools_as_one_series() {
+    let gw = start("", "[tools.t]\n").await;
+    for i in 0..5 {
+        gw.begin(&format!("made-up-{i}"), "k", "{}").await;
+    }
+    gw.begin("t", "k", "{}").await;
+    let text = gw
+        .http
+        .get(format!("{}/metrics", gw.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(!text.contains("made-up"), "{text}");
+    for line in [
+        "idemgate_calls_total{tenant=\"acme\",tool=\"other\",decision=\"execute\"} 5",
+        "idemgate_calls_total{tenant=\"acme\",tool=\"t\",decision=\"execute\"} 1",
+    ] {
+        assert!(text.contains(line), "missing {line:?} in\n{text}");
+    }
+}
