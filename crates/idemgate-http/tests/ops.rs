@@ -55,15 +55,7 @@ async fn metrics_count_decisions() {
     gw.begin("t", "m", "{}").await;
     gw.begin("t", "m", "{}").await;
     gw.begin("t", "m", r#"{"other":1}"#).await;
-    let text = gw
-        .http
-        .get(format!("{}/metrics", gw.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = gw.metrics().await;
     for line in [
         "idemgate_calls_total{tenant=\"acme\",tool=\"t\",decision=\"execute\"} 1",
         "idemgate_calls_total{tenant=\"acme\",tool=\"t\",decision=\"in_flight\"} 1",

@@ -103,15 +103,7 @@ async fn issue_7_metrics_label_unconfigured_tools_as_one_series() {
         gw.begin(&format!("made-up-{i}"), "k", "{}").await;
     }
     gw.begin("t", "k", "{}").await;
-    let text = gw
-        .http
-        .get(format!("{}/metrics", gw.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = gw.metrics().await;
     assert!(!text.contains("made-up"), "{text}");
     for line in [
         "idemgate_calls_total{tenant=\"acme\",tool=\"other\",decision=\"execute\"} 5",

@@ -146,6 +146,18 @@ impl Gw {
             .unwrap()
     }
 
+    /// The Prometheus text of `/metrics`.
+    pub(crate) async fn metrics(&self) -> String {
+        self.http
+            .get(format!("{}/metrics", self.url))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
     /// Asks the gateway to stop; `task` ends once it did.
     pub(crate) fn stop_signal(&mut self) {
         if let Some(tx) = self.stop.take() {
