@@ -722,92 +722,93 @@ impl<S: Store> Engine<S> {
                     }
                 }
                 RecordState::Unknown { since } => {
-                    let fence = record.fence;
-                    let blocked = |r: Reservation, message: Option<String>| {
-                        answer(
-                            r,
-                            Decision::Unknown {
-                                since,
-                                fence,
-                                ran_here: false,
-                                message,
-                                recording: None,
-                            },
-                        )
+                    let found = |message| Decision::Unknown {
+                        since,
+                        fence: record.fence,
+                        ran_here: false,
+                        message,
+                        recording: None,
                     };
-                    match policy.on_unknown {
-                        UnknownPolicy::Block => return Ok(blocked(reservation, None)),
-                        UnknownPolicy::Retry => {
-                            match Box::pin(self.take_over(&reservation, record.fence)).await? {
-                                Some(lease) => return Ok(ticket(reservation, lease)),
-                                None => continue,
-                            }
-                        }
+                    let verifier = match policy.on_unknown {
+                        UnknownPolicy::Block => return Ok(answer(reservation, found(None))),
+                        UnknownPolicy::Retry => None,
                         UnknownPolicy::Verify => {
-                            let Some(verifier) = self.verifiers.get(reservation.key.tool.as_str())
-                            else {
-                                let message = format!(
-                                    "tool {} has unknown policy verify but no verifier is registered",
-                                    reservation.key.tool
-                                );
-                                return Ok(blocked(reservation, Some(message)));
-                            };
-                            let Some(lease) =
-                                Box::pin(self.take_over(&reservation, record.fence)).await?
-                            else {
-                                continue;
-                            };
-                            let probe = verifier.verify(&reservation.key).await;
-                            match probe {
-                                Ok(Probe::NotApplied) => return Ok(ticket(reservation, lease)),
-                                Ok(Probe::Applied(outcome)) => {
-                                    let op = JournalOp::complete(outcome, ttl);
-                                    let (done, _) =
-                                        Box::pin(self.record(&reservation.key, lease, &op)).await;
-                                    let JournalOp::Complete { outcome, .. } = op else {
-                                        unreachable!("built as a completion above")
-                                    };
-                                    let done = done.unwrap_or_else(|| self.local_completion(ttl));
-                                    return Ok(answer(
-                                        reservation,
-                                        Decision::Replayed {
-                                            outcome,
-                                            executed_at: done.completed_at,
-                                            expires_at: done.expires_at,
-                                            verified: true,
-                                        },
-                                    ));
-                                }
-                                Ok(Probe::Unknown) | Err(_) => {
-                                    let (_, recording) = Box::pin(self.record(
-                                        &reservation.key,
-                                        lease,
-                                        &JournalOp::MarkUnknown,
-                                    ))
-                                    .await;
-                                    let message = match probe {
-                                        Err(e) => format!("verifier failed: {e}"),
-                                        _ => "verifier could not tell".to_owned(),
-                                    };
-                                    // The takeover raised the fence: an operator resolves the
-                                    // record at the new one.
-                                    return Ok(answer(
-                                        reservation,
-                                        Decision::Unknown {
-                                            since,
-                                            fence: lease.fence,
-                                            ran_here: false,
-                                            message: Some(message),
-                                            recording: Some(recording),
-                                        },
-                                    ));
+                            match self.verifiers.get(reservation.key.tool.as_str()) {
+                                Some(v) => Some(v),
+                                None => {
+                                    let message = format!(
+                                        "tool {} has unknown policy verify but no verifier is registered",
+                                        reservation.key.tool
+                                    );
+                                    return Ok(answer(reservation, found(Some(message))));
                                 }
                             }
                         }
-                    }
+                    };
+                    // Somebody else changed the record first: look again.
+                    let Some(lease) = Box::pin(self.take_over(&reservation, record.fence)).await?
+                    else {
+                        continue;
+                    };
+                    return match verifier {
+                        None => Ok(ticket(reservation, lease)),
+                        Some(v) => {
+                            Box::pin(self.verify(&**v, reservation, rule, ttl, lease, since)).await
+                        }
+                    };
                 }
             }
         }
+    }
+
+    /// Asks `verifier` about a record this call took over from unknown (holding `lease`): runs the
+    /// call if it did not happen, stores and replays the outcome if it did, and marks the record
+    /// unknown again if the verifier cannot tell.
+    async fn verify(
+        &self,
+        verifier: &dyn Verifier,
+        reservation: Reservation,
+        rule: KeyRule,
+        ttl: Duration,
+        lease: Lease,
+        since: Timestamp,
+    ) -> Result<Begun, EngineError> {
+        let probe = verifier.verify(&reservation.key).await;
+        let decision = match probe {
+            Ok(Probe::NotApplied) => return Ok(executing(reservation, rule, ttl, lease)),
+            Ok(Probe::Applied(outcome)) => {
+                let op = JournalOp::complete(outcome, ttl);
+                let (done, _) = self.record(&reservation.key, lease, &op).await;
+                let JournalOp::Complete { outcome, .. } = op else {
+                    unreachable!("built as a completion above")
+                };
+                let done = done.unwrap_or_else(|| self.local_completion(ttl));
+                Decision::Replayed {
+                    outcome,
+                    executed_at: done.completed_at,
+                    expires_at: done.expires_at,
+                    verified: true,
+                }
+            }
+            Ok(Probe::Unknown) | Err(_) => {
+                let (_, recording) = self
+                    .record(&reservation.key, lease, &JournalOp::MarkUnknown)
+                    .await;
+                let message = match probe {
+                    Err(e) => format!("verifier failed: {e}"),
+                    _ => "verifier could not tell".to_owned(),
+                };
+                // The takeover raised the fence: an operator resolves the record at the new one.
+                Decision::Unknown {
+                    since,
+                    fence: lease.fence,
+                    ran_here: false,
+                    message: Some(message),
+                    recording: Some(recording),
+                }
+            }
+        };
+        Ok(answered(reservation, rule, decision))
     }
 
     /// The second half of a call begun with [`Engine::begin`]: records what the side effect
