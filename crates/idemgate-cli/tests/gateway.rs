@@ -60,6 +60,122 @@ fn gateway_crash_postgres_three_processes() {
     crash_test(dir.path(), &url, &tenant, keys_from_env(), Tidy::Yes);
 }
 
+/// Issue 8, recipe V3 (a zombie): gateway A's lease runs out while it is stopped mid-call, B takes
+/// the record over and answers its own run; when A wakes up, its completion is rejected by fence,
+/// and its caller must not be told A's result (which the store threw away): it gets `lease-lost`,
+/// while every replay holds B's.
+#[test]
+fn zombie_caller_is_told_lease_lost_sqlite() {
+    let _heavy = crate::heavy();
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("idem.db").display());
+    zombie_test(dir.path(), &store, "zombie");
+}
+
+/// As [`zombie_caller_is_told_lease_lost_sqlite`], on the shared Postgres.
+#[test]
+fn zombie_caller_is_told_lease_lost_postgres() {
+    let url = std::env::var("IDEMGATE_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+    let _heavy = crate::heavy();
+    let dir = tempfile::tempdir().unwrap();
+    zombie_test(dir.path(), &url, &format!("zombie-{}", unique()));
+}
+
+fn zombie_test(dir: &Path, store: &str, tenant: &str) {
+    let bin = PathBuf::from(env!("CARGO_BIN_EXE_idemgate"));
+    let upstream = Upstream::start(1);
+    let token = format!("token-{}", unique());
+    let hash = token_hash(&bin, &token);
+    let mut gateways = Vec::new();
+    for name in ["a", "b"] {
+        let port = free_port();
+        let config = dir.join(format!("{name}.toml"));
+        fs::write(
+            &config,
+            format!(
+                "[server]\nlisten = \"127.0.0.1:{port}\"\nstore = \"{store}\"\n\
+                 journal = \"{journal}\"\nrequest_timeout = \"30s\"\n\n\
+                 [[tenants]]\nid = \"{tenant}\"\ntoken_sha256 = \"{hash}\"\n\n\
+                 [tools.{TOOL}]\nupstream = \"http://127.0.0.1:{up}/charge\"\n\
+                 lease = \"2s\"\nwait = \"1s\"\nttl = \"10m\"\non_unknown = \"retry\"\n",
+                journal = dir.join(format!("journal-{name}")).display(),
+                up = upstream.port,
+            ),
+        )
+        .unwrap();
+        gateways.push(Gateway::start(
+            &bin,
+            &config,
+            port,
+            &dir.join(format!("{name}.log")),
+        ));
+    }
+    let (a, b) = (gateways[0].port, gateways[1].port);
+    let auth = format!("Bearer {token}");
+    let call = move |client: &mut HttpClient, port: u16| {
+        client
+            .post(
+                port,
+                &format!("/v1/tools/{TOOL}/call"),
+                &[("Authorization", auth.as_str()), ("Idempotency-Key", "z")],
+                br#"{"k":0,"delay_ms":1500}"#,
+            )
+            .unwrap()
+    };
+    let zombie = {
+        let call = call.clone();
+        thread::spawn(move || call(&mut HttpClient::default(), a))
+    };
+    // A sent the call upstream: stop it there, past its lease.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while upstream.executions_by_key()[0] == 0 {
+        assert!(Instant::now() < deadline, "A never called the upstream");
+        thread::sleep(Duration::from_millis(5));
+    }
+    let a_pid = gateways[0].child.as_ref().unwrap().id().to_string();
+    assert!(Command::new("kill")
+        .args(["-STOP", &a_pid])
+        .status()
+        .unwrap()
+        .success());
+    // B answers in flight until A's lease has run out, then takes over and runs the call itself.
+    let mut client = HttpClient::default();
+    let b_answer = loop {
+        let r = call(&mut client, b);
+        if r.status == 200 {
+            break r;
+        }
+        assert_eq!(r.status, 409, "{}", String::from_utf8_lossy(&r.body));
+        assert!(Instant::now() < deadline, "B never took the record over");
+    };
+    let b_body = String::from_utf8_lossy(&b_answer.body).into_owned();
+    assert!(b_body.contains("\"run\":2"), "{b_body}");
+    assert!(Command::new("kill")
+        .args(["-CONT", &a_pid])
+        .status()
+        .unwrap()
+        .success());
+    let a_answer = zombie.join().unwrap();
+    let a_body = String::from_utf8_lossy(&a_answer.body).into_owned();
+    assert_eq!(
+        a_answer.status, 409,
+        "the zombie's caller was told {a_body}"
+    );
+    assert!(a_body.contains("lease-lost"), "{a_body}");
+    // Every later answer, from either gateway, is B's run.
+    for port in [a, b] {
+        let r = call(&mut client, port);
+        assert_eq!(r.status, 200);
+        assert_eq!(r.header("idempotent-replayed"), Some("true"));
+        assert_eq!(String::from_utf8_lossy(&r.body), b_body);
+    }
+    assert_eq!(upstream.executions_by_key()[0], 2);
+    for g in &mut gateways {
+        g.stop();
+    }
+}
+
 // ---- the test --------------------------------------------------------------------------------
 
 /// What one client finally got for one duplicate of a key.
@@ -670,18 +786,21 @@ fn serve_upstream(
             serde_json::from_slice(&request.body).unwrap_or(serde_json::Value::Null);
         let k = args["k"].as_u64().and_then(|k| usize::try_from(k).ok());
         // The side effect: counted before the answer, as a real one would have happened.
-        if let Some(n) = k.and_then(|k| by_key.get(k)) {
-            n.fetch_add(1, Ordering::SeqCst);
-        }
+        let run = k
+            .and_then(|k| by_key.get(k))
+            .map_or(0, |n| n.fetch_add(1, Ordering::SeqCst) + 1);
         *by_downstream
             .lock()
             .unwrap()
             .entry(downstream.clone())
             .or_default() += 1;
-        // A little work, so that kills land while calls are on the wire.
-        thread::sleep(Duration::from_millis(k.map_or(0, |k| (k % 3) as u64)));
+        // A little work, so that kills land while calls are on the wire (or as long as asked).
+        let work = args["delay_ms"]
+            .as_u64()
+            .unwrap_or_else(|| k.map_or(0, |k| (k % 3) as u64));
+        thread::sleep(Duration::from_millis(work));
         let body = format!(
-            "{{\"k\":{},\"downstream_key\":\"{downstream}\"}}",
+            "{{\"k\":{},\"run\":{run},\"downstream_key\":\"{downstream}\"}}",
             k.map_or(-1, |k| k as i64)
         );
         write!(
