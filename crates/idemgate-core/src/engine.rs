@@ -325,7 +325,17 @@ pub struct Settings {
     /// How many completed records the engine keeps to answer replays without asking the store
     /// (a completed record is final until it expires); 0 turns the cache off.
     pub replay_cache: usize,
+    /// How long a call that finds a record unknown for the first time watches it before judging
+    /// it (answering unknown, taking it over, verifying). A holder whose lease ran out while the
+    /// store was unreachable may hold the outcome in its journal, acknowledged to its caller; its
+    /// flusher retries every [`FLUSH_RETRY`] once entries are pending, so a settle window longer
+    /// than that lets the flush land before anybody decides the outcome is unknown (see
+    /// docs/ARCHITECTURE.md, "Journaled outcomes and takeovers"). 0 turns it off.
+    pub unknown_settle: Duration,
 }
+
+/// How often the journal flusher tries again while entries are pending (the store is down).
+pub const FLUSH_RETRY: Duration = Duration::from_millis(250);
 
 impl Default for Settings {
     fn default() -> Self {
@@ -334,6 +344,7 @@ impl Default for Settings {
             finish_backoff: Duration::from_millis(20),
             max_poll: Duration::from_millis(100),
             replay_cache: 4096,
+            unknown_settle: Duration::from_secs(2),
         }
     }
 }
@@ -359,6 +370,10 @@ pub struct Engine<S> {
     replays: ReplayCache,
     clock: Arc<dyn Clock>,
     observers: Observers,
+    /// When this engine first found each record unknown (see [`Settings::unknown_settle`]).
+    unknown_seen: std::sync::Mutex<HashMap<Key, Instant>>,
+    /// Woken when an entry is journaled, so the flusher turns to its fast retry at once.
+    journaled: Arc<tokio::sync::Notify>,
 }
 
 impl<S: std::fmt::Debug> std::fmt::Debug for Engine<S> {
@@ -385,6 +400,8 @@ impl<S: Store> Engine<S> {
             settings: Settings::default(),
             clock: Arc::new(SystemClock),
             observers: Observers::new(),
+            unknown_seen: std::sync::Mutex::new(HashMap::new()),
+            journaled: Arc::new(tokio::sync::Notify::new()),
         }
     }
 
@@ -722,6 +739,17 @@ impl<S: Store> Engine<S> {
                     }
                 }
                 RecordState::Unknown { since } => {
+                    if let Some(left) = self.unknown_settle_left(&reservation.key) {
+                        // The holder may still flush an outcome it journaled while the store was
+                        // out of reach: watch the record a little before judging it.
+                        let until = Instant::now() + left;
+                        let still_unknown =
+                            |s: &RecordState| matches!(s, RecordState::Unknown { .. });
+                        if Box::pin(self.wait_while(&reservation.key, until, still_unknown)).await?
+                        {
+                            continue;
+                        }
+                    }
                     let found = |message| Decision::Unknown {
                         since,
                         fence: record.fence,
@@ -991,7 +1019,10 @@ impl<S: Store> Engine<S> {
             .await
             .unwrap_or_else(|e| Err(format!("the journal writer failed: {e}")));
         match appended {
-            Ok(()) => (None, Recording::Journaled),
+            Ok(()) => {
+                self.journaled.notify_one();
+                (None, Recording::Journaled)
+            }
             Err(e) => (None, Recording::Unrecorded(e)),
         }
     }
@@ -1061,6 +1092,18 @@ impl<S: Store> Engine<S> {
         key: &Key,
         deadline: Instant,
     ) -> Result<bool, EngineError> {
+        self.wait_while(key, deadline, |s| matches!(s, RecordState::InFlight { .. }))
+            .await
+    }
+
+    /// Waits until the record's state no longer satisfies `still` (true) or the deadline passed
+    /// (false).
+    async fn wait_while(
+        &self,
+        key: &Key,
+        deadline: Instant,
+        still: impl Fn(&RecordState) -> bool,
+    ) -> Result<bool, EngineError> {
         loop {
             let now = Instant::now();
             if now >= deadline {
@@ -1069,13 +1112,32 @@ impl<S: Store> Engine<S> {
             let slice = (deadline - now).min(self.settings.max_poll);
             self.store.wait_changed(key, slice).await;
             match self.store.get(key).await? {
-                Some(Record {
-                    state: RecordState::InFlight { .. },
-                    ..
-                }) => {}
+                Some(Record { state, .. }) if still(&state) => {}
                 _ => return Ok(true),
             }
         }
+    }
+
+    /// How much longer a call must watch an unknown record before judging it: the rest of the
+    /// settle window since this engine first found it unknown; `None` once that has passed.
+    fn unknown_settle_left(&self, key: &Key) -> Option<Duration> {
+        let settle = self.settings.unknown_settle;
+        if settle.is_zero() {
+            return None;
+        }
+        let now = Instant::now();
+        let mut seen = self.unknown_seen.lock().unwrap_or_else(|p| p.into_inner());
+        // Bounded: entries past their window only spare a later call the wait; drop them first.
+        if seen.len() >= UNKNOWN_SEEN_MAX {
+            seen.retain(|_, first| now.duration_since(*first) < settle);
+            if seen.len() >= UNKNOWN_SEEN_MAX {
+                seen.clear();
+            }
+        }
+        let first = *seen.entry(key.clone()).or_insert(now);
+        settle
+            .checked_sub(now.duration_since(first))
+            .filter(|d| !d.is_zero())
     }
 
     /// The record, if one counts.
@@ -1168,11 +1230,19 @@ impl<S: Store> Engine<S> {
         S: 'static,
     {
         let engine = Arc::clone(self);
+        let journaled = Arc::clone(&self.journaled);
         JournalFlusher(tokio::spawn(async move {
-            let mut ticks = tokio::time::interval(every);
             loop {
-                ticks.tick().await;
-                let _ = engine.flush_journal().await;
+                // While entries wait for the store, try again soon: other processes hold off
+                // judging the records for only `Settings::unknown_settle` after the store is back.
+                let next = match engine.flush_journal().await {
+                    Ok(r) if r.pending == 0 => every,
+                    _ => FLUSH_RETRY,
+                };
+                tokio::select! {
+                    () = tokio::time::sleep(next) => {}
+                    () = journaled.notified() => {}
+                }
             }
         }))
     }
@@ -1196,6 +1266,9 @@ impl<S: Store> Engine<S> {
         Ok(report)
     }
 }
+
+/// Most records an engine remembers having found unknown (see [`Settings::unknown_settle`]).
+const UNKNOWN_SEEN_MAX: usize = 10_000;
 
 /// Names the record of a call (see [`Engine::key_for`]).
 fn name(call: Call, policy: &ToolPolicy) -> Result<Option<Named>, EngineError> {

@@ -45,7 +45,7 @@ pub mod verdict;
 pub use canonical::Fingerprint;
 pub use engine::{
     Answer, Begun, Call, Decision, Effect, Engine, FlushReport, JournalFlusher, Named, Probe,
-    ProbeFuture, Recording, Resolution, Settings, Ticket, Verifier,
+    ProbeFuture, Recording, Resolution, Settings, Ticket, Verifier, FLUSH_RETRY,
 };
 pub use error::{CanonicalError, EngineError, KeyError, StoreError};
 pub use journal::{Journal, JournalEntry, JournalOp, MemoryJournal};

@@ -1,5 +1,6 @@
 //! Integration tests of the engine: behaviours, failpoints and the reference model.
 
 mod engine;
+mod journal;
 mod model;
 mod support;
