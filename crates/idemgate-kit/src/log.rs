@@ -65,6 +65,12 @@ impl Observer for Log {
             } => tracing::info!(
                 tenant = %key.tenant, tool = %key.tool, key = short(key), fence, released, "resolved"
             ),
+            Event::Flushed(Ok(r)) if r.superseded > 0 => tracing::warn!(
+                applied = r.applied,
+                superseded = r.superseded,
+                pending = r.pending,
+                "flushed the journal: outcomes acknowledged to callers were superseded by a takeover (this process was cut off from the store past its lease)"
+            ),
             Event::Flushed(Ok(r)) => tracing::info!(
                 applied = r.applied,
                 superseded = r.superseded,

@@ -41,6 +41,7 @@ pub struct Metrics {
     key_reuse: AtomicU64,
     unknown: AtomicU64,
     store_errors: AtomicU64,
+    superseded: AtomicU64,
     durations: Mutex<BTreeMap<&'static str, Histogram>>,
 }
 
@@ -143,6 +144,11 @@ impl Metrics {
                 "Store operations that failed.",
                 &self.store_errors,
             ),
+            (
+                "idemgate_journal_superseded_total",
+                "Journaled outcomes that found their record taken over when flushed.",
+                &self.superseded,
+            ),
         ] {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
             let _ = writeln!(out, "{name} {}", v.load(Ordering::Relaxed));
@@ -186,6 +192,10 @@ impl Observer for Metrics {
                 ..
             } => self.call(tenant.as_str(), tool.as_str(), *verdict),
             Event::Flushed(Err(_)) => self.store_error(),
+            Event::Flushed(Ok(r)) => {
+                self.superseded
+                    .fetch_add(r.superseded as u64, Ordering::Relaxed);
+            }
             _ => {}
         }
     }
