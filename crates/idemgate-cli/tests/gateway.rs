@@ -176,6 +176,176 @@ fn zombie_test(dir: &Path, store: &str, tenant: &str) {
     }
 }
 
+/// Issue 8, recipe V1 on Redis: the store is SIGKILLed while gateway A's call is upstream, so A
+/// journals the outcome and acknowledges it; A's lease runs out while the store is down; the
+/// store restarts and gateway B gets the duplicate at once, under `retry`. B must replay A's
+/// acknowledged outcome (A's flusher lands it within B's settle window), never run it again.
+#[test]
+fn journaled_outcome_survives_a_store_restart_redis() {
+    let _heavy = crate::heavy();
+    let dir = tempfile::tempdir().unwrap();
+    let mut redis = PrivateRedis::start(dir.path());
+    let store = format!("redis://127.0.0.1:{}", redis.port);
+    let bin = PathBuf::from(env!("CARGO_BIN_EXE_idemgate"));
+    let upstream = Upstream::start(1);
+    let token = format!("token-{}", unique());
+    let hash = token_hash(&bin, &token);
+    let mut gateways = Vec::new();
+    for name in ["a", "b"] {
+        let port = free_port();
+        let config = dir.path().join(format!("{name}.toml"));
+        fs::write(
+            &config,
+            format!(
+                "[server]\nlisten = \"127.0.0.1:{port}\"\nstore = \"{store}\"\n\
+                 journal = \"{journal}\"\nrequest_timeout = \"30s\"\n\n\
+                 [[tenants]]\nid = \"v1\"\ntoken_sha256 = \"{hash}\"\n\n\
+                 [tools.{TOOL}]\nupstream = \"http://127.0.0.1:{up}/charge\"\n\
+                 lease = \"2s\"\nwait = \"5s\"\non_unknown = \"retry\"\n",
+                journal = dir.path().join(format!("journal-{name}")).display(),
+                up = upstream.port,
+            ),
+        )
+        .unwrap();
+        gateways.push(Gateway::start(
+            &bin,
+            &config,
+            port,
+            &dir.path().join(format!("{name}.log")),
+        ));
+    }
+    let (a, b) = (gateways[0].port, gateways[1].port);
+    let auth = format!("Bearer {token}");
+    let call = move |client: &mut HttpClient, port: u16| {
+        client
+            .post(
+                port,
+                &format!("/v1/tools/{TOOL}/call"),
+                &[("Authorization", auth.as_str()), ("Idempotency-Key", "v1")],
+                br#"{"k":0,"delay_ms":500}"#,
+            )
+            .unwrap()
+    };
+    let first = {
+        let call = call.clone();
+        thread::spawn(move || call(&mut HttpClient::default(), a))
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while upstream.executions_by_key()[0] == 0 {
+        assert!(Instant::now() < deadline, "A never called the upstream");
+        thread::sleep(Duration::from_millis(5));
+    }
+    // The store dies while the call is upstream: A cannot record the outcome.
+    redis.kill();
+    let acked = first.join().unwrap();
+    let acked_body = String::from_utf8_lossy(&acked.body).into_owned();
+    assert_eq!(acked.status, 200, "{acked_body}");
+    assert_eq!(acked.header("idempotency-recording"), Some("journaled"));
+    // The store stays down past A's lease (a loaded machine only makes this longer).
+    thread::sleep(Duration::from_secs(3));
+    redis.restart();
+    let mut client = HttpClient::default();
+    // B's first calls may find its own connection to the store not yet re-established: 503,
+    // nothing ran, and the client retries, as clients do.
+    let replay = loop {
+        let r = call(&mut client, b);
+        if r.status != 503 {
+            break r;
+        }
+        assert!(Instant::now() < deadline, "B never reached the restarted store");
+        thread::sleep(Duration::from_millis(50));
+    };
+    let replay_body = String::from_utf8_lossy(&replay.body).into_owned();
+    assert_eq!(replay.status, 200, "{replay_body}");
+    assert_eq!(replay.header("idempotent-replayed"), Some("true"));
+    assert_eq!(
+        replay_body, acked_body,
+        "B superseded A's acknowledged outcome"
+    );
+    assert_eq!(
+        upstream.executions_by_key()[0],
+        1,
+        "never a second execution"
+    );
+    for g in &mut gateways {
+        g.stop();
+    }
+}
+
+/// A Redis server of this test's own, with an append-only file that survives SIGKILL, on a free
+/// loopback port; stopped by its recorded pid, never the shared one.
+struct PrivateRedis {
+    port: u16,
+    dir: PathBuf,
+    child: Option<Child>,
+}
+
+impl PrivateRedis {
+    fn start(dir: &Path) -> PrivateRedis {
+        let dir = dir.join("redis");
+        fs::create_dir_all(&dir).unwrap();
+        let mut r = PrivateRedis {
+            port: free_port(),
+            dir,
+            child: None,
+        };
+        r.restart();
+        r
+    }
+
+    fn restart(&mut self) {
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args([
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+                "--save",
+                "",
+            ])
+            .arg("--dir")
+            .arg(&self.dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("failed to start redis-server (installed with the machine's Redis)");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.port)) {
+                let mut pong = [0u8; 5];
+                if s.write_all(b"PING\r\n").is_ok()
+                    && s.read_exact(&mut pong).is_ok()
+                    && &pong == b"+PONG"
+                {
+                    return;
+                }
+            }
+            assert!(Instant::now() < deadline, "private redis did not come up");
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let status = Command::new("kill")
+                .args(["-9", &child.id().to_string()])
+                .status()
+                .unwrap();
+            assert!(status.success(), "kill -9 failed");
+            child.wait().unwrap();
+        }
+    }
+}
+
+impl Drop for PrivateRedis {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
 // ---- the test --------------------------------------------------------------------------------
 
 /// What one client finally got for one duplicate of a key.
