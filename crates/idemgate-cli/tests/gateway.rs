@@ -252,7 +252,10 @@ fn journaled_outcome_survives_a_store_restart_redis() {
         if r.status != 503 {
             break r;
         }
-        assert!(Instant::now() < deadline, "B never reached the restarted store");
+        assert!(
+            Instant::now() < deadline,
+            "B never reached the restarted store"
+        );
         thread::sleep(Duration::from_millis(50));
     };
     let replay_body = String::from_utf8_lossy(&replay.body).into_owned();
