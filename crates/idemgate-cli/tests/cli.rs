@@ -5,22 +5,23 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-struct Sandbox {
+/// A data directory and SQLite store of one test's own (the MCP tests use it too).
+pub(crate) struct Sandbox {
     dir: tempfile::TempDir,
 }
 
 impl Sandbox {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Sandbox {
             dir: tempfile::tempdir().unwrap(),
         }
     }
 
-    fn path(&self, name: &str) -> PathBuf {
+    pub(crate) fn path(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
     }
 
-    fn idemgate(&self) -> Command {
+    pub(crate) fn idemgate(&self) -> Command {
         let mut c = Command::new(env!("CARGO_BIN_EXE_idemgate"));
         c.env("XDG_DATA_HOME", self.path("data"))
             .env(

@@ -2,6 +2,7 @@
 
 mod cli;
 mod gateway;
+mod mcp;
 
 /// Tests that load both cores (process storms, crash tests) take this lock so that they run one
 /// after the other: together they would starve each other of the time their deadlines assume.
