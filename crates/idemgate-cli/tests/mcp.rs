@@ -5,6 +5,7 @@
 
 use std::fs;
 use std::io::{BufRead as _, BufReader, Write as _};
+use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -234,11 +235,19 @@ fn mcp_relays_frames_and_replays_a_keyed_write() {
     drop(p);
 
     // A new proxy process (a client that starts one per call) replays from the store.
-    let mut p = sb.initialized("replay_notice = false\n");
+    let audit = sb.path("audit.jsonl");
+    let config = format!(
+        "replay_notice = false\naudit_log = {:?}\n",
+        audit.display().to_string()
+    );
+    let mut p = sb.initialized(&config);
     let later = p.call("count", json!({"label": "a"}), Some("order-1"));
     assert_eq!(later["result"]["_meta"]["dev.idemgate/replayed"], true);
     assert_eq!(later["result"]["content"].as_array().unwrap().len(), 1);
     assert_eq!(sb.executed(), ["count a"]);
+    let audit = fs::read_to_string(&audit).unwrap();
+    assert!(audit.contains(r#""event":"replayed""#), "{audit}");
+    assert!(audit.contains(r#""tool":"mcp_server/count""#), "{audit}");
 
     let out = sb
         .idemgate()
@@ -462,4 +471,78 @@ fn mcp_client_hanging_up_mid_write_still_records_its_outcome() {
     assert_eq!(text(&r, 0), "slow done", "{r}");
     assert_eq!(r["result"]["_meta"]["dev.idemgate/replayed"], true);
     assert_eq!(sb.executed(), ["slow started"]);
+}
+
+/// The pinned third-party pieces (scripts/mcp-test-deps), or a loud failure saying how to get
+/// them.
+fn mcp_deps() -> PathBuf {
+    let dir = std::env::var_os("IDEMGATE_MCP_DEPS").map_or_else(
+        || {
+            PathBuf::from(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../../target/mcp-deps"
+            ))
+        },
+        PathBuf::from,
+    );
+    assert!(
+        dir.join("venv/bin/python").exists()
+            && dir.join("node/node_modules/.bin/mcp-server-memory").exists(),
+        "the MCP end-to-end dependencies are missing in {}: run scripts/mcp-test-deps (it installs the Python mcp SDK and @modelcontextprotocol/server-memory, pinned)",
+        dir.display()
+    );
+    dir
+}
+
+#[test]
+fn mcp_real_memory_server_through_the_python_sdk() {
+    let deps = mcp_deps();
+    let sb = Sandbox::new();
+    let client = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/mcp_memory_client.py"
+    );
+    let out = std::process::Command::new(deps.join("venv/bin/python"))
+        .arg(client)
+        .arg(env!("CARGO_BIN_EXE_idemgate"))
+        .arg("--")
+        .arg(deps.join("node/node_modules/.bin/mcp-server-memory"))
+        .env("XDG_DATA_HOME", sb.path("data"))
+        .env(
+            "IDEMGATE_STORE",
+            format!("sqlite://{}", sb.path("idem.db").display()),
+        )
+        .env("IDEMGATE_LOG", "warn")
+        .env("MEMORY_FILE_PATH", sb.path("memory.jsonl"))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let seen: Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert!(
+        seen["tools"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("create_entities")),
+        "{seen}"
+    );
+    let first = &seen["first"];
+    let again = &seen["again"];
+    assert_ne!(first["isError"], true, "{seen}");
+    assert!(first["_meta"]["dev.idemgate/replayed"].is_null(), "{seen}");
+    assert_eq!(again["_meta"]["dev.idemgate/replayed"], true, "{seen}");
+    assert_eq!(again["content"][0], first["content"][0], "{seen}");
+    assert_eq!(seen["unkeyed"]["isError"], true, "{seen}");
+    assert_eq!(
+        seen["unkeyed"]["_meta"]["dev.idemgate/verdict"],
+        "key_required"
+    );
+    // The server's state changed once: one entity, one observation.
+    let graph = seen["graph"]["content"][0]["text"].as_str().unwrap();
+    assert_eq!(graph.matches("printer on fire").count(), 1, "{graph}");
 }

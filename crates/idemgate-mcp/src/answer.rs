@@ -138,14 +138,16 @@ pub(crate) fn respond(
             let why = message.unwrap_or_else(|| {
                 "an earlier attempt stopped before its outcome was recorded".to_owned()
             });
-            let next = if cx.policy.on_unknown == idemgate_core::UnknownPolicy::Retry && !ran_here
-            {
-                "The next call with the same key runs it again.".to_owned()
-            } else {
-                format!(
-                    "It was NOT repeated, so that it cannot happen twice. Check whether it took effect; an operator records what happened with `idemgate keys resolve KEY --tool {} --tenant {} --fence {fence} --completed` (it did) or `--release` (it did not; the next call runs it).",
-                    cx.scope, cx.tenant
-                )
+            let resolve = format!(
+                "Check whether it took effect; an operator records what happened with `idemgate keys resolve KEY --tool {} --tenant {} --fence {fence} --completed` (it did) or `--release` (it did not; the next call runs it).",
+                cx.scope, cx.tenant
+            );
+            let next = match (ran_here, cx.policy.on_unknown) {
+                (false, idemgate_core::UnknownPolicy::Retry) => {
+                    "The next call with the same key runs it again.".to_owned()
+                }
+                (false, _) => format!("It was NOT repeated, so that it cannot happen twice. {resolve}"),
+                (true, _) => format!("It was sent to the tool once and calls with the same key will not send it again. {resolve}"),
             };
             own(
                 cx,
