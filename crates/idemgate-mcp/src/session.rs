@@ -178,7 +178,10 @@ impl<S: Store> Session<S> {
             (Some("tools/call"), Some(id)) => {
                 let inner = Arc::clone(&self.inner);
                 let params = f.params;
-                lock(&self.calls).spawn(async move {
+                let mut calls = lock(&self.calls);
+                // Finished calls are reaped as new ones come, so a long session stays small.
+                while calls.try_join_next().is_some() {}
+                calls.spawn(async move {
                     let answer = inner.call(&id, line, params.as_deref()).await;
                     let _ = inner.to_client.send(answer);
                 });
@@ -507,5 +510,87 @@ impl<S: Store> Inner<S> {
                 return;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use idemgate_core::MemoryStore;
+
+    use super::*;
+
+    fn session() -> (Session<MemoryStore>, Outputs) {
+        let engine = Arc::new(Engine::new(MemoryStore::new()));
+        let tenant = TenantId::new("t").unwrap();
+        Session::new(engine, Config::default(), "srv".to_owned(), tenant)
+    }
+
+    fn call(id: &str) -> String {
+        format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"pay","arguments":{{"cents":5}},"_meta":{{"{META_KEY}":"k"}}}}}}"#
+        )
+    }
+
+    #[tokio::test]
+    async fn a_retry_is_answered_under_its_own_id_without_the_server() {
+        let (session, mut out) = session();
+        let list = r#"{"jsonrpc":"2.0","id":"l","method":"tools/list"}"#;
+        session.from_client(list.to_owned());
+        assert_eq!(out.to_server.recv().await.unwrap().frame, list);
+        let listing =
+            r#"{"jsonrpc":"2.0","id":"l","result":{"tools":[{"name":"pay","x-new":[1]}]}}"#;
+        session.from_server(listing.to_owned());
+        assert_eq!(out.to_client.recv().await.unwrap(), listing);
+
+        session.from_client(call("1"));
+        let sent = out.to_server.recv().await.unwrap();
+        assert_eq!(sent.frame, call("1"), "relayed as it came");
+        sent.sent.unwrap().send(Ok(())).unwrap();
+        let answer =
+            r#"{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"paid"}]}}"#;
+        session.from_server(answer.to_owned());
+        assert_eq!(out.to_client.recv().await.unwrap(), answer);
+
+        session.from_client(call(r#""retry-7""#));
+        let replay: serde_json::Value =
+            serde_json::from_str(&out.to_client.recv().await.unwrap()).unwrap();
+        assert_eq!(replay["id"], "retry-7");
+        assert_eq!(replay["result"]["content"][0]["text"], "paid");
+        assert_eq!(replay["result"]["_meta"][crate::META_REPLAYED], true);
+        session.drain().await;
+        assert!(out.to_server.try_recv().is_err(), "the server saw one call");
+    }
+
+    #[tokio::test]
+    async fn the_proxy_lists_tools_itself_and_keeps_its_requests_to_itself() {
+        let (session, mut out) = session();
+        session.from_client(call("1"));
+        let own = out.to_server.recv().await.unwrap();
+        let f = Frame::parse(&own.frame).unwrap();
+        assert_eq!(f.method.as_deref(), Some("tools/list"));
+        let id = f.id.unwrap();
+        assert!(id.get().contains("dev.idemgate/"), "{}", id.get());
+        session.from_server(format!(
+            r#"{{"jsonrpc":"2.0","id":{},"result":{{"tools":[{{"name":"pay","inputSchema":{{"properties":{{"idempotency_key":{{}}}}}}}}]}}}}"#,
+            id.get()
+        ));
+        let sent = out.to_server.recv().await.unwrap();
+        assert!(
+            sent.frame.contains(r#""idempotency_key":""#),
+            "{}",
+            sent.frame
+        );
+        // The server is gone before it answers: unknown, in the proxy's own words.
+        sent.sent.unwrap().send(Ok(())).unwrap();
+        session.server_closed("gone");
+        let answer: serde_json::Value =
+            serde_json::from_str(&out.to_client.recv().await.unwrap()).unwrap();
+        assert_eq!(answer["id"], 1);
+        assert_eq!(answer["result"]["isError"], true);
+        assert_eq!(answer["result"]["_meta"][crate::META_VERDICT], "unknown");
+        assert!(
+            out.to_client.try_recv().is_err(),
+            "the listing never reached the client"
+        );
     }
 }
