@@ -459,6 +459,27 @@ fn mcp_relays_server_requests_and_holds_cancellations_of_writes() {
 }
 
 #[test]
+fn mcp_input_required_is_never_stored_and_its_continuation_runs_under_the_key() {
+    let (sb, mut p) = started(PLAIN);
+    let interim = p.call("confirm", json!({}), Some("c-9"));
+    assert_eq!(
+        interim["result"]["resultType"], "input_required",
+        "{interim}"
+    );
+    let meta = json!({"dev.idemgate/idempotency-key": "c-9"});
+    let continued = json!({"name": "confirm", "arguments": {}, "_meta": meta,
+        "inputResponses": {"ok": {"action": "accept"}}, "requestState": "s1"});
+    let done = p.request("tools/call", continued.clone());
+    assert_eq!(text(&done, 0), "confirmed", "{done}");
+    let again = p.request("tools/call", continued);
+    assert_eq!(
+        again["result"]["_meta"]["dev.idemgate/replayed"], true,
+        "{again}"
+    );
+    assert_eq!(sb.executed(), ["confirm"]);
+}
+
+#[test]
 fn mcp_client_hanging_up_mid_write_still_records_its_outcome() {
     let (sb, mut p) = started(PLAIN);
     p.send(&json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "slow", "arguments": {}, "_meta": {"dev.idemgate/idempotency-key": "hang-1"}}}));

@@ -105,12 +105,17 @@ pub(crate) fn respond(
                 Map::new(),
             ),
         },
-        (Verdict::NotApplied, Some(Decision::NotApplied { message, .. })) => own(
-            cx,
-            verdict,
-            format!("Nothing was done: {message}. The call may be sent again."),
-            Map::new(),
-        ),
+        (Verdict::NotApplied, Some(Decision::NotApplied { message, .. })) => match relay {
+            // The server's own answer that it did nothing yet (an `input_required` interim
+            // result) goes back as it was.
+            Some(Reply::Answer { frame, .. }) => frame,
+            _ => own(
+                cx,
+                verdict,
+                format!("Nothing was done: {message}. The call may be sent again."),
+                Map::new(),
+            ),
+        },
         (Verdict::InFlight, Some(Decision::InFlight { since, retry_after })) => {
             let secs = retry_after.as_secs().max(1);
             own(

@@ -52,15 +52,29 @@ impl Reply {
     /// What the answer says about the side effect.
     fn effect(&self) -> Effect {
         #[derive(Deserialize)]
-        struct IsError {
+        struct Shape {
             #[serde(rename = "isError", default)]
             is_error: bool,
+            #[serde(rename = "resultType", default)]
+            result_type: Option<String>,
         }
         match self {
             Reply::Answer {
                 result: Some(r), ..
             } => {
-                let failed = serde_json::from_str::<IsError>(r.get()).is_ok_and(|e| e.is_error);
+                let shape = serde_json::from_str::<Shape>(r.get()).ok();
+                // A 2026-era interim answer: the tool asks for input before it acts. It is never
+                // stored; the key is released so that the continuation (the same call with
+                // `inputResponses`/`requestState`, which are not part of the fingerprint) runs
+                // under the same key and its final result is the one stored.
+                if shape
+                    .as_ref()
+                    .and_then(|s| s.result_type.as_deref())
+                    .is_some_and(|t| t == "input_required")
+                {
+                    return Effect::not_applied("the tool asked for input before acting");
+                }
+                let failed = shape.is_some_and(|s| s.is_error);
                 let body = Payload::McpToolResult(r.clone()).encode();
                 if failed {
                     Effect::Failed(body)
