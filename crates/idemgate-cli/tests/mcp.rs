@@ -175,6 +175,14 @@ fn verdict(response: &Value) -> &str {
         .unwrap_or("")
 }
 
+/// A retry of an action whose outcome is unknown: answered "unknown", and the server's log shows
+/// the one execution `ran`, never a second.
+fn assert_unknown_and_not_rerun(sb: &Sandbox, p: &mut Proxy, tool: &str, key: &str, ran: &str) {
+    let retry = p.call(tool, json!({}), Some(key));
+    assert_eq!(verdict(&retry), "unknown", "{retry}");
+    assert_eq!(sb.executed(), [ran]);
+}
+
 /// Waits for `cond` with a generous deadline, checking often.
 fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
     let start = Instant::now();
@@ -354,9 +362,7 @@ fn mcp_server_crash_mid_call_is_unknown_and_never_rerun() {
     // The server is gone: the proxy exits with its exit code.
     assert_eq!(p.wait_exit(), Some(3));
     let mut p = sb.initialized(PLAIN);
-    let retry = p.call("crash", json!({}), Some("c-1"));
-    assert_eq!(verdict(&retry), "unknown", "{retry}");
-    assert_eq!(sb.executed(), ["crash"]);
+    assert_unknown_and_not_rerun(&sb, &mut p, "crash", "c-1", "crash");
 }
 
 #[test]
@@ -477,6 +483,42 @@ fn mcp_input_required_is_never_stored_and_its_continuation_runs_under_the_key() 
         "{again}"
     );
     assert_eq!(sb.executed(), ["confirm"]);
+}
+
+#[test]
+fn mcp_call_timeout_leaves_the_outcome_unknown_and_drops_the_late_answer() {
+    let (sb, mut p) = started("call_timeout = \"300ms\"\n");
+    let timed_out = p.call("slow", json!({}), Some("t-1"));
+    assert_eq!(verdict(&timed_out), "unknown", "{timed_out}");
+    assert!(
+        text(&timed_out, 0).contains("did not answer within"),
+        "{timed_out}"
+    );
+    sb.release();
+    // The late answer never reaches the client: the next frame it sees answers the ping.
+    p.send(&json!({"jsonrpc": "2.0", "id": 900, "method": "ping"}));
+    let next: Value = serde_json::from_str(&p.line()).unwrap();
+    assert_eq!(next["id"], 900, "{next}");
+    assert_unknown_and_not_rerun(&sb, &mut p, "slow", "t-1", "slow started");
+}
+
+#[test]
+fn mcp_refuses_to_start_without_its_store() {
+    let sb = Sandbox::new();
+    let out = sb
+        .idemgate()
+        .args([
+            "--store",
+            "sqlite:///nonexistent-dir/x/idem.db",
+            "mcp",
+            "--",
+            "python3",
+            FIXTURE,
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(69));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("failed to open store"));
 }
 
 #[test]

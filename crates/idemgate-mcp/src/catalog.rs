@@ -97,6 +97,12 @@ impl Catalog {
         self.tools.get(name)
     }
 
+    /// The server said its tools changed (`notifications/tools/list_changed`): a name not seen
+    /// yet is worth another listing.
+    pub fn changed(&mut self) {
+        self.complete = false;
+    }
+
     /// Whether a whole listing was seen.
     pub fn is_complete(&self) -> bool {
         self.complete

@@ -226,7 +226,14 @@ impl<S: Store> Session<S> {
     /// else goes to the client as it came.
     pub fn from_server(&self, line: String) {
         let inner = &self.inner;
-        if let Some(f) = Frame::parse(&line).filter(Frame::is_response) {
+        let frame = Frame::parse(&line);
+        if frame
+            .as_ref()
+            .is_some_and(|f| f.method.as_deref() == Some("notifications/tools/list_changed"))
+        {
+            lock(&inner.catalog).changed();
+        }
+        if let Some(f) = frame.filter(Frame::is_response) {
             let id = frame::id_key(f.id.as_deref().expect("responses have ids"));
             let mut pending = lock(&inner.pending);
             if let Some(tx) = pending.waiting.remove(&id) {
