@@ -8,7 +8,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use idemgate_core::{
-    Call, Effect, Engine, IdempotencyKey, Store, TenantId, ToolKind, ToolPolicy, Verdict,
+    Call, Effect, Engine, Event, IdempotencyKey, Store, TenantId, ToolKind, ToolName, ToolPolicy,
+    Verdict,
 };
 use idemgate_kit::Payload;
 use serde::Deserialize;
@@ -307,9 +308,9 @@ impl<S: Store> Inner<S> {
             Some(a) => frame::object(a),
         };
         let (false, Some(mut arguments)) = (name.is_empty(), arguments) else {
-            return answer::refuse(
+            return self.refuse(
                 &cx,
-                Verdict::BadRequest,
+                &scope,
                 "tools/call needs params.name and, if any, params.arguments as an object; nothing was done.".to_owned(),
             );
         };
@@ -318,9 +319,7 @@ impl<S: Store> Inner<S> {
         cx.policy = &policy;
         let key = match self.key_of(&params, &arguments) {
             Ok(k) => k,
-            Err(e) => {
-                return answer::refuse(&cx, Verdict::BadRequest, format!("{e}; nothing was done."))
-            }
+            Err(e) => return self.refuse(&cx, &scope, format!("{e}; nothing was done.")),
         };
         // The key is not part of the action: calls that differ only in it are the same action.
         let declared = tool.as_ref().and_then(|t| t.key_argument.as_deref());
@@ -340,9 +339,9 @@ impl<S: Store> Inner<S> {
         {
             Ok(c) => c,
             Err(e) => {
-                return answer::refuse(
+                return self.refuse(
                     &cx,
-                    Verdict::BadRequest,
+                    &scope,
                     format!("the arguments are not valid JSON: {e}."),
                 )
             }
@@ -383,6 +382,21 @@ impl<S: Store> Inner<S> {
             })
             .await;
         answer::respond(&cx, result, relay)
+    }
+
+    /// The proxy's answer to a call it could not judge (its params or key are invalid), told to
+    /// the observers like every other verdict.
+    fn refuse(&self, cx: &CallContext<'_>, scope: &ToolName, text: String) -> String {
+        self.engine.observe(&Event::Call {
+            tenant: &self.tenant,
+            tool: scope,
+            key: None,
+            verdict: Verdict::BadRequest,
+            fence: None,
+            answer: None,
+            error: None,
+        });
+        answer::refuse(cx, Verdict::BadRequest, text)
     }
 
     /// The call's key, from the sources the configuration names, in its order.
