@@ -87,6 +87,9 @@ pub enum Command {
     /// Run the HTTP gateway (docs/HTTP.md).
     #[command(long_about = SERVE_ABOUT, after_long_help = SERVE_EXAMPLES)]
     Serve(ServeArgs),
+    /// Put idemgate in front of an MCP server on stdio (docs/MCP.md).
+    #[command(long_about = MCP_ABOUT, after_long_help = MCP_EXAMPLES)]
+    Mcp(McpArgs),
     /// Make and hash the gateway's bearer tokens.
     #[command(subcommand)]
     Token(TokenCommand),
@@ -131,6 +134,42 @@ pub struct ServeArgs {
     /// Without --config: the address to listen on.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8080")]
     pub listen: std::net::SocketAddr,
+}
+
+const MCP_ABOUT: &str = "\
+Put idemgate in front of an MCP server on stdio (docs/MCP.md): every write tool runs at most once
+per logical action.
+
+`idemgate mcp -- CMD ARGS...` starts CMD as the MCP server and relays newline-delimited JSON-RPC
+between the agent (this process's stdin and stdout) and CMD, frame by frame, unchanged, except for
+`tools/call`. A call to a write tool (every tool, unless the config says otherwise or a trusted
+server annotates it read-only or idempotent) needs an idempotency key, in
+params._meta[\"dev.idemgate/idempotency-key\"] or in an argument `idempotency_key`; the first call
+with a key runs and its result is stored, and every later call with the key gets the stored result
+back, marked as a replay, without running the tool again.
+
+Records live in the store every command uses (--store, default: the SQLite file in your data
+directory), so `idemgate keys list` shows them and a new proxy process per call still replays.
+The server's stderr is passed through; idemgate's own logs are JSON lines on stderr.";
+
+const MCP_EXAMPLES: &str = "\
+Examples:
+  # in an agent's MCP configuration: \"command\": \"idemgate\", \"args\": [\"mcp\", \"--\", ...]
+  idemgate mcp -- npx -y @modelcontextprotocol/server-memory
+
+  # per-tool policies, trusted annotations, audit log
+  idemgate mcp --config ~/.config/idemgate/memory.toml -- npx -y @modelcontextprotocol/server-memory";
+
+/// `mcp`.
+#[derive(Debug, Args)]
+pub struct McpArgs {
+    /// The proxy's TOML configuration (docs/MCP.md).
+    #[arg(long, value_name = "PATH")]
+    pub config: Option<PathBuf>,
+
+    /// The MCP server's command and its arguments (after `--`).
+    #[arg(required = true, last = true, value_name = "CMD")]
+    pub command: Vec<String>,
 }
 
 /// `token ...`.

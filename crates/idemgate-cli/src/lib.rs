@@ -4,6 +4,7 @@
 mod args;
 mod exec;
 mod keys;
+mod mcp;
 mod out;
 mod serve;
 
@@ -78,6 +79,7 @@ async fn dispatch(cli: Cli) -> Result<u8> {
             keys::run(&ctx, cmd).await
         }
         Command::Serve(args) => serve::run(&cli, args).await,
+        Command::Mcp(args) => mcp::run(&cli, args).await,
         Command::Token(TokenCommand::Hash { token }) => {
             out::line(format_args!("{}", idemgate_http::token_sha256(token)));
             Ok(0)

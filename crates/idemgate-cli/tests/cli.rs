@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+/// A data directory and SQLite store of one test's own (the MCP tests use it too).
 pub(crate) struct Sandbox {
     dir: tempfile::TempDir,
 }

@@ -2,6 +2,7 @@
 
 mod cli;
 mod gateway;
+mod mcp;
 mod regressions;
 
 /// Tests that load both cores (process storms, crash tests) take this lock so that they run one

@@ -269,6 +269,47 @@ impl Payload {
         }
     }
 
+    /// The payload as an MCP `CallToolResult`, for the MCP proxy: a stored tool result is
+    /// itself; other content becomes one text block (a JSON result's text, a command's standard
+    /// output, an HTTP answer's body), a JSON object also as `structuredContent`, and `isError`
+    /// says whether the outcome was a failure.
+    pub fn to_mcp_tool_result(&self, kind: OutcomeKind) -> Box<RawValue> {
+        #[derive(Serialize)]
+        struct Text<'a> {
+            #[serde(rename = "type")]
+            kind: &'static str,
+            text: &'a str,
+        }
+        #[derive(Serialize)]
+        #[serde(rename_all = "camelCase")]
+        struct ToolResult<'a> {
+            content: [Text<'a>; 1],
+            #[serde(skip_serializing_if = "Option::is_none")]
+            structured_content: Option<&'a RawValue>,
+            is_error: bool,
+        }
+        let (text, structured) = match self {
+            Payload::McpToolResult(raw) => return raw.clone(),
+            Payload::Json(raw) => {
+                let structured = raw.get().trim_start().starts_with('{').then_some(&**raw);
+                (std::borrow::Cow::Borrowed(raw.get()), structured)
+            }
+            Payload::Command { stdout: b, .. } | Payload::Http { body: b, .. } => {
+                (String::from_utf8_lossy(b), None)
+            }
+        };
+        let result = ToolResult {
+            content: [Text {
+                kind: "text",
+                text: &text,
+            }],
+            structured_content: structured,
+            is_error: kind == OutcomeKind::Failed,
+        };
+        let text = serde_json::to_string(&result).expect("text and JSON always encode");
+        RawValue::from_string(text).expect("serialized JSON is JSON")
+    }
+
     /// The payload as an HTTP answer, for forwarded calls: an HTTP answer is itself; other
     /// content is its JSON view ([`Payload::to_json`]) with status 200 for a success and 422 for a
     /// failure.
@@ -392,6 +433,36 @@ mod tests {
             RawValue::from_string(r#"{"content":[],"isError":true}"#.into()).unwrap(),
         );
         assert!(matches!(round_trip(&mcp), Payload::McpToolResult(_)));
+    }
+
+    #[test]
+    fn every_kind_is_an_mcp_tool_result() {
+        let json = Payload::json_text(r#"{"n":12345678901234567890}"#).unwrap();
+        assert_eq!(
+            json.to_mcp_tool_result(OutcomeKind::Success).get(),
+            r#"{"content":[{"type":"text","text":"{\"n\":12345678901234567890}"}],"structuredContent":{"n":12345678901234567890},"isError":false}"#
+        );
+        let array = Payload::json_text("[1]").unwrap();
+        assert_eq!(
+            array.to_mcp_tool_result(OutcomeKind::Failed).get(),
+            r#"{"content":[{"type":"text","text":"[1]"}],"isError":true}"#
+        );
+        let cmd = Payload::Command {
+            exit_code: 0,
+            stdout: b"done\n".to_vec(),
+            stderr: b"noise".to_vec(),
+        };
+        assert_eq!(
+            cmd.to_mcp_tool_result(OutcomeKind::Success).get(),
+            r#"{"content":[{"type":"text","text":"done\n"}],"isError":false}"#
+        );
+        let mcp = Payload::McpToolResult(
+            RawValue::from_string(r#"{"content":[],"isError":true,"x":1}"#.into()).unwrap(),
+        );
+        assert_eq!(
+            mcp.to_mcp_tool_result(OutcomeKind::Failed).get(),
+            r#"{"content":[],"isError":true,"x":1}"#
+        );
     }
 
     #[test]

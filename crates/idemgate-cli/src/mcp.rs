@@ -1,0 +1,66 @@
+//! `idemgate mcp`: the MCP proxy on stdio, on the store every other command uses.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result};
+use idemgate::{AnyStore, Engine, FileJournal, TenantId};
+use idemgate_kit::Instruments;
+use idemgate_mcp::config::{record_tool, server_name};
+use idemgate_mcp::Config;
+
+use crate::args::{Cli, McpArgs};
+use crate::exit;
+
+/// How often outcomes the store did not confirm are retried from the journal.
+const JOURNAL_FLUSH_EVERY: Duration = Duration::from_secs(30);
+
+/// Runs the proxy until the agent or the server closes; returns the server's exit code when it
+/// exited by itself.
+pub(crate) async fn run(cli: &Cli, args: &McpArgs) -> Result<u8> {
+    // Logs go to stderr as JSON lines: stdout carries the protocol.
+    idemgate_http::logging::init();
+    let mut config = match &args.config {
+        Some(path) => Config::load(path)?,
+        None => Config::default(),
+    };
+    let tenant = match (&config.tenant, &cli.tenant) {
+        (None, Some(t)) => TenantId::new(t.as_str()).context("invalid --tenant")?,
+        _ => config.tenant_or("local")?,
+    };
+    // Records live where every other command looks, so `idemgate keys` sees them and a proxy
+    // started per call (stdio clients without a session) replays what an earlier one recorded.
+    let store = config.store.clone().or_else(|| cli.store.clone());
+    let (url, journal_dir) = crate::store_and_journal_for(
+        store.as_deref(),
+        config.journal.as_deref().or(cli.journal.as_deref()),
+    )?;
+    if url.starts_with("memory:") {
+        eprintln!("idemgate: warning: store memory: keeps records only while this proxy runs: a client that starts a proxy per call gets no deduplication at all");
+    }
+    let store = match AnyStore::connect(&url).await {
+        Ok(store) => store,
+        Err(e) => {
+            eprintln!(
+                "idemgate: failed to open store {}, so the MCP server was not started: {e}",
+                crate::redact(&url)
+            );
+            return Ok(exit::STORE_UNAVAILABLE);
+        }
+    };
+    let journal = FileJournal::open(&journal_dir)
+        .with_context(|| format!("failed to open journal {}", journal_dir.display()))?;
+    let server = server_name(&config, &args.command);
+    config.server_name = Some(server.clone());
+    let tools: Vec<String> = config
+        .tools
+        .keys()
+        .map(|t| record_tool(&server, t).to_string())
+        .collect();
+    let instruments = Instruments::open(config.audit_log.as_deref(), tools)
+        .context("failed to open the audit log")?;
+    let engine = Arc::new(instruments.attach(Engine::new(store).with_journal(Arc::new(journal))));
+    let _flusher = engine.spawn_journal_flusher(JOURNAL_FLUSH_EVERY);
+    let code = idemgate_mcp::stdio::run(engine, config, tenant, &args.command).await?;
+    Ok(u8::try_from(code.rem_euclid(256)).unwrap_or(exit::FAILURE))
+}

@@ -1,0 +1,611 @@
+//! `idemgate mcp` as an agent runs it: a real proxy process over stdio in front of a fixture MCP
+//! server (tests/fixtures/mcp_server.py, Python standard library only) on a real SQLite file.
+//! The fixture appends a line to a log for every execution, so counts are checked on the
+//! server's side.
+
+use std::fs;
+use std::io::{BufRead as _, BufReader, Write as _};
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::cli::Sandbox;
+
+/// Generous: a loaded machine with two cores runs many Python and proxy processes at once.
+const DEADLINE: Duration = Duration::from_secs(60);
+
+const FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/mcp_server.py");
+
+/// The sandbox of the command-line tests, with a fixture server behind a proxy.
+impl Sandbox {
+    /// A proxy in front of the fixture, configured by `config` (TOML).
+    fn proxy(&self, config: &str) -> Proxy {
+        let cfg = self.path("mcp.toml");
+        fs::write(&cfg, config).unwrap();
+        let stderr = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.path("stderr"))
+            .unwrap();
+        let mut child = self
+            .idemgate()
+            .env("IDEMGATE_LOG", "warn")
+            .env("FIXTURE_LOG", self.path("executed"))
+            .env("FIXTURE_RELEASE", self.path("release"))
+            .env("FIXTURE_NOTES", self.path("notes"))
+            .args(["mcp", "--config"])
+            .arg(&cfg)
+            .args(["--", "python3", FIXTURE])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Proxy {
+            child,
+            stdin: Some(stdin),
+            lines: rx,
+            next_id: 1,
+        }
+    }
+
+    /// A proxy that has gone through `initialize`.
+    fn initialized(&self, config: &str) -> Proxy {
+        let mut p = self.proxy(config);
+        p.initialize();
+        p
+    }
+
+    /// Executions the fixture logged.
+    fn executed(&self) -> Vec<String> {
+        fs::read_to_string(self.path("executed"))
+            .map(|s| s.lines().map(str::to_owned).collect())
+            .unwrap_or_default()
+    }
+
+    fn release(&self) {
+        fs::write(self.path("release"), "").unwrap();
+    }
+}
+
+struct Proxy {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: mpsc::Receiver<String>,
+    next_id: u64,
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        // Our own child, by its handle: never a group or a name.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Proxy {
+    fn send(&mut self, frame: &Value) {
+        let stdin = self.stdin.as_mut().expect("stdin open");
+        writeln!(stdin, "{frame}").unwrap();
+        stdin.flush().unwrap();
+    }
+
+    /// The next line from the proxy, raw.
+    fn line(&mut self) -> String {
+        self.lines
+            .recv_timeout(DEADLINE)
+            .expect("the proxy answered within the deadline")
+    }
+
+    /// Sends a request and returns the raw line of its response (skipping other frames).
+    fn request_raw(&mut self, method: &str, params: Value) -> (u64, String) {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.send(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
+        (id, self.response_line(id))
+    }
+
+    fn response_line(&mut self, id: u64) -> String {
+        loop {
+            let line = self.line();
+            let v: Value = serde_json::from_str(&line).unwrap();
+            if v.get("method").is_none() && v["id"] == json!(id) {
+                return line;
+            }
+        }
+    }
+
+    fn request(&mut self, method: &str, params: Value) -> Value {
+        serde_json::from_str(&self.request_raw(method, params).1).unwrap()
+    }
+
+    fn initialize(&mut self) -> Value {
+        let r = self.request(
+            "initialize",
+            json!({"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "test", "version": "1"}}),
+        );
+        self.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+        r
+    }
+
+    /// `tools/call` with the key in `_meta` (when given); the whole response frame.
+    fn call(&mut self, tool: &str, args: Value, key: Option<&str>) -> Value {
+        let mut params = json!({"name": tool, "arguments": args});
+        if let Some(k) = key {
+            params["_meta"] = json!({"dev.idemgate/idempotency-key": k});
+        }
+        self.request("tools/call", params)
+    }
+
+    fn wait_exit(&mut self) -> Option<i32> {
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status.code();
+            }
+            assert!(start.elapsed() < DEADLINE, "the proxy did not exit");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+fn text(response: &Value, block: usize) -> &str {
+    response["result"]["content"][block]["text"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no text block {block} in {response}"))
+}
+
+fn verdict(response: &Value) -> &str {
+    response["result"]["_meta"]["dev.idemgate/verdict"]
+        .as_str()
+        .unwrap_or("")
+}
+
+/// A retry of an action whose outcome is unknown: answered "unknown", and the server's log shows
+/// the one execution `ran`, never a second.
+fn assert_unknown_and_not_rerun(sb: &Sandbox, p: &mut Proxy, tool: &str, key: &str, ran: &str) {
+    let retry = p.call(tool, json!({}), Some(key));
+    assert_eq!(verdict(&retry), "unknown", "{retry}");
+    assert_eq!(sb.executed(), [ran]);
+}
+
+/// Waits for `cond` with a generous deadline, checking often.
+fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < DEADLINE, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+const PLAIN: &str = "";
+
+/// A sandbox and an initialized proxy configured by `config`.
+fn started(config: &str) -> (Sandbox, Proxy) {
+    let sb = Sandbox::new();
+    let p = sb.initialized(config);
+    (sb, p)
+}
+
+#[test]
+fn mcp_relays_frames_and_replays_a_keyed_write() {
+    let sb = Sandbox::new();
+    let mut p = sb.proxy(PLAIN);
+    let init = p.initialize();
+    assert_eq!(init["result"]["x-fixture"], true, "{init}");
+    let (_, listing) = p.request_raw("tools/list", json!({}));
+    assert!(
+        listing.contains(r#""x-fixture-unknown": {"kept": [1, 2, 3]}"#),
+        "{listing}"
+    );
+    assert!(
+        listing.contains(r#""taskSupport": "forbidden""#),
+        "{listing}"
+    );
+    assert_eq!(p.request("ping", json!({}))["result"], json!({}));
+
+    let first = p.call("count", json!({"label": "a"}), Some("order-1"));
+    assert_eq!(text(&first, 0), "counted 1");
+    assert!(first["result"]["_meta"].is_null(), "{first}");
+    let meta = json!({"dev.idemgate/idempotency-key": "order-1"});
+    let params = json!({"name": "count", "arguments": {"label": "a"}, "_meta": meta});
+    let (_, again_raw) = p.request_raw("tools/call", params);
+    // Numbers keep their text through the store.
+    assert!(again_raw.contains("12345678901234567890123"), "{again_raw}");
+    let again: Value = serde_json::from_str(&again_raw).unwrap();
+    assert_eq!(text(&again, 0), "counted 1");
+    assert_eq!(again["result"]["_meta"]["dev.idemgate/replayed"], true);
+    assert_eq!(again["result"]["_meta"]["dev.idemgate/rule"], "explicit");
+    assert!(again["result"]["_meta"]["dev.idemgate/executed_at"].is_string());
+    assert!(text(&again, 1).contains("not repeated"), "{again}");
+    assert_eq!(again["result"]["isError"], false);
+    // The key as an argument names the same record: the key is not part of the arguments.
+    let by_arg = p.call(
+        "count",
+        json!({"label": "a", "idempotency_key": "order-1"}),
+        None,
+    );
+    assert_eq!(by_arg["result"]["_meta"]["dev.idemgate/replayed"], true);
+    drop(p);
+
+    // A new proxy process (a client that starts one per call) replays from the store.
+    let audit = sb.path("audit.jsonl");
+    let config = format!(
+        "replay_notice = false\naudit_log = {:?}\n",
+        audit.display().to_string()
+    );
+    let mut p = sb.initialized(&config);
+    let later = p.call("count", json!({"label": "a"}), Some("order-1"));
+    assert_eq!(later["result"]["_meta"]["dev.idemgate/replayed"], true);
+    assert_eq!(later["result"]["content"].as_array().unwrap().len(), 1);
+    assert_eq!(sb.executed(), ["count a"]);
+    let audit = fs::read_to_string(&audit).unwrap();
+    assert!(audit.contains(r#""event":"replayed""#), "{audit}");
+    assert!(audit.contains(r#""tool":"mcp_server/count""#), "{audit}");
+
+    let out = sb
+        .idemgate()
+        .args(["--json", "keys", "list"])
+        .output()
+        .unwrap();
+    let rows: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let row = &rows[0];
+    assert_eq!(row["key"]["tool"], "mcp_server/count", "{rows}");
+    assert_eq!(row["key"]["tenant"], "local", "{rows}");
+    assert_eq!(row["state"], "completed", "{rows}");
+    assert_eq!(row["content"], "mcp_tool_result", "{rows}");
+}
+
+#[test]
+fn mcp_refuses_a_write_without_key_and_a_reused_key() {
+    let (sb, mut p) = started(PLAIN);
+    let refused = p.call("count", json!({"label": "a"}), None);
+    assert_eq!(refused["result"]["isError"], true, "{refused}");
+    assert_eq!(verdict(&refused), "key_required");
+    assert!(
+        text(&refused, 0).contains("\"idempotency_key\""),
+        "{refused}"
+    );
+    assert!(text(&refused, 0).contains("dev.idemgate/idempotency-key"));
+    assert!(sb.executed().is_empty());
+
+    p.call("count", json!({"label": "a"}), Some("k"));
+    let reused = p.call("count", json!({"label": "b"}), Some("k"));
+    assert_eq!(reused["result"]["isError"], true);
+    assert_eq!(verdict(&reused), "key_reused");
+    let bad = p.call("count", json!({}), Some("has space"));
+    assert_eq!(verdict(&bad), "bad_request", "{bad}");
+    assert_eq!(sb.executed(), ["count a"]);
+}
+
+#[test]
+fn mcp_fallback_window_deduplicates_calls_without_key() {
+    let (sb, mut p) = started("[tools.count]\nfallback_window = \"1h\"\n");
+    let first = p.call("count", json!({"label": "a"}), None);
+    assert_eq!(text(&first, 0), "counted 1");
+    let second = p.call("count", json!({"label": "a"}), None);
+    assert_eq!(second["result"]["_meta"]["dev.idemgate/rule"], "fallback");
+    assert_eq!(text(&second, 0), "counted 1");
+    let other = p.call("count", json!({"label": "b"}), None);
+    assert_eq!(text(&other, 0), "counted 2");
+    assert_eq!(sb.executed().len(), 2);
+}
+
+#[test]
+fn mcp_reads_pass_unkeyed_only_for_trusted_servers() {
+    let (sb, mut p) = started(PLAIN);
+    let untrusted = p.call("read", json!({}), None);
+    assert_eq!(verdict(&untrusted), "key_required", "{untrusted}");
+    drop(p);
+    let mut p = sb.initialized("trusted = true\n");
+    for _ in 0..2 {
+        let read = p.call("read", json!({}), None);
+        assert_eq!(text(&read, 0), "lines 0", "{read}");
+        assert!(read["result"]["_meta"].is_null());
+    }
+    let out = sb
+        .idemgate()
+        .args(["--json", "keys", "list"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        serde_json::from_slice::<Value>(&out.stdout).unwrap(),
+        json!([])
+    );
+}
+
+#[test]
+fn mcp_stores_and_replays_an_is_error_result() {
+    let (sb, mut p) = started(PLAIN);
+    let first = p.call("fail", json!({}), Some("pay-1"));
+    assert_eq!(first["result"]["isError"], true);
+    assert_eq!(text(&first, 0), "card declined");
+    let again = p.call("fail", json!({}), Some("pay-1"));
+    assert_eq!(again["result"]["isError"], true);
+    assert_eq!(text(&again, 0), "card declined");
+    assert_eq!(again["result"]["_meta"]["dev.idemgate/replayed"], true);
+    assert_eq!(sb.executed(), ["fail"]);
+}
+
+#[test]
+fn mcp_json_rpc_error_leaves_the_outcome_unknown() {
+    let (sb, mut p) = started(PLAIN);
+    let first = p.call("rpc_error", json!({}), Some("e-1"));
+    assert_eq!(first["error"]["code"], -32603, "{first}");
+    let again = p.call("rpc_error", json!({}), Some("e-1"));
+    assert_eq!(verdict(&again), "unknown", "{again}");
+    assert!(text(&again, 0).contains("NOT repeated"), "{again}");
+    assert!(text(&again, 0).contains("idemgate keys resolve"), "{again}");
+    assert_eq!(sb.executed(), ["rpc_error"]);
+}
+
+#[test]
+fn mcp_server_crash_mid_call_is_unknown_and_never_rerun() {
+    let (sb, mut p) = started(PLAIN);
+    let crashed = p.call("crash", json!({}), Some("c-1"));
+    assert_eq!(verdict(&crashed), "unknown", "{crashed}");
+    assert!(text(&crashed, 0).contains("closed its output"), "{crashed}");
+    // The server is gone: the proxy exits with its exit code.
+    assert_eq!(p.wait_exit(), Some(3));
+    let mut p = sb.initialized(PLAIN);
+    assert_unknown_and_not_rerun(&sb, &mut p, "crash", "c-1", "crash");
+}
+
+#[test]
+fn mcp_sigkill_of_the_proxy_mid_call_never_runs_twice() {
+    let _heavy = crate::heavy();
+    let sb = Sandbox::new();
+    // A short lease: the killed proxy's reservation turns unknown soon after.
+    let config = "[tools.slow]\nlease = \"1s\"\nwait = \"0s\"\n";
+    let mut p = sb.initialized(config);
+    p.send(&json!({"jsonrpc": "2.0", "id": 99, "method": "tools/call", "params": {"name": "slow", "arguments": {}, "_meta": {"dev.idemgate/idempotency-key": "s-1"}}}));
+    wait_for("the slow call to start", || !sb.executed().is_empty());
+    p.child.kill().unwrap();
+    p.child.wait().unwrap();
+    let mut p = sb.initialized(config);
+    let mut last = Value::Null;
+    wait_for("the outcome to turn unknown", || {
+        last = p.call("slow", json!({}), Some("s-1"));
+        assert!(matches!(verdict(&last), "in_flight" | "unknown"), "{last}");
+        verdict(&last) == "unknown"
+    });
+    assert_eq!(sb.executed(), ["slow started"]);
+    // Let the orphaned fixture finish; it exits on its closed input.
+    sb.release();
+}
+
+#[test]
+fn mcp_racing_duplicates_in_many_proxies_execute_once() {
+    let _heavy = crate::heavy();
+    let sb = Sandbox::new();
+    let config = "[tools.count]\nwait = \"60s\"\n";
+    let mut proxies: Vec<Proxy> = (0..16).map(|_| sb.proxy(config)).collect();
+    for p in &mut proxies {
+        p.initialize();
+    }
+    let call = json!({"jsonrpc": "2.0", "id": 500, "method": "tools/call", "params": {"name": "count", "arguments": {"label": "race"}, "_meta": {"dev.idemgate/idempotency-key": "race-1"}}});
+    for p in &mut proxies {
+        p.send(&call);
+    }
+    let mut replayed = 0;
+    for p in &mut proxies {
+        let r: Value = serde_json::from_str(&p.response_line(500)).unwrap();
+        assert_eq!(text(&r, 0), "counted 1", "{r}");
+        if r["result"]["_meta"]["dev.idemgate/replayed"] == true {
+            replayed += 1;
+        }
+    }
+    assert_eq!(replayed, 15);
+    assert_eq!(sb.executed(), ["count race"]);
+}
+
+#[test]
+fn mcp_fills_a_declared_key_argument_with_the_record_digest() {
+    let (sb, mut p) = started(PLAIN);
+    // The client never listed the tools: the proxy lists them itself (both pages).
+    let r = p.call("keyed", json!({"x": 1, "idempotencyKey": "abc"}), None);
+    let key = idemgate::Key::new(
+        idemgate::TenantId::new("local").unwrap(),
+        idemgate::ToolName::new("mcp_server/keyed").unwrap(),
+        idemgate::IdempotencyKey::new("abc").unwrap(),
+    );
+    let digest = idemgate::key::hex(&key.digest());
+    assert_eq!(text(&r, 0), format!("key {digest}"), "{r}");
+    // An undeclared key argument never reaches a server (count would log it otherwise).
+    let c = p.call("count", json!({"label": "z", "idempotencyKey": "k9"}), None);
+    assert_eq!(text(&c, 0), "counted 2", "{c}");
+    assert_eq!(
+        sb.executed(),
+        [format!("keyed {digest}"), "count z".to_owned()]
+    );
+}
+
+#[test]
+fn mcp_relays_server_requests_and_holds_cancellations_of_writes() {
+    let (sb, mut p) = started(PLAIN);
+    p.send(&json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "ask", "arguments": {}, "_meta": {"dev.idemgate/idempotency-key": "ask-1"}}}));
+    let asked: Value = serde_json::from_str(&p.line()).unwrap();
+    assert_eq!(asked["method"], "elicitation/create", "{asked}");
+    assert_eq!(asked["id"], "srv-1");
+    p.send(&json!({"jsonrpc": "2.0", "id": "srv-1", "result": {"action": "accept"}}));
+    let answered: Value = serde_json::from_str(&p.response_line(7)).unwrap();
+    assert_eq!(text(&answered, 0), r#"client said {"action": "accept"}"#);
+
+    // A cancelled write runs to its end; its outcome is stored and replayed.
+    p.send(&json!({"jsonrpc": "2.0", "id": 8, "method": "tools/call", "params": {"name": "slow", "arguments": {}, "_meta": {"dev.idemgate/idempotency-key": "slow-1"}}}));
+    wait_for("the slow call to start", || !sb.executed().is_empty());
+    p.send(
+        &json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 8}}),
+    );
+    p.send(&json!({"jsonrpc": "2.0", "method": "notifications/progress", "params": {"progressToken": 1, "progress": 1}}));
+    sb.release();
+    let done: Value = serde_json::from_str(&p.response_line(8)).unwrap();
+    assert_eq!(text(&done, 0), "slow done");
+    // The fixture reads frames in order: once ping is answered it has seen all before it.
+    p.request("ping", json!({}));
+    let notes = fs::read_to_string(sb.path("notes")).unwrap_or_default();
+    assert_eq!(
+        notes.lines().collect::<Vec<_>>(),
+        ["notifications/initialized", "notifications/progress"]
+    );
+}
+
+#[test]
+fn mcp_input_required_is_never_stored_and_its_continuation_runs_under_the_key() {
+    let (sb, mut p) = started(PLAIN);
+    let interim = p.call("confirm", json!({}), Some("c-9"));
+    assert_eq!(
+        interim["result"]["resultType"], "input_required",
+        "{interim}"
+    );
+    let meta = json!({"dev.idemgate/idempotency-key": "c-9"});
+    let continued = json!({"name": "confirm", "arguments": {}, "_meta": meta,
+        "inputResponses": {"ok": {"action": "accept"}}, "requestState": "s1"});
+    let done = p.request("tools/call", continued.clone());
+    assert_eq!(text(&done, 0), "confirmed", "{done}");
+    let again = p.request("tools/call", continued);
+    assert_eq!(
+        again["result"]["_meta"]["dev.idemgate/replayed"], true,
+        "{again}"
+    );
+    assert_eq!(sb.executed(), ["confirm"]);
+}
+
+#[test]
+fn mcp_call_timeout_leaves_the_outcome_unknown_and_drops_the_late_answer() {
+    let (sb, mut p) = started("call_timeout = \"300ms\"\n");
+    let timed_out = p.call("slow", json!({}), Some("t-1"));
+    assert_eq!(verdict(&timed_out), "unknown", "{timed_out}");
+    assert!(
+        text(&timed_out, 0).contains("did not answer within"),
+        "{timed_out}"
+    );
+    sb.release();
+    // The late answer never reaches the client: the next frame it sees answers the ping.
+    p.send(&json!({"jsonrpc": "2.0", "id": 900, "method": "ping"}));
+    let next: Value = serde_json::from_str(&p.line()).unwrap();
+    assert_eq!(next["id"], 900, "{next}");
+    assert_unknown_and_not_rerun(&sb, &mut p, "slow", "t-1", "slow started");
+}
+
+#[test]
+fn mcp_refuses_to_start_without_its_store() {
+    let sb = Sandbox::new();
+    let out = sb
+        .idemgate()
+        .args([
+            "--store",
+            "sqlite:///nonexistent-dir/x/idem.db",
+            "mcp",
+            "--",
+            "python3",
+            FIXTURE,
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(69));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("failed to open store"));
+}
+
+#[test]
+fn mcp_client_hanging_up_mid_write_still_records_its_outcome() {
+    let (sb, mut p) = started(PLAIN);
+    p.send(&json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "slow", "arguments": {}, "_meta": {"dev.idemgate/idempotency-key": "hang-1"}}}));
+    wait_for("the slow call to start", || !sb.executed().is_empty());
+    drop(p.stdin.take());
+    sb.release();
+    assert_eq!(p.wait_exit(), Some(0));
+    let mut p = sb.initialized(PLAIN);
+    let r = p.call("slow", json!({}), Some("hang-1"));
+    assert_eq!(text(&r, 0), "slow done", "{r}");
+    assert_eq!(r["result"]["_meta"]["dev.idemgate/replayed"], true);
+    assert_eq!(sb.executed(), ["slow started"]);
+}
+
+/// The pinned third-party pieces (scripts/mcp-test-deps), or a loud failure saying how to get
+/// them.
+fn mcp_deps() -> PathBuf {
+    let dir = std::env::var_os("IDEMGATE_MCP_DEPS").map_or_else(
+        || {
+            PathBuf::from(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../../target/mcp-deps"
+            ))
+        },
+        PathBuf::from,
+    );
+    assert!(
+        dir.join("venv/bin/python").exists()
+            && dir.join("node/node_modules/.bin/mcp-server-memory").exists(),
+        "the MCP end-to-end dependencies are missing in {}: run scripts/mcp-test-deps (it installs the Python mcp SDK and @modelcontextprotocol/server-memory, pinned)",
+        dir.display()
+    );
+    dir
+}
+
+#[test]
+fn mcp_real_memory_server_through_the_python_sdk() {
+    let deps = mcp_deps();
+    let sb = Sandbox::new();
+    let client = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/mcp_memory_client.py"
+    );
+    let out = std::process::Command::new(deps.join("venv/bin/python"))
+        .arg(client)
+        .arg(env!("CARGO_BIN_EXE_idemgate"))
+        .arg("--")
+        .arg(deps.join("node/node_modules/.bin/mcp-server-memory"))
+        .env("XDG_DATA_HOME", sb.path("data"))
+        .env(
+            "IDEMGATE_STORE",
+            format!("sqlite://{}", sb.path("idem.db").display()),
+        )
+        .env("IDEMGATE_LOG", "warn")
+        .env("MEMORY_FILE_PATH", sb.path("memory.jsonl"))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let seen: Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert!(
+        seen["tools"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("create_entities")),
+        "{seen}"
+    );
+    let first = &seen["first"];
+    let again = &seen["again"];
+    assert_ne!(first["isError"], true, "{seen}");
+    assert!(first["_meta"]["dev.idemgate/replayed"].is_null(), "{seen}");
+    assert_eq!(again["_meta"]["dev.idemgate/replayed"], true, "{seen}");
+    assert_eq!(again["content"][0], first["content"][0], "{seen}");
+    assert_eq!(seen["unkeyed"]["isError"], true, "{seen}");
+    assert_eq!(
+        seen["unkeyed"]["_meta"]["dev.idemgate/verdict"],
+        "key_required"
+    );
+    // The server's state changed once: one entity, one observation.
+    let graph = seen["graph"]["content"][0]["text"].as_str().unwrap();
+    assert_eq!(graph.matches("printer on fire").count(), 1, "{graph}");
+}

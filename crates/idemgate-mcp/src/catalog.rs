@@ -1,0 +1,140 @@
+//! What the server said about its tools in `tools/list`: the hints and the declared key parameter
+//! the proxy needs. Everything else about a tool stays in the raw frame, untouched.
+
+use std::collections::HashMap;
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+/// The argument names a model or client may use to pass the idempotency key.
+pub const KEY_ARGUMENTS: [&str; 2] = ["idempotency_key", "idempotencyKey"];
+
+/// What the proxy knows of one tool.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Tool {
+    /// `annotations.readOnlyHint`.
+    pub read_only: bool,
+    /// `annotations.idempotentHint`.
+    pub idempotent: bool,
+    /// The key argument its input schema declares, if any: the proxy leaves it in and fills it
+    /// with the downstream key.
+    pub key_argument: Option<String>,
+}
+
+/// The tools of one server, as far as `tools/list` answers showed them.
+#[derive(Debug, Default)]
+pub struct Catalog {
+    tools: HashMap<String, Tool>,
+    /// Whether a whole listing (every page) was seen, so an unknown name is really unknown.
+    complete: bool,
+}
+
+#[derive(Deserialize)]
+struct Listing {
+    #[serde(default)]
+    tools: Vec<Listed>,
+    #[serde(rename = "nextCursor")]
+    next_cursor: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct Listed {
+    name: String,
+    #[serde(default)]
+    annotations: Option<Annotations>,
+    #[serde(rename = "inputSchema", default)]
+    input_schema: Option<Schema>,
+}
+
+#[derive(Deserialize)]
+struct Annotations {
+    #[serde(rename = "readOnlyHint", default)]
+    read_only: Option<bool>,
+    #[serde(rename = "idempotentHint", default)]
+    idempotent: Option<bool>,
+}
+
+#[derive(Deserialize)]
+struct Schema {
+    #[serde(default)]
+    properties: Option<HashMap<String, Box<RawValue>>>,
+}
+
+impl Catalog {
+    /// An empty catalog.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Learns from one `tools/list` result page; returns its `nextCursor`. A result of another
+    /// shape teaches nothing (the frame is relayed as it is either way).
+    pub fn learn(&mut self, result: &RawValue) -> Option<String> {
+        let listing: Listing = serde_json::from_str(result.get()).ok()?;
+        for t in listing.tools {
+            let annotations = t.annotations.as_ref();
+            let key_argument = t
+                .input_schema
+                .and_then(|s| s.properties)
+                .and_then(|p| KEY_ARGUMENTS.iter().find(|k| p.contains_key(**k)).copied())
+                .map(str::to_owned);
+            self.tools.insert(
+                t.name,
+                Tool {
+                    read_only: annotations.and_then(|a| a.read_only).unwrap_or(false),
+                    idempotent: annotations.and_then(|a| a.idempotent).unwrap_or(false),
+                    key_argument,
+                },
+            );
+        }
+        if listing.next_cursor.is_none() {
+            self.complete = true;
+        }
+        listing.next_cursor
+    }
+
+    /// The tool, if the server described it.
+    pub fn get(&self, name: &str) -> Option<&Tool> {
+        self.tools.get(name)
+    }
+
+    /// The server said its tools changed (`notifications/tools/list_changed`): a name not seen
+    /// yet is worth another listing.
+    pub fn changed(&mut self) {
+        self.complete = false;
+    }
+
+    /// Whether a whole listing was seen.
+    pub fn is_complete(&self) -> bool {
+        self.complete
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn learns_hints_and_declared_key_arguments() {
+        let mut c = Catalog::new();
+        let page = RawValue::from_string(
+            r#"{"tools":[
+                {"name":"search","annotations":{"readOnlyHint":true},"x-new":{"a":1}},
+                {"name":"pay","inputSchema":{"type":"object","properties":{"idempotencyKey":{"type":"string"}}}},
+                {"name":"put","annotations":{"idempotentHint":true},"inputSchema":{"type":"object"}}
+            ],"nextCursor":"p2"}"#
+                .into(),
+        )
+        .unwrap();
+        assert_eq!(c.learn(&page).as_deref(), Some("p2"));
+        assert!(!c.is_complete());
+        assert!(c.get("search").unwrap().read_only);
+        assert_eq!(
+            c.get("pay").unwrap().key_argument.as_deref(),
+            Some("idempotencyKey")
+        );
+        assert!(c.get("put").unwrap().idempotent);
+        let last = RawValue::from_string(r#"{"tools":[]}"#.into()).unwrap();
+        assert_eq!(c.learn(&last), None);
+        assert!(c.is_complete());
+    }
+}

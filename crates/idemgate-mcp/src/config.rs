@@ -1,0 +1,303 @@
+//! The proxy's TOML configuration (docs/MCP.md): who the server is, whether its annotations are
+//! trusted, where records live, and per-tool policies in the gateway's vocabulary.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use idemgate_core::{Fingerprint, TenantId, ToolKind, ToolName, ToolPolicy};
+use serde::Deserialize;
+
+use crate::catalog::Tool;
+use crate::error::Error;
+
+/// Where a call's idempotency key may come from, in the order they are looked at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KeySource {
+    /// `params._meta["dev.idemgate/idempotency-key"]`.
+    Meta,
+    /// A tool argument `idempotency_key` or `idempotencyKey`.
+    Argument,
+}
+
+/// The configuration of one proxied server.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// The server's name in record names (`<server>/<tool>`). Default: derived from the command.
+    pub server_name: Option<String>,
+    /// Whether the server's `readOnlyHint` and `idempotentHint` annotations are believed. An
+    /// untrusted server's tools are all writes unless `[tools.NAME]` says otherwise.
+    pub trusted: bool,
+    /// The tenant records belong to. Default: `--tenant`, else "local".
+    pub tenant: Option<String>,
+    /// The store URL. Default: `--store`, else the default SQLite file every command uses.
+    pub store: Option<String>,
+    /// The journal directory. Default: `--journal`, else beside the store.
+    pub journal: Option<PathBuf>,
+    /// Where to append the audit log (JSON lines); none when unset.
+    pub audit_log: Option<PathBuf>,
+    /// Whether a replayed result gets one more text block saying the action was not repeated.
+    pub replay_notice: bool,
+    /// Whether a client's `notifications/cancelled` for a write in flight reaches the server (by
+    /// default it does not: the write runs to its end and its outcome is stored for the retry).
+    pub forward_cancel: bool,
+    /// How long a forwarded call may go unanswered before its outcome counts as unknown.
+    #[serde(with = "duration")]
+    pub call_timeout: Duration,
+    /// Where keys come from, in order.
+    pub key_sources: Vec<KeySource>,
+    /// The policy of tools not named in `tools` (its kind yields to trusted annotations).
+    pub default: ToolPolicy,
+    /// Per-tool policies by the server's tool name; a table is the tool's whole policy.
+    pub tools: BTreeMap<String, ToolPolicy>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            server_name: None,
+            trusted: false,
+            tenant: None,
+            store: None,
+            journal: None,
+            audit_log: None,
+            replay_notice: true,
+            forward_cancel: false,
+            call_timeout: Duration::from_secs(600),
+            key_sources: vec![KeySource::Meta, KeySource::Argument],
+            default: ToolPolicy::default(),
+            tools: BTreeMap::new(),
+        }
+    }
+}
+
+/// Longest server name kept in record names, so that `<server>/<tool>` mostly fits a
+/// [`ToolName`] (128 bytes).
+const MAX_SERVER_NAME: usize = 40;
+
+/// Programs that start a server named by their next argument.
+const LAUNCHERS: &[&str] = &[
+    "npx", "bunx", "pnpx", "uvx", "uv", "pipx", "node", "bun", "deno", "python", "python3", "run",
+    "exec", "dlx", "pnpm", "yarn", "tool",
+];
+
+impl Config {
+    /// Reads a TOML file.
+    ///
+    /// # Errors
+    /// [`Error::Config`] when the file cannot be read or is not a valid configuration.
+    pub fn load(path: &Path) -> Result<Self, Error> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Error::Config(format!("failed to read {}: {e}", path.display())))?;
+        Self::parse(&text).map_err(|e| match e {
+            Error::Config(m) => Error::Config(format!("{}: {m}", path.display())),
+            other => other,
+        })
+    }
+
+    /// Reads TOML text.
+    ///
+    /// # Errors
+    /// [`Error::Config`] when it is not a valid configuration.
+    pub fn parse(text: &str) -> Result<Self, Error> {
+        let config: Config = toml::from_str(text).map_err(|e| Error::Config(e.to_string()))?;
+        if let Some(name) = &config.server_name {
+            if sanitize(name) != *name || name.is_empty() {
+                return Err(Error::Config(format!(
+                    "server_name {name:?} must be 1 to {MAX_SERVER_NAME} of letters, digits, '.', '_' and '-'"
+                )));
+            }
+        }
+        Ok(config)
+    }
+
+    /// The policy of `tool`, given what the server said about it (if it said anything).
+    pub fn policy(&self, tool: &str, described: Option<&Tool>) -> ToolPolicy {
+        if let Some(p) = self.tools.get(tool) {
+            return p.clone();
+        }
+        let mut policy = self.default.clone();
+        if let (true, Some(t)) = (self.trusted, described) {
+            if t.read_only {
+                policy.kind = ToolKind::Read;
+            } else if t.idempotent {
+                policy.kind = ToolKind::NaturalIdempotent;
+            }
+        }
+        policy
+    }
+
+    /// The tenant: the file's, else `fallback`.
+    ///
+    /// # Errors
+    /// [`Error::Config`] for an invalid tenant id.
+    pub fn tenant_or(&self, fallback: &str) -> Result<TenantId, Error> {
+        let t = self.tenant.as_deref().unwrap_or(fallback);
+        TenantId::new(t).map_err(|e| Error::Config(format!("invalid tenant: {e}")))
+    }
+}
+
+/// The server's name: the configured one, else derived from the command line (the package or
+/// script a launcher such as `npx` or `uvx` starts, without scope, version or extension).
+pub fn server_name(config: &Config, command: &[String]) -> String {
+    if let Some(n) = &config.server_name {
+        return n.clone();
+    }
+    let program = command
+        .iter()
+        .map(|a| base(a))
+        .find(|a| !a.starts_with('-') && !LAUNCHERS.contains(&a.as_str()) && !a.is_empty())
+        .unwrap_or_default();
+    let name = sanitize(&program);
+    if name.is_empty() {
+        "server".to_owned()
+    } else {
+        name
+    }
+}
+
+/// The last path segment of `arg`, without a version (`pkg@1.2`) or a script extension.
+fn base(arg: &str) -> String {
+    let last = arg.rsplit('/').next().unwrap_or(arg);
+    let last = match last.find('@') {
+        Some(at) if at > 0 => &last[..at],
+        _ => last,
+    };
+    let last = [".py", ".js", ".mjs", ".cjs", ".ts", ".exe"]
+        .iter()
+        .find_map(|ext| last.strip_suffix(ext))
+        .unwrap_or(last);
+    last.to_owned()
+}
+
+fn sanitize(s: &str) -> String {
+    s.chars()
+        .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+        .take(MAX_SERVER_NAME)
+        .collect()
+}
+
+/// The record scope of a server's tool: `<server>/<tool>`, or, for a tool name that does not fit
+/// a [`ToolName`] (too long, or characters outside its set), `<server>/sha256-<digest prefix>`.
+pub fn record_tool(server: &str, tool: &str) -> ToolName {
+    ToolName::new(format!("{server}/{tool}")).unwrap_or_else(|_| {
+        let digest = Fingerprint::of_bytes(tool.as_bytes()).to_hex();
+        ToolName::new(format!("{server}/sha256-{}", &digest[..32]))
+            .expect("a sanitized server name and a hex digest make a tool name")
+    })
+}
+
+/// Durations as human text ("30s", "10m").
+mod duration {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer};
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let s = String::deserialize(d)?;
+        humantime::parse_duration(&s).map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn argv(s: &str) -> Vec<String> {
+        s.split_whitespace().map(str::to_owned).collect()
+    }
+
+    #[test]
+    fn server_names_come_from_the_package_or_script() {
+        let c = Config::default();
+        for (cmd, want) in [
+            (
+                "npx -y @modelcontextprotocol/server-memory",
+                "server-memory",
+            ),
+            (
+                "npx @modelcontextprotocol/server-memory@2025.4.25",
+                "server-memory",
+            ),
+            ("uvx mcp-server-git --repository .", "mcp-server-git"),
+            ("python3 /opt/tools/billing_server.py", "billing_server"),
+            ("/usr/local/bin/my-server --flag", "my-server"),
+            ("npx", "server"),
+        ] {
+            assert_eq!(server_name(&c, &argv(cmd)), want, "{cmd}");
+        }
+        let named = Config::parse(r#"server_name = "billing""#).unwrap();
+        assert_eq!(server_name(&named, &argv("npx x")), "billing");
+        assert!(Config::parse(r#"server_name = "a b""#).is_err());
+    }
+
+    #[test]
+    fn tool_names_fit_or_are_digested() {
+        assert_eq!(
+            record_tool("mem", "create_entities").as_str(),
+            "mem/create_entities"
+        );
+        let long = "t".repeat(200);
+        let scoped = record_tool("mem", &long);
+        assert!(scoped.as_str().starts_with("mem/sha256-"), "{scoped}");
+        assert_ne!(record_tool("mem", "a b"), record_tool("mem", "a c"));
+    }
+
+    #[test]
+    fn annotations_count_only_for_trusted_servers() {
+        let hinted = Tool {
+            read_only: true,
+            ..Tool::default()
+        };
+        let idem = Tool {
+            idempotent: true,
+            ..Tool::default()
+        };
+        let untrusted = Config::default();
+        assert_eq!(untrusted.policy("x", Some(&hinted)).kind, ToolKind::Write);
+        let trusted = Config::parse("trusted = true").unwrap();
+        assert_eq!(trusted.policy("x", Some(&hinted)).kind, ToolKind::Read);
+        assert_eq!(
+            trusted.policy("x", Some(&idem)).kind,
+            ToolKind::NaturalIdempotent
+        );
+        assert_eq!(trusted.policy("x", None).kind, ToolKind::Write);
+    }
+
+    #[test]
+    fn per_tool_tables_use_the_policy_vocabulary() {
+        let c = Config::parse(
+            r#"
+            trusted = true
+            call_timeout = "30s"
+            key_sources = ["argument"]
+            [default]
+            ttl = "1h"
+            [tools.send]
+            fallback_window = "30s"
+            on_unknown = "retry"
+            [tools.search]
+            kind = "read"
+            "#,
+        )
+        .unwrap();
+        assert_eq!(c.call_timeout, Duration::from_secs(30));
+        assert_eq!(c.key_sources, vec![KeySource::Argument]);
+        let read_hint = Tool {
+            read_only: true,
+            ..Tool::default()
+        };
+        // A table is the whole policy: it beats the annotation.
+        assert_eq!(c.policy("send", Some(&read_hint)).kind, ToolKind::Write);
+        assert_eq!(
+            c.policy("send", None).fallback_window,
+            Some(Duration::from_secs(30))
+        );
+        assert_eq!(c.policy("search", None).kind, ToolKind::Read);
+        assert_eq!(c.policy("other", None).ttl, Duration::from_secs(3600));
+        assert!(Config::parse("[tools.x]\nkind = \"sometimes\"").is_err());
+        assert!(Config::parse("replay_notise = false").is_err());
+    }
+}

@@ -1,0 +1,98 @@
+//! JSON-RPC frames, read only as far as the proxy needs: a frame is relayed as the text it came
+//! in, and rebuilt only when the proxy changes a tool call's arguments.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+/// A JSON object whose members stay raw text (big integers and unknown fields survive).
+pub(crate) type Object = BTreeMap<String, Box<RawValue>>;
+
+/// The members of a frame the proxy reads; everything else stays in the raw text.
+#[derive(Debug, Deserialize)]
+pub(crate) struct Frame {
+    pub(crate) method: Option<String>,
+    pub(crate) id: Option<Box<RawValue>>,
+    pub(crate) params: Option<Box<RawValue>>,
+    pub(crate) result: Option<Box<RawValue>>,
+    pub(crate) error: Option<Box<RawValue>>,
+}
+
+impl Frame {
+    /// The frame, when it is one JSON-RPC object (batches and other text are relayed unread).
+    pub(crate) fn parse(line: &str) -> Option<Frame> {
+        serde_json::from_str(line).ok()
+    }
+
+    /// Whether it is a response (to a request of the other side).
+    pub(crate) fn is_response(&self) -> bool {
+        self.method.is_none() && self.id.is_some()
+    }
+}
+
+/// A request id as a map key: the same id written as `7` or `"7"` stays two ids, as in JSON-RPC.
+pub(crate) fn id_key(id: &RawValue) -> String {
+    serde_json::from_str::<serde_json::Value>(id.get())
+        .map(|v| v.to_string())
+        .unwrap_or_else(|_| id.get().to_owned())
+}
+
+/// A response frame with `result`, under the client's `id`.
+pub(crate) fn response(id: &RawValue, result: &RawValue) -> String {
+    format!(
+        r#"{{"jsonrpc":"2.0","id":{},"result":{}}}"#,
+        id.get(),
+        result.get()
+    )
+}
+
+/// Raw JSON of a serializable value.
+pub(crate) fn raw(value: &impl serde::Serialize) -> Box<RawValue> {
+    let text = serde_json::to_string(value).expect("in-memory values always encode");
+    RawValue::from_string(text).expect("serialized JSON is JSON")
+}
+
+/// The members of a raw object; `None` when it is not an object.
+pub(crate) fn object(raw: &RawValue) -> Option<Object> {
+    serde_json::from_str(raw.get()).ok()
+}
+
+/// A string member's value.
+pub(crate) fn string(obj: &Object, name: &str) -> Option<String> {
+    obj.get(name)
+        .and_then(|v| serde_json::from_str::<String>(v.get()).ok())
+}
+
+/// `line` with `params.arguments` replaced (every other member kept as it was).
+pub(crate) fn with_arguments(line: &str, arguments: &Object) -> Option<String> {
+    let mut frame: Object = serde_json::from_str(line).ok()?;
+    let mut params = object(frame.get("params")?)?;
+    params.insert("arguments".to_owned(), raw(arguments));
+    frame.insert("params".to_owned(), raw(&params));
+    serde_json::to_string(&frame).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_only_what_it_needs_and_keeps_the_rest() {
+        let line = r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"pay","arguments":{"n":123456789012345678901234,"idempotency_key":"k"},"x":[1]}}"#;
+        let f = Frame::parse(line).unwrap();
+        assert_eq!(f.method.as_deref(), Some("tools/call"));
+        assert_eq!(id_key(f.id.as_deref().unwrap()), "7");
+        let mut args = object(&object(f.params.as_deref().unwrap()).unwrap()["arguments"]).unwrap();
+        args.remove("idempotency_key");
+        let out = with_arguments(line, &args).unwrap();
+        assert!(
+            out.contains(r#""arguments":{"n":123456789012345678901234}"#),
+            "{out}"
+        );
+        assert!(out.contains(r#""x":[1]"#), "{out}");
+        assert!(!out.contains("idempotency_key"));
+        assert!(Frame::parse("[1,2]").is_none());
+        assert_ne!(id_key(&raw(&7)), id_key(&raw(&"7")));
+    }
+}

@@ -1,0 +1,25 @@
+//! The idemgate MCP proxy: it sits between an agent and an MCP server, relays every frame as it
+//! came, and makes each write tool run at most once per logical action (docs/MCP.md).
+//!
+//! - [`Session`]: one proxied session, independent of the transport: frames in, frames out;
+//! - [`stdio`]: the stdio transport (`idemgate mcp -- CMD ARGS…`), the server a child process;
+//! - [`Config`]: the TOML configuration; per-tool policies in the gateway's vocabulary;
+//! - the `_meta` names the proxy reads and writes are the `META_*` constants.
+//!
+//! Another transport (Streamable HTTP) feeds the same [`Session`] from its own frames.
+
+mod answer;
+pub mod catalog;
+pub mod config;
+mod error;
+mod frame;
+mod session;
+pub mod stdio;
+
+pub use answer::{
+    META_EXECUTED_AT, META_FENCE, META_KEY, META_PROBLEM, META_REPLAYED, META_RETRY_AFTER,
+    META_RULE, META_SINCE, META_VERDICT,
+};
+pub use config::{Config, KeySource};
+pub use error::Error;
+pub use session::{Outgoing, Outputs, Session};

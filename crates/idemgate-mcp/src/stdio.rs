@@ -1,0 +1,247 @@
+//! The stdio transport: the server is a child process whose stdin and stdout carry
+//! newline-delimited JSON-RPC, and the client speaks the same on the proxy's own stdin and
+//! stdout. The server's stderr is the proxy's (the agent logs it).
+
+use std::future::Future;
+use std::io::BufRead as _;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use idemgate_core::{Engine, Store, TenantId};
+use tokio::io::{AsyncBufReadExt as _, AsyncRead, AsyncWrite, AsyncWriteExt as _, BufReader};
+use tokio::sync::mpsc;
+
+use crate::config::{server_name, Config};
+use crate::error::Error;
+use crate::session::{Outputs, Session};
+
+/// How long the server gets to exit on its own once its input is closed.
+const EXIT_GRACE: Duration = Duration::from_secs(5);
+
+/// Runs `command` as the server and proxies the process's own stdin and stdout to it until the
+/// client closes its side (or SIGTERM/SIGINT arrives) or the server exits. Calls in flight at
+/// that moment run to their end and their outcomes are recorded before the proxy exits. Returns
+/// the server's exit code when it exited by itself, else 0.
+///
+/// # Errors
+/// [`Error::Spawn`] when the server cannot be started.
+pub async fn run<S: Store>(
+    engine: Arc<Engine<S>>,
+    config: Config,
+    tenant: TenantId,
+    command: &[String],
+) -> Result<i32, Error> {
+    let program = command.first().cloned().unwrap_or_default();
+    let server = server_name(&config, command);
+    let mut child = tokio::process::Command::new(&program)
+        .args(command.iter().skip(1))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .map_err(|source| Error::Spawn {
+            command: program,
+            source,
+        })?;
+    let (Some(server_in), Some(server_out)) = (child.stdin.take(), child.stdout.take()) else {
+        unreachable!("both pipes were asked for")
+    };
+    let (session, outputs) = Session::new(engine, config, server, tenant);
+    let ended = serve(
+        session,
+        outputs,
+        stdin_lines(),
+        tokio::io::stdout(),
+        lines(server_out),
+        server_in,
+        shutdown_signal(),
+    )
+    .await;
+    let status = match tokio::time::timeout(EXIT_GRACE, child.wait()).await {
+        Ok(status) => status.ok(),
+        Err(_) => {
+            // Our own child, still unreaped: its pid cannot name another process yet.
+            let _ = child.start_kill();
+            child.wait().await.ok()
+        }
+    };
+    Ok(match ended {
+        Ended::ServerClosed => status.and_then(|s| s.code()).unwrap_or(1),
+        Ended::ClientClosed => 0,
+    })
+}
+
+/// Which side ended the session.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ended {
+    /// The client closed its input (or the proxy was told to stop).
+    ClientClosed,
+    /// The server closed its output.
+    ServerClosed,
+}
+
+/// Relays frames between a client and a server, given as line channels and writers, until
+/// either side closes or `stop` completes; then lets the calls in flight finish (still relaying
+/// the server's frames), and returns once every answer is written.
+pub async fn serve<S: Store>(
+    session: Session<S>,
+    outputs: Outputs,
+    mut client_lines: mpsc::UnboundedReceiver<String>,
+    client_out: impl AsyncWrite + Unpin + Send + 'static,
+    mut server_lines: mpsc::UnboundedReceiver<String>,
+    server_in: impl AsyncWrite + Unpin + Send + 'static,
+    stop: impl Future<Output = ()>,
+) -> Ended {
+    let Outputs {
+        mut to_client,
+        mut to_server,
+    } = outputs;
+    let client_writer = tokio::spawn(async move {
+        let mut out = client_out;
+        while let Some(frame) = to_client.recv().await {
+            // A client that went away must not stop calls from being recorded.
+            let _ = write_line(&mut out, &frame).await;
+        }
+    });
+    let server_writer = tokio::spawn(async move {
+        let mut input = server_in;
+        let mut broken: Option<String> = None;
+        while let Some(out) = to_server.recv().await {
+            let written = match &broken {
+                Some(why) => Err(std::io::Error::other(why.clone())),
+                None => write_line(&mut input, &out.frame).await,
+            };
+            if let Err(e) = &written {
+                broken.get_or_insert_with(|| e.to_string());
+            }
+            if let Some(tx) = out.sent {
+                let _ = tx.send(written);
+            }
+        }
+        // Dropping the writer closes the server's input: it exits once its answers are out.
+    });
+    let mut stop = std::pin::pin!(stop);
+    let ended = loop {
+        tokio::select! {
+            line = client_lines.recv() => match line {
+                Some(l) => session.from_client(l),
+                None => break Ended::ClientClosed,
+            },
+            line = server_lines.recv() => match line {
+                Some(l) => session.from_server(l),
+                None => break Ended::ServerClosed,
+            },
+            () = &mut stop => break Ended::ClientClosed,
+        }
+    };
+    let closed = "the server closed its output before answering (it exited or crashed)";
+    if ended == Ended::ServerClosed {
+        session.server_closed(closed);
+    }
+    // Calls in flight run to their end: their answers may still come from the server.
+    {
+        let mut drain = std::pin::pin!(session.drain());
+        let mut server_open = ended == Ended::ClientClosed;
+        loop {
+            tokio::select! {
+                () = &mut drain => break,
+                line = server_lines.recv(), if server_open => match line {
+                    Some(l) => session.from_server(l),
+                    None => {
+                        server_open = false;
+                        session.server_closed(closed);
+                    }
+                },
+            }
+        }
+    }
+    drop(session);
+    let _ = server_writer.await;
+    let _ = client_writer.await;
+    ended
+}
+
+async fn write_line(out: &mut (impl AsyncWrite + Unpin), frame: &str) -> std::io::Result<()> {
+    let mut buf = Vec::with_capacity(frame.len() + 1);
+    buf.extend_from_slice(frame.as_bytes());
+    buf.push(b'\n');
+    out.write_all(&buf).await?;
+    out.flush().await
+}
+
+/// The lines of `reader`, without their newline, until it ends.
+pub fn lines(reader: impl AsyncRead + Unpin + Send + 'static) -> mpsc::UnboundedReceiver<String> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut reader = BufReader::new(reader);
+        let mut buf = Vec::new();
+        loop {
+            buf.clear();
+            match reader.read_until(b'\n', &mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {
+                    if let Some(line) = frame_text(&buf) {
+                        if tx.send(line).is_err() {
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+    });
+    rx
+}
+
+/// The process's stdin as lines, read on a thread of its own: a blocking read of stdin cannot be
+/// cancelled, and on the runtime's blocking pool it would keep the runtime from shutting down
+/// after the server exits.
+fn stdin_lines() -> mpsc::UnboundedReceiver<String> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    std::thread::spawn(move || {
+        let mut stdin = std::io::stdin().lock();
+        let mut buf = Vec::new();
+        loop {
+            buf.clear();
+            match stdin.read_until(b'\n', &mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {
+                    if let Some(line) = frame_text(&buf) {
+                        if tx.send(line).is_err() {
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+    });
+    rx
+}
+
+/// One frame's text: without the newline; blank lines are no frames.
+fn frame_text(buf: &[u8]) -> Option<String> {
+    let line = buf.strip_suffix(b"\n").unwrap_or(buf);
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    if line.iter().all(u8::is_ascii_whitespace) {
+        return None;
+    }
+    Some(String::from_utf8_lossy(line).into_owned())
+}
+
+/// Completes at SIGTERM or SIGINT: the proxy stops reading the client and lets calls in flight
+/// finish, so that their outcomes are recorded.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
+        (Ok(mut term), Ok(mut int)) => {
+            tokio::select! {
+                _ = term.recv() => {},
+                _ = int.recv() => {},
+            }
+        }
+        _ => std::future::pending().await,
+    }
+}
