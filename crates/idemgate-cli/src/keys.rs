@@ -37,7 +37,7 @@ pub(crate) async fn run(ctx: &Context, cmd: &KeysCommand) -> Result<u8> {
             let records = ctx.store().list(&filter).await?;
             if ctx.json {
                 let rows: Vec<_> = records.iter().map(record_json).collect();
-                out::line(format_args!("{}", serde_json::Value::Array(rows)));
+                out::line(format_args!("[{}]", rows.join(",")));
             } else if records.is_empty() {
                 eprintln!("no records");
             } else {
@@ -189,7 +189,9 @@ async fn resolve(ctx: &Context, args: &ResolveArgs) -> Result<u8> {
             if ctx.json {
                 out::line(format_args!(
                     "{}",
-                    after.as_ref().map_or(serde_json::Value::Null, record_json)
+                    after
+                        .as_ref()
+                        .map_or_else(|| "null".to_owned(), record_json)
                 ));
             } else if let Some(r) = after {
                 out::line(format_args!(
@@ -292,23 +294,37 @@ fn print_record(r: &Record) {
     }
 }
 
-fn record_json(r: &Record) -> serde_json::Value {
-    let mut v = serde_json::to_value(r).unwrap_or_default();
-    if let (Some(obj), RecordState::Completed { outcome, .. }) = (v.as_object_mut(), &r.state) {
-        obj.remove("outcome");
-        obj.insert("outcome_kind".into(), outcome.kind.to_string().into());
+/// A record as JSON text. A stored result goes in as its own text (not through a JSON value), so
+/// integers of any size keep their digits.
+fn record_json(r: &Record) -> String {
+    #[derive(serde::Serialize)]
+    struct Out<'a> {
+        #[serde(flatten)]
+        fields: serde_json::Map<String, serde_json::Value>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        result: Option<&'a serde_json::value::RawValue>,
+    }
+    let mut fields = match serde_json::to_value(r) {
+        Ok(serde_json::Value::Object(map)) => map,
+        _ => serde_json::Map::new(),
+    };
+    let mut result = None;
+    if let RecordState::Completed { outcome, .. } = &r.state {
+        fields.remove("outcome");
+        fields.insert("outcome_kind".into(), outcome.kind.to_string().into());
         if let Ok(p) = Payload::of(outcome) {
-            obj.insert("content".into(), p.content().into());
-            if let Ok(serde_json::Value::Object(view)) = serde_json::from_str(p.to_json().get()) {
-                if matches!(p, Payload::Command { .. }) {
-                    obj.extend(view);
-                } else {
-                    obj.insert("result".into(), serde_json::Value::Object(view));
-                }
-            } else if let Ok(value) = serde_json::from_str(p.to_json().get()) {
-                obj.insert("result".into(), value);
+            fields.insert("content".into(), p.content().into());
+            let view = p.to_json();
+            match (&p, serde_json::from_str(view.get())) {
+                // A command's fields (small numbers and text) sit beside the record's own.
+                (Payload::Command { .. }, Ok(serde_json::Value::Object(cmd))) => fields.extend(cmd),
+                _ => result = Some(view),
             }
         }
     }
-    v
+    serde_json::to_string(&Out {
+        fields,
+        result: result.as_deref(),
+    })
+    .expect("a record always serializes")
 }

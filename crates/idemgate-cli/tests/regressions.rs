@@ -206,3 +206,35 @@ fn issue_7_serve_says_a_busy_address_once() {
         text(&out.stderr)
     );
 }
+
+/// An operator's JSON resolution is replayed by `exec` and shown exactly (big integers keep
+/// their digits in `--json`; they came back as floats).
+#[test]
+fn issue_7_a_json_resolution_replays_and_keeps_big_integers() {
+    let sb = Sandbox::new();
+    // A command killed by a signal: the outcome is unknown.
+    let first = sb.run(&["exec", "--key", "j", "--", "sh", "-c", "kill -9 $$"]);
+    assert_eq!(first.status.code(), Some(76), "{}", text(&first.stderr));
+    let resolved = sb.run(&[
+        "keys",
+        "resolve",
+        "j",
+        "--completed",
+        "--result",
+        r#"{"n":12345678901234567890123}"#,
+    ]);
+    assert!(resolved.status.success(), "{}", text(&resolved.stderr));
+    let shown = text(&sb.run(&["--json", "keys", "show", "j"]).stdout);
+    assert!(
+        shown.contains(r#""result":{"n":12345678901234567890123}"#),
+        "{shown}"
+    );
+    let listed = text(&sb.run(&["--json", "keys", "list"]).stdout);
+    assert!(listed.contains("12345678901234567890123"), "{listed}");
+    let replay = sb.run(&["exec", "--key", "j", "--", "sh", "-c", "kill -9 $$"]);
+    assert_eq!(replay.status.code(), Some(0));
+    assert_eq!(
+        text(&replay.stdout).trim(),
+        r#"{"n":12345678901234567890123}"#
+    );
+}
