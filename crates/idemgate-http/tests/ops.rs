@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::support::{logs, start, upstream, ACME};
+use crate::support::{config_text, logs, start, start_config, upstream, ACME};
 
 #[tokio::test]
 async fn health_readiness_and_openapi() {
@@ -47,6 +47,40 @@ async fn health_readiness_and_openapi() {
     ] {
         assert!(doc["paths"][path].is_object(), "{path} is documented");
     }
+}
+
+#[tokio::test]
+async fn readyz_probes_a_write_and_the_store_recovers_without_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("idemgate.db");
+    let url = format!("sqlite://{}", db.display());
+    drop(idemgate::AnyStore::connect(&url).await.unwrap());
+    // Started while the database file is read-only (for root too).
+    let Some(read_only) = idemgate_conformance::tmpfs::Immutable::set(&db) else {
+        return;
+    };
+    let text = config_text("", "").replace("store = \"memory:\"", &format!("store = \"{url}\""));
+    let gw = start_config(idemgate_http::Config::parse(&text).unwrap(), dir).await;
+    let ready = || async {
+        gw.http
+            .get(format!("{}/readyz", gw.url))
+            .send()
+            .await
+            .unwrap()
+    };
+    let answer = ready().await;
+    assert_eq!(answer.status(), 503);
+    assert!(answer
+        .text()
+        .await
+        .unwrap()
+        .contains("does not take writes"));
+    assert_eq!(gw.begin("t", "k1", "{}").await.status(), 503);
+
+    // Writable again: ready and serving, with no restart.
+    read_only.lift();
+    assert_eq!(ready().await.status(), 200);
+    assert_eq!(gw.begin("t", "k1", "{}").await.status(), 201);
 }
 
 #[tokio::test]
