@@ -84,6 +84,67 @@ fn exec_runs_once_and_replays_output_and_exit_code() {
 }
 
 #[test]
+fn a_full_disk_journals_the_outcome_into_the_reserve_else_exits_70() {
+    let Some(tiny) = idemgate_conformance::tmpfs::TmpFs::mount(4 << 20) else {
+        return;
+    };
+    let sb = Sandbox::new();
+    let store = format!("sqlite://{}", tiny.path().join("idem.db").display());
+    let journal = tiny.path().join("idem.db.journal");
+    let ran = sb.path("ran");
+    // The command's side effect happens, then the disk fills up (the command does it, so that
+    // the reservation had room and the completion has none).
+    let exec = |key: &str, also: &str| {
+        let script = format!(
+            "echo ran >> '{}'; {also} cat /dev/zero > '{}' 2>/dev/null; true",
+            ran.display(),
+            tiny.path().join(key).display()
+        );
+        sb.idemgate()
+            .args(["--store", &store, "exec", "--key", key, "--", "sh", "-c"])
+            .arg(script)
+            .output()
+            .unwrap()
+    };
+
+    let out = exec("k1", "");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("it is journaled"),
+        "{}",
+        text(&out.stderr)
+    );
+    let entries = fs::read_dir(&journal)
+        .unwrap()
+        .filter(|f| {
+            f.as_ref()
+                .unwrap()
+                .path()
+                .extension()
+                .is_some_and(|x| x == "json")
+        })
+        .count();
+    assert_eq!(entries, 1, "the outcome is in the journal");
+
+    // A full disk refuses the reservation: nothing runs (69).
+    let out = exec("k0", "");
+    assert_eq!(out.status.code(), Some(69), "{}", text(&out.stderr));
+    assert_eq!(lines(&ran), 1);
+
+    // With room again, but the reserve gone too when the disk fills, nothing can hold the
+    // outcome: the caller is told (exit 70), never a plain success.
+    fs::remove_file(tiny.path().join("k1")).unwrap();
+    let out = exec("k2", &format!("rm -f '{}'/.reserve-*;", journal.display()));
+    assert_eq!(out.status.code(), Some(70), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("could not be recorded"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(lines(&ran), 2);
+}
+
+#[test]
 fn key_reuse_with_another_command_is_refused() {
     let sb = Sandbox::new();
     let effect = sb.path("effect");
