@@ -2,6 +2,8 @@
 
 mod codec;
 mod error;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 
 use std::collections::HashSet;
 use std::fmt;

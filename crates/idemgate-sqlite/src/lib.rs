@@ -40,6 +40,8 @@
 //! ```
 
 mod error;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 mod row;
 mod schema;
 mod writer;
