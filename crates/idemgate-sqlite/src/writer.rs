@@ -99,6 +99,8 @@ pub(crate) struct Counters {
 const SPIN: std::time::Duration = std::time::Duration::from_micros(200);
 /// How long a checkpoint of the write-ahead log waits for readers of old snapshots.
 const CHECKPOINT_WAIT: std::time::Duration = std::time::Duration::from_millis(20);
+/// The least time between two checkpoints that interrupt a busy writer.
+const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// The state the writer thread owns.
 pub(crate) struct Writer {
@@ -111,6 +113,8 @@ pub(crate) struct Writer {
     pub(crate) opts: crate::SqliteOptions,
     /// The write-ahead log file, measured when idle.
     pub(crate) wal: std::path::PathBuf,
+    /// When the writer last started a checkpoint of its own.
+    pub(crate) last_checkpoint: Option<std::time::Instant>,
     pub(crate) changed: Arc<Notify>,
     pub(crate) counters: Arc<Counters>,
     #[cfg(test)]
@@ -142,7 +146,7 @@ impl Writer {
             }
             if std::time::Instant::now() >= spin_until {
                 // Idle: the fsyncs of a checkpoint delay nobody now.
-                self.checkpoint_beyond(self.opts.wal_limit / 4);
+                self.checkpoint_beyond(self.opts.wal_limit / 4, false);
                 return self.rx.blocking_recv();
             }
             std::thread::yield_now();
@@ -154,15 +158,28 @@ impl Writer {
     /// stop those checkpoints short, the log is never restarted, and it grows until the disk is
     /// full. A `TRUNCATE` checkpoint waits for the readers of old snapshots to move on, briefly
     /// ([`CHECKPOINT_WAIT`]), so that queued writes are barely delayed; if the readers are still
-    /// there, the next attempt tries again.
-    fn checkpoint_beyond(&mut self, over: u64) {
+    /// there, the next attempt tries again. While busy, attempts are at least
+    /// [`CHECKPOINT_EVERY`] apart until the log is half again past its limit, so that readers
+    /// that hardly let go cost the writer a bounded share of its time; past that, the bound on the
+    /// disk comes first and every batch tries; past twice its limit, the checkpoint waits as long
+    /// as any write may ([`crate::SqliteOptions::busy_timeout`]) for the old readers, which
+    /// bounds the log for sure: readers that start meanwhile read the database file, not the log.
+    fn checkpoint_beyond(&mut self, over: u64, busy: bool) {
         let size = std::fs::metadata(&self.wal).map_or(0, |m| m.len());
-        if size <= over {
+        let limit = self.opts.wal_limit;
+        let recent = self
+            .last_checkpoint
+            .is_some_and(|at| at.elapsed() < CHECKPOINT_EVERY);
+        if size <= over || busy && recent && size <= limit + limit / 2 {
             return;
         }
-        let busy = self
-            .conn
-            .busy_timeout(CHECKPOINT_WAIT.min(self.opts.busy_timeout));
+        self.last_checkpoint = Some(std::time::Instant::now());
+        let wait = if size > 2 * limit {
+            self.opts.busy_timeout
+        } else {
+            CHECKPOINT_WAIT.min(self.opts.busy_timeout)
+        };
+        let busy = self.conn.busy_timeout(wait);
         let _ = self
             .conn
             .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()));
@@ -229,7 +246,7 @@ impl Writer {
         if wrote {
             self.changed.notify_waiters();
             // Busy: only once the log is past its limit, which autocheckpoints normally prevent.
-            self.checkpoint_beyond(self.opts.wal_limit);
+            self.checkpoint_beyond(self.opts.wal_limit, true);
         }
     }
 

@@ -66,6 +66,7 @@ impl FileJournal {
         let dir = dir.into();
         fs::create_dir_all(&dir)?;
         let journal = FileJournal { dir, reserve };
+        journal.remove_stray_claims();
         journal.replenish().map_err(|e| {
             std::io::Error::new(
                 e.kind(),
@@ -120,6 +121,20 @@ impl FileJournal {
             self.sync_dir()?;
         }
         Ok(())
+    }
+
+    /// Deletes spare files that a process claimed but did not get to delete (it died between the
+    /// two steps), so that their room is not lost for good. Deleting one that a live process is
+    /// about to delete is harmless: the room is freed either way.
+    fn remove_stray_claims(&self) {
+        let Ok(items) = fs::read_dir(&self.dir) else {
+            return;
+        };
+        for item in items.flatten() {
+            if item.file_name().to_string_lossy().starts_with(".claimed-") {
+                let _ = fs::remove_file(item.path());
+            }
+        }
     }
 
     /// Gives up one spare file to make room; false when none is left.
