@@ -47,6 +47,27 @@ impl TmpFs {
         &self.dir
     }
 
+    /// Fills it to the last byte with a file `name`, and returns that file's path (remove it to
+    /// make room again).
+    ///
+    /// # Panics
+    /// On an error other than a full disk.
+    pub fn fill(&self, name: &str) -> PathBuf {
+        use std::io::Write;
+        let path = self.dir.join(name);
+        let mut f = std::fs::File::create(&path)
+            .unwrap_or_else(|e| panic!("failed to create {}: {e}", path.display()));
+        let chunk = vec![7u8; 4096];
+        loop {
+            match f.write_all(&chunk) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::StorageFull => break,
+                Err(e) => panic!("failed to fill {}: {e}", self.dir.display()),
+            }
+        }
+        path
+    }
+
     /// Remounts it read-only (every write fails with `EROFS`, for root too) or writable again.
     ///
     /// # Panics

@@ -310,21 +310,6 @@ mod tests {
         );
     }
 
-    /// Fills the file system of `dir` to the last byte.
-    fn fill(dir: &Path) {
-        let mut f = File::create(dir.join("filler")).unwrap();
-        let chunk = vec![7u8; 4096];
-        loop {
-            match f.write_all(&chunk) {
-                Ok(()) => {}
-                Err(e) if is_full(&e) => break,
-                Err(e) => panic!("failed to fill {}: {e}", dir.display()),
-            }
-        }
-        // The last partial chunk may have taken the last pages already.
-        let _ = f.sync_all();
-    }
-
     /// About 20 kB on disk: bodies are written as JSON arrays of numbers.
     fn big_entry(k: &str) -> JournalEntry {
         let mut e = entry(k, 1);
@@ -342,7 +327,7 @@ mod tests {
             file_bytes: 64 << 10,
         };
         let j = FileJournal::open_with_reserve(fs.path().join("journal"), reserve).unwrap();
-        fill(fs.path());
+        let filler = fs.fill("filler");
         // Without the reserve this entry had no room: the outcome of a side effect that ran was
         // lost, and the caller heard "unrecorded".
         let first = big_entry("a");
@@ -372,7 +357,7 @@ mod tests {
         );
 
         // Once the disk has room again, flushed entries give the reserve back.
-        fs::remove_file(fs.path().join("filler")).unwrap();
+        fs::remove_file(filler).unwrap();
         for e in j.pending().unwrap() {
             j.remove(&e).unwrap();
         }
