@@ -5,9 +5,12 @@
 use std::fs;
 use std::path::Path;
 
+/// A fuzz target's body.
+type Target = fn(&[u8]);
+
 #[test]
 fn the_committed_corpus_passes_every_target() {
-    let targets: [(&str, fn(&[u8])); 7] = [
+    let targets: [(&str, Target); 7] = [
         ("key_parser", idemgate_fuzz::key_parser),
         ("canonical_json", idemgate_fuzz::canonical_json),
         ("sqlite_row", idemgate_fuzz::sqlite_row),
