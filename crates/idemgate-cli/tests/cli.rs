@@ -85,6 +85,162 @@ fn exec_runs_once_and_replays_output_and_exit_code() {
 }
 
 #[test]
+fn a_full_disk_journals_the_outcome_into_the_reserve_else_exits_70() {
+    let Some(tiny) = idemgate_conformance::tmpfs::TmpFs::mount(4 << 20) else {
+        return;
+    };
+    let sb = Sandbox::new();
+    let store = format!("sqlite://{}", tiny.path().join("idem.db").display());
+    let journal = tiny.path().join("idem.db.journal");
+    let ran = sb.path("ran");
+    // The command's side effect happens, then the disk fills up (the command does it, so that
+    // the reservation had room and the completion has none).
+    let exec = |key: &str, also: &str| {
+        let script = format!(
+            "echo ran >> '{}'; {also} cat /dev/zero > '{}' 2>/dev/null; true",
+            ran.display(),
+            tiny.path().join(key).display()
+        );
+        sb.idemgate()
+            .args(["--store", &store, "exec", "--key", key, "--", "sh", "-c"])
+            .arg(script)
+            .output()
+            .unwrap()
+    };
+
+    let out = exec("k1", "");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("it is journaled"),
+        "{}",
+        text(&out.stderr)
+    );
+    let entries = fs::read_dir(&journal)
+        .unwrap()
+        .filter(|f| {
+            f.as_ref()
+                .unwrap()
+                .path()
+                .extension()
+                .is_some_and(|x| x == "json")
+        })
+        .count();
+    assert_eq!(entries, 1, "the outcome is in the journal");
+
+    // A full disk refuses the reservation: nothing runs (69).
+    let out = exec("k0", "");
+    assert_eq!(out.status.code(), Some(69), "{}", text(&out.stderr));
+    assert_eq!(lines(&ran), 1);
+
+    // With room again, but the reserve gone too when the disk fills, nothing can hold the
+    // outcome: the caller is told (exit 70), never a plain success.
+    fs::remove_file(tiny.path().join("k1")).unwrap();
+    let out = exec("k2", &format!("rm -f '{}'/.reserve-*;", journal.display()));
+    assert_eq!(out.status.code(), Some(70), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("could not be recorded"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(lines(&ran), 2);
+}
+
+/// A private `redis-server` on a free loopback port (never the shared 6379), with an fsynced
+/// append-only file and no replica; killed by its pid when dropped.
+struct LonePrimary {
+    child: std::process::Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl LonePrimary {
+    fn start() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = Command::new("redis-server")
+            .args([
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                &port.to_string(),
+                "--save",
+                "",
+            ])
+            .args(["--appendonly", "yes", "--appendfsync", "always", "--dir"])
+            .arg(dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("failed to start redis-server (apt-get install redis-server)");
+        let me = LonePrimary {
+            child,
+            port,
+            _dir: dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !me.answers_ping() {
+            assert!(
+                Instant::now() < deadline,
+                "redis-server on {port} did not start"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        me
+    }
+
+    fn answers_ping(&self) -> bool {
+        use std::io::{Read, Write};
+        let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", self.port)) else {
+            return false;
+        };
+        let mut reply = [0u8; 7];
+        s.write_all(b"PING\r\n").is_ok()
+            && s.read_exact(&mut reply).is_ok()
+            && &reply == b"+PONG\r\n"
+    }
+}
+
+impl Drop for LonePrimary {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-9", &self.child.id().to_string()])
+            .status();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn exec_against_a_redis_without_the_replicas_it_waits_for_runs_nothing() {
+    let redis = LonePrimary::start();
+    let sb = Sandbox::new();
+    let ran = sb.path("ran");
+    let store = format!(
+        "redis://127.0.0.1:{}/0?wait_replicas=1&wait_timeout=200ms",
+        redis.port
+    );
+    let script = format!("echo ran >> '{}'", ran.display());
+    let out = sb
+        .idemgate()
+        .args([
+            "--store", &store, "exec", "--key", "k", "--", "sh", "-c", &script,
+        ])
+        .output()
+        .unwrap();
+    // Before, `wait_replicas` was ignored: the command ran with its record on one server.
+    assert_eq!(out.status.code(), Some(69), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("0 of 1 replicas"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(lines(&ran), 0, "nothing ran");
+}
+
+#[test]
 fn key_reuse_with_another_command_is_refused() {
     let sb = Sandbox::new();
     let effect = sb.path("effect");

@@ -177,6 +177,54 @@ pub trait Store: Send + Sync + 'static {
         let _ = key;
         tokio::time::sleep(timeout.min(DEFAULT_POLL))
     }
+
+    /// Checks that the store takes writes now, for readiness probes: a store that answers reads
+    /// may still refuse every write (read-only files, a full disk, a replica).
+    ///
+    /// The default reserves [`probe_key`] under this process's own token and releases it: two
+    /// real writes, through the same path as every call. A probe whose release failed leaves its
+    /// record in flight until this process's next probe acquires it again (same token) and
+    /// releases it; no other process ever meets that record.
+    ///
+    /// # Errors
+    /// The store's error for either write.
+    fn probe_write(&self) -> impl Future<Output = Result<()>> + Send {
+        async move {
+            let (key, token) = probe_key();
+            let r = Reservation {
+                key: key.clone(),
+                fingerprint: Fingerprint::of_bytes(b"idemgate write probe"),
+                token,
+                lease_for: Duration::from_secs(60),
+            };
+            match self.reserve(&r).await? {
+                Claim::Acquired(lease) => self.release(&key, lease).await,
+                Claim::Existing(rec) => Err(StoreError::Unavailable(format!(
+                    "failed to probe a write: the probe record is held by another lease (fence {})",
+                    rec.fence
+                ))),
+            }
+        }
+    }
+}
+
+/// The record [`Store::probe_write`] writes, and the token it holds it with: one per process
+/// (tenant `idemgate`, tool `readyz`, key `probe-<random>`), so that the probes of several
+/// gateways on one store never meet.
+pub fn probe_key() -> (Key, LeaseToken) {
+    static PROBE: std::sync::OnceLock<(Key, LeaseToken)> = std::sync::OnceLock::new();
+    PROBE
+        .get_or_init(|| {
+            let token = LeaseToken::mint();
+            let key = Key::new(
+                TenantId::new("idemgate").expect("a valid tenant id"),
+                ToolName::new("readyz").expect("a valid tool name"),
+                crate::key::IdempotencyKey::new(format!("probe-{}", token.to_hex()))
+                    .expect("a valid key"),
+            );
+            (key, token)
+        })
+        .clone()
 }
 
 /// How often a waiting duplicate looks again on stores without change notifications.
@@ -228,5 +276,8 @@ impl<S: Store> Store for std::sync::Arc<S> {
     }
     fn wait_changed(&self, key: &Key, timeout: Duration) -> impl Future<Output = ()> + Send {
         (**self).wait_changed(key, timeout)
+    }
+    fn probe_write(&self) -> impl Future<Output = Result<()>> + Send {
+        (**self).probe_write()
     }
 }

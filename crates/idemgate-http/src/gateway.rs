@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use idemgate::{
     AnyStore, Engine, FileJournal, Journal, JournalFlusher, MemoryJournal, Policies, Store as _,
-    ToolName,
 };
 use idemgate_kit::{Instruments, Metrics};
 
@@ -141,14 +140,10 @@ impl Gateway {
         self.0.engine.spawn_journal_flusher(FLUSH_EVERY)
     }
 
-    /// Whether the store answers a lookup.
+    /// Whether the store takes a write now ([`idemgate::Store::probe_write`]): a store that
+    /// answers lookups may still refuse every reservation (read-only files, a full disk).
     pub async fn ready(&self) -> bool {
-        let probe = idemgate::Key::new(
-            idemgate::TenantId::new("idemgate").expect("a valid tenant id"),
-            ToolName::new("readyz").expect("a valid tool name"),
-            idemgate::IdempotencyKey::new("probe").expect("a valid key"),
-        );
-        self.0.engine.store().get(&probe).await.is_ok()
+        self.0.engine.store().probe_write().await.is_ok()
     }
 
     pub(crate) fn tenants(&self) -> &[Arc<Tenant>] {

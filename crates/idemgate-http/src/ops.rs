@@ -15,13 +15,13 @@ pub(crate) async fn healthz() -> &'static str {
     "ok\n"
 }
 
-/// `GET /readyz`: the store answers a lookup.
+/// `GET /readyz`: the store takes a write (a probe reserved and released).
 pub(crate) async fn readyz(State(gw): State<Gateway>) -> Response {
     if gw.ready().await {
         (StatusCode::OK, "ready\n").into_response()
     } else {
         gw.metrics().store_error();
-        Problem::store_unavailable("the store does not answer").into_response()
+        Problem::store_unavailable("the store does not take writes").into_response()
     }
 }
 

@@ -106,17 +106,9 @@ pub(crate) fn call(
         ));
     }
     if let Some(v) = first {
-        let text = v.to_str().map_err(|_| {
-            Problem::bad_request("the Idempotency-Key header must be visible ASCII")
-        })?;
-        // The IETF draft writes keys as structured-field strings ("..."); accept both forms.
-        let text = text
-            .strip_prefix('"')
-            .and_then(|t| t.strip_suffix('"'))
-            .unwrap_or(text);
-        // A caller's key may not pass for one the engine derives (the fallback window).
-        call = call
-            .key(IdempotencyKey::explicit(text).map_err(|e| Problem::bad_request(e.to_string()))?);
+        let key =
+            idemgate_kit::header::idempotency_key(v.as_bytes()).map_err(Problem::bad_request)?;
+        call = call.key(key);
     }
     Ok(call)
 }

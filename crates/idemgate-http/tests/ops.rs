@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::support::{logs, start, upstream, ACME};
+use crate::support::{config_text, logs, problem, start, start_config, upstream, ACME};
 
 #[tokio::test]
 async fn health_readiness_and_openapi() {
@@ -47,6 +47,98 @@ async fn health_readiness_and_openapi() {
     ] {
         assert!(doc["paths"][path].is_object(), "{path} is documented");
     }
+}
+
+#[tokio::test]
+async fn readyz_probes_a_write_and_the_store_recovers_without_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("idemgate.db");
+    let url = format!("sqlite://{}", db.display());
+    drop(idemgate::AnyStore::connect(&url).await.unwrap());
+    // Started while the database file is read-only (for root too).
+    let Some(read_only) = idemgate_conformance::tmpfs::Immutable::set(&db) else {
+        return;
+    };
+    let text = config_text("", "").replace("store = \"memory:\"", &format!("store = \"{url}\""));
+    let gw = start_config(idemgate_http::Config::parse(&text).unwrap(), dir).await;
+    let ready = || async {
+        gw.http
+            .get(format!("{}/readyz", gw.url))
+            .send()
+            .await
+            .unwrap()
+    };
+    let answer = ready().await;
+    assert_eq!(answer.status(), 503);
+    assert!(answer
+        .text()
+        .await
+        .unwrap()
+        .contains("does not take writes"));
+    assert_eq!(gw.begin("t", "k1", "{}").await.status(), 503);
+
+    // Writable again: ready and serving, with no restart.
+    read_only.lift();
+    assert_eq!(ready().await.status(), 200);
+    assert_eq!(gw.begin("t", "k1", "{}").await.status(), 201);
+}
+
+#[tokio::test]
+async fn a_full_disk_journals_the_outcome_else_answers_outcome_unrecorded() {
+    let Some(tiny) = idemgate_conformance::tmpfs::TmpFs::mount(4 << 20) else {
+        return;
+    };
+    let db = tiny.path().join("idemgate.db");
+    let text = config_text("", "").replace(
+        "store = \"memory:\"",
+        &format!("store = \"sqlite://{}\"", db.display()),
+    );
+    let gw = start_config(
+        idemgate_http::Config::parse(&text).unwrap(),
+        tempfile::tempdir().unwrap(),
+    )
+    .await;
+    let complete = |key: &'static str, lease: String| {
+        gw.post("/v1/tools/t/complete", ACME)
+            .body(
+                serde_json::json!({
+                    "key": key,
+                    "lease": lease,
+                    "outcome": {"kind": "success", "result": {"done": key}},
+                })
+                .to_string(),
+            )
+            .send()
+    };
+    let lease = |begun: Value| begun["lease"].as_str().unwrap().to_owned();
+
+    // Reserved with room on the disk; the side effect ran; then the disk is full.
+    let begun: Value = gw.begin("t", "k1", "{}").await.json().await.unwrap();
+    let filler = tiny.fill("filler");
+    let answer = complete("k1", lease(begun)).await.unwrap();
+    assert_eq!(answer.status(), 200);
+    let body: Value = answer.json().await.unwrap();
+    assert_eq!(body["recording"], "journaled", "{body}");
+
+    // The same, with the journal's reserve gone too: nothing holds the outcome, and the caller
+    // is told so, not 200.
+    std::fs::remove_file(filler).unwrap();
+    let begun: Value = gw.begin("t", "k2", "{}").await.json().await.unwrap();
+    tiny.fill("filler");
+    for spare in std::fs::read_dir(tiny.path().join("idemgate.db.journal")).unwrap() {
+        let spare = spare.unwrap().path();
+        if spare
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .starts_with(".reserve-")
+        {
+            std::fs::remove_file(spare).unwrap();
+        }
+    }
+    tiny.fill("filler-2");
+    let answer = complete("k2", lease(begun)).await.unwrap();
+    problem(answer, 500, "outcome-unrecorded").await;
 }
 
 #[tokio::test]

@@ -11,6 +11,7 @@
 //! [`idemgate_core::Verdict`], next to the decisions themselves.
 
 pub mod audit;
+pub mod header;
 pub mod limits;
 pub mod log;
 pub mod metrics;

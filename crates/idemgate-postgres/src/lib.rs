@@ -1,6 +1,8 @@
 #![doc = include_str!("../README.md")]
 
 mod error;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 mod listen;
 mod migrate;
 mod row;

@@ -84,19 +84,19 @@ pub(crate) fn decode(key: Key, row: &Row) -> Result<(StoredRecord, Timestamp)> {
 
 /// The columns of a record row as Postgres typed them, not yet checked against each other.
 #[derive(Clone, Debug, Default)]
-struct Columns<'a> {
-    fingerprint: &'a [u8],
-    fence: i64,
-    token: &'a [u8],
-    created_at: i64,
-    state: i16,
-    lease_until: Option<i64>,
-    since: Option<i64>,
-    completed_at: Option<i64>,
-    expires_at: Option<i64>,
-    outcome_kind: Option<i16>,
-    outcome_body: Option<Vec<u8>>,
-    now: i64,
+pub(crate) struct Columns<'a> {
+    pub(crate) fingerprint: &'a [u8],
+    pub(crate) fence: i64,
+    pub(crate) token: &'a [u8],
+    pub(crate) created_at: i64,
+    pub(crate) state: i16,
+    pub(crate) lease_until: Option<i64>,
+    pub(crate) since: Option<i64>,
+    pub(crate) completed_at: Option<i64>,
+    pub(crate) expires_at: Option<i64>,
+    pub(crate) outcome_kind: Option<i16>,
+    pub(crate) outcome_body: Option<Vec<u8>>,
+    pub(crate) now: i64,
 }
 
 impl<'a> Columns<'a> {
@@ -117,7 +117,7 @@ impl<'a> Columns<'a> {
         })
     }
 
-    fn decode(self, key: Key) -> Result<(StoredRecord, Timestamp)> {
+    pub(crate) fn decode(self, key: Key) -> Result<(StoredRecord, Timestamp)> {
         let fingerprint = <[u8; 32]>::try_from(self.fingerprint)
             .map_err(|_| error::corrupt("fingerprint is not 32 bytes"))?;
         let token = <[u8; 16]>::try_from(self.token)

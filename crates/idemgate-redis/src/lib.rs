@@ -2,6 +2,8 @@
 
 mod codec;
 mod error;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 
 use std::collections::HashSet;
 use std::fmt;
@@ -31,12 +33,14 @@ const SCAN_COUNT: u64 = 500;
 /// Settings of a [`RedisStore`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RedisOptions {
-    /// Accept a Redis without append-only persistence (or whose settings cannot be read): records,
-    /// in-flight reservations included, are lost when it restarts, so a side effect may run twice.
+    /// Accept a Redis without append-only persistence, with `appendfsync no`, or whose settings
+    /// cannot be read: records, in-flight reservations included, are lost when it (or its
+    /// machine) restarts, so a side effect may run twice.
     /// Also set by `?allow_volatile=true` in the URL.
     pub allow_volatile: bool,
     /// After every write, wait until this many replicas acknowledged it (`WAIT n timeout`); fewer
     /// acknowledgements make the write [`StoreError::Indeterminate`], since a failover could lose it.
+    /// Also set by `?wait_replicas=N&wait_timeout=500ms` in the URL.
     pub wait_replicas: Option<(u32, Duration)>,
     /// The prefix of every key name: letters, digits, `:`, `_`, `.` and `-`, at most 64 bytes. Also
     /// set by `?key_prefix=...` in the URL.
@@ -142,7 +146,8 @@ impl fmt::Debug for RedisStore {
 
 impl RedisStore {
     /// Connects to the Redis at `url` (`redis://[user:password@]host[:port][/db][?query]`) with the
-    /// default [`RedisOptions`]; the query may set `allow_volatile=true` and `key_prefix=...`, and
+    /// default [`RedisOptions`]; the query may set `allow_volatile=true`, `key_prefix=...`,
+    /// `wait_replicas=N` and `wait_timeout=...`, and
     /// redis-rs's own `protocol` (and, for `redis+unix://` URLs, `db`, `user` and `pass`).
     /// `docs/STORES.md` describes them.
     ///
@@ -482,6 +487,11 @@ fn check_prefix(prefix: &str) -> Result<()> {
 
 /// The query options this crate reads itself.
 const OWN_OPTIONS: &[&str] = &["allow_volatile", "key_prefix"];
+/// The query options of replicated mode ([`RedisOptions::wait_replicas`]), also read by this crate.
+const WAIT_OPTIONS: &[&str] = &["wait_replicas", "wait_timeout"];
+/// How long a write waits for its replicas when the URL names `wait_replicas` but no
+/// `wait_timeout`.
+const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_secs(1);
 /// The query options redis-rs reads from every URL.
 const DRIVER_OPTIONS: &[&str] = &["protocol"];
 /// The query options redis-rs reads only from Unix-socket URLs (a TCP URL carries them in its
@@ -494,12 +504,13 @@ fn parse_url(url: &str, mut options: RedisOptions) -> Result<(String, RedisOptio
     let unix = ["unix:", "redis+unix:", "valkey+unix:"]
         .iter()
         .any(|scheme| url.starts_with(scheme));
-    let mut known = [OWN_OPTIONS, DRIVER_OPTIONS].concat();
+    let mut known = [OWN_OPTIONS, DRIVER_OPTIONS, WAIT_OPTIONS].concat();
     if unix {
         known.extend_from_slice(UNIX_DRIVER_OPTIONS);
     }
     let query = UrlQuery::parse(url, "redis", &known)?;
     let mut rest = Vec::new();
+    let (mut replicas, mut timeout) = (None, None);
     for (name, value) in query.options {
         match name {
             "allow_volatile" => {
@@ -515,8 +526,27 @@ fn parse_url(url: &str, mut options: RedisOptions) -> Result<(String, RedisOptio
                 }
             }
             "key_prefix" => options.key_prefix = value.to_owned(),
+            "wait_replicas" => {
+                replicas = Some(value.parse::<u32>().map_err(|_| {
+                    StoreError::Misconfigured(format!(
+                        "failed to read wait_replicas={value:?} in the redis url: expected a \
+                         number of replicas"
+                    ))
+                })?);
+            }
+            "wait_timeout" => timeout = Some(parse_wait_timeout(value)?),
             _ => rest.push(format!("{name}={value}")),
         }
+    }
+    match (replicas, timeout) {
+        (None, None) => {}
+        (None, Some(_)) => {
+            return Err(StoreError::Misconfigured(
+                "failed to read wait_timeout in the redis url: it needs wait_replicas=N".to_owned(),
+            ))
+        }
+        (Some(0), _) => options.wait_replicas = None,
+        (Some(n), t) => options.wait_replicas = Some((n, t.unwrap_or(DEFAULT_WAIT_TIMEOUT))),
     }
     let url = if rest.is_empty() {
         query.base.to_owned()
@@ -524,6 +554,25 @@ fn parse_url(url: &str, mut options: RedisOptions) -> Result<(String, RedisOptio
         format!("{}?{}", query.base, rest.join("&"))
     };
     Ok((url, options))
+}
+
+/// A `wait_timeout` value: milliseconds, or a number with `ms` or `s`; more than zero, since
+/// `WAIT n 0` would wait forever.
+fn parse_wait_timeout(value: &str) -> Result<Duration> {
+    let (number, unit_ms) = if let Some(n) = value.strip_suffix("ms") {
+        (n, 1)
+    } else if let Some(n) = value.strip_suffix('s') {
+        (n, 1000)
+    } else {
+        (value, 1)
+    };
+    match number.parse::<u64>() {
+        Ok(n) if n > 0 && n <= MAX_MS / unit_ms => Ok(Duration::from_millis(n * unit_ms)),
+        _ => Err(StoreError::Misconfigured(format!(
+            "failed to read wait_timeout={value:?} in the redis url: expected a duration above \
+             zero such as 500ms or 2s"
+        ))),
+    }
 }
 
 /// The URL without its password, for messages.
@@ -562,7 +611,7 @@ async fn check_persistence(conn: &mut ConnectionManager, url: &str) -> Result<()
         }
     };
     match aof.as_slice() {
-        [_, on] if on == "yes" => Ok(()),
+        [_, on] if on == "yes" => check_fsync(conn, url, how).await,
         [_, value] => {
             let save: Vec<String> = redis::cmd("CONFIG")
                 .arg("GET")
@@ -584,9 +633,80 @@ async fn check_persistence(conn: &mut ConnectionManager, url: &str) -> Result<()
     }
 }
 
+/// Refuses an append-only file that Redis never fsyncs (`appendfsync no`): the operating system
+/// writes it back when it likes (up to about 30 s on Linux), so a power cut or a crash of the
+/// machine loses acknowledged reservations as surely as `appendonly no` does.
+async fn check_fsync(conn: &mut ConnectionManager, url: &str, how: &str) -> Result<()> {
+    let fsync: Vec<String> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("appendfsync")
+        .query_async(conn)
+        .await
+        .map_err(|e| classify(&e, "read the persistence settings"))?;
+    match fsync.as_slice() {
+        [_, policy] if policy == "no" => Err(StoreError::Misconfigured(format!(
+            "redis at {url} runs with appendfsync no, so a crash of its machine loses \
+             reservations and outcomes it acknowledged and side effects could run twice: {how}"
+        ))),
+        _ => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn wait_settings_are_read_from_the_url() {
+        let wait =
+            |url: &str| parse_url(url, RedisOptions::default()).map(|(_, o)| o.wait_replicas);
+        assert_eq!(
+            wait("redis://h/?wait_replicas=1").unwrap(),
+            Some((1, DEFAULT_WAIT_TIMEOUT))
+        );
+        assert_eq!(
+            wait("redis://h/?wait_replicas=2&wait_timeout=250ms").unwrap(),
+            Some((2, Duration::from_millis(250)))
+        );
+        assert_eq!(
+            wait("redis://h/?wait_timeout=3s&wait_replicas=1").unwrap(),
+            Some((1, Duration::from_secs(3)))
+        );
+        assert_eq!(
+            wait("redis://h/?wait_replicas=1&wait_timeout=40").unwrap(),
+            Some((1, Duration::from_millis(40)))
+        );
+        assert_eq!(wait("redis://h/?wait_replicas=0").unwrap(), None);
+        assert_eq!(wait("redis://h/").unwrap(), None);
+        let (url, _) = parse_url(
+            "redis://h/?wait_replicas=1&protocol=resp3",
+            RedisOptions::default(),
+        )
+        .unwrap();
+        assert_eq!(
+            url, "redis://h/?protocol=resp3",
+            "the driver never sees them"
+        );
+        for (bad, says) in [
+            ("redis://h/?wait_replicas=one", "wait_replicas=\"one\""),
+            ("redis://h/?wait_replicas=-1", "wait_replicas=\"-1\""),
+            (
+                "redis://h/?wait_replicas=1&wait_timeout=0",
+                "wait_timeout=\"0\"",
+            ),
+            (
+                "redis://h/?wait_replicas=1&wait_timeout=2m",
+                "wait_timeout=\"2m\"",
+            ),
+            ("redis://h/?wait_timeout=1s", "it needs wait_replicas"),
+        ] {
+            let e = wait(bad).unwrap_err();
+            assert!(
+                matches!(&e, StoreError::Misconfigured(m) if m.contains(says)),
+                "{bad}: {e}"
+            );
+        }
+    }
 
     #[test]
     fn url_settings_are_taken_out_of_the_query() {

@@ -56,6 +56,23 @@ async fn allow_volatile_in_options_or_url_is_accepted() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_with_appendfsync_no_is_refused() {
+    // Later settings on the command line win over the helper's `appendfsync always`.
+    let server = PrivateRedis::start_with(true, &["--appendfsync", "no"]);
+    match RedisStore::connect(&server.url()).await {
+        Err(StoreError::Misconfigured(msg)) => {
+            assert!(msg.contains("appendfsync no"), "{msg}");
+            assert!(msg.contains("allow_volatile"), "{msg}");
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    let url = format!("{}?allow_volatile=true", server.url());
+    RedisStore::connect(&url)
+        .await
+        .expect("accepted when the operator allows it");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_with_aof_is_accepted() {
     let server = PrivateRedis::start(true);
     RedisStore::connect(&server.url())

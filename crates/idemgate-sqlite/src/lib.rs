@@ -40,6 +40,8 @@
 //! ```
 
 mod error;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 mod row;
 mod schema;
 mod writer;
@@ -96,6 +98,13 @@ pub struct SqliteOptions {
     pub clock: Arc<dyn Clock>,
     /// The most writes committed in one transaction (default 256; at least 1).
     pub max_batch: usize,
+    /// About how large the write-ahead log may grow, in bytes (default 1 MiB; at least 64 KiB).
+    /// Commits checkpoint it once it holds that much (`wal_autocheckpoint`), a checkpoint cuts
+    /// the file back to that size (`journal_size_limit`), and the writer empties it
+    /// (`wal_checkpoint(TRUNCATE)`) when it is idle and the log holds more than a quarter of it.
+    /// Without a bound the log of a busy store only grows, and on a small disk it takes the
+    /// room the journal of unconfirmed outcomes needs.
+    pub wal_limit: u64,
 }
 
 impl Default for SqliteOptions {
@@ -105,6 +114,7 @@ impl Default for SqliteOptions {
             busy_timeout: Duration::from_secs(5),
             clock: Arc::new(SystemClock),
             max_batch: 256,
+            wal_limit: 1 << 20,
         }
     }
 }
@@ -122,6 +132,8 @@ pub struct WriterStats {
 const QUEUE: usize = 4096;
 /// Read connections kept open between reads.
 const IDLE_READERS: usize = 4;
+/// The smallest [`SqliteOptions::wal_limit`]: a few batches' worth of pages.
+const MIN_WAL_LIMIT: u64 = 64 << 10;
 
 /// Idempotency records in one SQLite file, shared by every process that opens it. Clones share one
 /// writer thread and its connections; dropping the last clone ends the thread, after waiting for
@@ -213,6 +225,7 @@ impl SqliteStore {
         }
         let mut opts = opts;
         opts.max_batch = opts.max_batch.max(1);
+        opts.wal_limit = opts.wal_limit.max(MIN_WAL_LIMIT);
 
         let conn = schema::connect(&path, &opts, false)?;
         schema::migrate(&conn, &path)?;
@@ -229,6 +242,10 @@ impl SqliteStore {
             rx,
             clock: opts.clock.clone(),
             max_batch: opts.max_batch,
+            path: path.clone(),
+            opts: opts.clone(),
+            wal: wal_path(&path),
+            last_checkpoint: None,
             changed: changed.clone(),
             counters: counters.clone(),
             #[cfg(test)]
@@ -372,6 +389,13 @@ impl Inner {
         // A panic while holding the lock leaves at worst a connection missing from the pool.
         self.readers.lock().unwrap_or_else(|p| p.into_inner())
     }
+}
+
+/// The write-ahead log of the database at `path`, as SQLite names it.
+fn wal_path(path: &Path) -> PathBuf {
+    let mut wal = path.as_os_str().to_owned();
+    wal.push("-wal");
+    PathBuf::from(wal)
 }
 
 /// The file path named by a `sqlite:` URL.
@@ -1019,6 +1043,98 @@ mod tests {
         waiter.await;
         let waited = started.elapsed();
         assert!(waited < Duration::from_secs(10), "waited {waited:?}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_wal_stays_bounded_under_many_writes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db");
+        // NORMAL only spares the fsyncs; the log is written and checkpointed the same way.
+        let opts = SqliteOptions {
+            durability: Durability::Normal,
+            ..manual()
+        };
+        let limit = opts.wal_limit;
+        let store = SqliteStore::open(&path, opts).unwrap();
+        let wal = wal_path(&path);
+        let wal_size = || std::fs::metadata(&wal).map_or(0, |m| m.len());
+        // A reader that keeps taking snapshots, as duplicates and `keys list` do.
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let reader = {
+            let (store, stop) = (store.clone(), stop.clone());
+            tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    store.list(&ListFilter::default()).await.unwrap();
+                }
+            })
+        };
+        let body = vec![b'x'; 1024];
+        let mut largest = 0;
+        for i in 0..2000 {
+            let k = key(&format!("k{i}"));
+            let lease = acquire(&store, &k).await;
+            store
+                .complete(
+                    &k,
+                    lease,
+                    &Outcome::success(body.clone()),
+                    Duration::from_secs(3600),
+                )
+                .await
+                .unwrap();
+            largest = largest.max(wal_size());
+        }
+        stop.store(true, Ordering::Relaxed);
+        reader.await.unwrap();
+        eprintln!("the largest WAL was {largest} bytes (limit {limit})");
+        // Before the bound, the log grew without end while the reader kept taking snapshots
+        // (40 MB in this test), and SQLite's default alone let it reach 1000 pages (4 MiB).
+        assert!(
+            largest <= 3 * limit,
+            "the WAL reached {largest} bytes (limit {limit})"
+        );
+        // Idle, the writer empties it.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        acquire(&store, &key("last")).await;
+        while wal_size() > limit / 4 {
+            assert!(
+                Instant::now() < deadline,
+                "the WAL kept {} bytes while idle",
+                wal_size()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn read_only_files_refuse_writes_and_recover_without_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("idemgate.db");
+        let k = key("kept");
+        let store = SqliteStore::open(&path, manual()).unwrap();
+        acquire(&store, &k).await;
+        drop(store);
+        // Read-only for root too; the directory stays writable, as for a file of another owner.
+        let Some(read_only) = idemgate_conformance::tmpfs::Immutable::set(&path) else {
+            return;
+        };
+        let store = SqliteStore::open(&path, manual()).unwrap();
+        assert_eq!(
+            store.get(&k).await.unwrap().unwrap().state_name(),
+            State::InFlight
+        );
+        let e = store.reserve(&reservation(&key("new"))).await.unwrap_err();
+        assert!(
+            matches!(&e, StoreError::Unavailable(m) if m.contains("readonly")),
+            "{e}"
+        );
+        let e = store.probe_write().await.unwrap_err();
+        assert!(matches!(e, StoreError::Unavailable(_)), "{e}");
+
+        // Fixed by an operator while the store runs: the next write goes through.
+        read_only.lift();
+        store.probe_write().await.unwrap();
+        acquire(&store, &key("new")).await;
     }
 
     #[tokio::test]

@@ -45,7 +45,10 @@ pub const APPLICATION_ID: i64 = 0x4944_4D47;
 ///   processes on one machine (WAL needs shared memory, so not on a network file system);
 /// - `PRAGMA synchronous = FULL` ([`Durability::Full`], the default: each commit is on disk when
 ///   it returns, even across a power cut) or `NORMAL` ([`Durability::Normal`]: survives a crash of
-///   the process, but a power cut may lose the last commits).
+///   the process, but a power cut may lose the last commits);
+/// - `PRAGMA wal_autocheckpoint` = [`SqliteOptions::wal_limit`] in pages, and
+///   `PRAGMA journal_size_limit` = `wal_limit`: the log is checkpointed once it holds that much and
+///   cut back to that size afterwards, so it stays bounded.
 ///
 /// The store writes in `BEGIN IMMEDIATE` transactions and has no foreign keys. A benchmark
 /// baseline that opens a raw connection and calls this function runs with identical settings.
@@ -62,6 +65,19 @@ pub fn apply_pragmas(conn: &Connection, opts: &SqliteOptions) -> rusqlite::Resul
         Durability::Normal => "NORMAL",
     };
     conn.pragma_update(None, "synchronous", synchronous)?;
+    let page_size: i64 = conn.pragma_query_value(None, "page_size", |row| row.get(0))?;
+    let wal_limit = i64::try_from(opts.wal_limit).unwrap_or(i64::MAX);
+    conn.pragma_update(
+        None,
+        "wal_autocheckpoint",
+        (wal_limit / page_size.max(1)).max(1),
+    )?;
+    // Returns the limit in force, like journal_mode.
+    let _limit: i64 = conn.query_row(
+        &format!("PRAGMA journal_size_limit = {wal_limit}"),
+        [],
+        |row| row.get(0),
+    )?;
     Ok(())
 }
 

@@ -95,15 +95,26 @@ pub(crate) struct Counters {
     pub(crate) operations: AtomicU64,
 }
 
-/// The state the writer thread owns.
 /// How long the writer looks for more work before it sleeps.
 const SPIN: std::time::Duration = std::time::Duration::from_micros(200);
+/// How long a checkpoint of the write-ahead log waits for readers of old snapshots.
+const CHECKPOINT_WAIT: std::time::Duration = std::time::Duration::from_millis(20);
+/// The least time between two checkpoints that interrupt a busy writer.
+const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_millis(200);
 
+/// The state the writer thread owns.
 pub(crate) struct Writer {
     pub(crate) conn: Connection,
     pub(crate) rx: mpsc::Receiver<Box<dyn Task>>,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) max_batch: usize,
+    /// The database file, to open the connection again (see [`Writer::reopen_if_read_only`]).
+    pub(crate) path: std::path::PathBuf,
+    pub(crate) opts: crate::SqliteOptions,
+    /// The write-ahead log file, measured when idle.
+    pub(crate) wal: std::path::PathBuf,
+    /// When the writer last started a checkpoint of its own.
+    pub(crate) last_checkpoint: Option<std::time::Instant>,
     pub(crate) changed: Arc<Notify>,
     pub(crate) counters: Arc<Counters>,
     #[cfg(test)]
@@ -134,9 +145,46 @@ impl Writer {
                 Err(mpsc::error::TryRecvError::Empty) => {}
             }
             if std::time::Instant::now() >= spin_until {
+                // Idle: the fsyncs of a checkpoint delay nobody now.
+                self.checkpoint_beyond(self.opts.wal_limit / 4, false);
                 return self.rx.blocking_recv();
             }
             std::thread::yield_now();
+        }
+    }
+
+    /// Empties the write-ahead log once it holds more than `over` bytes. Commits checkpoint on
+    /// their own (`wal_autocheckpoint`), but only passively: readers that keep taking snapshots
+    /// stop those checkpoints short, the log is never restarted, and it grows until the disk is
+    /// full. A `TRUNCATE` checkpoint waits for the readers of old snapshots to move on, briefly
+    /// ([`CHECKPOINT_WAIT`]), so that queued writes are barely delayed; if the readers are still
+    /// there, the next attempt tries again. While busy, attempts are at least
+    /// [`CHECKPOINT_EVERY`] apart until the log is half again past its limit, so that readers
+    /// that hardly let go cost the writer a bounded share of its time; past that, the bound on the
+    /// disk comes first and every batch tries; past twice its limit, the checkpoint waits as long
+    /// as any write may ([`crate::SqliteOptions::busy_timeout`]) for the old readers, which
+    /// bounds the log for sure: readers that start meanwhile read the database file, not the log.
+    fn checkpoint_beyond(&mut self, over: u64, busy: bool) {
+        let size = std::fs::metadata(&self.wal).map_or(0, |m| m.len());
+        let limit = self.opts.wal_limit;
+        let recent = self
+            .last_checkpoint
+            .is_some_and(|at| at.elapsed() < CHECKPOINT_EVERY);
+        if size <= over || busy && recent && size <= limit + limit / 2 {
+            return;
+        }
+        self.last_checkpoint = Some(std::time::Instant::now());
+        let wait = if size > 2 * limit {
+            self.opts.busy_timeout
+        } else {
+            CHECKPOINT_WAIT.min(self.opts.busy_timeout)
+        };
+        let busy = self.conn.busy_timeout(wait);
+        let _ = self
+            .conn
+            .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()));
+        if busy.is_ok() {
+            let _ = self.conn.busy_timeout(self.opts.busy_timeout);
         }
     }
 
@@ -159,7 +207,25 @@ impl Writer {
         }
     }
 
+    /// Opens the write connection again when SQLite opened it read-only and the database can now
+    /// be written. A connection opened while the files (or their file system) were read-only
+    /// stays read-only for good, so without this every write would fail until a restart, long
+    /// after an operator fixed the permissions.
+    fn reopen_if_read_only(&mut self) {
+        if !self.conn.is_readonly(rusqlite::MAIN_DB).unwrap_or(false) {
+            return;
+        }
+        // Still read-only: this batch fails as before (SQLITE_READONLY, so Unavailable: nothing
+        // was written), and the next one tries again.
+        if let Ok(conn) = crate::schema::connect(&self.path, &self.opts, false) {
+            if !conn.is_readonly(rusqlite::MAIN_DB).unwrap_or(true) {
+                self.conn = conn;
+            }
+        }
+    }
+
     fn run_batch(&mut self, mut batch: Vec<Box<dyn Task>>) {
+        self.reopen_if_read_only();
         let result = self.execute(&mut batch);
         if result.is_err() && !self.conn.is_autocommit() {
             // Nothing of a failed batch may stay behind for the next one. If even the rollback
@@ -179,6 +245,8 @@ impl Writer {
         }
         if wrote {
             self.changed.notify_waiters();
+            // Busy: only once the log is past its limit, which autocheckpoints normally prevent.
+            self.checkpoint_beyond(self.opts.wal_limit, true);
         }
     }
 

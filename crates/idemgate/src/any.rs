@@ -137,6 +137,9 @@ impl Store for AnyStore {
     async fn wait_changed(&self, key: &Key, timeout: Duration) {
         dispatch!(self, s => s.wait_changed(key, timeout).await)
     }
+    async fn probe_write(&self) -> Result<()> {
+        dispatch!(self, s => s.probe_write().await)
+    }
 }
 
 #[cfg(test)]

@@ -4,28 +4,80 @@
 //! a temporary name, synced, renamed, directory synced) and disappears with one unlink. Two
 //! processes flushing the same entry both apply it; that is harmless because every journaled
 //! write is a compare-and-set on its lease.
+//!
+//! # The reserve
+//! The journal is written when the store could not take an outcome, and a full disk is one reason
+//! a local store cannot (the journal sits beside the SQLite file by default). So the journal keeps
+//! room of its own: spare files (`.reserve-N`, zeros written to disk, not sparse) made when it
+//! opens. An append that meets a full disk gives up one spare file at a time, until the entry fits
+//! or none is left; each is claimed by an atomic rename, so two processes never count the same one.
+//! Spare files given up are made again when entries are removed (flushed into the store), and at
+//! the next open, which fails if it cannot make them.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::Write;
+use std::io::{ErrorKind, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use idemgate_core::{Journal, JournalEntry};
+
+/// How much room a [`FileJournal`] keeps for itself.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reserve {
+    /// How many spare files (0: no reserve).
+    pub files: u32,
+    /// The size of each, in bytes: an entry holds one outcome, so a few of the largest outcome
+    /// bodies a tool returns.
+    pub file_bytes: u64,
+}
+
+impl Default for Reserve {
+    /// 8 files of 128 KiB (1 MiB): enough for dozens of typical outcomes while the disk is full.
+    fn default() -> Self {
+        Reserve {
+            files: 8,
+            file_bytes: 128 << 10,
+        }
+    }
+}
 
 /// A journal in a directory.
 #[derive(Clone, Debug)]
 pub struct FileJournal {
     dir: PathBuf,
+    reserve: Reserve,
 }
 
 impl FileJournal {
-    /// Opens (and creates, if needed) the journal directory.
+    /// Opens (and creates, if needed) the journal directory, with the default [`Reserve`].
     ///
     /// # Errors
-    /// When the directory cannot be created.
+    /// When the directory cannot be created, or its reserve cannot be made (the disk is full).
     pub fn open(dir: impl Into<PathBuf>) -> std::io::Result<Self> {
+        Self::open_with_reserve(dir, Reserve::default())
+    }
+
+    /// Opens (and creates, if needed) the journal directory, and makes its reserve complete.
+    ///
+    /// # Errors
+    /// When the directory cannot be created, or the reserve cannot be made: better to refuse to
+    /// start than to run side effects whose outcomes might find no room anywhere.
+    pub fn open_with_reserve(dir: impl Into<PathBuf>, reserve: Reserve) -> std::io::Result<Self> {
         let dir = dir.into();
         fs::create_dir_all(&dir)?;
-        Ok(FileJournal { dir })
+        let journal = FileJournal { dir, reserve };
+        journal.remove_stray_claims();
+        journal.replenish().map_err(|e| {
+            std::io::Error::new(
+                e.kind(),
+                format!(
+                    "failed to reserve {} bytes for the journal in {}: {e}",
+                    u64::from(reserve.files) * reserve.file_bytes,
+                    journal.dir.display()
+                ),
+            )
+        })?;
+        Ok(journal)
     }
 
     /// The directory.
@@ -40,6 +92,109 @@ impl FileJournal {
     fn sync_dir(&self) -> std::io::Result<()> {
         File::open(&self.dir)?.sync_all()
     }
+
+    fn spare(&self, i: u32) -> PathBuf {
+        self.dir.join(format!(".reserve-{i}"))
+    }
+
+    /// Makes every missing (or short) spare file, fully written and synced.
+    fn replenish(&self) -> std::io::Result<()> {
+        let mut made = false;
+        for i in 0..self.reserve.files {
+            let path = self.spare(i);
+            if fs::metadata(&path).is_ok_and(|m| m.len() >= self.reserve.file_bytes) {
+                continue;
+            }
+            // Written under a temporary name, so that a half-made file never counts as room.
+            let tmp = self
+                .dir
+                .join(format!(".reserve-{i}.{}.tmp", std::process::id()));
+            let made_one =
+                write_zeros(&tmp, self.reserve.file_bytes).and_then(|()| fs::rename(&tmp, &path));
+            if let Err(e) = made_one {
+                let _ = fs::remove_file(&tmp);
+                return Err(e);
+            }
+            made = true;
+        }
+        if made {
+            self.sync_dir()?;
+        }
+        Ok(())
+    }
+
+    /// Deletes spare files that a process claimed but did not get to delete (it died between the
+    /// two steps), so that their room is not lost for good. Deleting one that a live process is
+    /// about to delete is harmless: the room is freed either way.
+    fn remove_stray_claims(&self) {
+        let Ok(items) = fs::read_dir(&self.dir) else {
+            return;
+        };
+        for item in items.flatten() {
+            if item.file_name().to_string_lossy().starts_with(".claimed-") {
+                let _ = fs::remove_file(item.path());
+            }
+        }
+    }
+
+    /// Gives up one spare file to make room; false when none is left.
+    fn release_one_spare(&self) -> bool {
+        static CLAIMS: AtomicU64 = AtomicU64::new(0);
+        for i in 0..self.reserve.files {
+            // The rename is the claim: of two processes, only one moves a given file.
+            let claimed = self.dir.join(format!(
+                ".claimed-{}-{}",
+                std::process::id(),
+                CLAIMS.fetch_add(1, Ordering::Relaxed)
+            ));
+            if fs::rename(self.spare(i), &claimed).is_ok() {
+                let _ = fs::remove_file(&claimed);
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Writes `body` as the entry file `path`, durably.
+    fn write_entry(&self, tmp: &Path, path: &Path, body: &[u8]) -> std::io::Result<()> {
+        let written = (|| {
+            let mut f = OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(tmp)?;
+            f.write_all(body)?;
+            f.sync_all()?;
+            fs::rename(tmp, path)?;
+            self.sync_dir()
+        })();
+        if written.is_err() {
+            let _ = fs::remove_file(tmp);
+        }
+        written
+    }
+}
+
+/// Writes a file of `len` zero bytes and syncs it: allocated on disk, unlike a sparse file.
+fn write_zeros(path: &Path, len: u64) -> std::io::Result<()> {
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(path)?;
+    let chunk = [0u8; 16 << 10];
+    let mut left = len;
+    while left > 0 {
+        let n = usize::try_from(left.min(chunk.len() as u64)).unwrap_or(chunk.len());
+        f.write_all(&chunk[..n])?;
+        left -= n as u64;
+    }
+    f.sync_all()
+}
+
+/// Whether `e` says the disk (or the user's quota) is full.
+fn is_full(e: &std::io::Error) -> bool {
+    matches!(e.kind(), ErrorKind::StorageFull | ErrorKind::QuotaExceeded)
 }
 
 impl Journal for FileJournal {
@@ -55,16 +210,17 @@ impl Journal for FileJournal {
         let tmp = self
             .dir
             .join(format!(".{}.{}.tmp", entry.id(), std::process::id()));
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&tmp)
-            .map_err(fail)?;
-        f.write_all(&body).map_err(fail)?;
-        f.sync_all().map_err(fail)?;
-        fs::rename(&tmp, self.path_of(entry)).map_err(fail)?;
-        self.sync_dir().map_err(fail)
+        let path = self.path_of(entry);
+        loop {
+            match self.write_entry(&tmp, &path, &body) {
+                Ok(()) => return Ok(()),
+                Err(e) if is_full(&e) && self.release_one_spare() => continue,
+                Err(e) if is_full(&e) => {
+                    return Err(fail(e) + " (and its reserve is used up)");
+                }
+                Err(e) => return Err(fail(e)),
+            }
+        }
     }
 
     fn pending(&self) -> Result<Vec<JournalEntry>, String> {
@@ -99,7 +255,11 @@ impl Journal for FileJournal {
             Err(e) => return Err(format!("failed to remove journal entry: {e}")),
         }
         self.sync_dir()
-            .map_err(|e| format!("failed to sync journal directory: {e}"))
+            .map_err(|e| format!("failed to sync journal directory: {e}"))?;
+        // The room the entry took is free again: the reserve takes it back first. Not making it
+        // (the disk is still full) is no error here; the next removal or open tries again.
+        let _ = self.replenish();
+        Ok(())
     }
 }
 
@@ -147,6 +307,83 @@ mod tests {
         assert!(
             j.dir().join("garbage.json").exists(),
             "unreadable entries are kept"
+        );
+    }
+
+    /// About 20 kB on disk: bodies are written as JSON arrays of numbers.
+    fn big_entry(k: &str) -> JournalEntry {
+        let mut e = entry(k, 1);
+        e.op = JournalOp::complete(Outcome::success(vec![b'x'; 5_000]), Duration::from_secs(5));
+        e
+    }
+
+    #[test]
+    fn a_full_disk_still_takes_entries_from_the_reserve() {
+        let Some(fs) = idemgate_conformance::tmpfs::TmpFs::mount(1 << 20) else {
+            return;
+        };
+        let reserve = Reserve {
+            files: 4,
+            file_bytes: 64 << 10,
+        };
+        let j = FileJournal::open_with_reserve(fs.path().join("journal"), reserve).unwrap();
+        let filler = fs.fill("filler");
+        // Without the reserve this entry had no room: the outcome of a side effect that ran was
+        // lost, and the caller heard "unrecorded".
+        let first = big_entry("a");
+        j.append(&first).unwrap();
+        assert_eq!(j.pending().unwrap(), vec![first.clone()]);
+        // The reserve runs out, and then says so.
+        let mut taken = 1;
+        let e = loop {
+            match j.append(&big_entry(&format!("k{taken}"))) {
+                Ok(()) => taken += 1,
+                Err(e) => break e,
+            }
+        };
+        assert!(
+            taken >= 8,
+            "only {taken} entries of about 20 kB fit in 256 KiB"
+        );
+        assert!(e.contains("reserve is used up"), "{e}");
+        assert_eq!(j.pending().unwrap().len(), taken);
+        assert!(
+            !fs::read_dir(j.dir()).unwrap().any(|f| f
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .ends_with(".tmp")),
+            "a failed append leaves no temporary file"
+        );
+
+        // Once the disk has room again, flushed entries give the reserve back.
+        fs::remove_file(filler).unwrap();
+        for e in j.pending().unwrap() {
+            j.remove(&e).unwrap();
+        }
+        for i in 0..reserve.files {
+            assert_eq!(fs::metadata(j.spare(i)).unwrap().len(), reserve.file_bytes);
+        }
+    }
+
+    #[test]
+    fn open_fails_loudly_without_room_for_the_reserve() {
+        let Some(fs) = idemgate_conformance::tmpfs::TmpFs::mount(256 << 10) else {
+            return;
+        };
+        let e = FileJournal::open(fs.path().join("journal")).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("failed to reserve 1048576 bytes for the journal in"),
+            "{e}"
+        );
+        assert!(
+            !fs::read_dir(fs.path().join("journal")).unwrap().any(|f| f
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .ends_with(".tmp")),
+            "a failed reserve leaves no temporary file"
         );
     }
 }
