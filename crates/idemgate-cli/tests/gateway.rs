@@ -29,8 +29,9 @@ const THREADS_PER_DUPLICATE: usize = 12;
 const KILL_EVERY: Duration = Duration::from_secs(2);
 const LEASE: Duration = Duration::from_secs(2);
 const TOOL: &str = "charge";
-/// The client phase gives up after this long (the test then fails as too slow).
-const CLIENT_DEADLINE: Duration = Duration::from_secs(240);
+/// The client phase gives up after this long (the test then fails as too slow). Generous: with
+/// other builds loading the two cores it has taken over 240 s.
+const CLIENT_DEADLINE: Duration = Duration::from_secs(480);
 
 fn keys_from_env() -> usize {
     std::env::var("IDEMGATE_CRASH_KEYS")
