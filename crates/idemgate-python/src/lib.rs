@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use idemgate::{
     Answer, AnyStore, Begun, Call, Decision, Effect, EngineError, FileJournal, IdempotencyKey,
-    JournalFlusher, Key, OutcomeKind, StoreError, TenantId, Ticket, ToolKind, ToolName, ToolPolicy,
+    JournalFlusher, Key, OutcomeKind, TenantId, Ticket, ToolKind, ToolName, ToolPolicy,
     UnknownPolicy, Verdict,
 };
 use idemgate_kit::Payload;
@@ -30,7 +30,6 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use pyo3::IntoPyObjectExt as _;
 use tokio::runtime::{Handle, Runtime};
-use tokio::task::AbortHandle;
 
 /// How often the journal of unconfirmed outcomes is flushed into the store.
 const FLUSH_EVERY: Duration = Duration::from_secs(5);
@@ -43,6 +42,66 @@ struct Shared {
     engine: Arc<idemgate::Engine<AnyStore>>,
     tenant: TenantId,
     handle: Handle,
+    leases: Leases,
+}
+
+/// How often the lease keeper looks for leases due a heartbeat.
+const KEEPER_TICK: Duration = Duration::from_millis(50);
+
+/// The leases of the functions running now, renewed by one keeper task: registering a call is a
+/// map insert, not a task of its own, so a function that returns at once costs no wake-up.
+#[derive(Default)]
+struct Leases {
+    next: std::sync::atomic::AtomicU64,
+    live: Mutex<std::collections::HashMap<u64, (Ticket, tokio::time::Instant)>>,
+}
+
+impl Leases {
+    fn hold(&self, ticket: &Ticket) -> u64 {
+        let id = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let due = tokio::time::Instant::now() + ticket.lease_for / 3;
+        if let Ok(mut live) = self.live.lock() {
+            live.insert(id, (ticket.clone(), due));
+        }
+        id
+    }
+
+    fn drop_lease(&self, id: u64) {
+        if let Ok(mut live) = self.live.lock() {
+            live.remove(&id);
+        }
+    }
+
+    /// The leases due a heartbeat now, each due again a third of its lease later.
+    fn due(&self) -> Vec<Ticket> {
+        let now = tokio::time::Instant::now();
+        let Ok(mut live) = self.live.lock() else {
+            return Vec::new();
+        };
+        live.values_mut()
+            .filter(|(_, due)| *due <= now)
+            .map(|(ticket, due)| {
+                *due = now + ticket.lease_for / 3;
+                ticket.clone()
+            })
+            .collect()
+    }
+}
+
+/// Renews every live lease when it is due, each heartbeat in a task of its own (a slow store
+/// delays no other lease). Runs until the runtime shuts down.
+async fn keep_leases(shared: std::sync::Weak<Shared>) {
+    let mut ticks = tokio::time::interval(KEEPER_TICK);
+    loop {
+        ticks.tick().await;
+        let Some(s) = shared.upgrade() else { return };
+        for ticket in s.leases.due() {
+            let engine = Arc::clone(&s.engine);
+            s.handle.spawn(async move {
+                let _ = engine.heartbeat(&ticket).await;
+            });
+        }
+    }
 }
 
 /// The engine over one store (see `Engine.open`).
@@ -147,25 +206,24 @@ fn seconds(what: &str, s: f64) -> PyResult<Duration> {
         .map_err(|e| PyValueError::new_err(format!("{what} must be a number of seconds >= 0: {e}")))
 }
 
-/// Permission to run one call's side effect: the reserved record and its lease, renewed on the
-/// engine's runtime until `finish`.
+/// Permission to run one call's side effect: the reserved record and its lease, renewed by the
+/// engine's lease keeper until `finish`.
 #[pyclass(frozen, module = "idemgate._native", name = "Ticket")]
 struct PyTicket {
     ticket: Ticket,
-    heartbeat: Mutex<Option<AbortHandle>>,
+    shared: Arc<Shared>,
+    /// The lease kept alive while the function runs; `None` once finished.
+    lease: Mutex<Option<u64>>,
 }
 
 impl PyTicket {
     fn stop_heartbeat(&self) -> bool {
-        match self.heartbeat.lock() {
-            Ok(mut h) => match h.take() {
-                Some(handle) => {
-                    handle.abort();
-                    true
-                }
-                None => false,
-            },
-            Err(_) => false,
+        match self.lease.lock().map(|mut l| l.take()) {
+            Ok(Some(id)) => {
+                self.shared.leases.drop_lease(id);
+                true
+            }
+            _ => false,
         }
     }
 }
@@ -462,24 +520,6 @@ fn recording_label(r: &idemgate::Recording) -> &'static str {
     }
 }
 
-/// Renews the lease at a third of its length until aborted (or the lease is lost).
-fn spawn_heartbeat(shared: &Arc<Shared>, ticket: &Ticket) -> AbortHandle {
-    let s = Arc::clone(shared);
-    let t = ticket.clone();
-    let every = (t.lease_for / 3).max(Duration::from_millis(20));
-    shared
-        .handle
-        .spawn(async move {
-            loop {
-                tokio::time::sleep(every).await;
-                if let Err(StoreError::LeaseLost) = s.engine.heartbeat(&t).await {
-                    break;
-                }
-            }
-        })
-        .abort_handle()
-}
-
 /// What `begin` gives Python: a ticket, `None` to pass through, or an answer (or its exception).
 fn begun(
     py: Python<'_>,
@@ -491,10 +531,11 @@ fn begun(
         Ok(Begun::PassThrough) => Ok(py.None()),
         Ok(Begun::Answered(answer)) => reply(py, answer),
         Ok(Begun::Execute(ticket)) => {
-            let heartbeat = spawn_heartbeat(shared, &ticket);
+            let lease = shared.leases.hold(&ticket);
             let t = PyTicket {
                 ticket,
-                heartbeat: Mutex::new(Some(heartbeat)),
+                shared: Arc::clone(shared),
+                lease: Mutex::new(Some(lease)),
             };
             Ok(Py::new(py, t)?.into_any())
         }
@@ -615,7 +656,9 @@ impl Engine {
             engine,
             tenant,
             handle: runtime.handle().clone(),
+            leases: Leases::default(),
         });
+        runtime.spawn(keep_leases(Arc::downgrade(&shared)));
         Ok(Engine {
             shared,
             url,
