@@ -54,8 +54,11 @@ def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Engine:
     url = request.param
     if url == "sqlite":
         url = f"sqlite://{tmp_path / 'idem.db'}"
-    # Every test uses fresh keys, so the shared Postgres and Redis need no cleaning.
-    return Engine.open(url, tenant="py-tests", journal=str(tmp_path / "journal"))
+    # Every test uses fresh keys, so the shared Postgres and Redis need no cleaning; a short TTL
+    # lets their records expire soon (Redis drops them itself).
+    return Engine.open(
+        url, tenant="py-tests", journal=str(tmp_path / "journal"), default=Policy(ttl=300)
+    )
 
 
 @pytest.fixture
@@ -335,7 +338,8 @@ def test_keys_are_the_rust_keys(engine: Engine) -> None:
     assert named["rule"] == "fallback" and named["ttl"] == 60
 
     explicit = engine.key_for("mail", "order-1", None)
-    assert explicit is not None and explicit["rule"] == "explicit" and explicit["ttl"] == 86400
+    assert explicit is not None and explicit["rule"] == "explicit"
+    assert explicit["ttl"] == engine.default.ttl
     digest = hashlib.sha256()
     for part in (engine.tenant, "mail", "order-1"):
         digest.update(len(part).to_bytes(8, "big") + part.encode())
@@ -455,3 +459,12 @@ def test_a_process_killed_mid_function_leaves_unknown(sqlite: tuple[Engine, str]
         engine.call("crashy", key, None, lambda: pytest.fail("ran twice"), lease=1)
     shown = json.loads(cli("keys", "show", key, "--store", url, "--json").stdout)
     assert shown["state"] == "unknown", shown
+
+
+def test_one_package_two_doors() -> None:
+    assert idemgate.remote.Client is idemgate.Client
+    client = idemgate.Client("http://127.0.0.1:1", token="t")
+    engine = Engine.open("memory:")
+    # The top-level decorator takes either door.
+    assert callable(idemgate.idempotent(engine, "t", key=lambda: "k")(lambda: 1))
+    assert callable(idemgate.idempotent(client, "t", key=lambda: "k")(lambda: 1))

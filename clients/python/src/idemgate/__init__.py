@@ -33,6 +33,7 @@ from typing import Any, Callable
 
 from . import decorator as _remote_decorator
 from . import engine as _engine
+from . import remote
 from .client import Begin, CallResult, Client, Completion, Outcome, Record, parse_time
 from .engine import Engine, Policy, Result
 from .errors import (
@@ -115,4 +116,5 @@ __all__ = [
     "idempotent",
     "mint_key",
     "parse_time",
+    "remote",
 ]
