@@ -12,7 +12,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -25,8 +24,9 @@ from typing import Any, Iterator
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(PACKAGE / "src"))
 
+# The installed package (`pip install ./clients/python`, as scripts/test-all does): its native
+# module is built by maturin, so the source folder alone does not import.
 from idemgate import Client  # noqa: E402
 
 TOKENS = {"acme": "acme-token-0123456789", "globex": "globex-token-9876543210"}

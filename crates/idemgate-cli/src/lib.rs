@@ -193,54 +193,13 @@ pub(crate) fn store_and_journal(cli: &Cli) -> Result<(String, PathBuf)> {
     store_and_journal_for(cli.store.as_deref(), cli.journal.as_deref())
 }
 
-/// As [`store_and_journal`], from a store URL and journal directory that may be given.
+/// As [`store_and_journal`], from a store URL and journal directory that may be given: the
+/// facade's [`idemgate::store_and_journal`], shared with every other front door.
 pub(crate) fn store_and_journal_for(
     store: Option<&str>,
     journal: Option<&std::path::Path>,
 ) -> Result<(String, PathBuf)> {
-    let (url, default_journal) = match store {
-        Some(url) => {
-            let journal = sqlite_path(url)
-                .map(journal_beside)
-                .unwrap_or_else(|| data_dir().join(format!("journal-{}", short_digest(url))));
-            (url.to_owned(), journal)
-        }
-        None => {
-            let dir = data_dir();
-            std::fs::create_dir_all(&dir)
-                .with_context(|| format!("failed to create {}", dir.display()))?;
-            let db = dir.join("idemgate.db");
-            (format!("sqlite://{}", db.display()), journal_beside(db))
-        }
-    };
-    Ok((url, journal.map(PathBuf::from).unwrap_or(default_journal)))
-}
-
-/// The data directory: `$XDG_DATA_HOME/idemgate`, else `~/.local/share/idemgate`.
-fn data_dir() -> PathBuf {
-    let base = std::env::var_os("XDG_DATA_HOME")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")))
-        .unwrap_or_else(|| PathBuf::from("."));
-    base.join("idemgate")
-}
-
-fn sqlite_path(url: &str) -> Option<PathBuf> {
-    let rest = url
-        .strip_prefix("sqlite://")
-        .or_else(|| url.strip_prefix("sqlite:"))?;
-    Some(PathBuf::from(rest))
-}
-
-fn journal_beside(db: PathBuf) -> PathBuf {
-    let mut name = db.file_name().unwrap_or_default().to_os_string();
-    name.push(".journal");
-    db.with_file_name(name)
-}
-
-fn short_digest(s: &str) -> String {
-    idemgate::Fingerprint::of_bytes(s.as_bytes()).to_hex()[..12].to_owned()
+    Ok(idemgate::store_and_journal(store, journal)?)
 }
 
 /// A URL without its password, for messages.
@@ -265,19 +224,6 @@ mod tests {
     fn passwords_never_reach_messages() {
         assert_eq!(redact("postgres://u:secret@h/db"), "postgres://u:***@h/db");
         assert_eq!(redact("redis://h:6379"), "redis://h:6379");
-    }
-
-    #[test]
-    fn journal_sits_beside_the_database() {
-        assert_eq!(
-            journal_beside(PathBuf::from("/tmp/x/idem.db")),
-            PathBuf::from("/tmp/x/idem.db.journal")
-        );
-        assert_eq!(
-            sqlite_path("sqlite:///a/b.db"),
-            Some(PathBuf::from("/a/b.db"))
-        );
-        assert_eq!(sqlite_path("sqlite:rel.db"), Some(PathBuf::from("rel.db")));
     }
 
     #[test]

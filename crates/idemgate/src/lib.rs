@@ -1,9 +1,11 @@
 #![doc = include_str!("../README.md")]
 
 mod any;
+pub mod defaults;
 pub mod journal;
 
 pub use any::{AnyStore, SCHEMES};
+pub use defaults::store_and_journal;
 pub use idemgate_core::*;
 pub use journal::FileJournal;
 

@@ -1,18 +1,41 @@
-"""idemgate: idempotency keys for AI-agent tool calls, through the idemgate HTTP gateway.
+"""idemgate: run an AI agent's side-effecting tool calls at most once per idempotency key.
 
-Reserve a key before the side effect runs, store the outcome, replay it to duplicates::
+In-process (the Rust engine itself, no gateway)::
 
-    from idemgate import Client, derive_key, idempotent
+    from idemgate import Engine, NotApplied, idempotent
+
+    engine = Engine.open()          # or "sqlite:///path", "postgres://…", "redis://…", "memory:"
+
+    @idempotent(engine, key=lambda order, call_id: call_id)
+    def charge(order: dict, call_id: str) -> dict:
+        ...                         # runs once per call_id; a retry gets the stored result
+
+    @idempotent(engine, key=lambda order, call_id: call_id)
+    async def refund(order: dict, call_id: str) -> dict:
+        ...
+
+Through a remote gateway (``idemgate serve``), the same decorator with an HTTP
+:class:`~idemgate.remote.Client` (also importable from :mod:`idemgate.remote`)::
+
+    from idemgate import Client, idempotent
 
     client = Client("http://127.0.0.1:8080", token="...")
 
     @idempotent(client, "send_invoice", key=lambda run_id, step, invoice: derive_key(run_id, step))
-    def send_invoice(run_id, step, invoice):
-        ...
+    def send_invoice(run_id, step, invoice): ...
+
+Both doors raise the same exceptions, all ``IdemgateError`` subclasses: ``InFlight``,
+``OutcomeUnknown``, ``KeyReused``, ``KeyRequired``, ``StoreUnavailable``...; a tool function raises
+``NotApplied``, ``Failed`` or ``MaybeApplied`` to say what happened.
 """
 
+from typing import Any, Callable
+
+from . import decorator as _remote_decorator
+from . import engine as _engine
+from . import remote
 from .client import Begin, CallResult, Client, Completion, Outcome, Record, parse_time
-from .decorator import idempotent
+from .engine import Engine, Policy, Result
 from .errors import (
     BadRequest,
     Conflict,
@@ -20,13 +43,14 @@ from .errors import (
     GatewayTimeout,
     GatewayUnreachable,
     IdemgateError,
-    NotResolvable,
     InFlight,
     KeyRequired,
     KeyReused,
     LeaseLost,
+    MaybeApplied,
     NotApplied,
     NotFound,
+    NotResolvable,
     OutcomeNotRecorded,
     OutcomeUnknown,
     PayloadTooLarge,
@@ -40,6 +64,21 @@ from .keys import check_key, derive_key, mint_key
 
 __version__ = "0.1.0"
 
+
+def idempotent(target: Engine | Client, *args: Any, **kwargs: Any) -> Callable[[Any], Any]:
+    """Makes a tool function run at most once per idempotency key.
+
+    With an :class:`Engine`, in-process (see :func:`idemgate.engine.idempotent`: ``tool``,
+    ``key``, ``args``, ``kind``, ``ttl``, ``lease``, ``wait``, ``fallback_window``,
+    ``on_unknown``; plain and ``async def`` functions). With a :class:`Client`, through the
+    gateway (see :func:`idemgate.decorator.idempotent`: ``tool``, ``key``, ``args``,
+    ``heartbeat_every``, ``wait_in_flight``, ``record_retries``).
+    """
+    if isinstance(target, Engine):
+        return _engine.idempotent(target, *args, **kwargs)
+    return _remote_decorator.idempotent(target, *args, **kwargs)
+
+
 __all__ = [
     "BadRequest",
     "Begin",
@@ -47,6 +86,7 @@ __all__ = [
     "Client",
     "Completion",
     "Conflict",
+    "Engine",
     "Failed",
     "GatewayTimeout",
     "GatewayUnreachable",
@@ -55,6 +95,7 @@ __all__ = [
     "KeyRequired",
     "KeyReused",
     "LeaseLost",
+    "MaybeApplied",
     "NotApplied",
     "NotFound",
     "NotResolvable",
@@ -62,9 +103,11 @@ __all__ = [
     "OutcomeNotRecorded",
     "OutcomeUnknown",
     "PayloadTooLarge",
+    "Policy",
     "QuotaExceeded",
     "RateLimited",
     "Record",
+    "Result",
     "StoreUnavailable",
     "Unauthorized",
     "UpstreamUnreachable",
@@ -73,4 +116,5 @@ __all__ = [
     "idempotent",
     "mint_key",
     "parse_time",
+    "remote",
 ]

@@ -258,12 +258,50 @@ class Failed(Exception):
         self.replayed = replayed
 
 
-class OutcomeNotRecorded(IdemgateError):
-    """The tool function ran, but its outcome could not be recorded at the gateway (it stayed
-    unreachable). ``result`` is what the function returned; the record will become unknown when
-    its lease runs out."""
+class MaybeApplied(Exception):
+    """Raised by a tool function to say that its side effect may or may not have happened (a
+    timeout after the request was sent, a dropped connection): the record becomes *unknown* and is
+    never run again until an operator or a verifier resolves it. Any exception other than
+    ``NotApplied`` and ``Failed`` is treated the same way; raise this one to say so on purpose."""
 
-    def __init__(self, message: str, result: Any, cause: BaseException) -> None:
-        super().__init__(message)
+
+class OutcomeNotRecorded(IdemgateError):
+    """The tool function ran, but its outcome could not be recorded (the gateway or the store
+    stayed unreachable, and for the in-process engine the journal failed too). ``result`` is what
+    the function returned; the record will become unknown when its lease runs out."""
+
+    def __init__(
+        self,
+        message: str,
+        result: Any = None,
+        cause: BaseException | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(message, **kwargs)
         self.result = result
-        self.__cause__ = cause
+        if cause is not None:
+            self.__cause__ = cause
+
+
+def engine_error(name: str, message: str, status: int, problem: Mapping[str, Any]) -> Exception:
+    """The exception of the in-process engine's answer: ``name`` is the class the native module
+    chose from the engine's verdict (one exhaustive match in Rust), ``problem`` the same members a
+    gateway's problem document has (``type``, ``title``, ``status``, ``detail``, and ``since``,
+    ``fence``, ``retry_after``... where they apply). Used by ``idemgate._native``."""
+    cls = globals()[name]
+    if not (isinstance(cls, type) and issubclass(cls, Exception)):
+        raise TypeError(f"{name} is not an exception class")
+    if not issubclass(cls, IdemgateError):
+        return cls(message)
+    headers: dict[str, str] = {}
+    if problem.get("retry_after") is not None:
+        headers["Retry-After"] = str(problem["retry_after"])
+    return cls(
+        message,
+        status=status,
+        type=problem.get("type"),
+        title=problem.get("title"),
+        detail=problem.get("detail"),
+        problem=problem,
+        headers=headers,
+    )

@@ -1,9 +1,9 @@
-"""Idempotency keys, made the same way as the Rust ``IdempotencyKey::derive`` and ``mint``."""
+"""Idempotency keys: made by the Rust ``IdempotencyKey::derive`` and ``mint`` themselves (the native
+module), so they are the same keys every other door makes."""
 
 from __future__ import annotations
 
-import hashlib
-import secrets
+from . import _native
 
 MAX_KEY_LEN = 255
 
@@ -15,18 +15,13 @@ def derive_key(run_id: str, step: str | int) -> str:
     Matches ``IdempotencyKey::derive`` and ``idemgate key derive --run R --step S``: SHA-256 over
     both parts, each prefixed by its UTF-8 length as a big-endian u64.
     """
-    h = hashlib.sha256()
-    for part in (run_id, str(step)):
-        data = part.encode("utf-8")
-        h.update(len(data).to_bytes(8, "big"))
-        h.update(data)
-    return "run-" + h.digest()[:16].hex()
+    return _native.derive_key(run_id, str(step))
 
 
 def mint_key() -> str:
     """A fresh random key (128 bits): mint it once per logical action, before the first
     attempt, and reuse it on every retry."""
-    return "key-" + secrets.token_hex(16)
+    return _native.mint_key()
 
 
 def check_key(key: str) -> str:

@@ -1,0 +1,99 @@
+"""Type stubs of ``idemgate._native``, the Rust engine (crates/idemgate-python). Use it through
+:class:`idemgate.Engine`; these are the building blocks."""
+
+from collections.abc import Callable
+from os import PathLike
+from typing import Any, final
+
+@final
+class Policy:
+    """How one tool's calls are treated (``ToolPolicy``); durations in seconds."""
+
+    def __init__(
+        self,
+        kind: str = "write",
+        ttl: float = 86400.0,
+        lease: float = 30.0,
+        wait: float = 5.0,
+        fallback_window: float | None = None,
+        on_unknown: str = "block",
+    ) -> None: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def ttl(self) -> float: ...
+    @property
+    def lease(self) -> float: ...
+    @property
+    def wait(self) -> float: ...
+    @property
+    def fallback_window(self) -> float | None: ...
+    @property
+    def on_unknown(self) -> str: ...
+
+@final
+class Ticket:
+    """Permission to run one call's side effect; the engine renews its lease until ``finish``."""
+
+    @property
+    def key(self) -> str: ...
+    @property
+    def rule(self) -> str: ...
+    @property
+    def fence(self) -> int: ...
+
+@final
+class Answer:
+    """An answer that is a result (executed, replayed, passed through, not applied)."""
+
+    verdict: str
+    executed: bool
+    replayed: bool
+    executed_at_ms: int | None
+    expires_at_ms: int | None
+    rule: str | None
+    key: str | None
+    failed: bool
+    content: str | None
+    value_json: str | None
+    recording: str | None
+    message: str | None
+
+Done = Callable[[bool, Any], None]
+
+@final
+class Engine:
+    """The engine over one store, with its own tokio runtime and journal flusher."""
+
+    @staticmethod
+    def open(
+        url: str | None = None,
+        *,
+        journal: str | PathLike[str] | None = None,
+        tenant: str = "default",
+        worker_threads: int = 2,
+    ) -> Engine: ...
+    @property
+    def url(self) -> str: ...
+    @property
+    def journal(self) -> str | PathLike[str] | None: ...
+    @property
+    def tenant(self) -> str: ...
+    def begin(
+        self, tool: str, key: str | None, args: str | None, policy: Policy
+    ) -> Ticket | Answer | None: ...
+    def finish(self, ticket: Ticket, effect_kind: str, body: str) -> Answer: ...
+    def begin_async(
+        self, tool: str, key: str | None, args: str | None, policy: Policy, done: Done
+    ) -> None: ...
+    def finish_async(self, ticket: Ticket, effect_kind: str, body: str, done: Done) -> None: ...
+    def key_for(
+        self, tool: str, key: str | None, args: str | None, policy: Policy
+    ) -> dict[str, Any] | None: ...
+    def record(self, tool: str, key: str) -> str | None: ...
+    def flush_journal(self) -> tuple[int, int, int]: ...
+
+def derive_key(run_id: str, step: str) -> str: ...
+def mint_key() -> str: ...
+def check_key(key: str) -> str: ...
+def fingerprint(args: str) -> str: ...

@@ -1,0 +1,422 @@
+"""The idemgate engine in-process: at-most-once tool calls without a gateway.
+
+This is the Rust engine itself (``idemgate._native``), not a port: the same policies, keys,
+fingerprints, answers, journal and stores as ``idemgate exec``/``serve``/``mcp``, and the same
+stored-outcome format, so a record written here is replayed by every other door and vice versa::
+
+    from idemgate import Engine, NotApplied, idempotent
+
+    engine = Engine.open()                      # the SQLite file every `idemgate` command uses
+
+    @idempotent(engine, key=lambda order, call_id: call_id)
+    def charge(order: dict, call_id: str) -> dict:
+        return payments.charge(order)           # runs once per call_id; retries get its result
+
+A call reserves its key in the store (with the GIL released), runs the function on the calling
+thread while the engine renews the lease on its own runtime, then stores the JSON of the return
+value. ``async def`` functions and :meth:`Engine.acall` await the store without blocking the event
+loop.
+
+What the function raises says what happened:
+
+- ``NotApplied``: nothing happened; the key is released so a retry runs.
+- ``Failed(result)``: a terminal failure; ``result`` is stored and a replay raises
+  ``Failed(result, replayed=True)``.
+- ``MaybeApplied`` -- and any other exception, since the function may have done its work before
+  raising -- the record becomes *unknown* and is never run again until an operator resolves it
+  (``idemgate keys resolve``); duplicates raise ``OutcomeUnknown``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import json
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, TypeVar
+
+from . import _native
+from ._native import Answer, Policy, Ticket
+from .errors import (
+    Failed,
+    NotApplied,
+    OutcomeNotRecorded,
+    OutcomeUnknown,
+)
+
+__all__ = ["Engine", "Policy", "Result", "idempotent"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_POLICY_FIELDS = ("kind", "ttl", "lease", "wait", "fallback_window", "on_unknown")
+
+
+@dataclass(frozen=True)
+class Result:
+    """The answer to a call that ended with a result.
+
+    ``executed``: this call ran the function; ``replayed``: the stored outcome of an earlier call,
+    without running it (``executed_at`` is when that call's outcome was recorded); ``rule`` is
+    ``explicit`` (the caller's key) or ``fallback`` (the tool's fallback window); ``verdict`` the
+    engine's label (``executed``, ``replayed``, ``pass_through``); ``content`` the stored kind
+    (``json`` from Python and the coordination API, ``command`` from ``idemgate exec``...).
+    """
+
+    value: Any
+    executed: bool
+    replayed: bool
+    executed_at: datetime | None
+    expires_at: datetime | None
+    rule: str | None
+    key: str | None
+    verdict: str
+    content: str | None = None
+    recording: str | None = None
+
+
+def _time(ms: int | None) -> datetime | None:
+    return None if ms is None else datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
+
+
+_UNSET: Any = object()
+
+
+def _result(answer: Answer, value: Any = _UNSET) -> Result:
+    """The result of an answer; a stored failure raises ``Failed`` (``replayed=True`` on replay)."""
+    stored = json.loads(answer.value_json) if answer.value_json is not None else None
+    if answer.failed:
+        raise Failed(stored, replayed=answer.replayed)
+    return Result(
+        value=stored if value is _UNSET else value,
+        executed=answer.executed,
+        replayed=answer.replayed,
+        executed_at=_time(answer.executed_at_ms),
+        expires_at=_time(answer.expires_at_ms),
+        rule=answer.rule,
+        key=answer.key,
+        verdict=answer.verdict,
+        content=answer.content,
+        recording=answer.recording,
+    )
+
+
+def _passed_through(value: Any) -> Result:
+    return Result(value, True, False, None, None, None, None, "pass_through")
+
+
+def _args_text(args: Any) -> str | None:
+    """The arguments as JSON text (the engine fingerprints its canonical form; integers exact)."""
+    if args is None:
+        return None
+    return json.dumps(args, default=repr)
+
+
+def _default_args(a: tuple[Any, ...], kw: dict[str, Any]) -> Any:
+    """All arguments of a decorated call, as the HTTP client's decorator takes them."""
+    return {"args": list(a), "kwargs": kw}
+
+
+def _report(e: BaseException) -> tuple[str, str]:
+    """What an exception of the function tells the engine."""
+    if isinstance(e, NotApplied):
+        return "not_applied", str(e) or "not applied"
+    if isinstance(e, Failed):
+        try:
+            return "failed", json.dumps(e.result)
+        except (TypeError, ValueError):
+            return "failed", json.dumps(repr(e.result))
+    # MaybeApplied, and every other exception: the function may have done its work first.
+    return "ambiguous", f"{type(e).__name__}: {e}"[:500]
+
+
+def _note(e: BaseException, recorded: BaseException) -> None:
+    """Adds what went wrong while recording the function's own exception to it."""
+    if isinstance(recorded, (NotApplied, OutcomeUnknown)):
+        return  # what was reported: the key was released, or the record is unknown
+    e.add_note(f"idemgate: recording this outcome failed too: {type(recorded).__name__}: {recorded}")
+
+
+def _unrecordable(tool: str, e: Exception) -> TypeError:
+    return TypeError(
+        f"{tool}: the function ran, but its return value cannot be stored as JSON, so the record "
+        f"is now unknown (resolve it with `idemgate keys resolve`): {e}"
+    )
+
+
+class Engine:
+    """The idemgate engine over one store, in this process.
+
+    Open it with :meth:`Engine.open`. ``tools`` maps tool names to their :class:`Policy` (or a
+    dict of its fields); other tools get ``default`` (a write with the engine's defaults: TTL 24 h,
+    lease 30 s, wait 5 s, no fallback window, ``on_unknown="block"``).
+    """
+
+    def __init__(
+        self,
+        native: _native.Engine,
+        tools: Mapping[str, Policy | Mapping[str, Any]] | None = None,
+        default: Policy | None = None,
+    ) -> None:
+        self.native = native
+        self.default = default or Policy()
+        self.tools: dict[str, Policy] = {
+            name: p if isinstance(p, Policy) else Policy(**p) for name, p in (tools or {}).items()
+        }
+
+    @classmethod
+    def open(
+        cls,
+        url: str | None = None,
+        *,
+        journal: str | None = None,
+        tenant: str = "default",
+        tools: Mapping[str, Policy | Mapping[str, Any]] | None = None,
+        default: Policy | None = None,
+        worker_threads: int = 2,
+    ) -> Engine:
+        """Opens the store at ``url``: ``sqlite:///path``, ``postgres://…``, ``redis://…`` or
+        ``memory:``; default the SQLite file every ``idemgate`` command uses
+        (``$XDG_DATA_HOME/idemgate/idemgate.db``). The journal of outcomes the store did not
+        confirm is ``journal``, else beside the SQLite file as the command line keeps it. Raises
+        ``StoreUnavailable`` when the store cannot be opened."""
+        native = _native.Engine.open(
+            url, journal=journal, tenant=tenant, worker_threads=worker_threads
+        )
+        return cls(native, tools, default)
+
+    @property
+    def url(self) -> str:
+        """The store's URL."""
+        return self.native.url
+
+    @property
+    def tenant(self) -> str:
+        """The tenant whose records this engine reads and writes."""
+        return self.native.tenant
+
+    def policy(self, tool: str, **overrides: Any) -> Policy:
+        """The policy of ``tool``, with ``overrides`` (``kind``, ``ttl``, ``lease``, ``wait``,
+        ``fallback_window``, ``on_unknown``; ``None`` keeps the configured value)."""
+        base = self.tools.get(tool, self.default)
+        given = {k: v for k, v in overrides.items() if v is not None}
+        if not given:
+            return base
+        unknown = set(given) - set(_POLICY_FIELDS)
+        if unknown:
+            raise TypeError(f"unknown policy fields {sorted(unknown)}: expected {_POLICY_FIELDS}")
+        fields = {k: getattr(base, k) for k in _POLICY_FIELDS}
+        fields.update(given)
+        return Policy(**fields)
+
+    def key_for(
+        self, tool: str, key: str | None = None, args: Any = None, **overrides: Any
+    ) -> dict[str, Any] | None:
+        """The record a call would be judged by, exactly as the Rust ``Engine::key_for`` names it
+        (``tenant``, ``tool``, ``key``, ``rule``, ``ttl``, ``digest``); ``None`` for reads and
+        naturally idempotent tools. Raises ``KeyRequired`` for a write without key or fallback."""
+        return self.native.key_for(tool, key, _args_text(args), self.policy(tool, **overrides))
+
+    def record(self, tool: str, key: str) -> dict[str, Any] | None:
+        """The record of ``(tool, key)`` (``state``, ``fence``, ``outcome``...), or ``None``."""
+        text = self.native.record(tool, key)
+        return None if text is None else json.loads(text)
+
+    def flush_journal(self) -> tuple[int, int, int]:
+        """Replays journaled outcomes into the store now (the engine also does it every few
+        seconds): ``(applied, superseded, pending)``."""
+        return self.native.flush_journal()
+
+    # ---- sync ----------------------------------------------------------------------------------
+
+    def call(
+        self, tool: str, key: str | None, args: Any, fn: Callable[[], Any], /, **overrides: Any
+    ) -> Result:
+        """Runs ``fn()`` at most once for ``(tool, key)`` and says what happened.
+
+        ``args`` (JSON) are fingerprinted: the same key with other arguments raises ``KeyReused``.
+        A replay returns the stored value without calling ``fn``; a racing call waits up to the
+        policy's ``wait`` for it, then raises ``InFlight``; an unknown outcome raises
+        ``OutcomeUnknown``. See the module documentation for what ``fn`` may raise.
+        """
+        native = self.native
+        begun = native.begin(tool, key, _args_text(args), self.policy(tool, **overrides))
+        if begun is None:
+            return _passed_through(fn())
+        if isinstance(begun, Answer):
+            return _result(begun)
+        try:
+            value = fn()
+        except BaseException as e:
+            kind, body = _report(e)
+            try:
+                native.finish(begun, kind, body)
+            except Exception as recorded:  # noqa: BLE001 - the function's own exception wins
+                _note(e, recorded)
+            raise
+        try:
+            text = json.dumps(value)
+        except (TypeError, ValueError) as e:
+            try:
+                native.finish(begun, "ambiguous", f"the return value is not JSON: {e}")
+            except Exception:  # noqa: BLE001, S110 - unknown either way
+                pass
+            raise _unrecordable(tool, e) from e
+        try:
+            answer = native.finish(begun, "success", text)
+        except OutcomeNotRecorded as e:
+            e.result = value
+            raise
+        return _result(answer, value)
+
+    # ---- async ---------------------------------------------------------------------------------
+
+    def _future(self, start: Callable[[Callable[[bool, Any], None]], None]) -> asyncio.Future[Any]:
+        """Runs a native ``*_async`` call and returns an asyncio future of its answer."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Any] = loop.create_future()
+        native = self.native
+
+        def abandon(value: Any) -> None:
+            # The awaiting task went away before the function ran: free the key at once.
+            if isinstance(value, Ticket):
+                native.finish_async(
+                    value, "not_applied", "the caller was cancelled before it ran", _ignore
+                )
+
+        def settle(ok: bool, value: Any) -> None:
+            if fut.done():
+                if ok:
+                    abandon(value)
+            elif ok:
+                fut.set_result(value)
+            else:
+                fut.set_exception(value)
+
+        def done(ok: bool, value: Any) -> None:
+            try:
+                loop.call_soon_threadsafe(settle, ok, value)
+            except RuntimeError:  # the loop is closed
+                if ok:
+                    abandon(value)
+
+        start(done)
+        return fut
+
+    async def acall(
+        self,
+        tool: str,
+        key: str | None,
+        args: Any,
+        fn: Callable[[], Awaitable[Any] | Any],
+        /,
+        **overrides: Any,
+    ) -> Result:
+        """As :meth:`call`, for a coroutine function (or any function returning an awaitable):
+        the store is awaited on the engine's runtime, never blocking the event loop. Cancelling
+        the task while ``fn`` runs counts as an exception (the record becomes unknown);
+        cancelling it while the key is being reserved frees the key."""
+        native = self.native
+        policy = self.policy(tool, **overrides)
+        text = _args_text(args)
+        begun = await self._future(lambda done: native.begin_async(tool, key, text, policy, done))
+        if begun is None:
+            value = fn()
+            return _passed_through(await value if inspect.isawaitable(value) else value)
+        if isinstance(begun, Answer):
+            return _result(begun)
+        try:
+            value = fn()
+            if inspect.isawaitable(value):
+                value = await value
+        except BaseException as e:
+            kind, body = _report(e)
+            try:
+                await self._future(lambda done: native.finish_async(begun, kind, body, done))
+            except Exception as recorded:  # noqa: BLE001 - the function's own exception wins
+                _note(e, recorded)
+            raise
+        try:
+            out = json.dumps(value)
+        except (TypeError, ValueError) as e:
+            native.finish_async(begun, "ambiguous", f"the return value is not JSON: {e}", _ignore)
+            raise _unrecordable(tool, e) from e
+        try:
+            answer = await self._future(
+                lambda done: native.finish_async(begun, "success", out, done)
+            )
+        except OutcomeNotRecorded as e:
+            e.result = value
+            raise
+        return _result(answer, value)
+
+    def __repr__(self) -> str:
+        return f"Engine({self.url!r}, tenant={self.tenant!r})"
+
+
+def _ignore(ok: bool, value: Any) -> None:
+    pass
+
+
+def idempotent(
+    engine: Engine,
+    tool: str | None = None,
+    key: Callable[..., str | None] | None = None,
+    *,
+    args: Callable[..., Any] | None = None,
+    kind: str | None = None,
+    ttl: float | None = None,
+    lease: float | None = None,
+    wait: float | None = None,
+    fallback_window: float | None = None,
+    on_unknown: str | None = None,
+) -> Callable[[F], F]:
+    """Makes a function run at most once per idempotency key, in-process.
+
+    ``tool`` names it (default: the function's ``__name__``); ``key(*a, **kw)`` names the logical
+    action of a call (a tool-call id, ``derive_key(run_id, step)``; ``None`` uses the tool's
+    fallback window if it has one, else raises ``KeyRequired``); ``args(*a, **kw)`` gives the JSON
+    arguments that are fingerprinted (default: all of them). ``kind``, ``ttl``, ``lease``,
+    ``wait`` (seconds), ``fallback_window`` and ``on_unknown`` override the engine's policy for
+    the tool. Plain functions return their value (a replay returns the stored one);
+    ``async def`` functions are awaited (see :meth:`Engine.acall`).
+    """
+    overrides = dict(
+        kind=kind,
+        ttl=ttl,
+        lease=lease,
+        wait=wait,
+        fallback_window=fallback_window,
+        on_unknown=on_unknown,
+    )
+
+    def decorate(fn: F) -> F:
+        name = tool or fn.__name__
+        engine.policy(name, **overrides)  # refuse bad settings at decoration time
+
+        def prepare(a: tuple[Any, ...], kw: dict[str, Any]) -> tuple[str | None, Any]:
+            k = key(*a, **kw) if key is not None else None
+            payload = args(*a, **kw) if args is not None else _default_args(a, kw)
+            return k, payload
+
+        if inspect.iscoroutinefunction(fn):
+
+            @functools.wraps(fn)
+            async def awrapper(*a: Any, **kw: Any) -> Any:
+                k, payload = prepare(a, kw)
+                r = await engine.acall(name, k, payload, lambda: fn(*a, **kw), **overrides)
+                return r.value
+
+            return awrapper  # type: ignore[return-value]
+
+        @functools.wraps(fn)
+        def wrapper(*a: Any, **kw: Any) -> Any:
+            k, payload = prepare(a, kw)
+            return engine.call(name, k, payload, lambda: fn(*a, **kw), **overrides).value
+
+        return wrapper  # type: ignore[return-value]
+
+    return decorate
+

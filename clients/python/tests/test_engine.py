@@ -1,0 +1,470 @@
+"""The engine in-process (idemgate._native): answers, races, effects, and records shared with the
+command line on the same SQLite file."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import idemgate
+from conftest import idemgate_bin
+from idemgate import (
+    Engine,
+    Failed,
+    IdemgateError,
+    InFlight,
+    KeyRequired,
+    KeyReused,
+    MaybeApplied,
+    NotApplied,
+    OutcomeUnknown,
+    Policy,
+    StoreUnavailable,
+    derive_key,
+    idempotent,
+    mint_key,
+)
+
+
+def stores() -> list[str]:
+    urls = ["memory:", "sqlite"]
+    if os.environ.get("IDEMGATE_TEST_POSTGRES_URL"):
+        urls.append(os.environ["IDEMGATE_TEST_POSTGRES_URL"])
+    if os.environ.get("IDEMGATE_TEST_REDIS_URL"):
+        # The shared test Redis runs without persistence, which the store refuses unless told.
+        url = os.environ["IDEMGATE_TEST_REDIS_URL"]
+        urls.append(url + ("&" if "?" in url else "?") + "allow_volatile=true")
+    return urls
+
+
+@pytest.fixture(params=stores(), ids=lambda u: u.split(":")[0])
+def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Engine:
+    url = request.param
+    if url == "sqlite":
+        url = f"sqlite://{tmp_path / 'idem.db'}"
+    # Every test uses fresh keys, so the shared Postgres and Redis need no cleaning; a short TTL
+    # lets their records expire soon (Redis drops them itself).
+    return Engine.open(
+        url, tenant="py-tests", journal=str(tmp_path / "journal"), default=Policy(ttl=300)
+    )
+
+
+@pytest.fixture
+def sqlite(tmp_path: Path) -> tuple[Engine, str]:
+    url = f"sqlite://{tmp_path / 'idem.db'}"
+    return Engine.open(url, tenant="local"), url
+
+
+class Counter:
+    def __init__(self) -> None:
+        self.n = 0
+        self.lock = threading.Lock()
+
+    def bump(self) -> int:
+        with self.lock:
+            self.n += 1
+            return self.n
+
+
+def cli(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(idemgate_bin()), *args], capture_output=True, text=True, check=check)
+
+
+# ---- answers ---------------------------------------------------------------------------------
+
+
+def test_fresh_then_replay(engine: Engine) -> None:
+    runs = Counter()
+    key = mint_key()
+    first = engine.call("send_invoice", key, {"invoice": 7}, lambda: {"sent": runs.bump()})
+    assert first.executed and not first.replayed
+    assert first.value == {"sent": 1}
+    assert first.verdict == "executed" and first.rule == "explicit" and first.key == key
+    assert first.content == "json" and first.recording == "stored"
+    assert first.executed_at is not None and first.executed_at.tzinfo is not None
+
+    again = engine.call("send_invoice", key, {"invoice": 7}, lambda: {"sent": runs.bump()})
+    assert again.replayed and not again.executed
+    assert again.value == {"sent": 1}
+    assert again.executed_at == first.executed_at
+    assert runs.n == 1
+
+
+def test_decorator_on_plain_functions(engine: Engine) -> None:
+    runs = Counter()
+
+    @idempotent(engine, key=lambda order, call_id: call_id, args=lambda order, call_id: order)
+    def charge(order: dict[str, Any], call_id: str) -> dict[str, Any]:
+        """Charges an order."""
+        return {"charged": order["amount"], "n": runs.bump()}
+
+    call_id = mint_key()
+    assert charge({"amount": 5}, call_id) == {"charged": 5, "n": 1}
+    assert charge({"amount": 5}, call_id) == {"charged": 5, "n": 1}
+    assert runs.n == 1
+    assert charge.__doc__ == "Charges an order."
+    with pytest.raises(KeyReused) as e:
+        charge({"amount": 6}, call_id)
+    assert e.value.status == 422 and isinstance(e.value, IdemgateError)
+    assert runs.n == 1
+
+
+def test_big_integers_and_unicode_survive(engine: Engine) -> None:
+    key = mint_key()
+    value = {"id": 2**70 + 1, "name": "ünïcødé 🙂"}
+    engine.call("t", key, {"n": 2**80}, lambda: value)
+    assert engine.call("t", key, {"n": 2**80}, lambda: None).value == value
+    with pytest.raises(KeyReused):
+        engine.call("t", key, {"n": 2**80 + 1}, lambda: None)
+
+
+def test_key_required_and_the_fallback_window(engine: Engine) -> None:
+    with pytest.raises(KeyRequired) as e:
+        engine.call("needs_key", None, {"a": 1}, lambda: 1)
+    assert e.value.status == 400
+    runs = Counter()
+    args = {"to": mint_key()}
+    first = engine.call("mail", None, args, runs.bump, fallback_window=60)
+    second = engine.call("mail", None, args, runs.bump, fallback_window=60)
+    assert first.rule == second.rule == "fallback"
+    assert second.replayed and second.value == 1 and runs.n == 1
+
+
+def test_reads_pass_through(engine: Engine) -> None:
+    runs = Counter()
+    for _ in range(3):
+        r = engine.call("lookup", None, {"q": 1}, runs.bump, kind="read")
+        assert r.verdict == "pass_through" and r.executed
+    assert runs.n == 3
+
+
+# ---- effects ---------------------------------------------------------------------------------
+
+
+def test_not_applied_frees_the_key(engine: Engine) -> None:
+    runs = Counter()
+    key = mint_key()
+
+    def refuse() -> None:
+        runs.bump()
+        raise NotApplied("mail server refused the connection")
+
+    with pytest.raises(NotApplied):
+        engine.call("mail", key, None, refuse)
+    r = engine.call("mail", key, None, lambda: runs.bump())
+    assert r.executed and r.value == 2
+
+
+def test_failed_is_stored_and_replayed(engine: Engine) -> None:
+    runs = Counter()
+    key = mint_key()
+
+    def decline() -> None:
+        runs.bump()
+        raise Failed({"error": "card declined"})
+
+    with pytest.raises(Failed) as first:
+        engine.call("charge", key, None, decline)
+    assert not first.value.replayed
+    with pytest.raises(Failed) as again:
+        engine.call("charge", key, None, decline)
+    assert again.value.replayed and again.value.result == {"error": "card declined"}
+    assert runs.n == 1
+
+
+@pytest.mark.parametrize("exc", [MaybeApplied("timed out after sending"), ValueError("boom")])
+def test_maybe_applied_and_other_exceptions_leave_unknown(engine: Engine, exc: Exception) -> None:
+    runs = Counter()
+    key = mint_key()
+
+    def send() -> None:
+        runs.bump()
+        raise exc
+
+    with pytest.raises(type(exc)):
+        engine.call("send", key, None, send)
+    with pytest.raises(OutcomeUnknown) as e:
+        engine.call("send", key, None, send)
+    assert runs.n == 1
+    assert e.value.fence == 1 and e.value.since is not None and e.value.status == 409
+    record = engine.record("send", key)
+    assert record is not None and record["state"] == "unknown"
+
+
+def test_unserializable_results_leave_unknown(engine: Engine) -> None:
+    key = mint_key()
+    with pytest.raises(TypeError, match="cannot be stored as JSON"):
+        engine.call("t", key, None, lambda: object())
+    with pytest.raises(OutcomeUnknown):
+        engine.call("t", key, None, lambda: 1)
+
+
+# ---- races -----------------------------------------------------------------------------------
+
+
+def test_sixteen_threads_one_execution(engine: Engine) -> None:
+    runs = Counter()
+    key = mint_key()
+    barrier = threading.Barrier(16)
+    results: list[Any] = []
+    errors: list[BaseException] = []
+
+    def slow() -> int:
+        time.sleep(0.3)  # the GIL is free meanwhile: the others wait in the engine
+        return runs.bump()
+
+    def racer() -> None:
+        barrier.wait()
+        try:
+            results.append(engine.call("storm", key, {"k": 1}, slow, wait=20))
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=racer) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert runs.n == 1
+    assert [r.value for r in results] == [1] * 16
+    assert sum(r.executed for r in results) == 1
+    assert sum(r.replayed for r in results) == 15
+
+
+def test_a_duplicate_past_its_wait_gets_in_flight(engine: Engine) -> None:
+    key = mint_key()
+    started = threading.Event()
+    release = threading.Event()
+
+    def hold() -> int:
+        started.set()
+        release.wait(10)
+        return 1
+
+    holder = threading.Thread(target=lambda: engine.call("hold", key, None, hold))
+    holder.start()
+    try:
+        started.wait(10)
+        with pytest.raises(InFlight) as e:
+            engine.call("hold", key, None, lambda: 2, wait=0.1)
+        assert e.value.status == 409 and e.value.retry_after is not None
+    finally:
+        release.set()
+        holder.join()
+    assert engine.call("hold", key, None, lambda: 3).value == 1
+
+
+def test_async_racing_tasks_one_execution(engine: Engine) -> None:
+    runs = Counter()
+    key = mint_key()
+
+    @idempotent(engine, tool="astorm", key=lambda k: k, wait=20)
+    async def work(k: str) -> int:
+        await asyncio.sleep(0.2)
+        return runs.bump()
+
+    async def main() -> list[int]:
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+
+        t = asyncio.create_task(ticker())
+        values = await asyncio.gather(*[work(key) for _ in range(16)])
+        t.cancel()
+        # The loop kept running while the duplicates waited for the store.
+        assert ticks >= 5
+        return values
+
+    assert asyncio.run(main()) == [1] * 16
+    assert runs.n == 1
+
+
+def test_async_effects(engine: Engine) -> None:
+    async def main() -> None:
+        key = mint_key()
+
+        async def refuse() -> None:
+            raise NotApplied("not now")
+
+        with pytest.raises(NotApplied):
+            await engine.acall("a", key, None, refuse)
+        r = await engine.acall("a", key, None, lambda: asyncio.sleep(0, result=7))
+        assert r.executed and r.value == 7
+        r = await engine.acall("a", key, None, lambda: asyncio.sleep(0, result=8))
+        assert r.replayed and r.value == 7
+
+        other = mint_key()
+
+        async def unsure() -> None:
+            raise MaybeApplied("dropped connection")
+
+        with pytest.raises(MaybeApplied):
+            await engine.acall("a", other, None, unsure)
+        with pytest.raises(OutcomeUnknown):
+            await engine.acall("a", other, None, unsure)
+
+    asyncio.run(main())
+
+
+# ---- keys, identical to Rust -----------------------------------------------------------------
+
+
+def test_keys_are_the_rust_keys(engine: Engine) -> None:
+    # Known outputs of IdempotencyKey::derive (also checked against the binary in test_keys).
+    assert derive_key("R", "S") == "run-9787c107d6edb2fa3bc04eb8cf63f933"
+    assert mint_key().startswith("key-") and len(mint_key()) == 36
+
+    named = engine.key_for("mail", None, {"b": 1, "a": [1, 2.5]}, fallback_window=60)
+    assert named is not None
+    canonical = b'{"a":[1,2.5],"b":1}'
+    assert named["key"] == "fallback-" + hashlib.sha256(canonical).hexdigest()
+    assert named["rule"] == "fallback" and named["ttl"] == 60
+
+    explicit = engine.key_for("mail", "order-1", None)
+    assert explicit is not None and explicit["rule"] == "explicit"
+    assert explicit["ttl"] == engine.default.ttl
+    digest = hashlib.sha256()
+    for part in (engine.tenant, "mail", "order-1"):
+        digest.update(len(part).to_bytes(8, "big") + part.encode())
+    assert explicit["digest"] == digest.hexdigest()  # Key::digest
+    assert engine.key_for("lookup", None, None, kind="read") is None
+    with pytest.raises(KeyRequired):
+        engine.key_for("mail", None, None)
+    with pytest.raises(idemgate.BadRequest):
+        engine.key_for("mail", "fallback-mine", None)  # reserved for the engine's own keys
+
+
+def test_policies() -> None:
+    p = Policy(kind="natural_idempotent", ttl=60, lease=2, wait=0.5, fallback_window=10)
+    assert (p.kind, p.ttl, p.lease, p.wait, p.fallback_window, p.on_unknown) == (
+        "natural_idempotent", 60, 2, 0.5, 10, "block"
+    )
+    with pytest.raises(ValueError):
+        Policy(kind="delete")
+    with pytest.raises(ValueError):
+        Policy(ttl=-1)
+    engine = Engine.open("memory:", tools={"charge": {"lease": 3}})
+    assert engine.policy("charge").lease == 3
+    assert engine.policy("other").lease == 30
+    assert engine.policy("charge", wait=1).lease == 3
+
+
+def test_store_unavailable_at_open() -> None:
+    with pytest.raises(StoreUnavailable):
+        Engine.open("redis://127.0.0.1:1/0")
+    with pytest.raises(StoreUnavailable):
+        Engine.open("mongodb://nowhere")
+
+
+# ---- one store, every door -------------------------------------------------------------------
+
+
+def test_default_store_is_the_command_lines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    engine = Engine.open(tenant="local")
+    db = tmp_path / "data" / "idemgate" / "idemgate.db"
+    assert engine.url == f"sqlite://{db}"
+    key = mint_key()
+    engine.call("py_tool", key, None, lambda: {"ok": True})
+    shown = json.loads(cli("keys", "show", key, "--json").stdout)
+    assert shown["state"] == "completed", shown
+
+
+def test_a_record_written_in_python_is_seen_by_keys_show(sqlite: tuple[Engine, str]) -> None:
+    engine, url = sqlite
+    key = mint_key()
+    engine.call("invoice", key, {"n": 1}, lambda: {"invoice": "INV-7", "total": 2**64})
+    shown = json.loads(cli("keys", "show", key, "--store", url, "--json").stdout)
+    assert shown["state"] == "completed" and shown["key"]["tool"] == "invoice", shown
+    assert shown["content"] == "json" and shown["result"]["invoice"] == "INV-7", shown
+    # The text view keeps the integer exact (`--json` prints it as a float today).
+    assert str(2**64) in cli("keys", "show", key, "--store", url).stdout
+
+
+def test_a_resolution_by_the_command_line_replays_in_python(sqlite: tuple[Engine, str]) -> None:
+    engine, url = sqlite
+    key = mint_key()
+
+    def lost() -> None:
+        raise MaybeApplied("the mail server hung up after DATA")
+
+    with pytest.raises(MaybeApplied):
+        engine.call("mail", key, None, lost)
+    cli("keys", "resolve", key, "--store", url, "--tool", "mail", "--completed",
+        "--result", '{"message_id": "m-1"}')
+    r = engine.call("mail", key, None, lambda: pytest.fail("must not run again"))
+    assert r.replayed and r.value == {"message_id": "m-1"}
+
+
+def test_a_command_record_replays_in_python_as_its_output(sqlite: tuple[Engine, str]) -> None:
+    engine, url = sqlite
+    key = mint_key()
+    with pytest.raises(MaybeApplied):
+        engine.call("deploy", key, None, lambda: (_ for _ in ()).throw(MaybeApplied("?")))
+    cli("keys", "resolve", key, "--store", url, "--tool", "deploy", "--completed",
+        "--exit-code", "0", "--stdout", "deployed v7\n")
+    r = engine.call("deploy", key, None, lambda: pytest.fail("must not run again"))
+    assert r.content == "command"
+    assert r.value["exit_code"] == 0 and r.value["stdout"] == "deployed v7\n"
+
+
+CRASHER = """
+import sys, time
+from idemgate import Engine
+engine = Engine.open(sys.argv[1], tenant="local")
+def effect():
+    open(sys.argv[3], "w").write("started")
+    time.sleep(60)
+engine.call("crashy", sys.argv[2], None, effect, lease=1)
+"""
+
+
+def test_a_process_killed_mid_function_leaves_unknown(sqlite: tuple[Engine, str], tmp_path: Path) -> None:
+    engine, url = sqlite
+    key = mint_key()
+    marker = tmp_path / "started"
+    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(CRASHER), url, key, str(marker)])
+    try:
+        deadline = time.monotonic() + 30
+        while not marker.exists():
+            assert proc.poll() is None, "the crasher exited early"
+            assert time.monotonic() < deadline, "the crasher never started its effect"
+            time.sleep(0.02)
+        # Alive and heartbeating: a duplicate is in flight, not unknown.
+        time.sleep(1.2)
+        with pytest.raises(InFlight):
+            engine.call("crashy", key, None, lambda: pytest.fail("ran twice"), wait=0.1)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    time.sleep(1.2)  # the lease (1 s) runs out without heartbeats
+    with pytest.raises(OutcomeUnknown):
+        engine.call("crashy", key, None, lambda: pytest.fail("ran twice"), lease=1)
+    shown = json.loads(cli("keys", "show", key, "--store", url, "--json").stdout)
+    assert shown["state"] == "unknown", shown
+
+
+def test_one_package_two_doors() -> None:
+    assert idemgate.remote.Client is idemgate.Client
+    client = idemgate.Client("http://127.0.0.1:1", token="t")
+    engine = Engine.open("memory:")
+    # The top-level decorator takes either door.
+    assert callable(idemgate.idempotent(engine, "t", key=lambda: "k")(lambda: 1))
+    assert callable(idemgate.idempotent(client, "t", key=lambda: "k")(lambda: 1))

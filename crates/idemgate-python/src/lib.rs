@@ -1,0 +1,896 @@
+//! `idemgate._native`: the idemgate engine in-process for Python, the native half of the `idemgate`
+//! package (clients/python; built by maturin). One engine, not a port: the same policies, keys,
+//! fingerprints, answers, journal and stores as every other front door, and the same stored-outcome
+//! format (`idemgate_kit::Payload::Json`), so a record written from Python is replayed by
+//! `idemgate exec`/`serve`/`mcp` and vice versa.
+//!
+//! The engine owns a small multi-thread tokio runtime. A call is split in two around the Python
+//! function: `Engine.begin` reserves the key (store I/O with the GIL released), the function runs
+//! on the caller's thread with the GIL while a task on the runtime renews the lease, and
+//! `Engine.finish` records what it reported. The `_async` variants run the same halves on the
+//! runtime and hand the answer to a Python callback, which the Python side turns into an asyncio
+//! future, so the event loop never blocks on the store.
+//!
+//! How an answer reaches Python (a result, or which exception class) is decided by one exhaustive
+//! match on [`Verdict`] (`exception_class`); the classes themselves live in `idemgate.errors`,
+//! shared with the HTTP client.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use idemgate::{
+    Answer, AnyStore, Begun, Call, Decision, Effect, EngineError, FileJournal, IdempotencyKey,
+    JournalFlusher, Key, OutcomeKind, TenantId, Ticket, ToolKind, ToolName, ToolPolicy,
+    UnknownPolicy, Verdict,
+};
+use idemgate_kit::Payload;
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use pyo3::IntoPyObjectExt as _;
+use tokio::runtime::{Handle, Runtime};
+
+/// How often the journal of unconfirmed outcomes is flushed into the store.
+const FLUSH_EVERY: Duration = Duration::from_secs(5);
+
+/// The problem type URIs, as the HTTP gateway names them.
+const PROBLEM_PREFIX: &str = "https://idemgate.dev/problems/";
+
+/// What the engine's tasks share.
+struct Shared {
+    engine: Arc<idemgate::Engine<AnyStore>>,
+    tenant: TenantId,
+    handle: Handle,
+    leases: Leases,
+}
+
+/// How often the lease keeper looks for leases due a heartbeat.
+const KEEPER_TICK: Duration = Duration::from_millis(50);
+
+/// The leases of the functions running now, renewed by one keeper task: registering a call is a
+/// map insert, not a task of its own, so a function that returns at once costs no wake-up.
+#[derive(Default)]
+struct Leases {
+    next: std::sync::atomic::AtomicU64,
+    live: Mutex<std::collections::HashMap<u64, (Ticket, tokio::time::Instant)>>,
+}
+
+impl Leases {
+    fn hold(&self, ticket: &Ticket) -> u64 {
+        let id = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let due = tokio::time::Instant::now() + ticket.lease_for / 3;
+        if let Ok(mut live) = self.live.lock() {
+            live.insert(id, (ticket.clone(), due));
+        }
+        id
+    }
+
+    fn drop_lease(&self, id: u64) {
+        if let Ok(mut live) = self.live.lock() {
+            live.remove(&id);
+        }
+    }
+
+    /// The leases due a heartbeat now, each due again a third of its lease later.
+    fn due(&self) -> Vec<Ticket> {
+        let now = tokio::time::Instant::now();
+        let Ok(mut live) = self.live.lock() else {
+            return Vec::new();
+        };
+        live.values_mut()
+            .filter(|(_, due)| *due <= now)
+            .map(|(ticket, due)| {
+                *due = now + ticket.lease_for / 3;
+                ticket.clone()
+            })
+            .collect()
+    }
+}
+
+/// Renews every live lease when it is due, each heartbeat in a task of its own (a slow store
+/// delays no other lease). Runs until the runtime shuts down.
+async fn keep_leases(shared: std::sync::Weak<Shared>) {
+    let mut ticks = tokio::time::interval(KEEPER_TICK);
+    loop {
+        ticks.tick().await;
+        let Some(s) = shared.upgrade() else { return };
+        for ticket in s.leases.due() {
+            let engine = Arc::clone(&s.engine);
+            s.handle.spawn(async move {
+                let _ = engine.heartbeat(&ticket).await;
+            });
+        }
+    }
+}
+
+/// The engine over one store (see `Engine.open`).
+#[pyclass(frozen, module = "idemgate._native", name = "Engine")]
+struct Engine {
+    shared: Arc<Shared>,
+    url: String,
+    journal: Option<PathBuf>,
+    runtime: Option<Runtime>,
+    flusher: Option<JournalFlusher>,
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.flusher.take();
+        // Never wait for the workers here: one of them may be waiting for the GIL this thread
+        // holds (an async answer on its way to Python).
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+/// How one tool's calls are treated (`idemgate_core::ToolPolicy`); durations in seconds.
+#[pyclass(frozen, module = "idemgate._native", name = "Policy")]
+#[derive(Clone)]
+struct Policy(ToolPolicy);
+
+#[pymethods]
+impl Policy {
+    #[new]
+    #[pyo3(signature = (kind = "write", ttl = 86400.0, lease = 30.0, wait = 5.0, fallback_window = None, on_unknown = "block"))]
+    fn new(
+        kind: &str,
+        ttl: f64,
+        lease: f64,
+        wait: f64,
+        fallback_window: Option<f64>,
+        on_unknown: &str,
+    ) -> PyResult<Self> {
+        Ok(Policy(ToolPolicy {
+            kind: kind.parse::<ToolKind>().map_err(PyValueError::new_err)?,
+            ttl: seconds("ttl", ttl)?,
+            lease: seconds("lease", lease)?,
+            wait: seconds("wait", wait)?,
+            fallback_window: fallback_window
+                .map(|w| seconds("fallback_window", w))
+                .transpose()?,
+            on_unknown: on_unknown
+                .parse::<UnknownPolicy>()
+                .map_err(PyValueError::new_err)?,
+        }))
+    }
+
+    /// `read`, `write` or `natural_idempotent`.
+    #[getter]
+    fn kind(&self) -> String {
+        self.0.kind.to_string()
+    }
+    /// How long a completed outcome is kept and replayed, in seconds.
+    #[getter]
+    fn ttl(&self) -> f64 {
+        self.0.ttl.as_secs_f64()
+    }
+    /// How long a reservation holds without a heartbeat, in seconds.
+    #[getter]
+    fn lease(&self) -> f64 {
+        self.0.lease.as_secs_f64()
+    }
+    /// How long a duplicate waits for an in-flight call before `InFlight`, in seconds.
+    #[getter]
+    fn wait(&self) -> f64 {
+        self.0.wait.as_secs_f64()
+    }
+    /// When set, calls without a key are deduplicated by (tool, arguments) for this many seconds.
+    #[getter]
+    fn fallback_window(&self) -> Option<f64> {
+        self.0.fallback_window.map(|w| w.as_secs_f64())
+    }
+    /// `block`, `verify` or `retry`.
+    #[getter]
+    fn on_unknown(&self) -> String {
+        self.0.on_unknown.to_string()
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Policy(kind={:?}, ttl={}, lease={}, wait={}, fallback_window={}, on_unknown={:?})",
+            self.kind(),
+            self.ttl(),
+            self.lease(),
+            self.wait(),
+            self.fallback_window()
+                .map_or_else(|| "None".to_owned(), |w| w.to_string()),
+            self.on_unknown()
+        )
+    }
+}
+
+fn seconds(what: &str, s: f64) -> PyResult<Duration> {
+    Duration::try_from_secs_f64(s)
+        .map_err(|e| PyValueError::new_err(format!("{what} must be a number of seconds >= 0: {e}")))
+}
+
+/// Permission to run one call's side effect: the reserved record and its lease, renewed by the
+/// engine's lease keeper until `finish`.
+#[pyclass(frozen, module = "idemgate._native", name = "Ticket")]
+struct PyTicket {
+    ticket: Ticket,
+    shared: Arc<Shared>,
+    /// The lease kept alive while the function runs; `None` once finished.
+    lease: Mutex<Option<u64>>,
+}
+
+impl PyTicket {
+    fn stop_heartbeat(&self) -> bool {
+        match self.lease.lock().map(|mut l| l.take()) {
+            Ok(Some(id)) => {
+                self.shared.leases.drop_lease(id);
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
+impl Drop for PyTicket {
+    fn drop(&mut self) {
+        self.stop_heartbeat();
+    }
+}
+
+#[pymethods]
+impl PyTicket {
+    /// The idempotency key naming the record (a `fallback-…` key under the fallback window).
+    #[getter]
+    fn key(&self) -> &str {
+        self.ticket.key.key.as_str()
+    }
+    /// `explicit` or `fallback`.
+    #[getter]
+    fn rule(&self) -> String {
+        self.ticket.rule.to_string()
+    }
+    /// The record's fence.
+    #[getter]
+    fn fence(&self) -> u64 {
+        self.ticket.lease.fence
+    }
+    fn __repr__(&self) -> String {
+        format!(
+            "Ticket({}, fence {})",
+            self.ticket.key, self.ticket.lease.fence
+        )
+    }
+}
+
+/// The engine's answer to a call that ended with a result (executed, replayed, passed through or
+/// not applied); every other ending is an exception.
+#[pyclass(frozen, module = "idemgate._native", name = "Answer")]
+struct PyAnswer {
+    /// The verdict's label (`executed`, `replayed`, `pass_through`, `not_applied`).
+    #[pyo3(get)]
+    verdict: &'static str,
+    /// Whether this call ran the side effect.
+    #[pyo3(get)]
+    executed: bool,
+    /// Whether this is a stored outcome, replayed.
+    #[pyo3(get)]
+    replayed: bool,
+    /// When the outcome was recorded, in milliseconds since the epoch (store clock).
+    #[pyo3(get)]
+    executed_at_ms: Option<i64>,
+    /// Until when it is replayed, in milliseconds since the epoch.
+    #[pyo3(get)]
+    expires_at_ms: Option<i64>,
+    /// `explicit` or `fallback`: which rule named the record.
+    #[pyo3(get)]
+    rule: Option<String>,
+    /// The idempotency key of the record.
+    #[pyo3(get)]
+    key: Option<String>,
+    /// Whether the outcome is a stored failure.
+    #[pyo3(get)]
+    failed: bool,
+    /// The stored outcome's content kind (`json`, `command`, `http`, `mcp_tool_result`).
+    #[pyo3(get)]
+    content: Option<&'static str>,
+    /// The outcome as JSON text (see `idemgate_kit::Payload::to_json`).
+    #[pyo3(get)]
+    value_json: Option<String>,
+    /// `stored` or `journaled` when this call recorded an outcome.
+    #[pyo3(get)]
+    recording: Option<&'static str>,
+    /// What a not-applied tool said.
+    #[pyo3(get)]
+    message: Option<String>,
+}
+
+#[pymethods]
+impl PyAnswer {
+    fn __repr__(&self) -> String {
+        format!(
+            "Answer(verdict={:?}, key={:?}, rule={:?}, failed={}, value_json={:?})",
+            self.verdict, self.key, self.rule, self.failed, self.value_json
+        )
+    }
+}
+
+/// The Python exception class (in `idemgate.errors`) of a verdict, or `None` when the answer is a
+/// result. Exhaustive on purpose: a new verdict is a compile error here, as at every other door.
+fn exception_class(verdict: Verdict) -> Option<&'static str> {
+    match verdict {
+        Verdict::Execute | Verdict::Executed | Verdict::Replayed | Verdict::PassedThrough => None,
+        Verdict::NotApplied => Some("NotApplied"),
+        Verdict::LeaseLost => Some("LeaseLost"),
+        Verdict::Unrecorded | Verdict::JournalFailed => Some("OutcomeNotRecorded"),
+        Verdict::InFlight => Some("InFlight"),
+        Verdict::Unknown => Some("OutcomeUnknown"),
+        Verdict::KeyRequired => Some("KeyRequired"),
+        Verdict::KeyReused => Some("KeyReused"),
+        Verdict::BadRequest => Some("BadRequest"),
+        Verdict::StoreUnavailable => Some("StoreUnavailable"),
+        Verdict::QuotaExceeded => Some("QuotaExceeded"),
+        Verdict::RateLimited => Some("RateLimited"),
+        Verdict::NotFound => Some("NotFound"),
+        Verdict::NotResolvable => Some("NotResolvable"),
+    }
+}
+
+/// The exception for a verdict: `idemgate.errors.engine_error(...)` builds it, as the HTTP client
+/// builds one from a problem document (same `status`, `type`, `title` and `problem` members).
+fn exception(
+    py: Python<'_>,
+    verdict: Verdict,
+    message: String,
+    problem: Vec<(&'static str, Py<PyAny>)>,
+) -> PyErr {
+    let Some(class) = exception_class(verdict) else {
+        return PyRuntimeError::new_err(format!("{verdict} is not an error"));
+    };
+    let build = || -> PyResult<PyErr> {
+        let doc = PyDict::new(py);
+        let (name, title) = verdict.problem();
+        doc.set_item("type", format!("{PROBLEM_PREFIX}{name}"))?;
+        doc.set_item("title", title)?;
+        doc.set_item("status", verdict.http_status())?;
+        doc.set_item("detail", &message)?;
+        doc.set_item("verdict", verdict.label())?;
+        for (k, v) in problem {
+            doc.set_item(k, v)?;
+        }
+        let e = py
+            .import("idemgate.errors")?
+            .getattr("engine_error")?
+            .call1((class, message.clone(), verdict.http_status(), doc))?;
+        Ok(PyErr::from_value(e))
+    };
+    build().unwrap_or_else(|e| e)
+}
+
+fn engine_error(py: Python<'_>, e: &EngineError) -> PyErr {
+    let mut problem = Vec::new();
+    if let EngineError::KeyReuse {
+        key,
+        rule,
+        first_seen,
+    } = e
+    {
+        problem.push(("key", key.key.as_str().into_pyobject_or_none(py)));
+        problem.push(("rule", rule.to_string().into_pyobject_or_none(py)));
+        problem.push((
+            "first_seen",
+            first_seen.to_string().into_pyobject_or_none(py),
+        ));
+    }
+    exception(py, Verdict::of_error(e), e.to_string(), problem)
+}
+
+/// Turns a value into a Python object (no conversion here can fail).
+trait IntoPy {
+    fn into_pyobject_or_none(self, py: Python<'_>) -> Py<PyAny>;
+}
+
+impl<T> IntoPy for T
+where
+    T: for<'py> IntoPyObject<'py>,
+{
+    fn into_pyobject_or_none(self, py: Python<'_>) -> Py<PyAny> {
+        self.into_py_any(py).unwrap_or_else(|_| py.None())
+    }
+}
+
+/// The Python form of an answer: a [`PyAnswer`], or the verdict's exception.
+fn reply(py: Python<'_>, answer: Answer) -> PyResult<Py<PyAny>> {
+    let verdict = Verdict::of_answer(&answer);
+    let key = answer.key.as_ref().map(|k| k.key.as_str().to_owned());
+    let rule = answer.rule.map(|r| r.to_string());
+    let record = answer.key.as_ref().map(Key::to_string).unwrap_or_default();
+    if exception_class(verdict).is_some() {
+        let mut problem = vec![
+            ("key", key.clone().into_pyobject_or_none(py)),
+            ("rule", rule.clone().into_pyobject_or_none(py)),
+        ];
+        let message = match &answer.decision {
+            Decision::InFlight { since, retry_after } => {
+                problem.push(("since", since.to_string().into_pyobject_or_none(py)));
+                problem.push((
+                    "retry_after",
+                    retry_after.as_secs_f64().into_pyobject_or_none(py),
+                ));
+                format!(
+                    "another call holds {record} (since {since}) and did not finish within the wait bound; retry in {}s",
+                    retry_after.as_secs()
+                )
+            }
+            Decision::Unknown {
+                since,
+                fence,
+                ran_here,
+                message,
+                ..
+            } => {
+                problem.push(("since", since.to_string().into_pyobject_or_none(py)));
+                problem.push(("fence", fence.into_pyobject_or_none(py)));
+                problem.push(("ran_here", ran_here.into_pyobject_or_none(py)));
+                problem.push(("message", message.clone().into_pyobject_or_none(py)));
+                format!(
+                    "the outcome of {record} is unknown since {since} (fence {}): the side effect may or may not have happened, so it is not run again; resolve it with `idemgate keys resolve`{}",
+                    fence,
+                    message.as_deref().map(|m| format!(" ({m})")).unwrap_or_default()
+                )
+            }
+            Decision::NotApplied { message, .. } => message.clone(),
+            Decision::Executed {
+                recording: idemgate::Recording::LeaseLost,
+                ..
+            } => format!(
+                "the function ran, but outlived its lease on {record} and another call took the record over: the record holds the other call's outcome"
+            ),
+            Decision::Executed {
+                recording: idemgate::Recording::Unrecorded(why),
+                ..
+            } => format!(
+                "the function ran, but its outcome for {record} was recorded neither in the store nor in the journal ({why}); the record turns unknown when its lease ends"
+            ),
+            other => format!("{record}: {other:?}"),
+        };
+        return Err(exception(py, verdict, message, problem));
+    }
+    let mut out = PyAnswer {
+        verdict: verdict.label(),
+        executed: answer.executed_here(),
+        replayed: false,
+        executed_at_ms: None,
+        expires_at_ms: None,
+        rule,
+        key,
+        failed: false,
+        content: None,
+        value_json: None,
+        recording: None,
+        message: None,
+    };
+    let outcome = answer.outcome();
+    match answer.decision {
+        Decision::Executed {
+            executed_at,
+            expires_at,
+            recording,
+            ..
+        } => {
+            out.executed_at_ms = Some(executed_at.as_millis());
+            out.expires_at_ms = Some(expires_at.as_millis());
+            out.recording = Some(recording_label(&recording));
+        }
+        Decision::Replayed {
+            executed_at,
+            expires_at,
+            ..
+        } => {
+            out.replayed = true;
+            out.executed_at_ms = Some(executed_at.as_millis());
+            out.expires_at_ms = Some(expires_at.as_millis());
+        }
+        Decision::NotApplied {
+            message, recording, ..
+        } => {
+            out.message = Some(message);
+            out.recording = Some(recording_label(&recording));
+        }
+        _ => {}
+    }
+    if let Some(outcome) = outcome {
+        out.failed = outcome.kind == OutcomeKind::Failed;
+        let payload = Payload::of(&outcome).map_err(|e| {
+            exception(
+                py,
+                Verdict::BadRequest,
+                format!("the stored outcome of {record} cannot be read: {e}"),
+                Vec::new(),
+            )
+        })?;
+        out.content = Some(payload.content());
+        out.value_json = Some(payload.to_json().get().to_owned());
+    }
+    Ok(Py::new(py, out)?.into_any())
+}
+
+fn recording_label(r: &idemgate::Recording) -> &'static str {
+    match r {
+        idemgate::Recording::Stored => "stored",
+        idemgate::Recording::Journaled => "journaled",
+        idemgate::Recording::LeaseLost => "lease_lost",
+        idemgate::Recording::Unrecorded(_) => "unrecorded",
+    }
+}
+
+/// What `begin` gives Python: a ticket, `None` to pass through, or an answer (or its exception).
+fn begun(
+    py: Python<'_>,
+    shared: &Arc<Shared>,
+    begun: Result<Begun, EngineError>,
+) -> PyResult<Py<PyAny>> {
+    match begun {
+        Err(e) => Err(engine_error(py, &e)),
+        Ok(Begun::PassThrough) => Ok(py.None()),
+        Ok(Begun::Answered(answer)) => reply(py, answer),
+        Ok(Begun::Execute(ticket)) => {
+            let lease = shared.leases.hold(&ticket);
+            let t = PyTicket {
+                ticket,
+                shared: Arc::clone(shared),
+                lease: Mutex::new(Some(lease)),
+            };
+            Ok(Py::new(py, t)?.into_any())
+        }
+    }
+}
+
+/// What the function reported, from Python's words.
+fn effect(kind: &str, body: &str) -> PyResult<Effect> {
+    let json = |body: &str| {
+        Payload::json_text(body)
+            .map(|p| p.encode())
+            .map_err(|e| PyValueError::new_err(e.to_string()))
+    };
+    Ok(match kind {
+        "success" => Effect::Success(json(body)?),
+        "failed" => Effect::Failed(json(body)?),
+        "not_applied" => Effect::not_applied(body),
+        "ambiguous" => Effect::Ambiguous(body.to_owned()),
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "unknown effect {other:?}: expected success, failed, not_applied or ambiguous"
+            )))
+        }
+    })
+}
+
+/// Hands an async result to Python: `done(True, value)` or `done(False, exception)`.
+fn settle(py: Python<'_>, done: &Py<PyAny>, result: PyResult<Py<PyAny>>) {
+    let (ok, value) = match result {
+        Ok(v) => (true, v),
+        Err(e) => (false, e.into_value(py).into_any()),
+    };
+    if let Err(e) = done.call1(py, (ok, value)) {
+        e.write_unraisable(py, None);
+    }
+}
+
+impl Engine {
+    fn call(&self, tool: &str, key: Option<&str>, args: Option<&str>) -> Result<Call, EngineError> {
+        let mut call = Call::new(self.shared.tenant.clone(), ToolName::new(tool)?);
+        if let Some(key) = key {
+            call = call.key(IdempotencyKey::explicit(key)?);
+        }
+        if let Some(args) = args {
+            call = call.args_text(args.as_bytes())?;
+        }
+        Ok(call)
+    }
+
+    fn ticket<'a>(ticket: &'a Bound<'_, PyTicket>) -> PyResult<&'a PyTicket> {
+        let t = ticket.get();
+        if !t.stop_heartbeat() {
+            return Err(PyRuntimeError::new_err(
+                "this ticket was already finished: report each call's outcome once",
+            ));
+        }
+        Ok(t)
+    }
+
+    fn runtime(&self) -> PyResult<&Runtime> {
+        self.runtime
+            .as_ref()
+            .ok_or_else(|| PyRuntimeError::new_err("the engine is closed"))
+    }
+}
+
+#[pymethods]
+impl Engine {
+    /// Opens the store at `url` (`sqlite:///path`, `postgres://…`, `redis://…`, `memory:`; default:
+    /// the SQLite file every `idemgate` command uses) with a durable journal beside it (`journal`,
+    /// else where the command line keeps it), for `tenant`, on a runtime of `worker_threads`.
+    #[staticmethod]
+    #[pyo3(signature = (url = None, *, journal = None, tenant = "default", worker_threads = 2))]
+    fn open(
+        py: Python<'_>,
+        url: Option<&str>,
+        journal: Option<PathBuf>,
+        tenant: &str,
+        worker_threads: usize,
+    ) -> PyResult<Self> {
+        let tenant = TenantId::new(tenant).map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let (url, journal_dir) = idemgate::store_and_journal(url, journal.as_deref())
+            .map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(worker_threads.max(1))
+            .thread_name("idemgate")
+            .enable_all()
+            .build()
+            .map_err(|e| PyRuntimeError::new_err(format!("failed to start a runtime: {e}")))?;
+        let store = py
+            .detach(|| runtime.block_on(AnyStore::connect(&url)))
+            .map_err(|e| {
+                exception(
+                    py,
+                    Verdict::StoreUnavailable,
+                    format!("failed to open store {url}: {e}"),
+                    Vec::new(),
+                )
+            })?;
+        let mut engine = idemgate::Engine::new(store);
+        let mut journal = None;
+        if engine.store().is_durable() {
+            let file = FileJournal::open(&journal_dir).map_err(|e| {
+                PyRuntimeError::new_err(format!(
+                    "failed to open journal {}: {e}",
+                    journal_dir.display()
+                ))
+            })?;
+            engine = engine.with_journal(Arc::new(file));
+            journal = Some(journal_dir);
+        }
+        let engine = Arc::new(engine);
+        let flusher = {
+            let _in_runtime = runtime.enter();
+            engine.spawn_journal_flusher(FLUSH_EVERY)
+        };
+        let shared = Arc::new(Shared {
+            engine,
+            tenant,
+            handle: runtime.handle().clone(),
+            leases: Leases::default(),
+        });
+        runtime.spawn(keep_leases(Arc::downgrade(&shared)));
+        Ok(Engine {
+            shared,
+            url,
+            journal,
+            runtime: Some(runtime),
+            flusher: Some(flusher),
+        })
+    }
+
+    /// The store's URL.
+    #[getter]
+    fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The journal directory (`None` for the memory store).
+    #[getter]
+    fn journal(&self) -> Option<PathBuf> {
+        self.journal.clone()
+    }
+
+    /// The tenant whose records these are.
+    #[getter]
+    fn tenant(&self) -> &str {
+        self.shared.tenant.as_str()
+    }
+
+    /// Decides whether a call may run now: a `Ticket` (run the function, then `finish`), `None`
+    /// (a read or naturally idempotent tool: run it, nothing is recorded) or an `Answer` (a
+    /// replay); in-flight, unknown, key-reused and other refusals raise. Waits up to the policy's
+    /// `wait` for a racing call, with the GIL released.
+    #[pyo3(signature = (tool, key, args, policy))]
+    fn begin(
+        &self,
+        py: Python<'_>,
+        tool: &str,
+        key: Option<&str>,
+        args: Option<&str>,
+        policy: &Policy,
+    ) -> PyResult<Py<PyAny>> {
+        let call = self
+            .call(tool, key, args)
+            .map_err(|e| engine_error(py, &e))?;
+        let runtime = self.runtime()?;
+        let policy = &policy.0;
+        let result = py.detach(|| runtime.block_on(self.shared.engine.begin(call, policy)));
+        begun(py, &self.shared, result)
+    }
+
+    /// Records what the function reported (`success`/`failed` with its JSON text,
+    /// `not_applied`/`ambiguous` with a message) and answers; an outcome that could not be
+    /// recorded or a lost lease raises.
+    fn finish(
+        &self,
+        py: Python<'_>,
+        ticket: &Bound<'_, PyTicket>,
+        effect_kind: &str,
+        body: &str,
+    ) -> PyResult<Py<PyAny>> {
+        let reported = effect(effect_kind, body)?;
+        let t = Self::ticket(ticket)?;
+        let runtime = self.runtime()?;
+        let answer = py.detach(|| runtime.block_on(self.shared.engine.finish(&t.ticket, reported)));
+        reply(py, answer)
+    }
+
+    /// As `begin`, on the engine's runtime: calls `done(ok, value)` (from a runtime thread, with
+    /// the GIL) with what `begin` returns or raises.
+    fn begin_async(
+        &self,
+        py: Python<'_>,
+        tool: &str,
+        key: Option<&str>,
+        args: Option<&str>,
+        policy: &Policy,
+        done: Py<PyAny>,
+    ) -> PyResult<()> {
+        let call = self
+            .call(tool, key, args)
+            .map_err(|e| engine_error(py, &e))?;
+        let policy = policy.0.clone();
+        let shared = Arc::clone(&self.shared);
+        self.runtime()?.spawn(async move {
+            let result = shared.engine.begin(call, &policy).await;
+            Python::attach(|py| {
+                let value = begun(py, &shared, result);
+                settle(py, &done, value);
+            });
+        });
+        Ok(())
+    }
+
+    /// As `finish`, on the engine's runtime: calls `done(ok, value)`.
+    fn finish_async(
+        &self,
+        ticket: &Bound<'_, PyTicket>,
+        effect_kind: &str,
+        body: &str,
+        done: Py<PyAny>,
+    ) -> PyResult<()> {
+        let reported = effect(effect_kind, body)?;
+        Self::ticket(ticket)?;
+        let ticket = ticket.get().ticket.clone();
+        let shared = Arc::clone(&self.shared);
+        self.runtime()?.spawn(async move {
+            let answer = shared.engine.finish(&ticket, reported).await;
+            Python::attach(|py| {
+                let value = reply(py, answer);
+                settle(py, &done, value);
+            });
+        });
+        Ok(())
+    }
+
+    /// The record a call is judged by, as `Engine::key_for` names it: a dict with `tenant`,
+    /// `tool`, `key`, `rule`, `ttl` (seconds) and `digest` (hex), or `None` for reads and naturally
+    /// idempotent tools.
+    fn key_for<'py>(
+        &self,
+        py: Python<'py>,
+        tool: &str,
+        key: Option<&str>,
+        args: Option<&str>,
+        policy: &Policy,
+    ) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let call = self
+            .call(tool, key, args)
+            .map_err(|e| engine_error(py, &e))?;
+        let named = self
+            .shared
+            .engine
+            .key_for(&call, &policy.0)
+            .map_err(|e| engine_error(py, &e))?;
+        let Some(named) = named else {
+            return Ok(None);
+        };
+        let d = PyDict::new(py);
+        d.set_item("tenant", named.key.tenant.as_str())?;
+        d.set_item("tool", named.key.tool.as_str())?;
+        d.set_item("key", named.key.key.as_str())?;
+        d.set_item("rule", named.rule.to_string())?;
+        d.set_item("ttl", named.ttl.as_secs_f64())?;
+        d.set_item("digest", idemgate::key::hex(&named.key.digest()))?;
+        Ok(Some(d))
+    }
+
+    /// The record of `(tool, key)` as JSON text (the shape `idemgate keys show --json` prints
+    /// from), or `None`.
+    fn record(&self, py: Python<'_>, tool: &str, key: &str) -> PyResult<Option<String>> {
+        let name = Key::new(
+            self.shared.tenant.clone(),
+            ToolName::new(tool).map_err(|e| PyValueError::new_err(e.to_string()))?,
+            IdempotencyKey::new(key).map_err(|e| PyValueError::new_err(e.to_string()))?,
+        );
+        let runtime = self.runtime()?;
+        let record = py
+            .detach(|| runtime.block_on(self.shared.engine.get(&name)))
+            .map_err(|e| engine_error(py, &e))?;
+        let Some(record) = record else {
+            return Ok(None);
+        };
+        let mut view =
+            serde_json::to_value(&record).map_err(|e| PyValueError::new_err(e.to_string()))?;
+        // The outcome as every door shows it: its kind and its content as JSON, not raw bytes.
+        if let (idemgate::RecordState::Completed { outcome, .. }, Some(o)) =
+            (&record.state, view.get_mut("outcome"))
+        {
+            if let Ok(payload) = Payload::of(outcome) {
+                o["content"] = payload.content().into();
+                o["body"] = serde_json::from_str(payload.to_json().get())
+                    .unwrap_or(serde_json::Value::Null);
+            }
+        }
+        Ok(Some(view.to_string()))
+    }
+
+    /// Replays journaled outcomes into the store now: `(applied, superseded, pending)`.
+    fn flush_journal(&self, py: Python<'_>) -> PyResult<(usize, usize, usize)> {
+        let runtime = self.runtime()?;
+        let report = py
+            .detach(|| runtime.block_on(self.shared.engine.flush_journal()))
+            .map_err(|e| engine_error(py, &e))?;
+        Ok((report.applied, report.superseded, report.pending))
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Engine({:?}, tenant={:?})",
+            self.url,
+            self.shared.tenant.as_str()
+        )
+    }
+}
+
+/// A stable key for one step of one run: `IdempotencyKey::derive(run_id, step)`.
+#[pyfunction]
+fn derive_key(run_id: &str, step: &str) -> String {
+    IdempotencyKey::derive(run_id, step).as_str().to_owned()
+}
+
+/// A fresh random key: `IdempotencyKey::mint()`.
+#[pyfunction]
+fn mint_key() -> String {
+    IdempotencyKey::mint().as_str().to_owned()
+}
+
+/// Checks a caller's key (`IdempotencyKey::explicit`); raises `ValueError` with the reason.
+#[pyfunction]
+fn check_key(key: &str) -> PyResult<String> {
+    IdempotencyKey::explicit(key)
+        .map(|k| k.as_str().to_owned())
+        .map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
+/// The fingerprint (hex SHA-256 of the canonical JSON) of JSON text, integers kept exact.
+#[pyfunction]
+fn fingerprint(args: &str) -> PyResult<String> {
+    idemgate::Fingerprint::of_json_text(args.as_bytes())
+        .map(|f| f.to_hex())
+        .map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
+/// The native half of the `idemgate` package.
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Engine>()?;
+    m.add_class::<Policy>()?;
+    m.add_class::<PyTicket>()?;
+    m.add_class::<PyAnswer>()?;
+    m.add_function(wrap_pyfunction!(derive_key, m)?)?;
+    m.add_function(wrap_pyfunction!(mint_key, m)?)?;
+    m.add_function(wrap_pyfunction!(check_key, m)?)?;
+    m.add_function(wrap_pyfunction!(fingerprint, m)?)?;
+    Ok(())
+}

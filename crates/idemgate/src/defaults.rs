@@ -1,0 +1,88 @@
+//! Where records live when nobody says: the default SQLite file in the data directory and the
+//! journal of unconfirmed outcomes beside it. Every front door (the command line, the gateway, the
+//! Python package) asks here, so they all find the same records.
+
+use std::path::{Path, PathBuf};
+
+use crate::Fingerprint;
+
+/// The store URL and journal directory to use: `store` if given, else the default SQLite file
+/// `idemgate.db` in [`data_dir`] (created if missing); `journal` if given, else beside the SQLite
+/// file (`PATH.journal`), or `journal-<digest of the URL>` in [`data_dir`] for other stores.
+///
+/// # Errors
+/// When the data directory cannot be created.
+pub fn store_and_journal(
+    store: Option<&str>,
+    journal: Option<&Path>,
+) -> std::io::Result<(String, PathBuf)> {
+    let (url, default_journal) = match store {
+        Some(url) => {
+            let journal = sqlite_path(url)
+                .map(journal_beside)
+                .unwrap_or_else(|| data_dir().join(format!("journal-{}", short_digest(url))));
+            (url.to_owned(), journal)
+        }
+        None => {
+            let dir = data_dir();
+            std::fs::create_dir_all(&dir).map_err(|e| {
+                std::io::Error::new(e.kind(), format!("failed to create {}: {e}", dir.display()))
+            })?;
+            let db = dir.join("idemgate.db");
+            (format!("sqlite://{}", db.display()), journal_beside(db))
+        }
+    };
+    Ok((url, journal.map(PathBuf::from).unwrap_or(default_journal)))
+}
+
+/// The data directory: `$XDG_DATA_HOME/idemgate`, else `~/.local/share/idemgate`.
+pub fn data_dir() -> PathBuf {
+    let base = std::env::var_os("XDG_DATA_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")))
+        .unwrap_or_else(|| PathBuf::from("."));
+    base.join("idemgate")
+}
+
+fn sqlite_path(url: &str) -> Option<PathBuf> {
+    let rest = url
+        .strip_prefix("sqlite://")
+        .or_else(|| url.strip_prefix("sqlite:"))?;
+    Some(PathBuf::from(rest))
+}
+
+fn journal_beside(db: PathBuf) -> PathBuf {
+    let mut name = db.file_name().unwrap_or_default().to_os_string();
+    name.push(".journal");
+    db.with_file_name(name)
+}
+
+fn short_digest(s: &str) -> String {
+    Fingerprint::of_bytes(s.as_bytes()).to_hex()[..12].to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn journal_sits_beside_the_database() {
+        assert_eq!(
+            journal_beside(PathBuf::from("/tmp/x/idem.db")),
+            PathBuf::from("/tmp/x/idem.db.journal")
+        );
+        assert_eq!(
+            sqlite_path("sqlite:///a/b.db"),
+            Some(PathBuf::from("/a/b.db"))
+        );
+        assert_eq!(sqlite_path("sqlite:rel.db"), Some(PathBuf::from("rel.db")));
+        let (url, journal) = store_and_journal(Some("sqlite:///a/b.db"), None).unwrap();
+        assert_eq!(url, "sqlite:///a/b.db");
+        assert_eq!(journal, PathBuf::from("/a/b.db.journal"));
+        let (_, journal) = store_and_journal(Some("redis://h"), None).unwrap();
+        assert!(journal.starts_with(data_dir()), "{}", journal.display());
+        let (_, journal) = store_and_journal(Some("redis://h"), Some(Path::new("/j"))).unwrap();
+        assert_eq!(journal, PathBuf::from("/j"));
+    }
+}
