@@ -38,6 +38,39 @@ impl<'a> UrlQuery<'a> {
     }
 }
 
+/// A duration option of a `store` URL: milliseconds, or a whole number with `ms` or `s`
+/// (`500ms`, `2s`); more than zero and at most `max`.
+///
+/// # Errors
+/// [`StoreError::Misconfigured`] naming the option and what it takes.
+pub fn duration_option(
+    store: &str,
+    name: &str,
+    value: &str,
+    max: std::time::Duration,
+) -> Result<std::time::Duration, StoreError> {
+    let (number, unit_ms) = if let Some(n) = value.strip_suffix("ms") {
+        (n, 1)
+    } else if let Some(n) = value.strip_suffix('s') {
+        (n, 1000)
+    } else {
+        (value, 1)
+    };
+    let ms = number
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(unit_ms))
+        .map(std::time::Duration::from_millis);
+    match ms {
+        Some(d) if !d.is_zero() && d <= max => Ok(d),
+        _ => Err(StoreError::Misconfigured(format!(
+            "failed to read {name}={value:?} in the {store} URL: expected a duration such as \
+             500ms or 2s, more than zero and at most {}s",
+            max.as_secs()
+        ))),
+    }
+}
+
 /// The error for an option `store` does not know.
 fn unknown_option(store: &str, name: &str, known: &[&str]) -> StoreError {
     let valid = if known.is_empty() {
@@ -63,6 +96,32 @@ mod tests {
         let q = UrlQuery::parse("sqlite://x.db", "sqlite", &[]).unwrap();
         assert_eq!((q.base, q.options.len()), ("sqlite://x.db", 0));
         assert_eq!(UrlQuery::parse("m:?", "m", &[]).unwrap().base, "m:");
+    }
+
+    #[test]
+    fn durations_take_ms_or_s() {
+        let max = std::time::Duration::from_secs(60);
+        let d = |v| duration_option("sqlite", "busy_timeout", v, max);
+        assert_eq!(d("250").unwrap().as_millis(), 250);
+        assert_eq!(d("250ms").unwrap().as_millis(), 250);
+        assert_eq!(d("2s").unwrap().as_millis(), 2000);
+        assert_eq!(d("60s").unwrap().as_millis(), 60_000);
+        for bad in [
+            "",
+            "0",
+            "0s",
+            "61s",
+            "2m",
+            "-1",
+            "1.5s",
+            "99999999999999999999s",
+        ] {
+            let e = d(bad).unwrap_err().to_string();
+            assert!(
+                e.contains("busy_timeout=") && e.contains("500ms or 2s"),
+                "{bad}: {e}"
+            );
+        }
     }
 
     #[test]

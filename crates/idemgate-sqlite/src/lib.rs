@@ -54,7 +54,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use idemgate_core::transition::{self, Change, StoredRecord};
-use idemgate_core::url::UrlQuery;
+use idemgate_core::url::{duration_option, UrlQuery};
 use idemgate_core::{
     Claim, Clock, Completion, Fence, Key, Lease, ListFilter, Outcome, Record, Reservation, State,
     Store, StoreError, SystemClock, Timestamp,
@@ -278,7 +278,8 @@ impl SqliteStore {
     /// Opens the store named by `url` with default options.
     ///
     /// Accepted forms, the rest of the URL taken literally as a file path (no percent-decoding). The
-    /// URL takes no query options; any is refused (`docs/STORES.md`):
+    /// one query option is `busy_timeout` (`?busy_timeout=500ms`, overriding
+    /// [`SqliteOptions::busy_timeout`]); any other is refused (`docs/STORES.md`):
     /// - `sqlite:///var/lib/idemgate.db` and `sqlite:/var/lib/idemgate.db`: absolute paths;
     /// - `sqlite://idemgate.db` and `sqlite:data/idemgate.db`: relative to the working directory.
     ///
@@ -292,8 +293,12 @@ impl SqliteStore {
     ///
     /// # Errors
     /// As [`SqliteStore::connect`].
-    pub fn connect_with(url: &str, opts: SqliteOptions) -> Result<Self> {
-        Self::open(path_from_url(url)?, opts)
+    pub fn connect_with(url: &str, mut opts: SqliteOptions) -> Result<Self> {
+        let (path, busy_timeout) = parse_url(url)?;
+        if let Some(busy) = busy_timeout {
+            opts.busy_timeout = busy;
+        }
+        Self::open(path, opts)
     }
 
     /// The database file.
@@ -398,8 +403,8 @@ fn wal_path(path: &Path) -> PathBuf {
     PathBuf::from(wal)
 }
 
-/// The file path named by a `sqlite:` URL.
-fn path_from_url(url: &str) -> Result<PathBuf> {
+/// The file path named by a `sqlite:` URL, and its `busy_timeout` option.
+fn parse_url(url: &str) -> Result<(PathBuf, Option<Duration>)> {
     let bad = |why: &str| {
         StoreError::Misconfigured(format!(
             "failed to parse the store url {url:?}: {why} (expected sqlite://PATH or sqlite:PATH)"
@@ -409,13 +414,22 @@ fn path_from_url(url: &str) -> Result<PathBuf> {
         .strip_prefix("sqlite://")
         .or_else(|| url.strip_prefix("sqlite:"))
         .ok_or_else(|| bad("it does not start with sqlite:"))?;
-    // No option is read from the URL (SqliteStore::connect_with sets them), so any is refused.
-    let rest = UrlQuery::parse(rest, "sqlite", &[])?.base;
-    if rest.is_empty() {
+    // The other settings are SqliteOptions fields only; an option this version does not know is
+    // refused by name.
+    let query = UrlQuery::parse(rest, "sqlite", &["busy_timeout"])?;
+    if query.base.is_empty() {
         return Err(bad("it names no file"));
     }
-    Ok(PathBuf::from(rest))
+    let mut busy_timeout = None;
+    for (name, value) in query.options {
+        busy_timeout = Some(duration_option("sqlite", name, value, MAX_BUSY_TIMEOUT)?);
+    }
+    Ok((PathBuf::from(query.base), busy_timeout))
 }
+
+/// The longest `busy_timeout` a URL may set: a write that waits longer for another process's lock
+/// holds its caller past any sensible lease.
+const MAX_BUSY_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// The SQL condition and parameters that select the rows whose view at `now` is in `state`, or
 /// `None` for a state this version cannot express in SQL (then Rust filters).
@@ -661,7 +675,7 @@ mod tests {
 
     #[test]
     fn urls_name_files() {
-        let p = |u: &str| path_from_url(u).unwrap();
+        let p = |u: &str| parse_url(u).unwrap().0;
         assert_eq!(
             p("sqlite:///var/lib/idemgate.db"),
             Path::new("/var/lib/idemgate.db")
@@ -672,6 +686,11 @@ mod tests {
         );
         assert_eq!(p("sqlite://idemgate.db"), Path::new("idemgate.db"));
         assert_eq!(p("sqlite:data/idemgate.db"), Path::new("data/idemgate.db"));
+        assert_eq!(
+            parse_url("sqlite:///x.db?busy_timeout=250ms").unwrap(),
+            (PathBuf::from("/x.db"), Some(Duration::from_millis(250)))
+        );
+        assert_eq!(parse_url("sqlite:///x.db").unwrap().1, None);
         for bad in [
             "postgres://x",
             "sqlite:",
@@ -679,7 +698,7 @@ mod tests {
             "sqlite://x.db?mode=ro",
             "x.db",
         ] {
-            let e = path_from_url(bad).unwrap_err();
+            let e = parse_url(bad).unwrap_err();
             assert!(
                 matches!(&e, StoreError::Misconfigured(m) if m.starts_with("failed to parse")),
                 "{bad}: {e}"
@@ -695,7 +714,7 @@ mod tests {
         let e = SqliteStore::connect(&url).unwrap_err();
         assert!(
             matches!(&e, StoreError::Misconfigured(m)
-                if m.contains("\"durability\"") && m.contains("sqlite URLs take no options")),
+                if m.contains("\"durability\"") && m.contains("the options are busy_timeout")),
             "{e}"
         );
         assert!(!path.exists(), "a refused URL must not create its file");
