@@ -6,6 +6,7 @@
 //! database, in parallel, without cleaning up.
 
 pub mod model;
+pub mod servers;
 pub mod tmpfs;
 
 #[doc(hidden)]
