@@ -28,6 +28,8 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use idemgate_conformance::servers::PrivatePostgres;
+
 const GATEWAYS: usize = 3;
 const DUPLICATES: usize = 4;
 const THREADS_PER_DUPLICATE: usize = 12;
@@ -191,16 +193,126 @@ fn zombie_test(dir: &Path, store: &str, tenant: &str) {
     }
 }
 
-/// Issue 8, recipe V1 on Redis: the store is SIGKILLed while gateway A's call is upstream, so A
-/// journals the outcome and acknowledges it; A's lease runs out while the store is down; the
-/// store restarts and gateway B gets the duplicate at once, under `retry`. B must replay A's
+/// Issue 8, recipe V1: the store goes out of reach while gateway A's call is upstream, so A
+/// journals the outcome and acknowledges it; A's lease runs out while the store is out of reach;
+/// the store comes back and gateway B gets the duplicate at once, under `retry`. B must replay A's
 /// acknowledged outcome (A's flusher lands it within B's settle window), never run it again.
 #[test]
 fn journaled_outcome_survives_a_store_restart_redis() {
     let _heavy = crate::heavy();
     let dir = tempfile::tempdir().unwrap();
-    let mut redis = PrivateRedis::start(dir.path());
+    let redis = PrivateRedis::start(dir.path());
     let store = format!("redis://127.0.0.1:{}", redis.port);
+    journaled_outcome_test(dir.path(), &store, redis);
+}
+
+/// As [`journaled_outcome_survives_a_store_restart_redis`], on a Postgres of the test's own,
+/// SIGKILLed (postmaster and backends) and restarted on its data directory.
+#[test]
+fn journaled_outcome_survives_a_store_restart_postgres() {
+    let _heavy = crate::heavy();
+    let dir = tempfile::tempdir().unwrap();
+    let mut pg = PrivatePostgres::init();
+    pg.start();
+    let store = pg.url();
+    journaled_outcome_test(dir.path(), &store, pg);
+}
+
+/// As [`journaled_outcome_survives_a_store_restart_redis`], on the embedded default: SQLite has no
+/// server to kill, so the outage is another process holding the database's write lock (every
+/// write of both gateways fails after the busy timeout) until A's lease has run out.
+#[test]
+fn journaled_outcome_survives_a_store_outage_sqlite() {
+    let _heavy = crate::heavy();
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("idem.db");
+    let store = format!("sqlite://{}?busy_timeout=200ms", db.display());
+    journaled_outcome_test(dir.path(), &store, SqliteLockHolder::new(&db));
+}
+
+/// How a V1 test takes its store out of reach and brings it back.
+trait Outage {
+    fn begin(&mut self);
+    fn end(&mut self);
+}
+
+impl Outage for PrivateRedis {
+    fn begin(&mut self) {
+        self.kill();
+    }
+    fn end(&mut self) {
+        self.restart();
+    }
+}
+
+impl Outage for PrivatePostgres {
+    fn begin(&mut self) {
+        self.kill9();
+    }
+    fn end(&mut self) {
+        self.start();
+    }
+}
+
+/// A `sqlite3` process holding a database's write lock (`BEGIN EXCLUSIVE`) while the outage lasts.
+struct SqliteLockHolder {
+    db: PathBuf,
+    child: Option<Child>,
+}
+
+impl SqliteLockHolder {
+    fn new(db: &Path) -> SqliteLockHolder {
+        SqliteLockHolder {
+            db: db.to_owned(),
+            child: None,
+        }
+    }
+}
+
+impl Outage for SqliteLockHolder {
+    fn begin(&mut self) {
+        let mut child = Command::new("sqlite3")
+            .arg(&self.db)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("failed to start sqlite3 (Debian package sqlite3)");
+        // The lock is held once the SELECT after BEGIN EXCLUSIVE printed its row.
+        let stdin = child.stdin.as_mut().unwrap();
+        stdin
+            .write_all(b".timeout 10000\nBEGIN EXCLUSIVE;\nSELECT 'locked';\n")
+            .unwrap();
+        stdin.flush().unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.as_mut().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line.trim(), "locked", "sqlite3 did not take the lock");
+        self.child = Some(child);
+    }
+    fn end(&mut self) {
+        let mut child = self.child.take().expect("the outage began");
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(b"COMMIT;\n.quit\n")
+            .unwrap();
+        assert!(child.wait().unwrap().success(), "sqlite3 failed");
+    }
+}
+
+impl Drop for SqliteLockHolder {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn journaled_outcome_test(dir: &Path, store: &str, mut outage: impl Outage) {
     let bin = PathBuf::from(env!("CARGO_BIN_EXE_idemgate"));
     let upstream = Upstream::start(1);
     let token = format!("token-{}", unique());
@@ -208,7 +320,7 @@ fn journaled_outcome_survives_a_store_restart_redis() {
     let mut gateways = Vec::new();
     for name in ["a", "b"] {
         let port = free_port();
-        let config = dir.path().join(format!("{name}.toml"));
+        let config = dir.join(format!("{name}.toml"));
         fs::write(
             &config,
             format!(
@@ -217,7 +329,7 @@ fn journaled_outcome_survives_a_store_restart_redis() {
                  [[tenants]]\nid = \"v1\"\ntoken_sha256 = \"{hash}\"\n\n\
                  [tools.{TOOL}]\nupstream = \"http://127.0.0.1:{up}/charge\"\n\
                  lease = \"2s\"\nwait = \"5s\"\non_unknown = \"retry\"\n",
-                journal = dir.path().join(format!("journal-{name}")).display(),
+                journal = dir.join(format!("journal-{name}")).display(),
                 up = upstream.port,
             ),
         )
@@ -226,7 +338,7 @@ fn journaled_outcome_survives_a_store_restart_redis() {
             &bin,
             &config,
             port,
-            &dir.path().join(format!("{name}.log")),
+            &dir.join(format!("{name}.log")),
         ));
     }
     let (a, b) = (gateways[0].port, gateways[1].port);
@@ -245,34 +357,37 @@ fn journaled_outcome_survives_a_store_restart_redis() {
         let call = call.clone();
         thread::spawn(move || call(&mut HttpClient::default(), a))
     };
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let deadline = Instant::now() + Duration::from_secs(60);
     while upstream.executions_by_key()[0] == 0 {
         assert!(Instant::now() < deadline, "A never called the upstream");
         thread::sleep(Duration::from_millis(5));
     }
-    // The store dies while the call is upstream: A cannot record the outcome.
-    redis.kill();
+    // The store goes out of reach while the call is upstream: A cannot record the outcome.
+    outage.begin();
     let acked = first.join().unwrap();
     let acked_body = String::from_utf8_lossy(&acked.body).into_owned();
     assert_eq!(acked.status, 200, "{acked_body}");
     assert_eq!(acked.header("idempotency-recording"), Some("journaled"));
-    // The store stays down past A's lease (a loaded machine only makes this longer).
+    // The outage lasts past A's lease (a loaded machine only makes this longer).
     thread::sleep(Duration::from_secs(3));
-    redis.restart();
-    let mut client = HttpClient::default();
-    // B's first calls may find its own connection to the store not yet re-established: 503,
-    // nothing ran, and the client retries, as clients do.
-    let replay = loop {
-        let r = call(&mut client, b);
-        if r.status != 503 {
-            break r;
+    // B's caller is already retrying when the store comes back (503 while it is out of reach,
+    // nothing ran), so B finds the record the moment it can: the race A's flush must win.
+    let duplicate = thread::spawn(move || {
+        let mut client = HttpClient::default();
+        loop {
+            let r = call(&mut client, b);
+            if r.status != 503 {
+                return r;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "B never reached the store after the outage"
+            );
+            thread::sleep(Duration::from_millis(10));
         }
-        assert!(
-            Instant::now() < deadline,
-            "B never reached the restarted store"
-        );
-        thread::sleep(Duration::from_millis(50));
-    };
+    });
+    outage.end();
+    let replay = duplicate.join().unwrap();
     let replay_body = String::from_utf8_lossy(&replay.body).into_owned();
     assert_eq!(replay.status, 200, "{replay_body}");
     assert_eq!(replay.header("idempotent-replayed"), Some("true"));
@@ -727,9 +842,18 @@ fn call_until_answered(
     let auth = format!("Bearer {token}");
     let mut gateway = (k + dup) % ports.len();
     let mut attempt = 0u32;
-    loop {
+    let started = Instant::now();
+    // What the attempts got (the last few), reported for a key that took long or never settled.
+    let mut trace: Vec<String> = Vec::new();
+    let mut note = |what: String| {
+        if trace.len() == 40 {
+            trace.remove(0);
+        }
+        trace.push(format!("+{}ms {what}", started.elapsed().as_millis()));
+    };
+    let answer = loop {
         if Instant::now() > deadline {
-            return Answer::Other("client deadline passed".to_owned());
+            break Answer::Other(format!("client deadline passed after {attempt} attempts"));
         }
         if attempt > 0 {
             retries.fetch_add(1, Ordering::Relaxed);
@@ -743,7 +867,8 @@ fn call_until_answered(
         );
         let response = match sent {
             Ok(r) => r,
-            Err(_) => {
+            Err(e) => {
+                note(format!("{e} from port {}", ports[gateway]));
                 // Killed mid-request, or refused while it restarts: same key, next gateway.
                 gateway = (gateway + 1) % ports.len();
                 thread::sleep(Duration::from_millis(20));
@@ -751,20 +876,38 @@ fn call_until_answered(
             }
         };
         let text = String::from_utf8_lossy(&response.body).into_owned();
+        note(format!(
+            "{} {} from port {}",
+            response.status,
+            text.chars().take(160).collect::<String>(),
+            ports[gateway]
+        ));
         match response.status {
             200..=299 => {
-                return Answer::Success {
+                break Answer::Success {
                     replayed: response.header("idempotent-replayed") == Some("true"),
                     body: text,
                 };
             }
-            409 if text.contains("outcome-unknown") => return Answer::Unknown,
+            409 if text.contains("outcome-unknown") => break Answer::Unknown,
             409 if text.contains("in-flight") => thread::sleep(Duration::from_millis(100)),
             502 | 503 => thread::sleep(Duration::from_millis(50)),
-            status => return Answer::Other(format!("{status} {text}")),
+            status => break Answer::Other(format!("{status} {text}")),
         }
+    };
+    if started.elapsed() > SLOW_KEY {
+        eprintln!(
+            "slow key {key} (duplicate {dup}): {:.1}s, {attempt} attempts, got {answer:?}; the last \
+             attempts:\n  {}",
+            started.elapsed().as_secs_f64(),
+            trace.join("\n  ")
+        );
     }
+    answer
 }
+
+/// A key whose answers take longer than this is reported with its attempts.
+const SLOW_KEY: Duration = Duration::from_secs(30);
 
 /// The tenant's records of the tool: key → state, read with `idemgate keys list`.
 fn list_records(bin: &Path, store: &str, tenant: &str, dir: &Path) -> HashMap<String, String> {
