@@ -2,5 +2,6 @@
 
 mod engine;
 mod journal;
+mod journal_model;
 mod model;
 mod support;
