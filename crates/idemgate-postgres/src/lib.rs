@@ -92,6 +92,7 @@ struct Sql {
     get: String,
     list: String,
     purge: String,
+    wait: String,
 }
 
 impl Sql {
@@ -108,6 +109,7 @@ impl Sql {
             get: fill(include_str!("sql/get.sql")),
             list: fill(include_str!("sql/list.sql")),
             purge: fill(include_str!("sql/purge.sql")),
+            wait: fill(include_str!("sql/wait.sql")),
         }
     }
 }
@@ -686,7 +688,22 @@ impl Store for PgStore {
             return;
         }
         let digest = digest_hex(key);
+        // Subscribed before the row is flagged: a notification sent once the flag is committed
+        // cannot be missed.
         let mut rx = self.inner.changes.subscribe();
+        // Flag the row as waited for, so that the write that settles it notifies (writes nobody
+        // waits for do not). A row that settled meanwhile needs no wait; a store that cannot be
+        // reached leaves the wait to the timeout.
+        let watched = self
+            .run(
+                &self.inner.sql.wait,
+                &[&key.tenant.as_str(), &key.tool.as_str(), &key.key.as_str()],
+            )
+            .await
+            .map(|rows| rows.first().is_some_and(|r| r.get::<_, bool>("watched")));
+        if matches!(watched, Ok(false)) {
+            return;
+        }
         let _ = tokio::time::timeout(timeout, async {
             loop {
                 match rx.recv().await {

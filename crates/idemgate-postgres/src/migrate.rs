@@ -6,11 +6,13 @@ use idemgate_core::StoreError;
 use crate::error;
 
 /// The migrations, oldest first: version, name, SQL with `{schema}` standing for the schema.
-pub(crate) const MIGRATIONS: &[(i32, &str, &str)] =
-    &[(1, "init", include_str!("migrations/0001_init.sql"))];
+pub(crate) const MIGRATIONS: &[(i32, &str, &str)] = &[
+    (1, "init", include_str!("migrations/0001_init.sql")),
+    (2, "waiters", include_str!("migrations/0002_waiters.sql")),
+];
 
 /// The schema version this code writes and reads.
-pub const SCHEMA_VERSION: i32 = 1;
+pub const SCHEMA_VERSION: i32 = 2;
 
 /// First half of the advisory lock key ("idem"); the second is a hash of the schema name.
 const LOCK_CLASS: i32 = 0x6964_656d;

@@ -177,11 +177,75 @@ async fn waiter_wakes_on_completion_from_another_store() {
     );
     eprintln!("wait_changed woke {latency:?} after the completion was sent");
 
-    // A waiter on another key sleeps through it.
+    // A waiter on another record in flight sleeps through it.
     let other = fresh_key("notify", "other");
+    acquire(
+        &a,
+        &Reservation::new(other.clone(), fp("x"), Duration::from_secs(60)),
+    )
+    .await;
     let start = Instant::now();
     b.wait_changed(&other, Duration::from_millis(300)).await;
     assert!(start.elapsed() >= Duration::from_millis(290));
+
+    // A waiter on a record that settled already (or never was) does not wait at all.
+    let start = Instant::now();
+    b.wait_changed(&key, Duration::from_secs(10)).await;
+    b.wait_changed(&fresh_key("notify", "absent"), Duration::from_secs(10))
+        .await;
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        start.elapsed()
+    );
+}
+
+/// A NOTIFY serializes commits on the server's notification queue: only the write that settles a
+/// record somebody waits for sends one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_writes_somebody_waits_for_notify() {
+    let store = connect().await;
+    let (_listener, mut payloads) = support::listen_payloads().await;
+
+    let settle = |key: idemgate_core::Key, flag: bool| {
+        let store = store.clone();
+        async move {
+            let lease = acquire(
+                &store,
+                &Reservation::new(key.clone(), fp("x"), Duration::from_secs(60)),
+            )
+            .await;
+            if flag {
+                // What a waiter does before it waits (a short timeout ends the wait itself).
+                store.wait_changed(&key, Duration::from_millis(1)).await;
+            }
+            store
+                .complete(
+                    &key,
+                    lease,
+                    &idemgate_core::Outcome::success(b"ok".to_vec()),
+                    Duration::from_secs(60),
+                )
+                .await
+                .unwrap();
+            hex(&key.digest())
+        }
+    };
+    let unwaited = settle(fresh_key("notify-economy", "alone"), false).await;
+    let waited = settle(fresh_key("notify-economy", "waited"), true).await;
+    // The waited-for completion's notification arrives; the one before it sent none (both were
+    // committed by one connection in order, and the server delivers notifications in commit order).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let payload = tokio::time::timeout_at(deadline.into(), payloads.recv())
+            .await
+            .expect("the waited-for completion notified")
+            .expect("listener open");
+        assert_ne!(payload, unwaited, "a completion nobody waited for notified");
+        if payload == waited {
+            break;
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -274,25 +338,15 @@ async fn waiting_duplicate_replays_without_polling() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn notifications_carry_the_digest_never_the_key() {
     let store = connect().await;
-    let (client, mut conn) = tokio_postgres::connect(&support::url(), tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    tokio::spawn(async move {
-        let mut msgs = futures_util::stream::poll_fn(move |cx| conn.poll_message(cx));
-        while let Some(Ok(m)) = futures_util::StreamExt::next(&mut msgs).await {
-            if let tokio_postgres::AsyncMessage::Notification(n) = m {
-                let _ = tx.send(n.payload().to_owned());
-            }
-        }
-    });
-    client.batch_execute("LISTEN idemgate").await.unwrap();
+    let (_listener, mut rx) = support::listen_payloads().await;
     let key = fresh_key("digest", "secret-key-123");
     let lease = acquire(
         &store,
         &Reservation::new(key.clone(), fp("x"), Duration::from_secs(60)),
     )
     .await;
+    // Somebody waits for it (only then does its completion notify).
+    store.wait_changed(&key, Duration::from_millis(1)).await;
     store
         .complete(
             &key,

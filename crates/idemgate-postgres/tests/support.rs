@@ -48,6 +48,29 @@ pub(crate) async fn raw_client(url: &str) -> tokio_postgres::Client {
     client
 }
 
+/// A connection of our own listening on the store's notification channel, and the payloads it
+/// receives (keep the client: dropping it ends the session).
+pub(crate) async fn listen_payloads() -> (
+    tokio_postgres::Client,
+    tokio::sync::mpsc::UnboundedReceiver<String>,
+) {
+    let (client, mut conn) = match tokio_postgres::connect(&url(), tokio_postgres::NoTls).await {
+        Ok(c) => c,
+        Err(e) => panic!("failed to connect to the test Postgres: {e}\n{START_HINT}"),
+    };
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut messages = futures_util::stream::poll_fn(move |cx| conn.poll_message(cx));
+        while let Some(Ok(m)) = futures_util::StreamExt::next(&mut messages).await {
+            if let tokio_postgres::AsyncMessage::Notification(n) = m {
+                let _ = tx.send(n.payload().to_owned());
+            }
+        }
+    });
+    client.batch_execute("LISTEN idemgate").await.unwrap();
+    (client, rx)
+}
+
 /// A fresh schema name.
 pub(crate) fn fresh_schema(prefix: &str) -> String {
     format!("{prefix}_{}", &IdempotencyKey::mint().as_str()[4..16])

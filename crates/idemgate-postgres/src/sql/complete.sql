@@ -1,6 +1,6 @@
 -- Complete: store the outcome of a row held under the lease (in flight or unknown). $1 tenant,
 -- $2 tool, $3 key, $4 fence, $5 token, $6 ttl in ms, $7 outcome kind, $8 outcome body,
--- $9 notification payload (key digest), $10 when the side effect ran in ms (NULL: now; a journaled
+-- $9 notification payload (key digest, sent only when a process waits for the row), $10 when the side effect ran in ms (NULL: now; a journaled
 -- completion flushed later keeps its own time, never later than now).
 --
 -- A row already completed under the same lease answers with its first completion (a retry after a
@@ -20,10 +20,10 @@ WITH clock AS (
     FROM clock c
     WHERE r.tenant = $1 AND r.tool = $2 AND r.key = $3
       AND r.fence = $4 AND r.token = $5 AND r.state IN (0, 2)
-    RETURNING r.completed_at, r.expires_at
+    RETURNING r.completed_at, r.expires_at, r.waiters
 )
 SELECT true AS written, upd.completed_at, upd.expires_at
-FROM upd, LATERAL (SELECT pg_notify('idemgate', $9)) n
+FROM upd LEFT JOIN LATERAL (SELECT pg_notify('idemgate', $9) WHERE upd.waiters) n ON true
 UNION ALL
 SELECT false AS written, r.completed_at, r.expires_at
 FROM {schema}.idemgate_records r

@@ -30,7 +30,8 @@ WITH clock AS (
         completed_at = NULL,
         expires_at = NULL,
         outcome_kind = NULL,
-        outcome_body = NULL
+        outcome_body = NULL,
+        waiters = false
     WHERE r.state = 1 AND r.expires_at <= excluded.created_at
     RETURNING r.fingerprint, r.fence, r.token, r.created_at, r.state, r.lease_until, r.since,
               r.completed_at, r.expires_at, r.outcome_kind, r.outcome_body

@@ -1,6 +1,6 @@
 -- Takeover of an unknown row (marked unknown, or in flight with its lease run out) whose fence is
 -- the stale one and whose fingerprint matches. $1 tenant, $2 tool, $3 key, $4 fingerprint,
--- $5 token, $6 lease in ms, $7 stale fence, $8 notification payload (key digest).
+-- $5 token, $6 lease in ms, $7 stale fence, $8 notification payload (key digest, sent only when a process waits for the row).
 --
 -- The UPDATE is a compare-and-set: under concurrent writers Postgres re-checks its WHERE on the
 -- newest committed version. A row in flight under the caller's own token is not rewritten (a
@@ -25,8 +25,12 @@ WITH clock AS (
       AND (r.state = 2 OR (r.state = 0 AND r.lease_until <= c.now))
       AND NOT (r.state = 0 AND r.token = $5)
     RETURNING r.fingerprint, r.fence, r.token, r.created_at, r.state, r.lease_until, r.since,
-              r.completed_at, r.expires_at, r.outcome_kind, r.outcome_body
+              r.completed_at, r.expires_at, r.outcome_kind, r.outcome_body, r.waiters
 )
-SELECT true AS written, upd.*, c.now FROM upd, clock c, LATERAL (SELECT pg_notify('idemgate', $8)) n
+SELECT true AS written, upd.fingerprint, upd.fence, upd.token, upd.created_at, upd.state,
+       upd.lease_until, upd.since, upd.completed_at, upd.expires_at, upd.outcome_kind,
+       upd.outcome_body, c.now
+FROM upd CROSS JOIN clock c
+    LEFT JOIN LATERAL (SELECT pg_notify('idemgate', $8) WHERE upd.waiters) n ON true
 UNION ALL
 SELECT false AS written, cur.* FROM cur WHERE NOT EXISTS (SELECT 1 FROM upd)
