@@ -332,6 +332,12 @@ pub struct Settings {
     /// than that lets the flush land before anybody decides the outcome is unknown (see
     /// docs/ARCHITECTURE.md, "Journaled outcomes and takeovers"). 0 turns it off.
     pub unknown_settle: Duration,
+    /// How long a caller whose reservation went unanswered waits for the engine to find and
+    /// release it, should it have landed, before being told the reservation failed. The store
+    /// already spent its own timeout on the reservation; on a link that drops everything the
+    /// clean-up would take as long again. Past the budget the reservation, if it landed, ends
+    /// unknown when its lease runs out (never run, never a second execution).
+    pub abandon_budget: Duration,
 }
 
 /// How often the journal flusher tries again while entries are pending (the store is down).
@@ -345,6 +351,7 @@ impl Default for Settings {
             max_poll: Duration::from_millis(100),
             replay_cache: 4096,
             unknown_settle: Duration::from_secs(2),
+            abandon_budget: Duration::from_secs(1),
         }
     }
 }
@@ -705,7 +712,13 @@ impl<S: Store> Engine<S> {
             let claim = match reserved {
                 Ok(claim) => claim,
                 Err(e) => {
-                    self.abandon_reservation(&reservation).await;
+                    // Unavailable: nothing reached the store, so nothing can have landed.
+                    if !matches!(e, StoreError::Unavailable(_)) {
+                        let budget = self.settings.abandon_budget;
+                        let _ =
+                            tokio::time::timeout(budget, self.abandon_reservation(&reservation))
+                                .await;
+                    }
                     return Err(EngineError::ReserveFailed(e));
                 }
             };
