@@ -1,6 +1,7 @@
 //! End-to-end tests of the `idemgate` binary.
 
 mod cli;
+mod faultproxy;
 mod gateway;
 mod mcp;
 mod regressions;
