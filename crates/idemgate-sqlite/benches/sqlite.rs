@@ -122,39 +122,64 @@ fn engine(path: &std::path::Path, callers: usize, budget: Duration) -> (f64, f64
     })
 }
 
+/// The median of `v`, and its minimum and maximum, formatted.
+fn spread(v: &[f64]) -> (f64, String) {
+    let mut sorted = v.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let median = sorted[sorted.len() / 2];
+    (
+        median,
+        format!(
+            "{median:.0} ({:.0}-{:.0})",
+            sorted[0],
+            sorted[sorted.len() - 1]
+        ),
+    )
+}
+
 fn main() {
-    let budget = Duration::from_secs(
-        std::env::var("BENCH_SECONDS")
+    let env = |name: &str, default: u64| {
+        std::env::var(name)
             .ok()
             .and_then(|s| s.parse().ok())
-            .unwrap_or(3),
-    );
+            .unwrap_or(default)
+    };
+    let budget = Duration::from_secs(env("BENCH_SECONDS", 3));
+    let rounds = env("BENCH_ROUNDS", 3).max(1) as usize;
     let dir = tempfile::tempdir().unwrap();
     println!(
-        "# SQLite fresh calls: engine (grouped commits) vs raw per-call commits, synchronous=FULL, {}s per cell",
+        "# SQLite fresh calls: engine (grouped commits) vs raw per-call commits, synchronous=FULL, \
+         {}s per cell, median of {rounds} rounds (min-max), engine and raw alternating",
         budget.as_secs()
     );
     println!(
-        "{:>8} {:>14} {:>14} {:>9} {:>16}",
+        "{:>8} {:>20} {:>20} {:>9} {:>16}",
         "callers", "engine/s", "raw/s", "ratio", "writes/commit"
     );
     let mut raw_single = 0.0;
     for callers in [1usize, 16] {
-        let raw_rate = raw(
-            &dir.path().join(format!("raw-{callers}.db")),
-            callers,
-            budget,
-        );
-        let (engine_rate, per_commit) = engine(
-            &dir.path().join(format!("engine-{callers}.db")),
-            callers,
-            budget,
-        );
+        let (mut raws, mut engines, mut per_commit) = (Vec::new(), Vec::new(), 0.0);
+        let raw_db = dir.path().join(format!("raw-{callers}.db"));
+        let engine_db = dir.path().join(format!("engine-{callers}.db"));
+        for round in 0..rounds {
+            // Alternate which side runs first, so that neither always meets a warmer disk.
+            if round % 2 == 0 {
+                raws.push(raw(&raw_db, callers, budget));
+            }
+            let (rate, writes) = engine(&engine_db, callers, budget);
+            engines.push(rate);
+            per_commit = writes;
+            if round % 2 == 1 {
+                raws.push(raw(&raw_db, callers, budget));
+            }
+        }
+        let (raw_rate, raw_cell) = spread(&raws);
+        let (engine_rate, engine_cell) = spread(&engines);
         if callers == 1 {
             raw_single = raw_rate;
         }
         println!(
-            "{callers:>8} {engine_rate:>14.0} {raw_rate:>14.0} {:>8.2}x {per_commit:>16.1}",
+            "{callers:>8} {engine_cell:>20} {raw_cell:>20} {:>8.2}x {per_commit:>16.1}",
             engine_rate / raw_rate
         );
         if callers == 16 {
