@@ -43,15 +43,27 @@ async fn key_names_have_fixed_length_whatever_the_key() {
     }
 
     let mut conn = raw(&test_url()).await;
-    let (_, names): (u64, Vec<String>) = redis::cmd("SCAN")
-        .arg(0)
-        .arg("MATCH")
-        .arg(format!("{prefix}*"))
-        .arg("COUNT")
-        .arg(10_000)
-        .query_async(&mut conn)
-        .await
-        .expect("scan");
+    // A full SCAN cycle (the shared server may hold many other keys; one step sees only some).
+    let mut names = Vec::new();
+    let mut cursor = 0u64;
+    loop {
+        let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(format!("{prefix}*"))
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(&mut conn)
+            .await
+            .expect("scan");
+        names.extend(batch);
+        if next == 0 {
+            break;
+        }
+        cursor = next;
+    }
+    names.sort();
+    names.dedup();
     assert_eq!(names.len(), keys.len(), "{names:?}");
     for name in &names {
         assert_eq!(name.len(), prefix.len() + 66, "{name}");
