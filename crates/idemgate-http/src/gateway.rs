@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idemgate::{
-    AnyStore, Engine, FileJournal, Journal, JournalFlusher, MemoryJournal, Policies, Store as _,
+    AnyStore, Engine, FileJournal, Journal, JournalFlusher, MemoryJournal, Policies, Settings,
+    Store as _,
 };
 use idemgate_kit::{Instruments, Metrics};
 
@@ -93,10 +94,20 @@ impl Gateway {
             .tls_certs_merge(config.server.upstream_roots()?)
             .build()
             .map_err(Error::Client)?;
+        // A call that first finds a record unknown watches it for the settle window before it
+        // answers: within a quarter of the request's time, so that the answer (and a verifier's
+        // probe after it, half the time) still comes before the request times out.
+        let settings = Settings {
+            unknown_settle: Settings::default()
+                .unknown_settle
+                .min(config.server.request_timeout / 4),
+            ..Settings::default()
+        };
         let mut engine = instruments.attach(
             Engine::new(store)
                 .with_policies(policies)
-                .with_journal(journal),
+                .with_journal(journal)
+                .with_settings(settings),
         );
         // The probe gets half the request's time; the call may still have to run after it.
         let probe_timeout = config.server.request_timeout / 2;
