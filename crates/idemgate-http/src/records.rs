@@ -36,11 +36,19 @@ pub(crate) async fn list(
         .transpose()
         .map_err(Problem::bad_request)?;
     let tool = q.tool.as_deref().map(request::tool_name).transpose()?;
+    // Outside 1..=1000 is refused, as the document says, rather than quietly clamped: a caller
+    // asking for 5000 would otherwise take 1000 for everything there is.
+    let limit = q.limit.unwrap_or(100);
+    if !(1..=MAX_LIST).contains(&limit) {
+        return Err(Problem::bad_request(format!(
+            "limit must be between 1 and {MAX_LIST}, not {limit}"
+        )));
+    }
     let filter = ListFilter {
         tenant: Some(tenant.id.clone()),
         tool,
         state,
-        limit: q.limit.unwrap_or(100).clamp(1, MAX_LIST),
+        limit,
     };
     let records = gw.engine().list(&filter).await.map_err(|e| {
         gw.metrics().store_error();

@@ -112,3 +112,102 @@ async fn issue_7_metrics_label_unconfigured_tools_as_one_series() {
         assert!(text.contains(line), "missing {line:?} in\n{text}");
     }
 }
+
+// Found by scripts/schemathesis (issue 8): answers that broke the served /openapi.json.
+
+/// The served OpenAPI document, as JSON.
+async fn served_document(gw: &Gw) -> serde_json::Value {
+    gw.http
+        .get(format!("{}/openapi.json", gw.url))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+/// `GET /v1/records?limit=1001` answered 200 with the limit quietly clamped to 1000, though the
+/// document says `maximum: 1000`; limits outside 1..=1000 are now refused with 400.
+#[tokio::test]
+async fn schemathesis_records_limit_outside_the_documented_range_is_refused() {
+    let gw = start("", "").await;
+    let doc = served_document(&gw).await;
+    let limit = doc["paths"]["/v1/records"]["get"]["parameters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "limit")
+        .unwrap()
+        .clone();
+    assert_eq!(limit["schema"]["minimum"], 1, "{limit}");
+    assert_eq!(limit["schema"]["maximum"], 1000, "{limit}");
+    for bad in ["0", "1001", "5000"] {
+        let res = gw
+            .get(&format!("/v1/records?limit={bad}"), ACME)
+            .send()
+            .await
+            .unwrap();
+        let p = problem(res, 400, "bad-request").await;
+        assert!(p["detail"].as_str().unwrap().contains("limit"), "{p}");
+    }
+    for good in ["1", "1000"] {
+        let res = gw
+            .get(&format!("/v1/records?limit={good}"), ACME)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 200, "limit={good}");
+    }
+}
+
+/// A forwarded tool's upstream answered 400 (a stored terminal failure, replayed with its own
+/// Content-Type), but the document promised only `application/problem+json` for a 400 from
+/// `/call`. The document now lists the upstream's answer for every 4xx `/call` can pass on.
+#[tokio::test]
+async fn schemathesis_call_documents_the_upstreams_own_4xx_answers() {
+    let up = upstream().await;
+    let gw = start(
+        "",
+        &format!("[tools.declines]\nupstream = \"{}/bad\"\n", up.url),
+    )
+    .await;
+    for replayed in ["false", "true"] {
+        let res = call(&gw, "declines", "d-1").await;
+        assert_eq!(res.status(), 400);
+        assert_eq!(header(&res, "content-type"), Some("text/plain"));
+        assert_eq!(header(&res, "idempotent-replayed"), Some(replayed));
+    }
+    assert_eq!(up.calls("bad"), 1);
+    let doc = served_document(&gw).await;
+    let responses = &doc["paths"]["/v1/tools/{tool}/call"]["post"]["responses"];
+    for status in ["400", "401", "404", "409", "413", "422", "429"] {
+        let content = &responses[status]["content"];
+        assert!(
+            content["application/problem+json"].is_object() && content["*/*"].is_object(),
+            "{status}: {content}"
+        );
+    }
+}
+
+/// The body limit sits in front of every route, the operations' too, but the document listed
+/// 413 only under `/v1/`: a `GET /healthz` with an oversized body answers 413, as documented now.
+#[tokio::test]
+async fn schemathesis_operations_document_the_body_limit_they_enforce() {
+    let gw = start("max_body_bytes = 16", "").await;
+    let doc = served_document(&gw).await;
+    for path in ["/healthz", "/readyz", "/metrics", "/openapi.json"] {
+        let res = gw
+            .http
+            .get(format!("{}{path}", gw.url))
+            .body("x".repeat(64))
+            .send()
+            .await
+            .unwrap();
+        problem(res, 413, "payload-too-large").await;
+        assert!(
+            doc["paths"][path]["get"]["responses"]["413"].is_object(),
+            "{path} documents 413"
+        );
+    }
+}
