@@ -9,7 +9,7 @@ import inspect
 import json
 from typing import Any, Callable, TypeVar
 
-from ..engine import Engine
+from ..engine import Engine, Result
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -45,6 +45,31 @@ def _retrieve(task: asyncio.Task[Any]) -> None:
         task.exception()  # retrieved: its outcome is in the store, nobody awaits it any more
 
 
+async def acall(
+    engine: Engine,
+    tool: str,
+    key: str | None,
+    args: Any,
+    fn: Callable[[], Any],
+    overrides: dict[str, Any],
+    shield: bool,
+) -> Result:
+    """``engine.acall(...)`` of ``fn`` (its value made JSON data). With ``shield``, cancelling the
+    caller (a framework's tool timeout) does not cancel the call: it finishes in the background
+    and its outcome is stored, so the retry with the same key waits for it and gets the replay
+    (instead of a record left unknown by a function torn in half)."""
+
+    async def call() -> Result:
+        return await engine.acall(tool, key, args, lambda: _awaited(fn), **overrides)
+
+    if not shield:
+        return await call()
+    task = asyncio.ensure_future(call())
+    _SHIELDED.add(task)
+    task.add_done_callback(_retrieve)
+    return await asyncio.shield(task)
+
+
 async def run_async(
     engine: Engine,
     tool: str,
@@ -54,20 +79,8 @@ async def run_async(
     overrides: dict[str, Any],
     shield: bool,
 ) -> Any:
-    """``engine.acall(...)`` and its value. With ``shield``, cancelling the caller (a framework's
-    tool timeout) does not cancel the call: it finishes in the background and its outcome is
-    stored, so the retry with the same key waits for it and gets the replay (instead of a record
-    left unknown by a function torn in half)."""
-
-    async def call() -> Any:
-        return (await engine.acall(tool, key, args, lambda: _awaited(fn), **overrides)).value
-
-    if not shield:
-        return await call()
-    task = asyncio.ensure_future(call())
-    _SHIELDED.add(task)
-    task.add_done_callback(_retrieve)
-    return await asyncio.shield(task)
+    """The value of :func:`acall`."""
+    return (await acall(engine, tool, key, args, fn, overrides, shield)).value
 
 
 async def _awaited(fn: Callable[[], Any]) -> Any:
