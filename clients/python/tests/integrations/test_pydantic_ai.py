@@ -104,3 +104,43 @@ def test_process_tool_call_sends_the_tool_call_id_as_meta() -> None:
     ctx = RunContext(deps=None, model=FunctionModel(lambda m, i: None), usage=None, tool_call_id="call_5")  # type: ignore[arg-type]
     assert asyncio.run(process_tool_call(ctx, call_tool, "create", {"a": 1})) == "ok"
     assert sent == [("create", {"a": 1}, {KEY_META: "call_5"})]
+
+
+def test_an_mcp_toolset_sends_the_call_id_to_a_gated_fastmcp_server(engine: Engine) -> None:
+    """End to end over MCP (in memory): Pydantic AI's ``MCPToolset`` with ``process_tool_call``
+    puts the tool-call id in ``_meta``; the FastMCP server's middleware keys the charge by it."""
+    require("fastmcp")
+    from fastmcp import FastMCP
+
+    from pydantic_ai.mcp import MCPToolset
+
+    from idemgate.integrations.fastmcp import IdempotencyMiddleware
+
+    charges: list[int] = []
+    server = FastMCP("billing")
+    server.add_middleware(IdempotencyMiddleware(engine, ["charge"]))
+
+    @server.tool
+    def charge(order: int) -> str:
+        """Charges an order."""
+        charges.append(order)
+        return f"charged {order}, charge #{len(charges)}"
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        if any(isinstance(p, ToolReturnPart) for p in parts(messages)):
+            return ModelResponse(parts=[TextPart("ok")])
+        return ModelResponse(parts=[ToolCallPart("charge", {"order": 7}, tool_call_id="call_1")])
+
+    agent = Agent(
+        FunctionModel(model),
+        toolsets=[MCPToolset(server, process_tool_call=process_tool_call)],
+    )
+    # Two runs, the second re-emitting the first's call (a retried run): one charge.
+    answers = []
+    for _ in range(2):
+        result = agent.run_sync("charge order 7")
+        answers += [p.content for p in parts(result.all_messages()) if isinstance(p, ToolReturnPart)]
+    assert charges == [7]
+    assert answers == ["charged 7, charge #1"] * 2
+    record = engine.record("charge", "call_1")
+    assert record is not None and record["state"] == "completed"
