@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from frameworks import require
+from integrations.frameworks import require
 
 require("pydantic_ai")
 
