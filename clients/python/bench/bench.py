@@ -106,7 +106,7 @@ def replay(call: Call, n: int) -> tuple[float, str]:
     return n / took, ""
 
 
-def storm(call: Call, keys: int = 200, threads: int = 16) -> tuple[float, str]:
+def storm(call: Call, keys: int = 200, threads: int = 16) -> tuple[float, Storm]:
     prefix = mint_key()
     names = [f"{prefix}-{i}" for i in range(keys)]
     executions: Counter[str] = Counter()
@@ -143,10 +143,33 @@ def storm(call: Call, keys: int = 200, threads: int = 16) -> tuple[float, str]:
     took = time.perf_counter() - start
     doubles = sum(c - 1 for c in executions.values() if c > 1)
     missing = keys - len(executions)
-    note = f"double executions {doubles}, keys never run {missing}; " + ", ".join(
-        f"{k} {v}" for k, v in sorted(answers.items())
+    return keys * threads / took, Storm(doubles, missing, answers)
+
+
+@dataclass
+class Storm:
+    """What one storm round counted."""
+
+    doubles: int
+    missing: int
+    answers: Counter[str]
+
+
+def storm_note(rounds: list[Storm]) -> str:
+    """Double executions and keys never run per round, and what the calls got over all rounds."""
+
+    def span(values: list[int]) -> str:
+        lo, hi = min(values), max(values)
+        return f"{lo}" if lo == hi else f"{lo}–{hi}"
+
+    total: Counter[str] = Counter()
+    for r in rounds:
+        total.update(r.answers)
+    got = ", ".join(f"{k} {v}" for k, v in sorted(total.items()))
+    return (
+        f"double executions {span([r.doubles for r in rounds])} per round, keys never run "
+        f"{span([r.missing for r in rounds])}; the {len(rounds)} rounds' calls: {got}"
     )
-    return keys * threads / took, note
 
 
 # ---- the libraries ----------------------------------------------------------------------------
@@ -373,7 +396,7 @@ def main() -> None:
     # Powertools warns on every call outside Lambda (no remaining-time context) and about its
     # layer's rename; neither changes what is measured.
     warnings.simplefilter("ignore")
-    workloads: list[tuple[str, Callable[[Call], tuple[float, str]]]] = [
+    workloads: list[tuple[str, Callable[[Call], tuple[float, Any]]]] = [
         ("fresh", lambda c: fresh(c, args.n)),
         ("replay", lambda c: replay(c, args.n)),
         ("storm 16x200", storm),
@@ -407,7 +430,10 @@ def main() -> None:
                             rows.append((sub.library, "failed", f"{type(e).__name__}: {e}"[:200]))
                             continue
                         rates = [r for r, _ in results]
-                        notes = sorted({n for _, n in results if n} | ({sub.note} if sub.note else set()))
+                        storms = [n for _, n in results if isinstance(n, Storm)]
+                        notes = [storm_note(storms)] if storms else []
+                        notes += sorted({n for _, n in results if n and isinstance(n, str)})
+                        notes += [sub.note] if sub.note else []
                         medians[sub.library] = statistics.median(rates)
                         rows.append(
                             (
