@@ -123,3 +123,76 @@ def test_the_mcp_meta_resolver_sends_the_tool_call_id() -> None:
         MCPToolMetaContext(run_context=ctx, server_name="s", tool_name="t", arguments={})
     )
     assert meta == {KEY_META: "call_9"}
+
+
+SERVER = '''
+import sys
+from fastmcp import FastMCP
+
+mcp = FastMCP("billing")
+
+@mcp.tool
+def charge(order: int) -> str:
+    """Charges an order."""
+    with open(sys.argv[1], "a") as f:
+        f.write(f"{order}\\n")
+    return f"charged {order}"
+
+mcp.run(show_banner=False)
+'''
+
+
+def test_an_mcp_server_behind_idemgate_mcp_gets_the_call_id_from_the_resolver(
+    tmp_path: Any,
+) -> None:
+    """End to end: the SDK's ``MCPServerStdio`` starts ``idemgate mcp -- python server.py`` (a
+    FastMCP server counting its charges in a file) with ``tool_meta_resolver``; two runs emit the
+    same call id, the server charges once and the second run gets the proxy's replay. (Without
+    the resolver the proxy refuses the un-keyed write: the key comes from it.)"""
+    import os
+    import sys
+    from pathlib import Path
+
+    from agents.mcp import MCPServerStdio
+
+    binary = Path(
+        os.environ.get("IDEMGATE_BIN")
+        or Path(__file__).resolve().parents[4] / "target" / "debug" / "idemgate"
+    )
+    assert binary.exists(), f"no idemgate binary at {binary}: run `cargo build -p idemgate-cli`"
+    server, charges = tmp_path / "billing.py", tmp_path / "charges"
+    server.write_text(SERVER)
+
+    async def scenario() -> list[str]:
+        answers = []
+        async with MCPServerStdio(
+            params={
+                "command": str(binary),
+                "args": [
+                    "mcp",
+                    "--store",
+                    f"sqlite://{tmp_path / 'idemgate.db'}",
+                    "--journal",
+                    str(tmp_path / "journal"),
+                    "--",
+                    sys.executable,
+                    str(server),
+                    str(charges),
+                ],
+                "env": dict(os.environ, XDG_DATA_HOME=str(tmp_path / "data")),
+            },
+            tool_meta_resolver=tool_meta_resolver,
+            client_session_timeout_seconds=60,
+        ) as mcp:
+            for _ in range(2):  # the second run re-emits the first's call
+                model = ScriptedModel(
+                    [[function_call("charge", {"order": 7}, call_id="call_1")], [assistant_message("ok")]]
+                )
+                await Runner.run(Agent(name="b", model=model, mcp_servers=[mcp]), "charge 7")
+                answers += outputs(model.inputs[1], "call_1")
+        return answers
+
+    first, second = asyncio.run(scenario())
+    assert charges.read_text().split() == ["7"], "the server charged once"
+    assert "charged 7" in first and "charged 7" in second
+    assert "already" in second.lower(), second  # the proxy's replay notice
