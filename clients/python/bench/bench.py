@@ -443,11 +443,10 @@ def main() -> None:
                             )
                         )
                     peers = [v for k, v in medians.items() if k != "idemgate"]
-                    ratio = (
-                        f"{medians['idemgate'] / max(peers):.1f}×"
-                        if "idemgate" in medians and peers
-                        else ""
-                    )
+                    ratio = ""
+                    if "idemgate" in medians and peers:
+                        r = medians["idemgate"] / max(peers)
+                        ratio = f"{r:.1f}×" if r >= 1 else f"{r:.2f}×"
                     for library, rate, note in rows:
                         shown = ratio if library == "idemgate" else ""
                         print(f"| {store} | {workload} | {library} | {rate} | {shown} | {note} |", flush=True)
