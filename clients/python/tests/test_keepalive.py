@@ -32,6 +32,7 @@ class Scripted:
     seen: list[str] = field(default_factory=list)
     connections: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
+    closed: threading.Event = field(default_factory=threading.Event)  # an "answer-close" closed
 
     @property
     def url(self) -> str:
@@ -75,6 +76,8 @@ def _serve(s: Scripted, conn: socket.socket) -> None:
                 + body
             )
             if what == "answer-close":
+                conn.close()
+                s.closed.set()
                 return
 
 
@@ -159,14 +162,18 @@ def _client(kind: str, url: str) -> Any:
     return Client(url, "t", timeout=10) if kind == "sync" else AsyncClient(url, "t", timeout=10)
 
 
-def _both(client: Any, calls: list[tuple[str, tuple[Any, ...]]]) -> list[Any]:
-    """Runs the calls in order on one client (one event loop for the async one, so its pool
-    survives), each result or exception."""
+def _both(client: Any, calls: list[Any]) -> list[Any]:
+    """Runs the calls (``(method, args)``, or a plain function to run in between) in order on one
+    client (one event loop for the async one, so its pool survives): each result or exception."""
     if isinstance(client, AsyncClient):
 
         async def go() -> list[Any]:
             out: list[Any] = []
-            for method, args in calls:
+            for call in calls:
+                if callable(call):
+                    await asyncio.get_running_loop().run_in_executor(None, call)
+                    continue
+                method, args = call
                 try:
                     out.append(await getattr(client, method)(*args))
                 except Exception as e:  # noqa: BLE001
@@ -175,7 +182,11 @@ def _both(client: Any, calls: list[tuple[str, tuple[Any, ...]]]) -> list[Any]:
 
         return asyncio.run(go())
     out = []
-    for method, args in calls:
+    for call in calls:
+        if callable(call):
+            call()
+            continue
+        method, args = call
         try:
             out.append(getattr(client, method)(*args))
         except Exception as e:  # noqa: BLE001
@@ -183,12 +194,24 @@ def _both(client: Any, calls: list[tuple[str, tuple[Any, ...]]]) -> list[Any]:
     return out
 
 
+def _closed(s: Scripted) -> Any:
+    def wait() -> None:
+        assert s.closed.wait(30), "the server did not close the connection"
+
+    return wait
+
+
 @pytest.mark.parametrize("kind", ["sync", "async"])
 def test_a_connection_the_server_closed_is_replaced_before_writing(kind: str, scripted: Any) -> None:
     s = scripted(["answer-close"])
     client = _client(kind, s.url)
     first, second = _both(
-        client, [("begin", ("mail", "k", {})), ("complete", ("mail", "k", "l1", {"ok": 1}))]
+        client,
+        [
+            ("begin", ("mail", "k", {})),
+            _closed(s),  # the server closed the idle connection before the next request
+            ("complete", ("mail", "k", "l1", {"ok": 1})),
+        ],
     )
     assert not isinstance(first, Exception) and not isinstance(second, Exception), (first, second)
     # The complete was written once, on a new connection: never on the closed one.

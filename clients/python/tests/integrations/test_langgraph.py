@@ -65,7 +65,7 @@ def test_a_node_retried_after_its_timeout_replays_the_tool_call(engine: Engine) 
         app = graph(
             tools,
             [{"name": "charge", "args": {"order": 7, "amount": "19.99"}, "id": "call_1"}],
-            timeout=0.3,
+            timeout=1.0,  # the first attempt always times out; ample for the replay
             retry_policy=RetryPolicy(retry_on=NodeTimeoutError, **FAST_RETRY),
         )
         return await app.ainvoke({"messages": [("user", "charge order 7")]})

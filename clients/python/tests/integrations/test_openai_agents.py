@@ -60,7 +60,9 @@ def test_a_run_retried_after_a_tool_timeout_replays_the_call(engine: Engine) -> 
     async def scenario() -> tuple[Any, ScriptedModel, Exception]:
         confirmed = asyncio.Event()  # the payment provider's slow confirmation
 
-        @idempotent_function_tool(engine, timeout=0.3, timeout_behavior="raise_exception")
+        # The first attempt always times out (it waits for the confirmation); 1 s leaves the retried
+        # call, a replay, ample time on a loaded machine (it has the same timeout).
+        @idempotent_function_tool(engine, timeout=1.0, timeout_behavior="raise_exception")
         async def charge(ctx: ToolContext, order: int, amount: str) -> dict:
             """Charges an order."""
             charges.append(order)  # the side effect

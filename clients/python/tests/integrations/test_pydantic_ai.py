@@ -48,7 +48,8 @@ def test_a_call_re_emitted_after_the_tool_timeout_is_replayed(engine: Engine) ->
 
         agent = Agent(FunctionModel(model))
 
-        @agent.tool(timeout=0.3)
+        # The first attempt always times out; 1 s leaves the replay ample time.
+        @agent.tool(timeout=1.0)
         @idempotent_tool(engine)
         async def charge(ctx: RunContext[None], order: int, amount: str) -> dict:
             """Charges an order."""
@@ -64,7 +65,7 @@ def test_a_call_re_emitted_after_the_tool_timeout_is_replayed(engine: Engine) ->
     # What the model was told: the first attempt timed out (retry), then the stored result.
     returned = [(p.tool_call_id, p.content) for p in seen[2] if isinstance(p, ToolReturnPart)]
     assert returned == [
-        ("call_1", "Timed out after 0.3 seconds."),
+        ("call_1", "Timed out after 1.0 seconds."),
         ("call_1", {"charge_id": "ch_7", "amount": "19.99"}),
     ]
     record = engine.record("charge", "call_1")
