@@ -1,35 +1,76 @@
-"""Benchmark of the in-process engine (``idemgate.Engine``), as issue 10 §3 defines the workloads:
+"""Benchmark of the in-process engine (``idemgate.Engine``) and of the Python peers of issue 10
+(aws-lambda-powertools, exactly-once, agent-once, idempotent-tools), same run, same stores:
 
 - ``fresh``: unique keys, one thread, a counting side effect;
 - ``replay``: one key repeated, one thread;
 - ``storm``: 16 threads released by a barrier over the same 200 keys, counting executions per key
   (0 double executions is the guarantee) and what the losers got.
 
-Each workload runs ``--rounds`` times (default 5) per store; the table shows the median calls/s and
-the min–max. Stores: ``memory:``, a temporary SQLite file, and PostgreSQL / Redis when
-``IDEMGATE_TEST_POSTGRES_URL`` / ``IDEMGATE_TEST_REDIS_URL`` are set (fresh keys each round, so
-shared servers need no cleaning). Run it with a release build of the package (scripts/bench-python).
+Each workload runs ``--rounds`` times (default 5) per library and store; the table shows the
+median calls/s, the min–max, and idemgate's ratio to the best peer on that row (medians). Stores:
+``memory``, a temporary SQLite file, and PostgreSQL / Redis when ``IDEMGATE_TEST_POSTGRES_URL`` /
+``IDEMGATE_TEST_REDIS_URL`` are set. Fresh keys each round, records kept 2 minutes where the
+library can expire them; the peers' PostgreSQL tables live in a schema of this run, dropped at
+the end, and idempotent-tools' Redis records (which never expire) are deleted by key at the end.
+Run it with scripts/bench-python (a release build, the pinned peers, in target/bench-venv).
 
-Not here yet: the Python peers of the issue (aws-lambda-powertools, exactly-once, agent-once,
-idempotent-tools) in the same run.
+Each library is driven the way its README shows, with the closest equivalent of idemgate's
+settings: an explicit key per call, the arguments fingerprinted where the library can, and a
+duplicate of a call in flight waiting for its result (up to 30 s) where the library can wait.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import tempfile
 import threading
 import time
+import urllib.parse
+import warnings
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from idemgate import Engine, IdemgateError, Policy, mint_key
+from idemgate import Engine, Policy, mint_key
+
+# The side effect of the call in progress on this thread (the peers' decorated functions read it).
+_tl = threading.local()
 
 
-def fresh(engine: Engine, n: int) -> tuple[float, str]:
+def _effect(*_: Any, **__: Any) -> Any:
+    return _tl.effect()
+
+
+# A call: (tool, key, args, effect) -> the value (stored or fresh); raises on a refusal.
+Call = Callable[[str, str, dict[str, Any], Callable[[], Any]], Any]
+
+
+@dataclass
+class Subject:
+    """One library on one store."""
+
+    library: str
+    call: Call
+    close: Callable[[], None] = lambda: None
+    note: str = ""
+
+
+@dataclass
+class Unsupported:
+    library: str
+    why: str
+
+
+# ---- the workloads ----------------------------------------------------------------------------
+
+
+def fresh(call: Call, n: int) -> tuple[float, str]:
     runs = [0]
 
     def effect() -> dict[str, int]:
@@ -39,13 +80,14 @@ def fresh(engine: Engine, n: int) -> tuple[float, str]:
     prefix = mint_key()
     start = time.perf_counter()
     for i in range(n):
-        engine.call("bench_fresh", f"{prefix}-{i}", {"i": i}, effect)
+        _tl.effect = effect
+        call("bench_fresh", f"{prefix}-{i}", {"k": i}, effect)
     took = time.perf_counter() - start
     assert runs[0] == n, runs
     return n / took, ""
 
 
-def replay(engine: Engine, n: int) -> tuple[float, str]:
+def replay(call: Call, n: int) -> tuple[float, str]:
     runs = [0]
 
     def effect() -> dict[str, int]:
@@ -53,16 +95,18 @@ def replay(engine: Engine, n: int) -> tuple[float, str]:
         return {"n": runs[0]}
 
     key = mint_key()
-    engine.call("bench_replay", key, {"k": 1}, effect)
+    _tl.effect = effect
+    first = call("bench_replay", key, {"k": 1}, effect)
     start = time.perf_counter()
     for _ in range(n):
-        engine.call("bench_replay", key, {"k": 1}, effect)
+        value = call("bench_replay", key, {"k": 1}, effect)
     took = time.perf_counter() - start
     assert runs[0] == 1, runs
+    assert value == first, (value, first)
     return n / took, ""
 
 
-def storm(engine: Engine, keys: int = 200, threads: int = 16) -> tuple[float, str]:
+def storm(call: Call, keys: int = 200, threads: int = 16) -> tuple[float, Storm]:
     prefix = mint_key()
     names = [f"{prefix}-{i}" for i in range(keys)]
     executions: Counter[str] = Counter()
@@ -73,16 +117,19 @@ def storm(engine: Engine, keys: int = 200, threads: int = 16) -> tuple[float, st
     def racer() -> None:
         barrier.wait()
         for name in names:
+            ran = [False]
 
-            def effect(name: str = name) -> int:
+            def effect(name: str = name, ran: list[bool] = ran) -> int:
+                ran[0] = True
                 with lock:
                     executions[name] += 1
                 return 1
 
+            _tl.effect = effect
             try:
-                r = engine.call("bench_storm", name, {"k": name}, effect, wait=30)
-                kind = r.verdict
-            except IdemgateError as e:
+                call("bench_storm", name, {"k": name}, effect)
+                kind = "executed" if ran[0] else "replayed"
+            except Exception as e:  # noqa: BLE001 - what a loser got is the measurement
                 kind = type(e).__name__
             with lock:
                 answers[kind] += 1
@@ -96,20 +143,247 @@ def storm(engine: Engine, keys: int = 200, threads: int = 16) -> tuple[float, st
     took = time.perf_counter() - start
     doubles = sum(c - 1 for c in executions.values() if c > 1)
     missing = keys - len(executions)
-    note = f"double executions {doubles}, keys never run {missing}; " + ", ".join(
-        f"{k} {v}" for k, v in sorted(answers.items())
+    return keys * threads / took, Storm(doubles, missing, answers)
+
+
+@dataclass
+class Storm:
+    """What one storm round counted."""
+
+    doubles: int
+    missing: int
+    answers: Counter[str]
+
+
+def storm_note(rounds: list[Storm]) -> str:
+    """Double executions and keys never run per round, and what the calls got over all rounds."""
+
+    def span(values: list[int]) -> str:
+        lo, hi = min(values), max(values)
+        return f"{lo}" if lo == hi else f"{lo}–{hi}"
+
+    total: Counter[str] = Counter()
+    for r in rounds:
+        total.update(r.answers)
+    got = ", ".join(f"{k} {v}" for k, v in sorted(total.items()))
+    return (
+        f"double executions {span([r.doubles for r in rounds])} per round, keys never run "
+        f"{span([r.missing for r in rounds])}; the {len(rounds)} rounds' calls: {got}"
     )
-    return keys * threads / took, note
 
 
-def stores(tmp: Path) -> list[tuple[str, str]]:
-    out = [("memory", "memory:"), ("SQLite", f"sqlite://{tmp / 'bench.db'}")]
-    if os.environ.get("IDEMGATE_TEST_POSTGRES_URL"):
-        out.append(("PostgreSQL", os.environ["IDEMGATE_TEST_POSTGRES_URL"]))
-    if os.environ.get("IDEMGATE_TEST_REDIS_URL"):
-        url = os.environ["IDEMGATE_TEST_REDIS_URL"]
-        out.append(("Redis", url + ("&" if "?" in url else "?") + "allow_volatile=true"))
-    return out
+# ---- the libraries ----------------------------------------------------------------------------
+
+
+@dataclass
+class Stores:
+    """Where each store is, for this run."""
+
+    tmp: Path
+    postgres: str | None
+    redis: str | None
+    run: str = field(default_factory=lambda: mint_key().replace("-", "_")[:24].lower())
+
+    @property
+    def pg_schema(self) -> str:
+        return f"idemgate_bench_{self.run}"
+
+    def pg_dsn(self) -> str:
+        """The PostgreSQL URL with this run's schema first on the search path."""
+        assert self.postgres
+        url = self.postgres.replace("postgres://", "postgresql://", 1)
+        sep = "&" if "?" in url else "?"
+        return url + sep + "options=" + urllib.parse.quote(f"-csearch_path={self.pg_schema}")
+
+
+def idemgate_subject(store: str, s: Stores) -> Subject | Unsupported:
+    url = {
+        "memory": "memory:",
+        "SQLite": f"sqlite://{s.tmp / 'idemgate.db'}",
+        "PostgreSQL": s.postgres,
+        "Redis": s.redis and s.redis + ("&" if "?" in s.redis else "?") + "allow_volatile=true",
+    }[store]
+    # Records kept 2 minutes: the shared servers are not left holding thousands of them.
+    engine = Engine.open(
+        url, tenant=f"bench-{s.run}", journal=str(s.tmp / f"journal-{store}"), default=Policy(ttl=120)
+    )
+
+    def call(tool: str, key: str, args: dict[str, Any], effect: Callable[[], Any]) -> Any:
+        return engine.call(tool, key, args, effect, wait=30).value
+
+    return Subject("idemgate", call)
+
+
+def powertools_subject(store: str, s: Stores) -> Subject | Unsupported:
+    if store != "Redis":
+        return Unsupported("aws-lambda-powertools", "no such store (DynamoDB or Redis/Valkey only)")
+    from aws_lambda_powertools.utilities.idempotency import IdempotencyConfig, idempotent_function
+    from aws_lambda_powertools.utilities.idempotency.persistence.redis import (
+        RedisCachePersistenceLayer,
+    )
+
+    # No payload validation: in 3.37.0 the Redis layer's _update_record drops the validation
+    # hash, so with payload_validation_jmespath every replay raises IdempotencyValidationError.
+    config = IdempotencyConfig(
+        event_key_jmespath="key", raise_on_no_idempotency_key=True, expires_after_seconds=120
+    )
+    tools: dict[str, Callable[..., Any]] = {}
+
+    def call(tool: str, key: str, args: dict[str, Any], effect: Callable[[], Any]) -> Any:
+        fn = tools.get(tool)
+        if fn is None:
+
+            def body(data: dict[str, Any]) -> Any:
+                return _tl.effect()
+
+            body.__name__ = tool
+            fn = tools[tool] = idempotent_function(
+                body,
+                data_keyword_argument="data",
+                # One layer per function: a layer is configured by the first function using it.
+                persistence_store=RedisCachePersistenceLayer(url=s.redis),
+                config=config,
+                key_prefix=f"{s.run}-{tool}",
+            )
+        return fn(data={"key": key, "args": args})
+
+    return Subject(
+        "aws-lambda-powertools",
+        call,
+        note="a duplicate in flight raises IdempotencyAlreadyInProgressError (no waiting); "
+        "payload validation off (3.37.0: its Redis layer drops the payload hash, so every replay "
+        "would be refused)",
+    )
+
+
+def exactly_once_subject(store: str, s: Stores) -> Subject | Unsupported:
+    from exactly_once import Store, once, wait
+
+    if store == "memory":
+        st = Store.memory()
+    elif store == "SQLite":
+        st = Store.sqlite(str(s.tmp / "exactly-once.db"))
+    elif store == "PostgreSQL":
+        st = Store.postgres(s.pg_dsn())
+    else:
+        st = Store.redis(s.redis, prefix=f"eo-bench-{s.run}:", committed_ttl=120)
+    guarded = once(
+        st,
+        key=lambda tool, key, args: f"{tool}:{key}",
+        fingerprint=lambda tool, key, args: args,
+        policy=wait(timeout=30),
+    )(_effect)
+
+    def call(tool: str, key: str, args: dict[str, Any], effect: Callable[[], Any]) -> Any:
+        return guarded(tool, key, args)
+
+    note = {
+        "memory": "",
+        "SQLite": "WAL with synchronous=NORMAL: a power cut may lose the last commits (idemgate: FULL)",
+        "PostgreSQL": "SERIALIZABLE transactions",
+        "Redis": "",
+    }[store]
+    return Subject("exactly-once", call, close=getattr(st, "close", lambda: None), note=note)
+
+
+def agent_once_subject(store: str, s: Stores) -> Subject | Unsupported:
+    if store in ("memory", "Redis"):
+        return Unsupported("agent-once", "no such store (SQLite or PostgreSQL only)")
+    from once import Once
+
+    if store == "SQLite":
+        o = Once(str(s.tmp / "agent-once.db"), wait=30)
+    else:
+        from once.postgres import PostgresStore
+
+        o = Once(store=PostgresStore(s.pg_dsn()), wait=30)
+
+    def tool_fn(k: Any) -> Any:
+        return _tl.effect()
+
+    def call(tool: str, key: str, args: dict[str, Any], effect: Callable[[], Any]) -> Any:
+        return o.execute(tool_fn, key=f"{tool}:{key}", tool_name=tool, **args)
+
+    return Subject("agent-once", call, close=getattr(o.store, "close", lambda: None))
+
+
+def idempotent_tools_subject(store: str, s: Stores) -> Subject | Unsupported:
+    if store in ("memory", "PostgreSQL"):
+        return Unsupported("idempotent-tools", "no such store (SQLite or Redis only)")
+    from idempotent_tools import idempotent
+
+    close = lambda: None  # noqa: E731
+    if store == "SQLite":
+        from idempotent_tools.backends.sqlite_backend import SQLiteBackend
+
+        backend: Any = SQLiteBackend(str(s.tmp / "idempotent-tools.db"))
+    else:
+        import redis
+
+        from idempotent_tools.backends.redis_backend import RedisBackend
+
+        prefix = f"it-bench-{s.run}:"
+        client = redis.Redis.from_url(s.redis, decode_responses=True)
+        backend = RedisBackend(prefix=prefix, client=client)
+        used: set[str] = set()
+
+        def close() -> None:
+            # Its records never expire: delete this run's, by key (no SCAN of a shared server).
+            keys = [prefix + k for k in used]
+            for i in range(0, len(keys), 500):
+                client.delete(*keys[i : i + 500])
+
+    guarded = idempotent(backend=backend, on_duplicate="block", poll_interval=0.01, poll_timeout=30)(
+        _effect
+    )
+
+    def call(tool: str, key: str, args: dict[str, Any], effect: Callable[[], Any]) -> Any:
+        k = f"{tool}:{key}"
+        if store == "Redis":
+            used.add(k)
+        return guarded(args, idempotency_key=k)
+
+    return Subject(
+        "idempotent-tools",
+        call,
+        close=close,
+        note="no argument fingerprint"
+        + ("; a read-then-write claim (not atomic), as its README says" if store == "Redis" else ""),
+    )
+
+
+LIBRARIES: list[Callable[[str, Stores], Subject | Unsupported]] = [
+    idemgate_subject,
+    powertools_subject,
+    exactly_once_subject,
+    agent_once_subject,
+    idempotent_tools_subject,
+]
+
+
+def subjects(store: str, s: Stores, peers: bool) -> Iterator[Subject | Unsupported]:
+    for make in LIBRARIES if peers else LIBRARIES[:1]:
+        try:
+            yield make(store, s)
+        except Exception as e:  # noqa: BLE001 - a peer that does not start is reported, not fatal
+            yield Unsupported(make.__name__.removesuffix("_subject").replace("_", "-"), f"{type(e).__name__}: {e}")
+
+
+@contextmanager
+def postgres_schema(s: Stores) -> Iterator[None]:
+    """This run's schema for the peers' tables, dropped at the end (idemgate uses its own)."""
+    if not s.postgres:
+        yield
+        return
+    import psycopg
+
+    with psycopg.connect(s.postgres.replace("postgres://", "postgresql://", 1), autocommit=True) as c:
+        c.execute(f'CREATE SCHEMA "{s.pg_schema}"')
+    try:
+        yield
+    finally:
+        with psycopg.connect(s.postgres.replace("postgres://", "postgresql://", 1), autocommit=True) as c:
+            c.execute(f'DROP SCHEMA "{s.pg_schema}" CASCADE')
 
 
 def main() -> None:
@@ -117,35 +391,73 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("-n", type=int, default=2000, help="calls per fresh/replay round")
     ap.add_argument("--only", help="run only stores whose name contains this")
+    ap.add_argument("--no-peers", action="store_true", help="idemgate only")
     args = ap.parse_args()
-    workloads: list[tuple[str, Callable[[Engine], tuple[float, str]]]] = [
-        ("fresh", lambda e: fresh(e, args.n)),
-        ("replay", lambda e: replay(e, args.n)),
+    # Powertools warns on every call outside Lambda (no remaining-time context) and about its
+    # layer's rename; neither changes what is measured.
+    warnings.simplefilter("ignore")
+    workloads: list[tuple[str, Callable[[Call], tuple[float, Any]]]] = [
+        ("fresh", lambda c: fresh(c, args.n)),
+        ("replay", lambda c: replay(c, args.n)),
         ("storm 16x200", storm),
     ]
-    print("| store | workload | calls/s, median of %d (min–max) | notes |" % args.rounds)
-    print("|---|---|---:|---|")
+    stores = ["memory", "SQLite"]
+    postgres = os.environ.get("IDEMGATE_TEST_POSTGRES_URL") or None
+    redis = os.environ.get("IDEMGATE_TEST_REDIS_URL") or None
+    stores += ["PostgreSQL"] if postgres else []
+    stores += ["Redis"] if redis else []
+    stores = [x for x in stores if not args.only or args.only.lower() in x.lower()]
+    print(
+        f"| store | workload | library | calls/s, median of {args.rounds} (min–max) "
+        "| idemgate ÷ best peer | notes |"
+    )
+    print("|---|---|---|---:|---:|---|")
     with tempfile.TemporaryDirectory() as tmp:
-        for name, url in stores(Path(tmp)):
-            if args.only and args.only.lower() not in name.lower():
-                continue
-            # Records kept 2 minutes: the shared servers are not left holding thousands of them
-            # (Redis expires them itself; a full SCAN of a big Redis slows other suites).
-            engine = Engine.open(
-                url,
-                tenant="bench",
-                journal=str(Path(tmp) / f"journal-{name}"),
-                default=Policy(ttl=120),
-            )
-            for workload, run in workloads:
-                results = [run(engine) for _ in range(args.rounds)]
-                rates = [r for r, _ in results]
-                notes = {n for _, n in results if n}
-                print(
-                    f"| {name} | {workload} | {statistics.median(rates):,.0f} "
-                    f"({min(rates):,.0f}–{max(rates):,.0f}) | {'; '.join(sorted(notes))} |",
-                    flush=True,
-                )
+        s = Stores(Path(tmp), postgres, redis)
+        with postgres_schema(s) if not args.no_peers else _nothing():
+            for store in stores:
+                subs = list(subjects(store, s, not args.no_peers))
+                for workload, run in workloads:
+                    medians: dict[str, float] = {}
+                    rows = []
+                    for sub in subs:
+                        if isinstance(sub, Unsupported):
+                            rows.append((sub.library, "—", sub.why))
+                            continue
+                        try:
+                            results = [run(sub.call) for _ in range(args.rounds)]
+                        except Exception as e:  # noqa: BLE001 - reported in the table
+                            rows.append((sub.library, "failed", f"{type(e).__name__}: {e}"[:200]))
+                            continue
+                        rates = [r for r, _ in results]
+                        storms = [n for _, n in results if isinstance(n, Storm)]
+                        notes = [storm_note(storms)] if storms else []
+                        notes += sorted({n for _, n in results if n and isinstance(n, str)})
+                        notes += [sub.note] if sub.note else []
+                        medians[sub.library] = statistics.median(rates)
+                        rows.append(
+                            (
+                                sub.library,
+                                f"{statistics.median(rates):,.0f} ({min(rates):,.0f}–{max(rates):,.0f})",
+                                "; ".join(notes),
+                            )
+                        )
+                    peers = [v for k, v in medians.items() if k != "idemgate"]
+                    ratio = ""
+                    if "idemgate" in medians and peers:
+                        r = medians["idemgate"] / max(peers)
+                        ratio = f"{r:.1f}×" if r >= 1 else f"{r:.2f}×"
+                    for library, rate, note in rows:
+                        shown = ratio if library == "idemgate" else ""
+                        print(f"| {store} | {workload} | {library} | {rate} | {shown} | {note} |", flush=True)
+                for sub in subs:
+                    if isinstance(sub, Subject):
+                        sub.close()
+
+
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield
 
 
 if __name__ == "__main__":

@@ -34,7 +34,16 @@ from typing import Any, Callable
 from . import decorator as _remote_decorator
 from . import engine as _engine
 from . import remote
-from .client import Begin, CallResult, Client, Completion, Outcome, Record, parse_time
+from .client import (
+    AsyncClient,
+    Begin,
+    CallResult,
+    Client,
+    Completion,
+    Outcome,
+    Record,
+    parse_time,
+)
 from .engine import Engine, Policy, Result
 from .errors import (
     BadRequest,
@@ -65,14 +74,15 @@ from .keys import check_key, derive_key, mint_key
 __version__ = "0.1.0"
 
 
-def idempotent(target: Engine | Client, *args: Any, **kwargs: Any) -> Callable[[Any], Any]:
+def idempotent(target: Engine | Client | AsyncClient, *args: Any, **kwargs: Any) -> Callable[[Any], Any]:
     """Makes a tool function run at most once per idempotency key.
 
     With an :class:`Engine`, in-process (see :func:`idemgate.engine.idempotent`: ``tool``,
     ``key``, ``args``, ``kind``, ``ttl``, ``lease``, ``wait``, ``fallback_window``,
-    ``on_unknown``; plain and ``async def`` functions). With a :class:`Client`, through the
-    gateway (see :func:`idemgate.decorator.idempotent`: ``tool``, ``key``, ``args``,
-    ``heartbeat_every``, ``wait_in_flight``, ``record_retries``).
+    ``on_unknown``; plain and ``async def`` functions). With a :class:`Client` (plain functions)
+    or an :class:`AsyncClient` (``async def``), through the gateway (see
+    :func:`idemgate.decorator.idempotent`: ``tool``, ``key``, ``args``, ``heartbeat_every``,
+    ``wait_in_flight``, ``record_retries``).
     """
     if isinstance(target, Engine):
         return _engine.idempotent(target, *args, **kwargs)
@@ -80,6 +90,7 @@ def idempotent(target: Engine | Client, *args: Any, **kwargs: Any) -> Callable[[
 
 
 __all__ = [
+    "AsyncClient",
     "BadRequest",
     "Begin",
     "CallResult",

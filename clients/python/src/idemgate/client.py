@@ -1,17 +1,16 @@
-"""A client of the idemgate HTTP gateway (see docs/HTTP.md), standard library only."""
+"""A client of the idemgate HTTP gateway (see docs/HTTP.md), standard library only: :class:`Client`
+(threads; one keep-alive connection per thread) and :class:`AsyncClient` (asyncio; a pool of
+keep-alive connections), with the same methods and answers."""
 
 from __future__ import annotations
 
-import http.client
 import json
-import socket
-import urllib.error
 import urllib.parse
-import urllib.request
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
+from ._http import Answer, AsyncTransport, Request, SyncTransport
 from .errors import (
     PROBLEM_PREFIX,
     GatewayUnreachable,
@@ -21,6 +20,7 @@ from .errors import (
 )
 
 __all__ = [
+    "AsyncClient",
     "Begin",
     "CallResult",
     "Client",
@@ -191,21 +191,8 @@ class Record:
         )
 
 
-@dataclass
-class _Answer:
-    status: int
-    headers: dict[str, str]
-    body: bytes
-
-    def header(self, name: str) -> str | None:
-        name = name.lower()
-        for k, v in self.headers.items():
-            if k.lower() == name:
-                return v
-        return None
-
-    def json(self) -> Any:
-        return json.loads(self.body) if self.body else None
+def _json_of(answer: Answer) -> Any:
+    return json.loads(answer.body) if answer.body else None
 
 
 def _bool_header(value: str | None) -> bool | None:
@@ -214,111 +201,52 @@ def _bool_header(value: str | None) -> bool | None:
     return value.strip().lower() == "true"
 
 
-class Client:
-    """A tenant's client of one gateway.
-
-    >>> client = Client("http://127.0.0.1:8080", token="secret")
-    >>> b = client.begin("send_invoice", key, {"invoice": 42})     # doctest: +SKIP
-    """
-
-    def __init__(self, base_url: str, token: str, timeout: float = 30.0) -> None:
-        self.base_url = base_url.rstrip("/")
-        self.token = token
-        self.timeout = timeout
-
-    # ---- plumbing ----------------------------------------------------------------------------
-
-    def _request(
-        self,
-        method: str,
-        path: str,
-        body: Any = None,
-        *,
-        raw_body: bytes | None = None,
-        headers: Mapping[str, str] | None = None,
-        timeout: float | None = None,
-    ) -> _Answer:
-        data: bytes | None
-        hdrs = {"Authorization": f"Bearer {self.token}", "Accept": "application/json"}
-        if raw_body is not None:
-            data = raw_body
-            hdrs["Content-Type"] = "application/json"
-        elif body is not None or method == "POST":
-            data = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-            hdrs["Content-Type"] = "application/json"
-        else:
-            data = None
-        hdrs.update(headers or {})
-        req = urllib.request.Request(self.base_url + path, data=data, method=method, headers=hdrs)
+def _problem(answer: Answer) -> IdemgateError | None:
+    """The exception for a problem answer of the gateway itself, else ``None``."""
+    ctype = (answer.header("Content-Type") or "").lower()
+    doc: Any = None
+    if "json" in ctype:
         try:
-            with urllib.request.urlopen(req, timeout=timeout or self.timeout) as resp:
-                return _Answer(resp.status, dict(resp.headers.items()), resp.read())
-        except urllib.error.HTTPError as e:
-            try:
-                payload = e.read()
-            except (OSError, http.client.HTTPException):
-                payload = b""
-            return _Answer(e.code, dict(e.headers.items()) if e.headers else {}, payload)
-        except (urllib.error.URLError, OSError, http.client.HTTPException, socket.timeout) as e:
-            reason = getattr(e, "reason", e)
-            raise GatewayUnreachable(f"{method} {path}: no answer from the gateway: {reason}") from e
+            doc = _json_of(answer)
+        except ValueError:
+            doc = None
+    is_problem = "problem+json" in ctype or (
+        isinstance(doc, Mapping)
+        and isinstance(doc.get("type"), str)
+        and doc["type"].startswith(PROBLEM_PREFIX)
+    )
+    if not is_problem:
+        return None
+    return error_from_problem(answer.status, doc if isinstance(doc, Mapping) else None, answer.headers)
 
-    @staticmethod
-    def _problem(answer: _Answer) -> IdemgateError | None:
-        """The exception for a problem answer of the gateway itself, else ``None``."""
-        ctype = (answer.header("Content-Type") or "").lower()
-        doc: Any = None
-        if "json" in ctype:
-            try:
-                doc = answer.json()
-            except ValueError:
-                doc = None
-        is_problem = "problem+json" in ctype or (
-            isinstance(doc, Mapping)
-            and isinstance(doc.get("type"), str)
-            and doc["type"].startswith(PROBLEM_PREFIX)
+
+def _expect_json(answer: Answer, ok: tuple[int, ...] = (200, 201)) -> Any:
+    if answer.status in ok:
+        return _json_of(answer)
+    err = _problem(answer)
+    if err is None:
+        err = error_from_problem(
+            answer.status,
+            {"title": "unexpected answer", "detail": answer.body[:200].decode("utf-8", "replace")},
+            answer.headers,
         )
-        if not is_problem:
-            return None
-        return error_from_problem(
-            answer.status, doc if isinstance(doc, Mapping) else None, answer.headers
-        )
+    raise err
 
-    def _json(self, answer: _Answer, ok: tuple[int, ...] = (200, 201)) -> Any:
-        if answer.status in ok:
-            return answer.json()
-        err = self._problem(answer)
-        if err is None:
-            err = error_from_problem(
-                answer.status,
-                {"title": "unexpected answer", "detail": answer.body[:200].decode("utf-8", "replace")},
-                answer.headers,
-            )
-        raise err
 
-    @staticmethod
-    def _tool(tool: str) -> str:
-        return urllib.parse.quote(tool, safe=":")
+def _tool(tool: str) -> str:
+    return urllib.parse.quote(tool, safe=":")
 
-    @staticmethod
-    def _keyed(key: str | None) -> dict[str, str]:
-        return {"Idempotency-Key": key} if key is not None else {}
 
-    # ---- coordination: the caller runs the side effect ---------------------------------------
+def _keyed(key: str | None) -> dict[str, str]:
+    return {"Idempotency-Key": key} if key is not None else {}
 
-    def begin(self, tool: str, key: str | None, args: Any = None) -> Begin:
-        """Reserves ``key`` for ``tool`` with these arguments, or tells why not to run.
 
-        Raises ``InFlight``, ``OutcomeUnknown``, ``KeyReused``, ``KeyRequired``,
-        ``RateLimited``, ``StoreUnavailable``... (see ``idemgate.errors``).
-        """
-        answer = self._request(
-            "POST",
-            f"/v1/tools/{self._tool(tool)}/begin",
-            args if args is not None else {},
-            headers=self._keyed(key),
-        )
-        doc = self._json(answer)
+# ---- answers ----------------------------------------------------------------------------------
+
+
+def _begin_of(key: str | None) -> Callable[[Answer], Begin]:
+    def parse(answer: Answer) -> Begin:
+        doc = _expect_json(answer)
         return Begin(
             decision=str(doc.get("decision")),
             key=doc.get("key", key),
@@ -333,49 +261,229 @@ class Client:
             raw=doc,
         )
 
+    return parse
+
+
+def _lease_until_of(answer: Answer) -> datetime | None:
+    return parse_time(_expect_json(answer).get("lease_until"))
+
+
+def _completion_of(answer: Answer) -> Completion:
+    doc = _expect_json(answer)
+    return Completion(
+        decision=str(doc.get("decision")),
+        recording=doc.get("recording"),
+        executed_at=parse_time(doc.get("executed_at")),
+        expires_at=parse_time(doc.get("expires_at")),
+        raw=doc,
+    )
+
+
+def _decision_of(answer: Answer) -> str:
+    return str(_expect_json(answer).get("decision"))
+
+
+def _call_result_of(answer: Answer) -> CallResult:
+    err = _problem(answer)
+    if err is not None:
+        raise err
+    return CallResult(
+        status=answer.status,
+        body=answer.body,
+        content_type=answer.header("Content-Type"),
+        replayed=_bool_header(answer.header("Idempotent-Replayed")),
+        rule=answer.header("Idempotency-Rule"),
+        executed_at=parse_time(answer.header("Idempotency-Executed-At")),
+        expires_at=parse_time(answer.header("Idempotency-Expires-At")),
+        headers=answer.headers,
+    )
+
+
+def _record_of(answer: Answer) -> Record | None:
+    try:
+        return Record.from_json(_expect_json(answer))
+    except NotFound:
+        return None
+
+
+def _records_of(answer: Answer) -> list[Record]:
+    return [Record.from_json(doc) for doc in _expect_json(answer)]
+
+
+def _resolved_of(answer: Answer) -> Record | None:
+    doc = _expect_json(answer)
+    return Record.from_json(doc) if isinstance(doc, Mapping) and doc else None
+
+
+def _status_ok(answer: Answer) -> bool:
+    return answer.status == 200
+
+
+@dataclass
+class _Call:
+    """One request of the API and how to read its answer."""
+
+    request: Request
+    parse: Callable[[Answer], Any]
+
+
+class _Api:
+    """What a request of each method is (shared by :class:`Client` and :class:`AsyncClient`)."""
+
+    def __init__(self, base_url: str, token: str, timeout: float = 30.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.token = token
+        self.timeout = timeout
+
+    def _req(
+        self,
+        method: str,
+        path: str,
+        parse: Callable[[Answer], Any],
+        body: Any = None,
+        *,
+        raw_body: bytes | None = None,
+        headers: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+        safe: bool = False,
+    ) -> _Call:
+        data: bytes | None
+        hdrs = {"Authorization": f"Bearer {self.token}", "Accept": "application/json"}
+        if raw_body is not None:
+            data = raw_body
+            hdrs["Content-Type"] = "application/json"
+        elif body is not None or method == "POST":
+            data = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+            hdrs["Content-Type"] = "application/json"
+        else:
+            data = None
+        hdrs.update(headers or {})
+        request = Request(method, path, data, hdrs, safe or method == "GET", timeout or self.timeout)
+        return _Call(request, parse)
+
+    def _begin(self, tool: str, key: str | None, args: Any = None) -> _Call:
+        # Safe to re-send with a key: a repeat is answered as a duplicate of the first.
+        return self._req(
+            "POST",
+            f"/v1/tools/{_tool(tool)}/begin",
+            _begin_of(key),
+            args if args is not None else {},
+            headers=_keyed(key),
+            safe=key is not None,
+        )
+
+    def _heartbeat(self, tool: str, key: str, lease: str) -> _Call:
+        return self._req(
+            "POST",
+            f"/v1/tools/{_tool(tool)}/heartbeat",
+            _lease_until_of,
+            {"key": key, "lease": lease},
+            safe=True,
+        )
+
+    def _complete(self, tool: str, key: str, lease: str, result: Any, failed: bool) -> _Call:
+        outcome = {"kind": "failed" if failed else "success", "result": result}
+        return self._req(
+            "POST",
+            f"/v1/tools/{_tool(tool)}/complete",
+            _completion_of,
+            {"key": key, "lease": lease, "outcome": outcome},
+        )
+
+    def _finish(self, verb: str, tool: str, key: str, lease: str, reason: str) -> _Call:
+        return self._req(
+            "POST",
+            f"/v1/tools/{_tool(tool)}/{verb}",
+            _decision_of,
+            {"key": key, "lease": lease, "reason": reason},
+        )
+
+    def _call(self, tool: str, key: str | None, args: Any = None) -> _Call:
+        raw = json.dumps(args if args is not None else {}, separators=(",", ":")).encode()
+        return self._req(
+            "POST",
+            f"/v1/tools/{_tool(tool)}/call",
+            _call_result_of,
+            raw_body=raw,
+            headers=_keyed(key),
+            safe=key is not None,
+        )
+
+    def _record(self, tool: str, key: str) -> _Call:
+        path = f"/v1/tools/{_tool(tool)}/records/{urllib.parse.quote(key, safe='')}"
+        return self._req("GET", path, _record_of)
+
+    def _records(self, state: str | None, tool: str | None, limit: int | None) -> _Call:
+        query = {
+            k: v for k, v in (("state", state), ("tool", tool), ("limit", limit)) if v is not None
+        }
+        path = "/v1/records" + (f"?{urllib.parse.urlencode(query)}" if query else "")
+        return self._req("GET", path, _records_of)
+
+    def _resolve(
+        self, tool: str, key: str, fence: int, resolution: str, result: Any, failed: bool
+    ) -> _Call:
+        if resolution not in ("completed", "release"):
+            raise ValueError("resolution must be 'completed' or 'release'")
+        body: dict[str, Any] = {"fence": fence, "resolution": resolution}
+        if resolution == "completed":
+            body["outcome"] = {"kind": "failed" if failed else "success", "result": result}
+        path = f"/v1/tools/{_tool(tool)}/records/{urllib.parse.quote(key, safe='')}/resolve"
+        return self._req("POST", path, _resolved_of, body)
+
+
+class Client(_Api):
+    """A tenant's client of one gateway, for threads: each thread keeps one keep-alive connection
+    (``close()`` closes the calling thread's; ``with Client(...) as c:`` too).
+
+    >>> client = Client("http://127.0.0.1:8080", token="secret")
+    >>> b = client.begin("send_invoice", key, {"invoice": 42})     # doctest: +SKIP
+    """
+
+    def __init__(self, base_url: str, token: str, timeout: float = 30.0) -> None:
+        super().__init__(base_url, token, timeout)
+        self.transport = SyncTransport(self.base_url)
+
+    def _send(self, call: _Call) -> Any:
+        return call.parse(self.transport.send(call.request))
+
+    def close(self) -> None:
+        """Closes the calling thread's connection (a later request opens a new one)."""
+        self.transport.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # ---- coordination: the caller runs the side effect ---------------------------------------
+
+    def begin(self, tool: str, key: str | None, args: Any = None) -> Begin:
+        """Reserves ``key`` for ``tool`` with these arguments, or tells why not to run.
+
+        Raises ``InFlight``, ``OutcomeUnknown``, ``KeyReused``, ``KeyRequired``,
+        ``RateLimited``, ``StoreUnavailable``... (see ``idemgate.errors``).
+        """
+        return self._send(self._begin(tool, key, args))
+
     def heartbeat(self, tool: str, key: str, lease: str) -> datetime | None:
         """Extends the lease; returns the new ``lease_until``. Raises ``LeaseLost``."""
-        answer = self._request(
-            "POST", f"/v1/tools/{self._tool(tool)}/heartbeat", {"key": key, "lease": lease}
-        )
-        return parse_time(self._json(answer).get("lease_until"))
+        return self._send(self._heartbeat(tool, key, lease))
 
     def complete(
         self, tool: str, key: str, lease: str, result: Any, failed: bool = False
     ) -> Completion:
         """Stores the outcome (``failed=True`` for a terminal failure, replayed as such)."""
-        outcome = {"kind": "failed" if failed else "success", "result": result}
-        answer = self._request(
-            "POST",
-            f"/v1/tools/{self._tool(tool)}/complete",
-            {"key": key, "lease": lease, "outcome": outcome},
-        )
-        doc = self._json(answer)
-        return Completion(
-            decision=str(doc.get("decision")),
-            recording=doc.get("recording"),
-            executed_at=parse_time(doc.get("executed_at")),
-            expires_at=parse_time(doc.get("expires_at")),
-            raw=doc,
-        )
+        return self._send(self._complete(tool, key, lease, result, failed))
 
     def release(self, tool: str, key: str, lease: str, reason: str = "") -> str:
         """Nothing happened: frees the key so that a retry runs. Returns ``"not_applied"``."""
-        answer = self._request(
-            "POST",
-            f"/v1/tools/{self._tool(tool)}/release",
-            {"key": key, "lease": lease, "reason": reason},
-        )
-        return str(self._json(answer).get("decision"))
+        return self._send(self._finish("release", tool, key, lease, reason))
 
     def ambiguous(self, tool: str, key: str, lease: str, reason: str = "") -> str:
         """It may have happened: the record becomes unknown. Returns ``"unknown"``."""
-        answer = self._request(
-            "POST",
-            f"/v1/tools/{self._tool(tool)}/ambiguous",
-            {"key": key, "lease": lease, "reason": reason},
-        )
-        return str(self._json(answer).get("decision"))
+        return self._send(self._finish("ambiguous", tool, key, lease, reason))
 
     # ---- forwarding: the gateway calls the upstream -------------------------------------------
 
@@ -387,48 +495,19 @@ class Client:
         itself raise (``OutcomeUnknown`` for a 5xx or timeout of the upstream, ``InFlight``,
         ``UpstreamUnreachable``, ...).
         """
-        raw = json.dumps(args if args is not None else {}, separators=(",", ":")).encode()
-        answer = self._request(
-            "POST", f"/v1/tools/{self._tool(tool)}/call", raw_body=raw, headers=self._keyed(key)
-        )
-        err = self._problem(answer)
-        if err is not None:
-            raise err
-        return CallResult(
-            status=answer.status,
-            body=answer.body,
-            content_type=answer.header("Content-Type"),
-            replayed=_bool_header(answer.header("Idempotent-Replayed")),
-            rule=answer.header("Idempotency-Rule"),
-            executed_at=parse_time(answer.header("Idempotency-Executed-At")),
-            expires_at=parse_time(answer.header("Idempotency-Expires-At")),
-            headers=answer.headers,
-        )
+        return self._send(self._call(tool, key, args))
 
     # ---- records: the operator view ----------------------------------------------------------
 
     def record(self, tool: str, key: str) -> Record | None:
         """One record, or ``None`` when there is none."""
-        answer = self._request(
-            "GET",
-            f"/v1/tools/{self._tool(tool)}/records/{urllib.parse.quote(key, safe='')}",
-        )
-        try:
-            return Record.from_json(self._json(answer))
-        except NotFound:
-            return None
+        return self._send(self._record(tool, key))
 
     def records(
         self, state: str | None = None, tool: str | None = None, limit: int | None = None
     ) -> list[Record]:
         """This tenant's records, optionally only those in ``state`` and of ``tool``."""
-        query = {
-            k: v
-            for k, v in (("state", state), ("tool", tool), ("limit", limit))
-            if v is not None
-        }
-        path = "/v1/records" + (f"?{urllib.parse.urlencode(query)}" if query else "")
-        return [Record.from_json(doc) for doc in self._json(self._request("GET", path))]
+        return self._send(self._records(state, tool, limit))
 
     def resolve(
         self,
@@ -442,31 +521,105 @@ class Client:
         """Resolves a record whose outcome is unknown: ``resolution="completed"`` (it happened;
         ``result`` is stored and replayed, as a failure with ``failed=True``) or ``"release"`` (it
         did not: the next call runs). Returns the record after (``None`` once released)."""
-        if resolution not in ("completed", "release"):
-            raise ValueError("resolution must be 'completed' or 'release'")
-        body: dict[str, Any] = {"fence": fence, "resolution": resolution}
-        if resolution == "completed":
-            body["outcome"] = {"kind": "failed" if failed else "success", "result": result}
-        answer = self._request(
-            "POST",
-            f"/v1/tools/{self._tool(tool)}/records/{urllib.parse.quote(key, safe='')}/resolve",
-            body,
-        )
-        doc = self._json(answer)
-        return Record.from_json(doc) if isinstance(doc, Mapping) and doc else None
+        return self._send(self._resolve(tool, key, fence, resolution, result, failed))
 
     # ---- operations --------------------------------------------------------------------------
 
     def healthy(self) -> bool:
         """Whether ``/healthz`` answers 200."""
         try:
-            return self._request("GET", "/healthz", timeout=2).status == 200
+            return self._send(self._req("GET", "/healthz", _status_ok, timeout=2))
         except GatewayUnreachable:
             return False
 
     def ready(self) -> bool:
         """Whether ``/readyz`` answers 200 (the store answers)."""
         try:
-            return self._request("GET", "/readyz", timeout=5).status == 200
+            return self._send(self._req("GET", "/readyz", _status_ok, timeout=5))
+        except GatewayUnreachable:
+            return False
+
+
+class AsyncClient(_Api):
+    """The same client for asyncio: every method is a coroutine, requests go over a pool of
+    keep-alive connections (asyncio streams; ``max_idle`` kept open). Close it with
+    ``await client.aclose()`` or ``async with AsyncClient(...) as client:``."""
+
+    def __init__(self, base_url: str, token: str, timeout: float = 30.0, max_idle: int = 8) -> None:
+        super().__init__(base_url, token, timeout)
+        self.transport = AsyncTransport(self.base_url, max_idle=max_idle)
+
+    async def _send(self, call: _Call) -> Any:
+        return call.parse(await self.transport.send(call.request))
+
+    async def aclose(self) -> None:
+        """Closes the idle connections."""
+        await self.transport.aclose()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
+
+    async def begin(self, tool: str, key: str | None, args: Any = None) -> Begin:
+        """See :meth:`Client.begin`."""
+        return await self._send(self._begin(tool, key, args))
+
+    async def heartbeat(self, tool: str, key: str, lease: str) -> datetime | None:
+        """See :meth:`Client.heartbeat`."""
+        return await self._send(self._heartbeat(tool, key, lease))
+
+    async def complete(
+        self, tool: str, key: str, lease: str, result: Any, failed: bool = False
+    ) -> Completion:
+        """See :meth:`Client.complete`."""
+        return await self._send(self._complete(tool, key, lease, result, failed))
+
+    async def release(self, tool: str, key: str, lease: str, reason: str = "") -> str:
+        """See :meth:`Client.release`."""
+        return await self._send(self._finish("release", tool, key, lease, reason))
+
+    async def ambiguous(self, tool: str, key: str, lease: str, reason: str = "") -> str:
+        """See :meth:`Client.ambiguous`."""
+        return await self._send(self._finish("ambiguous", tool, key, lease, reason))
+
+    async def call(self, tool: str, key: str | None, args: Any = None) -> CallResult:
+        """See :meth:`Client.call`."""
+        return await self._send(self._call(tool, key, args))
+
+    async def record(self, tool: str, key: str) -> Record | None:
+        """See :meth:`Client.record`."""
+        return await self._send(self._record(tool, key))
+
+    async def records(
+        self, state: str | None = None, tool: str | None = None, limit: int | None = None
+    ) -> list[Record]:
+        """See :meth:`Client.records`."""
+        return await self._send(self._records(state, tool, limit))
+
+    async def resolve(
+        self,
+        tool: str,
+        key: str,
+        fence: int,
+        resolution: str,
+        result: Any = None,
+        failed: bool = False,
+    ) -> Record | None:
+        """See :meth:`Client.resolve`."""
+        return await self._send(self._resolve(tool, key, fence, resolution, result, failed))
+
+    async def healthy(self) -> bool:
+        """See :meth:`Client.healthy`."""
+        try:
+            return await self._send(self._req("GET", "/healthz", _status_ok, timeout=2))
+        except GatewayUnreachable:
+            return False
+
+    async def ready(self) -> bool:
+        """See :meth:`Client.ready`."""
+        try:
+            return await self._send(self._req("GET", "/readyz", _status_ok, timeout=5))
         except GatewayUnreachable:
             return False

@@ -1,7 +1,9 @@
-"""``@idempotent``: run a tool function at most once per key, through the gateway."""
+"""``@idempotent``: run a tool function at most once per key, through the gateway: plain functions
+with a :class:`Client`, ``async def`` functions with an :class:`AsyncClient`."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 import json
@@ -10,7 +12,7 @@ import time
 from datetime import datetime, timezone
 from typing import Any, Callable, TypeVar
 
-from .client import Begin, Client
+from .client import AsyncClient, Begin, Client
 from .errors import (
     Failed,
     GatewayUnreachable,
@@ -72,7 +74,7 @@ def _heartbeat_interval(begin: Begin, every: float | None) -> float | None:
 
 
 def idempotent(
-    client: Client,
+    client: Client | AsyncClient,
     tool: str,
     key: Callable[..., str],
     *,
@@ -100,11 +102,27 @@ def idempotent(
     - **in flight** elsewhere: try again until ``wait_in_flight`` seconds have passed, then raise
       ``InFlight``.
     - **unknown**: raise ``OutcomeUnknown`` (an operator or verifier resolves it).
+
+    With an :class:`AsyncClient` it wraps ``async def`` functions, with the same semantics (the
+    lease renewed by a task, in-flight waits by ``asyncio.sleep``); with a :class:`Client`, plain
+    functions.
     """
+    if isinstance(client, AsyncClient):
+        return _async_idempotent(
+            client,
+            tool,
+            key,
+            args=args,
+            heartbeat_every=heartbeat_every,
+            wait_in_flight=wait_in_flight,
+            record_retries=record_retries,
+        )
 
     def decorate(fn: F) -> F:
         if inspect.iscoroutinefunction(fn):
-            raise TypeError("@idempotent wraps plain functions; run coroutines in a thread")
+            raise TypeError(
+                "@idempotent with a Client wraps plain functions; use an AsyncClient for async def"
+            )
 
         @functools.wraps(fn)
         def wrapper(*a: Any, **kw: Any) -> Any:
@@ -180,5 +198,126 @@ def _retrying(attempts: int, write: Callable[[], Any]) -> Any:
             if attempt + 1 >= attempts:
                 raise
             time.sleep(delay)
+            delay *= 2
+    return None
+
+
+# ---- asyncio ------------------------------------------------------------------------------------
+
+
+def _async_idempotent(
+    client: AsyncClient,
+    tool: str,
+    key: Callable[..., str],
+    *,
+    args: Callable[..., Any] | None,
+    heartbeat_every: float | None,
+    wait_in_flight: float,
+    record_retries: int,
+) -> Callable[[F], F]:
+    def decorate(fn: F) -> F:
+        if not inspect.iscoroutinefunction(fn):
+            raise TypeError(
+                "@idempotent with an AsyncClient wraps async def functions; use a Client otherwise"
+            )
+
+        @functools.wraps(fn)
+        async def wrapper(*a: Any, **kw: Any) -> Any:
+            k = key(*a, **kw)
+            payload = args(*a, **kw) if args is not None else _default_args(a, kw)
+            begin = await _abegin(client, tool, k, payload, wait_in_flight)
+            if begin.pass_through:
+                return await fn(*a, **kw)
+            if begin.replayed:
+                outcome = begin.outcome
+                if outcome is not None and outcome.failed:
+                    raise Failed(outcome.result, replayed=True)
+                return outcome.result if outcome is not None else None
+            if not begin.execute or begin.lease is None:
+                raise RuntimeError(f"unexpected begin decision {begin.decision!r}")
+            lease = begin.lease
+            rkey = begin.key or k
+            interval = _heartbeat_interval(begin, heartbeat_every)
+            beat = (
+                asyncio.ensure_future(_abeat(client, tool, rkey, lease, interval))
+                if interval
+                else None
+            )
+            try:
+                try:
+                    value = await fn(*a, **kw)
+                finally:
+                    if beat is not None:
+                        beat.cancel()
+                        await asyncio.gather(beat, return_exceptions=True)
+            except NotApplied as e:
+                reason = str(e) or "not applied"
+                await _aretrying(record_retries, lambda: client.release(tool, rkey, lease, reason))
+                raise
+            except Failed as e:
+                result = e.result
+                await _aretrying(
+                    record_retries, lambda: client.complete(tool, rkey, lease, result, failed=True)
+                )
+                raise
+            except BaseException as e:
+                # Cancelled too: the function may have done its work before it was stopped.
+                reason = f"{type(e).__name__}: {e}"[:500]
+                try:
+                    await asyncio.shield(
+                        _aretrying(record_retries, lambda: client.ambiguous(tool, rkey, lease, reason))
+                    )
+                except BaseException:  # noqa: BLE001, S110 - the lease runs out, the record goes unknown anyway
+                    pass
+                raise
+            try:
+                await _aretrying(record_retries, lambda: client.complete(tool, rkey, lease, value))
+            except (GatewayUnreachable, StoreUnavailable) as e:
+                raise OutcomeNotRecorded(
+                    f"{tool}: the function ran but its outcome could not be recorded: {e}", value, e
+                ) from e
+            return value
+
+        return wrapper  # type: ignore[return-value]
+
+    return decorate
+
+
+async def _abeat(client: AsyncClient, tool: str, key: str, lease: str, every: float) -> None:
+    """Renews a lease every ``every`` seconds until cancelled (or the lease is lost)."""
+    while True:
+        await asyncio.sleep(every)
+        try:
+            await client.heartbeat(tool, key, lease)
+        except LeaseLost:
+            return
+        except Exception:  # noqa: BLE001, S112 - a missed beat is retried at the next tick
+            continue
+
+
+async def _abegin(
+    client: AsyncClient, tool: str, key: str, payload: Any, wait_in_flight: float
+) -> Begin:
+    deadline = time.monotonic() + wait_in_flight
+    while True:
+        try:
+            return await client.begin(tool, key, payload)
+        except InFlight as e:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise
+            await asyncio.sleep(min(max(e.retry_after or 0.1, 0.05), left, 1.0))
+
+
+async def _aretrying(attempts: int, write: Callable[[], Any]) -> Any:
+    """As :func:`_retrying`, awaiting ``write()``."""
+    delay = 0.1
+    for attempt in range(max(attempts, 1)):
+        try:
+            return await write()
+        except (GatewayUnreachable, StoreUnavailable):
+            if attempt + 1 >= attempts:
+                raise
+            await asyncio.sleep(delay)
             delay *= 2
     return None

@@ -10,11 +10,21 @@ same without a gateway.
     def send_invoice(run_id, step, invoice): ...
 """
 
-from .client import Begin, CallResult, Client, Completion, Outcome, Record, parse_time
+from .client import (
+    AsyncClient,
+    Begin,
+    CallResult,
+    Client,
+    Completion,
+    Outcome,
+    Record,
+    parse_time,
+)
 from .decorator import idempotent
 from .errors import GatewayTimeout, GatewayUnreachable, Unauthorized, UpstreamUnreachable
 
 __all__ = [
+    "AsyncClient",
     "Begin",
     "CallResult",
     "Client",
