@@ -278,8 +278,9 @@ impl SqliteStore {
     /// Opens the store named by `url` with default options.
     ///
     /// Accepted forms, the rest of the URL taken literally as a file path (no percent-decoding). The
-    /// one query option is `busy_timeout` (`?busy_timeout=500ms`, overriding
-    /// [`SqliteOptions::busy_timeout`]); any other is refused (`docs/STORES.md`):
+    /// query options are `busy_timeout` (`?busy_timeout=500ms`, overriding
+    /// [`SqliteOptions::busy_timeout`]) and `durability` (`full` or `normal`, overriding
+    /// [`SqliteOptions::durability`]); any other is refused (`docs/STORES.md`):
     /// - `sqlite:///var/lib/idemgate.db` and `sqlite:/var/lib/idemgate.db`: absolute paths;
     /// - `sqlite://idemgate.db` and `sqlite:data/idemgate.db`: relative to the working directory.
     ///
@@ -294,9 +295,12 @@ impl SqliteStore {
     /// # Errors
     /// As [`SqliteStore::connect`].
     pub fn connect_with(url: &str, mut opts: SqliteOptions) -> Result<Self> {
-        let (path, busy_timeout) = parse_url(url)?;
-        if let Some(busy) = busy_timeout {
+        let (path, options) = parse_url(url)?;
+        if let Some(busy) = options.busy_timeout {
             opts.busy_timeout = busy;
+        }
+        if let Some(durability) = options.durability {
+            opts.durability = durability;
         }
         Self::open(path, opts)
     }
@@ -403,8 +407,15 @@ fn wal_path(path: &Path) -> PathBuf {
     PathBuf::from(wal)
 }
 
-/// The file path named by a `sqlite:` URL, and its `busy_timeout` option.
-fn parse_url(url: &str) -> Result<(PathBuf, Option<Duration>)> {
+/// The options a `sqlite:` URL may set.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct UrlOptions {
+    busy_timeout: Option<Duration>,
+    durability: Option<Durability>,
+}
+
+/// The file path named by a `sqlite:` URL, and its options.
+fn parse_url(url: &str) -> Result<(PathBuf, UrlOptions)> {
     let bad = |why: &str| {
         StoreError::Misconfigured(format!(
             "failed to parse the store url {url:?}: {why} (expected sqlite://PATH or sqlite:PATH)"
@@ -416,15 +427,29 @@ fn parse_url(url: &str) -> Result<(PathBuf, Option<Duration>)> {
         .ok_or_else(|| bad("it does not start with sqlite:"))?;
     // The other settings are SqliteOptions fields only; an option this version does not know is
     // refused by name.
-    let query = UrlQuery::parse(rest, "sqlite", &["busy_timeout"])?;
+    let query = UrlQuery::parse(rest, "sqlite", &["busy_timeout", "durability"])?;
     if query.base.is_empty() {
         return Err(bad("it names no file"));
     }
-    let mut busy_timeout = None;
+    let mut options = UrlOptions::default();
     for (name, value) in query.options {
-        busy_timeout = Some(duration_option("sqlite", name, value, MAX_BUSY_TIMEOUT)?);
+        if name == "durability" {
+            options.durability = Some(match value {
+                "full" => Durability::Full,
+                "normal" => Durability::Normal,
+                _ => {
+                    return Err(StoreError::Misconfigured(format!(
+                        "failed to read durability={value:?} in the sqlite URL: expected full \
+                         (the default: a commit is on disk when it is answered) or normal (a power \
+                         cut may lose the last commits, so a side effect may run twice)"
+                    )))
+                }
+            });
+        } else {
+            options.busy_timeout = Some(duration_option("sqlite", name, value, MAX_BUSY_TIMEOUT)?);
+        }
     }
-    Ok((PathBuf::from(query.base), busy_timeout))
+    Ok((PathBuf::from(query.base), options))
 }
 
 /// The longest `busy_timeout` a URL may set: a write that waits longer for another process's lock
@@ -687,10 +712,21 @@ mod tests {
         assert_eq!(p("sqlite://idemgate.db"), Path::new("idemgate.db"));
         assert_eq!(p("sqlite:data/idemgate.db"), Path::new("data/idemgate.db"));
         assert_eq!(
-            parse_url("sqlite:///x.db?busy_timeout=250ms").unwrap(),
-            (PathBuf::from("/x.db"), Some(Duration::from_millis(250)))
+            parse_url("sqlite:///x.db?busy_timeout=250ms&durability=normal").unwrap(),
+            (
+                PathBuf::from("/x.db"),
+                UrlOptions {
+                    busy_timeout: Some(Duration::from_millis(250)),
+                    durability: Some(Durability::Normal),
+                }
+            )
         );
-        assert_eq!(parse_url("sqlite:///x.db").unwrap().1, None);
+        assert_eq!(
+            parse_url("sqlite:///x.db").unwrap().1,
+            UrlOptions::default()
+        );
+        let e = parse_url("sqlite:///x.db?durability=off").unwrap_err();
+        assert!(e.to_string().contains("durability=\"off\""), "{e}");
         for bad in [
             "postgres://x",
             "sqlite:",
@@ -710,11 +746,12 @@ mod tests {
     fn url_options_are_refused_by_name() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("opts.db");
-        let url = format!("sqlite://{}?durability=normal", path.display());
+        let url = format!("sqlite://{}?synchronous=off", path.display());
         let e = SqliteStore::connect(&url).unwrap_err();
         assert!(
             matches!(&e, StoreError::Misconfigured(m)
-                if m.contains("\"durability\"") && m.contains("the options are busy_timeout")),
+                if m.contains("\"synchronous\"")
+                    && m.contains("the options are busy_timeout, durability")),
             "{e}"
         );
         assert!(!path.exists(), "a refused URL must not create its file");
