@@ -15,7 +15,7 @@ mod request;
 mod server;
 mod verify;
 
-pub use auth::{new_token, token_sha256};
+pub use idemgate_kit::tenants::{new_token, token_sha256};
 pub use config::{Config, ServerConfig, TenantConfig, ToolConfig};
 pub use error::Error;
 pub use gateway::Gateway;
