@@ -153,9 +153,7 @@ impl AuthError {
 /// for another scheme.
 fn bearer(authorization: &str) -> Option<&str> {
     // A header of the scheme alone ("Bearer") carries an empty token.
-    let (scheme, token) = authorization
-        .split_once(' ')
-        .unwrap_or((authorization, ""));
+    let (scheme, token) = authorization.split_once(' ').unwrap_or((authorization, ""));
     scheme
         .eq_ignore_ascii_case("bearer")
         .then_some(token.trim())

@@ -148,7 +148,11 @@ impl Config {
         if let Err((field, message)) = idemgate_kit::tenants::validate(&config.tenants) {
             return Err(Error::Config(format!("{field}: {message}")));
         }
-        if let Some(i) = config.tenants.iter().position(|t| t.max_live_keys.is_some()) {
+        if let Some(i) = config
+            .tenants
+            .iter()
+            .position(|t| t.max_live_keys.is_some())
+        {
             return Err(Error::Config(format!(
                 "tenants[{i}].max_live_keys: not supported by the MCP proxy (only by the HTTP gateway)"
             )));
@@ -159,7 +163,9 @@ impl Config {
             ));
         }
         if config.http.idle_timeout.is_zero() {
-            return Err(Error::Config("http.idle_timeout must be positive".to_owned()));
+            return Err(Error::Config(
+                "http.idle_timeout must be positive".to_owned(),
+            ));
         }
         Ok(config)
     }

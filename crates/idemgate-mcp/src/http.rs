@@ -350,7 +350,10 @@ impl<S: Store> Proxy<S> {
             live.close();
             {
                 let mut sessions = lock(&proxy.sessions);
-                if sessions.get(&live.id).is_some_and(|l| Arc::ptr_eq(l, &live)) {
+                if sessions
+                    .get(&live.id)
+                    .is_some_and(|l| Arc::ptr_eq(l, &live))
+                {
                     sessions.remove(&live.id);
                 }
             }
@@ -463,7 +466,10 @@ fn fail(status: StatusCode, message: &str) -> Response {
 
 fn json_response(frame: String) -> Response {
     (
-        [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))],
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
         frame,
     )
         .into_response()
@@ -556,9 +562,8 @@ async fn post_message<S: Store>(
             "the session ended before the server answered",
         );
     };
-    let session_header = initialize.then(|| {
-        HeaderValue::from_str(&live.id).expect("hex session ids are valid header values")
-    });
+    let session_header = initialize
+        .then(|| HeaderValue::from_str(&live.id).expect("hex session ids are valid header values"));
     let first_is_answer = Frame::parse(&first).is_some_and(|f| f.is_response());
     let mut res = if first_is_answer {
         if initialize {
@@ -568,20 +573,17 @@ async fn post_message<S: Store>(
         json_response(first)
     } else {
         // The server speaks first: the answer follows on a stream.
-        let rest = stream::unfold(
-            Some((rx, waiting, initialize)),
-            |state| async move {
-                let (mut rx, waiting, initialize) = state?;
-                let frame = rx.recv().await?;
-                if Frame::parse(&frame).is_some_and(|f| f.is_response()) {
-                    if initialize {
-                        lock(&waiting.live.routes).version = agreed_version(&frame);
-                    }
-                    return Some((frame, None));
+        let rest = stream::unfold(Some((rx, waiting, initialize)), |state| async move {
+            let (mut rx, waiting, initialize) = state?;
+            let frame = rx.recv().await?;
+            if Frame::parse(&frame).is_some_and(|f| f.is_response()) {
+                if initialize {
+                    lock(&waiting.live.routes).version = agreed_version(&frame);
                 }
-                Some((frame, Some((rx, waiting, initialize))))
-            },
-        );
+                return Some((frame, None));
+            }
+            Some((frame, Some((rx, waiting, initialize))))
+        });
         let frames = stream::once(async move { first }).chain(rest);
         sse(frames).into_response()
     };
@@ -605,10 +607,7 @@ fn agreed_version(answer: &str) -> Option<String> {
 }
 
 /// `GET /mcp`: the stream of the server's own requests and notifications.
-async fn open_stream<S: Store>(
-    State(proxy): State<Arc<Proxy<S>>>,
-    headers: HeaderMap,
-) -> Response {
+async fn open_stream<S: Store>(State(proxy): State<Arc<Proxy<S>>>, headers: HeaderMap) -> Response {
     let tenant = match proxy.admit(&headers) {
         Ok(t) => t,
         Err(res) => return res,
@@ -648,10 +647,7 @@ async fn open_stream<S: Store>(
 }
 
 /// `DELETE /mcp`: the client ends its session. Its calls in flight run to their end.
-async fn end_session<S: Store>(
-    State(proxy): State<Arc<Proxy<S>>>,
-    headers: HeaderMap,
-) -> Response {
+async fn end_session<S: Store>(State(proxy): State<Arc<Proxy<S>>>, headers: HeaderMap) -> Response {
     let tenant = match proxy.admit(&headers) {
         Ok(t) => t,
         Err(res) => return res,

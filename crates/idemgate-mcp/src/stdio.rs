@@ -141,7 +141,15 @@ pub async fn serve<S: Store>(
             let _ = write_line(&mut out, &frame).await;
         }
     });
-    let ended = relay(session, to_server, client_lines, server_lines, server_in, stop).await;
+    let ended = relay(
+        session,
+        to_server,
+        client_lines,
+        server_lines,
+        server_in,
+        stop,
+    )
+    .await;
     let _ = client_writer.await;
     ended
 }
