@@ -81,8 +81,10 @@ struct Live {
 /// Where frames for the client go.
 #[derive(Default)]
 struct Routes {
-    /// POSTs waiting for the answer to their request, by request id.
-    posts: HashMap<String, VecDeque<mpsc::UnboundedSender<String>>>,
+    /// POSTs waiting for the answer to their request, by request id, each with its number.
+    posts: HashMap<String, VecDeque<(u64, mpsc::UnboundedSender<String>)>>,
+    /// The number of the next POST.
+    next: u64,
     /// The GET stream, when one is open.
     get: Option<mpsc::UnboundedSender<String>>,
     /// Server messages that found no stream.
@@ -106,7 +108,7 @@ impl Live {
         if let Some(f) = parsed.filter(Frame::is_response) {
             let id = frame::id_key(f.id.as_deref().expect("responses have ids"));
             if let Some(waiting) = r.posts.get_mut(&id) {
-                while let Some(tx) = waiting.pop_front() {
+                while let Some((_, tx)) = waiting.pop_front() {
                     match tx.send(frame) {
                         Ok(()) => break,
                         Err(back) => frame = back.0,
@@ -129,7 +131,7 @@ impl Live {
             }
         }
         for waiting in r.posts.values() {
-            for tx in waiting {
+            for (_, tx) in waiting {
                 match tx.send(frame) {
                     Ok(()) => return,
                     Err(back) => frame = back.0,
@@ -160,18 +162,19 @@ impl Live {
     }
 }
 
-/// Takes a POST's place in the waiting list off it when the POST ends, answered or not.
+/// Takes a POST's place in the waiting list off it when the POST ends, answered or not. (It
+/// holds no sender: when the session ends, the POST's channel closes and the POST learns so.)
 struct Waiting {
     live: Arc<Live>,
     id: String,
-    tx: mpsc::UnboundedSender<String>,
+    number: u64,
 }
 
 impl Drop for Waiting {
     fn drop(&mut self) {
         let mut r = lock(&self.live.routes);
         if let Some(waiting) = r.posts.get_mut(&self.id) {
-            waiting.retain(|t| !t.same_channel(&self.tx));
+            waiting.retain(|(n, _)| *n != self.number);
             if waiting.is_empty() {
                 r.posts.remove(&self.id);
             }
@@ -546,11 +549,13 @@ async fn post_message<S: Store>(
         if r.closed {
             return fail(StatusCode::NOT_FOUND, "the session has ended");
         }
-        r.posts.entry(id.clone()).or_default().push_back(tx.clone());
+        r.next += 1;
+        let number = r.next;
+        r.posts.entry(id.clone()).or_default().push_back((number, tx));
         Waiting {
             live: Arc::clone(&live),
             id,
-            tx,
+            number,
         }
     };
     if live.to_session.send((text, key)).is_err() {
