@@ -291,22 +291,22 @@ impl<S: Store> Proxy<S> {
     }
 
     /// Starts a session for `tenant`: its server process, and the tasks that relay its frames.
-    fn open(self: &Arc<Self>, tenant: TenantId) -> Result<Arc<Live>, Response> {
+    fn open(self: &Arc<Self>, tenant: TenantId) -> Result<Arc<Live>, Refused> {
         if self.stopping.load(Ordering::SeqCst) {
-            return Err(fail(
+            return Err(refuse(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "the proxy is shutting down",
             ));
         }
         if self.sessions() >= self.config.http.max_sessions {
-            return Err(fail(
+            return Err(refuse(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "too many sessions are open (http.max_sessions); end one with DELETE or retry later",
             ));
         }
         let (mut child, server_in, server_out) = stdio::spawn(&self.command).map_err(|e| {
             tracing::error!(error = %e, "failed to start the server for a session");
-            fail(StatusCode::BAD_GATEWAY, &e.to_string())
+            refuse(StatusCode::BAD_GATEWAY, &e.to_string())
         })?;
         let (session, outputs) = Session::new(
             Arc::clone(&self.engine),
@@ -367,7 +367,7 @@ impl<S: Store> Proxy<S> {
     }
 
     /// Checks `Origin`, the bearer token and the tenant's rate; returns the caller's tenant.
-    fn admit(&self, headers: &HeaderMap) -> Result<TenantId, Response> {
+    fn admit(&self, headers: &HeaderMap) -> Result<TenantId, Refused> {
         if let Some(origin) = headers.get(header::ORIGIN) {
             let allowed = origin.to_str().is_ok_and(|o| {
                 let o = o.trim().trim_end_matches('/');
@@ -378,7 +378,7 @@ impl<S: Store> Proxy<S> {
                     .any(|a| a.trim_end_matches('/').eq_ignore_ascii_case(o))
             });
             if !allowed {
-                return Err(fail(
+                return Err(refuse(
                     StatusCode::FORBIDDEN,
                     "the Origin of this request is not in http.allowed_origins",
                 ));
@@ -391,7 +391,7 @@ impl<S: Store> Proxy<S> {
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok());
         let tenant = authenticate(&self.tenants, authorization).map_err(|why| {
-            let mut res = fail(StatusCode::UNAUTHORIZED, why.detail());
+            let mut res = refuse(StatusCode::UNAUTHORIZED, why.detail());
             res.headers_mut().insert(
                 header::WWW_AUTHENTICATE,
                 HeaderValue::from_static(why.challenge()),
@@ -399,7 +399,7 @@ impl<S: Store> Proxy<S> {
             res
         })?;
         tenant.admit().map_err(|after| {
-            let mut res = fail(
+            let mut res = refuse(
                 StatusCode::TOO_MANY_REQUESTS,
                 "the tenant's request rate limit is exhausted; retry after the time given",
             );
@@ -412,9 +412,9 @@ impl<S: Store> Proxy<S> {
     }
 
     /// The session a request names, if it is the caller's.
-    fn session(&self, headers: &HeaderMap, tenant: &TenantId) -> Result<Arc<Live>, Response> {
+    fn session(&self, headers: &HeaderMap, tenant: &TenantId) -> Result<Arc<Live>, Refused> {
         let Some(id) = headers.get(SESSION_HEADER) else {
-            return Err(fail(
+            return Err(refuse(
                 StatusCode::BAD_REQUEST,
                 "the Mcp-Session-Id header is required (send initialize first)",
             ));
@@ -426,7 +426,7 @@ impl<S: Store> Proxy<S> {
             // Another tenant's session is as unknown as one that never was.
             .filter(|l| l.tenant == *tenant)
             .ok_or_else(|| {
-                fail(
+                refuse(
                     StatusCode::NOT_FOUND,
                     "no such session (it ended, or never was): initialize a new one",
                 )
@@ -435,7 +435,7 @@ impl<S: Store> Proxy<S> {
             let v = v.to_str().unwrap_or_default();
             let agreed = lock(&live.routes).version.clone();
             if !(KNOWN_VERSIONS.contains(&v) || agreed.as_deref() == Some(v)) {
-                return Err(fail(
+                return Err(refuse(
                     StatusCode::BAD_REQUEST,
                     &format!("unsupported MCP-Protocol-Version {v:?}"),
                 ));
@@ -451,6 +451,13 @@ fn session_id() -> String {
     let mut bytes = [0u8; 16];
     getrandom::fill(&mut bytes).expect("failed to read randomness from the operating system");
     idemgate_core::key::hex(&bytes)
+}
+
+/// A refused request's answer (boxed: a response is large).
+type Refused = Box<Response>;
+
+fn refuse(status: StatusCode, message: &str) -> Refused {
+    Box::new(fail(status, message))
 }
 
 /// An HTTP error whose body is a JSON-RPC error without id (the MCP SDKs read it as one).
@@ -490,7 +497,7 @@ async fn post_message<S: Store>(
 ) -> Response {
     let tenant = match proxy.admit(&headers) {
         Ok(t) => t,
-        Err(res) => return res,
+        Err(res) => return *res,
     };
     if let Some(ct) = headers.get(header::CONTENT_TYPE) {
         let json = ct.to_str().is_ok_and(|ct| {
@@ -527,12 +534,12 @@ async fn post_message<S: Store>(
     let live = if initialize {
         match proxy.open(tenant) {
             Ok(l) => l,
-            Err(res) => return res,
+            Err(res) => return *res,
         }
     } else {
         match proxy.session(&headers, &tenant) {
             Ok(l) => l,
-            Err(res) => return res,
+            Err(res) => return *res,
         }
     };
     let (Some(id), Some(_)) = (f.id.as_deref(), f.method.as_deref()) else {
@@ -551,7 +558,10 @@ async fn post_message<S: Store>(
         }
         r.next += 1;
         let number = r.next;
-        r.posts.entry(id.clone()).or_default().push_back((number, tx));
+        r.posts
+            .entry(id.clone())
+            .or_default()
+            .push_back((number, tx));
         Waiting {
             live: Arc::clone(&live),
             id,
@@ -615,7 +625,7 @@ fn agreed_version(answer: &str) -> Option<String> {
 async fn open_stream<S: Store>(State(proxy): State<Arc<Proxy<S>>>, headers: HeaderMap) -> Response {
     let tenant = match proxy.admit(&headers) {
         Ok(t) => t,
-        Err(res) => return res,
+        Err(res) => return *res,
     };
     let accepts = headers
         .get_all(header::ACCEPT)
@@ -630,7 +640,7 @@ async fn open_stream<S: Store>(State(proxy): State<Arc<Proxy<S>>>, headers: Head
     }
     let live = match proxy.session(&headers, &tenant) {
         Ok(l) => l,
-        Err(res) => return res,
+        Err(res) => return *res,
     };
     let (tx, rx) = mpsc::unbounded_channel();
     {
@@ -655,11 +665,11 @@ async fn open_stream<S: Store>(State(proxy): State<Arc<Proxy<S>>>, headers: Head
 async fn end_session<S: Store>(State(proxy): State<Arc<Proxy<S>>>, headers: HeaderMap) -> Response {
     let tenant = match proxy.admit(&headers) {
         Ok(t) => t,
-        Err(res) => return res,
+        Err(res) => return *res,
     };
     let live = match proxy.session(&headers, &tenant) {
         Ok(l) => l,
-        Err(res) => return res,
+        Err(res) => return *res,
     };
     lock(&proxy.sessions).remove(&live.id);
     live.stop.notify_one();
