@@ -416,3 +416,79 @@ fn mcp_http_refuses_a_non_loopback_address_without_tokens() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("without authentication"), "{err}");
 }
+
+#[test]
+fn mcp_http_sigterm_lets_a_write_in_flight_finish_and_records_it() {
+    let sb = Sandbox::new();
+    let mut p = sb.listen("", &["python3", FIXTURE]);
+    let sid = p.session("unused");
+    let slow =
+        r#"{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"slow","arguments":{}}}"#;
+    let answer = std::thread::scope(|s| {
+        let call = s.spawn(|| {
+            p.http(
+                "POST",
+                &[("mcp-session-id", &sid), ("idempotency-key", "slow-1")],
+                slow,
+            )
+        });
+        let start = Instant::now();
+        while sb.executed().is_empty() {
+            assert!(start.elapsed() < DEADLINE, "the slow call never started");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // Our own child's pid, positive, by its handle.
+        let pid = p.child.id().to_string();
+        let term = std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap();
+        assert!(term.success());
+        fs::write(sb.path("release"), "").unwrap();
+        call.join().unwrap()
+    });
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert_eq!(answer.json()["result"]["content"][0]["text"], "slow done");
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = p.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            start.elapsed() < DEADLINE,
+            "the proxy did not stop on SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(0));
+    // A new proxy on the same store replays it.
+    let q = sb.listen("", &["python3", FIXTURE]);
+    let sid = q.session("unused");
+    let again = q.http(
+        "POST",
+        &[("mcp-session-id", &sid), ("idempotency-key", "slow-1")],
+        slow,
+    );
+    assert!(replayed(&again.json()["result"]), "{}", again.body);
+    assert_eq!(sb.executed(), ["slow started"]);
+}
+
+#[test]
+fn mcp_http_idle_sessions_end() {
+    let sb = Sandbox::new();
+    let p = sb.listen("[http]\nidle_timeout = \"1s\"\n", &["python3", FIXTURE]);
+    let sid = p.session("unused");
+    let ping = r#"{"jsonrpc":"2.0","id":9,"method":"ping"}"#;
+    let first = p.http("POST", &[("mcp-session-id", &sid)], ping);
+    assert_eq!(first.status, 200, "{}", first.body);
+    let start = Instant::now();
+    loop {
+        // Each look is a request, so it waits out the idle time before looking again.
+        std::thread::sleep(Duration::from_millis(1500));
+        let res = p.http("POST", &[("mcp-session-id", &sid)], ping);
+        if res.status == 404 {
+            break;
+        }
+        assert!(start.elapsed() < DEADLINE, "the idle session never ended");
+    }
+}
