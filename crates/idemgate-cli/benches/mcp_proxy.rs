@@ -10,7 +10,9 @@
 //! fixture over stdio (a child per session), so the HTTP figure includes that extra hop.
 //!
 //! Added latency is proxied minus direct, per round, for the same transport and callers; the
-//! table shows the median over rounds with the min and max.
+//! table shows the median over rounds with the min and max. The `engine` rows are the floor a
+//! fresh write costs without any transport: the engine in this process on its own SQLite file
+//! (reserve, run a no-op, record: two durable commits), at 1 and 16 concurrent callers.
 //!
 //! Run with `scripts/bench-mcp [--rounds 5] [--calls 2000]` (or
 //! `cargo bench -p idemgate-cli --bench mcp_proxy -- --rounds 5 --calls 2000`).
@@ -306,6 +308,53 @@ enum Path {
     Replay,
 }
 
+/// The engine alone on SQLite: `calls` fresh writes of a no-op over `callers` tasks.
+async fn measure_engine(
+    engine: &Arc<idemgate::Engine<idemgate::AnyStore>>,
+    callers: usize,
+    calls: usize,
+    tag: &str,
+) -> Lat {
+    use idemgate::{Call, Effect, IdempotencyKey, TenantId, ToolName, ToolPolicy};
+    let per = calls / callers;
+    let mut tasks = Vec::new();
+    for c in 0..callers {
+        let engine = Arc::clone(engine);
+        let tag = tag.to_owned();
+        tasks.push(tokio::spawn(async move {
+            let policy = ToolPolicy::default();
+            let mut lat = Vec::with_capacity(per);
+            for i in 0..per {
+                let call = Call::new(
+                    TenantId::new("local").unwrap(),
+                    ToolName::new("bench/write").unwrap(),
+                )
+                .args_text(br#"{"n":1}"#)
+                .unwrap()
+                .key(IdempotencyKey::explicit(format!("engine-{tag}-{c}-{i}")).unwrap());
+                let start = Instant::now();
+                let answer = engine
+                    .call_with_policy(call, &policy, || async { Effect::Success(b"{}".to_vec()) })
+                    .await
+                    .unwrap();
+                lat.push(start.elapsed().as_secs_f64() * 1e6);
+                std::hint::black_box(answer);
+            }
+            lat
+        }));
+    }
+    let mut all = Vec::with_capacity(calls);
+    for t in tasks {
+        all.extend(t.await.unwrap());
+    }
+    all.sort_by(f64::total_cmp);
+    let q = |p: f64| all[((all.len() as f64 - 1.0) * p).round() as usize];
+    Lat {
+        p50: q(0.50),
+        p99: q(0.99),
+    }
+}
+
 /// p50 and p99 in microseconds.
 #[derive(Clone, Copy, Debug)]
 struct Lat {
@@ -418,9 +467,21 @@ async fn bench(rounds: usize, calls: usize) {
             measure(conn, 4, 400, |c, i| format!("warm-{c}-{i}"), None).await;
         }
     }
+    let engine_store = format!("sqlite://{}", dir.path().join("engine.db").display());
+    let engine = Arc::new(idemgate::Engine::new(
+        idemgate::AnyStore::connect(&engine_store).await.unwrap(),
+    ));
+    measure_engine(&engine, 4, 400, "warm").await;
     // results[(transport, callers, path)] = one Lat per round.
     let mut results: HashMap<(&str, usize, Path), Vec<Lat>> = HashMap::new();
     for round in 0..rounds {
+        for callers in [1usize, 16] {
+            let lat = measure_engine(&engine, callers, calls, &format!("{callers}-{round}")).await;
+            results
+                .entry(("engine", callers, Path::Fresh))
+                .or_default()
+                .push(lat);
+        }
         for (name, direct, proxied) in &transports {
             for callers in [1usize, 16] {
                 let lat = measure(direct, callers, calls, |_, _| "direct".to_owned(), None).await;
@@ -474,6 +535,21 @@ async fn bench(rounds: usize, calls: usize) {
         "{:<6} {:>7}  {:<8} {:<26} {:<26} {:<26} {:<26}",
         "", "callers", "path", "p50", "p99", "added p50", "added p99"
     );
+    for callers in [1usize, 16] {
+        let lats = &results[&("engine", callers, Path::Fresh)];
+        let p50 = median_min_max(lats.iter().map(|l| l.p50).collect());
+        let p99 = median_min_max(lats.iter().map(|l| l.p99).collect());
+        println!(
+            "{:<6} {:>7}  {:<8} {:<26} {:<26} {:<26} {:<26}",
+            "engine",
+            callers,
+            "fresh",
+            fmt_ms(p50),
+            fmt_ms(p99),
+            "(no transport)",
+            "-"
+        );
+    }
     for (name, _, _) in &transports {
         for callers in [1usize, 16] {
             let direct = &results[&(*name, callers, Path::Direct)];
