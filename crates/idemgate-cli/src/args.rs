@@ -87,7 +87,7 @@ pub enum Command {
     /// Run the HTTP gateway (docs/HTTP.md).
     #[command(long_about = SERVE_ABOUT, after_long_help = SERVE_EXAMPLES)]
     Serve(ServeArgs),
-    /// Put idemgate in front of an MCP server on stdio (docs/MCP.md).
+    /// Put idemgate in front of an MCP server, on stdio or Streamable HTTP (docs/MCP.md).
     #[command(long_about = MCP_ABOUT, after_long_help = MCP_EXAMPLES)]
     Mcp(McpArgs),
     /// Make and hash the gateway's bearer tokens.
@@ -137,8 +137,8 @@ pub struct ServeArgs {
 }
 
 const MCP_ABOUT: &str = "\
-Put idemgate in front of an MCP server on stdio (docs/MCP.md): every write tool runs at most once
-per logical action.
+Put idemgate in front of an MCP server (docs/MCP.md): every write tool runs at most once per
+logical action.
 
 `idemgate mcp -- CMD ARGS...` starts CMD as the MCP server and relays newline-delimited JSON-RPC
 between the agent (this process's stdin and stdout) and CMD, frame by frame, unchanged, except for
@@ -150,7 +150,12 @@ back, marked as a replay, without running the tool again.
 
 Records live in the store every command uses (--store, default: the SQLite file in your data
 directory), so `idemgate keys list` shows them and a new proxy process per call still replays.
-The server's stderr is passed through; idemgate's own logs are JSON lines on stderr.";
+The server's stderr is passed through; idemgate's own logs are JSON lines on stderr.
+
+With --listen ADDR the agent side is MCP Streamable HTTP instead, at http://ADDR/mcp: every
+session (initialize) gets its own CMD process. The `Idempotency-Key` header keys a tools/call.
+Bearer tokens name tenants as the HTTP gateway's [[tenants]] do; without them only a loopback
+address is served. Requests with an Origin header not in [http] allowed_origins get 403.";
 
 const MCP_EXAMPLES: &str = "\
 Examples:
@@ -158,7 +163,10 @@ Examples:
   idemgate mcp -- npx -y @modelcontextprotocol/server-memory
 
   # per-tool policies, trusted annotations, audit log
-  idemgate mcp --config ~/.config/idemgate/memory.toml -- npx -y @modelcontextprotocol/server-memory";
+  idemgate mcp --config ~/.config/idemgate/memory.toml -- npx -y @modelcontextprotocol/server-memory
+
+  # Streamable HTTP on loopback: the agent connects to http://127.0.0.1:8765/mcp
+  idemgate mcp --listen 127.0.0.1:8765 -- npx -y @modelcontextprotocol/server-memory";
 
 /// `mcp`.
 #[derive(Debug, Args)]
@@ -166,6 +174,11 @@ pub struct McpArgs {
     /// The proxy's TOML configuration (docs/MCP.md).
     #[arg(long, value_name = "PATH")]
     pub config: Option<PathBuf>,
+
+    /// Serve MCP Streamable HTTP on this address (endpoint /mcp) instead of stdio; port 0 picks
+    /// a free port (the URL is printed on stderr). Non-loopback addresses need [[tenants]].
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<std::net::SocketAddr>,
 
     /// The MCP server's command and its arguments (after `--`).
     #[arg(required = true, last = true, value_name = "CMD")]

@@ -1,4 +1,5 @@
-//! `idemgate mcp`: the MCP proxy on stdio, on the store every other command uses.
+//! `idemgate mcp`: the MCP proxy on stdio or Streamable HTTP, on the store every other command
+//! uses.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,6 +25,13 @@ pub(crate) async fn run(cli: &Cli, args: &McpArgs) -> Result<u8> {
         Some(path) => Config::load(path)?,
         None => Config::default(),
     };
+    if let Some(listen) = args.listen {
+        if !listen.ip().is_loopback() && config.tenants.is_empty() {
+            anyhow::bail!(
+                "refusing to serve MCP on {listen} without authentication: a non-loopback address needs [[tenants]] with bearer tokens in --config (docs/MCP.md)"
+            );
+        }
+    }
     let tenant = match (&config.tenant, &cli.tenant) {
         (None, Some(t)) => TenantId::new(t.as_str()).context("invalid --tenant")?,
         _ => config.tenant_or("local")?,
@@ -61,6 +69,11 @@ pub(crate) async fn run(cli: &Cli, args: &McpArgs) -> Result<u8> {
         .context("failed to open the audit log")?;
     let engine = Arc::new(instruments.attach(Engine::new(store).with_journal(Arc::new(journal))));
     let _flusher = engine.spawn_journal_flusher(JOURNAL_FLUSH_EVERY);
+    if let Some(listen) = args.listen {
+        let proxy = idemgate_mcp::http::Proxy::new(engine, config, tenant, args.command.clone());
+        proxy.run(listen).await?;
+        return Ok(0);
+    }
     let code = idemgate_mcp::stdio::run(engine, config, tenant, &args.command).await?;
     Ok(u8::try_from(code.rem_euclid(256)).unwrap_or(exit::FAILURE))
 }

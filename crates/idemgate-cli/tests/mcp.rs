@@ -71,7 +71,7 @@ impl Sandbox {
     }
 
     /// Executions the fixture logged.
-    fn executed(&self) -> Vec<String> {
+    pub(crate) fn executed(&self) -> Vec<String> {
         fs::read_to_string(self.path("executed"))
             .map(|s| s.lines().map(str::to_owned).collect())
             .unwrap_or_default()
@@ -538,7 +538,7 @@ fn mcp_client_hanging_up_mid_write_still_records_its_outcome() {
 
 /// The pinned third-party pieces (scripts/mcp-test-deps), or a loud failure saying how to get
 /// them.
-fn mcp_deps() -> PathBuf {
+pub(crate) fn mcp_deps() -> PathBuf {
     let dir = std::env::var_os("IDEMGATE_MCP_DEPS").map_or_else(
         || {
             PathBuf::from(concat!(

@@ -4,6 +4,7 @@ mod cli;
 mod faultproxy;
 mod gateway;
 mod mcp;
+mod mcp_http;
 mod regressions;
 
 /// Tests that load both cores (process storms, crash tests) take this lock so that they run one

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use idemgate::{TenantId, ToolKind, ToolPolicy, UnknownPolicy};
+use idemgate::{ToolKind, ToolPolicy, UnknownPolicy};
 use serde::{Deserialize, Deserializer};
 
 use crate::error::Error;
@@ -68,19 +68,7 @@ impl Default for ServerConfig {
     }
 }
 
-/// `[[tenants]]`.
-#[derive(Clone, Debug, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TenantConfig {
-    /// The tenant's id; its records are named under it.
-    pub id: TenantId,
-    /// Lower-case hex SHA-256 of the tenant's bearer token (`idemgate token hash TOKEN`).
-    pub token_sha256: String,
-    /// Requests per second (token bucket, burst twice the rate); unlimited when absent.
-    pub rate_limit_per_second: Option<f64>,
-    /// Records this gateway may hold in flight for the tenant at once; unlimited when absent.
-    pub max_live_keys: Option<usize>,
-}
+pub use idemgate_kit::tenants::TenantConfig;
 
 /// `[tools.NAME]`: the tool's policy, and its upstream if the gateway forwards calls to it.
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
@@ -175,37 +163,8 @@ impl Config {
                 "at least one [[tenants]] entry is required: the gateway never serves without authentication".to_owned(),
             );
         }
-        for (i, t) in self.tenants.iter().enumerate() {
-            let h = &t.token_sha256;
-            if h.len() != 64 || !h.bytes().all(|b| b.is_ascii_hexdigit()) {
-                return fail(
-                    format!("tenants[{i}].token_sha256"),
-                    "expected 64 hex digits (`idemgate token hash TOKEN` prints them)".to_owned(),
-                );
-            }
-            if self.tenants[..i].iter().any(|o| o.id == t.id) {
-                return fail(
-                    format!("tenants[{i}].id"),
-                    format!("tenant {:?} is listed twice", t.id.as_str()),
-                );
-            }
-            if self.tenants[..i]
-                .iter()
-                .any(|o| o.token_sha256.eq_ignore_ascii_case(h))
-            {
-                return fail(
-                    format!("tenants[{i}].token_sha256"),
-                    "two tenants share one token".to_owned(),
-                );
-            }
-            if let Some(r) = t.rate_limit_per_second {
-                if !(r.is_finite() && r > 0.0) {
-                    return fail(
-                        format!("tenants[{i}].rate_limit_per_second"),
-                        "expected a positive number".to_owned(),
-                    );
-                }
-            }
+        if let Err((field, message)) = idemgate_kit::tenants::validate(&self.tenants) {
+            return fail(field, message);
         }
         if self.server.max_body_bytes == 0 {
             return fail(

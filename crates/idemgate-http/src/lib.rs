@@ -15,10 +15,10 @@ mod request;
 mod server;
 mod verify;
 
-pub use auth::{new_token, token_sha256};
 pub use config::{Config, ServerConfig, TenantConfig, ToolConfig};
 pub use error::Error;
 pub use gateway::Gateway;
+pub use idemgate_kit::tenants::{new_token, token_sha256};
 pub use server::{bind, router, serve, shutdown_signal, Server};
 
 /// The OpenAPI 3.1 document the gateway serves at `/openapi.json`.

@@ -5,7 +5,8 @@
 //!   door is replayed by another;
 //! - [`Metrics`], [`Audit`] and [`Log`]: engine observers, attached in one call by
 //!   [`Instruments::attach`];
-//! - [`limits`]: per-tenant request rate and keys in flight.
+//! - [`limits`]: per-tenant request rate and keys in flight;
+//! - [`tenants`]: `[[tenants]]`, bearer tokens and who a request's token names.
 //!
 //! How a decision becomes an answer (status, problem, exit code, error or not) is
 //! [`idemgate_core::Verdict`], next to the decisions themselves.
@@ -16,6 +17,7 @@ pub mod limits;
 pub mod log;
 pub mod metrics;
 pub mod payload;
+pub mod tenants;
 
 use std::path::Path;
 use std::sync::Arc;

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use idemgate_core::{Fingerprint, TenantId, ToolKind, ToolName, ToolPolicy};
+use idemgate_kit::tenants::TenantConfig;
 use serde::Deserialize;
 
 use crate::catalog::Tool;
@@ -52,6 +53,38 @@ pub struct Config {
     pub default: ToolPolicy,
     /// Per-tool policies by the server's tool name; a table is the tool's whole policy.
     pub tools: BTreeMap<String, ToolPolicy>,
+    /// Who may call over Streamable HTTP (`--listen`), each with a bearer token, as the HTTP
+    /// gateway's `[[tenants]]`. None: no authentication, loopback only, tenant `tenant`.
+    pub tenants: Vec<TenantConfig>,
+    /// The Streamable HTTP transport (`--listen`).
+    pub http: HttpConfig,
+}
+
+/// `[http]`: the Streamable HTTP transport.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HttpConfig {
+    /// Values of the `Origin` header that are let in (`"http://localhost:6274"`); a request with
+    /// any other `Origin` gets 403. Requests without `Origin` (not from a browser) are let in.
+    pub allowed_origins: Vec<String>,
+    /// Sessions (each with its own server process) open at once; more get 503.
+    pub max_sessions: usize,
+    /// A session without requests for this long is ended (its server is stopped).
+    #[serde(with = "duration")]
+    pub idle_timeout: Duration,
+    /// Larger request bodies get 413.
+    pub max_body_bytes: usize,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig {
+            allowed_origins: Vec::new(),
+            max_sessions: 32,
+            idle_timeout: Duration::from_secs(30 * 60),
+            max_body_bytes: 4 * 1024 * 1024,
+        }
+    }
 }
 
 impl Default for Config {
@@ -69,6 +102,8 @@ impl Default for Config {
             key_sources: vec![KeySource::Meta, KeySource::Argument],
             default: ToolPolicy::default(),
             tools: BTreeMap::new(),
+            tenants: Vec::new(),
+            http: HttpConfig::default(),
         }
     }
 }
@@ -109,6 +144,28 @@ impl Config {
                     "server_name {name:?} must be 1 to {MAX_SERVER_NAME} of letters, digits, '.', '_' and '-'"
                 )));
             }
+        }
+        if let Err((field, message)) = idemgate_kit::tenants::validate(&config.tenants) {
+            return Err(Error::Config(format!("{field}: {message}")));
+        }
+        if let Some(i) = config
+            .tenants
+            .iter()
+            .position(|t| t.max_live_keys.is_some())
+        {
+            return Err(Error::Config(format!(
+                "tenants[{i}].max_live_keys: not supported by the MCP proxy (only by the HTTP gateway)"
+            )));
+        }
+        if config.http.max_sessions == 0 || config.http.max_body_bytes == 0 {
+            return Err(Error::Config(
+                "http.max_sessions and http.max_body_bytes must be positive".to_owned(),
+            ));
+        }
+        if config.http.idle_timeout.is_zero() {
+            return Err(Error::Config(
+                "http.idle_timeout must be positive".to_owned(),
+            ));
         }
         Ok(config)
     }

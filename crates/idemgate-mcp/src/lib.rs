@@ -3,16 +3,19 @@
 //!
 //! - [`Session`]: one proxied session, independent of the transport: frames in, frames out;
 //! - [`stdio`]: the stdio transport (`idemgate mcp -- CMD ARGS…`), the server a child process;
+//! - [`http`]: the Streamable HTTP transport (`idemgate mcp --listen ADDR -- CMD ARGS…`), a
+//!   child process per session;
 //! - [`Config`]: the TOML configuration; per-tool policies in the gateway's vocabulary;
 //! - the `_meta` names the proxy reads and writes are the `META_*` constants.
 //!
-//! Another transport (Streamable HTTP) feeds the same [`Session`] from its own frames.
+//! Both transports feed the same [`Session`] from their own frames.
 
 mod answer;
 pub mod catalog;
 pub mod config;
 mod error;
 mod frame;
+pub mod http;
 mod session;
 pub mod stdio;
 
@@ -20,6 +23,6 @@ pub use answer::{
     META_EXECUTED_AT, META_FENCE, META_KEY, META_PROBLEM, META_REPLAYED, META_RETRY_AFTER,
     META_RULE, META_SINCE, META_VERDICT,
 };
-pub use config::{Config, KeySource};
+pub use config::{Config, HttpConfig, KeySource};
 pub use error::Error;
 pub use session::{Outgoing, Outputs, Session};

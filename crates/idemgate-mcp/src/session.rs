@@ -185,6 +185,13 @@ impl<S: Store> Session<S> {
     /// A frame from the client. `tools/call` requests are judged in a task of their own; a
     /// cancellation of a write in flight is held back unless configured; the rest goes on.
     pub fn from_client(&self, line: String) {
+        self.from_client_keyed(line, None);
+    }
+
+    /// A frame from the client, with the key its transport carried beside it (the
+    /// `Idempotency-Key` header of Streamable HTTP), which a `tools/call` uses before any key
+    /// of its own: a different key in the frame itself is refused.
+    pub fn from_client_keyed(&self, line: String, key: Option<IdempotencyKey>) {
         let Some(f) = Frame::parse(&line) else {
             self.inner.send_server(line);
             return;
@@ -197,7 +204,7 @@ impl<S: Store> Session<S> {
                 // Finished calls are reaped as new ones come, so a long session stays small.
                 while calls.try_join_next().is_some() {}
                 calls.spawn(async move {
-                    let answer = inner.call(&id, line, params.as_deref()).await;
+                    let answer = inner.call(&id, line, params.as_deref(), key).await;
                     let _ = inner.to_client.send(answer);
                 });
             }
@@ -289,7 +296,13 @@ impl<S: Store> Inner<S> {
     }
 
     /// Judges one `tools/call` and returns the frame that answers it.
-    async fn call(&self, id: &RawValue, line: String, params: Option<&RawValue>) -> String {
+    async fn call(
+        &self,
+        id: &RawValue,
+        line: String,
+        params: Option<&RawValue>,
+        outer_key: Option<IdempotencyKey>,
+    ) -> String {
         let params = params.and_then(frame::object).unwrap_or_default();
         let name = frame::string(&params, "name").unwrap_or_default();
         let policy_of_unknown = ToolPolicy::default();
@@ -317,9 +330,21 @@ impl<S: Store> Inner<S> {
         let tool = self.describe(&name).await;
         let policy = self.config.policy(&name, tool.as_ref());
         cx.policy = &policy;
-        let key = match self.key_of(&params, &arguments) {
-            Ok(k) => k,
-            Err(e) => return self.refuse(&cx, &scope, format!("{e}; nothing was done.")),
+        let key = match (self.key_of(&params, &arguments), outer_key) {
+            (Ok(Some(own)), Some(outer)) if own != outer => {
+                return self.refuse(
+                    &cx,
+                    &scope,
+                    format!(
+                        "the Idempotency-Key header ({}) and the key in the call ({}) differ; nothing was done.",
+                        outer.as_str(),
+                        own.as_str()
+                    ),
+                )
+            }
+            (Ok(_), Some(outer)) => Some(outer),
+            (Ok(k), None) => k,
+            (Err(e), _) => return self.refuse(&cx, &scope, format!("{e}; nothing was done.")),
         };
         // The key is not part of the action: calls that differ only in it are the same action.
         let declared = tool.as_ref().and_then(|t| t.key_argument.as_deref());

@@ -8,13 +8,14 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idemgate_core::{Engine, Store, TenantId};
+use idemgate_core::{Engine, IdempotencyKey, Store, TenantId};
 use tokio::io::{AsyncBufReadExt as _, AsyncRead, AsyncWrite, AsyncWriteExt as _, BufReader};
+use tokio::process::{ChildStdin, ChildStdout};
 use tokio::sync::mpsc;
 
 use crate::config::{server_name, Config};
 use crate::error::Error;
-use crate::session::{Outputs, Session};
+use crate::session::{Outgoing, Outputs, Session};
 
 /// How long the server gets to exit on its own once its input is closed.
 const EXIT_GRACE: Duration = Duration::from_secs(5);
@@ -32,21 +33,8 @@ pub async fn run<S: Store>(
     tenant: TenantId,
     command: &[String],
 ) -> Result<i32, Error> {
-    let program = command.first().cloned().unwrap_or_default();
     let server = server_name(&config, command);
-    let mut child = tokio::process::Command::new(&program)
-        .args(command.iter().skip(1))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .map_err(|source| Error::Spawn {
-            command: program,
-            source,
-        })?;
-    let (Some(server_in), Some(server_out)) = (child.stdin.take(), child.stdout.take()) else {
-        unreachable!("both pipes were asked for")
-    };
+    let (mut child, server_in, server_out) = spawn(command)?;
     let (session, outputs) = Session::new(engine, config, server, tenant);
     let ended = serve(
         session,
@@ -58,18 +46,67 @@ pub async fn run<S: Store>(
         shutdown_signal(),
     )
     .await;
-    let status = match tokio::time::timeout(EXIT_GRACE, child.wait()).await {
+    let status = reap(&mut child).await;
+    Ok(match ended {
+        Ended::ServerClosed => status.and_then(|s| s.code()).unwrap_or(1),
+        Ended::ClientClosed => 0,
+    })
+}
+
+/// Starts `command` as a server with piped stdin and stdout (its stderr is the proxy's).
+///
+/// # Errors
+/// [`Error::Spawn`] when it cannot be started.
+pub(crate) fn spawn(
+    command: &[String],
+) -> Result<(tokio::process::Child, ChildStdin, ChildStdout), Error> {
+    let program = command.first().cloned().unwrap_or_default();
+    let mut child = tokio::process::Command::new(&program)
+        .args(command.iter().skip(1))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|source| Error::Spawn {
+            command: program,
+            source,
+        })?;
+    let (Some(server_in), Some(server_out)) = (child.stdin.take(), child.stdout.take()) else {
+        unreachable!("both pipes were asked for")
+    };
+    Ok((child, server_in, server_out))
+}
+
+/// Waits for a server whose input is closed to exit, killing it after a grace period.
+pub(crate) async fn reap(child: &mut tokio::process::Child) -> Option<std::process::ExitStatus> {
+    match tokio::time::timeout(EXIT_GRACE, child.wait()).await {
         Ok(status) => status.ok(),
         Err(_) => {
             // Our own child, still unreaped: its pid cannot name another process yet.
             let _ = child.start_kill();
             child.wait().await.ok()
         }
-    };
-    Ok(match ended {
-        Ended::ServerClosed => status.and_then(|s| s.code()).unwrap_or(1),
-        Ended::ClientClosed => 0,
-    })
+    }
+}
+
+/// What a transport hands the session from the client.
+pub(crate) trait FromClient: Send + 'static {
+    fn deliver<S: Store>(self, session: &Session<S>);
+}
+
+/// A frame.
+impl FromClient for String {
+    fn deliver<S: Store>(self, session: &Session<S>) {
+        session.from_client(self);
+    }
+}
+
+/// A frame and the key its transport carried beside it.
+impl FromClient for (String, Option<IdempotencyKey>) {
+    fn deliver<S: Store>(self, session: &Session<S>) {
+        session.from_client_keyed(self.0, self.1);
+    }
 }
 
 /// Which side ended the session.
@@ -87,15 +124,15 @@ pub enum Ended {
 pub async fn serve<S: Store>(
     session: Session<S>,
     outputs: Outputs,
-    mut client_lines: mpsc::UnboundedReceiver<String>,
+    client_lines: mpsc::UnboundedReceiver<String>,
     client_out: impl AsyncWrite + Unpin + Send + 'static,
-    mut server_lines: mpsc::UnboundedReceiver<String>,
+    server_lines: mpsc::UnboundedReceiver<String>,
     server_in: impl AsyncWrite + Unpin + Send + 'static,
     stop: impl Future<Output = ()>,
 ) -> Ended {
     let Outputs {
         mut to_client,
-        mut to_server,
+        to_server,
     } = outputs;
     let client_writer = tokio::spawn(async move {
         let mut out = client_out;
@@ -104,6 +141,30 @@ pub async fn serve<S: Store>(
             let _ = write_line(&mut out, &frame).await;
         }
     });
+    let ended = relay(
+        session,
+        to_server,
+        client_lines,
+        server_lines,
+        server_in,
+        stop,
+    )
+    .await;
+    let _ = client_writer.await;
+    ended
+}
+
+/// The heart of [`serve`] for transports that take the frames for the client themselves: feeds
+/// the session from the client's lines and the server's, writes its frames for the server, and
+/// once either side closes or `stop` completes lets the calls in flight finish.
+pub(crate) async fn relay<S: Store, M: FromClient>(
+    session: Session<S>,
+    mut to_server: mpsc::UnboundedReceiver<Outgoing>,
+    mut client_lines: mpsc::UnboundedReceiver<M>,
+    mut server_lines: mpsc::UnboundedReceiver<String>,
+    server_in: impl AsyncWrite + Unpin + Send + 'static,
+    stop: impl Future<Output = ()>,
+) -> Ended {
     let server_writer = tokio::spawn(async move {
         let mut input = server_in;
         let mut broken: Option<String> = None;
@@ -125,7 +186,7 @@ pub async fn serve<S: Store>(
     let ended = loop {
         tokio::select! {
             line = client_lines.recv() => match line {
-                Some(l) => session.from_client(l),
+                Some(l) => l.deliver(&session),
                 None => break Ended::ClientClosed,
             },
             line = server_lines.recv() => match line {
@@ -158,7 +219,6 @@ pub async fn serve<S: Store>(
     }
     drop(session);
     let _ = server_writer.await;
-    let _ = client_writer.await;
     ended
 }
 
@@ -230,7 +290,7 @@ fn frame_text(buf: &[u8]) -> Option<String> {
 
 /// Completes at SIGTERM or SIGINT: the proxy stops reading the client and lets calls in flight
 /// finish, so that their outcomes are recorded.
-async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     use tokio::signal::unix::{signal, SignalKind};
     match (
         signal(SignalKind::terminate()),

@@ -1,0 +1,494 @@
+//! `idemgate mcp --listen`: the MCP proxy over Streamable HTTP, a real proxy process in front of
+//! the fixture server (tests/fixtures/mcp_server.py) and @modelcontextprotocol/server-memory,
+//! driven by the official Python SDK client (tests/fixtures/mcp_http_client.py) and, for the
+//! HTTP rules (tokens, tenants, Origin), by raw HTTP/1.1 requests.
+
+use std::fs;
+use std::io::{Read as _, Write as _};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::cli::Sandbox;
+use crate::mcp::mcp_deps;
+
+/// Generous: a loaded machine with two cores runs many Python and proxy processes at once.
+const DEADLINE: Duration = Duration::from_secs(60);
+
+const FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/mcp_server.py");
+const CLIENT: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/fixtures/mcp_http_client.py"
+);
+/// Tokens of two tenants and their SHA-256 (`idemgate token hash`).
+const TOKEN_A: &str = "token-of-a";
+const TOKEN_B: &str = "token-of-b";
+
+fn sha256(token: &str) -> String {
+    idemgate_http::token_sha256(token)
+}
+
+fn tenants() -> String {
+    format!(
+        "[[tenants]]\nid = \"a\"\ntoken_sha256 = \"{}\"\n[[tenants]]\nid = \"b\"\ntoken_sha256 = \"{}\"\n",
+        sha256(TOKEN_A),
+        sha256(TOKEN_B)
+    )
+}
+
+/// A proxy listening on a free loopback port.
+struct Listening {
+    child: Child,
+    /// `http://127.0.0.1:PORT/mcp`.
+    url: String,
+    /// `127.0.0.1:PORT`.
+    addr: String,
+    stderr: PathBuf,
+}
+
+impl Drop for Listening {
+    fn drop(&mut self) {
+        // Our own child, by its handle: never a group or a name.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Sandbox {
+    fn listen(&self, config: &str, server: &[&str]) -> Listening {
+        let cfg = self.path("mcp.toml");
+        fs::write(&cfg, config).unwrap();
+        let stderr = self.path("stderr");
+        let child = self
+            .idemgate()
+            .env("IDEMGATE_LOG", "warn")
+            .env("FIXTURE_LOG", self.path("executed"))
+            .env("FIXTURE_RELEASE", self.path("release"))
+            .env("MEMORY_FILE_PATH", self.path("memory.jsonl"))
+            .args(["mcp", "--listen", "127.0.0.1:0", "--config"])
+            .arg(&cfg)
+            .arg("--")
+            .args(server)
+            .stdout(Stdio::null())
+            .stderr(fs::File::create(&stderr).unwrap())
+            .spawn()
+            .unwrap();
+        let mut p = Listening {
+            child,
+            url: String::new(),
+            addr: String::new(),
+            stderr,
+        };
+        let start = Instant::now();
+        loop {
+            let text = fs::read_to_string(&p.stderr).unwrap_or_default();
+            if let Some(at) = text.find("http://") {
+                let url: String = text[at..]
+                    .chars()
+                    .take_while(|c| !c.is_whitespace())
+                    .collect();
+                p.addr = url["http://".len()..].trim_end_matches("/mcp").to_owned();
+                p.url = url;
+                return p;
+            }
+            if let Some(status) = p.child.try_wait().unwrap() {
+                panic!("the proxy exited ({status}) before listening: {text}");
+            }
+            assert!(
+                start.elapsed() < DEADLINE,
+                "the proxy never listened: {text}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Listening {
+    /// Runs the Python SDK client in `mode`; what it saw.
+    fn python(&self, mode: &str, token: &str, release: &std::path::Path) -> Value {
+        let deps = mcp_deps();
+        let out = std::process::Command::new(deps.join("venv/bin/python"))
+            .args([CLIENT, mode, &self.url, token])
+            .arg(release)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{stdout}\n{}\nproxy: {}",
+            String::from_utf8_lossy(&out.stderr),
+            fs::read_to_string(&self.stderr).unwrap_or_default()
+        );
+        serde_json::from_str(stdout.trim()).unwrap()
+    }
+
+    /// One HTTP/1.1 request on a connection of its own; status, headers (lower-case names) and
+    /// body.
+    fn http(&self, method: &str, headers: &[(&str, &str)], body: &str) -> Answer {
+        let mut s = TcpStream::connect(&self.addr).unwrap();
+        s.set_read_timeout(Some(DEADLINE)).unwrap();
+        let mut req = format!(
+            "{method} /mcp HTTP/1.1\r\nhost: {}\r\nconnection: close\r\ncontent-length: {}\r\n",
+            self.addr,
+            body.len()
+        );
+        if !body.is_empty() {
+            req.push_str("content-type: application/json\r\n");
+        }
+        for (k, v) in headers {
+            req.push_str(&format!("{k}: {v}\r\n"));
+        }
+        req.push_str("\r\n");
+        req.push_str(body);
+        s.write_all(req.as_bytes()).unwrap();
+        let mut raw = String::new();
+        s.read_to_string(&mut raw).unwrap();
+        let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
+        let mut lines = head.lines();
+        let status = lines.next().unwrap()[9..12].parse().unwrap();
+        let headers = lines
+            .filter_map(|l| l.split_once(':'))
+            .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
+            .collect();
+        Answer {
+            status,
+            headers,
+            body: body.to_owned(),
+        }
+    }
+
+    /// `initialize` and `notifications/initialized` as `token`'s tenant; the session id.
+    fn session(&self, token: &str) -> String {
+        let auth = format!("Bearer {token}");
+        let init = self.http(
+            "POST",
+            &[("authorization", &auth)],
+            r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#,
+        );
+        assert_eq!(init.status, 200, "{}", init.body);
+        let sid = init.header("mcp-session-id").to_owned();
+        let note = self.http(
+            "POST",
+            &[("authorization", &auth), ("mcp-session-id", &sid)],
+            r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+        );
+        assert_eq!(note.status, 202, "{}", note.body);
+        sid
+    }
+}
+
+struct Answer {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: String,
+}
+
+impl Answer {
+    fn header(&self, name: &str) -> &str {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map_or("", |(_, v)| v.as_str())
+    }
+
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("{e}: {}", self.body))
+    }
+}
+
+fn replayed(result: &Value) -> bool {
+    result["_meta"]["dev.idemgate/replayed"] == json!(true)
+}
+
+#[test]
+fn mcp_http_python_sdk_drives_the_memory_server() {
+    let deps = mcp_deps();
+    let sb = Sandbox::new();
+    let server = deps.join("node/node_modules/.bin/mcp-server-memory");
+    let p = sb.listen(
+        "[tools.read_graph]\nkind = \"read\"\n",
+        &[server.to_str().unwrap()],
+    );
+    let seen = p.python("memory", "", &sb.path("unused"));
+    assert!(
+        seen["tools"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("create_entities")),
+        "{seen}"
+    );
+    let (first, again) = (&seen["first"], &seen["again"]);
+    assert_ne!(first["isError"], true, "{seen}");
+    assert!(!replayed(first), "{seen}");
+    assert!(replayed(again), "{seen}");
+    assert_eq!(again["content"][0], first["content"][0], "{seen}");
+    // 16 racing duplicates: one ran (server-memory answers [] when the entity exists already,
+    // so every answer naming the entity is the one execution's).
+    let racing = seen["racing"].as_array().unwrap();
+    assert_eq!(racing.len(), 16);
+    assert_eq!(racing.iter().filter(|r| !replayed(r)).count(), 1, "{seen}");
+    for r in racing {
+        assert_eq!(r["content"][0], racing[0]["content"][0], "{seen}");
+        assert!(
+            r["content"][0]["text"]
+                .as_str()
+                .unwrap()
+                .contains("ticket-43"),
+            "{seen}"
+        );
+    }
+    // Reads pass without a key, each to the server, never replayed.
+    for graph in seen["graph"].as_array().unwrap() {
+        assert!(!replayed(graph), "{seen}");
+        let text = graph["content"][0]["text"].as_str().unwrap();
+        assert_eq!(text.matches("printer on fire").count(), 1, "{text}");
+        assert_eq!(text.matches("paper jam").count(), 1, "{text}");
+    }
+}
+
+#[test]
+fn mcp_http_python_sdk_retry_after_timeout_races_and_server_requests() {
+    let _heavy = crate::heavy();
+    let sb = Sandbox::new();
+    let p = sb.listen(
+        &format!("trusted = true\n{}", tenants()),
+        &["python3", FIXTURE],
+    );
+    let seen = p.python("fixture", TOKEN_A, &sb.path("release"));
+    // The client gave up after 1 s; the retry with the same key got the stored result.
+    assert_ne!(seen["timed_out"], json!(false), "{seen}");
+    assert_eq!(seen["retry"]["content"][0]["text"], "slow done", "{seen}");
+    assert!(replayed(&seen["retry"]), "{seen}");
+    // 16 racing duplicates: one execution.
+    let racing = seen["racing"].as_array().unwrap();
+    assert_eq!(racing.iter().filter(|r| !replayed(r)).count(), 1, "{seen}");
+    assert!(racing
+        .iter()
+        .all(|r| r["content"][0] == racing[0]["content"][0]));
+    assert_eq!(
+        sb.executed(),
+        ["slow started", "count race"],
+        "the server ran each action once"
+    );
+    // The server's elicitation reached the client, and its answer the server.
+    let asked = seen["asked"]["content"][0]["text"].as_str().unwrap();
+    assert!(
+        asked.contains("client said") && asked.contains("\"ok\": true"),
+        "{seen}"
+    );
+    // Reads (trusted readOnlyHint) pass without a key, and are never stored.
+    for r in seen["read"].as_array().unwrap() {
+        assert_eq!(r["content"][0]["text"], "lines 2", "{seen}");
+        assert!(!replayed(r), "{seen}");
+    }
+    // Unknown fields survive in both directions' answers; DELETE ends the session.
+    let raw = &seen["raw"];
+    assert_eq!(raw["initialize"]["result"]["x-fixture"], true, "{raw}");
+    assert_eq!(
+        raw["listing"]["result"]["tools"][0]["x-fixture-unknown"],
+        json!({"kept": [1, 2, 3]}),
+        "{raw}"
+    );
+    assert_eq!(raw["deleted"], 204, "{raw}");
+    assert_eq!(raw["after_delete"], 404, "{raw}");
+}
+
+#[test]
+fn mcp_http_tokens_tenants_and_origin() {
+    let sb = Sandbox::new();
+    let config = format!(
+        "[http]\nallowed_origins = [\"http://localhost:6274\"]\n{}",
+        tenants()
+    );
+    let p = sb.listen(&config, &["python3", FIXTURE]);
+    let init = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#;
+
+    let none = p.http("POST", &[], init);
+    assert_eq!(none.status, 401, "{}", none.body);
+    assert_eq!(
+        none.header("www-authenticate"),
+        r#"Bearer realm="idemgate""#
+    );
+    let bad = p.http("POST", &[("authorization", "Bearer nope")], init);
+    assert_eq!(bad.status, 401);
+    assert!(bad.header("www-authenticate").contains("invalid_token"));
+    let auth_a = format!("Bearer {TOKEN_A}");
+    let evil = p.http(
+        "POST",
+        &[
+            ("authorization", &auth_a),
+            ("origin", "http://evil.example"),
+        ],
+        init,
+    );
+    assert_eq!(evil.status, 403, "{}", evil.body);
+    let allowed = p.http(
+        "POST",
+        &[
+            ("authorization", &auth_a),
+            ("origin", "http://localhost:6274"),
+        ],
+        init,
+    );
+    assert_eq!(allowed.status, 200, "{}", allowed.body);
+    assert_eq!(
+        sb.executed(),
+        Vec::<String>::new(),
+        "refused requests reach no server"
+    );
+
+    let sid_a = p.session(TOKEN_A);
+    let sid_b = p.session(TOKEN_B);
+    let auth_b = format!("Bearer {TOKEN_B}");
+    let list = r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#;
+    let missing = p.http("POST", &[("authorization", &auth_a)], list);
+    assert_eq!(missing.status, 400, "{}", missing.body);
+    // Another tenant's session is unknown.
+    let stolen = p.http(
+        "POST",
+        &[("authorization", &auth_b), ("mcp-session-id", &sid_a)],
+        list,
+    );
+    assert_eq!(stolen.status, 404, "{}", stolen.body);
+
+    // The same key and tool of two tenants are two actions; each replays its own.
+    let count = r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"count","arguments":{"label":"x"}}}"#;
+    let call = |auth: &str, sid: &str| {
+        p.http(
+            "POST",
+            &[
+                ("authorization", auth),
+                ("mcp-session-id", sid),
+                ("idempotency-key", "\"order-1\""),
+                ("mcp-protocol-version", "2025-11-25"),
+            ],
+            count,
+        )
+    };
+    let a1 = call(&auth_a, &sid_a);
+    assert_eq!(a1.status, 200, "{}", a1.body);
+    assert_eq!(a1.header("content-type"), "application/json");
+    let b1 = call(&auth_b, &sid_b);
+    let a2 = call(&auth_a, &sid_a);
+    assert!(!replayed(&a1.json()["result"]), "{}", a1.body);
+    assert!(!replayed(&b1.json()["result"]), "{}", b1.body);
+    assert!(replayed(&a2.json()["result"]), "{}", a2.body);
+    assert_eq!(
+        a2.json()["result"]["content"][0],
+        a1.json()["result"]["content"][0]
+    );
+    assert_eq!(sb.executed(), ["count x", "count x"]);
+
+    // Without any key the write is refused, as on stdio.
+    let unkeyed = p.http(
+        "POST",
+        &[("authorization", &auth_a), ("mcp-session-id", &sid_a)],
+        count,
+    );
+    assert_eq!(
+        unkeyed.json()["result"]["_meta"]["dev.idemgate/verdict"],
+        "key_required",
+        "{}",
+        unkeyed.body
+    );
+    let version = p.http(
+        "POST",
+        &[
+            ("authorization", &auth_a),
+            ("mcp-session-id", &sid_a),
+            ("mcp-protocol-version", "1999-01-01"),
+        ],
+        list,
+    );
+    assert_eq!(version.status, 400, "{}", version.body);
+    assert_eq!(sb.executed().len(), 2);
+}
+
+#[test]
+fn mcp_http_refuses_a_non_loopback_address_without_tokens() {
+    let sb = Sandbox::new();
+    let out = sb.run(&["mcp", "--listen", "0.0.0.0:0", "--", "python3", FIXTURE]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("without authentication"), "{err}");
+}
+
+#[test]
+fn mcp_http_sigterm_lets_a_write_in_flight_finish_and_records_it() {
+    let sb = Sandbox::new();
+    let mut p = sb.listen("", &["python3", FIXTURE]);
+    let sid = p.session("unused");
+    let slow =
+        r#"{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"slow","arguments":{}}}"#;
+    let answer = std::thread::scope(|s| {
+        let call = s.spawn(|| {
+            p.http(
+                "POST",
+                &[("mcp-session-id", &sid), ("idempotency-key", "slow-1")],
+                slow,
+            )
+        });
+        let start = Instant::now();
+        while sb.executed().is_empty() {
+            assert!(start.elapsed() < DEADLINE, "the slow call never started");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // Our own child's pid, positive, by its handle.
+        let pid = p.child.id().to_string();
+        let term = std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap();
+        assert!(term.success());
+        fs::write(sb.path("release"), "").unwrap();
+        call.join().unwrap()
+    });
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert_eq!(answer.json()["result"]["content"][0]["text"], "slow done");
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = p.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            start.elapsed() < DEADLINE,
+            "the proxy did not stop on SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(0));
+    // A new proxy on the same store replays it.
+    let q = sb.listen("", &["python3", FIXTURE]);
+    let sid = q.session("unused");
+    let again = q.http(
+        "POST",
+        &[("mcp-session-id", &sid), ("idempotency-key", "slow-1")],
+        slow,
+    );
+    assert!(replayed(&again.json()["result"]), "{}", again.body);
+    assert_eq!(sb.executed(), ["slow started"]);
+}
+
+#[test]
+fn mcp_http_idle_sessions_end() {
+    let sb = Sandbox::new();
+    let p = sb.listen("[http]\nidle_timeout = \"1s\"\n", &["python3", FIXTURE]);
+    let sid = p.session("unused");
+    let ping = r#"{"jsonrpc":"2.0","id":9,"method":"ping"}"#;
+    let first = p.http("POST", &[("mcp-session-id", &sid)], ping);
+    assert_eq!(first.status, 200, "{}", first.body);
+    let start = Instant::now();
+    loop {
+        // Each look is a request, so it waits out the idle time before looking again.
+        std::thread::sleep(Duration::from_millis(1500));
+        let res = p.http("POST", &[("mcp-session-id", &sid)], ping);
+        if res.status == 404 {
+            break;
+        }
+        assert!(start.elapsed() < DEADLINE, "the idle session never ended");
+    }
+}

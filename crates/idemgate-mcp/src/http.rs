@@ -1,0 +1,677 @@
+//! The Streamable HTTP transport (MCP 2025-11-25, "Transports"): the client side is one endpoint,
+//! `/mcp`, where a POST carries one JSON-RPC message, a GET opens the stream of the server's own
+//! requests and notifications, and a DELETE ends the session; the server side is a child process
+//! over stdio, one per session.
+//!
+//! Why a child per session: a stdio MCP server holds exactly one session (one `initialize`, the
+//! client's capabilities, its subscriptions and log level, and its own requests to that one
+//! client). Sharing one child between sessions would mean answering `initialize` for it, renaming
+//! every request id in both directions, and guessing which client a server request is meant for.
+//! A child per session keeps the proxy a relay, and the server's requests reach the one client
+//! whose session it is. The cost is a process per session, bounded by `http.max_sessions` and
+//! `http.idle_timeout`.
+//!
+//! Answers: a POST of a request is answered with `application/json` when the server's answer is
+//! the first thing that comes for it; when the server first sends requests or notifications of
+//! its own while the request is in flight and no GET stream is open, the POST turns into a
+//! `text/event-stream` that carries them and then the answer. The server's own messages go to the
+//! GET stream when there is one, else to a POST stream in flight, else wait for the next GET.
+
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::Router;
+use futures_util::stream::{self, Stream, StreamExt as _};
+use idemgate_core::{Engine, IdempotencyKey, Store, TenantId};
+use idemgate_kit::tenants::{authenticate, Tenant};
+use tokio::sync::{mpsc, Notify};
+use tokio::task::JoinSet;
+
+use crate::config::{server_name, Config};
+use crate::error::Error;
+use crate::frame::{self, Frame};
+use crate::session::{Outputs, Session};
+use crate::stdio;
+
+/// The endpoint's path.
+pub const ENDPOINT: &str = "/mcp";
+/// The session header.
+pub const SESSION_HEADER: &str = "mcp-session-id";
+/// The protocol version header.
+pub const VERSION_HEADER: &str = "mcp-protocol-version";
+/// Protocol versions with Streamable HTTP a client may name besides the one its session agreed.
+const KNOWN_VERSIONS: &[&str] = &["2025-03-26", "2025-06-18", "2025-11-25"];
+/// Server messages kept for a GET stream that is not open yet; older ones are dropped.
+const MAX_QUEUED: usize = 1000;
+
+/// Everything the transport serves with: the engine, the configuration, the server's command,
+/// and the sessions open.
+pub struct Proxy<S> {
+    engine: Arc<Engine<S>>,
+    config: Config,
+    server: String,
+    command: Vec<String>,
+    tenants: Vec<Arc<Tenant>>,
+    tenant: TenantId,
+    sessions: Mutex<HashMap<String, Arc<Live>>>,
+    tasks: Mutex<JoinSet<()>>,
+    stopping: AtomicBool,
+}
+
+/// One open session.
+struct Live {
+    id: String,
+    tenant: TenantId,
+    to_session: mpsc::UnboundedSender<(String, Option<IdempotencyKey>)>,
+    routes: Mutex<Routes>,
+    stop: Notify,
+    last_used: Mutex<Instant>,
+}
+
+/// Where frames for the client go.
+#[derive(Default)]
+struct Routes {
+    /// POSTs waiting for the answer to their request, by request id, each with its number.
+    posts: HashMap<String, VecDeque<(u64, mpsc::UnboundedSender<String>)>>,
+    /// The number of the next POST.
+    next: u64,
+    /// The GET stream, when one is open.
+    get: Option<mpsc::UnboundedSender<String>>,
+    /// Server messages that found no stream.
+    queued: VecDeque<String>,
+    /// The protocol version `initialize` agreed.
+    version: Option<String>,
+    /// The session has ended: nothing more comes.
+    closed: bool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every change under these locks leaves the maps consistent.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Live {
+    /// Sends a frame from the session to where it belongs.
+    fn route(&self, mut frame: String) {
+        let parsed = Frame::parse(&frame);
+        let mut r = lock(&self.routes);
+        if let Some(f) = parsed.filter(Frame::is_response) {
+            let id = frame::id_key(f.id.as_deref().expect("responses have ids"));
+            if let Some(waiting) = r.posts.get_mut(&id) {
+                while let Some((_, tx)) = waiting.pop_front() {
+                    match tx.send(frame) {
+                        Ok(()) => break,
+                        Err(back) => frame = back.0,
+                    }
+                }
+                if waiting.is_empty() {
+                    r.posts.remove(&id);
+                }
+            }
+            // Nobody waits any more (the client hung up): the outcome is recorded all the same.
+            return;
+        }
+        if let Some(tx) = &r.get {
+            match tx.send(frame) {
+                Ok(()) => return,
+                Err(back) => {
+                    frame = back.0;
+                    r.get = None;
+                }
+            }
+        }
+        for waiting in r.posts.values() {
+            for (_, tx) in waiting {
+                match tx.send(frame) {
+                    Ok(()) => return,
+                    Err(back) => frame = back.0,
+                }
+            }
+        }
+        r.queued.push_back(frame);
+        if r.queued.len() > MAX_QUEUED {
+            r.queued.pop_front();
+        }
+    }
+
+    /// The session has ended: every stream ends.
+    fn close(&self) {
+        let mut r = lock(&self.routes);
+        r.closed = true;
+        r.posts.clear();
+        r.get = None;
+    }
+
+    fn touch(&self) {
+        *lock(&self.last_used) = Instant::now();
+    }
+
+    /// Whether nothing has happened in it for `idle`, with no request in flight.
+    fn idle(&self, idle: Duration) -> bool {
+        lock(&self.last_used).elapsed() >= idle && lock(&self.routes).posts.is_empty()
+    }
+}
+
+/// Takes a POST's place in the waiting list off it when the POST ends, answered or not. (It
+/// holds no sender: when the session ends, the POST's channel closes and the POST learns so.)
+struct Waiting {
+    live: Arc<Live>,
+    id: String,
+    number: u64,
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        let mut r = lock(&self.live.routes);
+        if let Some(waiting) = r.posts.get_mut(&self.id) {
+            waiting.retain(|(n, _)| *n != self.number);
+            if waiting.is_empty() {
+                r.posts.remove(&self.id);
+            }
+        }
+    }
+}
+
+impl<S: Store> Proxy<S> {
+    /// A proxy that starts `command` for every session. Without `config.tenants` every session
+    /// is `tenant`'s; with them, the bearer token names the tenant.
+    pub fn new(
+        engine: Arc<Engine<S>>,
+        config: Config,
+        tenant: TenantId,
+        command: Vec<String>,
+    ) -> Arc<Self> {
+        let server = server_name(&config, &command);
+        let tenants = config
+            .tenants
+            .iter()
+            .map(|t| Arc::new(Tenant::new(t)))
+            .collect();
+        Arc::new(Proxy {
+            engine,
+            config,
+            server,
+            command,
+            tenants,
+            tenant,
+            sessions: Mutex::new(HashMap::new()),
+            tasks: Mutex::new(JoinSet::new()),
+            stopping: AtomicBool::new(false),
+        })
+    }
+
+    /// The axum router of the endpoint.
+    pub fn router(self: &Arc<Self>) -> Router {
+        Router::new()
+            .route(
+                ENDPOINT,
+                post(post_message::<S>)
+                    .get(open_stream::<S>)
+                    .delete(end_session::<S>),
+            )
+            .layer(DefaultBodyLimit::max(self.config.http.max_body_bytes))
+            .with_state(Arc::clone(self))
+    }
+
+    /// Sessions open now.
+    pub fn sessions(&self) -> usize {
+        lock(&self.sessions).len()
+    }
+
+    /// Serves on `listener` until `shutdown` completes; then ends every session, lets the calls
+    /// in flight finish and their outcomes be recorded, and stops the servers.
+    ///
+    /// # Errors
+    /// [`Error::Io`] when serving fails.
+    pub async fn serve(
+        self: &Arc<Self>,
+        listener: tokio::net::TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), Error> {
+        let reaper = {
+            let proxy = Arc::clone(self);
+            tokio::spawn(async move { proxy.reap_idle().await })
+        };
+        let proxy = Arc::clone(self);
+        let result = axum::serve(listener, self.router())
+            .with_graceful_shutdown(async move {
+                shutdown.await;
+                proxy.stop_all();
+            })
+            .await;
+        reaper.abort();
+        self.stop_all();
+        let mut tasks = std::mem::take(&mut *lock(&self.tasks));
+        while tasks.join_next().await.is_some() {}
+        result.map_err(Error::Io)
+    }
+
+    /// Serves `command` on `listen` until SIGTERM or SIGINT; prints the endpoint's URL on stderr
+    /// once it listens.
+    ///
+    /// # Errors
+    /// [`Error::Io`] when the address cannot be bound or serving fails.
+    pub async fn run(self: &Arc<Self>, listen: SocketAddr) -> Result<(), Error> {
+        let listener = tokio::net::TcpListener::bind(listen).await?;
+        let addr = listener.local_addr()?;
+        eprintln!("idemgate: MCP Streamable HTTP endpoint at http://{addr}{ENDPOINT}");
+        self.serve(listener, stdio::shutdown_signal()).await
+    }
+
+    /// Ends every session (their calls in flight run to their end) and opens no more.
+    fn stop_all(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        for live in lock(&self.sessions).values() {
+            live.stop.notify_one();
+        }
+    }
+
+    async fn reap_idle(&self) {
+        let idle = self.config.http.idle_timeout;
+        let every = (idle / 4).clamp(Duration::from_millis(100), Duration::from_secs(60));
+        loop {
+            tokio::time::sleep(every).await;
+            for live in lock(&self.sessions).values() {
+                if live.idle(idle) {
+                    tracing::info!(session = %live.id, "ended an idle session");
+                    live.stop.notify_one();
+                }
+            }
+        }
+    }
+
+    /// Starts a session for `tenant`: its server process, and the tasks that relay its frames.
+    fn open(self: &Arc<Self>, tenant: TenantId) -> Result<Arc<Live>, Refused> {
+        if self.stopping.load(Ordering::SeqCst) {
+            return Err(refuse(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the proxy is shutting down",
+            ));
+        }
+        if self.sessions() >= self.config.http.max_sessions {
+            return Err(refuse(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "too many sessions are open (http.max_sessions); end one with DELETE or retry later",
+            ));
+        }
+        let (mut child, server_in, server_out) = stdio::spawn(&self.command).map_err(|e| {
+            tracing::error!(error = %e, "failed to start the server for a session");
+            refuse(StatusCode::BAD_GATEWAY, &e.to_string())
+        })?;
+        let (session, outputs) = Session::new(
+            Arc::clone(&self.engine),
+            self.config.clone(),
+            self.server.clone(),
+            tenant.clone(),
+        );
+        let (to_session, client_lines) = mpsc::unbounded_channel();
+        let live = Arc::new(Live {
+            id: session_id(),
+            tenant,
+            to_session,
+            routes: Mutex::new(Routes::default()),
+            stop: Notify::new(),
+            last_used: Mutex::new(Instant::now()),
+        });
+        lock(&self.sessions).insert(live.id.clone(), Arc::clone(&live));
+        let Outputs {
+            mut to_client,
+            to_server,
+        } = outputs;
+        let router = {
+            let live = Arc::clone(&live);
+            tokio::spawn(async move {
+                while let Some(frame) = to_client.recv().await {
+                    live.route(frame);
+                }
+            })
+        };
+        let proxy = Arc::clone(self);
+        let task_live = Arc::clone(&live);
+        lock(&self.tasks).spawn(async move {
+            let live = task_live;
+            let ended = stdio::relay(
+                session,
+                to_server,
+                client_lines,
+                stdio::lines(server_out),
+                server_in,
+                live.stop.notified(),
+            )
+            .await;
+            let _ = router.await;
+            live.close();
+            {
+                let mut sessions = lock(&proxy.sessions);
+                if sessions
+                    .get(&live.id)
+                    .is_some_and(|l| Arc::ptr_eq(l, &live))
+                {
+                    sessions.remove(&live.id);
+                }
+            }
+            let status = stdio::reap(&mut child).await;
+            tracing::info!(session = %live.id, ?ended, ?status, "session ended");
+        });
+        Ok(live)
+    }
+
+    /// Checks `Origin`, the bearer token and the tenant's rate; returns the caller's tenant.
+    fn admit(&self, headers: &HeaderMap) -> Result<TenantId, Refused> {
+        if let Some(origin) = headers.get(header::ORIGIN) {
+            let allowed = origin.to_str().is_ok_and(|o| {
+                let o = o.trim().trim_end_matches('/');
+                self.config
+                    .http
+                    .allowed_origins
+                    .iter()
+                    .any(|a| a.trim_end_matches('/').eq_ignore_ascii_case(o))
+            });
+            if !allowed {
+                return Err(refuse(
+                    StatusCode::FORBIDDEN,
+                    "the Origin of this request is not in http.allowed_origins",
+                ));
+            }
+        }
+        if self.tenants.is_empty() {
+            return Ok(self.tenant.clone());
+        }
+        let authorization = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok());
+        let tenant = authenticate(&self.tenants, authorization).map_err(|why| {
+            let mut res = refuse(StatusCode::UNAUTHORIZED, why.detail());
+            res.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static(why.challenge()),
+            );
+            res
+        })?;
+        tenant.admit().map_err(|after| {
+            let mut res = refuse(
+                StatusCode::TOO_MANY_REQUESTS,
+                "the tenant's request rate limit is exhausted; retry after the time given",
+            );
+            let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
+            res.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs.max(1)));
+            res
+        })?;
+        Ok(tenant.id.clone())
+    }
+
+    /// The session a request names, if it is the caller's.
+    fn session(&self, headers: &HeaderMap, tenant: &TenantId) -> Result<Arc<Live>, Refused> {
+        let Some(id) = headers.get(SESSION_HEADER) else {
+            return Err(refuse(
+                StatusCode::BAD_REQUEST,
+                "the Mcp-Session-Id header is required (send initialize first)",
+            ));
+        };
+        let live = id
+            .to_str()
+            .ok()
+            .and_then(|id| lock(&self.sessions).get(id).cloned())
+            // Another tenant's session is as unknown as one that never was.
+            .filter(|l| l.tenant == *tenant)
+            .ok_or_else(|| {
+                refuse(
+                    StatusCode::NOT_FOUND,
+                    "no such session (it ended, or never was): initialize a new one",
+                )
+            })?;
+        if let Some(v) = headers.get(VERSION_HEADER) {
+            let v = v.to_str().unwrap_or_default();
+            let agreed = lock(&live.routes).version.clone();
+            if !(KNOWN_VERSIONS.contains(&v) || agreed.as_deref() == Some(v)) {
+                return Err(refuse(
+                    StatusCode::BAD_REQUEST,
+                    &format!("unsupported MCP-Protocol-Version {v:?}"),
+                ));
+            }
+        }
+        live.touch();
+        Ok(live)
+    }
+}
+
+/// A fresh session id: 128 random bits in hex.
+fn session_id() -> String {
+    let mut bytes = [0u8; 16];
+    getrandom::fill(&mut bytes).expect("failed to read randomness from the operating system");
+    idemgate_core::key::hex(&bytes)
+}
+
+/// A refused request's answer (boxed: a response is large).
+type Refused = Box<Response>;
+
+fn refuse(status: StatusCode, message: &str) -> Refused {
+    Box::new(fail(status, message))
+}
+
+/// An HTTP error whose body is a JSON-RPC error without id (the MCP SDKs read it as one).
+fn fail(status: StatusCode, message: &str) -> Response {
+    let code = match status {
+        StatusCode::BAD_REQUEST | StatusCode::NOT_FOUND => -32600,
+        _ => -32000,
+    };
+    let body = serde_json::json!({
+        "jsonrpc": "2.0",
+        "id": null,
+        "error": {"code": code, "message": message},
+    });
+    (status, axum::Json(body)).into_response()
+}
+
+fn json_response(frame: String) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
+        frame,
+    )
+        .into_response()
+}
+
+fn event(frame: String) -> Result<Event, std::convert::Infallible> {
+    Ok(Event::default().event("message").data(frame))
+}
+
+/// `POST /mcp`: one JSON-RPC message from the client.
+async fn post_message<S: Store>(
+    State(proxy): State<Arc<Proxy<S>>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let tenant = match proxy.admit(&headers) {
+        Ok(t) => t,
+        Err(res) => return *res,
+    };
+    if let Some(ct) = headers.get(header::CONTENT_TYPE) {
+        let json = ct.to_str().is_ok_and(|ct| {
+            ct.split(';')
+                .next()
+                .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json"))
+        });
+        if !json {
+            return fail(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "the body must be application/json",
+            );
+        }
+    }
+    let Ok(text) = String::from_utf8(body.to_vec()) else {
+        return fail(StatusCode::BAD_REQUEST, "the body is not UTF-8");
+    };
+    let Some(f) = Frame::parse(&text) else {
+        let message = if text.trim_start().starts_with('[') {
+            "batches are not part of MCP since 2025-06-18: send one message per POST"
+        } else {
+            "the body is not one JSON-RPC message"
+        };
+        return fail(StatusCode::BAD_REQUEST, message);
+    };
+    let key = match headers.get("idempotency-key") {
+        Some(v) => match idemgate_kit::header::idempotency_key(v.as_bytes()) {
+            Ok(k) => Some(k),
+            Err(e) => return fail(StatusCode::BAD_REQUEST, &e),
+        },
+        None => None,
+    };
+    let initialize = f.method.as_deref() == Some("initialize") && f.id.is_some();
+    let live = if initialize {
+        match proxy.open(tenant) {
+            Ok(l) => l,
+            Err(res) => return *res,
+        }
+    } else {
+        match proxy.session(&headers, &tenant) {
+            Ok(l) => l,
+            Err(res) => return *res,
+        }
+    };
+    let (Some(id), Some(_)) = (f.id.as_deref(), f.method.as_deref()) else {
+        // A notification or the client's answer to a server request: no answer comes back.
+        if live.to_session.send((text, key)).is_err() {
+            return fail(StatusCode::NOT_FOUND, "the session has ended");
+        }
+        return StatusCode::ACCEPTED.into_response();
+    };
+    let id = frame::id_key(id);
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let waiting = {
+        let mut r = lock(&live.routes);
+        if r.closed {
+            return fail(StatusCode::NOT_FOUND, "the session has ended");
+        }
+        r.next += 1;
+        let number = r.next;
+        r.posts
+            .entry(id.clone())
+            .or_default()
+            .push_back((number, tx));
+        Waiting {
+            live: Arc::clone(&live),
+            id,
+            number,
+        }
+    };
+    if live.to_session.send((text, key)).is_err() {
+        return fail(StatusCode::NOT_FOUND, "the session has ended");
+    }
+    let Some(first) = rx.recv().await else {
+        return fail(
+            StatusCode::NOT_FOUND,
+            "the session ended before the server answered",
+        );
+    };
+    let session_header = initialize
+        .then(|| HeaderValue::from_str(&live.id).expect("hex session ids are valid header values"));
+    let first_is_answer = Frame::parse(&first).is_some_and(|f| f.is_response());
+    let mut res = if first_is_answer {
+        if initialize {
+            lock(&live.routes).version = agreed_version(&first);
+        }
+        drop(waiting);
+        json_response(first)
+    } else {
+        // The server speaks first: the answer follows on a stream.
+        let rest = stream::unfold(Some((rx, waiting, initialize)), |state| async move {
+            let (mut rx, waiting, initialize) = state?;
+            let frame = rx.recv().await?;
+            if Frame::parse(&frame).is_some_and(|f| f.is_response()) {
+                if initialize {
+                    lock(&waiting.live.routes).version = agreed_version(&frame);
+                }
+                return Some((frame, None));
+            }
+            Some((frame, Some((rx, waiting, initialize))))
+        });
+        let frames = stream::once(async move { first }).chain(rest);
+        sse(frames).into_response()
+    };
+    if let Some(v) = session_header {
+        res.headers_mut()
+            .insert(HeaderName::from_static(SESSION_HEADER), v);
+    }
+    res
+}
+
+fn sse(
+    frames: impl Stream<Item = String> + Send + 'static,
+) -> Sse<impl Stream<Item = Result<Event, std::convert::Infallible>>> {
+    Sse::new(frames.map(event)).keep_alive(KeepAlive::default())
+}
+
+/// The protocol version an `initialize` answer agreed on.
+fn agreed_version(answer: &str) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_str(answer).ok()?;
+    v["result"]["protocolVersion"].as_str().map(str::to_owned)
+}
+
+/// `GET /mcp`: the stream of the server's own requests and notifications.
+async fn open_stream<S: Store>(State(proxy): State<Arc<Proxy<S>>>, headers: HeaderMap) -> Response {
+    let tenant = match proxy.admit(&headers) {
+        Ok(t) => t,
+        Err(res) => return *res,
+    };
+    let accepts = headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.contains("text/event-stream") || v.contains("*/*"));
+    if !accepts {
+        return fail(
+            StatusCode::NOT_ACCEPTABLE,
+            "GET opens a text/event-stream: say so in Accept",
+        );
+    }
+    let live = match proxy.session(&headers, &tenant) {
+        Ok(l) => l,
+        Err(res) => return *res,
+    };
+    let (tx, rx) = mpsc::unbounded_channel();
+    {
+        let mut r = lock(&live.routes);
+        if r.closed {
+            return fail(StatusCode::NOT_FOUND, "the session has ended");
+        }
+        for frame in r.queued.drain(..) {
+            let _ = tx.send(frame);
+        }
+        // A new GET replaces the old one, whose stream ends.
+        r.get = Some(tx);
+    }
+    let frames = stream::unfold(rx, |mut rx| async move {
+        let frame = rx.recv().await?;
+        Some((frame, rx))
+    });
+    sse(frames).into_response()
+}
+
+/// `DELETE /mcp`: the client ends its session. Its calls in flight run to their end.
+async fn end_session<S: Store>(State(proxy): State<Arc<Proxy<S>>>, headers: HeaderMap) -> Response {
+    let tenant = match proxy.admit(&headers) {
+        Ok(t) => t,
+        Err(res) => return *res,
+    };
+    let live = match proxy.session(&headers, &tenant) {
+        Ok(l) => l,
+        Err(res) => return *res,
+    };
+    lock(&proxy.sessions).remove(&live.id);
+    live.stop.notify_one();
+    StatusCode::NO_CONTENT.into_response()
+}
