@@ -447,7 +447,10 @@ fn mcp_relays_server_requests_and_holds_cancellations_of_writes() {
 
     // A cancelled write runs to its end; its outcome is stored and replayed.
     p.send(&json!({"jsonrpc": "2.0", "id": 8, "method": "tools/call", "params": {"name": "slow", "arguments": {}, "_meta": {"dev.idemgate/idempotency-key": "slow-1"}}}));
-    wait_for("the slow call to start", || !sb.executed().is_empty());
+    // The slow call itself (`ask` ran before it): the cancellation must come once it is upstream.
+    wait_for("the slow call to start", || {
+        sb.executed().iter().any(|t| t == "slow started")
+    });
     p.send(
         &json!({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 8}}),
     );
