@@ -1,6 +1,10 @@
 //! End-to-end tests of the `idemgate` binary.
 
 mod cli;
+// Shared with idemgate-redis's cluster tests, which use all of it.
+#[allow(dead_code)]
+#[path = "../../idemgate-redis/tests/cluster_support.rs"]
+mod cluster_support;
 mod gateway;
 mod mcp;
 mod regressions;

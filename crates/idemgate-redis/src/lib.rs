@@ -854,7 +854,7 @@ async fn check_persistence(conn: &mut Conn, url: &str) -> Result<()> {
 /// `redis://` URLs carrying the credentials and the driver's query options; `None` for any other
 /// URL.
 fn cluster_nodes(url: &str) -> Result<Option<Vec<String>>> {
-    let Some(rest) = ["redis+cluster://", "valkey+cluster://"]
+    let Some(rest) = ["redis+cluster://"]
         .iter()
         .find_map(|scheme| url.strip_prefix(scheme))
     else {
@@ -1005,7 +1005,7 @@ mod tests {
             ])
         );
         assert_eq!(
-            cluster_nodes("valkey+cluster://h1:1/0").unwrap(),
+            cluster_nodes("redis+cluster://h1:1/0").unwrap(),
             Some(vec!["redis://h1:1".to_owned()])
         );
         let (url, o) = parse_url(

@@ -22,14 +22,15 @@ pub enum AnyStore {
     /// `postgres://…` or `postgresql://…`.
     #[cfg(feature = "postgres")]
     Postgres(idemgate_postgres::PgStore),
-    /// `redis://…`.
+    /// `redis://…`, or a Redis Cluster: `redis+cluster://host:port,host:port…`.
     #[cfg(feature = "redis")]
     Redis(idemgate_redis::RedisStore),
 }
 
 impl AnyStore {
     /// Opens the store a URL names: `memory:`, `sqlite://PATH` (or `sqlite:PATH`),
-    /// `postgres://…`/`postgresql://…`, `redis://…`. `docs/STORES.md` lists the query options
+    /// `postgres://…`/`postgresql://…`, `redis://…` (and
+    /// `redis+cluster://…` for a Redis Cluster). `docs/STORES.md` lists the query options
     /// each kind takes.
     ///
     /// # Errors
@@ -57,7 +58,7 @@ impl AnyStore {
                 idemgate_postgres::PgStore::connect(url).await?,
             )),
             #[cfg(feature = "redis")]
-            "redis" => Ok(AnyStore::Redis(
+            "redis" | "redis+cluster" => Ok(AnyStore::Redis(
                 idemgate_redis::RedisStore::connect(url).await?,
             )),
             _ => Err(StoreError::Misconfigured(format!(
@@ -82,6 +83,8 @@ pub const SCHEMES: &[&str] = &[
     "postgres://",
     #[cfg(feature = "redis")]
     "redis://",
+    #[cfg(feature = "redis")]
+    "redis+cluster://",
 ];
 
 /// Forwards a method to whichever store this is.
@@ -171,6 +174,7 @@ mod tests {
         }
         if cfg!(feature = "redis") {
             urls.push(("redis://127.0.0.1:1/0?prefx=t:", "prefx"));
+            urls.push(("redis+cluster://127.0.0.1:1,127.0.0.1:2?prefx=t:", "prefx"));
         }
         for (url, option) in urls {
             let e = AnyStore::connect(url).await.unwrap_err();
