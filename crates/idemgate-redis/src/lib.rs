@@ -7,6 +7,7 @@ pub mod fuzzing;
 
 use std::collections::HashSet;
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,6 +24,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{
     MultipleNodeRoutingInfo, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
 };
+use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Script, ScriptInvocation, Value};
 
 use crate::codec::{array, number, stored_record, text};
@@ -133,7 +135,7 @@ pub struct RedisStore {
 }
 
 struct Inner {
-    conn: Conn,
+    link: Link,
     scripts: Scripts,
     options: RedisOptions,
     /// The URL without credentials, for messages.
@@ -148,6 +150,81 @@ struct Inner {
 enum Conn {
     Single(ConnectionManager),
     Cluster(ClusterConnection),
+}
+
+/// How a store reaches Redis: a fixed connection, or the primary that the sentinels name.
+enum Link {
+    Fixed(Conn),
+    Sentinel(Box<SentinelLink>),
+}
+
+/// The connection of one operation, and through Sentinel which resolution of the primary it is.
+struct Pinned {
+    conn: Conn,
+    generation: Option<u64>,
+}
+
+/// The primary behind Redis Sentinel: found through the sentinels when first needed and again
+/// after any operation on it failed, so that a store follows a failover.
+struct SentinelLink {
+    client: tokio::sync::Mutex<SentinelClient>,
+    /// The current primary's connection and its resolution number.
+    current: std::sync::Mutex<Option<(u64, ConnectionManager)>>,
+    resolutions: AtomicU64,
+    config: ConnectionManagerConfig,
+    /// The longest a resolution (sentinels, then the primary) may take.
+    resolve_timeout: Duration,
+}
+
+impl SentinelLink {
+    fn current(&self) -> Option<(u64, ConnectionManager)> {
+        self.current
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The primary's connection, asking the sentinels for it when none is current.
+    async fn primary(&self) -> RedisResult<(u64, ConnectionManager)> {
+        if let Some(current) = self.current() {
+            return Ok(current);
+        }
+        let mut client = self.client.lock().await;
+        // Another operation may have found it while this one waited for the lock.
+        if let Some(current) = self.current() {
+            return Ok(current);
+        }
+        let timed_out = || {
+            redis::RedisError::from(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "no answer from the sentinels and the primary they name in time",
+            ))
+        };
+        let found = tokio::time::timeout(self.resolve_timeout, async {
+            let primary = client.async_get_client().await?;
+            ConnectionManager::new_with_config(primary, self.config.clone()).await
+        })
+        .await
+        .map_err(|_| timed_out())??;
+        let generation = self.resolutions.fetch_add(1, Ordering::Relaxed) + 1;
+        *self
+            .current
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some((generation, found.clone()));
+        Ok((generation, found))
+    }
+
+    /// Drops resolution `generation` if it is still the current one, so that the next operation
+    /// asks the sentinels again.
+    fn forget(&self, generation: u64) {
+        let mut current = self
+            .current
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if current.as_ref().is_some_and(|(g, _)| *g == generation) {
+            *current = None;
+        }
+    }
 }
 
 /// A node of a cluster, as `host:port` (the address the cluster reports).
@@ -339,7 +416,12 @@ impl RedisStore {
             (Some(t), Some((_, wait))) => Some(t.max(wait + Duration::from_secs(1))),
             (t, _) => t,
         };
-        let mut conn = if let Some(nodes) = cluster_nodes(&url)? {
+        let config = ConnectionManagerConfig::new()
+            .set_response_timeout(response_timeout)
+            .set_connection_timeout(options.connection_timeout)
+            .set_number_of_retries(4)
+            .set_max_delay(Duration::from_millis(500));
+        let link = if let Some(nodes) = cluster_nodes(&url)? {
             let mut builder = ClusterClient::builder(nodes).retries(4).max_retry_wait(500);
             if let Some(t) = response_timeout {
                 builder = builder.response_timeout(t);
@@ -348,26 +430,41 @@ impl RedisStore {
                 builder = builder.connection_timeout(t);
             }
             let client = builder.build().map_err(bad_url)?;
-            Conn::Cluster(client.get_async_connection().await.map_err(unreachable)?)
+            Link::Fixed(Conn::Cluster(
+                client.get_async_connection().await.map_err(unreachable)?,
+            ))
+        } else if let Some((sentinels, service, node)) = sentinel_parts(&url)? {
+            let client =
+                SentinelClient::build(sentinels, service, Some(node), SentinelServerType::Master)
+                    .map_err(bad_url)?;
+            let link = SentinelLink {
+                client: tokio::sync::Mutex::new(client),
+                current: std::sync::Mutex::new(None),
+                resolutions: AtomicU64::new(0),
+                config,
+                resolve_timeout: options.connection_timeout.unwrap_or(Duration::from_secs(2)) * 3,
+            };
+            // Found now, so that a wrong service name or unreachable sentinels fail at start.
+            link.primary().await.map_err(unreachable)?;
+            Link::Sentinel(Box::new(link))
         } else {
             let client = redis::Client::open(url.as_str()).map_err(bad_url)?;
-            let config = ConnectionManagerConfig::new()
-                .set_response_timeout(response_timeout)
-                .set_connection_timeout(options.connection_timeout)
-                .set_number_of_retries(4)
-                .set_max_delay(Duration::from_millis(500));
-            Conn::Single(
+            Link::Fixed(Conn::Single(
                 ConnectionManager::new_with_config(client, config)
                     .await
                     .map_err(unreachable)?,
-            )
+            ))
         };
         if !options.allow_volatile {
+            let mut conn = match &link {
+                Link::Fixed(conn) => conn.clone(),
+                Link::Sentinel(s) => Conn::Single(s.primary().await.map_err(unreachable)?.1),
+            };
             check_persistence(&mut conn, &shown_url).await?;
         }
         Ok(RedisStore {
             inner: Arc::new(Inner {
-                conn,
+                link,
                 scripts: Scripts::new(),
                 options,
                 shown_url,
@@ -386,38 +483,80 @@ impl RedisStore {
         &self.inner.options
     }
 
-    fn conn(&self) -> Conn {
-        self.inner.conn.clone()
+    /// The connection for one operation: through Sentinel, the current primary's (found anew
+    /// after a failure), kept for the whole operation so that a write and its `WAIT` share it.
+    async fn conn(&self) -> Result<Pinned> {
+        match &self.inner.link {
+            Link::Fixed(conn) => Ok(Pinned {
+                conn: conn.clone(),
+                generation: None,
+            }),
+            Link::Sentinel(s) => {
+                let (generation, manager) = s.primary().await.map_err(|e| {
+                    StoreError::Unavailable(format!(
+                        "failed to find the redis primary through sentinel at {}: {e}",
+                        self.inner.shown_url
+                    ))
+                })?;
+                Ok(Pinned {
+                    conn: Conn::Single(manager),
+                    generation: Some(generation),
+                })
+            }
+        }
+    }
+
+    /// The store error for `e` on `pinned`; through Sentinel, any failure but a refusal by our
+    /// scripts also makes the next operation ask the sentinels for the primary again (a failover
+    /// shows as a lost connection, `READONLY` or a write its replicas did not acknowledge).
+    fn fail(&self, pinned: &Pinned, e: &redis::RedisError, what: &str) -> StoreError {
+        let err = classify(e, what);
+        self.forget_on(pinned, &err);
+        err
+    }
+
+    fn forget_on(&self, pinned: &Pinned, err: &StoreError) {
+        if let (Link::Sentinel(s), Some(generation)) = (&self.inner.link, pinned.generation) {
+            if matches!(
+                err,
+                StoreError::Unavailable(_) | StoreError::Indeterminate(_)
+            ) {
+                s.forget(generation);
+            }
+        }
     }
 
     /// Runs a read-only script.
     async fn read(&self, inv: &ScriptInvocation<'_>, what: &str) -> Result<Value> {
-        inv.invoke_async(&mut self.conn())
-            .await
-            .map_err(|e| classify(&e, what))
+        let mut pinned = self.conn().await?;
+        match inv.invoke_async(&mut pinned.conn).await {
+            Ok(v) => Ok(v),
+            Err(e) => Err(self.fail(&pinned, &e, what)),
+        }
     }
 
     /// Runs a write script on the record `key` (its Redis name), then waits for replicas if so
     /// configured.
     async fn write(&self, key: &str, inv: &ScriptInvocation<'_>, what: &str) -> Result<Value> {
-        let mut conn = self.conn();
-        let value = inv
-            .invoke_async(&mut conn)
-            .await
-            .map_err(|e| classify(&e, what))?;
+        let mut pinned = self.conn().await?;
+        let value = match inv.invoke_async(&mut pinned.conn).await {
+            Ok(v) => v,
+            Err(e) => return Err(self.fail(&pinned, &e, what)),
+        };
         if let Some((replicas, timeout)) = self.inner.options.wait_replicas {
-            let acked = conn.wait(key, replicas, timeout).await.map_err(|e| {
-                // The write itself went through on the primary; only its replication is open.
-                StoreError::Indeterminate(format!(
-                    "failed to {what} on redis: waiting for replicas failed: {e}"
-                ))
-            })?;
-            if acked < i64::from(replicas) {
-                return Err(StoreError::Indeterminate(format!(
+            let err = match pinned.conn.wait(key, replicas, timeout).await {
+                Ok(acked) if acked >= i64::from(replicas) => return Ok(value),
+                Ok(acked) => StoreError::Indeterminate(format!(
                     "failed to {what} on redis: {acked} of {replicas} replicas acknowledged the \
                      write within {timeout:?}, so a failover could lose it"
-                )));
-            }
+                )),
+                // The write itself went through on the primary; only its replication is open.
+                Err(e) => StoreError::Indeterminate(format!(
+                    "failed to {what} on redis: waiting for replicas failed: {e}"
+                )),
+            };
+            self.forget_on(&pinned, &err);
+            return Err(err);
         }
         Ok(value)
     }
@@ -474,11 +613,11 @@ impl RedisStore {
 
     /// The key names of all records under the prefix (deduplicated: `SCAN` may repeat keys), by
     /// the node that holds them: one group on a single server, one per master of a cluster.
-    async fn scan(&self) -> Result<Vec<(Option<Node>, Vec<String>)>> {
+    async fn scan(&self, pinned: &mut Pinned) -> Result<Vec<(Option<Node>, Vec<String>)>> {
         let prefix = &self.inner.options.key_prefix;
         let pattern = format!("{prefix}{{*}}");
-        let mut conn = self.conn();
-        let fail = |e: redis::RedisError| classify(&e, "scan records");
+        let mut conn = pinned.conn.clone();
+        let fail = |e: redis::RedisError| self.fail(pinned, &e, "scan records");
         let mut groups = Vec::new();
         for node in conn.masters().await.map_err(fail)? {
             let mut seen = HashSet::new();
@@ -505,10 +644,12 @@ impl RedisStore {
 
     /// The server's clock.
     async fn server_now(&self) -> Result<Timestamp> {
-        let (secs, micros): (i64, i64) = redis::cmd("TIME")
-            .query_async(&mut self.conn())
-            .await
-            .map_err(|e| classify(&e, "read the server time"))?;
+        let mut pinned = self.conn().await?;
+        let (secs, micros): (i64, i64) =
+            match redis::cmd("TIME").query_async(&mut pinned.conn).await {
+                Ok(t) => t,
+                Err(e) => return Err(self.fail(&pinned, &e, "read the server time")),
+            };
         Ok(Timestamp::from_millis(secs * 1000 + micros / 1000))
     }
 }
@@ -589,17 +730,19 @@ impl Store for RedisStore {
     async fn list(&self, filter: &ListFilter) -> Result<Vec<Record>> {
         let now = self.server_now().await?;
         let mut out = Vec::new();
-        for (node, names) in self.scan().await? {
+        let mut pinned = self.conn().await?;
+        for (node, names) in self.scan(&mut pinned).await? {
             for batch in names.chunks(SCAN_COUNT as usize) {
                 let mut pipe = redis::pipe();
                 for name in batch {
                     pipe.cmd("HGETALL").arg(name);
                 }
-                let hashes: Vec<Value> = self
-                    .conn()
+                let hashes: Vec<Value> = pinned
+                    .conn
+                    .clone()
                     .pipe_on(node.as_ref(), pipe)
                     .await
-                    .map_err(|e| classify(&e, "list records"))?;
+                    .map_err(|e| self.fail(&pinned, &e, "list records"))?;
                 for flat in &hashes {
                     // A record deleted since the scan reads as an empty hash: absent.
                     if let Some(record) = stored_record(flat)?.and_then(|c| c.view(now)) {
@@ -620,17 +763,19 @@ impl Store for RedisStore {
     async fn purge_expired(&self) -> Result<u64> {
         let now = self.server_now().await?;
         let mut purged = 0;
-        for (node, names) in self.scan().await? {
+        let mut pinned = self.conn().await?;
+        for (node, names) in self.scan(&mut pinned).await? {
             for batch in names.chunks(SCAN_COUNT as usize) {
                 let mut pipe = redis::pipe();
                 for name in batch {
                     pipe.cmd("HMGET").arg(name).arg("state").arg("expires_at");
                 }
-                let states: Vec<(Option<String>, Option<i64>)> = self
-                    .conn()
+                let states: Vec<(Option<String>, Option<i64>)> = pinned
+                    .conn
+                    .clone()
                     .pipe_on(node.as_ref(), pipe)
                     .await
-                    .map_err(|e| classify(&e, "purge records"))?;
+                    .map_err(|e| self.fail(&pinned, &e, "purge records"))?;
                 for (name, (state, expires_at)) in batch.iter().zip(states) {
                     let expired = expires_at.is_some_and(|t| Timestamp::from_millis(t) <= now);
                     if state.as_deref() == Some("c") && expired {
@@ -848,6 +993,53 @@ async fn check_persistence(conn: &mut Conn, url: &str) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The parts of a `redis+sentinel://[user[:password]@]host:port[,host:port...]/service[/db][?query]`
+/// URL: the sentinels' `redis://` URLs, the service (master) name, and the credentials, database
+/// and driver options for the primary; `None` for any other URL. The sentinels themselves are
+/// reached without credentials.
+fn sentinel_parts(url: &str) -> Result<Option<(Vec<String>, String, SentinelNodeConnectionInfo)>> {
+    let Some(rest) = url.strip_prefix("redis+sentinel://") else {
+        return Ok(None);
+    };
+    let bad = |why: &str| {
+        StoreError::Misconfigured(format!(
+            "failed to read redis sentinel url {}: {why} (expected \
+             redis+sentinel://[user:password@]host:port,host:port/service[/db][?options])",
+            redact(url)
+        ))
+    };
+    let (rest, query) = match rest.split_once('?') {
+        Some((rest, query)) => (rest, format!("?{query}")),
+        None => (rest, String::new()),
+    };
+    let (userinfo, rest) = match rest.rfind('@') {
+        Some(at) => (&rest[..=at], &rest[at + 1..]),
+        None => ("", rest),
+    };
+    let (hosts, path) = rest.split_once('/').unwrap_or((rest, ""));
+    let (service, db) = path.split_once('/').unwrap_or((path, ""));
+    if service.is_empty() {
+        return Err(bad(
+            "the path must name the service (the master name the sentinels monitor)",
+        ));
+    }
+    let sentinels: Vec<String> = hosts
+        .split(',')
+        .map(|host| match host {
+            "" => Err(bad("empty sentinel address")),
+            h if h.contains(':') => Ok(format!("redis://{h}")),
+            h => Ok(format!("redis://{h}:26379")),
+        })
+        .collect::<Result<_>>()?;
+    let node = redis::IntoConnectionInfo::into_connection_info(format!(
+        "redis://{userinfo}primary/{db}{query}"
+    ))
+    .map_err(|e| bad(&e.to_string()))?;
+    let node = SentinelNodeConnectionInfo::default()
+        .set_redis_connection_info(node.redis_settings().clone());
+    Ok(Some((sentinels, service.to_owned(), node)))
 }
 
 /// The nodes of a `redis+cluster://[user[:password]@]host:port,host:port[/0][?query]` URL as
