@@ -385,7 +385,10 @@ impl fmt::Debug for RedisStore {
 }
 
 impl RedisStore {
-    /// Connects to the Redis at `url` (`redis://[user:password@]host[:port][/db][?query]`) with the
+    /// Connects to the Redis at `url` (`redis://[user:password@]host[:port][/db][?query]`; a
+    /// Redis Cluster as `redis+cluster://[user:password@]host:port,host:port[?query]`; the primary
+    /// that Redis Sentinel names as
+    /// `redis+sentinel://[user:password@]host:port,host:port/service[/db][?query]`) with the
     /// default [`RedisOptions`]; the query may set `allow_volatile=true`, `key_prefix=...`,
     /// `wait_replicas=N` and `wait_timeout=...`, and
     /// redis-rs's own `protocol` (and, for `redis+unix://` URLs, `db`, `user` and `pass`).
@@ -1222,6 +1225,30 @@ mod tests {
             redact("redis+cluster://u:secret@h1:1,h2:2"),
             "redis+cluster://u:***@h1:1,h2:2"
         );
+    }
+
+    #[test]
+    fn sentinel_urls_name_the_sentinels_and_the_service() {
+        assert!(sentinel_parts("redis://h:1").unwrap().is_none());
+        let (sentinels, service, _) =
+            sentinel_parts("redis+sentinel://u:pw@s1:5000,s2/mymaster/2?protocol=resp3")
+                .unwrap()
+                .unwrap();
+        assert_eq!(sentinels, ["redis://s1:5000", "redis://s2:26379"]);
+        assert_eq!(service, "mymaster");
+        for (bad, says) in [
+            ("redis+sentinel://u:secret@s1:1", "must name the service"),
+            (
+                "redis+sentinel://u:secret@s1:1,/m",
+                "empty sentinel address",
+            ),
+        ] {
+            let e = sentinel_parts(bad).unwrap_err();
+            assert!(
+                matches!(&e, StoreError::Misconfigured(m) if m.contains(says) && !m.contains("secret")),
+                "{bad}: {e:?}"
+            );
+        }
     }
 
     #[test]

@@ -22,7 +22,8 @@ pub enum AnyStore {
     /// `postgres://…` or `postgresql://…`.
     #[cfg(feature = "postgres")]
     Postgres(idemgate_postgres::PgStore),
-    /// `redis://…`, or a Redis Cluster: `redis+cluster://host:port,host:port…`.
+    /// `redis://…`, a Redis Cluster (`redis+cluster://host:port,host:port…`), or the primary
+    /// Redis Sentinel names (`redis+sentinel://host:port,host:port/service…`).
     #[cfg(feature = "redis")]
     Redis(idemgate_redis::RedisStore),
 }
@@ -30,7 +31,7 @@ pub enum AnyStore {
 impl AnyStore {
     /// Opens the store a URL names: `memory:`, `sqlite://PATH` (or `sqlite:PATH`),
     /// `postgres://…`/`postgresql://…`, `redis://…` (and
-    /// `redis+cluster://…` for a Redis Cluster). `docs/STORES.md` lists the query options
+    /// `redis+cluster://…` for a Redis Cluster, `redis+sentinel://…` behind Redis Sentinel). `docs/STORES.md` lists the query options
     /// each kind takes.
     ///
     /// # Errors
@@ -58,7 +59,7 @@ impl AnyStore {
                 idemgate_postgres::PgStore::connect(url).await?,
             )),
             #[cfg(feature = "redis")]
-            "redis" | "redis+cluster" => Ok(AnyStore::Redis(
+            "redis" | "redis+cluster" | "redis+sentinel" => Ok(AnyStore::Redis(
                 idemgate_redis::RedisStore::connect(url).await?,
             )),
             _ => Err(StoreError::Misconfigured(format!(
@@ -85,6 +86,8 @@ pub const SCHEMES: &[&str] = &[
     "redis://",
     #[cfg(feature = "redis")]
     "redis+cluster://",
+    #[cfg(feature = "redis")]
+    "redis+sentinel://",
 ];
 
 /// Forwards a method to whichever store this is.
@@ -175,6 +178,7 @@ mod tests {
         if cfg!(feature = "redis") {
             urls.push(("redis://127.0.0.1:1/0?prefx=t:", "prefx"));
             urls.push(("redis+cluster://127.0.0.1:1,127.0.0.1:2?prefx=t:", "prefx"));
+            urls.push(("redis+sentinel://127.0.0.1:1/mymaster?prefx=t:", "prefx"));
         }
         for (url, option) in urls {
             let e = AnyStore::connect(url).await.unwrap_err();
