@@ -287,11 +287,13 @@ struct Tally {
     keys: u64,
     /// Why calls failed closed (the start of the answer), with counts.
     reasons: HashMap<String, u64>,
-    /// When each call started, and whether it was acknowledged.
-    timeline: Vec<(Instant, bool)>,
+    /// When each call started and ended, and whether it was acknowledged.
+    timeline: Vec<(Instant, Instant, bool)>,
     /// Calls started while the primary was cut off, and how many of them failed closed.
     partition_calls: u64,
     partition_failed: u64,
+    /// Calls acknowledged before the heal that started after the cut.
+    partition_acked_before_heal: u64,
 }
 
 /// The store's URL: through the sentinels, waiting for one replica unless `IDEMGATE_SENTINEL_NO_WAIT`
@@ -378,7 +380,7 @@ async fn drive(stop: Arc<AtomicBool>) -> Tally {
                     {
                         let mut t = tally.lock().unwrap();
                         t.calls += 1;
-                        t.timeline.push((started, ok));
+                        t.timeline.push((started, Instant::now(), ok));
                         if ok {
                             t.acknowledged += 1;
                         } else {
@@ -492,14 +494,17 @@ fn round(n: u32, unsynced: bool) -> Tally {
     }
     let started = Instant::now();
     lab.partition_primary(true);
+    // The window of the partition counts from the last cut to the first heal (spawning `ip` takes
+    // a while on a loaded machine).
+    let cut = Instant::now();
     lab.wait_for("the sentinels promoted the replica", 60, || {
         lab.primary_by_sentinels().as_deref() == Some(REPLICA)
     });
     let promoted_after = started.elapsed();
     // Hold the partition for 8 s in all.
     std::thread::sleep(Duration::from_secs(8).saturating_sub(started.elapsed()));
-    lab.partition_primary(false);
     let healed = Instant::now();
+    lab.partition_primary(false);
     lab.wait_for("the old primary follows the new one", 60, || {
         lab.cli(PRIMARY, 6379, &["INFO", "replication"])
             .is_some_and(|i| i.contains("role:slave") && i.contains("master_link_status:up"))
@@ -507,10 +512,11 @@ fn round(n: u32, unsynced: bool) -> Tally {
     std::thread::sleep(Duration::from_secs(2));
     stop.store(true, Ordering::Relaxed);
     let mut t = client.join().expect("the client thread panicked");
-    for (at, ok) in &t.timeline {
-        if (started..healed).contains(at) {
+    for (at, done, ok) in &t.timeline {
+        if (cut..healed).contains(at) {
             t.partition_calls += 1;
             t.partition_failed += u64::from(!ok);
+            t.partition_acked_before_heal += u64::from(*ok && *done < healed);
         }
     }
     println!(
@@ -530,10 +536,11 @@ fn round(n: u32, unsynced: bool) -> Tally {
         t.doubles
     );
     println!(
-        "  during the partition: {} calls, {} failed closed ({:.1}%)",
+        "  during the partition: {} calls, {} failed closed ({:.1}%), {} acknowledged before the heal",
         t.partition_calls,
         t.partition_failed,
-        100.0 * t.partition_failed as f64 / t.partition_calls.max(1) as f64
+        100.0 * t.partition_failed as f64 / t.partition_calls.max(1) as f64,
+        t.partition_acked_before_heal
     );
     for (why, count) in &t.reasons {
         println!("  failed closed {count}x: {why}");
