@@ -45,7 +45,9 @@ it and records what it did: its exit code if it exits, an unknown outcome if the
 #[derive(Debug, Parser)]
 #[command(name = "idemgate", version, about = ABOUT, long_about = LONG_ABOUT, after_long_help = EXAMPLES)]
 pub struct Cli {
-    /// Where records live: sqlite://PATH, postgres://..., redis://..., or memory:.
+    /// Where records live: sqlite://PATH, postgres://..., redis://... (a Redis Cluster:
+    /// redis+cluster://HOST:PORT,HOST:PORT...; behind Sentinel:
+    /// redis+sentinel://HOST:PORT,HOST:PORT/SERVICE), or memory:.
     /// Default: sqlite://$XDG_DATA_HOME/idemgate/idemgate.db (~/.local/share/idemgate/idemgate.db).
     #[arg(long, global = true, env = "IDEMGATE_STORE", value_name = "URL")]
     pub store: Option<String>,

@@ -614,3 +614,48 @@ fn serve_answers_and_stops_cleanly_on_sigterm() {
     };
     assert_eq!(status.code(), Some(0));
 }
+
+#[test]
+fn exec_and_keys_work_on_a_redis_cluster() {
+    // A private three-master cluster on free loopback ports, stopped by pid when dropped.
+    let cluster = crate::cluster_support::PrivateCluster::start(&[]);
+    let sb = Sandbox::new();
+    let ran = sb.path("ran");
+    let store = format!("{}?key_prefix=cli-cluster:", cluster.url());
+    let script = format!("echo ran >> '{}'; echo hello", ran.display());
+    let exec = |key: &str| {
+        sb.idemgate()
+            .args([
+                "--store", &store, "exec", "--key", key, "--", "sh", "-c", &script,
+            ])
+            .output()
+            .unwrap()
+    };
+    for key in ["a", "b", "c", "d", "e", "f"] {
+        let first = exec(key);
+        assert_eq!(first.status.code(), Some(0), "{}", text(&first.stderr));
+        assert_eq!(text(&first.stdout), "hello\n");
+    }
+    let again = exec("a");
+    assert_eq!(again.status.code(), Some(0), "{}", text(&again.stderr));
+    assert!(
+        text(&again.stderr).contains("replayed"),
+        "{}",
+        text(&again.stderr)
+    );
+    assert_eq!(lines(&ran), 6, "each key ran once");
+    // Listing gathers the records from every master.
+    let list = sb
+        .idemgate()
+        .args(["--store", &store, "--json", "keys", "list"])
+        .output()
+        .unwrap();
+    assert_eq!(list.status.code(), Some(0), "{}", text(&list.stderr));
+    let listed = text(&list.stdout);
+    for key in ["a", "b", "c", "d", "e", "f"] {
+        assert!(
+            listed.contains(&format!("\"key\":\"{key}\"")),
+            "{key} missing from {listed}"
+        );
+    }
+}

@@ -2,6 +2,10 @@
 
 mod cli;
 mod faultproxy;
+// Shared with idemgate-redis's cluster tests, which use all of it.
+#[allow(dead_code)]
+#[path = "../../idemgate-redis/tests/cluster_support.rs"]
+mod cluster_support;
 mod gateway;
 mod mcp;
 mod mcp_http;

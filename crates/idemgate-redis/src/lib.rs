@@ -7,6 +7,7 @@ pub mod fuzzing;
 
 use std::collections::HashSet;
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,8 +18,14 @@ use idemgate_core::{
     Claim, Completion, Fence, Key, Lease, ListFilter, Outcome, Record, Reservation, Store,
     StoreError, Timestamp,
 };
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{Script, ScriptInvocation, Value};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{
+    MultipleNodeRoutingInfo, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
+};
+use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
+use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Script, ScriptInvocation, Value};
 
 use crate::codec::{array, number, stored_record, text};
 use crate::error::{classify, corrupt};
@@ -128,11 +135,244 @@ pub struct RedisStore {
 }
 
 struct Inner {
-    conn: ConnectionManager,
+    link: Link,
     scripts: Scripts,
     options: RedisOptions,
     /// The URL without credentials, for messages.
     shown_url: String,
+}
+
+/// The connection of a store: one server (or a primary behind replicas) through a reconnecting
+/// manager, or a Redis Cluster, whose connection routes each command to the master of its key's
+/// slot. The store's code is the same for both; only waiting for replicas, scanning and
+/// per-node settings differ.
+#[derive(Clone)]
+enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+/// How a store reaches Redis: a fixed connection, or the primary that the sentinels name.
+enum Link {
+    Fixed(Conn),
+    Sentinel(Box<SentinelLink>),
+}
+
+/// The connection of one operation, and through Sentinel which resolution of the primary it is.
+struct Pinned {
+    conn: Conn,
+    generation: Option<u64>,
+}
+
+/// The primary behind Redis Sentinel: found through the sentinels when first needed and again
+/// after any operation on it failed, so that a store follows a failover.
+struct SentinelLink {
+    client: tokio::sync::Mutex<SentinelClient>,
+    /// The current primary's connection and its resolution number.
+    current: std::sync::Mutex<Option<(u64, ConnectionManager)>>,
+    resolutions: AtomicU64,
+    config: ConnectionManagerConfig,
+    /// The longest a resolution (sentinels, then the primary) may take.
+    resolve_timeout: Duration,
+}
+
+impl SentinelLink {
+    fn current(&self) -> Option<(u64, ConnectionManager)> {
+        self.current
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The primary's connection, asking the sentinels for it when none is current.
+    async fn primary(&self) -> RedisResult<(u64, ConnectionManager)> {
+        if let Some(current) = self.current() {
+            return Ok(current);
+        }
+        let mut client = self.client.lock().await;
+        // Another operation may have found it while this one waited for the lock.
+        if let Some(current) = self.current() {
+            return Ok(current);
+        }
+        let timed_out = || {
+            redis::RedisError::from(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "no answer from the sentinels and the primary they name in time",
+            ))
+        };
+        let found = tokio::time::timeout(self.resolve_timeout, async {
+            let primary = client.async_get_client().await?;
+            ConnectionManager::new_with_config(primary, self.config.clone()).await
+        })
+        .await
+        .map_err(|_| timed_out())??;
+        let generation = self.resolutions.fetch_add(1, Ordering::Relaxed) + 1;
+        *self
+            .current
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some((generation, found.clone()));
+        Ok((generation, found))
+    }
+
+    /// Drops resolution `generation` if it is still the current one, so that the next operation
+    /// asks the sentinels again.
+    fn forget(&self, generation: u64) {
+        let mut current = self
+            .current
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if current.as_ref().is_some_and(|(g, _)| *g == generation) {
+            *current = None;
+        }
+    }
+}
+
+/// A node of a cluster, as `host:port` (the address the cluster reports).
+type Node = (String, u16);
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(cmd, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+impl Conn {
+    /// `WAIT replicas timeout` on the node that holds `key` (on a cluster, its slot's master,
+    /// where the write just went).
+    async fn wait(&mut self, key: &str, replicas: u32, timeout: Duration) -> RedisResult<i64> {
+        let mut cmd = redis::cmd("WAIT");
+        cmd.arg(replicas).arg(ms(timeout));
+        match self {
+            Conn::Single(c) => cmd.query_async(c).await,
+            Conn::Cluster(c) => {
+                let route = Route::with_key(key.as_bytes(), SlotAddr::Master);
+                let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
+                Ok(redis::from_redis_value(
+                    c.route_command(cmd, routing).await?,
+                )?)
+            }
+        }
+    }
+
+    /// The nodes to scan: `[None]` for a single server, every master of a cluster.
+    async fn masters(&mut self) -> RedisResult<Vec<Option<Node>>> {
+        match self {
+            Conn::Single(_) => Ok(vec![None]),
+            Conn::Cluster(c) => {
+                let all = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
+                let replies = c.route_command(redis::cmd("PING"), all).await?;
+                Ok(per_node(replies)?
+                    .into_iter()
+                    .map(|(node, _)| Some(node))
+                    .collect())
+            }
+        }
+    }
+
+    /// Runs `cmd` on `node` (`None`: the single server, or wherever the cluster routes it).
+    async fn on<T: redis::FromRedisValue>(
+        &mut self,
+        node: Option<&Node>,
+        cmd: &Cmd,
+    ) -> RedisResult<T> {
+        match (self, node) {
+            (Conn::Cluster(c), Some((host, port))) => {
+                let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                    host: host.clone(),
+                    port: *port,
+                });
+                let reply = c.route_command(cmd.clone(), routing).await?;
+                Ok(redis::from_redis_value(reply.extract_error()?)?)
+            }
+            (conn, _) => cmd.query_async(conn).await,
+        }
+    }
+
+    /// Runs a pipeline of commands on keys of `node` (see [`Conn::on`]).
+    async fn pipe_on<T: redis::FromRedisValue>(
+        &mut self,
+        node: Option<&Node>,
+        pipe: Pipeline,
+    ) -> RedisResult<T> {
+        match (self, node) {
+            (Conn::Cluster(c), Some((host, port))) => {
+                let route = SingleNodeRoutingInfo::ByAddress {
+                    host: host.clone(),
+                    port: *port,
+                };
+                let n = pipe.len();
+                let replies = c.route_pipeline(pipe, 0, n, route).await?;
+                let replies = Value::Array(replies).extract_error()?;
+                Ok(redis::from_redis_value(replies)?)
+            }
+            (conn, _) => pipe.query_async(conn).await,
+        }
+    }
+
+    /// `CONFIG GET name` on every node that could hold records: the single server, or every
+    /// node of a cluster (replicas included: one may be promoted). `None` names the single server.
+    async fn config_get(&mut self, name: &str) -> RedisResult<Vec<(Option<Node>, Vec<String>)>> {
+        let mut cmd = redis::cmd("CONFIG");
+        cmd.arg("GET").arg(name);
+        match self {
+            Conn::Single(c) => Ok(vec![(None, cmd.query_async(c).await?)]),
+            Conn::Cluster(c) => {
+                let all = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllNodes, None));
+                let replies = c.route_command(cmd, all).await?;
+                per_node(replies)?
+                    .into_iter()
+                    .map(|(node, v)| Ok((Some(node), redis::from_redis_value(v.extract_error()?)?)))
+                    .collect()
+            }
+        }
+    }
+}
+
+/// The replies of a command sent to several cluster nodes, by node.
+fn per_node(replies: Value) -> RedisResult<Vec<(Node, Value)>> {
+    let bad = |what: String| {
+        redis::RedisError::from((
+            redis::ErrorKind::Client,
+            "unexpected reply from the cluster",
+            what,
+        ))
+    };
+    let Value::Map(pairs) = replies else {
+        return Err(bad(format!("expected replies by node, got {replies:?}")));
+    };
+    pairs
+        .into_iter()
+        .map(|(addr, value)| {
+            let addr: String = redis::from_redis_value(addr)?;
+            let node = addr
+                .rsplit_once(':')
+                .and_then(|(h, p)| Some((h.to_owned(), p.parse().ok()?)))
+                .ok_or_else(|| bad(format!("node address {addr:?}")))?;
+            Ok((node, value))
+        })
+        .collect()
 }
 
 impl fmt::Debug for RedisStore {
@@ -145,7 +385,10 @@ impl fmt::Debug for RedisStore {
 }
 
 impl RedisStore {
-    /// Connects to the Redis at `url` (`redis://[user:password@]host[:port][/db][?query]`) with the
+    /// Connects to the Redis at `url` (`redis://[user:password@]host[:port][/db][?query]`; a
+    /// Redis Cluster as `redis+cluster://[user:password@]host:port,host:port[?query]`; the primary
+    /// that Redis Sentinel names as
+    /// `redis+sentinel://[user:password@]host:port,host:port/service[/db][?query]`) with the
     /// default [`RedisOptions`]; the query may set `allow_volatile=true`, `key_prefix=...`,
     /// `wait_replicas=N` and `wait_timeout=...`, and
     /// redis-rs's own `protocol` (and, for `redis+unix://` URLs, `db`, `user` and `pass`).
@@ -167,9 +410,10 @@ impl RedisStore {
         let (url, options) = parse_url(url, options)?;
         check_prefix(&options.key_prefix)?;
         let shown_url = redact(&url);
-        let client = redis::Client::open(url.as_str()).map_err(|e| {
-            StoreError::Misconfigured(format!("failed to read redis url {shown_url}: {e}"))
-        })?;
+        let bad_url =
+            |e| StoreError::Misconfigured(format!("failed to read redis url {shown_url}: {e}"));
+        let unreachable =
+            |e| StoreError::Unavailable(format!("failed to connect to redis at {shown_url}: {e}"));
         // A command that waits for replicas must not time out before the wait does.
         let response_timeout = match (options.response_timeout, options.wait_replicas) {
             (Some(t), Some((_, wait))) => Some(t.max(wait + Duration::from_secs(1))),
@@ -180,17 +424,50 @@ impl RedisStore {
             .set_connection_timeout(options.connection_timeout)
             .set_number_of_retries(4)
             .set_max_delay(Duration::from_millis(500));
-        let mut conn = ConnectionManager::new_with_config(client, config)
-            .await
-            .map_err(|e| {
-                StoreError::Unavailable(format!("failed to connect to redis at {shown_url}: {e}"))
-            })?;
+        let link = if let Some(nodes) = cluster_nodes(&url)? {
+            let mut builder = ClusterClient::builder(nodes).retries(4).max_retry_wait(500);
+            if let Some(t) = response_timeout {
+                builder = builder.response_timeout(t);
+            }
+            if let Some(t) = options.connection_timeout {
+                builder = builder.connection_timeout(t);
+            }
+            let client = builder.build().map_err(bad_url)?;
+            Link::Fixed(Conn::Cluster(
+                client.get_async_connection().await.map_err(unreachable)?,
+            ))
+        } else if let Some((sentinels, service, node)) = sentinel_parts(&url)? {
+            let client =
+                SentinelClient::build(sentinels, service, Some(node), SentinelServerType::Master)
+                    .map_err(bad_url)?;
+            let link = SentinelLink {
+                client: tokio::sync::Mutex::new(client),
+                current: std::sync::Mutex::new(None),
+                resolutions: AtomicU64::new(0),
+                config,
+                resolve_timeout: options.connection_timeout.unwrap_or(Duration::from_secs(2)) * 3,
+            };
+            // Found now, so that a wrong service name or unreachable sentinels fail at start.
+            link.primary().await.map_err(unreachable)?;
+            Link::Sentinel(Box::new(link))
+        } else {
+            let client = redis::Client::open(url.as_str()).map_err(bad_url)?;
+            Link::Fixed(Conn::Single(
+                ConnectionManager::new_with_config(client, config)
+                    .await
+                    .map_err(unreachable)?,
+            ))
+        };
         if !options.allow_volatile {
+            let mut conn = match &link {
+                Link::Fixed(conn) => conn.clone(),
+                Link::Sentinel(s) => Conn::Single(s.primary().await.map_err(unreachable)?.1),
+            };
             check_persistence(&mut conn, &shown_url).await?;
         }
         Ok(RedisStore {
             inner: Arc::new(Inner {
-                conn,
+                link,
                 scripts: Scripts::new(),
                 options,
                 shown_url,
@@ -209,42 +486,80 @@ impl RedisStore {
         &self.inner.options
     }
 
-    fn conn(&self) -> ConnectionManager {
-        self.inner.conn.clone()
+    /// The connection for one operation: through Sentinel, the current primary's (found anew
+    /// after a failure), kept for the whole operation so that a write and its `WAIT` share it.
+    async fn conn(&self) -> Result<Pinned> {
+        match &self.inner.link {
+            Link::Fixed(conn) => Ok(Pinned {
+                conn: conn.clone(),
+                generation: None,
+            }),
+            Link::Sentinel(s) => {
+                let (generation, manager) = s.primary().await.map_err(|e| {
+                    StoreError::Unavailable(format!(
+                        "failed to find the redis primary through sentinel at {}: {e}",
+                        self.inner.shown_url
+                    ))
+                })?;
+                Ok(Pinned {
+                    conn: Conn::Single(manager),
+                    generation: Some(generation),
+                })
+            }
+        }
+    }
+
+    /// The store error for `e` on `pinned`; through Sentinel, any failure but a refusal by our
+    /// scripts also makes the next operation ask the sentinels for the primary again (a failover
+    /// shows as a lost connection, `READONLY` or a write its replicas did not acknowledge).
+    fn fail(&self, pinned: &Pinned, e: &redis::RedisError, what: &str) -> StoreError {
+        let err = classify(e, what);
+        self.forget_on(pinned, &err);
+        err
+    }
+
+    fn forget_on(&self, pinned: &Pinned, err: &StoreError) {
+        if let (Link::Sentinel(s), Some(generation)) = (&self.inner.link, pinned.generation) {
+            if matches!(
+                err,
+                StoreError::Unavailable(_) | StoreError::Indeterminate(_)
+            ) {
+                s.forget(generation);
+            }
+        }
     }
 
     /// Runs a read-only script.
     async fn read(&self, inv: &ScriptInvocation<'_>, what: &str) -> Result<Value> {
-        inv.invoke_async(&mut self.conn())
-            .await
-            .map_err(|e| classify(&e, what))
+        let mut pinned = self.conn().await?;
+        match inv.invoke_async(&mut pinned.conn).await {
+            Ok(v) => Ok(v),
+            Err(e) => Err(self.fail(&pinned, &e, what)),
+        }
     }
 
-    /// Runs a write script, then waits for replicas if so configured.
-    async fn write(&self, inv: &ScriptInvocation<'_>, what: &str) -> Result<Value> {
-        let mut conn = self.conn();
-        let value = inv
-            .invoke_async(&mut conn)
-            .await
-            .map_err(|e| classify(&e, what))?;
+    /// Runs a write script on the record `key` (its Redis name), then waits for replicas if so
+    /// configured.
+    async fn write(&self, key: &str, inv: &ScriptInvocation<'_>, what: &str) -> Result<Value> {
+        let mut pinned = self.conn().await?;
+        let value = match inv.invoke_async(&mut pinned.conn).await {
+            Ok(v) => v,
+            Err(e) => return Err(self.fail(&pinned, &e, what)),
+        };
         if let Some((replicas, timeout)) = self.inner.options.wait_replicas {
-            let acked: i64 = redis::cmd("WAIT")
-                .arg(replicas)
-                .arg(ms(timeout))
-                .query_async(&mut conn)
-                .await
-                .map_err(|e| {
-                    // The write itself went through on the primary; only its replication is open.
-                    StoreError::Indeterminate(format!(
-                        "failed to {what} on redis: waiting for replicas failed: {e}"
-                    ))
-                })?;
-            if acked < i64::from(replicas) {
-                return Err(StoreError::Indeterminate(format!(
+            let err = match pinned.conn.wait(key, replicas, timeout).await {
+                Ok(acked) if acked >= i64::from(replicas) => return Ok(value),
+                Ok(acked) => StoreError::Indeterminate(format!(
                     "failed to {what} on redis: {acked} of {replicas} replicas acknowledged the \
                      write within {timeout:?}, so a failover could lose it"
-                )));
-            }
+                )),
+                // The write itself went through on the primary; only its replication is open.
+                Err(e) => StoreError::Indeterminate(format!(
+                    "failed to {what} on redis: waiting for replicas failed: {e}"
+                )),
+            };
+            self.forget_on(&pinned, &err);
+            return Err(err);
         }
         Ok(value)
     }
@@ -259,8 +574,9 @@ impl RedisStore {
             Some(_) => &self.inner.scripts.takeover,
             None => &self.inner.scripts.reserve,
         };
+        let name = self.record_key(&r.key);
         let mut inv = script.prepare_invoke();
-        inv.key(self.record_key(&r.key))
+        inv.key(&name)
             .arg(r.key.tenant.as_str())
             .arg(r.key.tool.as_str())
             .arg(r.key.key.as_str())
@@ -270,7 +586,7 @@ impl RedisStore {
         if let Some(stale) = stale {
             inv.arg(stale.to_string());
         }
-        let reply = self.write(&inv, what).await?;
+        let reply = self.write(&name, &inv, what).await?;
         let items = array(&reply)?;
         match items {
             [tag, fence] if text(tag)? == "A" => Ok(Claim::Acquired(Lease {
@@ -290,45 +606,53 @@ impl RedisStore {
         }
     }
 
-    fn lease_call<'a>(&self, script: &'a Script, key: &Key, lease: Lease) -> ScriptInvocation<'a> {
+    fn lease_call<'a>(&self, script: &'a Script, name: &str, lease: Lease) -> ScriptInvocation<'a> {
         let mut inv = script.prepare_invoke();
-        inv.key(self.record_key(key))
+        inv.key(name)
             .arg(lease.fence.to_string())
             .arg(lease.token.to_hex());
         inv
     }
 
-    /// The key names of all records under the prefix (deduplicated: `SCAN` may repeat keys).
-    async fn scan(&self) -> Result<Vec<String>> {
+    /// The key names of all records under the prefix (deduplicated: `SCAN` may repeat keys), by
+    /// the node that holds them: one group on a single server, one per master of a cluster.
+    async fn scan(&self, pinned: &mut Pinned) -> Result<Vec<(Option<Node>, Vec<String>)>> {
         let prefix = &self.inner.options.key_prefix;
         let pattern = format!("{prefix}{{*}}");
-        let mut conn = self.conn();
-        let mut seen = HashSet::new();
-        let mut cursor: u64 = 0;
-        loop {
-            let (next, names): (u64, Vec<String>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(SCAN_COUNT)
-                .query_async(&mut conn)
-                .await
-                .map_err(|e| classify(&e, "scan records"))?;
-            seen.extend(names.into_iter().filter(|n| is_record_key(prefix, n)));
-            if next == 0 {
-                return Ok(seen.into_iter().collect());
+        let mut conn = pinned.conn.clone();
+        let fail = |e: redis::RedisError| self.fail(pinned, &e, "scan records");
+        let mut groups = Vec::new();
+        for node in conn.masters().await.map_err(fail)? {
+            let mut seen = HashSet::new();
+            let mut cursor: u64 = 0;
+            loop {
+                let mut cmd = redis::cmd("SCAN");
+                cmd.arg(cursor)
+                    .arg("MATCH")
+                    .arg(&pattern)
+                    .arg("COUNT")
+                    .arg(SCAN_COUNT);
+                let (next, names): (u64, Vec<String>) =
+                    conn.on(node.as_ref(), &cmd).await.map_err(fail)?;
+                seen.extend(names.into_iter().filter(|n| is_record_key(prefix, n)));
+                if next == 0 {
+                    break;
+                }
+                cursor = next;
             }
-            cursor = next;
+            groups.push((node, seen.into_iter().collect()));
         }
+        Ok(groups)
     }
 
     /// The server's clock.
     async fn server_now(&self) -> Result<Timestamp> {
-        let (secs, micros): (i64, i64) = redis::cmd("TIME")
-            .query_async(&mut self.conn())
-            .await
-            .map_err(|e| classify(&e, "read the server time"))?;
+        let mut pinned = self.conn().await?;
+        let (secs, micros): (i64, i64) =
+            match redis::cmd("TIME").query_async(&mut pinned.conn).await {
+                Ok(t) => t,
+                Err(e) => return Err(self.fail(&pinned, &e, "read the server time")),
+            };
         Ok(Timestamp::from_millis(secs * 1000 + micros / 1000))
     }
 }
@@ -343,9 +667,10 @@ impl Store for RedisStore {
     }
 
     async fn heartbeat(&self, key: &Key, lease: Lease, lease_for: Duration) -> Result<Timestamp> {
-        let mut inv = self.lease_call(&self.inner.scripts.heartbeat, key, lease);
+        let name = self.record_key(key);
+        let mut inv = self.lease_call(&self.inner.scripts.heartbeat, &name, lease);
         inv.arg(ms(lease_for));
-        let reply = self.write(&inv, "extend a lease").await?;
+        let reply = self.write(&name, &inv, "extend a lease").await?;
         Ok(Timestamp::from_millis(number(&reply)?))
     }
 
@@ -357,13 +682,14 @@ impl Store for RedisStore {
         ttl: Duration,
         executed_at: Option<Timestamp>,
     ) -> Result<Completion> {
-        let mut inv = self.lease_call(&self.inner.scripts.complete, key, lease);
+        let name = self.record_key(key);
+        let mut inv = self.lease_call(&self.inner.scripts.complete, &name, lease);
         inv.arg(outcome.kind.to_string())
             .arg(outcome.body.as_slice())
             .arg(ms(ttl))
             .arg(ms(self.inner.options.expiry_grace))
             .arg(executed_at.map_or(String::new(), |t| t.as_millis().to_string()));
-        let reply = self.write(&inv, "complete a record").await?;
+        let reply = self.write(&name, &inv, "complete a record").await?;
         match array(&reply)? {
             [completed_at, expires_at] => Ok(Completion {
                 completed_at: Timestamp::from_millis(number(completed_at)?),
@@ -376,13 +702,17 @@ impl Store for RedisStore {
     }
 
     async fn release(&self, key: &Key, lease: Lease) -> Result<()> {
-        let inv = self.lease_call(&self.inner.scripts.release, key, lease);
-        self.write(&inv, "release a record").await.map(drop)
+        let name = self.record_key(key);
+        let inv = self.lease_call(&self.inner.scripts.release, &name, lease);
+        self.write(&name, &inv, "release a record").await.map(drop)
     }
 
     async fn mark_unknown(&self, key: &Key, lease: Lease) -> Result<()> {
-        let inv = self.lease_call(&self.inner.scripts.mark_unknown, key, lease);
-        self.write(&inv, "mark a record unknown").await.map(drop)
+        let name = self.record_key(key);
+        let inv = self.lease_call(&self.inner.scripts.mark_unknown, &name, lease);
+        self.write(&name, &inv, "mark a record unknown")
+            .await
+            .map(drop)
     }
 
     async fn get(&self, key: &Key) -> Result<Option<Record>> {
@@ -402,22 +732,26 @@ impl Store for RedisStore {
 
     async fn list(&self, filter: &ListFilter) -> Result<Vec<Record>> {
         let now = self.server_now().await?;
-        let names = self.scan().await?;
         let mut out = Vec::new();
-        for batch in names.chunks(SCAN_COUNT as usize) {
-            let mut pipe = redis::pipe();
-            for name in batch {
-                pipe.cmd("HGETALL").arg(name);
-            }
-            let hashes: Vec<Value> = pipe
-                .query_async(&mut self.conn())
-                .await
-                .map_err(|e| classify(&e, "list records"))?;
-            for flat in &hashes {
-                // A record deleted since the scan reads as an empty hash: absent.
-                if let Some(record) = stored_record(flat)?.and_then(|c| c.view(now)) {
-                    if filter.matches(&record) {
-                        out.push(record);
+        let mut pinned = self.conn().await?;
+        for (node, names) in self.scan(&mut pinned).await? {
+            for batch in names.chunks(SCAN_COUNT as usize) {
+                let mut pipe = redis::pipe();
+                for name in batch {
+                    pipe.cmd("HGETALL").arg(name);
+                }
+                let hashes: Vec<Value> = pinned
+                    .conn
+                    .clone()
+                    .pipe_on(node.as_ref(), pipe)
+                    .await
+                    .map_err(|e| self.fail(&pinned, &e, "list records"))?;
+                for flat in &hashes {
+                    // A record deleted since the scan reads as an empty hash: absent.
+                    if let Some(record) = stored_record(flat)?.and_then(|c| c.view(now)) {
+                        if filter.matches(&record) {
+                            out.push(record);
+                        }
                     }
                 }
             }
@@ -431,26 +765,30 @@ impl Store for RedisStore {
 
     async fn purge_expired(&self) -> Result<u64> {
         let now = self.server_now().await?;
-        let names = self.scan().await?;
         let mut purged = 0;
-        for batch in names.chunks(SCAN_COUNT as usize) {
-            let mut pipe = redis::pipe();
-            for name in batch {
-                pipe.cmd("HMGET").arg(name).arg("state").arg("expires_at");
-            }
-            let states: Vec<(Option<String>, Option<i64>)> = pipe
-                .query_async(&mut self.conn())
-                .await
-                .map_err(|e| classify(&e, "purge records"))?;
-            for (name, (state, expires_at)) in batch.iter().zip(states) {
-                let expired = expires_at.is_some_and(|t| Timestamp::from_millis(t) <= now);
-                if state.as_deref() == Some("c") && expired {
-                    // The script checks again by the server clock, atomically, so a record
-                    // reserved anew since the look above stays.
-                    let mut inv = self.inner.scripts.purge.prepare_invoke();
-                    inv.key(name);
-                    let gone: u64 = number(&self.write(&inv, "purge records").await?)?;
-                    purged += gone;
+        let mut pinned = self.conn().await?;
+        for (node, names) in self.scan(&mut pinned).await? {
+            for batch in names.chunks(SCAN_COUNT as usize) {
+                let mut pipe = redis::pipe();
+                for name in batch {
+                    pipe.cmd("HMGET").arg(name).arg("state").arg("expires_at");
+                }
+                let states: Vec<(Option<String>, Option<i64>)> = pinned
+                    .conn
+                    .clone()
+                    .pipe_on(node.as_ref(), pipe)
+                    .await
+                    .map_err(|e| self.fail(&pinned, &e, "purge records"))?;
+                for (name, (state, expires_at)) in batch.iter().zip(states) {
+                    let expired = expires_at.is_some_and(|t| Timestamp::from_millis(t) <= now);
+                    if state.as_deref() == Some("c") && expired {
+                        // The script checks again by the server clock, atomically, so a record
+                        // reserved anew since the look above stays.
+                        let mut inv = self.inner.scripts.purge.prepare_invoke();
+                        inv.key(name);
+                        let gone: u64 = number(&self.write(name, &inv, "purge records").await?)?;
+                        purged += gone;
+                    }
                 }
             }
         }
@@ -589,67 +927,161 @@ fn redact(url: &str) -> String {
     }
 }
 
-/// Refuses a Redis that would forget acknowledged records when it restarts.
-async fn check_persistence(conn: &mut ConnectionManager, url: &str) -> Result<()> {
+/// Refuses a Redis that would forget acknowledged records when it restarts: on a cluster, every
+/// node must persist (a replica may become the master of its slots).
+async fn check_persistence(conn: &mut Conn, url: &str) -> Result<()> {
     let how = "enable append-only persistence (appendonly yes, appendfsync always or everysec), or \
                accept losing records on a restart with RedisOptions { allow_volatile: true, .. } or \
                ?allow_volatile=true in the url";
-    let aof: redis::RedisResult<Vec<String>> = redis::cmd("CONFIG")
-        .arg("GET")
-        .arg("appendonly")
-        .query_async(conn)
-        .await;
-    let aof = match aof {
-        Ok(pair) => pair,
-        Err(e) if e.is_io_error() => return Err(classify(&e, "read the persistence settings")),
-        Err(e) => {
-            return Err(StoreError::Misconfigured(format!(
-                "failed to read the persistence settings of redis at {url} (CONFIG GET appendonly: \
-                 {e}; managed services often disable CONFIG), so it may lose records on a \
-                 restart: {how}"
-            )))
-        }
+    let unreadable = |e: &dyn fmt::Display| {
+        StoreError::Misconfigured(format!(
+            "failed to read the persistence settings of redis at {url} (CONFIG GET appendonly: \
+             {e}; managed services often disable CONFIG), so it may lose records on a restart: \
+             {how}"
+        ))
     };
-    match aof.as_slice() {
-        [_, on] if on == "yes" => check_fsync(conn, url, how).await,
-        [_, value] => {
-            let save: Vec<String> = redis::cmd("CONFIG")
-                .arg("GET")
-                .arg("save")
-                .query_async(conn)
-                .await
-                .unwrap_or_default();
-            let save = save.get(1).map_or("?", String::as_str);
-            Err(StoreError::Misconfigured(format!(
-                "redis at {url} runs with appendonly {value} (save {save:?}), so it loses \
-                 reservations and outcomes when it restarts and side effects could run twice: \
-                 {how}"
-            )))
-        }
-        _ => Err(StoreError::Misconfigured(format!(
-            "redis at {url} did not report its appendonly setting, so it may lose records on a \
-             restart: {how}"
-        ))),
-    }
-}
-
-/// Refuses an append-only file that Redis never fsyncs (`appendfsync no`): the operating system
-/// writes it back when it likes (up to about 30 s on Linux), so a power cut or a crash of the
-/// machine loses acknowledged reservations as surely as `appendonly no` does.
-async fn check_fsync(conn: &mut ConnectionManager, url: &str, how: &str) -> Result<()> {
-    let fsync: Vec<String> = redis::cmd("CONFIG")
-        .arg("GET")
-        .arg("appendfsync")
-        .query_async(conn)
+    let aof = match conn.config_get("appendonly").await {
+        Ok(nodes) => nodes,
+        Err(e) if e.is_io_error() => return Err(classify(&e, "read the persistence settings")),
+        Err(e) => return Err(unreadable(&e)),
+    };
+    let fsync = conn
+        .config_get("appendfsync")
         .await
         .map_err(|e| classify(&e, "read the persistence settings"))?;
-    match fsync.as_slice() {
-        [_, policy] if policy == "no" => Err(StoreError::Misconfigured(format!(
-            "redis at {url} runs with appendfsync no, so a crash of its machine loses \
-             reservations and outcomes it acknowledged and side effects could run twice: {how}"
-        ))),
-        _ => Ok(()),
+    for (node, aof) in aof {
+        let at = match &node {
+            Some((host, port)) => format!("{url} (node {host}:{port})"),
+            None => url.to_owned(),
+        };
+        match aof.as_slice() {
+            [_, on] if on == "yes" => {}
+            [_, value] => {
+                let save = conn
+                    .config_get("save")
+                    .await
+                    .unwrap_or_default()
+                    .into_iter()
+                    .find(|(n, _)| *n == node)
+                    .and_then(|(_, v)| v.get(1).cloned())
+                    .unwrap_or_else(|| "?".to_owned());
+                return Err(StoreError::Misconfigured(format!(
+                    "redis at {at} runs with appendonly {value} (save {save:?}), so it loses \
+                     reservations and outcomes when it restarts and side effects could run twice: \
+                     {how}"
+                )));
+            }
+            _ => {
+                return Err(StoreError::Misconfigured(format!(
+                    "redis at {at} did not report its appendonly setting, so it may lose records \
+                     on a restart: {how}"
+                )))
+            }
+        }
+        // An append-only file that Redis never fsyncs (`appendfsync no`) is written back when the
+        // operating system likes (up to about 30 s on Linux), so a power cut or a crash of the
+        // machine loses acknowledged reservations as surely as `appendonly no` does.
+        let policy = fsync
+            .iter()
+            .find(|(n, _)| *n == node)
+            .map(|(_, v)| v.as_slice());
+        if let Some([_, policy]) = policy {
+            if policy == "no" {
+                return Err(StoreError::Misconfigured(format!(
+                    "redis at {at} runs with appendfsync no, so a crash of its machine loses \
+                     reservations and outcomes it acknowledged and side effects could run twice: \
+                     {how}"
+                )));
+            }
+        }
     }
+    Ok(())
+}
+
+/// The parts of a `redis+sentinel://[user[:password]@]host:port[,host:port...]/service[/db][?query]`
+/// URL: the sentinels' `redis://` URLs, the service (master) name, and the credentials, database
+/// and driver options for the primary; `None` for any other URL. The sentinels themselves are
+/// reached without credentials.
+fn sentinel_parts(url: &str) -> Result<Option<(Vec<String>, String, SentinelNodeConnectionInfo)>> {
+    let Some(rest) = url.strip_prefix("redis+sentinel://") else {
+        return Ok(None);
+    };
+    let bad = |why: &str| {
+        StoreError::Misconfigured(format!(
+            "failed to read redis sentinel url {}: {why} (expected \
+             redis+sentinel://[user:password@]host:port,host:port/service[/db][?options])",
+            redact(url)
+        ))
+    };
+    let (rest, query) = match rest.split_once('?') {
+        Some((rest, query)) => (rest, format!("?{query}")),
+        None => (rest, String::new()),
+    };
+    let (userinfo, rest) = match rest.rfind('@') {
+        Some(at) => (&rest[..=at], &rest[at + 1..]),
+        None => ("", rest),
+    };
+    let (hosts, path) = rest.split_once('/').unwrap_or((rest, ""));
+    let (service, db) = path.split_once('/').unwrap_or((path, ""));
+    if service.is_empty() {
+        return Err(bad(
+            "the path must name the service (the master name the sentinels monitor)",
+        ));
+    }
+    let sentinels: Vec<String> = hosts
+        .split(',')
+        .map(|host| match host {
+            "" => Err(bad("empty sentinel address")),
+            h if h.contains(':') => Ok(format!("redis://{h}")),
+            h => Ok(format!("redis://{h}:26379")),
+        })
+        .collect::<Result<_>>()?;
+    let node = redis::IntoConnectionInfo::into_connection_info(format!(
+        "redis://{userinfo}primary/{db}{query}"
+    ))
+    .map_err(|e| bad(&e.to_string()))?;
+    let node = SentinelNodeConnectionInfo::default()
+        .set_redis_connection_info(node.redis_settings().clone());
+    Ok(Some((sentinels, service.to_owned(), node)))
+}
+
+/// The nodes of a `redis+cluster://[user[:password]@]host:port,host:port[/0][?query]` URL as
+/// `redis://` URLs carrying the credentials and the driver's query options; `None` for any other
+/// URL.
+fn cluster_nodes(url: &str) -> Result<Option<Vec<String>>> {
+    let Some(rest) = ["redis+cluster://"]
+        .iter()
+        .find_map(|scheme| url.strip_prefix(scheme))
+    else {
+        return Ok(None);
+    };
+    let bad = |why: &str| {
+        StoreError::Misconfigured(format!(
+            "failed to read redis cluster url {}: {why} (expected \
+             redis+cluster://[user:password@]host:port,host:port[?options])",
+            redact(url)
+        ))
+    };
+    let (rest, query) = match rest.split_once('?') {
+        Some((rest, query)) => (rest, format!("?{query}")),
+        None => (rest, String::new()),
+    };
+    let (userinfo, rest) = match rest.rfind('@') {
+        Some(at) => (&rest[..=at], &rest[at + 1..]),
+        None => ("", rest),
+    };
+    let (hosts, path) = rest.split_once('/').unwrap_or((rest, ""));
+    if !matches!(path, "" | "0") {
+        return Err(bad("a cluster has only database 0"));
+    }
+    let nodes: Vec<String> = hosts
+        .split(',')
+        .map(|host| match host {
+            "" => Err(bad("empty node address")),
+            h => Ok(format!("redis://{userinfo}{h}{query}")),
+        })
+        .collect::<Result<_>>()?;
+    Ok(Some(nodes))
 }
 
 #[cfg(test)]
@@ -755,6 +1187,68 @@ mod tests {
         .unwrap();
         assert_eq!(url, "redis+unix:///run/redis.sock?db=2&pass=pw");
         assert_eq!(o.key_prefix, "u:");
+    }
+
+    #[test]
+    fn cluster_urls_name_every_node_with_credentials_and_driver_options() {
+        assert_eq!(cluster_nodes("redis://h:1").unwrap(), None);
+        assert_eq!(
+            cluster_nodes("redis+cluster://u:pw@h1:1,h2:2/?protocol=resp3").unwrap(),
+            Some(vec![
+                "redis://u:pw@h1:1?protocol=resp3".to_owned(),
+                "redis://u:pw@h2:2?protocol=resp3".to_owned()
+            ])
+        );
+        assert_eq!(
+            cluster_nodes("redis+cluster://h1:1/0").unwrap(),
+            Some(vec!["redis://h1:1".to_owned()])
+        );
+        let (url, o) = parse_url(
+            "redis+cluster://h1:1,h2:2?key_prefix=c:&wait_replicas=1",
+            RedisOptions::default(),
+        )
+        .unwrap();
+        assert_eq!(url, "redis+cluster://h1:1,h2:2");
+        assert_eq!(o.key_prefix, "c:");
+        assert_eq!(o.wait_replicas, Some((1, DEFAULT_WAIT_TIMEOUT)));
+        for bad in [
+            "redis+cluster://u:secret@h1:1/2",
+            "redis+cluster://u:secret@h1:1,",
+        ] {
+            let e = cluster_nodes(bad).unwrap_err();
+            assert!(
+                matches!(&e, StoreError::Misconfigured(m) if !m.contains("secret")),
+                "{e:?}"
+            );
+        }
+        assert_eq!(
+            redact("redis+cluster://u:secret@h1:1,h2:2"),
+            "redis+cluster://u:***@h1:1,h2:2"
+        );
+    }
+
+    #[test]
+    fn sentinel_urls_name_the_sentinels_and_the_service() {
+        assert!(sentinel_parts("redis://h:1").unwrap().is_none());
+        let (sentinels, service, _) =
+            sentinel_parts("redis+sentinel://u:pw@s1:5000,s2/mymaster/2?protocol=resp3")
+                .unwrap()
+                .unwrap();
+        assert_eq!(sentinels, ["redis://s1:5000", "redis://s2:26379"]);
+        assert_eq!(service, "mymaster");
+        for (bad, says) in [
+            ("redis+sentinel://u:secret@s1:1", "must name the service"),
+            (
+                "redis+sentinel://u:secret@s1:1,/m",
+                "empty sentinel address",
+            ),
+        ] {
+            let e = sentinel_parts(bad).unwrap_err();
+            assert!(
+                matches!(&e, StoreError::Misconfigured(m) if m.contains(says) && !m.contains("secret")),
+                "{bad}: {e:?}"
+            );
+        }
     }
 
     #[test]

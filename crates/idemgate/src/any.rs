@@ -22,14 +22,16 @@ pub enum AnyStore {
     /// `postgres://…` or `postgresql://…`.
     #[cfg(feature = "postgres")]
     Postgres(idemgate_postgres::PgStore),
-    /// `redis://…`.
+    /// `redis://…`, a Redis Cluster (`redis+cluster://host:port,host:port…`), or the primary
+    /// Redis Sentinel names (`redis+sentinel://host:port,host:port/service…`).
     #[cfg(feature = "redis")]
     Redis(idemgate_redis::RedisStore),
 }
 
 impl AnyStore {
     /// Opens the store a URL names: `memory:`, `sqlite://PATH` (or `sqlite:PATH`),
-    /// `postgres://…`/`postgresql://…`, `redis://…`. `docs/STORES.md` lists the query options
+    /// `postgres://…`/`postgresql://…`, `redis://…` (and
+    /// `redis+cluster://…` for a Redis Cluster, `redis+sentinel://…` behind Redis Sentinel). `docs/STORES.md` lists the query options
     /// each kind takes.
     ///
     /// # Errors
@@ -57,7 +59,7 @@ impl AnyStore {
                 idemgate_postgres::PgStore::connect(url).await?,
             )),
             #[cfg(feature = "redis")]
-            "redis" => Ok(AnyStore::Redis(
+            "redis" | "redis+cluster" | "redis+sentinel" => Ok(AnyStore::Redis(
                 idemgate_redis::RedisStore::connect(url).await?,
             )),
             _ => Err(StoreError::Misconfigured(format!(
@@ -82,6 +84,10 @@ pub const SCHEMES: &[&str] = &[
     "postgres://",
     #[cfg(feature = "redis")]
     "redis://",
+    #[cfg(feature = "redis")]
+    "redis+cluster://",
+    #[cfg(feature = "redis")]
+    "redis+sentinel://",
 ];
 
 /// Forwards a method to whichever store this is.
@@ -171,6 +177,8 @@ mod tests {
         }
         if cfg!(feature = "redis") {
             urls.push(("redis://127.0.0.1:1/0?prefx=t:", "prefx"));
+            urls.push(("redis+cluster://127.0.0.1:1,127.0.0.1:2?prefx=t:", "prefx"));
+            urls.push(("redis+sentinel://127.0.0.1:1/mymaster?prefx=t:", "prefx"));
         }
         for (url, option) in urls {
             let e = AnyStore::connect(url).await.unwrap_err();
