@@ -25,7 +25,10 @@ use redis::cluster_routing::{
     MultipleNodeRoutingInfo, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
 };
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
-use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Script, ScriptInvocation, Value};
+use redis::{
+    Cmd, ErrorKind, FromRedisValue, Pipeline, RedisFuture, RedisResult, Script, ServerErrorKind,
+    ToRedisArgs, Value,
+};
 
 use crate::codec::{array, number, stored_record, text};
 use crate::error::{classify, corrupt};
@@ -223,6 +226,83 @@ impl SentinelLink {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if current.as_ref().is_some_and(|(g, _)| *g == generation) {
             *current = None;
+        }
+    }
+}
+
+/// A call of one of the store's scripts. Unlike redis-rs's `ScriptInvocation`, its keys and
+/// arguments stay at hand, so that a write and its `WAIT` can go out in one pipeline on one
+/// connection.
+struct Invocation<'a> {
+    script: &'a Script,
+    keys: Vec<Vec<u8>>,
+    args: Vec<Vec<u8>>,
+}
+
+impl<'a> Invocation<'a> {
+    fn new(script: &'a Script) -> Self {
+        Invocation {
+            script,
+            keys: Vec::new(),
+            args: Vec::new(),
+        }
+    }
+
+    fn key(&mut self, key: impl ToRedisArgs) -> &mut Self {
+        self.keys.extend(key.to_redis_args());
+        self
+    }
+
+    fn arg(&mut self, arg: impl ToRedisArgs) -> &mut Self {
+        self.args.extend(arg.to_redis_args());
+        self
+    }
+
+    /// `EVALSHA hash numkeys keys... args...`.
+    fn evalsha(&self) -> Cmd {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(self.script.get_hash()).arg(self.keys.len());
+        for part in self.keys.iter().chain(&self.args) {
+            cmd.arg(part.as_slice());
+        }
+        cmd
+    }
+
+    /// Runs the script on `conn`, loading it first when the server does not know it (a
+    /// `NOSCRIPT` refusal ran nothing, so the call is sent again).
+    async fn invoke<T: FromRedisValue>(&self, conn: &mut Conn) -> RedisResult<T> {
+        match self.evalsha().query_async(conn).await {
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                self.script.load_async(conn).await?;
+                self.evalsha().query_async(conn).await
+            }
+            other => other,
+        }
+    }
+
+    /// Runs the script and `WAIT replicas timeout` in one pipeline on one connection, so that
+    /// the `WAIT` counts the acknowledgements of this very write: sent apart, a reconnection in
+    /// between would put the `WAIT` on a fresh connection with nothing to wait for, and it would
+    /// acknowledge at once. Returns the script's answer and the replicas that acknowledged.
+    async fn invoke_and_wait(
+        &self,
+        conn: &mut Conn,
+        replicas: u32,
+        timeout: Duration,
+    ) -> RedisResult<(Value, i64)> {
+        let pipeline = || {
+            let mut pipe = redis::pipe();
+            pipe.add_command(self.evalsha());
+            pipe.cmd("WAIT").arg(replicas).arg(ms(timeout));
+            pipe
+        };
+        match pipeline().query_async(conn).await {
+            // The script did not run: its WAIT waited for nothing. Load it and send both again.
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                self.script.load_async(conn).await?;
+                pipeline().query_async(conn).await
+            }
+            other => other,
         }
     }
 }
@@ -530,38 +610,49 @@ impl RedisStore {
     }
 
     /// Runs a read-only script.
-    async fn read(&self, inv: &ScriptInvocation<'_>, what: &str) -> Result<Value> {
+    async fn read(&self, inv: &Invocation<'_>, what: &str) -> Result<Value> {
         let mut pinned = self.conn().await?;
-        match inv.invoke_async(&mut pinned.conn).await {
+        match inv.invoke(&mut pinned.conn).await {
             Ok(v) => Ok(v),
             Err(e) => Err(self.fail(&pinned, &e, what)),
         }
     }
 
     /// Runs a write script on the record `key` (its Redis name), then waits for replicas if so
-    /// configured.
-    async fn write(&self, key: &str, inv: &ScriptInvocation<'_>, what: &str) -> Result<Value> {
+    /// configured: on a single server (or Sentinel's primary) in the same pipeline; on a cluster,
+    /// next, on the master of the key's slot.
+    async fn write(&self, key: &str, inv: &Invocation<'_>, what: &str) -> Result<Value> {
         let mut pinned = self.conn().await?;
-        let value = match inv.invoke_async(&mut pinned.conn).await {
-            Ok(v) => v,
-            Err(e) => return Err(self.fail(&pinned, &e, what)),
+        let Some((replicas, timeout)) = self.inner.options.wait_replicas else {
+            return inv
+                .invoke(&mut pinned.conn)
+                .await
+                .map_err(|e| self.fail(&pinned, &e, what));
         };
-        if let Some((replicas, timeout)) = self.inner.options.wait_replicas {
-            let err = match pinned.conn.wait(key, replicas, timeout).await {
-                Ok(acked) if acked >= i64::from(replicas) => return Ok(value),
-                Ok(acked) => StoreError::Indeterminate(format!(
-                    "failed to {what} on redis: {acked} of {replicas} replicas acknowledged the \
-                     write within {timeout:?}, so a failover could lose it"
-                )),
-                // The write itself went through on the primary; only its replication is open.
-                Err(e) => StoreError::Indeterminate(format!(
-                    "failed to {what} on redis: waiting for replicas failed: {e}"
-                )),
-            };
-            self.forget_on(&pinned, &err);
-            return Err(err);
-        }
-        Ok(value)
+        let answered = if matches!(pinned.conn, Conn::Single(_)) {
+            inv.invoke_and_wait(&mut pinned.conn, replicas, timeout)
+                .await
+                .map(|(value, acked)| (value, Ok(acked)))
+        } else {
+            match inv.invoke(&mut pinned.conn).await {
+                Ok(value) => Ok((value, pinned.conn.wait(key, replicas, timeout).await)),
+                Err(e) => Err(e),
+            }
+        };
+        let (value, acked) = answered.map_err(|e| self.fail(&pinned, &e, what))?;
+        let err = match acked {
+            Ok(acked) if acked >= i64::from(replicas) => return Ok(value),
+            Ok(acked) => StoreError::Indeterminate(format!(
+                "failed to {what} on redis: {acked} of {replicas} replicas acknowledged the \
+                 write within {timeout:?}, so a failover could lose it"
+            )),
+            // The write itself went through on the primary; only its replication is open.
+            Err(e) => StoreError::Indeterminate(format!(
+                "failed to {what} on redis: waiting for replicas failed: {e}"
+            )),
+        };
+        self.forget_on(&pinned, &err);
+        Err(err)
     }
 
     async fn claim(&self, r: &Reservation, stale: Option<Fence>) -> Result<Claim> {
@@ -575,7 +666,7 @@ impl RedisStore {
             None => &self.inner.scripts.reserve,
         };
         let name = self.record_key(&r.key);
-        let mut inv = script.prepare_invoke();
+        let mut inv = Invocation::new(script);
         inv.key(&name)
             .arg(r.key.tenant.as_str())
             .arg(r.key.tool.as_str())
@@ -606,8 +697,8 @@ impl RedisStore {
         }
     }
 
-    fn lease_call<'a>(&self, script: &'a Script, name: &str, lease: Lease) -> ScriptInvocation<'a> {
-        let mut inv = script.prepare_invoke();
+    fn lease_call<'a>(&self, script: &'a Script, name: &str, lease: Lease) -> Invocation<'a> {
+        let mut inv = Invocation::new(script);
         inv.key(name)
             .arg(lease.fence.to_string())
             .arg(lease.token.to_hex());
@@ -716,7 +807,7 @@ impl Store for RedisStore {
     }
 
     async fn get(&self, key: &Key) -> Result<Option<Record>> {
-        let mut inv = self.inner.scripts.get.prepare_invoke();
+        let mut inv = Invocation::new(&self.inner.scripts.get);
         inv.key(self.record_key(key));
         let reply = self.read(&inv, "read a record").await?;
         match array(&reply)? {
@@ -784,7 +875,7 @@ impl Store for RedisStore {
                     if state.as_deref() == Some("c") && expired {
                         // The script checks again by the server clock, atomically, so a record
                         // reserved anew since the look above stays.
-                        let mut inv = self.inner.scripts.purge.prepare_invoke();
+                        let mut inv = Invocation::new(&self.inner.scripts.purge);
                         inv.key(name);
                         let gone: u64 = number(&self.write(name, &inv, "purge records").await?)?;
                         purged += gone;
