@@ -4,7 +4,10 @@
 //! `synchronous=FULL`, busy timeout) applied by the same function.
 //!
 //! `cargo bench -p idemgate-sqlite --bench sqlite`; `BENCH_SECONDS` sets the time per cell
-//! (default 3). The database files live in a temporary directory under the system's temp dir, so
+//! (default 3), `BENCH_ROUNDS` the rounds (default 3), and `BENCH_DURABILITY=normal` runs both
+//! sides at `synchronous=NORMAL`, which leaves out the fsyncs and so shows the engine's own cost.
+//! The ratio is the median of each round's engine/raw ratio: the two run back to back, so a
+//! round's ratio is far steadier on a noisy disk than either rate. The database files live in a temporary directory under the system's temp dir, so
 //! fsync cost is that of the disk behind it.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -13,10 +16,22 @@ use std::time::{Duration, Instant};
 
 use idemgate_core::{Call, Effect, Engine, Fingerprint, IdempotencyKey, TenantId, ToolName};
 use idemgate_sqlite::rusqlite::{params, Connection};
-use idemgate_sqlite::{apply_pragmas, SqliteOptions, SqliteStore};
+use idemgate_sqlite::{apply_pragmas, Durability, SqliteOptions, SqliteStore};
+
+fn options() -> SqliteOptions {
+    let durability = match std::env::var("BENCH_DURABILITY").as_deref() {
+        Ok("normal") => Durability::Normal,
+        Ok("full") | Err(_) => Durability::Full,
+        Ok(other) => panic!("BENCH_DURABILITY is full or normal, not {other:?}"),
+    };
+    SqliteOptions {
+        durability,
+        ..SqliteOptions::default()
+    }
+}
 
 fn raw(path: &std::path::Path, callers: usize, budget: Duration) -> f64 {
-    let opts = SqliteOptions::default();
+    let opts = options();
     {
         let conn = Connection::open(path).unwrap();
         apply_pragmas(&conn, &opts).unwrap();
@@ -73,14 +88,21 @@ fn raw(path: &std::path::Path, callers: usize, budget: Duration) -> f64 {
     done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
 }
 
-fn engine(path: &std::path::Path, callers: usize, budget: Duration) -> (f64, f64) {
+/// What one engine cell measured.
+struct EngineRun {
+    calls_per_second: f64,
+    writes_per_commit: f64,
+    writes_per_call: f64,
+}
+
+fn engine(path: &std::path::Path, callers: usize, budget: Duration) -> EngineRun {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .unwrap();
     rt.block_on(async {
-        let store = SqliteStore::open(path, SqliteOptions::default()).unwrap();
+        let store = SqliteStore::open(path, options()).unwrap();
         let engine = Arc::new(Engine::new(store.clone()));
         let before = store.writer_stats();
         let done = Arc::new(AtomicU64::new(0));
@@ -114,11 +136,14 @@ fn engine(path: &std::path::Path, callers: usize, budget: Duration) -> (f64, f64
         for t in tasks {
             t.await.unwrap();
         }
-        let rate = done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64();
+        let calls = done.load(Ordering::Relaxed);
         let after = store.writer_stats();
-        let per_commit = (after.operations - before.operations) as f64
-            / (after.batches - before.batches).max(1) as f64;
-        (rate, per_commit)
+        let writes = (after.operations - before.operations) as f64;
+        EngineRun {
+            calls_per_second: calls as f64 / start.elapsed().as_secs_f64(),
+            writes_per_commit: writes / (after.batches - before.batches).max(1) as f64,
+            writes_per_call: writes / calls.max(1) as f64,
+        }
     })
 }
 
@@ -137,6 +162,18 @@ fn spread(v: &[f64]) -> (f64, String) {
     )
 }
 
+/// The median of per-round ratios, and their minimum and maximum, formatted.
+fn ratio_spread(v: &[f64]) -> String {
+    let mut sorted = v.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    format!(
+        "{:.2}x ({:.2}-{:.2})",
+        sorted[sorted.len() / 2],
+        sorted[0],
+        sorted[sorted.len() - 1]
+    )
+}
+
 fn main() {
     let env = |name: &str, default: u64| {
         std::env::var(name)
@@ -148,17 +185,19 @@ fn main() {
     let rounds = env("BENCH_ROUNDS", 3).max(1) as usize;
     let dir = tempfile::tempdir().unwrap();
     println!(
-        "# SQLite fresh calls: engine (grouped commits) vs raw per-call commits, synchronous=FULL, \
+        "# SQLite fresh calls: engine (grouped commits) vs raw per-call commits, {:?}, \
          {}s per cell, median of {rounds} rounds (min-max), engine and raw alternating",
+        options().durability,
         budget.as_secs()
     );
     println!(
-        "{:>8} {:>20} {:>20} {:>9} {:>16}",
-        "callers", "engine/s", "raw/s", "ratio", "writes/commit"
+        "{:>8} {:>20} {:>20} {:>20} {:>14} {:>12}",
+        "callers", "engine/s", "raw/s", "ratio", "writes/commit", "writes/call"
     );
     let mut raw_single = 0.0;
     for callers in [1usize, 16] {
-        let (mut raws, mut engines, mut per_commit) = (Vec::new(), Vec::new(), 0.0);
+        let (mut raws, mut engines, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut per_commit, mut per_call) = (0.0, 0.0);
         let raw_db = dir.path().join(format!("raw-{callers}.db"));
         let engine_db = dir.path().join(format!("engine-{callers}.db"));
         for round in 0..rounds {
@@ -166,21 +205,24 @@ fn main() {
             if round % 2 == 0 {
                 raws.push(raw(&raw_db, callers, budget));
             }
-            let (rate, writes) = engine(&engine_db, callers, budget);
-            engines.push(rate);
-            per_commit = writes;
+            let run = engine(&engine_db, callers, budget);
+            engines.push(run.calls_per_second);
+            per_commit = run.writes_per_commit;
+            per_call = run.writes_per_call;
             if round % 2 == 1 {
                 raws.push(raw(&raw_db, callers, budget));
             }
+            ratios.push(run.calls_per_second / raws[round]);
         }
         let (raw_rate, raw_cell) = spread(&raws);
         let (engine_rate, engine_cell) = spread(&engines);
+        let ratio_cell = ratio_spread(&ratios);
         if callers == 1 {
             raw_single = raw_rate;
         }
         println!(
-            "{callers:>8} {engine_cell:>20} {raw_cell:>20} {:>8.2}x {per_commit:>16.1}",
-            engine_rate / raw_rate
+            "{callers:>8} {engine_cell:>20} {raw_cell:>20} {ratio_cell:>20} {per_commit:>14.1} \
+             {per_call:>12.2}"
         );
         if callers == 16 {
             println!(

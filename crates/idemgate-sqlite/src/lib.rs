@@ -947,6 +947,45 @@ mod tests {
         );
     }
 
+    /// Writes a record, then fails at the SQL level: the record must go with it.
+    fn write_then_break(conn: &Connection, now: Timestamp) -> Result<((), bool), StoreError> {
+        let rec = StoredRecord {
+            key: key("phantom"),
+            fingerprint: Fingerprint::of_bytes(b"x"),
+            fence: 1,
+            token: idemgate_core::LeaseToken(7),
+            created_at: now,
+            state: RecordState::Unknown { since: now },
+        };
+        row::apply(conn, &rec.key.clone(), None, Change::Put(rec))?;
+        conn.execute(
+            "UPDATE idemgate_record SET token = x'00' WHERE key = 'phantom'",
+            [],
+        )
+        .during(Stage::Write, || "break a check constraint")?;
+        Ok(((), true))
+    }
+
+    #[tokio::test]
+    async fn a_failing_write_alone_keeps_its_error_and_leaves_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(dir.path().join("db"), manual()).unwrap();
+        let before = store.writer_stats();
+        let e = store.write(write_then_break).await.unwrap_err();
+        assert!(
+            matches!(&e, StoreError::Unavailable(m) if m.contains("check constraint")),
+            "{e}"
+        );
+        assert!(store.get(&key("phantom")).await.unwrap().is_none());
+        // The transaction was closed: the next write commits on its own.
+        assert!(matches!(
+            store.reserve(&reservation(&key("a"))).await.unwrap(),
+            Claim::Acquired(_)
+        ));
+        assert!(store.get(&key("a")).await.unwrap().is_some());
+        assert_eq!(store.writer_stats().batches - before.batches, 2);
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_failing_write_does_not_fail_its_batch() {
         let dir = tempfile::tempdir().unwrap();
@@ -964,25 +1003,7 @@ mod tests {
         let good_a = tokio::spawn(async move { s.reserve(&reservation(&key("a"))).await });
         let s = store.clone();
         let broken = tokio::spawn(async move {
-            s.write(|conn, now| {
-                // Writes a record, then fails at the SQL level: the record must go with it.
-                let rec = StoredRecord {
-                    key: key("phantom"),
-                    fingerprint: Fingerprint::of_bytes(b"x"),
-                    fence: 1,
-                    token: idemgate_core::LeaseToken(7),
-                    created_at: now,
-                    state: RecordState::Unknown { since: now },
-                };
-                row::apply(conn, &rec.key.clone(), None, Change::Put(rec))?;
-                conn.execute(
-                    "UPDATE idemgate_record SET token = x'00' WHERE key = 'phantom'",
-                    [],
-                )
-                .during(Stage::Write, || "break a check constraint")?;
-                Ok(((), true))
-            })
-            .await
+            s.write(write_then_break).await
         });
         let s = store.clone();
         let hk = held_key.clone();

@@ -254,8 +254,32 @@ impl Writer {
     fn execute(&mut self, batch: &mut [Box<dyn Task>]) -> Result<bool, StoreError> {
         let n = batch.len();
         let conn = &self.conn;
-        conn.execute_batch("BEGIN IMMEDIATE")
+        conn.prepare_cached("BEGIN IMMEDIATE")
+            .and_then(|mut s| s.execute([]))
             .during(Stage::Write, || format!("begin a batch of {n} writes"))?;
+        if let [task] = batch {
+            // Alone in its batch (the common case at low concurrency), a write needs no savepoint:
+            // if it fails, the whole transaction is rolled back, which undoes exactly its
+            // statements, and it keeps its own error.
+            let now = self.clock.now();
+            return match task.run(conn, now) {
+                Ok(wrote) => {
+                    conn.prepare_cached("COMMIT")
+                        .and_then(|mut s| s.execute([]))
+                        .during(Stage::Commit, || "commit a batch of 1 write".to_owned())?;
+                    Ok(wrote)
+                }
+                Err(_) if conn.is_autocommit() => Err(StoreError::Unavailable(
+                    "failed to run a write: sqlite rolled it back after an error".to_owned(),
+                )),
+                Err(_) => {
+                    conn.prepare_cached("ROLLBACK")
+                        .and_then(|mut s| s.execute([]))
+                        .during(Stage::Write, || "roll back a failed write".to_owned())?;
+                    Ok(false)
+                }
+            };
+        }
         let mut wrote = false;
         for task in batch.iter_mut() {
             let savepoint = || format!("isolate one write in a batch of {n}");
@@ -283,7 +307,8 @@ impl Writer {
                 .and_then(|mut s| s.execute([]))
                 .during(Stage::Write, savepoint)?;
         }
-        conn.execute_batch("COMMIT")
+        conn.prepare_cached("COMMIT")
+            .and_then(|mut s| s.execute([]))
             .during(Stage::Commit, || format!("commit a batch of {n} writes"))?;
         Ok(wrote)
     }
