@@ -7,8 +7,8 @@
 //! (default 3), `BENCH_ROUNDS` the rounds (default 3), and `BENCH_DURABILITY=normal` runs both
 //! sides at `synchronous=NORMAL`, which leaves out the fsyncs and so shows the engine's own cost.
 //! The ratio is the median of each round's engine/raw ratio: the two run back to back, so a
-//! round's ratio is far steadier on a noisy disk than either rate. The database files live in a temporary directory under the system's temp dir, so
-//! fsync cost is that of the disk behind it.
+//! round's ratio is far steadier on a noisy disk than either rate. The database files live in a
+//! temporary directory under the system's temp dir, so fsync cost is that of the disk behind it.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -30,7 +30,9 @@ fn options() -> SqliteOptions {
     }
 }
 
-fn raw(path: &std::path::Path, callers: usize, budget: Duration) -> f64 {
+/// `round` goes into every key, so that each round's calls are fresh on the file it shares with
+/// the earlier rounds.
+fn raw(path: &std::path::Path, callers: usize, budget: Duration, round: usize) -> f64 {
     let opts = options();
     {
         let conn = Connection::open(path).unwrap();
@@ -56,7 +58,7 @@ fn raw(path: &std::path::Path, callers: usize, budget: Duration) -> f64 {
                 let fp = [7u8; 32];
                 let mut i = 0u64;
                 while !stop.load(Ordering::Relaxed) {
-                    let key = format!("raw-{t}-{i}");
+                    let key = format!("raw-{round}-{t}-{i}");
                     i += 1;
                     let inserted = conn
                         .prepare_cached(
@@ -95,7 +97,8 @@ struct EngineRun {
     writes_per_call: f64,
 }
 
-fn engine(path: &std::path::Path, callers: usize, budget: Duration) -> EngineRun {
+/// Keys carry `round`, as in [`raw`].
+fn engine(path: &std::path::Path, callers: usize, budget: Duration, round: usize) -> EngineRun {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -117,7 +120,7 @@ fn engine(path: &std::path::Path, callers: usize, budget: Duration) -> EngineRun
                     let fp = Fingerprint::of_bytes(b"args");
                     let mut i = 0u64;
                     while !stop.load(Ordering::Relaxed) {
-                        let key = IdempotencyKey::new(format!("eng-{t}-{i}")).unwrap();
+                        let key = IdempotencyKey::new(format!("eng-{round}-{t}-{i}")).unwrap();
                         i += 1;
                         let call = Call::new(tenant.clone(), tool.clone())
                             .key(key)
@@ -203,14 +206,14 @@ fn main() {
         for round in 0..rounds {
             // Alternate which side runs first, so that neither always meets a warmer disk.
             if round % 2 == 0 {
-                raws.push(raw(&raw_db, callers, budget));
+                raws.push(raw(&raw_db, callers, budget, round));
             }
-            let run = engine(&engine_db, callers, budget);
+            let run = engine(&engine_db, callers, budget, round);
             engines.push(run.calls_per_second);
             per_commit = run.writes_per_commit;
             per_call = run.writes_per_call;
             if round % 2 == 1 {
-                raws.push(raw(&raw_db, callers, budget));
+                raws.push(raw(&raw_db, callers, budget, round));
             }
             ratios.push(run.calls_per_second / raws[round]);
         }
