@@ -64,7 +64,7 @@ use rusqlite::Connection;
 use tokio::sync::{mpsc, Notify};
 
 use crate::error::{Context, Stage};
-use crate::writer::{Counters, Op, Task, Writer};
+use crate::writer::{Core, Counters, Op, Shared, Task, WakeForCheckpoint, Writer};
 
 pub use crate::schema::{apply_pragmas, APPLICATION_ID, SCHEMA_VERSION};
 /// The rusqlite this crate is built with, so that a benchmark baseline opens its connection with
@@ -164,6 +164,8 @@ struct Inner {
     /// `None` only while dropping, so that the writer sees the queue close.
     tx: Option<mpsc::Sender<Box<dyn Task>>>,
     writer: Option<JoinHandle<()>>,
+    /// The write connection, which callers use directly when the writer thread is idle.
+    shared: Arc<Shared>,
     readers: Mutex<Vec<Connection>>,
     changed: Arc<Notify>,
     counters: Arc<Counters>,
@@ -237,17 +239,20 @@ impl SqliteStore {
         let counters = Arc::new(Counters::default());
         #[cfg(test)]
         let hooks = Arc::new(writer::TestHooks::default());
-        let writer = Writer {
+        let shared = Arc::new(Shared::new(Core {
             conn,
-            rx,
             clock: opts.clock.clone(),
-            max_batch: opts.max_batch,
             path: path.clone(),
             opts: opts.clone(),
             wal: wal_path(&path),
             last_checkpoint: None,
             changed: changed.clone(),
             counters: counters.clone(),
+        }));
+        let writer = Writer {
+            shared: shared.clone(),
+            rx,
+            max_batch: opts.max_batch,
             #[cfg(test)]
             hooks: hooks.clone(),
         };
@@ -266,6 +271,7 @@ impl SqliteStore {
                 opts,
                 tx: Some(tx),
                 writer: Some(writer),
+                shared,
                 readers: Mutex::new(vec![reader]),
                 changed,
                 counters,
@@ -324,7 +330,8 @@ impl SqliteStore {
         }
     }
 
-    /// Queues `work` for the writer and waits for its answer, given after its batch committed.
+    /// Runs `work` at once if the writer is idle, else queues it for the writer thread; either
+    /// way answers after its batch committed.
     async fn write<T, F>(&self, work: F) -> Result<T>
     where
         T: Send + 'static,
@@ -338,7 +345,13 @@ impl SqliteStore {
             ))
         };
         let tx = self.inner.tx.as_ref().ok_or_else(stopped)?;
-        tx.send(task).await.map_err(|_| stopped())?;
+        let queued = tx.capacity() < tx.max_capacity();
+        match self.inner.shared.run_inline(task, queued) {
+            // A full queue means a busy thread, which checkpoints when it is idle anyway.
+            Ok(true) => drop(tx.try_send(Box::new(WakeForCheckpoint))),
+            Ok(false) => {}
+            Err(task) => tx.send(task).await.map_err(|_| stopped())?,
+        }
         answer.await.unwrap_or_else(|_| {
             // The writer went away between taking the task and answering it (it panicked).
             Err(StoreError::Indeterminate(format!(
@@ -667,6 +680,8 @@ mod tests {
     }
 
     async fn hold(store: &SqliteStore) -> Held<'_> {
+        // Every write goes through the thread from now on, so that the held batch can form.
+        store.inner.shared.inline_off.store(true, Ordering::SeqCst);
         let guard = store.inner.hooks.gate.lock().await;
         let arrived = store.inner.hooks.arrived.load(Ordering::SeqCst);
         Held {
@@ -966,6 +981,36 @@ mod tests {
         Ok(((), true))
     }
 
+    /// The name of the thread a write runs on.
+    async fn writing_thread(store: &SqliteStore) -> Option<String> {
+        store
+            .write(|_, _| Ok((std::thread::current().name().map(str::to_owned), false)))
+            .await
+            .unwrap()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_idle_writer_lets_the_caller_write_on_its_own_thread() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(dir.path().join("db"), manual()).unwrap();
+        let before = store.writer_stats();
+        let thread = writing_thread(&store).await;
+        assert_ne!(thread.as_deref(), Some("idemgate-sqlite-writer"));
+        assert_eq!(store.writer_stats().batches - before.batches, 1);
+        // Held, the thread is busy with a batch: callers queue behind it.
+        store.inner.shared.inline_off.store(true, Ordering::SeqCst);
+        let thread = writing_thread(&store).await;
+        assert_eq!(thread.as_deref(), Some("idemgate-sqlite-writer"));
+    }
+
+    #[tokio::test]
+    async fn a_current_thread_runtime_leaves_writes_to_the_writer_thread() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(dir.path().join("db"), manual()).unwrap();
+        let thread = writing_thread(&store).await;
+        assert_eq!(thread.as_deref(), Some("idemgate-sqlite-writer"));
+    }
+
     #[tokio::test]
     async fn a_failing_write_alone_keeps_its_error_and_leaves_nothing() {
         let dir = tempfile::tempdir().unwrap();
@@ -1002,9 +1047,7 @@ mod tests {
         let s = store.clone();
         let good_a = tokio::spawn(async move { s.reserve(&reservation(&key("a"))).await });
         let s = store.clone();
-        let broken = tokio::spawn(async move {
-            s.write(write_then_break).await
-        });
+        let broken = tokio::spawn(async move { s.write(write_then_break).await });
         let s = store.clone();
         let hk = held_key.clone();
         let lost = tokio::spawn(async move {

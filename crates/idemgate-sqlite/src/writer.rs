@@ -6,9 +6,14 @@
 //! returned, so concurrent callers share one transaction and one fsync, and no answer runs ahead of
 //! the disk. Each task runs inside its own `SAVEPOINT`: a task that fails is rolled back alone and
 //! the others of its batch still commit.
+//!
+//! A caller that finds the writer idle (nothing queued, the thread waiting for work, the
+//! connection free) runs its write itself instead, as a batch of one, on its own thread: the two
+//! hand-offs between threads cost a lone caller more than its write (see [`Shared::run_inline`]).
+//! Both take the same [`Core`] lock, so there is still one writer at a time.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use idemgate_core::{Clock, StoreError, Timestamp};
 use rusqlite::Connection;
@@ -102,13 +107,11 @@ const CHECKPOINT_WAIT: std::time::Duration = std::time::Duration::from_millis(20
 /// The least time between two checkpoints that interrupt a busy writer.
 const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_millis(200);
 
-/// The state the writer thread owns.
-pub(crate) struct Writer {
+/// The write connection and what a batch needs besides it; whoever runs a batch holds its lock.
+pub(crate) struct Core {
     pub(crate) conn: Connection,
-    pub(crate) rx: mpsc::Receiver<Box<dyn Task>>,
     pub(crate) clock: Arc<dyn Clock>,
-    pub(crate) max_batch: usize,
-    /// The database file, to open the connection again (see [`Writer::reopen_if_read_only`]).
+    /// The database file, to open the connection again (see [`Core::reopen_if_read_only`]).
     pub(crate) path: std::path::PathBuf,
     pub(crate) opts: crate::SqliteOptions,
     /// The write-ahead log file, measured when idle.
@@ -117,6 +120,38 @@ pub(crate) struct Writer {
     pub(crate) last_checkpoint: Option<std::time::Instant>,
     pub(crate) changed: Arc<Notify>,
     pub(crate) counters: Arc<Counters>,
+}
+
+/// What the writer thread and the callers share.
+pub(crate) struct Shared {
+    core: Mutex<Core>,
+    /// Set by the thread from the moment it takes a task until its batch is answered, so that a
+    /// caller does not jump ahead of a batch that is forming.
+    thread_busy: AtomicBool,
+    /// Set when a caller that wrote inline left the log past a quarter of its limit and woke the
+    /// thread so that it checkpoints once idle; cleared by the thread when it has tried.
+    checkpoint_asked: AtomicBool,
+    /// Lets a test send every write through the thread (see `hold` in the tests).
+    #[cfg(test)]
+    pub(crate) inline_off: AtomicBool,
+}
+
+/// A task that writes nothing: it wakes the writer thread, which checkpoints once idle.
+pub(crate) struct WakeForCheckpoint;
+
+impl Task for WakeForCheckpoint {
+    fn run(&mut self, _: &Connection, _: Timestamp) -> Result<bool, StoreError> {
+        Ok(false)
+    }
+
+    fn answer(self: Box<Self>, _: Result<(), StoreError>) {}
+}
+
+/// The writer thread's own state.
+pub(crate) struct Writer {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) rx: mpsc::Receiver<Box<dyn Task>>,
+    pub(crate) max_batch: usize,
     #[cfg(test)]
     pub(crate) hooks: Arc<TestHooks>,
 }
@@ -132,6 +167,59 @@ pub(crate) struct TestHooks {
     pub(crate) arrived: AtomicU64,
 }
 
+impl Shared {
+    pub(crate) fn new(core: Core) -> Self {
+        Shared {
+            core: Mutex::new(core),
+            thread_busy: AtomicBool::new(false),
+            checkpoint_asked: AtomicBool::new(false),
+            #[cfg(test)]
+            inline_off: AtomicBool::new(false),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Core> {
+        // A panic inside a batch leaves the connection as SQLite left it: the next batch's BEGIN
+        // (or its rollback in `run_batch`) copes with that, so the lock stays usable.
+        self.core.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs `task` as a batch of one on the calling thread, if the writer is idle: nothing is
+    /// queued (`queued`), the thread is not working on a batch, and nobody holds the connection.
+    /// Otherwise gives `task` back, to be queued for the thread. Ran inline, it answers whether
+    /// the thread should be woken (with [`WakeForCheckpoint`]): the checkpoint of an idle writer
+    /// is the thread's, which only notices idleness when it has worked.
+    ///
+    /// On a worker of a multi-threaded tokio runtime the batch runs inside `block_in_place`, so
+    /// that a commit waiting on the disk or on another process's lock (up to the busy timeout)
+    /// does not hold up the tasks of that worker. On a current-thread runtime, whose one thread
+    /// runs every task, it never runs inline.
+    pub(crate) fn run_inline(
+        &self,
+        task: Box<dyn Task>,
+        queued: bool,
+    ) -> Result<bool, Box<dyn Task>> {
+        use tokio::runtime::{Handle, RuntimeFlavor};
+        #[cfg(test)]
+        if self.inline_off.load(Ordering::SeqCst) {
+            return Err(task);
+        }
+        let multi_thread = Handle::try_current()
+            .is_ok_and(|h| matches!(h.runtime_flavor(), RuntimeFlavor::MultiThread));
+        if !multi_thread || queued || self.thread_busy.load(Ordering::SeqCst) {
+            return Err(task);
+        }
+        let Ok(mut core) = self.core.try_lock() else {
+            return Err(task);
+        };
+        let wal_past_quarter = tokio::task::block_in_place(|| {
+            core.run_batch(vec![task]);
+            core.wal_size() > core.opts.wal_limit / 4
+        });
+        Ok(wal_past_quarter && !self.checkpoint_asked.swap(true, Ordering::SeqCst))
+    }
+}
+
 impl Writer {
     /// The next task: looked for briefly without sleeping first, because a caller's next write
     /// (the completion after its reservation) usually follows within microseconds, and putting
@@ -145,14 +233,46 @@ impl Writer {
                 Err(mpsc::error::TryRecvError::Empty) => {}
             }
             if std::time::Instant::now() >= spin_until {
-                // Idle: the fsyncs of a checkpoint delay nobody now.
-                self.checkpoint_beyond(self.opts.wal_limit / 4, false);
+                // Idle: the fsyncs of a checkpoint delay nobody now. A caller writing inline
+                // meanwhile has the connection; it checkpoints past the limit itself.
+                if let Ok(mut core) = self.shared.core.try_lock() {
+                    let quarter = core.opts.wal_limit / 4;
+                    core.checkpoint_beyond(quarter, false);
+                }
+                // Asked or not, tried or not (a caller had the connection): the next caller that
+                // leaves the log long asks again.
+                self.shared.checkpoint_asked.store(false, Ordering::SeqCst);
                 return self.rx.blocking_recv();
             }
             std::thread::yield_now();
         }
     }
 
+    /// Runs batches until every sender is gone, then closes the connection.
+    pub(crate) fn run(mut self) {
+        while let Some(first) = self.next_task() {
+            self.shared.thread_busy.store(true, Ordering::SeqCst);
+            #[cfg(test)]
+            {
+                self.hooks.arrived.fetch_add(1, Ordering::SeqCst);
+                drop(self.hooks.gate.blocking_lock());
+            }
+            let mut core = self.shared.lock();
+            let mut batch = vec![first];
+            while batch.len() < self.max_batch {
+                match self.rx.try_recv() {
+                    Ok(task) => batch.push(task),
+                    Err(_) => break,
+                }
+            }
+            core.run_batch(batch);
+            drop(core);
+            self.shared.thread_busy.store(false, Ordering::SeqCst);
+        }
+    }
+}
+
+impl Core {
     /// Empties the write-ahead log once it holds more than `over` bytes. Commits checkpoint on
     /// their own (`wal_autocheckpoint`), but only passively: readers that keep taking snapshots
     /// stop those checkpoints short, the log is never restarted, and it grows until the disk is
@@ -165,7 +285,7 @@ impl Writer {
     /// as any write may ([`crate::SqliteOptions::busy_timeout`]) for the old readers, which
     /// bounds the log for sure: readers that start meanwhile read the database file, not the log.
     fn checkpoint_beyond(&mut self, over: u64, busy: bool) {
-        let size = std::fs::metadata(&self.wal).map_or(0, |m| m.len());
+        let size = self.wal_size();
         let limit = self.opts.wal_limit;
         let recent = self
             .last_checkpoint
@@ -188,23 +308,8 @@ impl Writer {
         }
     }
 
-    /// Runs batches until every sender is gone, then closes the connection.
-    pub(crate) fn run(mut self) {
-        while let Some(first) = self.next_task() {
-            #[cfg(test)]
-            {
-                self.hooks.arrived.fetch_add(1, Ordering::SeqCst);
-                drop(self.hooks.gate.blocking_lock());
-            }
-            let mut batch = vec![first];
-            while batch.len() < self.max_batch {
-                match self.rx.try_recv() {
-                    Ok(task) => batch.push(task),
-                    Err(_) => break,
-                }
-            }
-            self.run_batch(batch);
-        }
+    fn wal_size(&self) -> u64 {
+        std::fs::metadata(&self.wal).map_or(0, |m| m.len())
     }
 
     /// Opens the write connection again when SQLite opened it read-only and the database can now
