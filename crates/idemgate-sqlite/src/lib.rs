@@ -1002,9 +1002,7 @@ mod tests {
         let s = store.clone();
         let good_a = tokio::spawn(async move { s.reserve(&reservation(&key("a"))).await });
         let s = store.clone();
-        let broken = tokio::spawn(async move {
-            s.write(write_then_break).await
-        });
+        let broken = tokio::spawn(async move { s.write(write_then_break).await });
         let s = store.clone();
         let hk = held_key.clone();
         let lost = tokio::spawn(async move {
