@@ -335,6 +335,22 @@ fn mcp_http_tokens_tenants_and_origin() {
         init,
     );
     assert_eq!(allowed.status, 200, "{}", allowed.body);
+    // The proxy's own loopback origin (`http://` and the Host it was reached at) needs no
+    // listing: only a page from this very address sends it (the conformance suite's
+    // dns-rebinding-protection scenario sends it and expects 2xx). Another port is another origin.
+    let own = format!("http://{}", p.addr);
+    let same = p.http(
+        "POST",
+        &[("authorization", &auth_a), ("origin", &own)],
+        init,
+    );
+    assert_eq!(same.status, 200, "{}", same.body);
+    let other_port = p.http(
+        "POST",
+        &[("authorization", &auth_a), ("origin", "http://127.0.0.1:1")],
+        init,
+    );
+    assert_eq!(other_port.status, 403, "{}", other_port.body);
     assert_eq!(
         sb.executed(),
         Vec::<String>::new(),

@@ -369,13 +369,16 @@ impl<S: Store> Proxy<S> {
     /// Checks `Origin`, the bearer token and the tenant's rate; returns the caller's tenant.
     fn admit(&self, headers: &HeaderMap) -> Result<TenantId, Refused> {
         if let Some(origin) = headers.get(header::ORIGIN) {
+            let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
             let allowed = origin.to_str().is_ok_and(|o| {
                 let o = o.trim().trim_end_matches('/');
-                self.config
-                    .http
-                    .allowed_origins
-                    .iter()
-                    .any(|a| a.trim_end_matches('/').eq_ignore_ascii_case(o))
+                same_loopback_origin(o, host)
+                    || self
+                        .config
+                        .http
+                        .allowed_origins
+                        .iter()
+                        .any(|a| a.trim_end_matches('/').eq_ignore_ascii_case(o))
             });
             if !allowed {
                 return Err(refuse(
@@ -444,6 +447,30 @@ impl<S: Store> Proxy<S> {
         live.touch();
         Ok(live)
     }
+}
+
+/// Whether `origin` is the proxy's own origin on loopback: `http://` and the request's `Host`,
+/// whose name is `localhost`, `127.0.0.1` or `[::1]`. Only a page loaded from this very address
+/// sends it, and the proxy serves no pages; a DNS-rebinding page carries its own name in `Origin`
+/// (and in `Host`), never a loopback one. Clients that send their target as `Origin` (the MCP
+/// conformance suite does) are let in without listing it in `http.allowed_origins`.
+fn same_loopback_origin(origin: &str, host: Option<&str>) -> bool {
+    let Some(host) = host.map(str::trim) else {
+        return false;
+    };
+    let name = match host.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().map(|n| format!("[{n}]")),
+        None => host.split(':').next().map(str::to_owned),
+    };
+    let loopback = name.is_some_and(|n| {
+        ["localhost", "127.0.0.1", "[::1]"]
+            .iter()
+            .any(|l| n.eq_ignore_ascii_case(l))
+    });
+    loopback
+        && origin
+            .strip_prefix("http://")
+            .is_some_and(|o| o.eq_ignore_ascii_case(host))
 }
 
 /// A fresh session id: 128 random bits in hex.
@@ -674,4 +701,34 @@ async fn end_session<S: Store>(State(proxy): State<Arc<Proxy<S>>>, headers: Head
     lock(&proxy.sessions).remove(&live.id);
     live.stop.notify_one();
     StatusCode::NO_CONTENT.into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::same_loopback_origin;
+
+    #[test]
+    fn own_loopback_origin_only() {
+        let own = |o, h| same_loopback_origin(o, Some(h));
+        assert!(own("http://127.0.0.1:8765", "127.0.0.1:8765"));
+        assert!(own("http://localhost:8765", "localhost:8765"));
+        assert!(own("http://LOCALHOST:8765", "localhost:8765"));
+        assert!(own("http://[::1]:8765", "[::1]:8765"));
+        assert!(own("http://127.0.0.1", "127.0.0.1"));
+        // Another port, another name, or a non-loopback host is another origin.
+        assert!(!own("http://127.0.0.1:3000", "127.0.0.1:8765"));
+        assert!(!own("http://localhost:8765", "127.0.0.1:8765"));
+        assert!(!own("http://evil.example:8765", "evil.example:8765"));
+        assert!(!own(
+            "http://localhost.evil.example:8765",
+            "localhost.evil.example:8765"
+        ));
+        assert!(!own(
+            "http://127.0.0.1.nip.io:8765",
+            "127.0.0.1.nip.io:8765"
+        ));
+        assert!(!own("https://127.0.0.1:8765", "127.0.0.1:8765"));
+        assert!(!own("null", "127.0.0.1:8765"));
+        assert!(!same_loopback_origin("http://127.0.0.1:8765", None));
+    }
 }
