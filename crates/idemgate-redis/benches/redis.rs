@@ -3,7 +3,9 @@
 //!
 //! `cargo bench -p idemgate-redis --bench redis` against `IDEMGATE_TEST_REDIS_URL` (default
 //! `redis://127.0.0.1:6379`, volatile allowed), under a random key prefix deleted at the end.
-//! Each figure is the best of two runs of `RUN` each, raw and engine alternating.
+//! Each figure is the median of `BENCH_ROUNDS` rounds (default 3) of `RUN` each, with the minimum
+//! and maximum, raw and engine alternating; each ratio is the median of the rounds' paired
+//! engine/raw ratios, which a noisy machine disturbs far less than either rate.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -72,7 +74,14 @@ async fn bench() {
         }
     };
 
-    println!("idemgate-redis bench against {url} ({RUN:?} per run, best of 2)");
+    let rounds = std::env::var("BENCH_ROUNDS")
+        .ok()
+        .and_then(|s| s.parse::<usize>().ok())
+        .unwrap_or(3)
+        .max(1);
+    println!(
+        "idemgate-redis bench against {url} ({RUN:?} per run, median of {rounds} rounds, min-max)"
+    );
     let mut misses = Vec::new();
     for callers in [1usize, 16] {
         // Completed keys for the replay runs, one set per caller.
@@ -161,31 +170,43 @@ async fn bench() {
             engine_replay(uncached.clone()),
         );
 
-        let mut fresh = [0f64; 2];
-        let mut replay = [0f64; 2];
-        let mut replay_store = [0f64; 2];
-        for _ in 0..2 {
-            fresh[0] = fresh[0].max(measure(callers, raw_fresh.clone()).await);
-            fresh[1] = fresh[1].max(measure(callers, engine_fresh.clone()).await);
-            replay[0] = replay[0].max(measure(callers, raw_replay.clone()).await);
-            replay[1] = replay[1].max(measure(callers, cached_replay.clone()).await);
-            replay_store[1] = replay_store[1].max(measure(callers, store_replay.clone()).await);
+        // Per round: raw and engine rates of each work, in the order measured.
+        let (mut fresh, mut replay, mut replay_store) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..rounds {
+            let raw = measure(callers, raw_fresh.clone()).await;
+            fresh.push([raw, measure(callers, engine_fresh.clone()).await]);
+            let raw = measure(callers, raw_replay.clone()).await;
+            replay.push([raw, measure(callers, cached_replay.clone()).await]);
+            replay_store.push([raw, measure(callers, store_replay.clone()).await]);
         }
-        replay_store[0] = replay[0];
         let target = if callers == 1 { 0.9 } else { 1.0 };
-        for (what, [raw, eng]) in [
+        for (what, runs) in [
             ("fresh calls", fresh),
             ("replays", replay),
             ("replays*", replay_store),
         ] {
-            let ratio = eng / raw;
-            let reached = ratio >= target;
+            let raw = spread(runs.iter().map(|r| r[0]).collect());
+            let eng = spread(runs.iter().map(|r| r[1]).collect());
+            let ratio = spread(runs.iter().map(|r| r[1] / r[0]).collect());
+            let reached = ratio.median >= target;
             if !reached {
-                misses.push(format!("{what} at {callers} caller(s): {ratio:.2}x"));
+                misses.push(format!(
+                    "{what} at {callers} caller(s): {:.2}x",
+                    ratio.median
+                ));
             }
             println!(
-                "{callers:>2} caller(s) {what:<11}: engine {eng:>8.0}/s  raw {raw:>8.0}/s  \
-                 engine/raw {ratio:.2}x (target >= {target:.1}x: {})",
+                "{callers:>2} caller(s) {what:<11}: engine {:>8.0}/s ({:.0}-{:.0})  raw {:>8.0}/s \
+                 ({:.0}-{:.0})  engine/raw {:.2}x ({:.2}-{:.2}) (target >= {target:.1}x: {})",
+                eng.median,
+                eng.min,
+                eng.max,
+                raw.median,
+                raw.min,
+                raw.max,
+                ratio.median,
+                ratio.min,
+                ratio.max,
                 if reached { "reached" } else { "missed" }
             );
         }
@@ -259,5 +280,21 @@ async fn cleanup(url: &str, prefix: &str) {
             return;
         }
         cursor = next;
+    }
+}
+
+/// The median, minimum and maximum of some figures.
+struct Spread {
+    median: f64,
+    min: f64,
+    max: f64,
+}
+
+fn spread(mut v: Vec<f64>) -> Spread {
+    v.sort_by(f64::total_cmp);
+    Spread {
+        median: v[v.len() / 2],
+        min: v[0],
+        max: v[v.len() - 1],
     }
 }
