@@ -234,6 +234,46 @@ fn mcp_real_git_server_over_stdio_in_the_2026_era() {
         &[&server, "--repository", repo.to_str().unwrap()],
     );
     assert_git_ran_once(&seen, &repo, "2026-07-28");
+    assert_records(
+        &sb,
+        "mcp-server-git",
+        &["git_add", "git_commit", "git_create_branch"],
+    );
+}
+
+#[test]
+fn mcp_real_git_server_without_the_proxy_answers_retries_with_errors() {
+    // The baseline: git refuses the second commit and the second branch itself, so the state
+    // changes once, but the re-sent commit and 15 of the racing creations answer with errors for
+    // actions that were done.
+    let sb = Sandbox::new();
+    let repo = git_repo(&sb);
+    let server = git_server();
+    let seen = run_client(
+        &sb,
+        Via::Direct,
+        "2025",
+        "git",
+        &repo,
+        &[&server, "--repository", repo.to_str().unwrap()],
+    );
+    assert_ne!(seen["timed_out"], json!(false), "{seen}");
+    assert_eq!(seen["retry"]["isError"], true, "{seen}");
+    assert!(
+        text(&seen["retry"]).contains("No changes staged for commit"),
+        "{seen}"
+    );
+    let racing = seen["racing"].as_array().unwrap();
+    let refused: Vec<&Value> = racing.iter().filter(|r| r["isError"] == true).collect();
+    assert_eq!(refused.len(), 15, "{seen}");
+    for r in refused {
+        assert!(text(r).contains("already exists"), "{seen}");
+    }
+    let subjects = git(&repo, &["log", "--format=%s"]);
+    assert_eq!(
+        subjects.lines().collect::<Vec<_>>(),
+        [COMMIT_MESSAGE, "init"]
+    );
 }
 
 #[test]
