@@ -314,6 +314,7 @@ impl<S: Store> Inner<S> {
             tenant: self.tenant.as_str(),
             policy: &policy_of_unknown,
             replay_notice: self.config.replay_notice,
+            result_type: answer::wants_result_type(&params),
         };
         let arguments = match params.get("arguments") {
             None => Some(Object::new()),
