@@ -242,6 +242,45 @@ fn mcp_real_git_server_over_stdio_in_the_2026_era() {
 }
 
 #[test]
+fn mcp_real_git_server_replays_2025_era_results_to_a_2026_era_client() {
+    // Results stored from 2025-era calls have no `resultType`, which 2026-07-28 results must
+    // carry (the SDK refuses a result without it): the proxy adds it to what it answers itself,
+    // replays and refusals, when the request speaks that era.
+    let sb = Sandbox::new();
+    let repo = git_repo(&sb);
+    let server = git_server();
+    let args = [server.as_str(), "--repository", repo.to_str().unwrap()];
+    let first = run_client(&sb, Via::Stdio(GIT_CONFIG), "2025", "git", &repo, &args);
+    assert_git_ran_once(&first, &repo, "2025-11-25");
+    let later = run_client(
+        &sb,
+        Via::Stdio(GIT_CONFIG),
+        "2026",
+        "git-again",
+        &repo,
+        &args,
+    );
+    assert_eq!(later["protocol"], "2026-07-28", "{later}");
+    let earlier = [&first["add"], &first["retry"], &first["racing"][0]];
+    let again = later["again"].as_array().unwrap();
+    assert_eq!(again.len(), earlier.len());
+    for (r, e) in again.iter().zip(earlier) {
+        assert!(replayed(r), "{later}");
+        assert_eq!(r["content"][0], e["content"][0], "{later}");
+    }
+    let unkeyed = &later["unkeyed"];
+    assert_eq!(unkeyed["isError"], true, "{later}");
+    assert_eq!(unkeyed["_meta"]["dev.idemgate/verdict"], "key_required");
+    let subjects = git(&repo, &["log", "--format=%s"]);
+    assert_eq!(
+        subjects.lines().collect::<Vec<_>>(),
+        [COMMIT_MESSAGE, "init"]
+    );
+    let hook_runs = fs::read_to_string(repo.join(".git/hook-ran")).unwrap();
+    assert_eq!(hook_runs.lines().count(), 1, "the commit ran once");
+}
+
+#[test]
 fn mcp_real_git_server_without_the_proxy_answers_retries_with_errors() {
     // The baseline: git refuses the second commit and the second branch itself, so the state
     // changes once, but the re-sent commit and 15 of the racing creations answer with errors for
