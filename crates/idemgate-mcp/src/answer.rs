@@ -33,6 +33,8 @@ pub const META_SINCE: &str = "dev.idemgate/since";
 /// `_meta` of a 2026-07-28-era request: the protocol version it speaks (that era has no
 /// handshake; every request carries it).
 const META_PROTOCOL_VERSION: &str = "io.modelcontextprotocol/protocolVersion";
+/// The prefix of the `_meta` names the specification reserves (the 2026-07-28 envelope's).
+const META_PROTOCOL_PREFIX: &str = "io.modelcontextprotocol/";
 /// The first protocol version whose results MUST carry `resultType`.
 const RESULT_TYPE_SINCE: &str = "2026-07-28";
 
@@ -45,6 +47,22 @@ pub(crate) fn wants_result_type(params: &Object) -> bool {
         .and_then(|m| frame::object(m))
         .and_then(|m| frame::string(&m, META_PROTOCOL_VERSION))
         .is_some_and(|v| v.as_str() >= RESULT_TYPE_SINCE)
+}
+
+/// The 2026-07-28 envelope of a request (its `_meta` members under `io.modelcontextprotocol/`:
+/// protocol version, client info and capabilities), when it carries one: a request the proxy
+/// sends on that request's behalf (its own `tools/list`) carries the same, or a server in that
+/// era refuses it.
+pub(crate) fn envelope(params: &Object) -> Option<Object> {
+    if !wants_result_type(params) {
+        return None;
+    }
+    let meta = params.get("_meta").and_then(|m| frame::object(m))?;
+    Some(
+        meta.into_iter()
+            .filter(|(k, _)| k.starts_with(META_PROTOCOL_PREFIX))
+            .collect(),
+    )
 }
 
 /// What the answer needs to know about the call besides the engine's answer.
