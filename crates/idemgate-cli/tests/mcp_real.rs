@@ -395,6 +395,46 @@ fn mcp_real_git_server_frames_pass_the_proxy_unchanged() {
     assert_eq!(proxied, direct);
 }
 
+#[test]
+fn mcp_real_git_server_2026_era_trusted_read_passes_without_a_listing() {
+    // A 2026-era client that calls a tool without listing first: the proxy lists the tools
+    // itself to learn the annotations, under the call's envelope (the server refuses a listing
+    // without it), so a trusted server's `readOnlyHint` tool passes unkeyed.
+    let sb = Sandbox::new();
+    let repo = git_repo(&sb);
+    let server = git_server();
+    let args = [server.as_str(), "--repository", repo.to_str().unwrap()];
+    let mut proxied = Proxy::spawn(sb.mcp(sb.idemgate(), "trusted = true\n", &args), &sb);
+    let envelope = json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientInfo": {"name": "test", "version": "1"},
+        "io.modelcontextprotocol/clientCapabilities": {}});
+    let discovered = proxied.request("server/discover", json!({"_meta": envelope}));
+    assert!(discovered["result"].is_object(), "{discovered}");
+    let status = proxied.request(
+        "tools/call",
+        json!({"name": "git_status", "arguments": {"repo_path": repo}, "_meta": envelope}),
+    );
+    assert!(
+        status["result"]["_meta"]["dev.idemgate/verdict"].is_null(),
+        "{status}"
+    );
+    assert!(
+        text(&status["result"]).contains("Repository status"),
+        "{status}"
+    );
+    // A write still needs its key, and the refusal carries the era's resultType.
+    let commit = proxied.request(
+        "tools/call",
+        json!({"name": "git_commit", "arguments": {"repo_path": repo, "message": "m"}, "_meta": envelope}),
+    );
+    assert_eq!(
+        commit["result"]["_meta"]["dev.idemgate/verdict"], "key_required",
+        "{commit}"
+    );
+    assert_eq!(commit["result"]["resultType"], "complete", "{commit}");
+}
+
 /// What the sqlite scenario must show: the INSERT sent twice with one key, and the rows it left.
 fn assert_sqlite(seen: &Value, rows: u64, again_replayed: bool) {
     assert_eq!(seen["protocol"], "2025-11-25", "{seen}");
