@@ -22,7 +22,13 @@ impl Sandbox {
     }
 
     pub(crate) fn idemgate(&self) -> Command {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_idemgate"));
+        self.with_store(env!("CARGO_BIN_EXE_idemgate"))
+    }
+
+    /// `program` with the sandbox's store in its environment (for idemgate, or for a program that
+    /// starts idemgate).
+    pub(crate) fn with_store(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut c = Command::new(program);
         c.env("XDG_DATA_HOME", self.path("data"))
             .env(
                 "IDEMGATE_STORE",

@@ -6,7 +6,7 @@
 use std::fs;
 use std::io::{BufRead as _, BufReader, Write as _};
 use std::path::PathBuf;
-use std::process::{Child, ChildStdin, Stdio};
+use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -23,22 +23,72 @@ const FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/mcp_s
 impl Sandbox {
     /// A proxy in front of the fixture, configured by `config` (TOML).
     fn proxy(&self, config: &str) -> Proxy {
+        let mut command = self.idemgate();
+        command
+            .env("FIXTURE_LOG", self.path("executed"))
+            .env("FIXTURE_RELEASE", self.path("release"))
+            .env("FIXTURE_NOTES", self.path("notes"));
+        Proxy::spawn(self.mcp(command, config, &["python3", FIXTURE]), self)
+    }
+
+    /// `command` (`idemgate`, or a command that ends by running it) extended into
+    /// `mcp --config mcp.toml -- server…`, with `config` (TOML) in mcp.toml.
+    pub(crate) fn mcp(&self, mut command: Command, config: &str, server: &[&str]) -> Command {
         let cfg = self.path("mcp.toml");
         fs::write(&cfg, config).unwrap();
+        command
+            .env("IDEMGATE_LOG", "warn")
+            .args(["mcp", "--config"])
+            .arg(&cfg)
+            .arg("--")
+            .args(server);
+        command
+    }
+
+    /// A proxy that has gone through `initialize`.
+    fn initialized(&self, config: &str) -> Proxy {
+        let mut p = self.proxy(config);
+        p.initialize();
+        p
+    }
+
+    /// Executions the fixture logged.
+    pub(crate) fn executed(&self) -> Vec<String> {
+        fs::read_to_string(self.path("executed"))
+            .map(|s| s.lines().map(str::to_owned).collect())
+            .unwrap_or_default()
+    }
+
+    fn release(&self) {
+        fs::write(self.path("release"), "").unwrap();
+    }
+}
+
+/// A process that speaks MCP over stdio (the proxy, or a server itself), one JSON-RPC frame a line.
+pub(crate) struct Proxy {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: mpsc::Receiver<String>,
+    next_id: u64,
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        // Our own child, by its handle: never a group or a name.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Proxy {
+    /// Starts `command` with piped stdin and stdout; its stderr goes to the sandbox's `stderr`.
+    pub(crate) fn spawn(mut command: Command, sb: &Sandbox) -> Proxy {
         let stderr = fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(self.path("stderr"))
+            .open(sb.path("stderr"))
             .unwrap();
-        let mut child = self
-            .idemgate()
-            .env("IDEMGATE_LOG", "warn")
-            .env("FIXTURE_LOG", self.path("executed"))
-            .env("FIXTURE_RELEASE", self.path("release"))
-            .env("FIXTURE_NOTES", self.path("notes"))
-            .args(["mcp", "--config"])
-            .arg(&cfg)
-            .args(["--", "python3", FIXTURE])
+        let mut child = command
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(stderr)
@@ -63,42 +113,7 @@ impl Sandbox {
         }
     }
 
-    /// A proxy that has gone through `initialize`.
-    fn initialized(&self, config: &str) -> Proxy {
-        let mut p = self.proxy(config);
-        p.initialize();
-        p
-    }
-
-    /// Executions the fixture logged.
-    pub(crate) fn executed(&self) -> Vec<String> {
-        fs::read_to_string(self.path("executed"))
-            .map(|s| s.lines().map(str::to_owned).collect())
-            .unwrap_or_default()
-    }
-
-    fn release(&self) {
-        fs::write(self.path("release"), "").unwrap();
-    }
-}
-
-struct Proxy {
-    child: Child,
-    stdin: Option<ChildStdin>,
-    lines: mpsc::Receiver<String>,
-    next_id: u64,
-}
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        // Our own child, by its handle: never a group or a name.
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Proxy {
-    fn send(&mut self, frame: &Value) {
+    pub(crate) fn send(&mut self, frame: &Value) {
         let stdin = self.stdin.as_mut().expect("stdin open");
         writeln!(stdin, "{frame}").unwrap();
         stdin.flush().unwrap();
@@ -129,7 +144,7 @@ impl Proxy {
         }
     }
 
-    fn request(&mut self, method: &str, params: Value) -> Value {
+    pub(crate) fn request(&mut self, method: &str, params: Value) -> Value {
         serde_json::from_str(&self.request_raw(method, params).1).unwrap()
     }
 
@@ -551,45 +566,60 @@ pub(crate) fn mcp_deps() -> PathBuf {
         },
         PathBuf::from,
     );
+    let pieces = [
+        "venv/bin/python",
+        "node/node_modules/.bin/mcp-server-memory",
+        "venv/bin/mcp-server-git",
+        "venv-sqlite/bin/mcp-server-sqlite",
+    ];
+    let missing: Vec<_> = pieces.iter().filter(|p| !dir.join(p).exists()).collect();
     assert!(
-        dir.join("venv/bin/python").exists()
-            && dir.join("node/node_modules/.bin/mcp-server-memory").exists(),
-        "the MCP end-to-end dependencies are missing in {}: run scripts/mcp-test-deps (it installs the Python mcp SDK and @modelcontextprotocol/server-memory, pinned)",
+        missing.is_empty(),
+        "the MCP end-to-end dependencies are missing in {} ({missing:?}): run scripts/mcp-test-deps (it installs the Python mcp SDK, @modelcontextprotocol/server-memory, mcp-server-git and mcp-server-sqlite, pinned)",
         dir.display()
     );
     dir
+}
+
+impl Sandbox {
+    /// A client script of tests/fixtures on the pinned Python SDK, with the sandbox's store in its
+    /// environment (the proxies it starts use it).
+    pub(crate) fn python_client(&self, script: &str) -> Command {
+        let mut c = self.with_store(mcp_deps().join("venv/bin/python"));
+        c.arg(format!(
+            "{}/tests/fixtures/{script}",
+            env!("CARGO_MANIFEST_DIR")
+        ))
+        .env("IDEMGATE_LOG", "warn");
+        c
+    }
+
+    /// Runs a client script; what it printed, as JSON. A failure shows its output and the
+    /// proxy's stderr.
+    pub(crate) fn client_saw(&self, mut client: Command) -> Value {
+        let out = client.output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{stdout}\n{}\nproxy: {}",
+            String::from_utf8_lossy(&out.stderr),
+            fs::read_to_string(self.path("stderr")).unwrap_or_default()
+        );
+        serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"))
+    }
 }
 
 #[test]
 fn mcp_real_memory_server_through_the_python_sdk() {
     let deps = mcp_deps();
     let sb = Sandbox::new();
-    let client = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/fixtures/mcp_memory_client.py"
-    );
-    let out = std::process::Command::new(deps.join("venv/bin/python"))
-        .arg(client)
+    let mut client = sb.python_client("mcp_memory_client.py");
+    client
         .arg(env!("CARGO_BIN_EXE_idemgate"))
         .arg("--")
         .arg(deps.join("node/node_modules/.bin/mcp-server-memory"))
-        .env("XDG_DATA_HOME", sb.path("data"))
-        .env(
-            "IDEMGATE_STORE",
-            format!("sqlite://{}", sb.path("idem.db").display()),
-        )
-        .env("IDEMGATE_LOG", "warn")
-        .env("MEMORY_FILE_PATH", sb.path("memory.jsonl"))
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let seen: Value = serde_json::from_str(stdout.trim()).unwrap();
+        .env("MEMORY_FILE_PATH", sb.path("memory.jsonl"));
+    let seen = sb.client_saw(client);
     assert!(
         seen["tools"]
             .as_array()

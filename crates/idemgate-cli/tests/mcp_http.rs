@@ -19,10 +19,6 @@ use crate::mcp::mcp_deps;
 const DEADLINE: Duration = Duration::from_secs(60);
 
 const FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/mcp_server.py");
-const CLIENT: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/tests/fixtures/mcp_http_client.py"
-);
 /// Tokens of two tenants and their SHA-256 (`idemgate token hash`).
 const TOKEN_A: &str = "token-of-a";
 const TOKEN_B: &str = "token-of-b";
@@ -40,10 +36,10 @@ fn tenants() -> String {
 }
 
 /// A proxy listening on a free loopback port.
-struct Listening {
+pub(crate) struct Listening {
     child: Child,
     /// `http://127.0.0.1:PORT/mcp`.
-    url: String,
+    pub(crate) url: String,
     /// `127.0.0.1:PORT`.
     addr: String,
     stderr: PathBuf,
@@ -58,7 +54,7 @@ impl Drop for Listening {
 }
 
 impl Sandbox {
-    fn listen(&self, config: &str, server: &[&str]) -> Listening {
+    pub(crate) fn listen(&self, config: &str, server: &[&str]) -> Listening {
         let cfg = self.path("mcp.toml");
         fs::write(&cfg, config).unwrap();
         let stderr = self.path("stderr");
@@ -108,22 +104,10 @@ impl Sandbox {
 
 impl Listening {
     /// Runs the Python SDK client in `mode`; what it saw.
-    fn python(&self, mode: &str, token: &str, release: &std::path::Path) -> Value {
-        let deps = mcp_deps();
-        let out = std::process::Command::new(deps.join("venv/bin/python"))
-            .args([CLIENT, mode, &self.url, token])
-            .arg(release)
-            .stdin(Stdio::null())
-            .output()
-            .unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "{stdout}\n{}\nproxy: {}",
-            String::from_utf8_lossy(&out.stderr),
-            fs::read_to_string(&self.stderr).unwrap_or_default()
-        );
-        serde_json::from_str(stdout.trim()).unwrap()
+    fn python(&self, sb: &Sandbox, mode: &str, token: &str, release: &std::path::Path) -> Value {
+        let mut client = sb.python_client("mcp_http_client.py");
+        client.args([mode, &self.url, token]).arg(release);
+        sb.client_saw(client)
     }
 
     /// One HTTP/1.1 request on a connection of its own; status, headers (lower-case names) and
@@ -213,7 +197,7 @@ fn mcp_http_python_sdk_drives_the_memory_server() {
         "[tools.read_graph]\nkind = \"read\"\n",
         &[server.to_str().unwrap()],
     );
-    let seen = p.python("memory", "", &sb.path("unused"));
+    let seen = p.python(&sb, "memory", "", &sb.path("unused"));
     assert!(
         seen["tools"]
             .as_array()
@@ -258,7 +242,7 @@ fn mcp_http_python_sdk_retry_after_timeout_races_and_server_requests() {
         &format!("trusted = true\n{}", tenants()),
         &["python3", FIXTURE],
     );
-    let seen = p.python("fixture", TOKEN_A, &sb.path("release"));
+    let seen = p.python(&sb, "fixture", TOKEN_A, &sb.path("release"));
     // The client gave up after 1 s; the retry with the same key got the stored result.
     assert_ne!(seen["timed_out"], json!(false), "{seen}");
     assert_eq!(seen["retry"]["content"][0]["text"], "slow done", "{seen}");

@@ -9,6 +9,7 @@ mod cluster_support;
 mod gateway;
 mod mcp;
 mod mcp_http;
+mod mcp_real;
 mod regressions;
 
 /// Tests that load both cores (process storms, crash tests) take this lock so that they run one

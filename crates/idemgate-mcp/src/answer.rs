@@ -30,6 +30,40 @@ pub const META_RETRY_AFTER: &str = "dev.idemgate/retry_after_secs";
 pub const META_FENCE: &str = "dev.idemgate/fence";
 /// `_meta` of in-flight and unknown answers: since when.
 pub const META_SINCE: &str = "dev.idemgate/since";
+/// `_meta` of a 2026-07-28-era request: the protocol version it speaks (that era has no
+/// handshake; every request carries it).
+const META_PROTOCOL_VERSION: &str = "io.modelcontextprotocol/protocolVersion";
+/// The prefix of the `_meta` names the specification reserves (the 2026-07-28 envelope's).
+const META_PROTOCOL_PREFIX: &str = "io.modelcontextprotocol/";
+/// The first protocol version whose results MUST carry `resultType`.
+const RESULT_TYPE_SINCE: &str = "2026-07-28";
+
+/// Whether a request's params say it speaks 2026-07-28 or later: answers the proxy writes itself
+/// (its own results, replays) then carry `resultType`, which that era's clients require (a result
+/// the server wrote goes back as it was). Versions are dates, so they order as text.
+pub(crate) fn wants_result_type(params: &Object) -> bool {
+    params
+        .get("_meta")
+        .and_then(|m| frame::object(m))
+        .and_then(|m| frame::string(&m, META_PROTOCOL_VERSION))
+        .is_some_and(|v| v.as_str() >= RESULT_TYPE_SINCE)
+}
+
+/// The 2026-07-28 envelope of a request (its `_meta` members under `io.modelcontextprotocol/`:
+/// protocol version, client info and capabilities), when it carries one: a request the proxy
+/// sends on that request's behalf (its own `tools/list`) carries the same, or a server in that
+/// era refuses it.
+pub(crate) fn envelope(params: &Object) -> Option<Object> {
+    if !wants_result_type(params) {
+        return None;
+    }
+    let meta = params.get("_meta").and_then(|m| frame::object(m))?;
+    Some(
+        meta.into_iter()
+            .filter(|(k, _)| k.starts_with(META_PROTOCOL_PREFIX))
+            .collect(),
+    )
+}
 
 /// What the answer needs to know about the call besides the engine's answer.
 pub(crate) struct CallContext<'a> {
@@ -45,6 +79,8 @@ pub(crate) struct CallContext<'a> {
     pub(crate) policy: &'a ToolPolicy,
     /// Whether replays get the text block that says so.
     pub(crate) replay_notice: bool,
+    /// Whether the request speaks an era whose results carry `resultType` ([`wants_result_type`]).
+    pub(crate) result_type: bool,
 }
 
 /// The frame that answers a `tools/call`, given what the engine decided and what the server
@@ -95,6 +131,7 @@ pub(crate) fn respond(
                     executed_at,
                     rule.unwrap_or(KeyRule::Explicit),
                     cx.replay_notice,
+                    cx.result_type,
                 );
                 frame::response(cx.id, &result)
             }
@@ -242,20 +279,25 @@ fn own(
             verdict.problem().0
         )),
     );
-    let result = json!({
+    let mut result = json!({
         "content": [{"type": "text", "text": format!("idemgate: {text}")}],
         "isError": verdict.is_error(),
         "_meta": extra,
     });
+    if cx.result_type {
+        result["resultType"] = json!("complete");
+    }
     frame::response(cx.id, &frame::raw(&result))
 }
 
-/// A stored result marked as a replay in `_meta`, with the notice block unless turned off.
+/// A stored result marked as a replay in `_meta`, with the notice block unless turned off, and
+/// `resultType` when `result_type` and the result (stored from an earlier era) has none.
 fn replayed(
     result: &RawValue,
     executed_at: Timestamp,
     rule: KeyRule,
     notice: bool,
+    result_type: bool,
 ) -> Box<RawValue> {
     let Some(mut obj) = frame::object(result) else {
         return result.to_owned();
@@ -279,6 +321,9 @@ fn replayed(
         })));
         obj.insert("content".to_owned(), frame::raw(&content));
     }
+    if result_type && !obj.contains_key("resultType") {
+        obj.insert("resultType".to_owned(), frame::raw(&"complete"));
+    }
     frame::raw(&obj)
 }
 
@@ -294,7 +339,8 @@ mod tests {
         .unwrap();
         let at = Timestamp::from_millis(1_000);
         let out: Value =
-            serde_json::from_str(replayed(&stored, at, KeyRule::Explicit, true).get()).unwrap();
+            serde_json::from_str(replayed(&stored, at, KeyRule::Explicit, true, false).get())
+                .unwrap();
         assert_eq!(out["_meta"]["x"], 1);
         assert_eq!(out["_meta"][META_REPLAYED], true);
         assert_eq!(out["_meta"][META_RULE], "explicit");
@@ -304,10 +350,59 @@ mod tests {
             .as_str()
             .unwrap()
             .contains("not repeated"));
-        let quiet = replayed(&stored, at, KeyRule::Fallback, false);
+        assert!(out.get("resultType").is_none(), "{out}");
+        let quiet = replayed(&stored, at, KeyRule::Fallback, false, false);
         assert!(quiet.get().contains(r#""n":12345678901234567890"#));
         let quiet: Value = serde_json::from_str(quiet.get()).unwrap();
         assert_eq!(quiet["content"].as_array().unwrap().len(), 1);
         assert_eq!(quiet["_meta"][META_RULE], "fallback");
+    }
+
+    #[test]
+    fn answers_to_a_2026_era_call_carry_its_result_type() {
+        let params = |version: &str| -> Object {
+            frame::object(&frame::raw(
+                &json!({"name": "t", "_meta": {META_PROTOCOL_VERSION: version}}),
+            ))
+            .unwrap()
+        };
+        assert!(wants_result_type(&params("2026-07-28")));
+        assert!(!wants_result_type(&params("2025-11-25")));
+        assert!(!wants_result_type(
+            &frame::object(&frame::raw(&json!({"name": "t"}))).unwrap()
+        ));
+
+        // A result stored from a 2025-era call has none: a 2026-era replay adds it; one that has
+        // it keeps its own.
+        let at = Timestamp::from_millis(1_000);
+        let old = RawValue::from_string(r#"{"content":[]}"#.into()).unwrap();
+        let out: Value =
+            serde_json::from_str(replayed(&old, at, KeyRule::Explicit, true, true).get()).unwrap();
+        assert_eq!(out["resultType"], "complete", "{out}");
+        let own_type =
+            RawValue::from_string(r#"{"content":[],"resultType":"x-own"}"#.into()).unwrap();
+        let out: Value =
+            serde_json::from_str(replayed(&own_type, at, KeyRule::Explicit, true, true).get())
+                .unwrap();
+        assert_eq!(out["resultType"], "x-own", "{out}");
+
+        // The proxy's own answers.
+        let id = frame::raw(&1);
+        let policy = ToolPolicy::default();
+        let mut cx = CallContext {
+            id: &id,
+            tool: "t",
+            scope: "s/t",
+            tenant: "local",
+            policy: &policy,
+            replay_notice: true,
+            result_type: true,
+        };
+        let answer = |cx: &CallContext<'_>| -> Value {
+            serde_json::from_str(&refuse(cx, Verdict::KeyRequired, "no key".to_owned())).unwrap()
+        };
+        assert_eq!(answer(&cx)["result"]["resultType"], "complete");
+        cx.result_type = false;
+        assert!(answer(&cx)["result"].get("resultType").is_none());
     }
 }

@@ -314,6 +314,7 @@ impl<S: Store> Inner<S> {
             tenant: self.tenant.as_str(),
             policy: &policy_of_unknown,
             replay_notice: self.config.replay_notice,
+            result_type: answer::wants_result_type(&params),
         };
         let arguments = match params.get("arguments") {
             None => Some(Object::new()),
@@ -327,7 +328,7 @@ impl<S: Store> Inner<S> {
                 "tools/call needs params.name and, if any, params.arguments as an object; nothing was done.".to_owned(),
             );
         };
-        let tool = self.describe(&name).await;
+        let tool = self.describe(&name, answer::envelope(&params)).await;
         let policy = self.config.policy(&name, tool.as_ref());
         cx.policy = &policy;
         let key = match (self.key_of(&params, &arguments), outer_key) {
@@ -514,8 +515,9 @@ impl<S: Store> Inner<S> {
     }
 
     /// What the server said about `name`, listing its tools first if it has not been seen (a
-    /// client that starts a proxy per call may call a tool without listing them).
-    async fn describe(&self, name: &str) -> Option<Tool> {
+    /// client that starts a proxy per call may call a tool without listing them), under the
+    /// call's 2026-07-28 `envelope` when it has one.
+    async fn describe(&self, name: &str, envelope: Option<Object>) -> Option<Tool> {
         // Known, or known to be absent from a whole listing: no need to ask.
         let known = |c: &Catalog| match c.get(name) {
             Some(t) => Some(Some(t.clone())),
@@ -528,12 +530,13 @@ impl<S: Store> Inner<S> {
         if let Some(t) = known(&lock(&self.catalog)) {
             return t;
         }
-        self.list_tools().await;
+        self.list_tools(envelope).await;
         lock(&self.catalog).get(name).cloned()
     }
 
-    /// Lists the server's tools with requests of the proxy's own (ids the client never uses).
-    async fn list_tools(&self) {
+    /// Lists the server's tools with requests of the proxy's own (ids the client never uses),
+    /// carrying `envelope` as their `_meta` when given.
+    async fn list_tools(&self, envelope: Option<Object>) {
         let mut cursor: Option<String> = None;
         for _ in 0..MAX_LIST_PAGES {
             let n = self.next_id.fetch_add(1, Ordering::Relaxed);
@@ -547,10 +550,13 @@ impl<S: Store> Inner<S> {
                 }
                 pending.waiting.insert(key.clone(), tx);
             }
-            let params = match &cursor {
+            let mut params = match &cursor {
                 Some(c) => serde_json::json!({ "cursor": c }),
                 None => serde_json::json!({}),
             };
+            if let Some(e) = &envelope {
+                params["_meta"] = serde_json::to_value(e).expect("raw JSON is JSON");
+            }
             let request = serde_json::json!({"jsonrpc": "2.0", "id": id, "method": "tools/list", "params": params});
             self.send_server(request.to_string());
             let result = match tokio::time::timeout(LIST_TIMEOUT, rx).await {
@@ -619,6 +625,25 @@ mod tests {
         assert_eq!(replay["result"]["_meta"][crate::META_REPLAYED], true);
         session.drain().await;
         assert!(out.to_server.try_recv().is_err(), "the server saw one call");
+    }
+
+    #[tokio::test]
+    async fn the_proxys_own_listing_carries_a_2026_era_calls_envelope() {
+        let (session, mut out) = session();
+        let envelope = r#"{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}"#;
+        session.from_client(format!(
+            r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"pay","arguments":{{}},"_meta":{{"{META_KEY}":"k","x-other":1,{}}}}}}}"#,
+            &envelope[1..envelope.len() - 1]
+        ));
+        let own: serde_json::Value =
+            serde_json::from_str(&out.to_server.recv().await.unwrap().frame).unwrap();
+        assert_eq!(own["method"], "tools/list");
+        assert_eq!(
+            own["params"]["_meta"],
+            serde_json::from_str::<serde_json::Value>(envelope).unwrap(),
+            "the envelope and nothing else of the call's _meta"
+        );
+        session.server_closed("gone");
     }
 
     #[tokio::test]
