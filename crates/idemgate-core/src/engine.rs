@@ -1117,17 +1117,20 @@ impl<S: Store> Engine<S> {
         deadline: Instant,
         still: impl Fn(&RecordState) -> bool,
     ) -> Result<bool, EngineError> {
+        // Looks before each wait, the first included: a change that landed between the caller's
+        // last look and this wait woke nobody (a store wakes only the waiters it has), so waiting
+        // first would sleep a whole slice past it.
         loop {
+            match self.store.get(key).await? {
+                Some(Record { state, .. }) if still(&state) => {}
+                _ => return Ok(true),
+            }
             let now = Instant::now();
             if now >= deadline {
                 return Ok(false);
             }
             let slice = (deadline - now).min(self.settings.max_poll);
             self.store.wait_changed(key, slice).await;
-            match self.store.get(key).await? {
-                Some(Record { state, .. }) if still(&state) => {}
-                _ => return Ok(true),
-            }
         }
     }
 

@@ -982,3 +982,135 @@ async fn replays_come_from_the_engine_cache_until_shortly_before_expiry() {
     assert!(matches!(err, EngineError::ReserveFailed(_)), "{err}");
     assert_eq!(runs.get(), 1);
 }
+
+type StoreResult<T> = Result<T, idemgate_core::StoreError>;
+
+/// A memory store that, once armed, holds the answer of the next reservation that finds a record
+/// in flight until the test lets it go, so the test can act between a duplicate's look and its
+/// wait.
+struct HoldInFlightAnswer {
+    inner: idemgate_core::MemoryStore,
+    armed: std::sync::Mutex<Option<(tokio::sync::oneshot::Sender<()>, Arc<Notify>)>>,
+}
+
+impl Store for HoldInFlightAnswer {
+    async fn reserve(&self, r: &idemgate_core::Reservation) -> StoreResult<idemgate_core::Claim> {
+        let claim = self.inner.reserve(r).await?;
+        if let idemgate_core::Claim::Existing(rec) = &claim {
+            if matches!(rec.state, RecordState::InFlight { .. }) {
+                let armed = self.armed.lock().unwrap().take();
+                if let Some((held, go)) = armed {
+                    let go = go.notified();
+                    let _ = held.send(());
+                    go.await;
+                }
+            }
+        }
+        Ok(claim)
+    }
+    async fn takeover(
+        &self,
+        r: &idemgate_core::Reservation,
+        stale: idemgate_core::Fence,
+    ) -> StoreResult<idemgate_core::Claim> {
+        self.inner.takeover(r, stale).await
+    }
+    async fn heartbeat(
+        &self,
+        key: &idemgate_core::Key,
+        lease: idemgate_core::Lease,
+        lease_for: Duration,
+    ) -> StoreResult<idemgate_core::Timestamp> {
+        self.inner.heartbeat(key, lease, lease_for).await
+    }
+    async fn complete_at(
+        &self,
+        key: &idemgate_core::Key,
+        lease: idemgate_core::Lease,
+        outcome: &Outcome,
+        ttl: Duration,
+        executed_at: Option<idemgate_core::Timestamp>,
+    ) -> StoreResult<idemgate_core::Completion> {
+        self.inner
+            .complete_at(key, lease, outcome, ttl, executed_at)
+            .await
+    }
+    async fn release(
+        &self,
+        key: &idemgate_core::Key,
+        lease: idemgate_core::Lease,
+    ) -> StoreResult<()> {
+        self.inner.release(key, lease).await
+    }
+    async fn mark_unknown(
+        &self,
+        key: &idemgate_core::Key,
+        lease: idemgate_core::Lease,
+    ) -> StoreResult<()> {
+        self.inner.mark_unknown(key, lease).await
+    }
+    async fn get(&self, key: &idemgate_core::Key) -> StoreResult<Option<idemgate_core::Record>> {
+        self.inner.get(key).await
+    }
+    async fn list(
+        &self,
+        filter: &idemgate_core::ListFilter,
+    ) -> StoreResult<Vec<idemgate_core::Record>> {
+        self.inner.list(filter).await
+    }
+    async fn purge_expired(&self) -> StoreResult<u64> {
+        self.inner.purge_expired().await
+    }
+    async fn wait_changed(&self, key: &idemgate_core::Key, timeout: Duration) {
+        self.inner.wait_changed(key, timeout).await
+    }
+}
+
+#[tokio::test]
+async fn a_duplicate_that_finds_the_call_done_before_it_waits_does_not_sleep_past_it() {
+    // Waits and polls far longer than the test allows: a duplicate that slept through the
+    // completion (whose wake-up came before it waited) would answer only after a minute.
+    let store = Arc::new(HoldInFlightAnswer {
+        inner: idemgate_core::MemoryStore::new(),
+        armed: std::sync::Mutex::new(None),
+    });
+    let policy = ToolPolicy {
+        lease: LEASE,
+        wait: Duration::from_secs(60),
+        ..ToolPolicy::default()
+    };
+    let engine = Arc::new(
+        idemgate_core::Engine::new(store.clone())
+            .with_policies(Policies::new().with_default(policy.clone()))
+            .with_settings(idemgate_core::Settings {
+                max_poll: Duration::from_secs(60),
+                ..idemgate_core::Settings::default()
+            }),
+    );
+    let c = call("acme", "charge", Some("k1"), json!({"amount": 5}));
+    let idemgate_core::Begun::Execute(ticket) = engine.begin(c.clone(), &policy).await.unwrap()
+    else {
+        panic!("the first call executes");
+    };
+    let (held, held_rx) = tokio::sync::oneshot::channel();
+    let go = Arc::new(Notify::new());
+    *store.armed.lock().unwrap() = Some((held, go.clone()));
+    let duplicate = {
+        let (engine, c) = (engine.clone(), c.clone());
+        tokio::spawn(async move { engine.call(c, || async { success("second") }).await })
+    };
+    // The duplicate saw the call in flight; it completes before the duplicate waits.
+    held_rx.await.unwrap();
+    engine.finish(&ticket, success("first")).await;
+    go.notify_one();
+    let answer = tokio::time::timeout(Duration::from_secs(20), duplicate)
+        .await
+        .expect("the duplicate slept past the completion")
+        .unwrap()
+        .unwrap();
+    assert!(
+        matches!(answer.decision, Decision::Replayed { .. }),
+        "{:?}",
+        answer.decision
+    );
+}
