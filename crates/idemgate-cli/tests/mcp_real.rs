@@ -197,20 +197,21 @@ fn assert_records(sb: &Sandbox, server_name: &str, tools: &[&str]) {
     assert_eq!(recorded, expected, "{rows}");
 }
 
-#[test]
-fn mcp_real_git_server_over_stdio_runs_a_retried_commit_and_racing_branches_once() {
+/// The git scenario over stdio in one protocol era (`era` as the client script names it), which
+/// the server must confirm as `version`.
+fn git_over_stdio_runs_once(era: &str, version: &str) {
     let sb = Sandbox::new();
     let repo = git_repo(&sb);
     let server = git_server();
     let seen = run_client(
         &sb,
         Via::Stdio(GIT_CONFIG),
-        "2025",
+        era,
         "git",
         &repo,
         &[&server, "--repository", repo.to_str().unwrap()],
     );
-    assert_git_ran_once(&seen, &repo, "2025-11-25");
+    assert_git_ran_once(&seen, &repo, version);
     assert_records(
         &sb,
         "mcp-server-git",
@@ -219,26 +220,15 @@ fn mcp_real_git_server_over_stdio_runs_a_retried_commit_and_racing_branches_once
 }
 
 #[test]
+fn mcp_real_git_server_over_stdio_runs_a_retried_commit_and_racing_branches_once() {
+    git_over_stdio_runs_once("2025", "2025-11-25");
+}
+
+#[test]
 fn mcp_real_git_server_over_stdio_in_the_2026_era() {
     // The same through `server/discover` and per-request `_meta` (2026-07-28), which
     // mcp-server-git speaks besides `initialize`: the frames pass through the proxy as they are.
-    let sb = Sandbox::new();
-    let repo = git_repo(&sb);
-    let server = git_server();
-    let seen = run_client(
-        &sb,
-        Via::Stdio(GIT_CONFIG),
-        "2026",
-        "git",
-        &repo,
-        &[&server, "--repository", repo.to_str().unwrap()],
-    );
-    assert_git_ran_once(&seen, &repo, "2026-07-28");
-    assert_records(
-        &sb,
-        "mcp-server-git",
-        &["git_add", "git_commit", "git_create_branch"],
-    );
+    git_over_stdio_runs_once("2026", "2026-07-28");
 }
 
 #[test]
