@@ -37,11 +37,12 @@ use idemgate_kit::tenants::{authenticate, Tenant};
 use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinSet;
 
-use crate::config::{server_name, Config};
+use crate::config::Config;
 use crate::error::Error;
 use crate::frame::{self, Frame};
 use crate::session::{Outputs, Session};
 use crate::stdio;
+use crate::upstream::Upstream;
 
 /// The endpoint's path.
 pub const ENDPOINT: &str = "/mcp";
@@ -60,7 +61,7 @@ pub struct Proxy<S> {
     engine: Arc<Engine<S>>,
     config: Config,
     server: String,
-    command: Vec<String>,
+    upstream: Upstream,
     tenants: Vec<Arc<Tenant>>,
     tenant: TenantId,
     sessions: Mutex<HashMap<String, Arc<Live>>>,
@@ -191,7 +192,18 @@ impl<S: Store> Proxy<S> {
         tenant: TenantId,
         command: Vec<String>,
     ) -> Arc<Self> {
-        let server = server_name(&config, &command);
+        Self::with_upstream(engine, config, tenant, Upstream::Command(command))
+    }
+
+    /// A proxy in front of `upstream`: a command started per session, or a server at a
+    /// Streamable HTTP URL, with one upstream session per session of the proxy.
+    pub fn with_upstream(
+        engine: Arc<Engine<S>>,
+        config: Config,
+        tenant: TenantId,
+        upstream: Upstream,
+    ) -> Arc<Self> {
+        let server = upstream.name(&config);
         let tenants = config
             .tenants
             .iter()
@@ -201,7 +213,7 @@ impl<S: Store> Proxy<S> {
             engine,
             config,
             server,
-            command,
+            upstream,
             tenants,
             tenant,
             sessions: Mutex::new(HashMap::new()),
@@ -304,7 +316,7 @@ impl<S: Store> Proxy<S> {
                 "too many sessions are open (http.max_sessions); end one with DELETE or retry later",
             ));
         }
-        let (mut child, server_in, server_out) = stdio::spawn(&self.command).map_err(|e| {
+        let started = self.upstream.start().map_err(|e| {
             tracing::error!(error = %e, "failed to start the server for a session");
             refuse(StatusCode::BAD_GATEWAY, &e.to_string())
         })?;
@@ -344,8 +356,8 @@ impl<S: Store> Proxy<S> {
                 session,
                 to_server,
                 client_lines,
-                stdio::lines(server_out),
-                server_in,
+                started.lines,
+                started.input,
                 live.stop.notified(),
             )
             .await;
@@ -360,7 +372,7 @@ impl<S: Store> Proxy<S> {
                     sessions.remove(&live.id);
                 }
             }
-            let status = stdio::reap(&mut child).await;
+            let status = started.end.wait().await;
             tracing::info!(session = %live.id, ?ended, ?status, "session ended");
         });
         Ok(live)
