@@ -162,13 +162,21 @@ impl HttpUpstream {
         })
     }
 
-    /// The URL's host (and port), for the server's name.
+    /// The URL's host, port and path as one name (`mcp.example.com-github-mcp`), for the
+    /// server's name in records: two servers behind one host stay apart. A server that may move
+    /// to another address keeps its records only under a `server_name` of its own.
     pub fn host(&self) -> String {
-        let host = self.url.host_str().unwrap_or("server");
-        match self.url.port() {
-            Some(p) => format!("{host}-{p}"),
-            None => host.to_owned(),
-        }
+        let mut parts = vec![self.url.host_str().unwrap_or("server").to_owned()];
+        parts.extend(self.url.port().map(|p| p.to_string()));
+        parts.extend(
+            self.url
+                .path_segments()
+                .into_iter()
+                .flatten()
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned),
+        );
+        parts.join("-")
     }
 
     /// Starts the adapter of one upstream session.
@@ -536,7 +544,13 @@ mod tests {
             &["Authorization: Bearer t".to_owned()],
         )
         .unwrap();
-        assert_eq!(up.host(), "127.0.0.1-8080");
+        assert_eq!(up.host(), "127.0.0.1-8080-mcp");
+        let named = HttpUpstream::new("https://mcp.example.com/github/mcp/", &[]).unwrap();
+        assert_eq!(named.host(), "mcp.example.com-github-mcp");
+        assert_eq!(
+            Upstream::Http(Arc::new(named)).name(&Config::default()),
+            "mcp.example.com-github-mcp"
+        );
         assert!(format!("{up:?}").contains("Sensitive"), "{up:?}");
     }
 }
