@@ -152,6 +152,25 @@ fn mcp_upstream_url_replays_a_write_resent_after_a_client_timeout() {
 }
 
 #[test]
+fn mcp_upstream_url_resumes_a_stream_the_server_ended_before_its_answer() {
+    let sb = Sandbox::new();
+    let up = sb.upstream();
+    let mut p = sb.upstream_proxy(&up.url, "");
+    p.initialize();
+    // The server ends the call's stream after a priming event: the answer comes on a GET with
+    // Last-Event-ID, and it is a result, stored, not an unknown outcome.
+    let first = p.call("poll", json!({}), Some("p-1"));
+    assert_eq!(text(&first, 0), "polled", "{first}");
+    let again = p.call("poll", json!({}), Some("p-1"));
+    assert!(replayed(&again["result"]), "{again}");
+    assert_eq!(sb.executed(), ["poll"]);
+    assert!(
+        sb.lines_of("headers").iter().any(|h| h.starts_with("GET ")),
+        "the stream was resumed with a GET"
+    );
+}
+
+#[test]
 fn mcp_upstream_url_racing_duplicates_execute_once() {
     let _heavy = crate::heavy();
     let sb = Sandbox::new();

@@ -211,7 +211,7 @@ pub(crate) async fn relay<S: Store, M: FromClient>(
             () = &mut stop => break Ended::ClientClosed,
         }
     };
-    let closed = "the server closed its output before answering (it exited or crashed)";
+    let closed = "the server closed its output before answering (it exited or crashed, or the connection to it was lost)";
     if ended == Ended::ServerClosed {
         session.server_closed(closed);
     }

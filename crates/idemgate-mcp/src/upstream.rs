@@ -37,6 +37,12 @@ use crate::stdio;
 const DELETE_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long the adapter waits before it opens the GET stream again after it ended.
 const GET_RETRY: Duration = Duration::from_secs(1);
+/// How often in a row a request's stream is resumed without a new event before the upstream
+/// counts as gone.
+const MAX_RESUMES: u32 = 5;
+/// The wait before a resumption when the server named none, and the longest one.
+const RESUME_WAIT: Duration = Duration::from_secs(1);
+const MAX_RESUME_WAIT: Duration = Duration::from_secs(30);
 /// The pipe between the core and the adapter.
 const PIPE_BYTES: usize = 256 * 1024;
 
@@ -317,7 +323,7 @@ impl Link {
     /// Relays a response body (JSON or SSE) to the core; whether it answered `request`.
     async fn relay_body(
         &self,
-        mut res: reqwest::Response,
+        res: reqwest::Response,
         request: Option<&str>,
     ) -> Result<bool, String> {
         let sse = res
@@ -350,12 +356,81 @@ impl Link {
             return Ok(answered);
         }
         let mut events = Sse::default();
-        while let Some(chunk) = res.chunk().await.map_err(lost)? {
-            for data in events.feed(&chunk) {
-                answered |= self.deliver(data, request);
+        let mut broken = self
+            .read_sse(res, &mut events, request, &mut answered)
+            .await;
+        let Some(request) = request else {
+            return broken.map_or(Ok(answered), Err);
+        };
+        // A server may end the stream of a request before its answer, after an event id (SSE
+        // polling, MCP 2025-11-25), or the connection may break: the stream is resumed with a
+        // GET carrying Last-Event-ID, after the server's `retry` delay. Without an event id there
+        // is nothing to resume.
+        let mut tries = 0;
+        while !answered {
+            let Some(last) = events.last_id.clone() else {
+                return broken.map_or(Ok(false), Err);
+            };
+            tries += 1;
+            if tries > MAX_RESUMES {
+                let why = broken.unwrap_or_else(|| "it ended".to_owned());
+                return Err(format!(
+                    "the upstream's stream could not be resumed before it answered ({why})"
+                ));
+            }
+            let wait = events.retry.unwrap_or(RESUME_WAIT).min(MAX_RESUME_WAIT);
+            tokio::time::sleep(wait).await;
+            let res = self
+                .request(reqwest::Method::GET)
+                .header(ACCEPT, "text/event-stream")
+                .header("last-event-id", last.as_str())
+                .send()
+                .await;
+            match res {
+                Ok(r) if r.status().is_success() => {
+                    broken = self
+                        .read_sse(r, &mut events, Some(request), &mut answered)
+                        .await;
+                    if events.last_id.as_ref() != Some(&last) {
+                        tries = 0;
+                    }
+                }
+                Ok(r) => {
+                    return Err(format!(
+                        "the upstream refused to resume its stream before it answered (HTTP {})",
+                        r.status()
+                    ))
+                }
+                Err(e) => broken = Some(lost(e)),
             }
         }
-        Ok(answered)
+        Ok(true)
+    }
+
+    /// Reads an SSE body into the core until it ends; why, when it broke.
+    async fn read_sse(
+        &self,
+        mut res: reqwest::Response,
+        events: &mut Sse,
+        request: Option<&str>,
+        answered: &mut bool,
+    ) -> Option<String> {
+        loop {
+            match res.chunk().await {
+                Ok(Some(chunk)) => {
+                    for data in events.feed(&chunk) {
+                        *answered |= self.deliver(data, request);
+                    }
+                }
+                Ok(None) => return None,
+                Err(e) => {
+                    return Some(format!(
+                        "the connection to the upstream broke before it answered: {}",
+                        error_chain(&e)
+                    ))
+                }
+            }
+        }
     }
 
     /// The GET stream of the server's own messages, opened again when it ends, until the server
@@ -469,6 +544,11 @@ struct Sse {
     pending: Vec<u8>,
     data: Option<String>,
     event: String,
+    id: Option<String>,
+    /// The id of the last event, to resume from.
+    last_id: Option<String>,
+    /// The server's reconnection delay.
+    retry: Option<Duration>,
 }
 
 impl Sse {
@@ -482,6 +562,9 @@ impl Sse {
             if line.is_empty() {
                 let data = self.data.take();
                 let event = std::mem::take(&mut self.event);
+                if let Some(id) = self.id.take() {
+                    self.last_id = Some(id);
+                }
                 if let Some(d) = data {
                     if (event.is_empty() || event == "message") && !d.trim().is_empty() {
                         out.push(d);
@@ -503,6 +586,12 @@ impl Sse {
                     d.push_str(value);
                 }
                 "event" => value.clone_into(&mut self.event),
+                "id" if !value.contains('\0') => self.id = Some(value.to_owned()),
+                "retry" => {
+                    if let Ok(ms) = value.parse() {
+                        self.retry = Some(Duration::from_millis(ms));
+                    }
+                }
                 _ => {}
             }
         }
@@ -520,6 +609,11 @@ mod tests {
         assert!(s.feed(b"id: 1\nevent: message\ndata: {\"a\"").is_empty());
         let got = s.feed(b":1}\r\n\r\n: keep-alive\n\nevent: ping\ndata: x\n\ndata: {\"b\":2}\n\n");
         assert_eq!(got, [r#"{"a":1}"#, r#"{"b":2}"#]);
+        assert_eq!(s.last_id.as_deref(), Some("1"));
+        // A priming event: an id and no data; then the server's reconnection delay.
+        assert!(s.feed(b"id: p-7\ndata:\n\nretry: 250\n\n").is_empty());
+        assert_eq!(s.last_id.as_deref(), Some("p-7"));
+        assert_eq!(s.retry, Some(Duration::from_millis(250)));
     }
 
     #[test]
