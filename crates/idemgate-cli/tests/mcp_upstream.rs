@@ -45,6 +45,7 @@ impl Sandbox {
             .env("FIXTURE_RELEASE", self.path("release"))
             .env("FIXTURE_NOTES", self.path("notes"))
             .env("FIXTURE_HEADERS", self.path("headers"))
+            .env("FIXTURE_FORGET", self.path("forget"))
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -75,7 +76,8 @@ impl Sandbox {
         fs::write(&cfg, config).unwrap();
         let mut command = self.idemgate();
         command
-            .env("IDEMGATE_LOG", "warn")
+            // Everything idemgate and its HTTP client log, to check that no token is among it.
+            .env("IDEMGATE_LOG", "trace")
             .env("UP_TOKEN", UP_TOKEN)
             .args(["mcp", "--config"])
             .arg(&cfg)
@@ -226,6 +228,44 @@ fn mcp_upstream_url_going_away_mid_call_is_unknown_and_never_rerun() {
     let retry = p.call("crash", json!({}), Some("c-1"));
     assert_eq!(verdict(&retry), "unknown", "{retry}");
     assert_eq!(sb.executed(), ["crash"]);
+}
+
+#[test]
+fn mcp_upstream_url_a_5xx_after_the_call_was_sent_is_unknown_and_never_rerun() {
+    let sb = Sandbox::new();
+    let up = sb.upstream();
+    let mut p = sb.upstream_proxy(&up.url, "");
+    p.initialize();
+    let first = p.call("http500", json!({}), Some("h-1"));
+    assert_eq!(verdict(&first), "unknown", "{first}");
+    assert_eq!(p.wait_exit(), Some(1), "the upstream counts as gone");
+    let stderr = fs::read_to_string(sb.path("stderr")).unwrap_or_default();
+    assert!(stderr.contains("HTTP 500"), "{stderr}");
+    let mut p = sb.upstream_proxy(&up.url, "");
+    p.initialize();
+    let retry = p.call("http500", json!({}), Some("h-1"));
+    assert_eq!(verdict(&retry), "unknown", "{retry}");
+    assert_eq!(sb.executed(), ["http500"]);
+}
+
+#[test]
+fn mcp_upstream_url_an_expired_session_is_never_silently_reopened() {
+    let sb = Sandbox::new();
+    let up = sb.upstream();
+    let mut p = sb.upstream_proxy(&up.url, "");
+    p.initialize();
+    // Listed first: the 404 meets the call itself, not the proxy's own listing before it.
+    let listing = p.request("tools/list", json!({}));
+    assert!(listing["result"]["tools"].is_array(), "{listing}");
+    fs::write(sb.path("forget"), "").unwrap();
+    // 404 for the session: the proxy does not start another one behind the agent's back, and
+    // (conservatively, as for a crashed child) the call's outcome is unknown.
+    let call = p.call("count", json!({}), Some("x-1"));
+    assert_eq!(verdict(&call), "unknown", "{call}");
+    assert_eq!(p.wait_exit(), Some(1));
+    let stderr = fs::read_to_string(sb.path("stderr")).unwrap_or_default();
+    assert!(stderr.contains("session expired"), "{stderr}");
+    assert!(sb.executed().is_empty());
 }
 
 #[test]
