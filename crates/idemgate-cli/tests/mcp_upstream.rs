@@ -249,6 +249,24 @@ fn mcp_upstream_url_a_5xx_after_the_call_was_sent_is_unknown_and_never_rerun() {
 }
 
 #[test]
+fn mcp_upstream_url_a_refused_request_gets_an_error_and_the_session_goes_on() {
+    let sb = Sandbox::new();
+    let up = sb.upstream();
+    let mut p = sb.upstream_proxy(&up.url, "");
+    p.initialize();
+    // A 4xx is an answer of the server's: relayed as a JSON-RPC error naming the status, which
+    // (as every JSON-RPC error to a write) leaves the outcome unknown; the session goes on.
+    let first = p.call("http400", json!({}), Some("r-1"));
+    let message = first["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("HTTP 400"), "{first}");
+    let again = p.call("http400", json!({}), Some("r-1"));
+    assert_eq!(verdict(&again), "unknown", "{again}");
+    let counted = p.call("count", json!({}), Some("r-2"));
+    assert_eq!(text(&counted, 0), "counted 1", "{counted}");
+    assert_eq!(sb.executed(), ["count "]);
+}
+
+#[test]
 fn mcp_upstream_url_an_expired_session_is_never_silently_reopened() {
     let sb = Sandbox::new();
     let up = sb.upstream();

@@ -1,7 +1,8 @@
 //! The Streamable HTTP transport (MCP 2025-11-25, "Transports"): the client side is one endpoint,
 //! `/mcp`, where a POST carries one JSON-RPC message, a GET opens the stream of the server's own
 //! requests and notifications, and a DELETE ends the session; the server side is a child process
-//! over stdio, one per session.
+//! over stdio, one per session (or, with an [`Upstream::Http`], one session of a remote server
+//! per session, through the adapter in [`crate::upstream`]).
 //!
 //! Why a child per session: a stdio MCP server holds exactly one session (one `initialize`, the
 //! client's capabilities, its subscriptions and log level, and its own requests to that one

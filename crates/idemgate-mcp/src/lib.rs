@@ -4,7 +4,7 @@
 //! - [`Session`]: one proxied session, independent of the transport: frames in, frames out;
 //! - [`stdio`]: the stdio transport (`idemgate mcp -- CMD ARGS…`), the server a child process;
 //! - [`http`]: the Streamable HTTP transport (`idemgate mcp --listen ADDR -- CMD ARGS…`), a
-//!   child process per session;
+//!   child process (or an upstream HTTP session) per session;
 //! - [`upstream`]: where the server is: a child command, or a Streamable HTTP URL
 //!   (`--upstream-url`), the latter an adapter that looks to the session like a child;
 //! - [`Config`]: the TOML configuration; per-tool policies in the gateway's vocabulary;
