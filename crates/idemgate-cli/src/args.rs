@@ -157,7 +157,15 @@ The server's stderr is passed through; idemgate's own logs are JSON lines on std
 With --listen ADDR the agent side is MCP Streamable HTTP instead, at http://ADDR/mcp: every
 session (initialize) gets its own CMD process. The `Idempotency-Key` header keys a tools/call.
 Bearer tokens name tenants as the HTTP gateway's [[tenants]] do; without them only a loopback
-address is served. Requests with an Origin header not in [http] allowed_origins get 403.";
+address is served. Requests with an Origin header not in [http] allowed_origins get 403.
+
+With --upstream-url URL instead of a command the MCP server is a remote one, reached over
+Streamable HTTP at URL (POST per message, JSON or SSE answers, Mcp-Session-Id, DELETE at the end);
+with --listen each agent session gets its own upstream session. --upstream-header 'Name: value'
+(repeatable) adds a header to every request to it, e.g. an Authorization; `${VAR}` in a value is
+replaced by the environment variable VAR, so that a secret stays out of the process list. Header
+values are never logged. A lost connection, a 5xx or an expired session (404) while a call is in
+flight leaves its outcome unknown, exactly as a crashed child does: it is never run again.";
 
 const MCP_EXAMPLES: &str = "\
 Examples:
@@ -168,7 +176,11 @@ Examples:
   idemgate mcp --config ~/.config/idemgate/memory.toml -- npx -y @modelcontextprotocol/server-memory
 
   # Streamable HTTP on loopback: the agent connects to http://127.0.0.1:8765/mcp
-  idemgate mcp --listen 127.0.0.1:8765 -- npx -y @modelcontextprotocol/server-memory";
+  idemgate mcp --listen 127.0.0.1:8765 -- npx -y @modelcontextprotocol/server-memory
+
+  # a remote MCP server over Streamable HTTP, its token from the environment
+  idemgate mcp --upstream-url https://mcp.example.com/mcp \\
+    --upstream-header 'Authorization: Bearer ${EXAMPLE_TOKEN}'";
 
 /// `mcp`.
 #[derive(Debug, Args)]
@@ -182,8 +194,17 @@ pub struct McpArgs {
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<std::net::SocketAddr>,
 
+    /// The URL of an MCP server reached over Streamable HTTP, instead of a command.
+    #[arg(long, value_name = "URL", conflicts_with = "command")]
+    pub upstream_url: Option<String>,
+
+    /// A header on every request to --upstream-url, as 'Name: value' (repeatable); `${VAR}` in
+    /// the value is the environment variable VAR. Values are never logged.
+    #[arg(long, value_name = "HEADER")]
+    pub upstream_header: Vec<String>,
+
     /// The MCP server's command and its arguments (after `--`).
-    #[arg(required = true, last = true, value_name = "CMD")]
+    #[arg(last = true, value_name = "CMD")]
     pub command: Vec<String>,
 }
 

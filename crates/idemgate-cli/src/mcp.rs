@@ -7,8 +7,8 @@ use std::time::Duration;
 use anyhow::{Context as _, Result};
 use idemgate::{AnyStore, Engine, FileJournal, TenantId};
 use idemgate_kit::Instruments;
-use idemgate_mcp::config::{record_tool, server_name};
-use idemgate_mcp::Config;
+use idemgate_mcp::config::record_tool;
+use idemgate_mcp::{Config, HttpUpstream, Upstream};
 
 use crate::args::{Cli, McpArgs};
 use crate::exit;
@@ -21,6 +21,7 @@ const JOURNAL_FLUSH_EVERY: Duration = Duration::from_secs(30);
 pub(crate) async fn run(cli: &Cli, args: &McpArgs) -> Result<u8> {
     // Logs go to stderr as JSON lines: stdout carries the protocol.
     idemgate_http::logging::init();
+    let upstream = upstream(args)?;
     let mut config = match &args.config {
         Some(path) => Config::load(path)?,
         None => Config::default(),
@@ -58,7 +59,7 @@ pub(crate) async fn run(cli: &Cli, args: &McpArgs) -> Result<u8> {
     };
     let journal = FileJournal::open(&journal_dir)
         .with_context(|| format!("failed to open journal {}", journal_dir.display()))?;
-    let server = server_name(&config, &args.command);
+    let server = upstream.name(&config);
     config.server_name = Some(server.clone());
     let tools: Vec<String> = config
         .tools
@@ -70,10 +71,72 @@ pub(crate) async fn run(cli: &Cli, args: &McpArgs) -> Result<u8> {
     let engine = Arc::new(instruments.attach(Engine::new(store).with_journal(Arc::new(journal))));
     let _flusher = engine.spawn_journal_flusher(JOURNAL_FLUSH_EVERY);
     if let Some(listen) = args.listen {
-        let proxy = idemgate_mcp::http::Proxy::new(engine, config, tenant, args.command.clone());
+        let proxy = idemgate_mcp::http::Proxy::with_upstream(engine, config, tenant, upstream);
         proxy.run(listen).await?;
         return Ok(0);
     }
-    let code = idemgate_mcp::stdio::run(engine, config, tenant, &args.command).await?;
+    let code = idemgate_mcp::stdio::run_upstream(engine, config, tenant, &upstream).await?;
     Ok(u8::try_from(code.rem_euclid(256)).unwrap_or(exit::FAILURE))
+}
+
+/// Where the server is: the command after `--`, or `--upstream-url` with its headers.
+fn upstream(args: &McpArgs) -> Result<Upstream> {
+    let Some(url) = &args.upstream_url else {
+        anyhow::ensure!(
+            args.upstream_header.is_empty(),
+            "--upstream-header is for --upstream-url: a command's server gets no HTTP headers"
+        );
+        anyhow::ensure!(
+            !args.command.is_empty(),
+            "give the MCP server's command after --, or --upstream-url URL"
+        );
+        return Ok(Upstream::Command(args.command.clone()));
+    };
+    let headers = args
+        .upstream_header
+        .iter()
+        .map(|h| expand_env(h, |v| std::env::var(v).ok()))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Upstream::Http(Arc::new(HttpUpstream::new(url, &headers)?)))
+}
+
+/// `text` with every `${VAR}` replaced by `lookup(VAR)`; an unset variable is an error that
+/// names it (and never the text, which may hold a secret).
+fn expand_env(text: &str, lookup: impl Fn(&str) -> Option<String>) -> Result<String> {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("${") {
+        out.push_str(&rest[..at]);
+        let Some(end) = rest[at..].find('}') else {
+            anyhow::bail!("an --upstream-header has an unclosed ${{");
+        };
+        let name = &rest[at + 2..at + end];
+        let value = lookup(name).with_context(|| {
+            format!("--upstream-header names ${{{name}}}, but the environment has no {name}")
+        })?;
+        out.push_str(&value);
+        rest = &rest[at + end + 1..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::expand_env;
+
+    #[test]
+    fn header_values_take_variables_from_the_environment() {
+        let env = |v: &str| (v == "T").then(|| "s3cret".to_owned());
+        assert_eq!(
+            expand_env("Authorization: Bearer ${T}", env).unwrap(),
+            "Authorization: Bearer s3cret"
+        );
+        assert_eq!(expand_env("X: plain", env).unwrap(), "X: plain");
+        let e = expand_env("X: ${NOPE} s3cret", env)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("NOPE") && !e.contains("s3cret"), "{e}");
+        assert!(expand_env("X: ${T", env).is_err());
+    }
 }

@@ -66,8 +66,8 @@ impl Sandbox {
 
 /// A process that speaks MCP over stdio (the proxy, or a server itself), one JSON-RPC frame a line.
 pub(crate) struct Proxy {
-    child: Child,
-    stdin: Option<ChildStdin>,
+    pub(crate) child: Child,
+    pub(crate) stdin: Option<ChildStdin>,
     lines: mpsc::Receiver<String>,
     next_id: u64,
 }
@@ -120,7 +120,7 @@ impl Proxy {
     }
 
     /// The next line from the proxy, raw.
-    fn line(&mut self) -> String {
+    pub(crate) fn line(&mut self) -> String {
         self.lines
             .recv_timeout(DEADLINE)
             .expect("the proxy answered within the deadline")
@@ -134,7 +134,7 @@ impl Proxy {
         (id, self.response_line(id))
     }
 
-    fn response_line(&mut self, id: u64) -> String {
+    pub(crate) fn response_line(&mut self, id: u64) -> String {
         loop {
             let line = self.line();
             let v: Value = serde_json::from_str(&line).unwrap();
@@ -148,7 +148,7 @@ impl Proxy {
         serde_json::from_str(&self.request_raw(method, params).1).unwrap()
     }
 
-    fn initialize(&mut self) -> Value {
+    pub(crate) fn initialize(&mut self) -> Value {
         let r = self.request(
             "initialize",
             json!({"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "test", "version": "1"}}),
@@ -158,7 +158,7 @@ impl Proxy {
     }
 
     /// `tools/call` with the key in `_meta` (when given); the whole response frame.
-    fn call(&mut self, tool: &str, args: Value, key: Option<&str>) -> Value {
+    pub(crate) fn call(&mut self, tool: &str, args: Value, key: Option<&str>) -> Value {
         let mut params = json!({"name": tool, "arguments": args});
         if let Some(k) = key {
             params["_meta"] = json!({"dev.idemgate/idempotency-key": k});
@@ -166,7 +166,7 @@ impl Proxy {
         self.request("tools/call", params)
     }
 
-    fn wait_exit(&mut self) -> Option<i32> {
+    pub(crate) fn wait_exit(&mut self) -> Option<i32> {
         let start = Instant::now();
         loop {
             if let Some(status) = self.child.try_wait().unwrap() {
@@ -178,13 +178,13 @@ impl Proxy {
     }
 }
 
-fn text(response: &Value, block: usize) -> &str {
+pub(crate) fn text(response: &Value, block: usize) -> &str {
     response["result"]["content"][block]["text"]
         .as_str()
         .unwrap_or_else(|| panic!("no text block {block} in {response}"))
 }
 
-fn verdict(response: &Value) -> &str {
+pub(crate) fn verdict(response: &Value) -> &str {
     response["result"]["_meta"]["dev.idemgate/verdict"]
         .as_str()
         .unwrap_or("")
@@ -199,7 +199,7 @@ fn assert_unknown_and_not_rerun(sb: &Sandbox, p: &mut Proxy, tool: &str, key: &s
 }
 
 /// Waits for `cond` with a generous deadline, checking often.
-fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+pub(crate) fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
     let start = Instant::now();
     while !cond() {
         assert!(start.elapsed() < DEADLINE, "timed out waiting for {what}");

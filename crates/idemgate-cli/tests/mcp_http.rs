@@ -55,6 +55,13 @@ impl Drop for Listening {
 
 impl Sandbox {
     pub(crate) fn listen(&self, config: &str, server: &[&str]) -> Listening {
+        let mut args = vec!["--"];
+        args.extend_from_slice(server);
+        self.listen_with(config, &args)
+    }
+
+    /// A proxy listening on a free loopback port, with `args` after its `--config`.
+    pub(crate) fn listen_with(&self, config: &str, args: &[&str]) -> Listening {
         let cfg = self.path("mcp.toml");
         fs::write(&cfg, config).unwrap();
         let stderr = self.path("stderr");
@@ -66,8 +73,7 @@ impl Sandbox {
             .env("MEMORY_FILE_PATH", self.path("memory.jsonl"))
             .args(["mcp", "--listen", "127.0.0.1:0", "--config"])
             .arg(&cfg)
-            .arg("--")
-            .args(server)
+            .args(args)
             .stdout(Stdio::null())
             .stderr(fs::File::create(&stderr).unwrap())
             .spawn()
@@ -104,7 +110,13 @@ impl Sandbox {
 
 impl Listening {
     /// Runs the Python SDK client in `mode`; what it saw.
-    fn python(&self, sb: &Sandbox, mode: &str, token: &str, release: &std::path::Path) -> Value {
+    pub(crate) fn python(
+        &self,
+        sb: &Sandbox,
+        mode: &str,
+        token: &str,
+        release: &std::path::Path,
+    ) -> Value {
         let mut client = sb.python_client("mcp_http_client.py");
         client.args([mode, &self.url, token]).arg(release);
         sb.client_saw(client)
@@ -184,7 +196,7 @@ impl Answer {
     }
 }
 
-fn replayed(result: &Value) -> bool {
+pub(crate) fn replayed(result: &Value) -> bool {
     result["_meta"]["dev.idemgate/replayed"] == json!(true)
 }
 

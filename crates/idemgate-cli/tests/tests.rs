@@ -10,6 +10,7 @@ mod gateway;
 mod mcp;
 mod mcp_http;
 mod mcp_real;
+mod mcp_upstream;
 mod regressions;
 
 /// Tests that load both cores (process storms, crash tests) take this lock so that they run one

@@ -16,6 +16,9 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// The upstream URL or one of its headers is invalid.
+    #[error("{0}")]
+    Upstream(String),
     /// Reading or writing a stream failed.
     #[error("failed to relay frames: {0}")]
     Io(#[from] std::io::Error),

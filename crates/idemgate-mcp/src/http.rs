@@ -1,7 +1,8 @@
 //! The Streamable HTTP transport (MCP 2025-11-25, "Transports"): the client side is one endpoint,
 //! `/mcp`, where a POST carries one JSON-RPC message, a GET opens the stream of the server's own
 //! requests and notifications, and a DELETE ends the session; the server side is a child process
-//! over stdio, one per session.
+//! over stdio, one per session (or, with an [`Upstream::Http`], one session of a remote server
+//! per session, through the adapter in [`crate::upstream`]).
 //!
 //! Why a child per session: a stdio MCP server holds exactly one session (one `initialize`, the
 //! client's capabilities, its subscriptions and log level, and its own requests to that one
@@ -37,11 +38,12 @@ use idemgate_kit::tenants::{authenticate, Tenant};
 use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinSet;
 
-use crate::config::{server_name, Config};
+use crate::config::Config;
 use crate::error::Error;
 use crate::frame::{self, Frame};
 use crate::session::{Outputs, Session};
 use crate::stdio;
+use crate::upstream::Upstream;
 
 /// The endpoint's path.
 pub const ENDPOINT: &str = "/mcp";
@@ -60,7 +62,7 @@ pub struct Proxy<S> {
     engine: Arc<Engine<S>>,
     config: Config,
     server: String,
-    command: Vec<String>,
+    upstream: Upstream,
     tenants: Vec<Arc<Tenant>>,
     tenant: TenantId,
     sessions: Mutex<HashMap<String, Arc<Live>>>,
@@ -191,7 +193,18 @@ impl<S: Store> Proxy<S> {
         tenant: TenantId,
         command: Vec<String>,
     ) -> Arc<Self> {
-        let server = server_name(&config, &command);
+        Self::with_upstream(engine, config, tenant, Upstream::Command(command))
+    }
+
+    /// A proxy in front of `upstream`: a command started per session, or a server at a
+    /// Streamable HTTP URL, with one upstream session per session of the proxy.
+    pub fn with_upstream(
+        engine: Arc<Engine<S>>,
+        config: Config,
+        tenant: TenantId,
+        upstream: Upstream,
+    ) -> Arc<Self> {
+        let server = upstream.name(&config);
         let tenants = config
             .tenants
             .iter()
@@ -201,7 +214,7 @@ impl<S: Store> Proxy<S> {
             engine,
             config,
             server,
-            command,
+            upstream,
             tenants,
             tenant,
             sessions: Mutex::new(HashMap::new()),
@@ -304,7 +317,7 @@ impl<S: Store> Proxy<S> {
                 "too many sessions are open (http.max_sessions); end one with DELETE or retry later",
             ));
         }
-        let (mut child, server_in, server_out) = stdio::spawn(&self.command).map_err(|e| {
+        let started = self.upstream.start().map_err(|e| {
             tracing::error!(error = %e, "failed to start the server for a session");
             refuse(StatusCode::BAD_GATEWAY, &e.to_string())
         })?;
@@ -344,8 +357,8 @@ impl<S: Store> Proxy<S> {
                 session,
                 to_server,
                 client_lines,
-                stdio::lines(server_out),
-                server_in,
+                started.lines,
+                started.input,
                 live.stop.notified(),
             )
             .await;
@@ -360,7 +373,7 @@ impl<S: Store> Proxy<S> {
                     sessions.remove(&live.id);
                 }
             }
-            let status = stdio::reap(&mut child).await;
+            let status = started.end.wait().await;
             tracing::info!(session = %live.id, ?ended, ?status, "session ended");
         });
         Ok(live)

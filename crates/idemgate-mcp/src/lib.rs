@@ -4,7 +4,9 @@
 //! - [`Session`]: one proxied session, independent of the transport: frames in, frames out;
 //! - [`stdio`]: the stdio transport (`idemgate mcp -- CMD ARGS…`), the server a child process;
 //! - [`http`]: the Streamable HTTP transport (`idemgate mcp --listen ADDR -- CMD ARGS…`), a
-//!   child process per session;
+//!   child process (or an upstream HTTP session) per session;
+//! - [`upstream`]: where the server is: a child command, or a Streamable HTTP URL
+//!   (`--upstream-url`), the latter an adapter that looks to the session like a child;
 //! - [`Config`]: the TOML configuration; per-tool policies in the gateway's vocabulary;
 //! - the `_meta` names the proxy reads and writes are the `META_*` constants.
 //!
@@ -18,6 +20,7 @@ mod frame;
 pub mod http;
 mod session;
 pub mod stdio;
+pub mod upstream;
 
 pub use answer::{
     META_EXECUTED_AT, META_FENCE, META_KEY, META_PROBLEM, META_REPLAYED, META_RETRY_AFTER,
@@ -26,3 +29,4 @@ pub use answer::{
 pub use config::{Config, HttpConfig, KeySource};
 pub use error::Error;
 pub use session::{Outgoing, Outputs, Session};
+pub use upstream::{HttpUpstream, Upstream};

@@ -13,9 +13,10 @@ use tokio::io::{AsyncBufReadExt as _, AsyncRead, AsyncWrite, AsyncWriteExt as _,
 use tokio::process::{ChildStdin, ChildStdout};
 use tokio::sync::mpsc;
 
-use crate::config::{server_name, Config};
+use crate::config::Config;
 use crate::error::Error;
 use crate::session::{Outgoing, Outputs, Session};
+use crate::upstream::Upstream;
 
 /// How long the server gets to exit on its own once its input is closed.
 const EXIT_GRACE: Duration = Duration::from_secs(5);
@@ -33,20 +34,34 @@ pub async fn run<S: Store>(
     tenant: TenantId,
     command: &[String],
 ) -> Result<i32, Error> {
-    let server = server_name(&config, command);
-    let (mut child, server_in, server_out) = spawn(command)?;
+    run_upstream(engine, config, tenant, &Upstream::Command(command.to_vec())).await
+}
+
+/// [`run`] in front of any [`Upstream`]: a command, or a server at a Streamable HTTP URL. When
+/// an HTTP upstream goes away the proxy exits with 1, as when a child crashes without a code.
+///
+/// # Errors
+/// [`Error::Spawn`] when a command cannot be started.
+pub async fn run_upstream<S: Store>(
+    engine: Arc<Engine<S>>,
+    config: Config,
+    tenant: TenantId,
+    upstream: &Upstream,
+) -> Result<i32, Error> {
+    let server = upstream.name(&config);
+    let started = upstream.start()?;
     let (session, outputs) = Session::new(engine, config, server, tenant);
     let ended = serve(
         session,
         outputs,
         stdin_lines(),
         tokio::io::stdout(),
-        lines(server_out),
-        server_in,
+        started.lines,
+        started.input,
         shutdown_signal(),
     )
     .await;
-    let status = reap(&mut child).await;
+    let status = started.end.wait().await;
     Ok(match ended {
         Ended::ServerClosed => status.and_then(|s| s.code()).unwrap_or(1),
         Ended::ClientClosed => 0,
@@ -196,7 +211,7 @@ pub(crate) async fn relay<S: Store, M: FromClient>(
             () = &mut stop => break Ended::ClientClosed,
         }
     };
-    let closed = "the server closed its output before answering (it exited or crashed)";
+    let closed = "the server closed its output before answering (it exited or crashed, or the connection to it was lost)";
     if ended == Ended::ServerClosed {
         session.server_closed(closed);
     }
