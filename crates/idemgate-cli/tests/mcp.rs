@@ -65,19 +65,35 @@ impl Sandbox {
 }
 
 /// A process that speaks MCP over stdio (the proxy, or a server itself), one JSON-RPC frame a line.
+/// A child process of the test, killed and reaped when dropped: by its own handle, never a
+/// group or a name.
+pub(crate) struct Reaped(pub(crate) Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl std::ops::Deref for Reaped {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Reaped {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
 pub(crate) struct Proxy {
-    pub(crate) child: Child,
+    pub(crate) child: Reaped,
     pub(crate) stdin: Option<ChildStdin>,
     lines: mpsc::Receiver<String>,
     next_id: u64,
-}
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        // Our own child, by its handle: never a group or a name.
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 impl Proxy {
@@ -106,7 +122,7 @@ impl Proxy {
             }
         });
         Proxy {
-            child,
+            child: Reaped(child),
             stdin: Some(stdin),
             lines: rx,
             next_id: 1,

@@ -7,13 +7,13 @@ use std::fs;
 use std::io::{Read as _, Write as _};
 use std::net::TcpStream;
 use std::path::PathBuf;
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
 use crate::cli::Sandbox;
-use crate::mcp::mcp_deps;
+use crate::mcp::{mcp_deps, Reaped};
 
 /// Generous: a loaded machine with two cores runs many Python and proxy processes at once.
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -37,20 +37,12 @@ fn tenants() -> String {
 
 /// A proxy listening on a free loopback port.
 pub(crate) struct Listening {
-    child: Child,
+    child: Reaped,
     /// `http://127.0.0.1:PORT/mcp`.
     pub(crate) url: String,
     /// `127.0.0.1:PORT`.
     addr: String,
     stderr: PathBuf,
-}
-
-impl Drop for Listening {
-    fn drop(&mut self) {
-        // Our own child, by its handle: never a group or a name.
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 impl Sandbox {
@@ -79,7 +71,7 @@ impl Sandbox {
             .spawn()
             .unwrap();
         let mut p = Listening {
-            child,
+            child: Reaped(child),
             url: String::new(),
             addr: String::new(),
             stderr,

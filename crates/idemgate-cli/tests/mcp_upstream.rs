@@ -5,14 +5,14 @@
 
 use std::fs;
 use std::io::{BufRead as _, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
 use serde_json::{json, Value};
 
 use crate::cli::Sandbox;
-use crate::mcp::{text, verdict, wait_for, Proxy};
+use crate::mcp::{text, verdict, wait_for, Proxy, Reaped};
 use crate::mcp_http::replayed;
 
 /// Generous: a loaded machine with two cores runs many Python and proxy processes at once.
@@ -24,16 +24,9 @@ const UP_TOKEN: &str = "up-token-1";
 
 /// The fixture serving Streamable HTTP on a free loopback port.
 struct Upstream {
-    child: Child,
+    /// Held so that the fixture dies with this value.
+    _child: Reaped,
     url: String,
-}
-
-impl Drop for Upstream {
-    fn drop(&mut self) {
-        // Our own child, by its handle: never a group or a name.
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 impl Sandbox {
@@ -59,7 +52,7 @@ impl Sandbox {
             }
         });
         let mut up = Upstream {
-            child,
+            _child: Reaped(child),
             url: String::new(),
         };
         let line = rx
