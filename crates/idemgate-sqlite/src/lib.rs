@@ -350,7 +350,10 @@ impl SqliteStore {
             // A full queue means a busy thread, which checkpoints when it is idle anyway.
             Ok(true) => drop(tx.try_send(Box::new(WakeForCheckpoint))),
             Ok(false) => {}
-            Err(task) => tx.send(task).await.map_err(|_| stopped())?,
+            Err(task) => {
+                tx.send(task).await.map_err(|_| stopped())?;
+                self.inner.shared.task_queued();
+            }
         }
         answer.await.unwrap_or_else(|_| {
             // The writer went away between taking the task and answering it (it panicked).

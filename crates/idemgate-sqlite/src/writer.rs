@@ -30,6 +30,11 @@ pub(crate) trait Task: Send {
     /// Answers the caller: its own result when `batch` committed, the batch's error otherwise. A
     /// caller that went away (its future was dropped) is not an error.
     fn answer(self: Box<Self>, batch: Result<(), StoreError>);
+
+    /// Whether this is a [`WakeForCheckpoint`], which the thread does not run as a batch.
+    fn is_wake(&self) -> bool {
+        false
+    }
 }
 
 /// A [`Task`] made of a closure and the channel its result goes back on.
@@ -102,6 +107,9 @@ pub(crate) struct Counters {
 
 /// How long the writer looks for more work before it sleeps.
 const SPIN: std::time::Duration = std::time::Duration::from_micros(200);
+/// How long no write at all (queued or inline) must have come before the writer counts as idle
+/// and empties the log: callers writing inline keep it busy without ever reaching the thread.
+const QUIET: std::time::Duration = std::time::Duration::from_millis(10);
 /// How long a checkpoint of the write-ahead log waits for readers of old snapshots.
 const CHECKPOINT_WAIT: std::time::Duration = std::time::Duration::from_millis(20);
 /// The least time between two checkpoints that interrupt a busy writer.
@@ -129,8 +137,13 @@ pub(crate) struct Shared {
     /// caller does not jump ahead of a batch that is forming.
     thread_busy: AtomicBool,
     /// Set when a caller that wrote inline left the log past a quarter of its limit and woke the
-    /// thread so that it checkpoints once idle; cleared by the thread when it has tried.
+    /// thread so that it checkpoints once idle; cleared by the thread when it has checkpointed.
     checkpoint_asked: AtomicBool,
+    /// When the last batch ended, in microseconds since `epoch`.
+    last_write: AtomicU64,
+    epoch: std::time::Instant,
+    /// The writer thread, to wake it from its wait for quiet (see [`Writer::next_task`]).
+    thread: std::sync::OnceLock<std::thread::Thread>,
     /// Lets a test send every write through the thread (see `hold` in the tests).
     #[cfg(test)]
     pub(crate) inline_off: AtomicBool,
@@ -145,6 +158,10 @@ impl Task for WakeForCheckpoint {
     }
 
     fn answer(self: Box<Self>, _: Result<(), StoreError>) {}
+
+    fn is_wake(&self) -> bool {
+        true
+    }
 }
 
 /// The writer thread's own state.
@@ -173,9 +190,31 @@ impl Shared {
             core: Mutex::new(core),
             thread_busy: AtomicBool::new(false),
             checkpoint_asked: AtomicBool::new(false),
+            last_write: AtomicU64::new(0),
+            epoch: std::time::Instant::now(),
+            thread: std::sync::OnceLock::new(),
             #[cfg(test)]
             inline_off: AtomicBool::new(false),
         }
+    }
+
+    /// Wakes the thread if it waits for quiet, so that a task just queued is taken at once (a
+    /// thread waiting on the queue itself is woken by the queue).
+    pub(crate) fn task_queued(&self) {
+        if let Some(thread) = self.thread.get() {
+            thread.unpark();
+        }
+    }
+
+    fn batch_ended(&self) {
+        let micros = u64::try_from(self.epoch.elapsed().as_micros()).unwrap_or(u64::MAX);
+        self.last_write.store(micros, Ordering::SeqCst);
+    }
+
+    /// How long since the last batch ended.
+    fn quiet_for(&self) -> std::time::Duration {
+        let last = std::time::Duration::from_micros(self.last_write.load(Ordering::SeqCst));
+        self.epoch.elapsed().saturating_sub(last)
     }
 
     fn lock(&self) -> MutexGuard<'_, Core> {
@@ -216,41 +255,64 @@ impl Shared {
             core.run_batch(vec![task]);
             core.wal_size() > core.opts.wal_limit / 4
         });
+        self.batch_ended();
         Ok(wal_past_quarter && !self.checkpoint_asked.swap(true, Ordering::SeqCst))
     }
 }
 
 impl Writer {
-    /// The next task: looked for briefly without sleeping first, because a caller's next write
-    /// (the completion after its reservation) usually follows within microseconds, and putting
-    /// this thread to sleep and waking it again costs more than the wait.
-    fn next_task(&mut self) -> Option<Box<dyn Task>> {
+    /// The next task. After a batch (`after_batch`) it is looked for briefly without sleeping
+    /// first, because a caller's next write (the completion after its reservation) usually
+    /// follows within microseconds, and putting this thread to sleep and waking it again costs
+    /// more than the wait. Then the thread waits for [`QUIET`] since the last write, queued or
+    /// inline, and empties the log (the fsyncs of a checkpoint delay nobody then) before it sleeps
+    /// on the queue. Callers writing inline never reach the queue, so the thread checks the time
+    /// of the last write rather than its own; a caller that queues a task wakes it
+    /// ([`Shared::task_queued`]).
+    fn next_task(&mut self, after_batch: bool) -> Option<Box<dyn Task>> {
         let spin_until = std::time::Instant::now() + SPIN;
+        while after_batch && std::time::Instant::now() < spin_until {
+            match self.rx.try_recv() {
+                Ok(task) => return Some(task),
+                Err(mpsc::error::TryRecvError::Disconnected) => return None,
+                Err(mpsc::error::TryRecvError::Empty) => std::thread::yield_now(),
+            }
+        }
         loop {
             match self.rx.try_recv() {
                 Ok(task) => return Some(task),
                 Err(mpsc::error::TryRecvError::Disconnected) => return None,
                 Err(mpsc::error::TryRecvError::Empty) => {}
             }
-            if std::time::Instant::now() >= spin_until {
-                // Idle: the fsyncs of a checkpoint delay nobody now. A caller writing inline
-                // meanwhile has the connection; it checkpoints past the limit itself.
-                if let Ok(mut core) = self.shared.core.try_lock() {
-                    let quarter = core.opts.wal_limit / 4;
-                    core.checkpoint_beyond(quarter, false);
-                }
-                // Asked or not, tried or not (a caller had the connection): the next caller that
-                // leaves the log long asks again.
+            let quiet = self.shared.quiet_for();
+            if quiet < QUIET {
+                std::thread::park_timeout(QUIET - quiet);
+                continue;
+            }
+            // A caller holding the connection is writing: not idle after all.
+            if let Ok(mut core) = self.shared.core.try_lock() {
+                let quarter = core.opts.wal_limit / 4;
+                core.checkpoint_beyond(quarter, false);
+                // Cleared with the connection held, so a caller that leaves the log long after
+                // this checkpoint asks again.
                 self.shared.checkpoint_asked.store(false, Ordering::SeqCst);
+                drop(core);
                 return self.rx.blocking_recv();
             }
-            std::thread::yield_now();
+            std::thread::park_timeout(QUIET);
         }
     }
 
     /// Runs batches until every sender is gone, then closes the connection.
     pub(crate) fn run(mut self) {
-        while let Some(first) = self.next_task() {
+        let _ = self.shared.thread.set(std::thread::current());
+        let mut after_batch = false;
+        while let Some(first) = self.next_task(after_batch) {
+            // A wake asks only for the idle checkpoint, which the next wait for quiet does.
+            after_batch = !first.is_wake();
+            if !after_batch {
+                continue;
+            }
             self.shared.thread_busy.store(true, Ordering::SeqCst);
             #[cfg(test)]
             {
@@ -261,12 +323,14 @@ impl Writer {
             let mut batch = vec![first];
             while batch.len() < self.max_batch {
                 match self.rx.try_recv() {
+                    Ok(task) if task.is_wake() => {}
                     Ok(task) => batch.push(task),
                     Err(_) => break,
                 }
             }
             core.run_batch(batch);
             drop(core);
+            self.shared.batch_ended();
             self.shared.thread_busy.store(false, Ordering::SeqCst);
         }
     }
