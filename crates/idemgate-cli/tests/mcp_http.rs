@@ -247,12 +247,19 @@ fn mcp_http_python_sdk_retry_after_timeout_races_and_server_requests() {
         &["python3", FIXTURE],
     );
     let seen = p.python(&sb, "fixture", TOKEN_A, &sb.path("release"));
+    assert_fixture_scenario(&sb, &seen);
+}
+
+/// What the Python SDK client's fixture scenario (`mcp_http_client.py fixture`) must have seen
+/// through a proxy in front of the fixture server, whichever way the proxy reaches it.
+pub(crate) fn assert_fixture_scenario(sb: &Sandbox, seen: &Value) {
     // The client gave up after 1 s; the retry with the same key got the stored result.
     assert_ne!(seen["timed_out"], json!(false), "{seen}");
     assert_eq!(seen["retry"]["content"][0]["text"], "slow done", "{seen}");
     assert!(replayed(&seen["retry"]), "{seen}");
     // 16 racing duplicates: one execution.
     let racing = seen["racing"].as_array().unwrap();
+    assert_eq!(racing.len(), 16);
     assert_eq!(racing.iter().filter(|r| !replayed(r)).count(), 1, "{seen}");
     assert!(racing
         .iter()

@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 
 use crate::cli::Sandbox;
 use crate::mcp::{text, verdict, wait_for, Proxy, Reaped};
-use crate::mcp_http::replayed;
+use crate::mcp_http::{assert_fixture_scenario, replayed};
 
 /// Generous: a loaded machine with two cores runs many Python and proxy processes at once.
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -336,30 +336,8 @@ fn mcp_listen_upstream_url_python_sdk_retry_races_and_server_requests() {
         ],
     );
     let seen = p.python(&sb, "fixture", "", &sb.path("release"));
-    assert_ne!(seen["timed_out"], json!(false), "{seen}");
-    assert_eq!(seen["retry"]["content"][0]["text"], "slow done", "{seen}");
-    assert!(replayed(&seen["retry"]), "{seen}");
-    let racing = seen["racing"].as_array().unwrap();
-    assert_eq!(racing.len(), 16);
-    assert_eq!(racing.iter().filter(|r| !replayed(r)).count(), 1, "{seen}");
-    assert!(racing
-        .iter()
-        .all(|r| r["content"][0] == racing[0]["content"][0]));
-    // The server's elicitation, sent on its SSE answer, reached the client and back.
-    let asked = seen["asked"]["content"][0]["text"].as_str().unwrap();
-    assert!(
-        asked.contains("client said") && asked.contains("\"ok\": true"),
-        "{seen}"
-    );
-    for r in seen["read"].as_array().unwrap() {
-        assert_eq!(r["content"][0]["text"], "lines 2", "{seen}");
-        assert!(!replayed(r), "{seen}");
-    }
-    assert_eq!(sb.executed(), ["slow started", "count race"]);
-    let raw = &seen["raw"];
-    assert_eq!(raw["initialize"]["result"]["x-fixture"], true, "{raw}");
-    assert_eq!(raw["deleted"], 204, "{raw}");
-    assert_eq!(raw["after_delete"], 404, "{raw}");
+    // The server's elicitation came on its SSE answer, through both hops.
+    assert_fixture_scenario(&sb, &seen);
     // Each agent session had its own upstream session, and each was ended with DELETE.
     wait_for("both upstream sessions to end", || {
         sb.lines_of("notes")
