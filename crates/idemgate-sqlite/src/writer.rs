@@ -270,19 +270,16 @@ impl Writer {
     /// of the last write rather than its own; a caller that queues a task wakes it
     /// ([`Shared::task_queued`]).
     fn next_task(&mut self, after_batch: bool) -> Option<Box<dyn Task>> {
-        let spin_until = std::time::Instant::now() + SPIN;
-        while after_batch && std::time::Instant::now() < spin_until {
-            match self.rx.try_recv() {
-                Ok(task) => return Some(task),
-                Err(mpsc::error::TryRecvError::Disconnected) => return None,
-                Err(mpsc::error::TryRecvError::Empty) => std::thread::yield_now(),
-            }
-        }
+        let spin_until = after_batch.then(|| std::time::Instant::now() + SPIN);
         loop {
             match self.rx.try_recv() {
                 Ok(task) => return Some(task),
                 Err(mpsc::error::TryRecvError::Disconnected) => return None,
                 Err(mpsc::error::TryRecvError::Empty) => {}
+            }
+            if spin_until.is_some_and(|until| std::time::Instant::now() < until) {
+                std::thread::yield_now();
+                continue;
             }
             let quiet = self.shared.quiet_for();
             if quiet < QUIET {
@@ -423,38 +420,17 @@ impl Core {
     fn execute(&mut self, batch: &mut [Box<dyn Task>]) -> Result<bool, StoreError> {
         let n = batch.len();
         let conn = &self.conn;
-        conn.prepare_cached("BEGIN IMMEDIATE")
-            .and_then(|mut s| s.execute([]))
+        run_cached(conn, "BEGIN IMMEDIATE")
             .during(Stage::Write, || format!("begin a batch of {n} writes"))?;
-        if let [task] = batch {
-            // Alone in its batch (the common case at low concurrency), a write needs no savepoint:
-            // if it fails, the whole transaction is rolled back, which undoes exactly its
-            // statements, and it keeps its own error.
-            let now = self.clock.now();
-            return match task.run(conn, now) {
-                Ok(wrote) => {
-                    conn.prepare_cached("COMMIT")
-                        .and_then(|mut s| s.execute([]))
-                        .during(Stage::Commit, || "commit a batch of 1 write".to_owned())?;
-                    Ok(wrote)
-                }
-                Err(_) if conn.is_autocommit() => Err(StoreError::Unavailable(
-                    "failed to run a write: sqlite rolled it back after an error".to_owned(),
-                )),
-                Err(_) => {
-                    conn.prepare_cached("ROLLBACK")
-                        .and_then(|mut s| s.execute([]))
-                        .during(Stage::Write, || "roll back a failed write".to_owned())?;
-                    Ok(false)
-                }
-            };
-        }
+        // Alone in its batch (the common case at low concurrency), a write needs no savepoint: a
+        // rollback of the whole transaction undoes exactly its statements.
+        let isolated = n > 1;
+        let savepoint = || format!("isolate one write in a batch of {n}");
         let mut wrote = false;
         for task in batch.iter_mut() {
-            let savepoint = || format!("isolate one write in a batch of {n}");
-            conn.prepare_cached("SAVEPOINT op")
-                .and_then(|mut s| s.execute([]))
-                .during(Stage::Write, savepoint)?;
+            if isolated {
+                run_cached(conn, "SAVEPOINT op").during(Stage::Write, savepoint)?;
+            }
             let now = self.clock.now();
             match task.run(conn, now) {
                 Ok(w) => wrote |= w,
@@ -465,20 +441,27 @@ impl Core {
                         "failed to run a batch of {n} writes: sqlite rolled it back after an error"
                     )));
                 }
+                // The task keeps its own error; only its own statements are undone.
+                Err(_) if isolated => {
+                    run_cached(conn, "ROLLBACK TO op").during(Stage::Write, savepoint)?;
+                }
                 Err(_) => {
-                    // The task keeps its own error; only its own statements are undone.
-                    conn.prepare_cached("ROLLBACK TO op")
-                        .and_then(|mut s| s.execute([]))
-                        .during(Stage::Write, savepoint)?;
+                    run_cached(conn, "ROLLBACK")
+                        .during(Stage::Write, || "roll back a failed write".to_owned())?;
+                    return Ok(false);
                 }
             }
-            conn.prepare_cached("RELEASE op")
-                .and_then(|mut s| s.execute([]))
-                .during(Stage::Write, savepoint)?;
+            if isolated {
+                run_cached(conn, "RELEASE op").during(Stage::Write, savepoint)?;
+            }
         }
-        conn.prepare_cached("COMMIT")
-            .and_then(|mut s| s.execute([]))
+        run_cached(conn, "COMMIT")
             .during(Stage::Commit, || format!("commit a batch of {n} writes"))?;
         Ok(wrote)
     }
+}
+
+/// Runs `sql`, a statement without parameters, through the connection's statement cache.
+fn run_cached(conn: &Connection, sql: &str) -> rusqlite::Result<usize> {
+    conn.prepare_cached(sql)?.execute([])
 }
