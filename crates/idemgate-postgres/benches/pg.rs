@@ -88,12 +88,14 @@ async fn engine_cell(engine: Arc<Engine<PgStore>>, run: u64, callers: usize, wor
 
 async fn raw_cell(store: PgStore, run: u64, callers: usize, work: Work) -> f64 {
     let quoted = format!("\"{SCHEMA}\"");
+    let lookup = Arc::new(include_str!("../src/sql/get.sql").replace("{schema}", &quoted));
     let reserve = Arc::new(include_str!("../src/sql/reserve.sql").replace("{schema}", &quoted));
     let complete = Arc::new(include_str!("../src/sql/complete.sql").replace("{schema}", &quoted));
     let tenant = format!("r{run}");
     measure(callers, move |c, i| {
-        let (store, reserve, complete, tenant) = (
+        let (store, lookup, reserve, complete, tenant) = (
             store.clone(),
+            lookup.clone(),
             reserve.clone(),
             complete.clone(),
             tenant.clone(),
@@ -107,24 +109,29 @@ async fn raw_cell(store: PgStore, run: u64, callers: usize, work: Work) -> f64 {
             let token = LeaseToken::mint().0.to_be_bytes();
             let lease_ms: i64 = 30_000;
             let client = store.pool().get().await.expect("pool");
-            let stmt = client.prepare_cached(&reserve).await.expect("prepare");
-            let rows = client
-                .query(
-                    &stmt,
-                    &[
-                        &tenant.as_str(),
-                        &"bench",
-                        &key.as_str(),
-                        &fp.as_bytes().as_slice(),
-                        &token.as_slice(),
-                        &lease_ms,
-                    ],
-                )
-                .await
-                .expect("reserve");
-            let row = rows.first().expect("a row");
-            let written: bool = row.get("written");
+            // As the store reserves: a read, and an insert only where no row stands.
+            let stmt = client.prepare_cached(&lookup).await.expect("prepare");
+            let name: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
+                [&tenant.as_str(), &"bench", &key.as_str()];
+            let found = client.query(&stmt, &name).await.expect("lookup");
+            let written = found.is_empty();
             if written {
+                let stmt = client.prepare_cached(&reserve).await.expect("prepare");
+                let rows = client
+                    .query(
+                        &stmt,
+                        &[
+                            &tenant.as_str(),
+                            &"bench",
+                            &key.as_str(),
+                            &fp.as_bytes().as_slice(),
+                            &token.as_slice(),
+                            &lease_ms,
+                        ],
+                    )
+                    .await
+                    .expect("reserve");
+                let row = rows.first().expect("a row");
                 let fence: i64 = row.get("fence");
                 let stmt = client.prepare_cached(&complete).await.expect("prepare");
                 let digest = idemgate_core::key::hex(&[0; 32]);

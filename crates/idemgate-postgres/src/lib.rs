@@ -84,9 +84,11 @@ impl Default for PgOptions {
 #[derive(Debug)]
 struct Sql {
     reserve: String,
+    renew: String,
     takeover: String,
     heartbeat: String,
     complete: String,
+    completed: String,
     release: String,
     mark_unknown: String,
     get: String,
@@ -101,9 +103,11 @@ impl Sql {
         let fill = |s: &str| s.replace("{schema}", &ident);
         Sql {
             reserve: fill(include_str!("sql/reserve.sql")),
+            renew: fill(include_str!("sql/renew.sql")),
             takeover: fill(include_str!("sql/takeover.sql")),
             heartbeat: fill(include_str!("sql/heartbeat.sql")),
             complete: fill(include_str!("sql/complete.sql")),
+            completed: fill(include_str!("sql/completed.sql")),
             release: fill(include_str!("sql/release.sql")),
             mark_unknown: fill(include_str!("sql/mark_unknown.sql")),
             get: fill(include_str!("sql/get.sql")),
@@ -118,7 +122,7 @@ impl Sql {
 /// the listener connection.
 ///
 /// # Concurrent calls on the same key
-/// Every operation is one statement (see the README); racing reservations are decided by the
+/// Every write is one statement (see the README); racing reservations are decided by the
 /// primary key, and every write naming a lease is a compare-and-set on `(fence, token)` that
 /// Postgres re-checks on the newest committed row version.
 ///
@@ -458,39 +462,54 @@ fn digest_hex(key: &Key) -> String {
 }
 
 impl PgStore {
-    /// The reservation and its retries (also the absent-record arm of a takeover).
+    /// The reservation and its retries (also the absent-record arm of a takeover): a read, and a
+    /// write only where no row counts. A duplicate costs one plain read, which commits nothing;
+    /// an absent row one `INSERT … ON CONFLICT DO NOTHING`; a completed row past its expiry a
+    /// compare-and-set renewal. A write that finds the row changed since the read reads again.
     async fn reserve_inner(&self, r: &Reservation) -> Result<Claim> {
         let k = &r.key;
         let token = token_bytes(r.token);
         let lease_ms = duration_millis(r.lease_for);
+        let (tenant, tool, key) = (k.tenant.as_str(), k.tool.as_str(), k.key.as_str());
         for _ in 0..RACE_ATTEMPTS {
             let rows = self
+                .run(&self.inner.sql.get, &[&tenant, &tool, &key])
+                .await?;
+            let write = match rows.first() {
+                None => &self.inner.sql.reserve,
+                Some(row) => {
+                    let (rec, now) = decode(k.clone(), row)?;
+                    match rec.view(now) {
+                        // Completed and expired: as good as absent, at the next fence.
+                        None => &self.inner.sql.renew,
+                        // Our own reservation, retried after a lost answer.
+                        Some(_)
+                            if rec.token == r.token
+                                && matches!(rec.state, RecordState::InFlight { .. }) =>
+                        {
+                            return Ok(Claim::Acquired(lease_of(&rec)));
+                        }
+                        Some(view) => return Ok(Claim::Existing(view)),
+                    }
+                }
+            };
+            let rows = self
                 .run(
-                    &self.inner.sql.reserve,
+                    write,
                     &[
-                        &k.tenant.as_str(),
-                        &k.tool.as_str(),
-                        &k.key.as_str(),
+                        &tenant,
+                        &tool,
+                        &key,
                         &r.fingerprint.as_bytes().as_slice(),
                         &token.as_slice(),
                         &lease_ms,
                     ],
                 )
                 .await?;
-            // No row: a concurrent reservation committed after this statement's snapshot (and
-            // this one wrote nothing); look again.
-            let Some(row) = rows.first() else { continue };
-            let written: bool = get(row, "written")?;
-            let (rec, now) = decode(k.clone(), row)?;
-            if written
-                || (rec.token == r.token && matches!(rec.state, RecordState::InFlight { .. }))
-            {
+            if let Some(row) = rows.first() {
+                let (rec, _) = decode(k.clone(), row)?;
                 return Ok(Claim::Acquired(lease_of(&rec)));
             }
-            let view = rec.view(now).ok_or_else(|| {
-                error::corrupt("reservation returned a record that does not count")
-            })?;
-            return Ok(Claim::Existing(view));
         }
         Err(StoreError::Unavailable(format!(
             "failed to reserve {k}: the record kept changing under concurrent writers"
@@ -583,34 +602,44 @@ impl Store for PgStore {
         let fence = fence_param(lease.fence)?;
         let kind = outcome_kind_code(outcome.kind);
         let digest = digest_hex(key);
-        // A second run settles a concurrent completion under the same lease that committed after
-        // the first run's snapshot.
-        for _ in 0..2 {
-            let rows = self
-                .run(
-                    &self.inner.sql.complete,
-                    &[
-                        &key.tenant.as_str(),
-                        &key.tool.as_str(),
-                        &key.key.as_str(),
-                        &fence,
-                        &token.as_slice(),
-                        &duration_millis(ttl),
-                        &kind,
-                        &outcome.body.as_slice(),
-                        &digest,
-                        &executed_at.map(Timestamp::as_millis),
-                    ],
-                )
-                .await?;
-            if let Some(row) = rows.first() {
-                return Ok(Completion {
-                    completed_at: Timestamp::from_millis(get(row, "completed_at")?),
-                    expires_at: Timestamp::from_millis(get(row, "expires_at")?),
-                });
+        let (tenant, tool, name) = (key.tenant.as_str(), key.tool.as_str(), key.key.as_str());
+        let rows = self
+            .run(
+                &self.inner.sql.complete,
+                &[
+                    &tenant,
+                    &tool,
+                    &name,
+                    &fence,
+                    &token.as_slice(),
+                    &duration_millis(ttl),
+                    &kind,
+                    &outcome.body.as_slice(),
+                    &digest,
+                    &executed_at.map(Timestamp::as_millis),
+                ],
+            )
+            .await?;
+        let rows = match rows.is_empty() {
+            false => rows,
+            // Not updated: completed under this lease already (the first completion stands and
+            // is the answer), or the lease is lost.
+            true => {
+                let lease = [
+                    &tenant as _,
+                    &tool as _,
+                    &name as _,
+                    &fence as _,
+                    &token.as_slice() as _,
+                ];
+                self.run(&self.inner.sql.completed, &lease).await?
             }
-        }
-        Err(StoreError::LeaseLost)
+        };
+        let row = rows.first().ok_or(StoreError::LeaseLost)?;
+        Ok(Completion {
+            completed_at: Timestamp::from_millis(get(row, "completed_at")?),
+            expires_at: Timestamp::from_millis(get(row, "expires_at")?),
+        })
     }
 
     async fn release(&self, key: &Key, lease: Lease) -> Result<()> {

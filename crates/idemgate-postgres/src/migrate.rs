@@ -9,10 +9,15 @@ use crate::error;
 pub(crate) const MIGRATIONS: &[(i32, &str, &str)] = &[
     (1, "init", include_str!("migrations/0001_init.sql")),
     (2, "waiters", include_str!("migrations/0002_waiters.sql")),
+    (
+        3,
+        "hot_completions",
+        include_str!("migrations/0003_hot_completions.sql"),
+    ),
 ];
 
 /// The schema version this code writes and reads.
-pub const SCHEMA_VERSION: i32 = 2;
+pub const SCHEMA_VERSION: i32 = 3;
 
 /// First half of the advisory lock key ("idem"); the second is a hash of the schema name.
 const LOCK_CLASS: i32 = 0x6964_656d;
