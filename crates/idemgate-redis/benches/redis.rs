@@ -1,5 +1,9 @@
-//! Throughput of `Engine<RedisStore>` beside a raw baseline: the same reserve and complete scripts
-//! through the same store and connection, without the engine.
+//! Throughput of `Engine<RedisStore>` beside two baselines measured in the same rounds:
+//! - `raw`: the same reserve and complete scripts through the same store and connection, without
+//!   the engine (what the engine adds; the targets are stated against it);
+//! - `floor`: plain commands on a connection of the same kind, what any idempotency layer on Redis
+//!   must at least pay: a fresh call is `SET NX PX` then `SET PX` (two round trips, as the
+//!   store's two scripts), a replay one `GET` (what the store's scripts cost over it).
 //!
 //! `cargo bench -p idemgate-redis --bench redis` against `IDEMGATE_TEST_REDIS_URL` (default
 //! `redis://127.0.0.1:6379`, volatile allowed), under a random key prefix deleted at the end.
@@ -59,6 +63,13 @@ async fn bench() {
         replay_cache: 0,
         ..Settings::default()
     }));
+    // The floor's keys live under the bench's prefix too, so the cleanup deletes them.
+    let prefix_floor: Arc<str> = format!("{prefix}floor:").into();
+    let floor_conn = redis::Client::open(url.as_str())
+        .expect("url")
+        .get_connection_manager()
+        .await
+        .expect("the floor's connection");
     let tenant = TenantId::new("bench").unwrap();
     let tool = ToolName::new("charge").unwrap();
     let seq = Arc::new(AtomicU64::new(0));
@@ -99,6 +110,14 @@ async fn bench() {
                     .complete(&key, lease, &Outcome::success(b"ok".to_vec()), TTL)
                     .await
                     .expect("complete");
+                let _: () = redis::cmd("SET")
+                    .arg(format!("{prefix_floor}{}", key.key.as_str()))
+                    .arg("ok")
+                    .arg("PX")
+                    .arg(TTL.as_millis() as u64)
+                    .query_async(&mut floor_conn.clone())
+                    .await
+                    .expect("floor SET");
                 set.push(key);
             }
             replay_sets.push(Arc::new(set));
@@ -136,6 +155,55 @@ async fn bench() {
                 }
             }
         };
+        // The floor: plain commands, each on the floor's own multiplexed connection.
+        let floor_fresh = {
+            let (conn, fresh_key, prefix) =
+                (floor_conn.clone(), fresh_key.clone(), prefix_floor.clone());
+            move |_: usize, _: u64| {
+                let (mut conn, key, prefix_floor) = (conn.clone(), fresh_key(), prefix.clone());
+                async move {
+                    let name = format!("{prefix_floor}{}", key.key.as_str());
+                    let set: Option<String> = redis::cmd("SET")
+                        .arg(&name)
+                        .arg("in-flight")
+                        .arg("NX")
+                        .arg("PX")
+                        .arg(LEASE.as_millis() as u64)
+                        .query_async(&mut conn)
+                        .await
+                        .expect("floor SET NX");
+                    assert!(set.is_some(), "fresh floor key taken");
+                    let _: () = redis::cmd("SET")
+                        .arg(&name)
+                        .arg("ok")
+                        .arg("PX")
+                        .arg(TTL.as_millis() as u64)
+                        .query_async(&mut conn)
+                        .await
+                        .expect("floor SET");
+                }
+            }
+        };
+        let floor_replay = {
+            let (conn, sets, prefix) = (
+                floor_conn.clone(),
+                replay_sets.clone(),
+                prefix_floor.clone(),
+            );
+            move |caller: usize, i: u64| {
+                let (mut conn, prefix_floor) = (conn.clone(), prefix.clone());
+                let key = sets[caller][i as usize % REPLAY_KEYS].clone();
+                async move {
+                    let name = format!("{prefix_floor}{}", key.key.as_str());
+                    let got: Option<String> = redis::cmd("GET")
+                        .arg(&name)
+                        .query_async(&mut conn)
+                        .await
+                        .expect("floor GET");
+                    assert!(got.is_some(), "replay floor key missing");
+                }
+            }
+        };
         let raw_replay = {
             let (store, sets) = (store.clone(), replay_sets.clone());
             move |caller: usize, i: u64| {
@@ -170,14 +238,16 @@ async fn bench() {
             engine_replay(uncached.clone()),
         );
 
-        // Per round: raw and engine rates of each work, in the order measured.
+        // Per round: raw, engine and floor rates of each work, in the order measured.
         let (mut fresh, mut replay, mut replay_store) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..rounds {
+            let floor = measure(callers, floor_fresh.clone()).await;
             let raw = measure(callers, raw_fresh.clone()).await;
-            fresh.push([raw, measure(callers, engine_fresh.clone()).await]);
+            fresh.push([raw, measure(callers, engine_fresh.clone()).await, floor]);
+            let floor = measure(callers, floor_replay.clone()).await;
             let raw = measure(callers, raw_replay.clone()).await;
-            replay.push([raw, measure(callers, cached_replay.clone()).await]);
-            replay_store.push([raw, measure(callers, store_replay.clone()).await]);
+            replay.push([raw, measure(callers, cached_replay.clone()).await, floor]);
+            replay_store.push([raw, measure(callers, store_replay.clone()).await, floor]);
         }
         let target = if callers == 1 { 0.9 } else { 1.0 };
         for (what, runs) in [
@@ -188,6 +258,8 @@ async fn bench() {
             let raw = spread(runs.iter().map(|r| r[0]).collect());
             let eng = spread(runs.iter().map(|r| r[1]).collect());
             let ratio = spread(runs.iter().map(|r| r[1] / r[0]).collect());
+            let floor = spread(runs.iter().map(|r| r[2]).collect());
+            let of_floor = spread(runs.iter().map(|r| r[1] / r[2]).collect());
             let reached = ratio.median >= target;
             if !reached {
                 misses.push(format!(
@@ -197,7 +269,8 @@ async fn bench() {
             }
             println!(
                 "{callers:>2} caller(s) {what:<11}: engine {:>8.0}/s ({:.0}-{:.0})  raw {:>8.0}/s \
-                 ({:.0}-{:.0})  engine/raw {:.2}x ({:.2}-{:.2}) (target >= {target:.1}x: {})",
+                 ({:.0}-{:.0})  engine/raw {:.2}x ({:.2}-{:.2}) (target >= {target:.1}x: {})  \
+                 floor {:>8.0}/s ({:.0}-{:.0})  engine/floor {:.2}x ({:.2}-{:.2})",
                 eng.median,
                 eng.min,
                 eng.max,
@@ -207,7 +280,13 @@ async fn bench() {
                 ratio.median,
                 ratio.min,
                 ratio.max,
-                if reached { "reached" } else { "missed" }
+                if reached { "reached" } else { "missed" },
+                floor.median,
+                floor.min,
+                floor.max,
+                of_floor.median,
+                of_floor.min,
+                of_floor.max,
             );
         }
     }
