@@ -26,8 +26,8 @@ use redis::cluster_routing::{
 };
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{
-    Cmd, ErrorKind, FromRedisValue, Pipeline, RedisFuture, RedisResult, Script, ServerErrorKind,
-    ToRedisArgs, Value,
+    Cmd, ConnectionInfo, ErrorKind, FromRedisValue, Pipeline, RedisConnectionInfo, RedisFuture,
+    RedisResult, Script, ServerErrorKind, ToRedisArgs, Value,
 };
 
 use crate::codec::{array, number, stored_record, text};
@@ -921,6 +921,10 @@ const WAIT_OPTIONS: &[&str] = &["wait_replicas", "wait_timeout"];
 /// How long a write waits for its replicas when the URL names `wait_replicas` but no
 /// `wait_timeout`.
 const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_secs(1);
+/// The query options of a `redis+sentinel://` URL for the sentinels themselves (Sentinel's own
+/// `requirepass`, or an ACL user of the sentinels), read by [`sentinel_parts`]; the URL's user and
+/// password are the primary's.
+const SENTINEL_OPTIONS: &[&str] = &["sentinel_username", "sentinel_password"];
 /// The query options redis-rs reads from every URL.
 const DRIVER_OPTIONS: &[&str] = &["protocol"];
 /// The query options redis-rs reads only from Unix-socket URLs (a TCP URL carries them in its
@@ -936,6 +940,9 @@ fn parse_url(url: &str, mut options: RedisOptions) -> Result<(String, RedisOptio
     let mut known = [OWN_OPTIONS, DRIVER_OPTIONS, WAIT_OPTIONS].concat();
     if unix {
         known.extend_from_slice(UNIX_DRIVER_OPTIONS);
+    }
+    if url.starts_with("redis+sentinel://") {
+        known.extend_from_slice(SENTINEL_OPTIONS);
     }
     let query = UrlQuery::parse(url, "redis", &known)?;
     let mut rest = Vec::new();
@@ -1090,10 +1097,13 @@ async fn check_persistence(conn: &mut Conn, url: &str) -> Result<()> {
 }
 
 /// The parts of a `redis+sentinel://[user[:password]@]host:port[,host:port...]/service[/db][?query]`
-/// URL: the sentinels' `redis://` URLs, the service (master) name, and the credentials, database
-/// and driver options for the primary; `None` for any other URL. The sentinels themselves are
-/// reached without credentials.
-fn sentinel_parts(url: &str) -> Result<Option<(Vec<String>, String, SentinelNodeConnectionInfo)>> {
+/// URL: the sentinels, the service (master) name, and the credentials, database and driver
+/// options for the primary; `None` for any other URL. The sentinels are reached with the
+/// `sentinel_username` / `sentinel_password` of the query (percent-encoded), or without
+/// credentials.
+fn sentinel_parts(
+    url: &str,
+) -> Result<Option<(Vec<ConnectionInfo>, String, SentinelNodeConnectionInfo)>> {
     let Some(rest) = url.strip_prefix("redis+sentinel://") else {
         return Ok(None);
     };
@@ -1104,9 +1114,29 @@ fn sentinel_parts(url: &str) -> Result<Option<(Vec<String>, String, SentinelNode
             redact(url)
         ))
     };
-    let (rest, query) = match rest.split_once('?') {
-        Some((rest, query)) => (rest, format!("?{query}")),
-        None => (rest, String::new()),
+    let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
+    let mut sentinel_auth = RedisConnectionInfo::default();
+    let (mut has_user, mut has_password) = (false, false);
+    let mut primary_query = Vec::new();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        match pair.split_once('=').unwrap_or((pair, "")) {
+            ("sentinel_username", v) => {
+                sentinel_auth = sentinel_auth.set_username(percent_decode(v).map_err(|w| bad(&w))?);
+                has_user = true;
+            }
+            ("sentinel_password", v) => {
+                sentinel_auth = sentinel_auth.set_password(percent_decode(v).map_err(|w| bad(&w))?);
+                has_password = true;
+            }
+            _ => primary_query.push(pair),
+        }
+    }
+    if has_user && !has_password {
+        return Err(bad("sentinel_username needs sentinel_password"));
+    }
+    let query = match primary_query.is_empty() {
+        true => String::new(),
+        false => format!("?{}", primary_query.join("&")),
     };
     let (userinfo, rest) = match rest.rfind('@') {
         Some(at) => (&rest[..=at], &rest[at + 1..]),
@@ -1119,12 +1149,17 @@ fn sentinel_parts(url: &str) -> Result<Option<(Vec<String>, String, SentinelNode
             "the path must name the service (the master name the sentinels monitor)",
         ));
     }
-    let sentinels: Vec<String> = hosts
+    let sentinels: Vec<ConnectionInfo> = hosts
         .split(',')
-        .map(|host| match host {
-            "" => Err(bad("empty sentinel address")),
-            h if h.contains(':') => Ok(format!("redis://{h}")),
-            h => Ok(format!("redis://{h}:26379")),
+        .map(|host| {
+            let url = match host {
+                "" => return Err(bad("empty sentinel address")),
+                h if h.contains(':') => format!("redis://{h}"),
+                h => format!("redis://{h}:26379"),
+            };
+            let info = redis::IntoConnectionInfo::into_connection_info(url)
+                .map_err(|e| bad(&e.to_string()))?;
+            Ok(info.set_redis_settings(sentinel_auth.clone()))
         })
         .collect::<Result<_>>()?;
     let node = redis::IntoConnectionInfo::into_connection_info(format!(
@@ -1134,6 +1169,29 @@ fn sentinel_parts(url: &str) -> Result<Option<(Vec<String>, String, SentinelNode
     let node = SentinelNodeConnectionInfo::default()
         .set_redis_connection_info(node.redis_settings().clone());
     Ok(Some((sentinels, service.to_owned(), node)))
+}
+
+/// A percent-encoded URL component as text (`%40` is `@`); an error says what is wrong, never
+/// the value (it may be a password).
+fn percent_decode(s: &str) -> std::result::Result<String, String> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = bytes
+                .get(i + 1..i + 3)
+                .and_then(|h| std::str::from_utf8(h).ok())
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+                .ok_or("a credential has a '%' not followed by two hex digits")?;
+            out.push(hex);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| "a credential is not UTF-8 once percent-decoded".to_owned())
 }
 
 /// The nodes of a `redis+cluster://[user[:password]@]host:port,host:port[/0][?query]` URL as
@@ -1325,13 +1383,38 @@ mod tests {
             sentinel_parts("redis+sentinel://u:pw@s1:5000,s2/mymaster/2?protocol=resp3")
                 .unwrap()
                 .unwrap();
-        assert_eq!(sentinels, ["redis://s1:5000", "redis://s2:26379"]);
+        let addrs: Vec<String> = sentinels.iter().map(|s| s.addr().to_string()).collect();
+        assert_eq!(addrs, ["s1:5000", "s2:26379"]);
+        assert!(sentinels
+            .iter()
+            .all(|s| s.redis_settings().password().is_none()));
         assert_eq!(service, "mymaster");
+
+        // The sentinels' own credentials, percent-decoded (the URL's user and password stay the
+        // primary's).
+        let (sentinels, _, _) = sentinel_parts(
+            "redis+sentinel://u:pw@s1/m?sentinel_username=sen&sentinel_password=p%40ss%26w&protocol=resp3",
+        )
+        .unwrap()
+        .unwrap();
+        let auth = sentinels[0].redis_settings();
+        assert_eq!(
+            (auth.username(), auth.password()),
+            (Some("sen"), Some("p@ss&w"))
+        );
         for (bad, says) in [
             ("redis+sentinel://u:secret@s1:1", "must name the service"),
             (
                 "redis+sentinel://u:secret@s1:1,/m",
                 "empty sentinel address",
+            ),
+            (
+                "redis+sentinel://s1/m?sentinel_username=secret",
+                "needs sentinel_password",
+            ),
+            (
+                "redis+sentinel://s1/m?sentinel_password=secret%zz",
+                "two hex digits",
             ),
         ] {
             let e = sentinel_parts(bad).unwrap_err();

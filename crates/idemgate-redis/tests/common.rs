@@ -194,7 +194,7 @@ impl Drop for PrivateRedis {
 }
 
 /// A loopback port from 56379 up that nothing listens on right now.
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     loop {
         let mut b = [0u8; 2];
         getrandom::fill(&mut b).expect("randomness");

@@ -8,5 +8,6 @@ mod keys;
 mod noscript;
 mod persistence;
 mod replicas;
+mod sentinel_auth;
 mod storm;
 mod url;
