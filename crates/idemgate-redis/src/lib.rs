@@ -283,10 +283,12 @@ impl<'a> Invocation<'a> {
     /// Runs the script and `WAIT replicas timeout` in one pipeline on one connection, so that
     /// the `WAIT` counts the acknowledgements of this very write: sent apart, a reconnection in
     /// between would put the `WAIT` on a fresh connection with nothing to wait for, and it would
-    /// acknowledge at once. Returns the script's answer and the replicas that acknowledged.
+    /// acknowledge at once. On a cluster both go to the master of `key`'s slot, where the write
+    /// runs. Returns the script's answer and the replicas that acknowledged.
     async fn invoke_and_wait(
         &self,
         conn: &mut Conn,
+        key: &str,
         replicas: u32,
         timeout: Duration,
     ) -> RedisResult<(Value, i64)> {
@@ -296,11 +298,11 @@ impl<'a> Invocation<'a> {
             pipe.cmd("WAIT").arg(replicas).arg(ms(timeout));
             pipe
         };
-        match pipeline().query_async(conn).await {
+        match conn.pipe_on_slot(key, pipeline()).await {
             // The script did not run: its WAIT waited for nothing. Load it and send both again.
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                 self.script.load_async(conn).await?;
-                pipeline().query_async(conn).await
+                conn.pipe_on_slot(key, pipeline()).await
             }
             other => other,
         }
@@ -339,18 +341,24 @@ impl ConnectionLike for Conn {
 }
 
 impl Conn {
-    /// `WAIT replicas timeout` on the node that holds `key` (on a cluster, its slot's master,
-    /// where the write just went).
-    async fn wait(&mut self, key: &str, replicas: u32, timeout: Duration) -> RedisResult<i64> {
-        let mut cmd = redis::cmd("WAIT");
-        cmd.arg(replicas).arg(ms(timeout));
+    /// Runs `pipe` on the node that holds `key`: on a cluster, its slot's master, named
+    /// explicitly rather than left to the driver's routing of the pipeline's first keyed command.
+    async fn pipe_on_slot<T: FromRedisValue>(
+        &mut self,
+        key: &str,
+        pipe: Pipeline,
+    ) -> RedisResult<T> {
         match self {
-            Conn::Single(c) => cmd.query_async(c).await,
+            Conn::Single(c) => pipe.query_async(c).await,
             Conn::Cluster(c) => {
-                let route = Route::with_key(key.as_bytes(), SlotAddr::Master);
-                let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
+                let route = SingleNodeRoutingInfo::SpecificNode(Route::with_key(
+                    key.as_bytes(),
+                    SlotAddr::Master,
+                ));
+                let n = pipe.len();
+                let replies = c.route_pipeline(pipe, 0, n, route).await?;
                 Ok(redis::from_redis_value(
-                    c.route_command(cmd, routing).await?,
+                    Value::Array(replies).extract_error()?,
                 )?)
             }
         }
@@ -618,9 +626,8 @@ impl RedisStore {
         }
     }
 
-    /// Runs a write script on the record `key` (its Redis name), then waits for replicas if so
-    /// configured: on a single server (or Sentinel's primary) in the same pipeline; on a cluster,
-    /// next, on the master of the key's slot.
+    /// Runs a write script on the record `key` (its Redis name), and waits for replicas in the
+    /// same pipeline if so configured (on a cluster, on the master of the key's slot).
     async fn write(&self, key: &str, inv: &Invocation<'_>, what: &str) -> Result<Value> {
         let mut pinned = self.conn().await?;
         let Some((replicas, timeout)) = self.inner.options.wait_replicas else {
@@ -629,28 +636,17 @@ impl RedisStore {
                 .await
                 .map_err(|e| self.fail(&pinned, &e, what));
         };
-        let answered = if matches!(pinned.conn, Conn::Single(_)) {
-            inv.invoke_and_wait(&mut pinned.conn, replicas, timeout)
-                .await
-                .map(|(value, acked)| (value, Ok(acked)))
-        } else {
-            match inv.invoke(&mut pinned.conn).await {
-                Ok(value) => Ok((value, pinned.conn.wait(key, replicas, timeout).await)),
-                Err(e) => Err(e),
-            }
-        };
-        let (value, acked) = answered.map_err(|e| self.fail(&pinned, &e, what))?;
-        let err = match acked {
-            Ok(acked) if acked >= i64::from(replicas) => return Ok(value),
-            Ok(acked) => StoreError::Indeterminate(format!(
-                "failed to {what} on redis: {acked} of {replicas} replicas acknowledged the \
-                 write within {timeout:?}, so a failover could lose it"
-            )),
-            // The write itself went through on the primary; only its replication is open.
-            Err(e) => StoreError::Indeterminate(format!(
-                "failed to {what} on redis: waiting for replicas failed: {e}"
-            )),
-        };
+        let (value, acked) = inv
+            .invoke_and_wait(&mut pinned.conn, key, replicas, timeout)
+            .await
+            .map_err(|e| self.fail(&pinned, &e, what))?;
+        if acked >= i64::from(replicas) {
+            return Ok(value);
+        }
+        let err = StoreError::Indeterminate(format!(
+            "failed to {what} on redis: {acked} of {replicas} replicas acknowledged the write \
+             within {timeout:?}, so a failover could lose it"
+        ));
         self.forget_on(&pinned, &err);
         Err(err)
     }
