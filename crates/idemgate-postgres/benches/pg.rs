@@ -109,13 +109,9 @@ async fn raw_cell(store: PgStore, run: u64, callers: usize, work: Work) -> f64 {
             let token = LeaseToken::mint().0.to_be_bytes();
             let lease_ms: i64 = 30_000;
             let client = store.pool().get().await.expect("pool");
-            // As the store reserves: a read, and an insert only where no row stands.
-            let stmt = client.prepare_cached(&lookup).await.expect("prepare");
-            let name: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
-                [&tenant.as_str(), &"bench", &key.as_str()];
-            let found = client.query(&stmt, &name).await.expect("lookup");
-            let written = found.is_empty();
-            if written {
+            // The statements the store settles on for each kind of work: a replay is a plain
+            // read, a fresh call the statement that reads and inserts, then the completion.
+            let written = if work == Work::Fresh {
                 let stmt = client.prepare_cached(&reserve).await.expect("prepare");
                 let rows = client
                     .query(
@@ -131,7 +127,18 @@ async fn raw_cell(store: PgStore, run: u64, callers: usize, work: Work) -> f64 {
                     )
                     .await
                     .expect("reserve");
+                Some(rows)
+            } else {
+                let stmt = client.prepare_cached(&lookup).await.expect("prepare");
+                let name: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
+                    [&tenant.as_str(), &"bench", &key.as_str()];
+                let found = client.query(&stmt, &name).await.expect("lookup");
+                assert_eq!(found.len(), 1, "the replayed record");
+                None
+            };
+            if let Some(rows) = &written {
                 let row = rows.first().expect("a row");
+                assert!(row.get::<_, bool>("written"), "a fresh key was taken");
                 let fence: i64 = row.get("fence");
                 let stmt = client.prepare_cached(&complete).await.expect("prepare");
                 let digest = idemgate_core::key::hex(&[0; 32]);
@@ -155,7 +162,6 @@ async fn raw_cell(store: PgStore, run: u64, callers: usize, work: Work) -> f64 {
                     .await
                     .expect("complete");
             }
-            assert_eq!(written, work == Work::Fresh);
         }
     })
     .await

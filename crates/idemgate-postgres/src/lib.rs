@@ -7,6 +7,7 @@ mod listen;
 mod migrate;
 mod row;
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -64,6 +65,24 @@ pub struct PgOptions {
     pub synchronous_commit: SyncCommit,
     /// Whether waiting duplicates are woken by `LISTEN`/`NOTIFY` (else they poll).
     pub listen: bool,
+    /// How a reservation reaches its row (only the cost differs; see [`ReservePath`]).
+    pub reserve_path: ReservePath,
+}
+
+/// How a reservation reaches its row. Every path gives the same answers; they differ in what a
+/// fresh call and a duplicate cost.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ReservePath {
+    /// Insert first while recent reservations mostly found no row, read first while they mostly
+    /// found one (the default).
+    #[default]
+    Adaptive,
+    /// One statement that reads the row and inserts where there is none: a fresh call is one
+    /// round trip, a duplicate a statement that holds an insert it does not run.
+    InsertFirst,
+    /// A plain read, then an insert only where there is no row: a duplicate is one plain read,
+    /// a fresh call two round trips.
+    ReadFirst,
 }
 
 impl Default for PgOptions {
@@ -76,6 +95,7 @@ impl Default for PgOptions {
             schema: "public".to_owned(),
             synchronous_commit: SyncCommit::Enforce,
             listen: true,
+            reserve_path: ReservePath::Adaptive,
         }
     }
 }
@@ -84,6 +104,7 @@ impl Default for PgOptions {
 #[derive(Debug)]
 struct Sql {
     reserve: String,
+    insert: String,
     renew: String,
     takeover: String,
     heartbeat: String,
@@ -103,6 +124,7 @@ impl Sql {
         let fill = |s: &str| s.replace("{schema}", &ident);
         Sql {
             reserve: fill(include_str!("sql/reserve.sql")),
+            insert: fill(include_str!("sql/insert.sql")),
             renew: fill(include_str!("sql/renew.sql")),
             takeover: fill(include_str!("sql/takeover.sql")),
             heartbeat: fill(include_str!("sql/heartbeat.sql")),
@@ -147,7 +169,14 @@ struct Inner {
     listening: watch::Receiver<bool>,
     /// Dropped with the last clone, which stops the listener task.
     _listener: Option<oneshot::Sender<()>>,
+    /// How many of the recent reservations found a row standing, as a count that each one that
+    /// did moves up and each one that did not moves down, within `0..=FOUND_MAX`. Past the
+    /// middle, reservations read first ([`PgStore::reserve_inner`]).
+    found: AtomicU32,
 }
+
+/// The top of [`Inner::found`]: about how many reservations in a row it takes to switch.
+const FOUND_MAX: u32 = 16;
 
 impl std::fmt::Debug for PgStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -273,6 +302,7 @@ impl PgStore {
                 changes,
                 listening,
                 _listener: listener,
+                found: AtomicU32::new(0),
             }),
         })
     }
@@ -462,58 +492,90 @@ fn digest_hex(key: &Key) -> String {
 }
 
 impl PgStore {
-    /// The reservation and its retries (also the absent-record arm of a takeover): a read, and a
-    /// write only where no row counts. A duplicate costs one plain read, which commits nothing;
-    /// an absent row one `INSERT … ON CONFLICT DO NOTHING`; a completed row past its expiry a
-    /// compare-and-set renewal. A write that finds the row changed since the read reads again.
+    /// The reservation and its retries (also the absent-record arm of a takeover).
+    ///
+    /// Two ways, both exact, that differ only in cost. While reservations mostly find no row
+    /// (every call a new action), one statement reads and inserts (`reserve.sql`). While they
+    /// mostly find one (a retry storm), a plain read comes first (`get.sql`), so a duplicate
+    /// costs that read and commits nothing, and only an absent row is then inserted
+    /// (`insert.sql`). A completed row past its expiry is renewed at the next fence
+    /// (`renew.sql`, a compare-and-set). A write that finds the row changed since it was read
+    /// (a racing reservation won) starts over.
     async fn reserve_inner(&self, r: &Reservation) -> Result<Claim> {
         let k = &r.key;
         let token = token_bytes(r.token);
         let lease_ms = duration_millis(r.lease_for);
         let (tenant, tool, key) = (k.tenant.as_str(), k.tool.as_str(), k.key.as_str());
+        let fingerprint = r.fingerprint.as_bytes().as_slice();
+        let params: [&(dyn ToSql + Sync); 6] = [
+            &tenant,
+            &tool,
+            &key,
+            &fingerprint,
+            &token.as_slice(),
+            &lease_ms,
+        ];
+        let acquired = |row: &Row| -> Result<Claim> {
+            let (rec, _) = decode(k.clone(), row)?;
+            Ok(Claim::Acquired(lease_of(&rec)))
+        };
         for _ in 0..RACE_ATTEMPTS {
-            let rows = self
-                .run(&self.inner.sql.get, &[&tenant, &tool, &key])
-                .await?;
-            let write = match rows.first() {
-                None => &self.inner.sql.reserve,
-                Some(row) => {
-                    let (rec, now) = decode(k.clone(), row)?;
-                    match rec.view(now) {
-                        // Completed and expired: as good as absent, at the next fence.
-                        None => &self.inner.sql.renew,
-                        // Our own reservation, retried after a lost answer.
-                        Some(_)
-                            if rec.token == r.token
-                                && matches!(rec.state, RecordState::InFlight { .. }) =>
-                        {
-                            return Ok(Claim::Acquired(lease_of(&rec)));
-                        }
-                        Some(view) => return Ok(Claim::Existing(view)),
-                    }
+            let read_first = match self.inner.options.reserve_path {
+                ReservePath::Adaptive => self.inner.found.load(Ordering::Relaxed) > FOUND_MAX / 2,
+                ReservePath::InsertFirst => false,
+                ReservePath::ReadFirst => true,
+            };
+            let rows = match read_first {
+                true => self.run(&self.inner.sql.get, &params[..3]).await?,
+                false => self.run(&self.inner.sql.reserve, &params).await?,
+            };
+            let Some(row) = rows.first() else {
+                if !read_first {
+                    // Inserted by a concurrent reservation after this statement's snapshot.
+                    continue;
+                }
+                self.found(false);
+                match self.run(&self.inner.sql.insert, &params).await?.first() {
+                    Some(row) => return acquired(row),
+                    None => continue,
                 }
             };
-            let rows = self
-                .run(
-                    write,
-                    &[
-                        &tenant,
-                        &tool,
-                        &key,
-                        &r.fingerprint.as_bytes().as_slice(),
-                        &token.as_slice(),
-                        &lease_ms,
-                    ],
-                )
-                .await?;
-            if let Some(row) = rows.first() {
-                let (rec, _) = decode(k.clone(), row)?;
-                return Ok(Claim::Acquired(lease_of(&rec)));
+            if !read_first && get::<bool>(row, "written")? {
+                self.found(false);
+                return acquired(row);
+            }
+            self.found(true);
+            let (rec, now) = decode(k.clone(), row)?;
+            match rec.view(now) {
+                // Completed and expired: as good as absent, at the next fence.
+                None => match self.run(&self.inner.sql.renew, &params).await?.first() {
+                    Some(row) => return acquired(row),
+                    None => continue,
+                },
+                // Our own reservation, retried after a lost answer.
+                Some(_)
+                    if rec.token == r.token
+                        && matches!(rec.state, RecordState::InFlight { .. }) =>
+                {
+                    return Ok(Claim::Acquired(lease_of(&rec)));
+                }
+                Some(view) => return Ok(Claim::Existing(view)),
             }
         }
         Err(StoreError::Unavailable(format!(
             "failed to reserve {k}: the record kept changing under concurrent writers"
         )))
+    }
+
+    /// Counts a reservation that found a row standing (`true`) or none.
+    fn found(&self, found: bool) {
+        let _ =
+            self.inner
+                .found
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| match found {
+                    true => (n < FOUND_MAX).then(|| n + 1),
+                    false => n.checked_sub(1),
+                });
     }
 }
 

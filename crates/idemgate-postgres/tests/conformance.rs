@@ -2,13 +2,16 @@
 //! (`IDEMGATE_TEST_POSTGRES_URL`, default `postgres://postgres@127.0.0.1:5432/test`), in schema
 //! `idemgate_test`.
 
-/// The shared test server, in schema `idemgate_test`.
-async fn fixture() -> idemgate_conformance::Fixture<idemgate_postgres::PgStore> {
+/// The shared test server, in schema `idemgate_test`, reserving by `reserve_path`.
+async fn fixture(
+    reserve_path: idemgate_postgres::ReservePath,
+) -> idemgate_conformance::Fixture<idemgate_postgres::PgStore> {
     let url = std::env::var("IDEMGATE_TEST_POSTGRES_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
     let options = idemgate_postgres::PgOptions {
         schema: "idemgate_test".to_owned(),
         pool_size: 8,
+        reserve_path,
         ..idemgate_postgres::PgOptions::default()
     };
     match idemgate_postgres::PgStore::connect_with(&url, options).await {
@@ -21,7 +24,22 @@ async fn fixture() -> idemgate_conformance::Fixture<idemgate_postgres::PgStore> 
     }
 }
 
-idemgate_conformance::store_conformance!(fixture());
-
+// Every reservation path gives the same answers: the suite and the model run on each.
 // Server clocks cannot be moved, so the model runs without clock moves and with long leases.
-idemgate_conformance::store_model_test!(fixture(), cases = 64);
+mod adaptive {
+    use idemgate_postgres::ReservePath::Adaptive;
+    idemgate_conformance::store_conformance!(super::fixture(Adaptive));
+    idemgate_conformance::store_model_test!(super::fixture(Adaptive), cases = 64);
+}
+
+mod insert_first {
+    use idemgate_postgres::ReservePath::InsertFirst;
+    idemgate_conformance::store_conformance!(super::fixture(InsertFirst));
+    idemgate_conformance::store_model_test!(super::fixture(InsertFirst), cases = 64);
+}
+
+mod read_first {
+    use idemgate_postgres::ReservePath::ReadFirst;
+    idemgate_conformance::store_conformance!(super::fixture(ReadFirst));
+    idemgate_conformance::store_model_test!(super::fixture(ReadFirst), cases = 64);
+}
