@@ -281,3 +281,93 @@ impl<S: Store> Store for std::sync::Arc<S> {
         (**self).probe_write()
     }
 }
+
+/// How a store that has two exact ways of reserving a record (Postgres, Redis) picks one. The
+/// ways give the same answers and differ only in cost: inserting first (one atomic statement or
+/// script that reads the record and writes only where none counts) costs a fresh call one round
+/// trip, while reading first (a plain read, then that write only where no record counts) costs a
+/// duplicate a plain read that writes nothing.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ReservePath {
+    /// Insert first while recent reservations mostly found no record, read first while they
+    /// mostly found one (a retry storm): see [`ReserveHistory`].
+    #[default]
+    Adaptive,
+    /// Always insert first.
+    InsertFirst,
+    /// Always read first.
+    ReadFirst,
+}
+
+/// What recent reservations found, for [`ReservePath::Adaptive`]: a count within `0..=16` that
+/// each reservation finding a record standing moves up and each finding none moves down; past the
+/// middle, reservations read first. About eight reservations in a row switch it.
+#[derive(Debug, Default)]
+pub struct ReserveHistory {
+    found: std::sync::atomic::AtomicU32,
+}
+
+impl ReserveHistory {
+    const MAX: u32 = 16;
+
+    /// Whether the next reservation reads first, on `path`.
+    pub fn read_first(&self, path: ReservePath) -> bool {
+        match path {
+            ReservePath::Adaptive => {
+                self.found.load(std::sync::atomic::Ordering::Relaxed) > Self::MAX / 2
+            }
+            ReservePath::InsertFirst => false,
+            ReservePath::ReadFirst => true,
+        }
+    }
+
+    /// Counts a reservation that found a record standing (`true`) or none.
+    pub fn record(&self, found: bool) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let _ = self.found.fetch_update(Relaxed, Relaxed, |n| match found {
+            true => (n < Self::MAX).then(|| n + 1),
+            false => n.checked_sub(1),
+        });
+    }
+}
+
+#[cfg(test)]
+mod reserve_history_tests {
+    use super::*;
+
+    #[test]
+    fn adaptive_reads_first_after_a_run_of_duplicates_and_inserts_first_after_fresh_calls() {
+        let h = ReserveHistory::default();
+        assert!(
+            !h.read_first(ReservePath::Adaptive),
+            "starts inserting first"
+        );
+        for _ in 0..8 {
+            h.record(true);
+        }
+        assert!(
+            !h.read_first(ReservePath::Adaptive),
+            "eight duplicates are not yet a run"
+        );
+        h.record(true);
+        assert!(h.read_first(ReservePath::Adaptive));
+        // Saturates: a long storm is left after as few fresh calls as a short one.
+        for _ in 0..1000 {
+            h.record(true);
+        }
+        for _ in 0..8 {
+            h.record(false);
+        }
+        assert!(!h.read_first(ReservePath::Adaptive));
+        for _ in 0..1000 {
+            h.record(false);
+        }
+        h.record(true);
+        assert!(
+            !h.read_first(ReservePath::Adaptive),
+            "saturates at zero too"
+        );
+        assert!(h.read_first(ReservePath::ReadFirst));
+        assert!(!h.read_first(ReservePath::InsertFirst));
+    }
+}

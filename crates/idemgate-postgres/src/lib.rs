@@ -7,7 +7,6 @@ mod listen;
 mod migrate;
 mod row;
 
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -15,7 +14,9 @@ use deadpool_postgres::{
     HookError, Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime,
 };
 use idemgate_core::key::hex;
-use idemgate_core::store::{Claim, Completion, ListFilter, Reservation, Result, Store};
+use idemgate_core::store::{
+    Claim, Completion, ListFilter, Reservation, ReserveHistory, Result, Store,
+};
 use idemgate_core::time::duration_millis;
 use idemgate_core::url::UrlQuery;
 use idemgate_core::{
@@ -30,6 +31,7 @@ use crate::row::{
     decode, fence_param, get, key_of, lease_of, outcome_kind_code, state_code, token_bytes,
 };
 
+pub use idemgate_core::ReservePath;
 pub use migrate::SCHEMA_VERSION;
 
 /// What to do with a server whose `synchronous_commit` would let an acknowledged write be lost in
@@ -67,22 +69,6 @@ pub struct PgOptions {
     pub listen: bool,
     /// How a reservation reaches its row (only the cost differs; see [`ReservePath`]).
     pub reserve_path: ReservePath,
-}
-
-/// How a reservation reaches its row. Every path gives the same answers; they differ in what a
-/// fresh call and a duplicate cost.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum ReservePath {
-    /// Insert first while recent reservations mostly found no row, read first while they mostly
-    /// found one (the default).
-    #[default]
-    Adaptive,
-    /// One statement that reads the row and inserts where there is none: a fresh call is one
-    /// round trip, a duplicate a statement that holds an insert it does not run.
-    InsertFirst,
-    /// A plain read, then an insert only where there is no row: a duplicate is one plain read,
-    /// a fresh call two round trips.
-    ReadFirst,
 }
 
 impl Default for PgOptions {
@@ -169,14 +155,9 @@ struct Inner {
     listening: watch::Receiver<bool>,
     /// Dropped with the last clone, which stops the listener task.
     _listener: Option<oneshot::Sender<()>>,
-    /// How many of the recent reservations found a row standing, as a count that each one that
-    /// did moves up and each one that did not moves down, within `0..=FOUND_MAX`. Past the
-    /// middle, reservations read first ([`PgStore::reserve_inner`]).
-    found: AtomicU32,
+    /// What recent reservations found, for [`ReservePath::Adaptive`].
+    found: ReserveHistory,
 }
-
-/// The top of [`Inner::found`]: about how many reservations in a row it takes to switch.
-const FOUND_MAX: u32 = 16;
 
 impl std::fmt::Debug for PgStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -302,7 +283,7 @@ impl PgStore {
                 changes,
                 listening,
                 _listener: listener,
-                found: AtomicU32::new(0),
+                found: ReserveHistory::default(),
             }),
         })
     }
@@ -520,11 +501,7 @@ impl PgStore {
             Ok(Claim::Acquired(lease_of(&rec)))
         };
         for _ in 0..RACE_ATTEMPTS {
-            let read_first = match self.inner.options.reserve_path {
-                ReservePath::Adaptive => self.inner.found.load(Ordering::Relaxed) > FOUND_MAX / 2,
-                ReservePath::InsertFirst => false,
-                ReservePath::ReadFirst => true,
-            };
+            let read_first = self.inner.found.read_first(self.inner.options.reserve_path);
             let rows = match read_first {
                 true => self.run(&self.inner.sql.get, &params[..3]).await?,
                 false => self.run(&self.inner.sql.reserve, &params).await?,
@@ -534,17 +511,17 @@ impl PgStore {
                     // Inserted by a concurrent reservation after this statement's snapshot.
                     continue;
                 }
-                self.found(false);
+                self.inner.found.record(false);
                 match self.run(&self.inner.sql.insert, &params).await?.first() {
                     Some(row) => return acquired(row),
                     None => continue,
                 }
             };
             if !read_first && get::<bool>(row, "written")? {
-                self.found(false);
+                self.inner.found.record(false);
                 return acquired(row);
             }
-            self.found(true);
+            self.inner.found.record(true);
             let (rec, now) = decode(k.clone(), row)?;
             match rec.view(now) {
                 // Completed and expired: as good as absent, at the next fence.
@@ -565,17 +542,6 @@ impl PgStore {
         Err(StoreError::Unavailable(format!(
             "failed to reserve {k}: the record kept changing under concurrent writers"
         )))
-    }
-
-    /// Counts a reservation that found a row standing (`true`) or none.
-    fn found(&self, found: bool) {
-        let _ =
-            self.inner
-                .found
-                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| match found {
-                    true => (n < FOUND_MAX).then(|| n + 1),
-                    false => n.checked_sub(1),
-                });
     }
 }
 

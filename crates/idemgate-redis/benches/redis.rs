@@ -1,9 +1,10 @@
 //! Throughput of `Engine<RedisStore>` beside two baselines measured in the same rounds:
-//! - `raw`: the same reserve and complete scripts through the same store and connection, without
-//!   the engine (what the engine adds; the targets are stated against it);
+//! - `raw`: the store's own operations (`reserve`, `complete`) through the same store and
+//!   connection, without the engine (what the engine adds; the targets are stated against it);
+//!   like the engine's, its reservations read first once they mostly find a record;
 //! - `floor`: plain commands on a connection of the same kind, what any idempotency layer on Redis
 //!   must at least pay: a fresh call is `SET NX PX` then `SET PX` (two round trips, as the
-//!   store's two scripts), a replay one `GET` (what the store's scripts cost over it).
+//!   store's two scripts), a replay one `GET` (what the store's scripts and hash cost over it).
 //!
 //! `cargo bench -p idemgate-redis --bench redis` against `IDEMGATE_TEST_REDIS_URL` (default
 //! `redis://127.0.0.1:6379`, volatile allowed), under a random key prefix deleted at the end.

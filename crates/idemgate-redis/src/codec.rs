@@ -53,6 +53,21 @@ pub(crate) fn array(v: &Value) -> Result<&[Value], StoreError> {
     }
 }
 
+/// A record from a plain `HGETALL` reply: a flat array (RESP2) or a map (RESP3); `None` when
+/// the hash is empty (absent).
+pub(crate) fn hash_record(reply: &Value) -> Result<Option<StoredRecord>, StoreError> {
+    match reply {
+        Value::Map(pairs) => {
+            let flat = pairs
+                .iter()
+                .flat_map(|(k, v)| [k.clone(), v.clone()])
+                .collect();
+            stored_record(&Value::Array(flat))
+        }
+        flat => stored_record(flat),
+    }
+}
+
 /// A record from its flat `HGETALL` reply; `None` when the hash is empty (absent).
 pub(crate) fn stored_record(flat: &Value) -> Result<Option<StoredRecord>, StoreError> {
     let items = array(flat)?;

@@ -11,12 +11,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use idemgate_core::ReservePath;
+
 use idemgate_core::key::hex;
 use idemgate_core::store::Result;
+use idemgate_core::transition::StoredRecord;
 use idemgate_core::url::UrlQuery;
 use idemgate_core::{
-    Claim, Completion, Fence, Key, Lease, ListFilter, Outcome, Record, Reservation, Store,
-    StoreError, Timestamp,
+    Claim, Completion, Fence, Key, Lease, ListFilter, Outcome, Record, RecordState, Reservation,
+    ReserveHistory, Store, StoreError, Timestamp,
 };
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
@@ -30,7 +33,7 @@ use redis::{
     RedisResult, Script, ServerErrorKind, ToRedisArgs, Value,
 };
 
-use crate::codec::{array, number, stored_record, text};
+use crate::codec::{array, hash_record, number, stored_record, text};
 use crate::error::{classify, corrupt};
 
 /// The longest duration sent to a script, in milliseconds (about 35,000 years). Scripts compute
@@ -64,6 +67,10 @@ pub struct RedisOptions {
     /// the grace the record already counts as absent, but it still carries its fence (so the next
     /// reservation continues the count) and still answers a late retry of its completion.
     pub expiry_grace: Duration,
+    /// How a reservation reaches its record (only the cost differs; see [`ReservePath`]): the
+    /// reserve script, or first a plain `HGETALL`, which runs no script, so that a duplicate is
+    /// one plain read. With `wait_replicas` every reservation runs the script (and its `WAIT`).
+    pub reserve_path: ReservePath,
 }
 
 impl Default for RedisOptions {
@@ -75,6 +82,7 @@ impl Default for RedisOptions {
             response_timeout: Some(Duration::from_secs(5)),
             connection_timeout: Some(Duration::from_secs(2)),
             expiry_grace: Duration::from_secs(60),
+            reserve_path: ReservePath::Adaptive,
         }
     }
 }
@@ -143,6 +151,8 @@ struct Inner {
     options: RedisOptions,
     /// The URL without credentials, for messages.
     shown_url: String,
+    /// What recent reservations found, for [`ReservePath::Adaptive`].
+    found: ReserveHistory,
 }
 
 /// The connection of a store: one server (or a primary behind replicas) through a reconnecting
@@ -559,6 +569,7 @@ impl RedisStore {
                 scripts: Scripts::new(),
                 options,
                 shown_url,
+                found: ReserveHistory::default(),
             }),
         })
     }
@@ -662,6 +673,25 @@ impl RedisStore {
             None => &self.inner.scripts.reserve,
         };
         let name = self.record_key(&r.key);
+        let reads_first = stale.is_none()
+            && self.inner.options.wait_replicas.is_none()
+            && self.inner.found.read_first(self.inner.options.reserve_path);
+        if reads_first {
+            // What the reserve script answers when a record counts, judged the same way on a
+            // plain read; otherwise the script decides, on the record as it then stands.
+            let (now, stored) = self.peek(&name).await?;
+            if let Some((stored, view)) = stored.and_then(|s| s.view(now).map(|v| (s, v))) {
+                self.inner.found.record(true);
+                if stored.token == r.token && matches!(stored.state, RecordState::InFlight { .. }) {
+                    // Our own reservation, retried after a lost answer.
+                    return Ok(Claim::Acquired(Lease {
+                        fence: stored.fence,
+                        token: r.token,
+                    }));
+                }
+                return Ok(Claim::Existing(view));
+            }
+        }
         let mut inv = Invocation::new(script);
         inv.key(&name)
             .arg(r.key.tenant.as_str())
@@ -676,11 +706,15 @@ impl RedisStore {
         let reply = self.write(&name, &inv, what).await?;
         let items = array(&reply)?;
         match items {
-            [tag, fence] if text(tag)? == "A" => Ok(Claim::Acquired(Lease {
-                fence: number(fence)?,
-                token: r.token,
-            })),
+            [tag, fence] if text(tag)? == "A" => {
+                self.inner.found.record(false);
+                Ok(Claim::Acquired(Lease {
+                    fence: number(fence)?,
+                    token: r.token,
+                }))
+            }
             [tag, now, flat] if text(tag)? == "E" => {
+                self.inner.found.record(true);
                 let now = Timestamp::from_millis(number(now)?);
                 let record = stored_record(flat)?
                     .and_then(|c| c.view(now))
@@ -733,6 +767,22 @@ impl RedisStore {
     }
 
     /// The server's clock.
+    /// The record under `name` (its Redis name) and the server time, read with plain commands:
+    /// `TIME` and `HGETALL` in one pipeline on the record's node, no script.
+    async fn peek(&self, name: &str) -> Result<(Timestamp, Option<StoredRecord>)> {
+        let mut pinned = self.conn().await?;
+        let mut pipe = redis::pipe();
+        pipe.cmd("TIME").cmd("HGETALL").arg(name);
+        let ((secs, micros), hash): ((i64, i64), Value) =
+            match pinned.conn.pipe_on_slot(name, pipe).await {
+                Ok(reply) => reply,
+                Err(e) => return Err(self.fail(&pinned, &e, "read a record")),
+            };
+        // As the scripts' now_ms().
+        let now = Timestamp::from_millis(secs * 1000 + micros / 1000);
+        Ok((now, hash_record(&hash)?))
+    }
+
     async fn server_now(&self) -> Result<Timestamp> {
         let mut pinned = self.conn().await?;
         let (secs, micros): (i64, i64) =
@@ -833,9 +883,9 @@ impl Store for RedisStore {
                     .pipe_on(node.as_ref(), pipe)
                     .await
                     .map_err(|e| self.fail(&pinned, &e, "list records"))?;
-                for flat in &hashes {
+                for hash in &hashes {
                     // A record deleted since the scan reads as an empty hash: absent.
-                    if let Some(record) = stored_record(flat)?.and_then(|c| c.view(now)) {
+                    if let Some(record) = hash_record(hash)?.and_then(|c| c.view(now)) {
                         if filter.matches(&record) {
                             out.push(record);
                         }

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use cluster_support::PrivateCluster;
 use idemgate_core::{Claim, Fingerprint, Key, ListFilter, Outcome, Reservation, Store, StoreError};
-use idemgate_redis::{RedisOptions, RedisStore};
+use idemgate_redis::{RedisOptions, RedisStore, ReservePath};
 
 /// The cluster of this test process.
 fn cluster() -> &'static PrivateCluster {
@@ -27,9 +27,15 @@ fn random_hex(n: usize) -> String {
 
 /// A store on the cluster under a fresh prefix; the nodes persist, so the strict check runs.
 async fn cluster_store() -> RedisStore {
+    cluster_store_on(ReservePath::Adaptive).await
+}
+
+/// As [`cluster_store`], reserving by `reserve_path`.
+async fn cluster_store_on(reserve_path: ReservePath) -> RedisStore {
     let url = cluster().url();
     let options = RedisOptions {
         key_prefix: format!("c-{}:", random_hex(6)),
+        reserve_path,
         ..RedisOptions::default()
     };
     RedisStore::connect_with(&url, options)
@@ -47,6 +53,15 @@ mod conformance {
         async { idemgate_conformance::Fixture::real(super::cluster_store().await) },
         cases = 64
     );
+}
+
+/// Reading first on a cluster: `TIME` and `HGETALL` go together to the master of the record's
+/// slot.
+mod conformance_read_first {
+    use idemgate_redis::ReservePath::ReadFirst;
+    idemgate_conformance::store_conformance!(async {
+        idemgate_conformance::Fixture::real(super::cluster_store_on(ReadFirst).await)
+    });
 }
 
 fn key(i: usize) -> Key {

@@ -1,10 +1,11 @@
 //! The store conformance suite against the Redis at `IDEMGATE_TEST_REDIS_URL` (default
 //! `redis://127.0.0.1:6379`), under a random key prefix per run. Leases expire by the server clock,
-//! so the suite sleeps briefly.
+//! so the suite sleeps briefly. The suite and the model run on every reservation path (each gives
+//! the same answers), and reading first also over RESP3, whose `HGETALL` answers a map.
 
-use idemgate_redis::{RedisOptions, RedisStore};
+use idemgate_redis::{RedisOptions, RedisStore, ReservePath};
 
-async fn shared_store() -> RedisStore {
+async fn shared_store(reserve_path: ReservePath, query: &str) -> RedisStore {
     static PREFIX: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     let prefix = PREFIX.get_or_init(|| {
         let mut b = [0u8; 6];
@@ -13,9 +14,11 @@ async fn shared_store() -> RedisStore {
     });
     let url = std::env::var("IDEMGATE_TEST_REDIS_URL")
         .unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned());
+    let url = format!("{url}{query}");
     let options = RedisOptions {
         allow_volatile: true,
         key_prefix: prefix.clone(),
+        reserve_path,
         ..RedisOptions::default()
     };
     RedisStore::connect_with(&url, options)
@@ -30,12 +33,24 @@ async fn shared_store() -> RedisStore {
         })
 }
 
-idemgate_conformance::store_conformance!(async {
-    idemgate_conformance::Fixture::real(shared_store().await)
-});
+/// The suite and the model on `$path`, with `$query` added to the URL. Server clocks cannot be
+/// moved, so the model runs without clock moves and with long leases.
+macro_rules! on_path {
+    ($module:ident, $path:expr, $query:expr) => {
+        mod $module {
+            use super::*;
+            idemgate_conformance::store_conformance!(async {
+                idemgate_conformance::Fixture::real(shared_store($path, $query).await)
+            });
+            idemgate_conformance::store_model_test!(
+                async { idemgate_conformance::Fixture::real(shared_store($path, $query).await) },
+                cases = 64
+            );
+        }
+    };
+}
 
-// Server clocks cannot be moved, so the model runs without clock moves and with long leases.
-idemgate_conformance::store_model_test!(
-    async { idemgate_conformance::Fixture::real(shared_store().await) },
-    cases = 64
-);
+on_path!(adaptive, ReservePath::Adaptive, "");
+on_path!(insert_first, ReservePath::InsertFirst, "");
+on_path!(read_first, ReservePath::ReadFirst, "");
+on_path!(read_first_resp3, ReservePath::ReadFirst, "?protocol=resp3");
