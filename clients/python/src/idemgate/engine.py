@@ -52,6 +52,9 @@ __all__ = ["Engine", "Policy", "Result", "idempotent"]
 F = TypeVar("F", bound=Callable[..., Any])
 
 _POLICY_FIELDS = ("kind", "ttl", "lease", "wait", "fallback_window", "on_unknown")
+# How many (tool, overrides) policies an engine keeps built; cleared when full (callers passing
+# ever new override values must not grow it without bound).
+_OVERRIDDEN_MAX = 1024
 
 
 @dataclass(frozen=True)
@@ -77,20 +80,41 @@ class Result:
     recording: str | None = None
 
 
+@functools.lru_cache(maxsize=1024)
+def _time_of_ms(ms: int) -> datetime:
+    # Cached: a replay answers the same instant every time, and fresh calls land many to a
+    # millisecond; a datetime is immutable, so sharing one is safe.
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
+
+
 def _time(ms: int | None) -> datetime | None:
-    return None if ms is None else datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
+    return None if ms is None else _time_of_ms(ms)
 
 
 _UNSET: Any = object()
+_scan_json = json.decoder.JSONDecoder().scan_once
+
+
+def _stored_value(text: str) -> Any:
+    """``json.loads(text)``, without its Python-level layers for text with no white space around
+    the value (what the engine hands back); anything else goes through ``json.loads`` itself."""
+    try:
+        value, end = _scan_json(text, 0)
+    except StopIteration:
+        return json.loads(text)  # raises the same JSONDecodeError json.loads would
+    return value if end == len(text) else json.loads(text)
 
 
 def _result(answer: Answer, value: Any = _UNSET) -> Result:
     """The result of an answer; a stored failure raises ``Failed`` (``replayed=True`` on replay)."""
-    stored = json.loads(answer.value_json) if answer.value_json is not None else None
-    if answer.failed:
-        raise Failed(stored, replayed=answer.replayed)
+    if answer.failed or value is _UNSET:
+        text = answer.value_json
+        stored = _stored_value(text) if text is not None else None
+        if answer.failed:
+            raise Failed(stored, replayed=answer.replayed)
+        value = stored
     return Result(
-        value=stored if value is _UNSET else value,
+        value=value,
         executed=answer.executed,
         replayed=answer.replayed,
         executed_at=_time(answer.executed_at_ms),
@@ -165,6 +189,7 @@ class Engine:
         self.tools: dict[str, Policy] = {
             name: p if isinstance(p, Policy) else Policy(**p) for name, p in (tools or {}).items()
         }
+        self._overridden: dict[tuple[str, tuple[tuple[str, Any], ...]], tuple[Policy, Policy]] = {}
 
     @classmethod
     def open(
@@ -201,15 +226,29 @@ class Engine:
         """The policy of ``tool``, with ``overrides`` (``kind``, ``ttl``, ``lease``, ``wait``,
         ``fallback_window``, ``on_unknown``; ``None`` keeps the configured value)."""
         base = self.tools.get(tool, self.default)
-        given = {k: v for k, v in overrides.items() if v is not None}
+        if not overrides:
+            return base
+        given = tuple((k, v) for k, v in overrides.items() if v is not None)
         if not given:
             return base
-        unknown = set(given) - set(_POLICY_FIELDS)
+        # Cached per (base, overrides): building a Policy per call costs more than the engine's
+        # whole replay. Keyed by the base policy itself, so a changed `tools`/`default` is seen.
+        try:
+            cached = self._overridden.get((tool, given))
+        except TypeError:  # an unhashable value: Policy says what is wrong with it
+            cached = given = None  # type: ignore[assignment]
+        if cached is not None and cached[0] is base:
+            return cached[1]
+        fields = {k: v for k, v in overrides.items() if v is not None}
+        unknown = set(fields) - set(_POLICY_FIELDS)
         if unknown:
             raise TypeError(f"unknown policy fields {sorted(unknown)}: expected {_POLICY_FIELDS}")
-        fields = {k: getattr(base, k) for k in _POLICY_FIELDS}
-        fields.update(given)
-        return Policy(**fields)
+        policy = Policy(**({k: getattr(base, k) for k in _POLICY_FIELDS} | fields))
+        if given is not None:
+            if len(self._overridden) >= _OVERRIDDEN_MAX:
+                self._overridden.clear()
+            self._overridden[(tool, given)] = (base, policy)
+        return policy
 
     def key_for(
         self, tool: str, key: str | None = None, args: Any = None, **overrides: Any
@@ -383,7 +422,7 @@ def idempotent(
     the tool. Plain functions return their value (a replay returns the stored one);
     ``async def`` functions are awaited (see :meth:`Engine.acall`).
     """
-    overrides = dict(
+    given = dict(
         kind=kind,
         ttl=ttl,
         lease=lease,
@@ -391,6 +430,8 @@ def idempotent(
         fallback_window=fallback_window,
         on_unknown=on_unknown,
     )
+    # Only the fields set: a call with none passes no overrides and takes the policy as it is.
+    overrides = {k: v for k, v in given.items() if v is not None}
 
     def decorate(fn: F) -> F:
         name = tool or fn.__name__
