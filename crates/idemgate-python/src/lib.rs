@@ -15,6 +15,7 @@
 //! match on [`Verdict`] (`exception_class`); the classes themselves live in `idemgate.errors`,
 //! shared with the HTTP client.
 
+use std::future::Future;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -27,7 +28,8 @@ use idemgate::{
 use idemgate_kit::Payload;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 use pyo3::IntoPyObjectExt as _;
 use tokio::runtime::{Handle, Runtime};
 
@@ -542,6 +544,81 @@ fn begun(
     }
 }
 
+/// The fingerprint of a call's arguments: the one of their JSON text `json.dumps(args,
+/// default=repr)` (what the package passed before, and what a user can reproduce), read from the
+/// Python value directly when it is made of plain JSON types (exactly `dict` with `str` keys,
+/// `list`, `tuple`, `str`, `int` within 64 bits, finite `float`, `bool`, `None`), which saves
+/// writing and re-parsing that text. Anything else (subclasses, other types, big integers, NaN,
+/// lone surrogates, nesting beyond `MAX_DEPTH`) takes the text path itself, so both paths give
+/// the same fingerprint or the same error.
+fn fingerprint_of(
+    args: &Bound<'_, PyAny>,
+) -> PyResult<Result<idemgate::Fingerprint, idemgate::CanonicalError>> {
+    if let Some(value) = plain_json(args, 0) {
+        return Ok(Ok(idemgate::Fingerprint::of_json(&value)));
+    }
+    static DUMPS: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    let py = args.py();
+    let dumps = DUMPS.get_or_try_init(py, || {
+        py.import("json")?.getattr("dumps").map(Bound::unbind)
+    })?;
+    let kwargs = PyDict::new(py);
+    kwargs.set_item("default", py.import("builtins")?.getattr("repr")?)?;
+    let text = dumps.call(py, (args,), Some(&kwargs))?;
+    let text = text.bind(py).cast::<PyString>()?.to_str()?;
+    Ok(idemgate::Fingerprint::of_json_text(text.as_bytes()))
+}
+
+/// A Python value of plain JSON types as a JSON value, or `None` when it holds anything else
+/// (see [`fingerprint_of`]; exact types only, as `json.dumps` writes subclasses its own way).
+fn plain_json(v: &Bound<'_, PyAny>, depth: usize) -> Option<serde_json::Value> {
+    use serde_json::Value;
+    if depth > idemgate::canonical::MAX_DEPTH {
+        return None;
+    }
+    if v.is_none() {
+        return Some(Value::Null);
+    }
+    if let Ok(s) = v.cast_exact::<PyString>() {
+        return s.to_str().ok().map(|s| Value::String(s.to_owned()));
+    }
+    if let Ok(b) = v.cast_exact::<PyBool>() {
+        return Some(Value::Bool(b.is_true()));
+    }
+    if let Ok(i) = v.cast_exact::<PyInt>() {
+        return match i.extract::<i64>() {
+            Ok(i) => Some(i.into()),
+            Err(_) => i.extract::<u64>().ok().map(Into::into),
+        };
+    }
+    if let Ok(f) = v.cast_exact::<PyFloat>() {
+        return serde_json::Number::from_f64(f.value()).map(Value::Number);
+    }
+    if let Ok(d) = v.cast_exact::<PyDict>() {
+        let mut map = serde_json::Map::new();
+        for (k, item) in d.iter() {
+            let k = k.cast_exact::<PyString>().ok()?.to_str().ok()?;
+            map.insert(k.to_owned(), plain_json(&item, depth + 1)?);
+        }
+        return Some(Value::Object(map));
+    }
+    if let Ok(l) = v.cast_exact::<PyList>() {
+        return l
+            .iter()
+            .map(|item| plain_json(&item, depth + 1))
+            .collect::<Option<_>>()
+            .map(Value::Array);
+    }
+    if let Ok(t) = v.cast_exact::<PyTuple>() {
+        return t
+            .iter()
+            .map(|item| plain_json(&item, depth + 1))
+            .collect::<Option<_>>()
+            .map(Value::Array);
+    }
+    None
+}
+
 /// What the function reported, from Python's words.
 fn effect(kind: &str, body: &str) -> PyResult<Effect> {
     let json = |body: &str| {
@@ -574,15 +651,43 @@ fn settle(py: Python<'_>, done: &Py<PyAny>, result: PyResult<Py<PyAny>>) {
 }
 
 impl Engine {
-    fn call(&self, tool: &str, key: Option<&str>, args: Option<&str>) -> Result<Call, EngineError> {
-        let mut call = Call::new(self.shared.tenant.clone(), ToolName::new(tool)?);
-        if let Some(key) = key {
-            call = call.key(IdempotencyKey::explicit(key)?);
-        }
-        if let Some(args) = args {
-            call = call.args_text(args.as_bytes())?;
-        }
-        Ok(call)
+    /// The engine's call: `args` (any Python value; `None`: no arguments) fingerprinted as its
+    /// JSON text `json.dumps(args, default=repr)` would be (see [`fingerprint_of`]).
+    fn call(
+        &self,
+        py: Python<'_>,
+        tool: &str,
+        key: Option<&str>,
+        args: &Bound<'_, PyAny>,
+    ) -> PyResult<Call> {
+        // In the order the checks always ran: what `json.dumps` raises, the tool, the key, then
+        // arguments the engine cannot read.
+        let fingerprint = if args.is_none() {
+            None
+        } else {
+            Some(fingerprint_of(args)?)
+        };
+        let call = || -> Result<Call, EngineError> {
+            let mut call = Call::new(self.shared.tenant.clone(), ToolName::new(tool)?);
+            if let Some(key) = key {
+                call = call.key(IdempotencyKey::explicit(key)?);
+            }
+            if let Some(fingerprint) = fingerprint {
+                call = call.fingerprint(fingerprint?);
+            }
+            Ok(call)
+        };
+        call().map_err(|e| engine_error(py, &e))
+    }
+
+    /// Runs one of the engine's futures to its end on the runtime, with the GIL released.
+    fn run<F>(&self, py: Python<'_>, future: F) -> PyResult<F::Output>
+    where
+        F: Future + Send,
+        F::Output: Send,
+    {
+        let runtime = self.runtime()?;
+        Ok(py.detach(|| runtime.block_on(future)))
     }
 
     fn ticket<'a>(ticket: &'a Bound<'_, PyTicket>) -> PyResult<&'a PyTicket> {
@@ -696,15 +801,11 @@ impl Engine {
         py: Python<'_>,
         tool: &str,
         key: Option<&str>,
-        args: Option<&str>,
+        args: &Bound<'_, PyAny>,
         policy: &Policy,
     ) -> PyResult<Py<PyAny>> {
-        let call = self
-            .call(tool, key, args)
-            .map_err(|e| engine_error(py, &e))?;
-        let runtime = self.runtime()?;
-        let policy = &policy.0;
-        let result = py.detach(|| runtime.block_on(self.shared.engine.begin(call, policy)));
+        let call = self.call(py, tool, key, args)?;
+        let result = self.run(py, self.shared.engine.begin(call, &policy.0))?;
         begun(py, &self.shared, result)
     }
 
@@ -720,8 +821,7 @@ impl Engine {
     ) -> PyResult<Py<PyAny>> {
         let reported = effect(effect_kind, body)?;
         let t = Self::ticket(ticket)?;
-        let runtime = self.runtime()?;
-        let answer = py.detach(|| runtime.block_on(self.shared.engine.finish(&t.ticket, reported)));
+        let answer = self.run(py, self.shared.engine.finish(&t.ticket, reported))?;
         reply(py, answer)
     }
 
@@ -732,13 +832,11 @@ impl Engine {
         py: Python<'_>,
         tool: &str,
         key: Option<&str>,
-        args: Option<&str>,
+        args: &Bound<'_, PyAny>,
         policy: &Policy,
         done: Py<PyAny>,
     ) -> PyResult<()> {
-        let call = self
-            .call(tool, key, args)
-            .map_err(|e| engine_error(py, &e))?;
+        let call = self.call(py, tool, key, args)?;
         let policy = policy.0.clone();
         let shared = Arc::clone(&self.shared);
         self.runtime()?.spawn(async move {
@@ -781,12 +879,10 @@ impl Engine {
         py: Python<'py>,
         tool: &str,
         key: Option<&str>,
-        args: Option<&str>,
+        args: &Bound<'_, PyAny>,
         policy: &Policy,
     ) -> PyResult<Option<Bound<'py, PyDict>>> {
-        let call = self
-            .call(tool, key, args)
-            .map_err(|e| engine_error(py, &e))?;
+        let call = self.call(py, tool, key, args)?;
         let named = self
             .shared
             .engine
@@ -813,9 +909,8 @@ impl Engine {
             ToolName::new(tool).map_err(|e| PyValueError::new_err(e.to_string()))?,
             IdempotencyKey::new(key).map_err(|e| PyValueError::new_err(e.to_string()))?,
         );
-        let runtime = self.runtime()?;
-        let record = py
-            .detach(|| runtime.block_on(self.shared.engine.get(&name)))
+        let record = self
+            .run(py, self.shared.engine.get(&name))?
             .map_err(|e| engine_error(py, &e))?;
         let Some(record) = record else {
             return Ok(None);
@@ -837,9 +932,8 @@ impl Engine {
 
     /// Replays journaled outcomes into the store now: `(applied, superseded, pending)`.
     fn flush_journal(&self, py: Python<'_>) -> PyResult<(usize, usize, usize)> {
-        let runtime = self.runtime()?;
-        let report = py
-            .detach(|| runtime.block_on(self.shared.engine.flush_journal()))
+        let report = self
+            .run(py, self.shared.engine.flush_journal())?
             .map_err(|e| engine_error(py, &e))?;
         Ok((report.applied, report.superseded, report.pending))
     }
@@ -881,6 +975,15 @@ fn fingerprint(args: &str) -> PyResult<String> {
         .map_err(|e| PyValueError::new_err(e.to_string()))
 }
 
+/// The fingerprint of a call's arguments given as a Python value, as the engine takes them: the
+/// one of `json.dumps(args, default=repr)`.
+#[pyfunction]
+fn fingerprint_args(args: &Bound<'_, PyAny>) -> PyResult<String> {
+    fingerprint_of(args)?
+        .map(|f| f.to_hex())
+        .map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
 /// The native half of the `idemgate` package.
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -892,5 +995,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(mint_key, m)?)?;
     m.add_function(wrap_pyfunction!(check_key, m)?)?;
     m.add_function(wrap_pyfunction!(fingerprint, m)?)?;
+    m.add_function(wrap_pyfunction!(fingerprint_args, m)?)?;
     Ok(())
 }

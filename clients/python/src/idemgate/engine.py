@@ -131,13 +131,6 @@ def _passed_through(value: Any) -> Result:
     return Result(value, True, False, None, None, None, None, "pass_through")
 
 
-def _args_text(args: Any) -> str | None:
-    """The arguments as JSON text (the engine fingerprints its canonical form; integers exact)."""
-    if args is None:
-        return None
-    return json.dumps(args, default=repr)
-
-
 def _default_args(a: tuple[Any, ...], kw: dict[str, Any]) -> Any:
     """All arguments of a decorated call, as the HTTP client's decorator takes them."""
     return {"args": list(a), "kwargs": kw}
@@ -256,7 +249,7 @@ class Engine:
         """The record a call would be judged by, exactly as the Rust ``Engine::key_for`` names it
         (``tenant``, ``tool``, ``key``, ``rule``, ``ttl``, ``digest``); ``None`` for reads and
         naturally idempotent tools. Raises ``KeyRequired`` for a write without key or fallback."""
-        return self.native.key_for(tool, key, _args_text(args), self.policy(tool, **overrides))
+        return self.native.key_for(tool, key, args, self.policy(tool, **overrides))
 
     def record(self, tool: str, key: str) -> dict[str, Any] | None:
         """The record of ``(tool, key)`` (``state``, ``fence``, ``outcome``...), or ``None``."""
@@ -281,7 +274,7 @@ class Engine:
         ``OutcomeUnknown``. See the module documentation for what ``fn`` may raise.
         """
         native = self.native
-        begun = native.begin(tool, key, _args_text(args), self.policy(tool, **overrides))
+        begun = native.begin(tool, key, args, self.policy(tool, **overrides))
         if begun is None:
             return _passed_through(fn())
         if isinstance(begun, Answer):
@@ -359,8 +352,7 @@ class Engine:
         cancelling it while the key is being reserved frees the key."""
         native = self.native
         policy = self.policy(tool, **overrides)
-        text = _args_text(args)
-        begun = await self._future(lambda done: native.begin_async(tool, key, text, policy, done))
+        begun = await self._future(lambda done: native.begin_async(tool, key, args, policy, done))
         if begun is None:
             value = fn()
             return _passed_through(await value if inspect.isawaitable(value) else value)
