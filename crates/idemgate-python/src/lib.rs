@@ -18,6 +18,7 @@
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use idemgate::{
@@ -43,6 +44,9 @@ const PROBLEM_PREFIX: &str = "https://idemgate.dev/problems/";
 struct Shared {
     engine: Arc<idemgate::Engine<AnyStore>>,
     tenant: TenantId,
+    /// The store keeps its records in this process (`memory:`): its futures finish without I/O,
+    /// so a call is first polled on the caller's thread with the GIL held (see `Engine::run`).
+    in_process_store: bool,
     handle: Handle,
     leases: Leases,
 }
@@ -680,13 +684,27 @@ impl Engine {
         call().map_err(|e| engine_error(py, &e))
     }
 
-    /// Runs one of the engine's futures to its end on the runtime, with the GIL released.
+    /// Runs one of the engine's futures to its end. On the in-process store the future is first
+    /// polled right here, with the GIL held: it almost always finishes in that poll (no I/O), and
+    /// releasing the GIL and handing the thread to the runtime's `block_on` would cost more than
+    /// the engine's work. A future that must wait (a duplicate waiting for a call in flight) and
+    /// every future of a store with I/O run in `block_on` with the GIL released.
     fn run<F>(&self, py: Python<'_>, future: F) -> PyResult<F::Output>
     where
         F: Future + Send,
         F::Output: Send,
     {
         let runtime = self.runtime()?;
+        let mut future = std::pin::pin!(future);
+        if self.shared.in_process_store {
+            let _in_runtime = runtime.enter();
+            if let Poll::Ready(out) = future
+                .as_mut()
+                .poll(&mut Context::from_waker(Waker::noop()))
+            {
+                return Ok(out);
+            }
+        }
         Ok(py.detach(|| runtime.block_on(future)))
     }
 
@@ -758,6 +776,7 @@ impl Engine {
             engine.spawn_journal_flusher(FLUSH_EVERY)
         };
         let shared = Arc::new(Shared {
+            in_process_store: matches!(engine.store(), AnyStore::Memory(_)),
             engine,
             tenant,
             handle: runtime.handle().clone(),
