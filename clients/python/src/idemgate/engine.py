@@ -105,6 +105,26 @@ def _stored_value(text: str) -> Any:
     return value if end == len(text) else json.loads(text)
 
 
+_dumps_settings = json.JSONEncoder()  # json.dumps' own
+_make_encoder = json.encoder.c_make_encoder  # type: ignore[attr-defined]
+
+
+def _json_text(value: Any) -> str:
+    """``json.dumps(value)``, by the encoder it builds with its default settings, without its
+    Python-level layers (the same text and the same errors)."""
+    if _make_encoder is None or isinstance(value, str):
+        return json.dumps(value)
+    s = _dumps_settings
+    encode = _make_encoder(
+        {}, s.default, json.encoder.encode_basestring_ascii, None, ": ", ", ", False, False, True
+    )
+    return "".join(encode(value, 0))
+
+
+_new = object.__new__
+_set = object.__setattr__
+
+
 def _result(answer: Answer, value: Any = _UNSET) -> Result:
     """The result of an answer; a stored failure raises ``Failed`` (``replayed=True`` on replay)."""
     if answer.failed or value is _UNSET:
@@ -113,18 +133,26 @@ def _result(answer: Answer, value: Any = _UNSET) -> Result:
         if answer.failed:
             raise Failed(stored, replayed=answer.replayed)
         value = stored
-    return Result(
-        value=value,
-        executed=answer.executed,
-        replayed=answer.replayed,
-        executed_at=_time(answer.executed_at_ms),
-        expires_at=_time(answer.expires_at_ms),
-        rule=answer.rule,
-        key=answer.key,
-        verdict=answer.verdict,
-        content=answer.content,
-        recording=answer.recording,
+    # The frozen dataclass's fields set at once: its __init__ sets them one by one through
+    # object.__setattr__, which costs as much as the engine's replay.
+    r = _new(Result)
+    _set(
+        r,
+        "__dict__",
+        {
+            "value": value,
+            "executed": answer.executed,
+            "replayed": answer.replayed,
+            "executed_at": _time(answer.executed_at_ms),
+            "expires_at": _time(answer.expires_at_ms),
+            "rule": answer.rule,
+            "key": answer.key,
+            "verdict": answer.verdict,
+            "content": answer.content,
+            "recording": answer.recording,
+        },
     )
+    return r
 
 
 def _passed_through(value: Any) -> Result:
@@ -221,26 +249,25 @@ class Engine:
         base = self.tools.get(tool, self.default)
         if not overrides:
             return base
-        given = tuple((k, v) for k, v in overrides.items() if v is not None)
-        if not given:
-            return base
-        # Cached per (base, overrides): building a Policy per call costs more than the engine's
-        # whole replay. Keyed by the base policy itself, so a changed `tools`/`default` is seen.
+        # Cached per (tool, overrides as given): building a Policy per call costs more than the
+        # engine's whole replay. Checked against the base policy itself, so a changed
+        # `tools`/`default` is seen.
+        given: Any = (tool, tuple(overrides.items()))
         try:
-            cached = self._overridden.get((tool, given))
+            cached = self._overridden.get(given)
         except TypeError:  # an unhashable value: Policy says what is wrong with it
-            cached = given = None  # type: ignore[assignment]
+            cached = given = None
         if cached is not None and cached[0] is base:
             return cached[1]
         fields = {k: v for k, v in overrides.items() if v is not None}
         unknown = set(fields) - set(_POLICY_FIELDS)
         if unknown:
             raise TypeError(f"unknown policy fields {sorted(unknown)}: expected {_POLICY_FIELDS}")
-        policy = Policy(**({k: getattr(base, k) for k in _POLICY_FIELDS} | fields))
+        policy = Policy(**({k: getattr(base, k) for k in _POLICY_FIELDS} | fields)) if fields else base
         if given is not None:
             if len(self._overridden) >= _OVERRIDDEN_MAX:
                 self._overridden.clear()
-            self._overridden[(tool, given)] = (base, policy)
+            self._overridden[given] = (base, policy)
         return policy
 
     def key_for(
@@ -289,7 +316,7 @@ class Engine:
                 _note(e, recorded)
             raise
         try:
-            text = json.dumps(value)
+            text = _json_text(value)
         except (TypeError, ValueError) as e:
             try:
                 native.finish(begun, "ambiguous", f"the return value is not JSON: {e}")
@@ -370,7 +397,7 @@ class Engine:
                 _note(e, recorded)
             raise
         try:
-            out = json.dumps(value)
+            out = _json_text(value)
         except (TypeError, ValueError) as e:
             native.finish_async(begun, "ambiguous", f"the return value is not JSON: {e}", _ignore)
             raise _unrecordable(tool, e) from e
