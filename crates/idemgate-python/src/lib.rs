@@ -309,6 +309,37 @@ struct PyAnswer {
 
 #[pymethods]
 impl PyAnswer {
+    /// What a `Result` is made of, in one read: `(executed, replayed, executed_at_ms,
+    /// expires_at_ms, rule, key, verdict, content, recording)` (the package reads them on every
+    /// call; one by one, the reads cost as much as the engine's replay).
+    #[getter]
+    #[allow(clippy::type_complexity)]
+    fn result_fields(
+        &self,
+    ) -> (
+        bool,
+        bool,
+        Option<i64>,
+        Option<i64>,
+        Option<&str>,
+        Option<&str>,
+        &'static str,
+        Option<&'static str>,
+        Option<&'static str>,
+    ) {
+        (
+            self.executed,
+            self.replayed,
+            self.executed_at_ms,
+            self.expires_at_ms,
+            self.rule.as_deref(),
+            self.key.as_deref(),
+            self.verdict,
+            self.content,
+            self.recording,
+        )
+    }
+
     fn __repr__(&self) -> String {
         format!(
             "Answer(verdict={:?}, key={:?}, rule={:?}, failed={}, value_json={:?})",

@@ -87,10 +87,6 @@ def _time_of_ms(ms: int) -> datetime:
     return datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
 
 
-def _time(ms: int | None) -> datetime | None:
-    return None if ms is None else _time_of_ms(ms)
-
-
 _UNSET: Any = object()
 _scan_json = json.decoder.JSONDecoder().scan_once
 
@@ -133,6 +129,9 @@ def _result(answer: Answer, value: Any = _UNSET) -> Result:
         if answer.failed:
             raise Failed(stored, replayed=answer.replayed)
         value = stored
+    executed, replayed, executed_at, expires_at, rule, key, verdict, content, recording = (
+        answer.result_fields
+    )
     # The frozen dataclass's fields set at once: its __init__ sets them one by one through
     # object.__setattr__, which costs as much as the engine's replay.
     r = _new(Result)
@@ -141,15 +140,15 @@ def _result(answer: Answer, value: Any = _UNSET) -> Result:
         "__dict__",
         {
             "value": value,
-            "executed": answer.executed,
-            "replayed": answer.replayed,
-            "executed_at": _time(answer.executed_at_ms),
-            "expires_at": _time(answer.expires_at_ms),
-            "rule": answer.rule,
-            "key": answer.key,
-            "verdict": answer.verdict,
-            "content": answer.content,
-            "recording": answer.recording,
+            "executed": executed,
+            "replayed": replayed,
+            "executed_at": None if executed_at is None else _time_of_ms(executed_at),
+            "expires_at": None if expires_at is None else _time_of_ms(expires_at),
+            "rule": rule,
+            "key": key,
+            "verdict": verdict,
+            "content": content,
+            "recording": recording,
         },
     )
     return r
