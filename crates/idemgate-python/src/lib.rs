@@ -674,6 +674,9 @@ fn effect(kind: &str, body: &str) -> PyResult<Effect> {
     })
 }
 
+/// Makes an engine future's output Python's (`begun`, `reply`).
+type ToPython<T> = fn(Python<'_>, &Arc<Shared>, T) -> PyResult<Py<PyAny>>;
+
 /// Hands an async result to Python: `done(True, value)` or `done(False, exception)`.
 fn settle(py: Python<'_>, done: &Py<PyAny>, result: PyResult<Py<PyAny>>) {
     let (ok, value) = match result {
@@ -737,6 +740,47 @@ impl Engine {
             }
         }
         Ok(py.detach(|| runtime.block_on(future)))
+    }
+
+    /// Runs one of the engine's futures for an async caller and hands `done(ok, value)` what
+    /// `answer` makes of its output. On the in-process store the future is first polled right
+    /// here (as in [`Engine::run`]) and, when it finishes, `done` is called at once on this
+    /// thread, the event loop's; otherwise it runs on the runtime and `done` is called from a
+    /// runtime thread.
+    fn answer_async<F>(
+        &self,
+        py: Python<'_>,
+        future: F,
+        answer: ToPython<F::Output>,
+        done: Py<PyAny>,
+    ) -> PyResult<()>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send,
+    {
+        let runtime = self.runtime()?;
+        let mut future = Box::pin(future);
+        if self.shared.in_process_store {
+            let polled = {
+                let _in_runtime = runtime.enter();
+                future
+                    .as_mut()
+                    .poll(&mut Context::from_waker(Waker::noop()))
+            };
+            if let Poll::Ready(out) = polled {
+                settle(py, &done, answer(py, &self.shared, out));
+                return Ok(());
+            }
+        }
+        let shared = Arc::clone(&self.shared);
+        runtime.spawn(async move {
+            let out = future.await;
+            Python::attach(|py| {
+                let value = answer(py, &shared, out);
+                settle(py, &done, value);
+            });
+        });
+        Ok(())
     }
 
     fn ticket<'a>(ticket: &'a Bound<'_, PyTicket>) -> PyResult<&'a PyTicket> {
@@ -888,20 +932,19 @@ impl Engine {
     ) -> PyResult<()> {
         let call = self.call(py, tool, key, args)?;
         let policy = policy.0.clone();
-        let shared = Arc::clone(&self.shared);
-        self.runtime()?.spawn(async move {
-            let result = shared.engine.begin(call, &policy).await;
-            Python::attach(|py| {
-                let value = begun(py, &shared, result);
-                settle(py, &done, value);
-            });
-        });
-        Ok(())
+        let engine = Arc::clone(&self.shared.engine);
+        self.answer_async(
+            py,
+            async move { engine.begin(call, &policy).await },
+            begun,
+            done,
+        )
     }
 
     /// As `finish`, on the engine's runtime: calls `done(ok, value)`.
     fn finish_async(
         &self,
+        py: Python<'_>,
         ticket: &Bound<'_, PyTicket>,
         effect_kind: &str,
         body: &str,
@@ -910,15 +953,13 @@ impl Engine {
         let reported = effect(effect_kind, body)?;
         Self::ticket(ticket)?;
         let ticket = ticket.get().ticket.clone();
-        let shared = Arc::clone(&self.shared);
-        self.runtime()?.spawn(async move {
-            let answer = shared.engine.finish(&ticket, reported).await;
-            Python::attach(|py| {
-                let value = reply(py, answer);
-                settle(py, &done, value);
-            });
-        });
-        Ok(())
+        let engine = Arc::clone(&self.shared.engine);
+        self.answer_async(
+            py,
+            async move { engine.finish(&ticket, reported).await },
+            |py, _, answer| reply(py, answer),
+            done,
+        )
     }
 
     /// The record a call is judged by, as `Engine::key_for` names it: a dict with `tenant`,

@@ -33,6 +33,7 @@ import asyncio
 import functools
 import inspect
 import json
+import threading
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -336,6 +337,7 @@ class Engine:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
         native = self.native
+        loop_thread = threading.get_ident()
 
         def abandon(value: Any) -> None:
             # The awaiting task went away before the function ran: free the key at once.
@@ -354,6 +356,10 @@ class Engine:
                 fut.set_exception(value)
 
         def done(ok: bool, value: Any) -> None:
+            if threading.get_ident() == loop_thread:
+                # Answered at once, within `start` (the memory store): no hand-off needed.
+                settle(ok, value)
+                return
             try:
                 loop.call_soon_threadsafe(settle, ok, value)
             except RuntimeError:  # the loop is closed
