@@ -437,8 +437,10 @@ fn reply(py: Python<'_>, answer: Answer) -> PyResult<Py<PyAny>> {
     let verdict = Verdict::of_answer(&answer);
     let key = answer.key.as_ref().map(|k| k.key.as_str().to_owned());
     let rule = answer.rule.map(|r| r.to_string());
-    let record = answer.key.as_ref().map(Key::to_string).unwrap_or_default();
+    // The record's full name, for messages only: not written out for an answer that is a result.
+    let record_name = || answer.key.as_ref().map(Key::to_string).unwrap_or_default();
     if exception_class(verdict).is_some() {
+        let record = record_name();
         let mut problem = vec![
             ("key", key.clone().into_pyobject_or_none(py)),
             ("rule", rule.clone().into_pyobject_or_none(py)),
@@ -538,7 +540,7 @@ fn reply(py: Python<'_>, answer: Answer) -> PyResult<Py<PyAny>> {
             exception(
                 py,
                 Verdict::BadRequest,
-                format!("the stored outcome of {record} cannot be read: {e}"),
+                format!("the stored outcome of {} cannot be read: {e}", record_name()),
                 Vec::new(),
             )
         })?;
