@@ -9,7 +9,9 @@
 //! on the caller's thread with the GIL while a task on the runtime renews the lease, and
 //! `Engine.finish` records what it reported. The `_async` variants run the same halves on the
 //! runtime and hand the answer to a Python callback, which the Python side turns into an asyncio
-//! future, so the event loop never blocks on the store.
+//! future, so the event loop never blocks on the store. The memory store has no I/O: there each
+//! half is first polled on the caller's thread with the GIL held, and answered at once when it
+//! finishes in that poll (`Engine::run`, `Engine::answer_async`).
 //!
 //! How an answer reaches Python (a result, or which exception class) is decided by one exhaustive
 //! match on [`Verdict`] (`exception_class`); the classes themselves live in `idemgate.errors`,
@@ -540,7 +542,10 @@ fn reply(py: Python<'_>, answer: Answer) -> PyResult<Py<PyAny>> {
             exception(
                 py,
                 Verdict::BadRequest,
-                format!("the stored outcome of {} cannot be read: {e}", record_name()),
+                format!(
+                    "the stored outcome of {} cannot be read: {e}",
+                    record_name()
+                ),
                 Vec::new(),
             )
         })?;
@@ -639,19 +644,17 @@ fn plain_json(v: &Bound<'_, PyAny>, depth: usize) -> Option<serde_json::Value> {
         }
         return Some(Value::Object(map));
     }
-    if let Ok(l) = v.cast_exact::<PyList>() {
-        return l
-            .iter()
+    let array = |items: &mut dyn Iterator<Item = Bound<'_, PyAny>>| {
+        items
             .map(|item| plain_json(&item, depth + 1))
             .collect::<Option<_>>()
-            .map(Value::Array);
+            .map(Value::Array)
+    };
+    if let Ok(l) = v.cast_exact::<PyList>() {
+        return array(&mut l.iter());
     }
     if let Ok(t) = v.cast_exact::<PyTuple>() {
-        return t
-            .iter()
-            .map(|item| plain_json(&item, depth + 1))
-            .collect::<Option<_>>()
-            .map(Value::Array);
+        return array(&mut t.iter());
     }
     None
 }
