@@ -9,14 +9,18 @@
 //! on the caller's thread with the GIL while a task on the runtime renews the lease, and
 //! `Engine.finish` records what it reported. The `_async` variants run the same halves on the
 //! runtime and hand the answer to a Python callback, which the Python side turns into an asyncio
-//! future, so the event loop never blocks on the store.
+//! future, so the event loop never blocks on the store. The memory store has no I/O: there each
+//! half is first polled on the caller's thread with the GIL held, and answered at once when it
+//! finishes in that poll (`Engine::run`, `Engine::answer_async`).
 //!
 //! How an answer reaches Python (a result, or which exception class) is decided by one exhaustive
 //! match on [`Verdict`] (`exception_class`); the classes themselves live in `idemgate.errors`,
 //! shared with the HTTP client.
 
+use std::future::Future;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use idemgate::{
@@ -27,7 +31,8 @@ use idemgate::{
 use idemgate_kit::Payload;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 use pyo3::IntoPyObjectExt as _;
 use tokio::runtime::{Handle, Runtime};
 
@@ -41,6 +46,9 @@ const PROBLEM_PREFIX: &str = "https://idemgate.dev/problems/";
 struct Shared {
     engine: Arc<idemgate::Engine<AnyStore>>,
     tenant: TenantId,
+    /// The store keeps its records in this process (`memory:`): its futures finish without I/O,
+    /// so a call is first polled on the caller's thread with the GIL held (see `Engine::run`).
+    in_process_store: bool,
     handle: Handle,
     leases: Leases,
 }
@@ -303,6 +311,37 @@ struct PyAnswer {
 
 #[pymethods]
 impl PyAnswer {
+    /// What a `Result` is made of, in one read: `(executed, replayed, executed_at_ms,
+    /// expires_at_ms, rule, key, verdict, content, recording)` (the package reads them on every
+    /// call; one by one, the reads cost as much as the engine's replay).
+    #[getter]
+    #[allow(clippy::type_complexity)]
+    fn result_fields(
+        &self,
+    ) -> (
+        bool,
+        bool,
+        Option<i64>,
+        Option<i64>,
+        Option<&str>,
+        Option<&str>,
+        &'static str,
+        Option<&'static str>,
+        Option<&'static str>,
+    ) {
+        (
+            self.executed,
+            self.replayed,
+            self.executed_at_ms,
+            self.expires_at_ms,
+            self.rule.as_deref(),
+            self.key.as_deref(),
+            self.verdict,
+            self.content,
+            self.recording,
+        )
+    }
+
     fn __repr__(&self) -> String {
         format!(
             "Answer(verdict={:?}, key={:?}, rule={:?}, failed={}, value_json={:?})",
@@ -400,8 +439,10 @@ fn reply(py: Python<'_>, answer: Answer) -> PyResult<Py<PyAny>> {
     let verdict = Verdict::of_answer(&answer);
     let key = answer.key.as_ref().map(|k| k.key.as_str().to_owned());
     let rule = answer.rule.map(|r| r.to_string());
-    let record = answer.key.as_ref().map(Key::to_string).unwrap_or_default();
+    // The record's full name, for messages only: not written out for an answer that is a result.
+    let record_name = || answer.key.as_ref().map(Key::to_string).unwrap_or_default();
     if exception_class(verdict).is_some() {
+        let record = record_name();
         let mut problem = vec![
             ("key", key.clone().into_pyobject_or_none(py)),
             ("rule", rule.clone().into_pyobject_or_none(py)),
@@ -501,7 +542,10 @@ fn reply(py: Python<'_>, answer: Answer) -> PyResult<Py<PyAny>> {
             exception(
                 py,
                 Verdict::BadRequest,
-                format!("the stored outcome of {record} cannot be read: {e}"),
+                format!(
+                    "the stored outcome of {} cannot be read: {e}",
+                    record_name()
+                ),
                 Vec::new(),
             )
         })?;
@@ -542,6 +586,79 @@ fn begun(
     }
 }
 
+/// The fingerprint of a call's arguments: the one of their JSON text `json.dumps(args,
+/// default=repr)` (what the package passed before, and what a user can reproduce), read from the
+/// Python value directly when it is made of plain JSON types (exactly `dict` with `str` keys,
+/// `list`, `tuple`, `str`, `int` within 64 bits, finite `float`, `bool`, `None`), which saves
+/// writing and re-parsing that text. Anything else (subclasses, other types, big integers, NaN,
+/// lone surrogates, nesting beyond `MAX_DEPTH`) takes the text path itself, so both paths give
+/// the same fingerprint or the same error.
+fn fingerprint_of(
+    args: &Bound<'_, PyAny>,
+) -> PyResult<Result<idemgate::Fingerprint, idemgate::CanonicalError>> {
+    if let Some(value) = plain_json(args, 0) {
+        return Ok(Ok(idemgate::Fingerprint::of_json(&value)));
+    }
+    static DUMPS: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    let py = args.py();
+    let dumps = DUMPS.get_or_try_init(py, || {
+        py.import("json")?.getattr("dumps").map(Bound::unbind)
+    })?;
+    let kwargs = PyDict::new(py);
+    kwargs.set_item("default", py.import("builtins")?.getattr("repr")?)?;
+    let text = dumps.call(py, (args,), Some(&kwargs))?;
+    let text = text.bind(py).cast::<PyString>()?.to_str()?;
+    Ok(idemgate::Fingerprint::of_json_text(text.as_bytes()))
+}
+
+/// A Python value of plain JSON types as a JSON value, or `None` when it holds anything else
+/// (see [`fingerprint_of`]; exact types only, as `json.dumps` writes subclasses its own way).
+fn plain_json(v: &Bound<'_, PyAny>, depth: usize) -> Option<serde_json::Value> {
+    use serde_json::Value;
+    if depth > idemgate::canonical::MAX_DEPTH {
+        return None;
+    }
+    if v.is_none() {
+        return Some(Value::Null);
+    }
+    if let Ok(s) = v.cast_exact::<PyString>() {
+        return s.to_str().ok().map(|s| Value::String(s.to_owned()));
+    }
+    if let Ok(b) = v.cast_exact::<PyBool>() {
+        return Some(Value::Bool(b.is_true()));
+    }
+    if let Ok(i) = v.cast_exact::<PyInt>() {
+        return match i.extract::<i64>() {
+            Ok(i) => Some(i.into()),
+            Err(_) => i.extract::<u64>().ok().map(Into::into),
+        };
+    }
+    if let Ok(f) = v.cast_exact::<PyFloat>() {
+        return serde_json::Number::from_f64(f.value()).map(Value::Number);
+    }
+    if let Ok(d) = v.cast_exact::<PyDict>() {
+        let mut map = serde_json::Map::new();
+        for (k, item) in d.iter() {
+            let k = k.cast_exact::<PyString>().ok()?.to_str().ok()?;
+            map.insert(k.to_owned(), plain_json(&item, depth + 1)?);
+        }
+        return Some(Value::Object(map));
+    }
+    let array = |items: &mut dyn Iterator<Item = Bound<'_, PyAny>>| {
+        items
+            .map(|item| plain_json(&item, depth + 1))
+            .collect::<Option<_>>()
+            .map(Value::Array)
+    };
+    if let Ok(l) = v.cast_exact::<PyList>() {
+        return array(&mut l.iter());
+    }
+    if let Ok(t) = v.cast_exact::<PyTuple>() {
+        return array(&mut t.iter());
+    }
+    None
+}
+
 /// What the function reported, from Python's words.
 fn effect(kind: &str, body: &str) -> PyResult<Effect> {
     let json = |body: &str| {
@@ -562,6 +679,9 @@ fn effect(kind: &str, body: &str) -> PyResult<Effect> {
     })
 }
 
+/// Makes an engine future's output Python's (`begun`, `reply`).
+type ToPython<T> = fn(Python<'_>, &Arc<Shared>, T) -> PyResult<Py<PyAny>>;
+
 /// Hands an async result to Python: `done(True, value)` or `done(False, exception)`.
 fn settle(py: Python<'_>, done: &Py<PyAny>, result: PyResult<Py<PyAny>>) {
     let (ok, value) = match result {
@@ -574,15 +694,98 @@ fn settle(py: Python<'_>, done: &Py<PyAny>, result: PyResult<Py<PyAny>>) {
 }
 
 impl Engine {
-    fn call(&self, tool: &str, key: Option<&str>, args: Option<&str>) -> Result<Call, EngineError> {
-        let mut call = Call::new(self.shared.tenant.clone(), ToolName::new(tool)?);
-        if let Some(key) = key {
-            call = call.key(IdempotencyKey::explicit(key)?);
+    /// The engine's call: `args` (any Python value; `None`: no arguments) fingerprinted as its
+    /// JSON text `json.dumps(args, default=repr)` would be (see [`fingerprint_of`]).
+    fn call(
+        &self,
+        py: Python<'_>,
+        tool: &str,
+        key: Option<&str>,
+        args: &Bound<'_, PyAny>,
+    ) -> PyResult<Call> {
+        // In the order the checks always ran: what `json.dumps` raises, the tool, the key, then
+        // arguments the engine cannot read.
+        let fingerprint = if args.is_none() {
+            None
+        } else {
+            Some(fingerprint_of(args)?)
+        };
+        let call = || -> Result<Call, EngineError> {
+            let mut call = Call::new(self.shared.tenant.clone(), ToolName::new(tool)?);
+            if let Some(key) = key {
+                call = call.key(IdempotencyKey::explicit(key)?);
+            }
+            if let Some(fingerprint) = fingerprint {
+                call = call.fingerprint(fingerprint?);
+            }
+            Ok(call)
+        };
+        call().map_err(|e| engine_error(py, &e))
+    }
+
+    /// Runs one of the engine's futures to its end. On the in-process store the future is first
+    /// polled right here, with the GIL held: it almost always finishes in that poll (no I/O), and
+    /// releasing the GIL and handing the thread to the runtime's `block_on` would cost more than
+    /// the engine's work. A future that must wait (a duplicate waiting for a call in flight) and
+    /// every future of a store with I/O run in `block_on` with the GIL released.
+    fn run<F>(&self, py: Python<'_>, future: F) -> PyResult<F::Output>
+    where
+        F: Future + Send,
+        F::Output: Send,
+    {
+        let runtime = self.runtime()?;
+        let mut future = std::pin::pin!(future);
+        if self.shared.in_process_store {
+            let _in_runtime = runtime.enter();
+            if let Poll::Ready(out) = future
+                .as_mut()
+                .poll(&mut Context::from_waker(Waker::noop()))
+            {
+                return Ok(out);
+            }
         }
-        if let Some(args) = args {
-            call = call.args_text(args.as_bytes())?;
+        Ok(py.detach(|| runtime.block_on(future)))
+    }
+
+    /// Runs one of the engine's futures for an async caller and hands `done(ok, value)` what
+    /// `answer` makes of its output. On the in-process store the future is first polled right
+    /// here (as in [`Engine::run`]) and, when it finishes, `done` is called at once on this
+    /// thread, the event loop's; otherwise it runs on the runtime and `done` is called from a
+    /// runtime thread.
+    fn answer_async<F>(
+        &self,
+        py: Python<'_>,
+        future: F,
+        answer: ToPython<F::Output>,
+        done: Py<PyAny>,
+    ) -> PyResult<()>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send,
+    {
+        let runtime = self.runtime()?;
+        let mut future = Box::pin(future);
+        if self.shared.in_process_store {
+            let polled = {
+                let _in_runtime = runtime.enter();
+                future
+                    .as_mut()
+                    .poll(&mut Context::from_waker(Waker::noop()))
+            };
+            if let Poll::Ready(out) = polled {
+                settle(py, &done, answer(py, &self.shared, out));
+                return Ok(());
+            }
         }
-        Ok(call)
+        let shared = Arc::clone(&self.shared);
+        runtime.spawn(async move {
+            let out = future.await;
+            Python::attach(|py| {
+                let value = answer(py, &shared, out);
+                settle(py, &done, value);
+            });
+        });
+        Ok(())
     }
 
     fn ticket<'a>(ticket: &'a Bound<'_, PyTicket>) -> PyResult<&'a PyTicket> {
@@ -653,6 +856,7 @@ impl Engine {
             engine.spawn_journal_flusher(FLUSH_EVERY)
         };
         let shared = Arc::new(Shared {
+            in_process_store: matches!(engine.store(), AnyStore::Memory(_)),
             engine,
             tenant,
             handle: runtime.handle().clone(),
@@ -696,15 +900,11 @@ impl Engine {
         py: Python<'_>,
         tool: &str,
         key: Option<&str>,
-        args: Option<&str>,
+        args: &Bound<'_, PyAny>,
         policy: &Policy,
     ) -> PyResult<Py<PyAny>> {
-        let call = self
-            .call(tool, key, args)
-            .map_err(|e| engine_error(py, &e))?;
-        let runtime = self.runtime()?;
-        let policy = &policy.0;
-        let result = py.detach(|| runtime.block_on(self.shared.engine.begin(call, policy)));
+        let call = self.call(py, tool, key, args)?;
+        let result = self.run(py, self.shared.engine.begin(call, &policy.0))?;
         begun(py, &self.shared, result)
     }
 
@@ -720,8 +920,7 @@ impl Engine {
     ) -> PyResult<Py<PyAny>> {
         let reported = effect(effect_kind, body)?;
         let t = Self::ticket(ticket)?;
-        let runtime = self.runtime()?;
-        let answer = py.detach(|| runtime.block_on(self.shared.engine.finish(&t.ticket, reported)));
+        let answer = self.run(py, self.shared.engine.finish(&t.ticket, reported))?;
         reply(py, answer)
     }
 
@@ -732,28 +931,25 @@ impl Engine {
         py: Python<'_>,
         tool: &str,
         key: Option<&str>,
-        args: Option<&str>,
+        args: &Bound<'_, PyAny>,
         policy: &Policy,
         done: Py<PyAny>,
     ) -> PyResult<()> {
-        let call = self
-            .call(tool, key, args)
-            .map_err(|e| engine_error(py, &e))?;
+        let call = self.call(py, tool, key, args)?;
         let policy = policy.0.clone();
-        let shared = Arc::clone(&self.shared);
-        self.runtime()?.spawn(async move {
-            let result = shared.engine.begin(call, &policy).await;
-            Python::attach(|py| {
-                let value = begun(py, &shared, result);
-                settle(py, &done, value);
-            });
-        });
-        Ok(())
+        let engine = Arc::clone(&self.shared.engine);
+        self.answer_async(
+            py,
+            async move { engine.begin(call, &policy).await },
+            begun,
+            done,
+        )
     }
 
     /// As `finish`, on the engine's runtime: calls `done(ok, value)`.
     fn finish_async(
         &self,
+        py: Python<'_>,
         ticket: &Bound<'_, PyTicket>,
         effect_kind: &str,
         body: &str,
@@ -762,15 +958,13 @@ impl Engine {
         let reported = effect(effect_kind, body)?;
         Self::ticket(ticket)?;
         let ticket = ticket.get().ticket.clone();
-        let shared = Arc::clone(&self.shared);
-        self.runtime()?.spawn(async move {
-            let answer = shared.engine.finish(&ticket, reported).await;
-            Python::attach(|py| {
-                let value = reply(py, answer);
-                settle(py, &done, value);
-            });
-        });
-        Ok(())
+        let engine = Arc::clone(&self.shared.engine);
+        self.answer_async(
+            py,
+            async move { engine.finish(&ticket, reported).await },
+            |py, _, answer| reply(py, answer),
+            done,
+        )
     }
 
     /// The record a call is judged by, as `Engine::key_for` names it: a dict with `tenant`,
@@ -781,12 +975,10 @@ impl Engine {
         py: Python<'py>,
         tool: &str,
         key: Option<&str>,
-        args: Option<&str>,
+        args: &Bound<'_, PyAny>,
         policy: &Policy,
     ) -> PyResult<Option<Bound<'py, PyDict>>> {
-        let call = self
-            .call(tool, key, args)
-            .map_err(|e| engine_error(py, &e))?;
+        let call = self.call(py, tool, key, args)?;
         let named = self
             .shared
             .engine
@@ -813,9 +1005,8 @@ impl Engine {
             ToolName::new(tool).map_err(|e| PyValueError::new_err(e.to_string()))?,
             IdempotencyKey::new(key).map_err(|e| PyValueError::new_err(e.to_string()))?,
         );
-        let runtime = self.runtime()?;
-        let record = py
-            .detach(|| runtime.block_on(self.shared.engine.get(&name)))
+        let record = self
+            .run(py, self.shared.engine.get(&name))?
             .map_err(|e| engine_error(py, &e))?;
         let Some(record) = record else {
             return Ok(None);
@@ -837,9 +1028,8 @@ impl Engine {
 
     /// Replays journaled outcomes into the store now: `(applied, superseded, pending)`.
     fn flush_journal(&self, py: Python<'_>) -> PyResult<(usize, usize, usize)> {
-        let runtime = self.runtime()?;
-        let report = py
-            .detach(|| runtime.block_on(self.shared.engine.flush_journal()))
+        let report = self
+            .run(py, self.shared.engine.flush_journal())?
             .map_err(|e| engine_error(py, &e))?;
         Ok((report.applied, report.superseded, report.pending))
     }
@@ -881,6 +1071,15 @@ fn fingerprint(args: &str) -> PyResult<String> {
         .map_err(|e| PyValueError::new_err(e.to_string()))
 }
 
+/// The fingerprint of a call's arguments given as a Python value, as the engine takes them: the
+/// one of `json.dumps(args, default=repr)`.
+#[pyfunction]
+fn fingerprint_args(args: &Bound<'_, PyAny>) -> PyResult<String> {
+    fingerprint_of(args)?
+        .map(|f| f.to_hex())
+        .map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
 /// The native half of the `idemgate` package.
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -892,5 +1091,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(mint_key, m)?)?;
     m.add_function(wrap_pyfunction!(check_key, m)?)?;
     m.add_function(wrap_pyfunction!(fingerprint, m)?)?;
+    m.add_function(wrap_pyfunction!(fingerprint_args, m)?)?;
     Ok(())
 }

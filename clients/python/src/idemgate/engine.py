@@ -33,6 +33,7 @@ import asyncio
 import functools
 import inspect
 import json
+import threading
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -52,6 +53,9 @@ __all__ = ["Engine", "Policy", "Result", "idempotent"]
 F = TypeVar("F", bound=Callable[..., Any])
 
 _POLICY_FIELDS = ("kind", "ttl", "lease", "wait", "fallback_window", "on_unknown")
+# How many (tool, overrides) policies an engine keeps built; cleared when full (callers passing
+# ever new override values must not grow it without bound).
+_OVERRIDDEN_MAX = 1024
 
 
 @dataclass(frozen=True)
@@ -77,41 +81,82 @@ class Result:
     recording: str | None = None
 
 
-def _time(ms: int | None) -> datetime | None:
-    return None if ms is None else datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
+@functools.lru_cache(maxsize=1024)
+def _time_of_ms(ms: int) -> datetime:
+    # Cached: a replay answers the same instant every time, and fresh calls land many to a
+    # millisecond; a datetime is immutable, so sharing one is safe.
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
 
 
 _UNSET: Any = object()
+_scan_json = json.decoder.JSONDecoder().scan_once
+
+
+def _stored_value(text: str) -> Any:
+    """``json.loads(text)``, without its Python-level layers for text with no white space around
+    the value (what the engine hands back); anything else goes through ``json.loads`` itself."""
+    try:
+        value, end = _scan_json(text, 0)
+    except StopIteration:
+        return json.loads(text)  # raises the same JSONDecodeError json.loads would
+    return value if end == len(text) else json.loads(text)
+
+
+_dumps_settings = json.JSONEncoder()  # json.dumps' own
+_make_encoder = json.encoder.c_make_encoder  # type: ignore[attr-defined]
+
+
+def _json_text(value: Any) -> str:
+    """``json.dumps(value)``, by the encoder it builds with its default settings, without its
+    Python-level layers (the same text and the same errors)."""
+    if _make_encoder is None or isinstance(value, str):
+        return json.dumps(value)
+    s = _dumps_settings
+    encode = _make_encoder(
+        {}, s.default, json.encoder.encode_basestring_ascii, None, ": ", ", ", False, False, True
+    )
+    return "".join(encode(value, 0))
+
+
+_new = object.__new__
+_set = object.__setattr__
 
 
 def _result(answer: Answer, value: Any = _UNSET) -> Result:
     """The result of an answer; a stored failure raises ``Failed`` (``replayed=True`` on replay)."""
-    stored = json.loads(answer.value_json) if answer.value_json is not None else None
-    if answer.failed:
-        raise Failed(stored, replayed=answer.replayed)
-    return Result(
-        value=stored if value is _UNSET else value,
-        executed=answer.executed,
-        replayed=answer.replayed,
-        executed_at=_time(answer.executed_at_ms),
-        expires_at=_time(answer.expires_at_ms),
-        rule=answer.rule,
-        key=answer.key,
-        verdict=answer.verdict,
-        content=answer.content,
-        recording=answer.recording,
+    if answer.failed or value is _UNSET:
+        text = answer.value_json
+        stored = _stored_value(text) if text is not None else None
+        if answer.failed:
+            raise Failed(stored, replayed=answer.replayed)
+        value = stored
+    executed, replayed, executed_at, expires_at, rule, key, verdict, content, recording = (
+        answer.result_fields
     )
+    # The frozen dataclass's fields set at once: its __init__ sets them one by one through
+    # object.__setattr__, which costs as much as the engine's replay.
+    r = _new(Result)
+    _set(
+        r,
+        "__dict__",
+        {
+            "value": value,
+            "executed": executed,
+            "replayed": replayed,
+            "executed_at": None if executed_at is None else _time_of_ms(executed_at),
+            "expires_at": None if expires_at is None else _time_of_ms(expires_at),
+            "rule": rule,
+            "key": key,
+            "verdict": verdict,
+            "content": content,
+            "recording": recording,
+        },
+    )
+    return r
 
 
 def _passed_through(value: Any) -> Result:
     return Result(value, True, False, None, None, None, None, "pass_through")
-
-
-def _args_text(args: Any) -> str | None:
-    """The arguments as JSON text (the engine fingerprints its canonical form; integers exact)."""
-    if args is None:
-        return None
-    return json.dumps(args, default=repr)
 
 
 def _default_args(a: tuple[Any, ...], kw: dict[str, Any]) -> Any:
@@ -165,6 +210,7 @@ class Engine:
         self.tools: dict[str, Policy] = {
             name: p if isinstance(p, Policy) else Policy(**p) for name, p in (tools or {}).items()
         }
+        self._overridden: dict[tuple[str, tuple[tuple[str, Any], ...]], tuple[Policy, Policy]] = {}
 
     @classmethod
     def open(
@@ -201,15 +247,28 @@ class Engine:
         """The policy of ``tool``, with ``overrides`` (``kind``, ``ttl``, ``lease``, ``wait``,
         ``fallback_window``, ``on_unknown``; ``None`` keeps the configured value)."""
         base = self.tools.get(tool, self.default)
-        given = {k: v for k, v in overrides.items() if v is not None}
-        if not given:
+        if not overrides:
             return base
-        unknown = set(given) - set(_POLICY_FIELDS)
+        # Cached per (tool, overrides as given): building a Policy per call costs more than the
+        # engine's whole replay. Checked against the base policy itself, so a changed
+        # `tools`/`default` is seen.
+        given: Any = (tool, tuple(overrides.items()))
+        try:
+            cached = self._overridden.get(given)
+        except TypeError:  # an unhashable value: Policy says what is wrong with it
+            cached = given = None
+        if cached is not None and cached[0] is base:
+            return cached[1]
+        fields = {k: v for k, v in overrides.items() if v is not None}
+        unknown = set(fields) - set(_POLICY_FIELDS)
         if unknown:
             raise TypeError(f"unknown policy fields {sorted(unknown)}: expected {_POLICY_FIELDS}")
-        fields = {k: getattr(base, k) for k in _POLICY_FIELDS}
-        fields.update(given)
-        return Policy(**fields)
+        policy = Policy(**({k: getattr(base, k) for k in _POLICY_FIELDS} | fields)) if fields else base
+        if given is not None:
+            if len(self._overridden) >= _OVERRIDDEN_MAX:
+                self._overridden.clear()
+            self._overridden[given] = (base, policy)
+        return policy
 
     def key_for(
         self, tool: str, key: str | None = None, args: Any = None, **overrides: Any
@@ -217,7 +276,7 @@ class Engine:
         """The record a call would be judged by, exactly as the Rust ``Engine::key_for`` names it
         (``tenant``, ``tool``, ``key``, ``rule``, ``ttl``, ``digest``); ``None`` for reads and
         naturally idempotent tools. Raises ``KeyRequired`` for a write without key or fallback."""
-        return self.native.key_for(tool, key, _args_text(args), self.policy(tool, **overrides))
+        return self.native.key_for(tool, key, args, self.policy(tool, **overrides))
 
     def record(self, tool: str, key: str) -> dict[str, Any] | None:
         """The record of ``(tool, key)`` (``state``, ``fence``, ``outcome``...), or ``None``."""
@@ -242,7 +301,7 @@ class Engine:
         ``OutcomeUnknown``. See the module documentation for what ``fn`` may raise.
         """
         native = self.native
-        begun = native.begin(tool, key, _args_text(args), self.policy(tool, **overrides))
+        begun = native.begin(tool, key, args, self.policy(tool, **overrides))
         if begun is None:
             return _passed_through(fn())
         if isinstance(begun, Answer):
@@ -257,7 +316,7 @@ class Engine:
                 _note(e, recorded)
             raise
         try:
-            text = json.dumps(value)
+            text = _json_text(value)
         except (TypeError, ValueError) as e:
             try:
                 native.finish(begun, "ambiguous", f"the return value is not JSON: {e}")
@@ -278,6 +337,7 @@ class Engine:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
         native = self.native
+        loop_thread = threading.get_ident()
 
         def abandon(value: Any) -> None:
             # The awaiting task went away before the function ran: free the key at once.
@@ -296,6 +356,10 @@ class Engine:
                 fut.set_exception(value)
 
         def done(ok: bool, value: Any) -> None:
+            if threading.get_ident() == loop_thread:
+                # Answered at once, within `start` (the memory store): no hand-off needed.
+                settle(ok, value)
+                return
             try:
                 loop.call_soon_threadsafe(settle, ok, value)
             except RuntimeError:  # the loop is closed
@@ -320,8 +384,7 @@ class Engine:
         cancelling it while the key is being reserved frees the key."""
         native = self.native
         policy = self.policy(tool, **overrides)
-        text = _args_text(args)
-        begun = await self._future(lambda done: native.begin_async(tool, key, text, policy, done))
+        begun = await self._future(lambda done: native.begin_async(tool, key, args, policy, done))
         if begun is None:
             value = fn()
             return _passed_through(await value if inspect.isawaitable(value) else value)
@@ -339,7 +402,7 @@ class Engine:
                 _note(e, recorded)
             raise
         try:
-            out = json.dumps(value)
+            out = _json_text(value)
         except (TypeError, ValueError) as e:
             native.finish_async(begun, "ambiguous", f"the return value is not JSON: {e}", _ignore)
             raise _unrecordable(tool, e) from e
@@ -383,7 +446,7 @@ def idempotent(
     the tool. Plain functions return their value (a replay returns the stored one);
     ``async def`` functions are awaited (see :meth:`Engine.acall`).
     """
-    overrides = dict(
+    given = dict(
         kind=kind,
         ttl=ttl,
         lease=lease,
@@ -391,6 +454,8 @@ def idempotent(
         fallback_window=fallback_window,
         on_unknown=on_unknown,
     )
+    # Only the fields set: a call with none passes no overrides and takes the policy as it is.
+    overrides = {k: v for k, v in given.items() if v is not None}
 
     def decorate(fn: F) -> F:
         name = tool or fn.__name__
