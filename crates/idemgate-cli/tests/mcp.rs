@@ -625,8 +625,10 @@ impl Sandbox {
     }
 }
 
-#[test]
-fn mcp_real_memory_server_through_the_python_sdk() {
+/// The Python SDK client's memory scenario through `idemgate mcp` on stdio, in `era` ("2025":
+/// `initialize`; "2026": `server/discover` and per-request `_meta`); what it saw, checked: a
+/// re-sent keyed write replays, an unkeyed one is refused, the graph holds the entity once.
+fn memory_over_stdio(era: &str) -> Value {
     let deps = mcp_deps();
     let sb = Sandbox::new();
     let mut client = sb.python_client("mcp_memory_client.py");
@@ -634,7 +636,8 @@ fn mcp_real_memory_server_through_the_python_sdk() {
         .arg(env!("CARGO_BIN_EXE_idemgate"))
         .arg("--")
         .arg(deps.join("node/node_modules/.bin/mcp-server-memory"))
-        .env("MEMORY_FILE_PATH", sb.path("memory.jsonl"));
+        .env("MEMORY_FILE_PATH", sb.path("memory.jsonl"))
+        .env("MCP_ERA", era);
     let seen = sb.client_saw(client);
     assert!(
         seen["tools"]
@@ -657,4 +660,24 @@ fn mcp_real_memory_server_through_the_python_sdk() {
     // The server's state changed once: one entity, one observation.
     let graph = seen["graph"]["content"][0]["text"].as_str().unwrap();
     assert_eq!(graph.matches("printer on fire").count(), 1, "{graph}");
+    assert_eq!(seen["server"], "memory-server", "{seen}");
+    seen
+}
+
+#[test]
+fn mcp_real_memory_server_through_the_python_sdk() {
+    let seen = memory_over_stdio("2025");
+    assert_eq!(seen["protocol"], "2025-11-25", "{seen}");
+}
+
+#[test]
+fn mcp_real_memory_server_to_a_2026_era_client_through_discovery_the_proxy_answers() {
+    // server-memory speaks only the 2025 era (`server/discover`: method not found); the proxy
+    // initializes it and answers the client's `server/discover` from that, so the client stays
+    // in the 2026 era, and every result it gets carries `resultType` (the SDK refuses one
+    // without).
+    let seen = memory_over_stdio("2026");
+    assert_eq!(seen["protocol"], "2026-07-28", "{seen}");
+    assert_eq!(seen["first"]["resultType"], "complete", "{seen}");
+    assert_eq!(seen["again"]["resultType"], "complete", "{seen}");
 }

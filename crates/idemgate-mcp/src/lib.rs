@@ -15,6 +15,7 @@
 mod answer;
 pub mod catalog;
 pub mod config;
+mod era;
 mod error;
 mod frame;
 pub mod http;
