@@ -45,6 +45,18 @@ impl Sandbox {
         command
     }
 
+    /// A proxy in front of the fixture speaking only MCP 2026-07-28 (`--modern`).
+    fn proxy_to_modern(&self, config: &str) -> Proxy {
+        let mut command = self.idemgate();
+        command
+            .env("FIXTURE_LOG", self.path("executed"))
+            .env("FIXTURE_NOTES", self.path("notes"));
+        Proxy::spawn(
+            self.mcp(command, config, &["python3", FIXTURE, "--modern"]),
+            self,
+        )
+    }
+
     /// A proxy that has gone through `initialize`.
     fn initialized(&self, config: &str) -> Proxy {
         let mut p = self.proxy(config);
@@ -230,6 +242,43 @@ fn started(config: &str) -> (Sandbox, Proxy) {
     let sb = Sandbox::new();
     let p = sb.initialized(config);
     (sb, p)
+}
+
+#[test]
+fn mcp_a_2025_era_client_reaches_a_2026_only_server_through_the_proxy() {
+    let sb = Sandbox::new();
+    let mut p = sb.proxy_to_modern(PLAIN);
+    // The server refuses initialize; the proxy answers it from the server's server/discover.
+    let init = p.initialize();
+    assert_eq!(init["result"]["protocolVersion"], "2025-11-25", "{init}");
+    assert_eq!(
+        init["result"]["serverInfo"]["name"], "fixture-2026",
+        "{init}"
+    );
+    assert_eq!(
+        init["result"]["capabilities"],
+        json!({"tools": {}}),
+        "{init}"
+    );
+    // The server refuses every request without the 2026-07-28 envelope: these work because the
+    // proxy adds it (and the proxy's own listing, sent for the call, carries it too).
+    let first = p.call("count", json!({"label": "a"}), Some("k-1"));
+    assert_eq!(text(&first, 0), "counted 1", "{first}");
+    let again = p.call("count", json!({"label": "a"}), Some("k-1"));
+    assert_eq!(
+        again["result"]["_meta"]["dev.idemgate/replayed"], true,
+        "{again}"
+    );
+    assert_eq!(sb.executed(), ["count a"]);
+    let listed = p.request("tools/list", json!({}));
+    assert!(listed["result"]["tools"].is_array(), "{listed}");
+    // The 2026-07-28 era has no ping; the proxy answers it.
+    assert_eq!(p.request("ping", json!({}))["result"], json!({}));
+    // notifications/initialized is the proxy's to swallow: that era has no handshake.
+    drop(p.stdin.take());
+    p.wait_exit();
+    let notes = fs::read_to_string(sb.path("notes")).unwrap_or_default();
+    assert!(!notes.contains("notifications/initialized"), "{notes}");
 }
 
 #[test]

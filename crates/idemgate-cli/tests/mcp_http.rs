@@ -109,8 +109,23 @@ impl Listening {
         token: &str,
         release: &std::path::Path,
     ) -> Value {
+        self.python_in(sb, "2025", mode, token, release)
+    }
+
+    /// [`Listening::python`] with the client in `era` ("2025": sessions; "2026": sessionless).
+    pub(crate) fn python_in(
+        &self,
+        sb: &Sandbox,
+        era: &str,
+        mode: &str,
+        token: &str,
+        release: &std::path::Path,
+    ) -> Value {
         let mut client = sb.python_client("mcp_http_client.py");
-        client.args([mode, &self.url, token]).arg(release);
+        client
+            .args([mode, &self.url, token])
+            .arg(release)
+            .env("MCP_ERA", era);
         sb.client_saw(client)
     }
 
@@ -194,6 +209,23 @@ pub(crate) fn replayed(result: &Value) -> bool {
 
 #[test]
 fn mcp_http_python_sdk_drives_the_memory_server() {
+    let seen = memory_over_http("2025");
+    assert_eq!(seen["protocol"], "2025-11-25", "{seen}");
+}
+
+#[test]
+fn mcp_http_python_sdk_drives_the_memory_server_sessionless_in_the_2026_era() {
+    // No session: every request a POST of its own with the 2026-07-28 envelope, to the child
+    // the tenant's sessionless requests share, which the proxy initialized (server-memory speaks
+    // only the 2025 era); the 16 racers each come on a connection of their own.
+    let seen = memory_over_http("2026");
+    assert_eq!(seen["protocol"], "2026-07-28", "{seen}");
+    assert_eq!(seen["again"]["resultType"], "complete", "{seen}");
+}
+
+/// The Python SDK client's memory scenario through `idemgate mcp --listen` in `era`, checked: a
+/// re-sent write replays, 16 racing duplicates run once, reads pass; what it saw.
+fn memory_over_http(era: &str) -> Value {
     let deps = mcp_deps();
     let sb = Sandbox::new();
     let server = deps.join("node/node_modules/.bin/mcp-server-memory");
@@ -201,7 +233,7 @@ fn mcp_http_python_sdk_drives_the_memory_server() {
         "[tools.read_graph]\nkind = \"read\"\n",
         &[server.to_str().unwrap()],
     );
-    let seen = p.python(&sb, "memory", "", &sb.path("unused"));
+    let seen = p.python_in(&sb, era, "memory", "", &sb.path("unused"));
     assert!(
         seen["tools"]
             .as_array()
@@ -236,6 +268,7 @@ fn mcp_http_python_sdk_drives_the_memory_server() {
         assert_eq!(text.matches("printer on fire").count(), 1, "{text}");
         assert_eq!(text.matches("paper jam").count(), 1, "{text}");
     }
+    seen
 }
 
 #[test]
@@ -417,6 +450,98 @@ fn mcp_http_tokens_tenants_and_origin() {
     );
     assert_eq!(version.status, 400, "{}", version.body);
     assert_eq!(sb.executed().len(), 2);
+}
+
+#[test]
+fn mcp_http_sessionless_2026_era_requests_keep_tokens_tenants_and_origin() {
+    // The fixture speaks only the 2025 era; sessionless requests go to a child per tenant,
+    // which the proxy initialized.
+    let sb = Sandbox::new();
+    let p = sb.listen(&tenants(), &["python3", FIXTURE]);
+    let envelope = json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "1"},
+        "io.modelcontextprotocol/clientCapabilities": {},
+    });
+    let discover = json!({"jsonrpc": "2.0", "id": 1, "method": "server/discover", "params": {"_meta": envelope}}).to_string();
+    let modern = [("mcp-protocol-version", "2026-07-28")];
+    let auth_a = format!("Bearer {TOKEN_A}");
+    let auth_b = format!("Bearer {TOKEN_B}");
+
+    let none = p.http("POST", &modern, &discover);
+    assert_eq!(none.status, 401, "{}", none.body);
+    let evil = p.http(
+        "POST",
+        &[
+            ("authorization", &auth_a),
+            ("origin", "http://evil.example"),
+        ],
+        &discover,
+    );
+    assert_eq!(evil.status, 403, "{}", evil.body);
+    let mismatch = p.http(
+        "POST",
+        &[
+            ("authorization", &auth_a),
+            ("mcp-protocol-version", "2025-11-25"),
+        ],
+        &discover,
+    );
+    assert_eq!(mismatch.status, 400, "{}", mismatch.body);
+    assert_eq!(
+        mismatch.json()["error"]["code"],
+        -32020,
+        "{}",
+        mismatch.body
+    );
+
+    let found = p.http(
+        "POST",
+        &[
+            ("authorization", &auth_a),
+            ("mcp-protocol-version", "2026-07-28"),
+            ("mcp-method", "server/discover"),
+        ],
+        &discover,
+    );
+    assert_eq!(found.status, 200, "{}", found.body);
+    assert!(
+        !found.headers.iter().any(|(k, _)| k == "mcp-session-id"),
+        "no session is minted"
+    );
+    let result = &found.json()["result"];
+    assert_eq!(
+        result["supportedVersions"],
+        json!(["2026-07-28"]),
+        "{result}"
+    );
+    assert_eq!(
+        result["_meta"]["io.modelcontextprotocol/serverInfo"]["name"],
+        "fixture"
+    );
+    assert_eq!(found.json()["id"], 1, "the client's own id comes back");
+
+    // The same key and tool of two tenants are two actions, each run once and replayed to its
+    // own tenant only.
+    let call = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {
+        "name": "count", "arguments": {"label": "x"},
+        "_meta": {"dev.idemgate/idempotency-key": "k", "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                  "io.modelcontextprotocol/clientCapabilities": {}}}}).to_string();
+    let send = |auth: &str| {
+        let answer = p.http("POST", &[("authorization", auth)], &call);
+        assert_eq!(answer.status, 200, "{}", answer.body);
+        answer.json()
+    };
+    let a1 = send(&auth_a);
+    assert_eq!(a1["id"], 7);
+    assert_eq!(a1["result"]["content"][0]["text"], "counted 1", "{a1}");
+    assert_eq!(a1["result"]["resultType"], "complete", "{a1}");
+    let b1 = send(&auth_b);
+    assert!(!replayed(&b1["result"]), "{b1}");
+    let a2 = send(&auth_a);
+    assert!(replayed(&a2["result"]), "{a2}");
+    assert_eq!(a2["result"]["content"][0], a1["result"]["content"][0]);
+    assert_eq!(sb.executed(), ["count x", "count x"]);
 }
 
 #[test]

@@ -31,6 +31,12 @@ const MAX_LIST_PAGES: usize = 100;
 /// How long the proxy waits for the answer to a `server/discover` probe before it takes the
 /// server for a legacy one (as long as the Python SDK client waits for its own).
 const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the proxy waits for a legacy server to answer the `initialize` it sends itself (a
+/// server started by `npx` may still be downloading).
+const INITIALIZE_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long the proxy waits for the answer to a client's own `initialize`: as long as the client
+/// does (a relay sets no deadline of its own; a server that exits ends the wait).
+const CLIENT_INITIALIZE_TIMEOUT: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// A frame for the server, with a way to learn whether it was written.
 #[derive(Debug)]
@@ -446,7 +452,7 @@ impl<S: Store> Inner<S> {
     /// `initialize` result made from the discovery (MCP 2026-07-28, "Versioning").
     async fn open_legacy_client(&self, id: &RawValue, params: &Object, line: String) -> Era {
         let reply = self
-            .ask_frame(frame::id_key(id), line, self.config.call_timeout)
+            .ask_frame(frame::id_key(id), line, CLIENT_INITIALIZE_TIMEOUT)
             .await;
         let Some(Reply::Answer {
             frame: answer,
@@ -535,7 +541,7 @@ impl<S: Store> Inner<S> {
             .ask(
                 "initialize",
                 era::initialize_params(envelope),
-                self.config.call_timeout,
+                INITIALIZE_TIMEOUT,
             )
             .await;
         let Some(Reply::Answer {
