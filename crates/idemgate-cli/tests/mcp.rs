@@ -688,19 +688,7 @@ fn memory_over_stdio(era: &str) -> Value {
         .env("MEMORY_FILE_PATH", sb.path("memory.jsonl"))
         .env("MCP_ERA", era);
     let seen = sb.client_saw(client);
-    assert!(
-        seen["tools"]
-            .as_array()
-            .unwrap()
-            .contains(&json!("create_entities")),
-        "{seen}"
-    );
-    let first = &seen["first"];
-    let again = &seen["again"];
-    assert_ne!(first["isError"], true, "{seen}");
-    assert!(first["_meta"]["dev.idemgate/replayed"].is_null(), "{seen}");
-    assert_eq!(again["_meta"]["dev.idemgate/replayed"], true, "{seen}");
-    assert_eq!(again["content"][0], first["content"][0], "{seen}");
+    assert_memory_write_replayed(&seen);
     assert_eq!(seen["unkeyed"]["isError"], true, "{seen}");
     assert_eq!(
         seen["unkeyed"]["_meta"]["dev.idemgate/verdict"],
@@ -711,6 +699,23 @@ fn memory_over_stdio(era: &str) -> Value {
     assert_eq!(graph.matches("printer on fire").count(), 1, "{graph}");
     assert_eq!(seen["server"], "memory-server", "{seen}");
     seen
+}
+
+/// What a memory scenario of the Python SDK client must have seen of its keyed write: the tool
+/// listed, the write run once, and its re-send replayed with the same content.
+pub(crate) fn assert_memory_write_replayed(seen: &Value) {
+    assert!(
+        seen["tools"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("create_entities")),
+        "{seen}"
+    );
+    let (first, again) = (&seen["first"], &seen["again"]);
+    assert_ne!(first["isError"], true, "{seen}");
+    assert!(first["_meta"]["dev.idemgate/replayed"].is_null(), "{seen}");
+    assert_eq!(again["_meta"]["dev.idemgate/replayed"], true, "{seen}");
+    assert_eq!(again["content"][0], first["content"][0], "{seen}");
 }
 
 #[test]

@@ -234,18 +234,7 @@ fn memory_over_http(era: &str) -> Value {
         &[server.to_str().unwrap()],
     );
     let seen = p.python_in(&sb, era, "memory", "", &sb.path("unused"));
-    assert!(
-        seen["tools"]
-            .as_array()
-            .unwrap()
-            .contains(&json!("create_entities")),
-        "{seen}"
-    );
-    let (first, again) = (&seen["first"], &seen["again"]);
-    assert_ne!(first["isError"], true, "{seen}");
-    assert!(!replayed(first), "{seen}");
-    assert!(replayed(again), "{seen}");
-    assert_eq!(again["content"][0], first["content"][0], "{seen}");
+    crate::mcp::assert_memory_write_replayed(&seen);
     // 16 racing duplicates: one ran (server-memory answers [] when the entity exists already,
     // so every answer naming the entity is the one execution's).
     let racing = seen["racing"].as_array().unwrap();
@@ -467,26 +456,19 @@ fn mcp_http_sessionless_2026_era_requests_keep_tokens_tenants_and_origin() {
     let modern = [("mcp-protocol-version", "2026-07-28")];
     let auth_a = format!("Bearer {TOKEN_A}");
     let auth_b = format!("Bearer {TOKEN_B}");
+    let discover_with = |headers: &[(&str, &str)]| p.http("POST", headers, &discover);
 
-    let none = p.http("POST", &modern, &discover);
+    let none = discover_with(&modern);
     assert_eq!(none.status, 401, "{}", none.body);
-    let evil = p.http(
-        "POST",
-        &[
-            ("authorization", &auth_a),
-            ("origin", "http://evil.example"),
-        ],
-        &discover,
-    );
+    let evil = discover_with(&[
+        ("authorization", &auth_a),
+        ("origin", "http://evil.example"),
+    ]);
     assert_eq!(evil.status, 403, "{}", evil.body);
-    let mismatch = p.http(
-        "POST",
-        &[
-            ("authorization", &auth_a),
-            ("mcp-protocol-version", "2025-11-25"),
-        ],
-        &discover,
-    );
+    let mismatch = discover_with(&[
+        ("authorization", &auth_a),
+        ("mcp-protocol-version", "2025-11-25"),
+    ]);
     assert_eq!(mismatch.status, 400, "{}", mismatch.body);
     assert_eq!(
         mismatch.json()["error"]["code"],
@@ -495,15 +477,11 @@ fn mcp_http_sessionless_2026_era_requests_keep_tokens_tenants_and_origin() {
         mismatch.body
     );
 
-    let found = p.http(
-        "POST",
-        &[
-            ("authorization", &auth_a),
-            ("mcp-protocol-version", "2026-07-28"),
-            ("mcp-method", "server/discover"),
-        ],
-        &discover,
-    );
+    let found = discover_with(&[
+        ("authorization", &auth_a),
+        ("mcp-protocol-version", "2026-07-28"),
+        ("mcp-method", "server/discover"),
+    ]);
     assert_eq!(found.status, 200, "{}", found.body);
     assert!(
         !found.headers.iter().any(|(k, _)| k == "mcp-session-id"),

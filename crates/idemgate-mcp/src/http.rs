@@ -191,6 +191,36 @@ impl Live {
         let _ = self.to_session.send((refusal.to_string(), None));
     }
 
+    /// Sends the request `frame`, whose id is `id`, to the session, with a place in the waiting
+    /// list for what comes for it; `None` when the session has ended.
+    fn submit(
+        self: &Arc<Self>,
+        id: String,
+        frame: String,
+        key: Option<IdempotencyKey>,
+    ) -> Option<(mpsc::UnboundedReceiver<String>, Waiting)> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let waiting = {
+            let mut r = lock(&self.routes);
+            if r.closed {
+                return None;
+            }
+            r.next += 1;
+            let number = r.next;
+            r.posts
+                .entry(id.clone())
+                .or_default()
+                .push_back((number, tx));
+            Waiting {
+                live: Arc::clone(self),
+                id,
+                number,
+            }
+        };
+        self.to_session.send((frame, key)).ok()?;
+        Some((rx, waiting))
+    }
+
     /// The session has ended: every stream ends.
     fn close(&self) {
         let mut r = lock(&self.routes);
@@ -686,28 +716,9 @@ async fn post_message<S: Store>(
         }
         return StatusCode::ACCEPTED.into_response();
     };
-    let id = frame::id_key(id);
-    let (tx, mut rx) = mpsc::unbounded_channel();
-    let waiting = {
-        let mut r = lock(&live.routes);
-        if r.closed {
-            return fail(StatusCode::NOT_FOUND, "the session has ended");
-        }
-        r.next += 1;
-        let number = r.next;
-        r.posts
-            .entry(id.clone())
-            .or_default()
-            .push_back((number, tx));
-        Waiting {
-            live: Arc::clone(&live),
-            id,
-            number,
-        }
-    };
-    if live.to_session.send((text, key)).is_err() {
+    let Some((mut rx, waiting)) = live.submit(frame::id_key(id), text, key) else {
         return fail(StatusCode::NOT_FOUND, "the session has ended");
-    }
+    };
     let Some(first) = rx.recv().await else {
         return fail(
             StatusCode::NOT_FOUND,
@@ -797,28 +808,9 @@ async fn sessionless<S: Store>(
             "the body is not one JSON-RPC message",
         );
     };
-    let id = frame::id_key(&proxy_id);
-    let (tx, mut rx) = mpsc::unbounded_channel();
-    let _waiting = {
-        let mut r = lock(&live.routes);
-        if r.closed {
-            return fail(StatusCode::SERVICE_UNAVAILABLE, "the server ended; retry");
-        }
-        r.next += 1;
-        let number = r.next;
-        r.posts
-            .entry(id.clone())
-            .or_default()
-            .push_back((number, tx));
-        Waiting {
-            live: Arc::clone(&live),
-            id,
-            number,
-        }
-    };
-    if live.to_session.send((renamed, key)).is_err() {
+    let Some((mut rx, _waiting)) = live.submit(frame::id_key(&proxy_id), renamed, key) else {
         return fail(StatusCode::SERVICE_UNAVAILABLE, "the server ended; retry");
-    }
+    };
     match rx.recv().await {
         Some(answer) => json_response(frame::with_id(&answer, &own_id).unwrap_or(answer)),
         None => fail(
