@@ -523,6 +523,26 @@ fn mcp_http_sessionless_2026_era_requests_keep_tokens_tenants_and_origin() {
 }
 
 #[test]
+fn mcp_http_python_sdk_2025_era_client_reaches_a_2026_only_server() {
+    // The fixture in --modern mode refuses initialize and every request without the 2026-07-28
+    // envelope; the SDK client speaks 2025-11-25 with a session. The proxy answers initialize
+    // from the server's server/discover and adds the envelope to the client's requests.
+    let sb = Sandbox::new();
+    let p = sb.listen("", &["python3", FIXTURE, "--modern"]);
+    let seen = p.python(&sb, "modern", "", &sb.path("unused"));
+    assert_eq!(seen["protocol"], "2025-11-25", "{seen}");
+    assert_eq!(seen["server"], "fixture-2026", "{seen}");
+    assert!(
+        seen["tools"].as_array().unwrap().contains(&json!("count")),
+        "{seen}"
+    );
+    assert_eq!(seen["first"]["content"][0]["text"], "counted 1", "{seen}");
+    assert!(!replayed(&seen["first"]), "{seen}");
+    assert!(replayed(&seen["again"]), "{seen}");
+    assert_eq!(sb.executed(), ["count m"]);
+}
+
+#[test]
 fn mcp_http_refuses_a_non_loopback_address_without_tokens() {
     let sb = Sandbox::new();
     let out = sb.run(&["mcp", "--listen", "0.0.0.0:0", "--", "python3", FIXTURE]);

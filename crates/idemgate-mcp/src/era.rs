@@ -5,7 +5,7 @@
 //! describes itself in `server/discover`, and every result carries `resultType`.
 //!
 //! Only pure functions on frames live here; when the session applies them is in
-//! [`crate::session`].
+//! [`Session`](crate::Session).
 
 use serde_json::value::RawValue;
 use serde_json::{json, Value};

@@ -15,7 +15,7 @@
 //! Sessionless requests (MCP 2026-07-28): a POST without `Mcp-Session-Id` whose message names
 //! protocol 2026-07-28 or later in `params._meta` goes to one child shared by every such request
 //! of its tenant (tenants never share a child, so never see each other's results). The session
-//! of that child learns the server's era as for any session ([`crate::session`]): a legacy
+//! of that child learns the server's era as for any session ([`Session`]): a legacy
 //! server is initialized by the proxy with the first request's client capabilities and info.
 //! Request ids are the clients' own, so two clients may send the same one: each request gets an
 //! id of the proxy's on the way in and its own back on the way out. Such a client has no stream
