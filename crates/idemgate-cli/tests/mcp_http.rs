@@ -498,6 +498,22 @@ fn mcp_http_sessionless_2026_era_requests_keep_tokens_tenants_and_origin() {
         "fixture"
     );
     assert_eq!(found.json()["id"], 1, "the client's own id comes back");
+    // Errors with the statuses of that era: an unknown method 404, a modern error 400.
+    let mut unknown =
+        json!({"jsonrpc": "2.0", "id": 2, "method": "prompts/list", "params": {"_meta": envelope}});
+    let missing = p.http("POST", &[("authorization", &auth_a)], &unknown.to_string());
+    assert_eq!(missing.status, 404, "{}", missing.body);
+    assert_eq!(missing.json()["error"]["code"], -32601, "{}", missing.body);
+    unknown["method"] = json!("server/discover");
+    unknown["params"]["_meta"]["io.modelcontextprotocol/protocolVersion"] = json!("2030-01-01");
+    let newer = p.http("POST", &[("authorization", &auth_a)], &unknown.to_string());
+    assert_eq!(newer.status, 400, "{}", newer.body);
+    assert_eq!(
+        newer.json()["error"]["data"]["supported"],
+        json!(["2026-07-28"]),
+        "{}",
+        newer.body
+    );
 
     // The same key and tool of two tenants are two actions, each run once and replayed to its
     // own tenant only.

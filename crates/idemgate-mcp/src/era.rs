@@ -119,7 +119,12 @@ pub(crate) fn is_modern_error(error: &RawValue) -> bool {
     serde_json::from_str::<Value>(error.get())
         .ok()
         .and_then(|e| e["code"].as_i64())
-        .is_some_and(|c| MODERN_ERRORS.contains(&c))
+        .is_some_and(is_modern_code)
+}
+
+/// Whether a JSON-RPC error code is one of the modern errors.
+pub(crate) fn is_modern_code(code: i64) -> bool {
+    MODERN_ERRORS.contains(&code)
 }
 
 /// The params of the `initialize` the proxy sends a legacy server on behalf of a modern client

@@ -381,6 +381,17 @@ impl<S: Store> Proxy<S> {
             for live in self.every_session() {
                 if live.idle(idle) {
                     tracing::info!(session = %live.id, "ended an idle session");
+                    if live.shared {
+                        // The next sessionless request starts a new child rather than reach
+                        // one that is ending.
+                        let mut shared = lock(&self.shared);
+                        if shared
+                            .get(&live.tenant)
+                            .is_some_and(|l| Arc::ptr_eq(l, &live))
+                        {
+                            shared.remove(&live.tenant);
+                        }
+                    }
                     live.stop.notify_one();
                 }
             }
@@ -812,11 +823,31 @@ async fn sessionless<S: Store>(
         return fail(StatusCode::SERVICE_UNAVAILABLE, "the server ended; retry");
     };
     match rx.recv().await {
-        Some(answer) => json_response(frame::with_id(&answer, &own_id).unwrap_or(answer)),
+        Some(answer) => {
+            let status = modern_status(&answer);
+            let mut res = json_response(frame::with_id(&answer, &own_id).unwrap_or(answer));
+            *res.status_mut() = status;
+            res
+        }
         None => fail(
             StatusCode::BAD_GATEWAY,
             "the server ended before it answered",
         ),
+    }
+}
+
+/// The HTTP status of a modern answer (MCP 2026-07-28, "Protocol Version Header"): 404 for an
+/// unknown method, 400 for the modern errors (a client that speaks both eras reads them to
+/// decide), else 200.
+fn modern_status(answer: &str) -> StatusCode {
+    let code = Frame::parse(answer)
+        .and_then(|f| f.error)
+        .and_then(|e| serde_json::from_str::<serde_json::Value>(e.get()).ok())
+        .and_then(|e| e["code"].as_i64());
+    match code {
+        Some(-32601) => StatusCode::NOT_FOUND,
+        Some(c) if era::is_modern_code(c) => StatusCode::BAD_REQUEST,
+        _ => StatusCode::OK,
     }
 }
 
