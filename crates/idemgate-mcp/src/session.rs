@@ -1,6 +1,13 @@
 //! One proxied MCP session, independent of the transport: frames from the client and from the
 //! server go in, frames for each side come out of two channels. Everything but `tools/call`
 //! passes through as it came; `tools/list` answers are read on the way to learn the tools.
+//!
+//! The exception is a client and a server of different protocol eras ([`crate::era`]): the
+//! client's first request tells the proxy the client's era, and its answer (or a probe of the
+//! proxy's own) the server's. Until both are known, the client's later frames wait, in order.
+//! When they differ, the proxy holds the handshake the other side lacks (an `initialize` of its
+//! own for a legacy server, or a `server/discover` for a modern one) and translates what must be
+//! translated for each request; when they agree, frames pass as they came.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::future::Future;
