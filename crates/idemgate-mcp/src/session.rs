@@ -11,7 +11,7 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -178,6 +178,9 @@ struct Inner<S> {
     writes: Mutex<HashSet<String>>,
     next_id: AtomicU64,
     gate: Mutex<Gate>,
+    /// Set once the eras are settled as the same and no frame is held: from then on frames pass
+    /// without a look at the gate (the common case costs an atomic load, not three locks).
+    same_era: AtomicBool,
     /// Ids of a modern client's requests (other than `tools/call`) sent to a legacy server and
     /// not answered yet, with whether their method's result is cacheable: their results get
     /// what a modern result has ([`era::completed_response`]).
@@ -241,6 +244,7 @@ impl<S: Store> Session<S> {
                 era: Era::Unknown,
                 held: None,
             }),
+            same_era: AtomicBool::new(false),
             modern_ids: Mutex::new(HashMap::new()),
             calls: Mutex::new(JoinSet::new()),
         });
@@ -353,6 +357,9 @@ impl<S: Store> Inner<S> {
     /// A request for the server as the server's era needs it: a legacy client's request to a
     /// modern server gets the envelope the client's `initialize` implied.
     fn to_upstream(&self, frame: String) -> String {
+        if self.same_era.load(Ordering::Acquire) {
+            return frame;
+        }
         let gate = lock(&self.gate);
         let Era::Upgraded { envelope } = &gate.era else {
             return frame;
@@ -372,6 +379,10 @@ impl<S: Store> Inner<S> {
             self.send_server(line);
             return;
         };
+        if self.same_era.load(Ordering::Acquire) {
+            self.relay(line, f, key);
+            return;
+        }
         {
             let mut gate = lock(&self.gate);
             if let Some(held) = &mut gate.held {
@@ -416,6 +427,9 @@ impl<S: Store> Inner<S> {
                     Some(held) if !held.is_empty() => std::mem::take(held),
                     _ => {
                         gate.held = None;
+                        if matches!(gate.era, Era::Same) {
+                            self.same_era.store(true, Ordering::Release);
+                        }
                         return;
                     }
                 }
@@ -576,9 +590,7 @@ impl<S: Store> Inner<S> {
         }
     }
 
-    /// A client frame once the eras are known: what the eras change, then `tools/call` judged
-    /// in a task of its own, a cancellation of a write in flight held back unless configured,
-    /// and the rest on to the server.
+    /// A client frame once the eras are known: what the eras change, then [`Inner::relay`].
     fn dispatch(self: &Arc<Self>, line: String, f: Frame, key: Option<IdempotencyKey>) {
         let method = f.method.as_deref();
         {
@@ -620,7 +632,13 @@ impl<S: Store> Inner<S> {
                 _ => {}
             }
         }
-        match (method, f.id) {
+        self.relay(line, f, key);
+    }
+
+    /// A client frame as every era relays it: `tools/call` judged in a task of its own, a
+    /// cancellation of a write in flight held back unless configured, the rest on to the server.
+    fn relay(self: &Arc<Self>, line: String, f: Frame, key: Option<IdempotencyKey>) {
+        match (f.method.as_deref(), f.id) {
             (Some("tools/call"), Some(id)) => {
                 let inner = Arc::clone(self);
                 let params = f.params;
