@@ -384,17 +384,30 @@ impl<S: Store> Proxy<S> {
                     if live.shared {
                         // The next sessionless request starts a new child rather than reach
                         // one that is ending.
-                        let mut shared = lock(&self.shared);
-                        if shared
-                            .get(&live.tenant)
-                            .is_some_and(|l| Arc::ptr_eq(l, &live))
-                        {
-                            shared.remove(&live.tenant);
-                        }
+                        self.forget(&live);
                     }
                     live.stop.notify_one();
                 }
             }
+        }
+    }
+
+    /// Takes `live` out of the sessions (or the shared children) when it is still there: a
+    /// session of the same id, or a newer shared child of its tenant, stays.
+    fn forget(&self, live: &Arc<Live>) {
+        fn remove<K: Eq + std::hash::Hash>(
+            map: &mut HashMap<K, Arc<Live>>,
+            key: &K,
+            live: &Arc<Live>,
+        ) {
+            if map.get(key).is_some_and(|l| Arc::ptr_eq(l, live)) {
+                map.remove(key);
+            }
+        }
+        if live.shared {
+            remove(&mut lock(&self.shared), &live.tenant, live);
+        } else {
+            remove(&mut lock(&self.sessions), &live.id, live);
         }
     }
 
@@ -489,23 +502,7 @@ impl<S: Store> Proxy<S> {
             .await;
             let _ = router.await;
             live.close();
-            if live.shared {
-                let mut shared = lock(&proxy.shared);
-                if shared
-                    .get(&live.tenant)
-                    .is_some_and(|l| Arc::ptr_eq(l, &live))
-                {
-                    shared.remove(&live.tenant);
-                }
-            } else {
-                let mut sessions = lock(&proxy.sessions);
-                if sessions
-                    .get(&live.id)
-                    .is_some_and(|l| Arc::ptr_eq(l, &live))
-                {
-                    sessions.remove(&live.id);
-                }
-            }
+            proxy.forget(&live);
             let status = started.end.wait().await;
             tracing::info!(session = %live.id, ?ended, ?status, "session ended");
         });
