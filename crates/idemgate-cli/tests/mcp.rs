@@ -45,6 +45,18 @@ impl Sandbox {
         command
     }
 
+    /// A proxy in front of the fixture speaking only MCP 2026-07-28 (`--modern`).
+    fn proxy_to_modern(&self, config: &str) -> Proxy {
+        let mut command = self.idemgate();
+        command
+            .env("FIXTURE_LOG", self.path("executed"))
+            .env("FIXTURE_NOTES", self.path("notes"));
+        Proxy::spawn(
+            self.mcp(command, config, &["python3", FIXTURE, "--modern"]),
+            self,
+        )
+    }
+
     /// A proxy that has gone through `initialize`.
     fn initialized(&self, config: &str) -> Proxy {
         let mut p = self.proxy(config);
@@ -230,6 +242,43 @@ fn started(config: &str) -> (Sandbox, Proxy) {
     let sb = Sandbox::new();
     let p = sb.initialized(config);
     (sb, p)
+}
+
+#[test]
+fn mcp_a_2025_era_client_reaches_a_2026_only_server_through_the_proxy() {
+    let sb = Sandbox::new();
+    let mut p = sb.proxy_to_modern(PLAIN);
+    // The server refuses initialize; the proxy answers it from the server's server/discover.
+    let init = p.initialize();
+    assert_eq!(init["result"]["protocolVersion"], "2025-11-25", "{init}");
+    assert_eq!(
+        init["result"]["serverInfo"]["name"], "fixture-2026",
+        "{init}"
+    );
+    assert_eq!(
+        init["result"]["capabilities"],
+        json!({"tools": {}}),
+        "{init}"
+    );
+    // The server refuses every request without the 2026-07-28 envelope: these work because the
+    // proxy adds it (and the proxy's own listing, sent for the call, carries it too).
+    let first = p.call("count", json!({"label": "a"}), Some("k-1"));
+    assert_eq!(text(&first, 0), "counted 1", "{first}");
+    let again = p.call("count", json!({"label": "a"}), Some("k-1"));
+    assert_eq!(
+        again["result"]["_meta"]["dev.idemgate/replayed"], true,
+        "{again}"
+    );
+    assert_eq!(sb.executed(), ["count a"]);
+    let listed = p.request("tools/list", json!({}));
+    assert!(listed["result"]["tools"].is_array(), "{listed}");
+    // The 2026-07-28 era has no ping; the proxy answers it.
+    assert_eq!(p.request("ping", json!({}))["result"], json!({}));
+    // notifications/initialized is the proxy's to swallow: that era has no handshake.
+    drop(p.stdin.take());
+    p.wait_exit();
+    let notes = fs::read_to_string(sb.path("notes")).unwrap_or_default();
+    assert!(!notes.contains("notifications/initialized"), "{notes}");
 }
 
 #[test]
@@ -625,8 +674,10 @@ impl Sandbox {
     }
 }
 
-#[test]
-fn mcp_real_memory_server_through_the_python_sdk() {
+/// The Python SDK client's memory scenario through `idemgate mcp` on stdio, in `era` ("2025":
+/// `initialize`; "2026": `server/discover` and per-request `_meta`); what it saw, checked: a
+/// re-sent keyed write replays, an unkeyed one is refused, the graph holds the entity once.
+fn memory_over_stdio(era: &str) -> Value {
     let deps = mcp_deps();
     let sb = Sandbox::new();
     let mut client = sb.python_client("mcp_memory_client.py");
@@ -634,21 +685,10 @@ fn mcp_real_memory_server_through_the_python_sdk() {
         .arg(env!("CARGO_BIN_EXE_idemgate"))
         .arg("--")
         .arg(deps.join("node/node_modules/.bin/mcp-server-memory"))
-        .env("MEMORY_FILE_PATH", sb.path("memory.jsonl"));
+        .env("MEMORY_FILE_PATH", sb.path("memory.jsonl"))
+        .env("MCP_ERA", era);
     let seen = sb.client_saw(client);
-    assert!(
-        seen["tools"]
-            .as_array()
-            .unwrap()
-            .contains(&json!("create_entities")),
-        "{seen}"
-    );
-    let first = &seen["first"];
-    let again = &seen["again"];
-    assert_ne!(first["isError"], true, "{seen}");
-    assert!(first["_meta"]["dev.idemgate/replayed"].is_null(), "{seen}");
-    assert_eq!(again["_meta"]["dev.idemgate/replayed"], true, "{seen}");
-    assert_eq!(again["content"][0], first["content"][0], "{seen}");
+    assert_memory_write_replayed(&seen);
     assert_eq!(seen["unkeyed"]["isError"], true, "{seen}");
     assert_eq!(
         seen["unkeyed"]["_meta"]["dev.idemgate/verdict"],
@@ -657,4 +697,41 @@ fn mcp_real_memory_server_through_the_python_sdk() {
     // The server's state changed once: one entity, one observation.
     let graph = seen["graph"]["content"][0]["text"].as_str().unwrap();
     assert_eq!(graph.matches("printer on fire").count(), 1, "{graph}");
+    assert_eq!(seen["server"], "memory-server", "{seen}");
+    seen
+}
+
+/// What a memory scenario of the Python SDK client must have seen of its keyed write: the tool
+/// listed, the write run once, and its re-send replayed with the same content.
+pub(crate) fn assert_memory_write_replayed(seen: &Value) {
+    assert!(
+        seen["tools"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("create_entities")),
+        "{seen}"
+    );
+    let (first, again) = (&seen["first"], &seen["again"]);
+    assert_ne!(first["isError"], true, "{seen}");
+    assert!(first["_meta"]["dev.idemgate/replayed"].is_null(), "{seen}");
+    assert_eq!(again["_meta"]["dev.idemgate/replayed"], true, "{seen}");
+    assert_eq!(again["content"][0], first["content"][0], "{seen}");
+}
+
+#[test]
+fn mcp_real_memory_server_through_the_python_sdk() {
+    let seen = memory_over_stdio("2025");
+    assert_eq!(seen["protocol"], "2025-11-25", "{seen}");
+}
+
+#[test]
+fn mcp_real_memory_server_to_a_2026_era_client_through_discovery_the_proxy_answers() {
+    // server-memory speaks only the 2025 era (`server/discover`: method not found); the proxy
+    // initializes it and answers the client's `server/discover` from that, so the client stays
+    // in the 2026 era, and every result it gets carries `resultType` (the SDK refuses one
+    // without).
+    let seen = memory_over_stdio("2026");
+    assert_eq!(seen["protocol"], "2026-07-28", "{seen}");
+    assert_eq!(seen["first"]["resultType"], "complete", "{seen}");
+    assert_eq!(seen["again"]["resultType"], "complete", "{seen}");
 }

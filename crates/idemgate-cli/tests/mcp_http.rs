@@ -109,8 +109,23 @@ impl Listening {
         token: &str,
         release: &std::path::Path,
     ) -> Value {
+        self.python_in(sb, "2025", mode, token, release)
+    }
+
+    /// [`Listening::python`] with the client in `era` ("2025": sessions; "2026": sessionless).
+    pub(crate) fn python_in(
+        &self,
+        sb: &Sandbox,
+        era: &str,
+        mode: &str,
+        token: &str,
+        release: &std::path::Path,
+    ) -> Value {
         let mut client = sb.python_client("mcp_http_client.py");
-        client.args([mode, &self.url, token]).arg(release);
+        client
+            .args([mode, &self.url, token])
+            .arg(release)
+            .env("MCP_ERA", era);
         sb.client_saw(client)
     }
 
@@ -194,6 +209,23 @@ pub(crate) fn replayed(result: &Value) -> bool {
 
 #[test]
 fn mcp_http_python_sdk_drives_the_memory_server() {
+    let seen = memory_over_http("2025");
+    assert_eq!(seen["protocol"], "2025-11-25", "{seen}");
+}
+
+#[test]
+fn mcp_http_python_sdk_drives_the_memory_server_sessionless_in_the_2026_era() {
+    // No session: every request a POST of its own with the 2026-07-28 envelope, to the child
+    // the tenant's sessionless requests share, which the proxy initialized (server-memory speaks
+    // only the 2025 era); the 16 racers each come on a connection of their own.
+    let seen = memory_over_http("2026");
+    assert_eq!(seen["protocol"], "2026-07-28", "{seen}");
+    assert_eq!(seen["again"]["resultType"], "complete", "{seen}");
+}
+
+/// The Python SDK client's memory scenario through `idemgate mcp --listen` in `era`, checked: a
+/// re-sent write replays, 16 racing duplicates run once, reads pass; what it saw.
+fn memory_over_http(era: &str) -> Value {
     let deps = mcp_deps();
     let sb = Sandbox::new();
     let server = deps.join("node/node_modules/.bin/mcp-server-memory");
@@ -201,19 +233,8 @@ fn mcp_http_python_sdk_drives_the_memory_server() {
         "[tools.read_graph]\nkind = \"read\"\n",
         &[server.to_str().unwrap()],
     );
-    let seen = p.python(&sb, "memory", "", &sb.path("unused"));
-    assert!(
-        seen["tools"]
-            .as_array()
-            .unwrap()
-            .contains(&json!("create_entities")),
-        "{seen}"
-    );
-    let (first, again) = (&seen["first"], &seen["again"]);
-    assert_ne!(first["isError"], true, "{seen}");
-    assert!(!replayed(first), "{seen}");
-    assert!(replayed(again), "{seen}");
-    assert_eq!(again["content"][0], first["content"][0], "{seen}");
+    let seen = p.python_in(&sb, era, "memory", "", &sb.path("unused"));
+    crate::mcp::assert_memory_write_replayed(&seen);
     // 16 racing duplicates: one ran (server-memory answers [] when the entity exists already,
     // so every answer naming the entity is the one execution's).
     let racing = seen["racing"].as_array().unwrap();
@@ -236,6 +257,7 @@ fn mcp_http_python_sdk_drives_the_memory_server() {
         assert_eq!(text.matches("printer on fire").count(), 1, "{text}");
         assert_eq!(text.matches("paper jam").count(), 1, "{text}");
     }
+    seen
 }
 
 #[test]
@@ -417,6 +439,123 @@ fn mcp_http_tokens_tenants_and_origin() {
     );
     assert_eq!(version.status, 400, "{}", version.body);
     assert_eq!(sb.executed().len(), 2);
+}
+
+#[test]
+fn mcp_http_sessionless_2026_era_requests_keep_tokens_tenants_and_origin() {
+    // The fixture speaks only the 2025 era; sessionless requests go to a child per tenant,
+    // which the proxy initialized.
+    let sb = Sandbox::new();
+    let p = sb.listen(&tenants(), &["python3", FIXTURE]);
+    let envelope = json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "1"},
+        "io.modelcontextprotocol/clientCapabilities": {},
+    });
+    let discover = json!({"jsonrpc": "2.0", "id": 1, "method": "server/discover", "params": {"_meta": envelope}}).to_string();
+    let modern = [("mcp-protocol-version", "2026-07-28")];
+    let auth_a = format!("Bearer {TOKEN_A}");
+    let auth_b = format!("Bearer {TOKEN_B}");
+    let discover_with = |headers: &[(&str, &str)]| p.http("POST", headers, &discover);
+
+    let none = discover_with(&modern);
+    assert_eq!(none.status, 401, "{}", none.body);
+    let evil = discover_with(&[
+        ("authorization", &auth_a),
+        ("origin", "http://evil.example"),
+    ]);
+    assert_eq!(evil.status, 403, "{}", evil.body);
+    let mismatch = discover_with(&[
+        ("authorization", &auth_a),
+        ("mcp-protocol-version", "2025-11-25"),
+    ]);
+    assert_eq!(mismatch.status, 400, "{}", mismatch.body);
+    assert_eq!(
+        mismatch.json()["error"]["code"],
+        -32020,
+        "{}",
+        mismatch.body
+    );
+
+    let found = discover_with(&[
+        ("authorization", &auth_a),
+        ("mcp-protocol-version", "2026-07-28"),
+        ("mcp-method", "server/discover"),
+    ]);
+    assert_eq!(found.status, 200, "{}", found.body);
+    assert!(
+        !found.headers.iter().any(|(k, _)| k == "mcp-session-id"),
+        "no session is minted"
+    );
+    let result = &found.json()["result"];
+    assert_eq!(
+        result["supportedVersions"],
+        json!(["2026-07-28"]),
+        "{result}"
+    );
+    assert_eq!(
+        result["_meta"]["io.modelcontextprotocol/serverInfo"]["name"],
+        "fixture"
+    );
+    assert_eq!(found.json()["id"], 1, "the client's own id comes back");
+    // Errors with the statuses of that era: an unknown method 404, a modern error 400.
+    let mut unknown =
+        json!({"jsonrpc": "2.0", "id": 2, "method": "prompts/list", "params": {"_meta": envelope}});
+    let missing = p.http("POST", &[("authorization", &auth_a)], &unknown.to_string());
+    assert_eq!(missing.status, 404, "{}", missing.body);
+    assert_eq!(missing.json()["error"]["code"], -32601, "{}", missing.body);
+    unknown["method"] = json!("server/discover");
+    unknown["params"]["_meta"]["io.modelcontextprotocol/protocolVersion"] = json!("2030-01-01");
+    let newer = p.http("POST", &[("authorization", &auth_a)], &unknown.to_string());
+    assert_eq!(newer.status, 400, "{}", newer.body);
+    assert_eq!(
+        newer.json()["error"]["data"]["supported"],
+        json!(["2026-07-28"]),
+        "{}",
+        newer.body
+    );
+
+    // The same key and tool of two tenants are two actions, each run once and replayed to its
+    // own tenant only.
+    let call = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {
+        "name": "count", "arguments": {"label": "x"},
+        "_meta": {"dev.idemgate/idempotency-key": "k", "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                  "io.modelcontextprotocol/clientCapabilities": {}}}}).to_string();
+    let send = |auth: &str| {
+        let answer = p.http("POST", &[("authorization", auth)], &call);
+        assert_eq!(answer.status, 200, "{}", answer.body);
+        answer.json()
+    };
+    let a1 = send(&auth_a);
+    assert_eq!(a1["id"], 7);
+    assert_eq!(a1["result"]["content"][0]["text"], "counted 1", "{a1}");
+    assert_eq!(a1["result"]["resultType"], "complete", "{a1}");
+    let b1 = send(&auth_b);
+    assert!(!replayed(&b1["result"]), "{b1}");
+    let a2 = send(&auth_a);
+    assert!(replayed(&a2["result"]), "{a2}");
+    assert_eq!(a2["result"]["content"][0], a1["result"]["content"][0]);
+    assert_eq!(sb.executed(), ["count x", "count x"]);
+}
+
+#[test]
+fn mcp_http_python_sdk_2025_era_client_reaches_a_2026_only_server() {
+    // The fixture in --modern mode refuses initialize and every request without the 2026-07-28
+    // envelope; the SDK client speaks 2025-11-25 with a session. The proxy answers initialize
+    // from the server's server/discover and adds the envelope to the client's requests.
+    let sb = Sandbox::new();
+    let p = sb.listen("", &["python3", FIXTURE, "--modern"]);
+    let seen = p.python(&sb, "modern", "", &sb.path("unused"));
+    assert_eq!(seen["protocol"], "2025-11-25", "{seen}");
+    assert_eq!(seen["server"], "fixture-2026", "{seen}");
+    assert!(
+        seen["tools"].as_array().unwrap().contains(&json!("count")),
+        "{seen}"
+    );
+    assert_eq!(seen["first"]["content"][0]["text"], "counted 1", "{seen}");
+    assert!(!replayed(&seen["first"]), "{seen}");
+    assert!(replayed(&seen["again"]), "{seen}");
+    assert_eq!(sb.executed(), ["count m"]);
 }
 
 #[test]

@@ -307,6 +307,19 @@ fn mcp_real_git_server_without_the_proxy_answers_retries_with_errors() {
 
 #[test]
 fn mcp_real_git_server_over_http_runs_a_retried_commit_and_racing_branches_once() {
+    git_over_http_runs_once("2025", "2025-11-25");
+}
+
+#[test]
+fn mcp_real_git_server_over_http_in_the_2026_era_without_a_session() {
+    // Sessionless: every request a POST of its own to the child shared by the tenant's
+    // sessionless requests; mcp-server-git answers server/discover itself, so its frames pass.
+    git_over_http_runs_once("2026", "2026-07-28");
+}
+
+/// The git scenario through `idemgate mcp --listen` with a client of `era`, which agrees on
+/// `version`.
+fn git_over_http_runs_once(era: &str, version: &str) {
     let sb = Sandbox::new();
     let repo = git_repo(&sb);
     let server = git_server();
@@ -314,8 +327,8 @@ fn mcp_real_git_server_over_http_runs_a_retried_commit_and_racing_branches_once(
         GIT_CONFIG,
         &[&server, "--repository", repo.to_str().unwrap()],
     );
-    let seen = run_client(&sb, Via::Http(&listening), "2025", "git", &repo, &[]);
-    assert_git_ran_once(&seen, &repo, "2025-11-25");
+    let seen = run_client(&sb, Via::Http(&listening), era, "git", &repo, &[]);
+    assert_git_ran_once(&seen, &repo, version);
     assert_records(
         &sb,
         "mcp-server-git",

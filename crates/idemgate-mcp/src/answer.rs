@@ -9,6 +9,7 @@ use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
 use crate::catalog::KEY_ARGUMENTS;
+use crate::era;
 use crate::frame::{self, Object};
 use crate::session::Reply;
 
@@ -30,39 +31,11 @@ pub const META_RETRY_AFTER: &str = "dev.idemgate/retry_after_secs";
 pub const META_FENCE: &str = "dev.idemgate/fence";
 /// `_meta` of in-flight and unknown answers: since when.
 pub const META_SINCE: &str = "dev.idemgate/since";
-/// `_meta` of a 2026-07-28-era request: the protocol version it speaks (that era has no
-/// handshake; every request carries it).
-const META_PROTOCOL_VERSION: &str = "io.modelcontextprotocol/protocolVersion";
-/// The prefix of the `_meta` names the specification reserves (the 2026-07-28 envelope's).
-const META_PROTOCOL_PREFIX: &str = "io.modelcontextprotocol/";
-/// The first protocol version whose results MUST carry `resultType`.
-const RESULT_TYPE_SINCE: &str = "2026-07-28";
-
 /// Whether a request's params say it speaks 2026-07-28 or later: answers the proxy writes itself
 /// (its own results, replays) then carry `resultType`, which that era's clients require (a result
-/// the server wrote goes back as it was). Versions are dates, so they order as text.
+/// the server wrote goes back as it was, or typed by the session when the server is legacy).
 pub(crate) fn wants_result_type(params: &Object) -> bool {
-    params
-        .get("_meta")
-        .and_then(|m| frame::object(m))
-        .and_then(|m| frame::string(&m, META_PROTOCOL_VERSION))
-        .is_some_and(|v| v.as_str() >= RESULT_TYPE_SINCE)
-}
-
-/// The 2026-07-28 envelope of a request (its `_meta` members under `io.modelcontextprotocol/`:
-/// protocol version, client info and capabilities), when it carries one: a request the proxy
-/// sends on that request's behalf (its own `tools/list`) carries the same, or a server in that
-/// era refuses it.
-pub(crate) fn envelope(params: &Object) -> Option<Object> {
-    if !wants_result_type(params) {
-        return None;
-    }
-    let meta = params.get("_meta").and_then(|m| frame::object(m))?;
-    Some(
-        meta.into_iter()
-            .filter(|(k, _)| k.starts_with(META_PROTOCOL_PREFIX))
-            .collect(),
-    )
+    era::modern_version(params).is_some()
 }
 
 /// What the answer needs to know about the call besides the engine's answer.
@@ -103,7 +76,7 @@ pub(crate) fn respond(
             Verdict::Executed | Verdict::PassedThrough | Verdict::LeaseLost | Verdict::Unrecorded,
             _,
         ) => match relay {
-            Some(Reply::Answer { frame, .. }) => frame,
+            Some(Reply::Answer { frame, .. }) => relayed(cx, frame),
             Some(Reply::Closed(why)) => own(
                 cx,
                 Verdict::Unknown,
@@ -145,7 +118,7 @@ pub(crate) fn respond(
         (Verdict::NotApplied, Some(Decision::NotApplied { message, .. })) => match relay {
             // The server's own answer that it did nothing yet (an `input_required` interim
             // result) goes back as it was.
-            Some(Reply::Answer { frame, .. }) => frame,
+            Some(Reply::Answer { frame, .. }) => relayed(cx, frame),
             _ => own(
                 cx,
                 verdict,
@@ -252,6 +225,15 @@ pub(crate) fn respond(
     }
 }
 
+/// The server's answer to the call, as it wrote it; a result without `resultType` (a legacy
+/// server's) to a modern call gets one.
+fn relayed(cx: &CallContext<'_>, frame: String) -> String {
+    if !cx.result_type {
+        return frame;
+    }
+    era::completed_response(&frame, false).unwrap_or(frame)
+}
+
 /// The proxy's own answer to a call it could not even judge (bad params, a bad key).
 pub(crate) fn refuse(cx: &CallContext<'_>, verdict: Verdict, text: String) -> String {
     own(cx, verdict, text, Map::new())
@@ -279,13 +261,15 @@ fn own(
             verdict.problem().0
         )),
     );
-    let mut result = json!({
-        "content": [{"type": "text", "text": format!("idemgate: {text}")}],
-        "isError": verdict.is_error(),
-        "_meta": extra,
-    });
+    let mut result = Object::new();
+    result.insert(
+        "content".to_owned(),
+        frame::raw(&json!([{"type": "text", "text": format!("idemgate: {text}")}])),
+    );
+    result.insert("isError".to_owned(), frame::raw(&verdict.is_error()));
+    result.insert("_meta".to_owned(), frame::raw(&extra));
     if cx.result_type {
-        result["resultType"] = json!("complete");
+        era::mark_complete(&mut result);
     }
     frame::response(cx.id, &frame::raw(&result))
 }
@@ -321,8 +305,8 @@ fn replayed(
         })));
         obj.insert("content".to_owned(), frame::raw(&content));
     }
-    if result_type && !obj.contains_key("resultType") {
-        obj.insert("resultType".to_owned(), frame::raw(&"complete"));
+    if result_type {
+        era::mark_complete(&mut obj);
     }
     frame::raw(&obj)
 }
@@ -362,7 +346,7 @@ mod tests {
     fn answers_to_a_2026_era_call_carry_its_result_type() {
         let params = |version: &str| -> Object {
             frame::object(&frame::raw(
-                &json!({"name": "t", "_meta": {META_PROTOCOL_VERSION: version}}),
+                &json!({"name": "t", "_meta": {era::META_PROTOCOL_VERSION: version}}),
             ))
             .unwrap()
         };

@@ -64,6 +64,13 @@ pub(crate) fn string(obj: &Object, name: &str) -> Option<String> {
         .and_then(|v| serde_json::from_str::<String>(v.get()).ok())
 }
 
+/// `line` with its `id` replaced (every other member kept as it was).
+pub(crate) fn with_id(line: &str, id: &RawValue) -> Option<String> {
+    let mut frame: Object = serde_json::from_str(line).ok()?;
+    frame.insert("id".to_owned(), id.to_owned());
+    serde_json::to_string(&frame).ok()
+}
+
 /// `line` with `params.arguments` replaced (every other member kept as it was).
 pub(crate) fn with_arguments(line: &str, arguments: &Object) -> Option<String> {
     let mut frame: Object = serde_json::from_str(line).ok()?;
@@ -93,6 +100,9 @@ mod tests {
         assert!(out.contains(r#""x":[1]"#), "{out}");
         assert!(!out.contains("idempotency_key"));
         assert!(Frame::parse("[1,2]").is_none());
+        let renamed = with_id(line, &raw(&"p-1")).unwrap();
+        assert!(renamed.contains(r#""id":"p-1""#), "{renamed}");
+        assert!(renamed.contains("123456789012345678901234"), "{renamed}");
         assert_ne!(id_key(&raw(&7)), id_key(&raw(&"7")));
     }
 }

@@ -12,6 +12,16 @@
 //! whose session it is. The cost is a process per session, bounded by `http.max_sessions` and
 //! `http.idle_timeout`.
 //!
+//! Sessionless requests (MCP 2026-07-28): a POST without `Mcp-Session-Id` whose message names
+//! protocol 2026-07-28 or later in `params._meta` goes to one child shared by every such request
+//! of its tenant (tenants never share a child, so never see each other's results). The session
+//! of that child learns the server's era as for any session ([`Session`]): a legacy
+//! server is initialized by the proxy with the first request's client capabilities and info.
+//! Request ids are the clients' own, so two clients may send the same one: each request gets an
+//! id of the proxy's on the way in and its own back on the way out. Such a client has no stream
+//! for the server's own messages: the server's requests are refused (`-32601`), its
+//! notifications dropped, and the answer is always `application/json`.
+//!
 //! Answers: a POST of a request is answered with `application/json` when the server's answer is
 //! the first thing that comes for it; when the server first sends requests or notifications of
 //! its own while the request is in flight and no GET stream is open, the POST turns into a
@@ -21,7 +31,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -39,6 +49,7 @@ use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinSet;
 
 use crate::config::Config;
+use crate::era;
 use crate::error::Error;
 use crate::frame::{self, Frame};
 use crate::session::{Outputs, Session};
@@ -51,6 +62,8 @@ pub const ENDPOINT: &str = "/mcp";
 pub const SESSION_HEADER: &str = "mcp-session-id";
 /// The protocol version header.
 pub const VERSION_HEADER: &str = "mcp-protocol-version";
+/// The method header of the modern era (MCP 2026-07-28, "Request Metadata").
+const METHOD_HEADER: &str = "mcp-method";
 /// Protocol versions with Streamable HTTP a client may name besides the one its session agreed.
 const KNOWN_VERSIONS: &[&str] = &["2025-03-26", "2025-06-18", "2025-11-25"];
 /// Server messages kept for a GET stream that is not open yet; older ones are dropped.
@@ -66,6 +79,10 @@ pub struct Proxy<S> {
     tenants: Vec<Arc<Tenant>>,
     tenant: TenantId,
     sessions: Mutex<HashMap<String, Arc<Live>>>,
+    /// The child each tenant's sessionless requests share.
+    shared: Mutex<HashMap<TenantId, Arc<Live>>>,
+    /// The number of the next sessionless request (its id on the way to the shared child).
+    next_request: AtomicU64,
     tasks: Mutex<JoinSet<()>>,
     stopping: AtomicBool,
 }
@@ -74,6 +91,8 @@ pub struct Proxy<S> {
 struct Live {
     id: String,
     tenant: TenantId,
+    /// Whether it serves sessionless requests (no stream for the server's own messages).
+    shared: bool,
     to_session: mpsc::UnboundedSender<(String, Option<IdempotencyKey>)>,
     routes: Mutex<Routes>,
     stop: Notify,
@@ -123,6 +142,11 @@ impl Live {
             // Nobody waits any more (the client hung up): the outcome is recorded all the same.
             return;
         }
+        if self.shared {
+            drop(r);
+            self.refuse_server_message(&frame);
+            return;
+        }
         if let Some(tx) = &r.get {
             match tx.send(frame) {
                 Ok(()) => return,
@@ -144,6 +168,57 @@ impl Live {
         if r.queued.len() > MAX_QUEUED {
             r.queued.pop_front();
         }
+    }
+
+    /// A message of the server's own in a shared session: no client has a stream for it. A
+    /// request is refused, so that the server does not wait for an answer that cannot come;
+    /// a notification is dropped.
+    fn refuse_server_message(&self, frame: &str) {
+        let Some(Frame {
+            method: Some(method),
+            id: Some(id),
+            ..
+        }) = Frame::parse(frame)
+        else {
+            return;
+        };
+        tracing::info!(%method, "refused a server request: sessionless clients have no stream for it");
+        let refusal = serde_json::json!({
+            "jsonrpc": "2.0",
+            "id": serde_json::from_str::<serde_json::Value>(id.get()).unwrap_or_default(),
+            "error": {"code": -32601, "message": format!("{method}: the client is sessionless (MCP 2026-07-28) and takes no requests from the server")},
+        });
+        let _ = self.to_session.send((refusal.to_string(), None));
+    }
+
+    /// Sends the request `frame`, whose id is `id`, to the session, with a place in the waiting
+    /// list for what comes for it; `None` when the session has ended.
+    fn submit(
+        self: &Arc<Self>,
+        id: String,
+        frame: String,
+        key: Option<IdempotencyKey>,
+    ) -> Option<(mpsc::UnboundedReceiver<String>, Waiting)> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let waiting = {
+            let mut r = lock(&self.routes);
+            if r.closed {
+                return None;
+            }
+            r.next += 1;
+            let number = r.next;
+            r.posts
+                .entry(id.clone())
+                .or_default()
+                .push_back((number, tx));
+            Waiting {
+                live: Arc::clone(self),
+                id,
+                number,
+            }
+        };
+        self.to_session.send((frame, key)).ok()?;
+        Some((rx, waiting))
     }
 
     /// The session has ended: every stream ends.
@@ -218,6 +293,8 @@ impl<S: Store> Proxy<S> {
             tenants,
             tenant,
             sessions: Mutex::new(HashMap::new()),
+            shared: Mutex::new(HashMap::new()),
+            next_request: AtomicU64::new(1),
             tasks: Mutex::new(JoinSet::new()),
             stopping: AtomicBool::new(false),
         })
@@ -236,9 +313,16 @@ impl<S: Store> Proxy<S> {
             .with_state(Arc::clone(self))
     }
 
-    /// Sessions open now.
+    /// Sessions open now, the shared children of sessionless requests included.
     pub fn sessions(&self) -> usize {
-        lock(&self.sessions).len()
+        lock(&self.sessions).len() + lock(&self.shared).len()
+    }
+
+    /// Every session open now, the shared ones included.
+    fn every_session(&self) -> Vec<Arc<Live>> {
+        let mut all: Vec<_> = lock(&self.sessions).values().cloned().collect();
+        all.extend(lock(&self.shared).values().cloned());
+        all
     }
 
     /// Serves on `listener` until `shutdown` completes; then ends every session, lets the calls
@@ -284,7 +368,7 @@ impl<S: Store> Proxy<S> {
     /// Ends every session (their calls in flight run to their end) and opens no more.
     fn stop_all(&self) {
         self.stopping.store(true, Ordering::SeqCst);
-        for live in lock(&self.sessions).values() {
+        for live in self.every_session() {
             live.stop.notify_one();
         }
     }
@@ -294,24 +378,78 @@ impl<S: Store> Proxy<S> {
         let every = (idle / 4).clamp(Duration::from_millis(100), Duration::from_secs(60));
         loop {
             tokio::time::sleep(every).await;
-            for live in lock(&self.sessions).values() {
+            for live in self.every_session() {
                 if live.idle(idle) {
                     tracing::info!(session = %live.id, "ended an idle session");
+                    if live.shared {
+                        // The next sessionless request starts a new child rather than reach
+                        // one that is ending.
+                        self.forget(&live);
+                    }
                     live.stop.notify_one();
                 }
             }
         }
     }
 
+    /// Takes `live` out of the sessions (or the shared children) when it is still there: a
+    /// session of the same id, or a newer shared child of its tenant, stays.
+    fn forget(&self, live: &Arc<Live>) {
+        fn remove<K: Eq + std::hash::Hash>(
+            map: &mut HashMap<K, Arc<Live>>,
+            key: &K,
+            live: &Arc<Live>,
+        ) {
+            if map.get(key).is_some_and(|l| Arc::ptr_eq(l, live)) {
+                map.remove(key);
+            }
+        }
+        if live.shared {
+            remove(&mut lock(&self.shared), &live.tenant, live);
+        } else {
+            remove(&mut lock(&self.sessions), &live.id, live);
+        }
+    }
+
+    /// The child `tenant`'s sessionless requests share, started if there is none.
+    fn shared(self: &Arc<Self>, tenant: TenantId) -> Result<Arc<Live>, Refused> {
+        // Held while starting one, so that racing first requests start one child.
+        let mut shared = lock(&self.shared);
+        if let Some(live) = shared.get(&tenant).filter(|l| !lock(&l.routes).closed) {
+            live.touch();
+            return Ok(Arc::clone(live));
+        }
+        let live = self.start(
+            tenant.clone(),
+            true,
+            lock(&self.sessions).len() + shared.len(),
+        )?;
+        shared.insert(tenant, Arc::clone(&live));
+        Ok(live)
+    }
+
     /// Starts a session for `tenant`: its server process, and the tasks that relay its frames.
     fn open(self: &Arc<Self>, tenant: TenantId) -> Result<Arc<Live>, Refused> {
+        let live = self.start(tenant, false, self.sessions())?;
+        lock(&self.sessions).insert(live.id.clone(), Arc::clone(&live));
+        Ok(live)
+    }
+
+    /// Starts a session (`shared` by sessionless requests, or not) for `tenant` when `open`
+    /// sessions leave room: its server process, and the tasks that relay its frames.
+    fn start(
+        self: &Arc<Self>,
+        tenant: TenantId,
+        shared: bool,
+        open: usize,
+    ) -> Result<Arc<Live>, Refused> {
         if self.stopping.load(Ordering::SeqCst) {
             return Err(refuse(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "the proxy is shutting down",
             ));
         }
-        if self.sessions() >= self.config.http.max_sessions {
+        if open >= self.config.http.max_sessions {
             return Err(refuse(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "too many sessions are open (http.max_sessions); end one with DELETE or retry later",
@@ -331,12 +469,12 @@ impl<S: Store> Proxy<S> {
         let live = Arc::new(Live {
             id: session_id(),
             tenant,
+            shared,
             to_session,
             routes: Mutex::new(Routes::default()),
             stop: Notify::new(),
             last_used: Mutex::new(Instant::now()),
         });
-        lock(&self.sessions).insert(live.id.clone(), Arc::clone(&live));
         let Outputs {
             mut to_client,
             to_server,
@@ -364,15 +502,7 @@ impl<S: Store> Proxy<S> {
             .await;
             let _ = router.await;
             live.close();
-            {
-                let mut sessions = lock(&proxy.sessions);
-                if sessions
-                    .get(&live.id)
-                    .is_some_and(|l| Arc::ptr_eq(l, &live))
-                {
-                    sessions.remove(&live.id);
-                }
-            }
+            proxy.forget(&live);
             let status = started.end.wait().await;
             tracing::info!(session = %live.id, ?ended, ?status, "session ended");
         });
@@ -571,6 +701,11 @@ async fn post_message<S: Store>(
         None => None,
     };
     let initialize = f.method.as_deref() == Some("initialize") && f.id.is_some();
+    if !initialize && headers.get(SESSION_HEADER).is_none() {
+        if let Some(version) = era::modern_version_of(f.params.as_deref()) {
+            return sessionless(&proxy, tenant, &headers, f, text, key, &version).await;
+        }
+    }
     let live = if initialize {
         match proxy.open(tenant) {
             Ok(l) => l,
@@ -589,28 +724,9 @@ async fn post_message<S: Store>(
         }
         return StatusCode::ACCEPTED.into_response();
     };
-    let id = frame::id_key(id);
-    let (tx, mut rx) = mpsc::unbounded_channel();
-    let waiting = {
-        let mut r = lock(&live.routes);
-        if r.closed {
-            return fail(StatusCode::NOT_FOUND, "the session has ended");
-        }
-        r.next += 1;
-        let number = r.next;
-        r.posts
-            .entry(id.clone())
-            .or_default()
-            .push_back((number, tx));
-        Waiting {
-            live: Arc::clone(&live),
-            id,
-            number,
-        }
-    };
-    if live.to_session.send((text, key)).is_err() {
+    let Some((mut rx, waiting)) = live.submit(frame::id_key(id), text, key) else {
         return fail(StatusCode::NOT_FOUND, "the session has ended");
-    }
+    };
     let Some(first) = rx.recv().await else {
         return fail(
             StatusCode::NOT_FOUND,
@@ -647,6 +763,89 @@ async fn post_message<S: Store>(
             .insert(HeaderName::from_static(SESSION_HEADER), v);
     }
     res
+}
+
+/// A modern client's request without a session: checked against its headers, renamed, sent
+/// to the tenant's shared child, and answered as JSON under its own id.
+async fn sessionless<S: Store>(
+    proxy: &Arc<Proxy<S>>,
+    tenant: TenantId,
+    headers: &HeaderMap,
+    f: Frame,
+    text: String,
+    key: Option<IdempotencyKey>,
+    version: &str,
+) -> Response {
+    // The headers mirror the body for intermediaries; a mismatch is refused (MCP 2026-07-28,
+    // "Server Validation"). Absent ones are not required here: the body decides.
+    let header = |name: &str| headers.get(name).map(|v| v.to_str().unwrap_or_default());
+    let method = f.method.as_deref().unwrap_or_default();
+    let mismatch = if header(VERSION_HEADER).is_some_and(|v| v != version) {
+        Some(format!(
+            "the MCP-Protocol-Version header does not match the body's {version}"
+        ))
+    } else if header(METHOD_HEADER).is_some_and(|m| m != method) {
+        Some(format!(
+            "the Mcp-Method header does not match the body's {method}"
+        ))
+    } else {
+        None
+    };
+    if let Some(message) = mismatch {
+        let body = serde_json::json!({
+            "jsonrpc": "2.0",
+            "id": f.id.as_deref().and_then(|id| serde_json::from_str::<serde_json::Value>(id.get()).ok()),
+            "error": {"code": -32020, "message": format!("Header mismatch: {message}")},
+        });
+        return (StatusCode::BAD_REQUEST, axum::Json(body)).into_response();
+    }
+    let live = match proxy.shared(tenant) {
+        Ok(l) => l,
+        Err(res) => return *res,
+    };
+    let Some(own_id) = f.id else {
+        // The modern era sends no notifications over HTTP (closing a stream cancels its
+        // request); one that comes anyway is taken and dropped: its ids are the client's.
+        return StatusCode::ACCEPTED.into_response();
+    };
+    let n = proxy.next_request.fetch_add(1, Ordering::Relaxed);
+    let proxy_id = frame::raw(&format!("dev.idemgate/http-{n}"));
+    let Some(renamed) = frame::with_id(&text, &proxy_id) else {
+        return fail(
+            StatusCode::BAD_REQUEST,
+            "the body is not one JSON-RPC message",
+        );
+    };
+    let Some((mut rx, _waiting)) = live.submit(frame::id_key(&proxy_id), renamed, key) else {
+        return fail(StatusCode::SERVICE_UNAVAILABLE, "the server ended; retry");
+    };
+    match rx.recv().await {
+        Some(answer) => {
+            let status = modern_status(&answer);
+            let mut res = json_response(frame::with_id(&answer, &own_id).unwrap_or(answer));
+            *res.status_mut() = status;
+            res
+        }
+        None => fail(
+            StatusCode::BAD_GATEWAY,
+            "the server ended before it answered",
+        ),
+    }
+}
+
+/// The HTTP status of a modern answer (MCP 2026-07-28, "Protocol Version Header"): 404 for an
+/// unknown method, 400 for the modern errors (a client that speaks both eras reads them to
+/// decide), else 200.
+fn modern_status(answer: &str) -> StatusCode {
+    let code = Frame::parse(answer)
+        .and_then(|f| f.error)
+        .and_then(|e| serde_json::from_str::<serde_json::Value>(e.get()).ok())
+        .and_then(|e| e["code"].as_i64());
+    match code {
+        Some(-32601) => StatusCode::NOT_FOUND,
+        Some(c) if era::is_modern_code(c) => StatusCode::BAD_REQUEST,
+        _ => StatusCode::OK,
+    }
 }
 
 fn sse(

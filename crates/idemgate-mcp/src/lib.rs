@@ -2,6 +2,9 @@
 //! came, and makes each write tool run at most once per logical action (docs/MCP.md).
 //!
 //! - [`Session`]: one proxied session, independent of the transport: frames in, frames out;
+//!   it also translates between a client and a server of different protocol eras (2025-11-25
+//!   `initialize` and sessions; 2026-07-28 `server/discover` and per-request `_meta`), with the
+//!   frame pieces of `era`;
 //! - [`stdio`]: the stdio transport (`idemgate mcp -- CMD ARGS…`), the server a child process;
 //! - [`http`]: the Streamable HTTP transport (`idemgate mcp --listen ADDR -- CMD ARGS…`), a
 //!   child process (or an upstream HTTP session) per session;
@@ -15,6 +18,7 @@
 mod answer;
 pub mod catalog;
 pub mod config;
+mod era;
 mod error;
 mod frame;
 pub mod http;

@@ -1,9 +1,17 @@
 //! One proxied MCP session, independent of the transport: frames from the client and from the
 //! server go in, frames for each side come out of two channels. Everything but `tools/call`
 //! passes through as it came; `tools/list` answers are read on the way to learn the tools.
+//!
+//! The exception is a client and a server of different protocol eras ([`crate::era`]): the
+//! client's first request tells the proxy the client's era, and its answer (or a probe of the
+//! proxy's own) the server's. Until both are known, the client's later frames wait, in order.
+//! When they differ, the proxy holds the handshake the other side lacks (an `initialize` of its
+//! own for a legacy server, or a `server/discover` for a modern one) and translates what must be
+//! translated for each request; when they agree, frames pass as they came.
 
-use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -20,12 +28,22 @@ use tokio::task::JoinSet;
 use crate::answer::{self, CallContext, META_KEY};
 use crate::catalog::{Catalog, Tool, KEY_ARGUMENTS};
 use crate::config::{record_tool, Config, KeySource};
+use crate::era;
 use crate::frame::{self, Frame, Object};
 
 /// How long the proxy waits for an answer to its own `tools/list`.
 const LIST_TIMEOUT: Duration = Duration::from_secs(30);
 /// The most pages of its own `tools/list` the proxy reads.
 const MAX_LIST_PAGES: usize = 100;
+/// How long the proxy waits for the answer to a `server/discover` probe before it takes the
+/// server for a legacy one (as long as the Python SDK client waits for its own).
+const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the proxy waits for a legacy server to answer the `initialize` it sends itself (a
+/// server started by `npx` may still be downloading).
+const INITIALIZE_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long the proxy waits for the answer to a client's own `initialize`: as long as the client
+/// does (a relay sets no deadline of its own; a server that exits ends the wait).
+const CLIENT_INITIALIZE_TIMEOUT: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// A frame for the server, with a way to learn whether it was written.
 #[derive(Debug)]
@@ -107,10 +125,40 @@ struct Pending {
     closed: Option<String>,
 }
 
+/// What the session knows of the protocol eras of its two sides (see [`crate::era`]).
+#[derive(Debug)]
+enum Era {
+    /// Nothing yet: frames pass as they came.
+    Unknown,
+    /// Both sides speak the same era (the server took the client's `initialize`, or answered a
+    /// modern probe as a modern server): frames pass as they came.
+    Same,
+    /// A modern client in front of a legacy server, which the proxy initialized itself and which
+    /// answered with this `initialize` result.
+    Legacy { initialized: Box<RawValue> },
+    /// A legacy client in front of a modern server: every request it sends gets this envelope.
+    Upgraded { envelope: Object },
+}
+
+/// The era, and the client's frames held while the proxy learns it.
+#[derive(Debug)]
+struct Gate {
+    era: Era,
+    /// While the era is being learned: the client's frames that came meanwhile, in order.
+    held: Option<VecDeque<(String, Option<IdempotencyKey>)>>,
+}
+
+/// How a client opened the session, when that decides the eras.
+enum Opening {
+    /// A legacy client: `initialize`.
+    Initialize,
+    /// A modern client's first request, with its envelope; `server/discover` or another.
+    Modern { envelope: Object, discover: bool },
+}
+
 /// One MCP session through the proxy.
 pub struct Session<S> {
     inner: Arc<Inner<S>>,
-    calls: Mutex<JoinSet<()>>,
 }
 
 struct Inner<S> {
@@ -129,6 +177,16 @@ struct Inner<S> {
     /// Ids of writes sent to the server and not answered yet (their cancellations are held).
     writes: Mutex<HashSet<String>>,
     next_id: AtomicU64,
+    gate: Mutex<Gate>,
+    /// Set once the eras are settled as the same and no frame is held: from then on frames pass
+    /// without a look at the gate (the common case costs an atomic load, not three locks).
+    same_era: AtomicBool,
+    /// Ids of a modern client's requests (other than `tools/call`) sent to a legacy server and
+    /// not answered yet, with whether their method's result is cacheable: their results get
+    /// what a modern result has ([`era::completed_response`]).
+    modern_ids: Mutex<HashMap<String, bool>>,
+    /// The tasks the session runs: judged calls, and the opening that learns the eras.
+    calls: Mutex<JoinSet<()>>,
 }
 
 /// The two channels a transport drains: frames for the client and frames for the server.
@@ -138,6 +196,20 @@ pub struct Outputs {
     pub to_client: mpsc::UnboundedReceiver<String>,
     /// Frames for the server.
     pub to_server: mpsc::UnboundedReceiver<Outgoing>,
+}
+
+/// How a frame opens the session, when it is a request that decides the eras.
+fn opening(f: &Frame) -> Option<Opening> {
+    f.id.as_ref()?;
+    let method = f.method.as_deref()?;
+    if method == "initialize" {
+        return Some(Opening::Initialize);
+    }
+    let params = f.params.as_deref().and_then(frame::object)?;
+    Some(Opening::Modern {
+        envelope: era::envelope(&params)?,
+        discover: method == "server/discover",
+    })
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -168,11 +240,15 @@ impl<S: Store> Session<S> {
             lists: Mutex::new(HashSet::new()),
             writes: Mutex::new(HashSet::new()),
             next_id: AtomicU64::new(1),
-        });
-        let session = Session {
-            inner,
+            gate: Mutex::new(Gate {
+                era: Era::Unknown,
+                held: None,
+            }),
+            same_era: AtomicBool::new(false),
+            modern_ids: Mutex::new(HashMap::new()),
             calls: Mutex::new(JoinSet::new()),
-        };
+        });
+        let session = Session { inner };
         (
             session,
             Outputs {
@@ -192,47 +268,12 @@ impl<S: Store> Session<S> {
     /// `Idempotency-Key` header of Streamable HTTP), which a `tools/call` uses before any key
     /// of its own: a different key in the frame itself is refused.
     pub fn from_client_keyed(&self, line: String, key: Option<IdempotencyKey>) {
-        let Some(f) = Frame::parse(&line) else {
-            self.inner.send_server(line);
-            return;
-        };
-        match (f.method.as_deref(), f.id) {
-            (Some("tools/call"), Some(id)) => {
-                let inner = Arc::clone(&self.inner);
-                let params = f.params;
-                let mut calls = lock(&self.calls);
-                // Finished calls are reaped as new ones come, so a long session stays small.
-                while calls.try_join_next().is_some() {}
-                calls.spawn(async move {
-                    let answer = inner.call(&id, line, params.as_deref(), key).await;
-                    let _ = inner.to_client.send(answer);
-                });
-            }
-            (Some("tools/list"), Some(id)) => {
-                lock(&self.inner.lists).insert(frame::id_key(&id));
-                self.inner.send_server(line);
-            }
-            (Some("notifications/cancelled"), None) if !self.inner.config.forward_cancel => {
-                let request = f
-                    .params
-                    .as_deref()
-                    .and_then(frame::object)
-                    .and_then(|p| p.get("requestId").map(|id| frame::id_key(id)));
-                // A started write runs to its end, so that its outcome is stored and the retry
-                // that follows replays it instead of finding it unknown.
-                if request.is_some_and(|r| lock(&self.inner.writes).contains(&r)) {
-                    tracing::info!("held back the cancellation of a write in flight");
-                    return;
-                }
-                self.inner.send_server(line);
-            }
-            _ => self.inner.send_server(line),
-        }
+        self.inner.from_client(line, key);
     }
 
     /// A frame from the server: answers to the proxy's requests go to their callers; everything
     /// else goes to the client as it came.
-    pub fn from_server(&self, line: String) {
+    pub fn from_server(&self, mut line: String) {
         let inner = &self.inner;
         let frame = Frame::parse(&line);
         if frame
@@ -243,6 +284,11 @@ impl<S: Store> Session<S> {
         }
         if let Some(f) = frame.filter(Frame::is_response) {
             let id = frame::id_key(f.id.as_deref().expect("responses have ids"));
+            if let Some(cacheable) = lock(&inner.modern_ids).remove(&id) {
+                if let Some(typed) = era::completed_response(&line, cacheable) {
+                    line = typed;
+                }
+            }
             let mut pending = lock(&inner.pending);
             if let Some(tx) = pending.waiting.remove(&id) {
                 drop(pending);
@@ -281,7 +327,7 @@ impl<S: Store> Session<S> {
     /// Waits until every call taken so far has been answered (and its outcome recorded).
     pub async fn drain(&self) {
         loop {
-            let mut calls = std::mem::take(&mut *lock(&self.calls));
+            let mut calls = std::mem::take(&mut *lock(&self.inner.calls));
             if calls.is_empty() {
                 return;
             }
@@ -292,7 +338,335 @@ impl<S: Store> Session<S> {
 
 impl<S: Store> Inner<S> {
     fn send_server(&self, frame: String) {
+        let frame = self.to_upstream(frame);
         let _ = self.to_server.send(Outgoing { frame, sent: None });
+    }
+
+    fn send_client(&self, frame: String) {
+        let _ = self.to_client.send(frame);
+    }
+
+    /// Runs `task` as one of the session's tasks, which [`Session::drain`] waits for.
+    fn spawn(&self, task: impl Future<Output = ()> + Send + 'static) {
+        let mut calls = lock(&self.calls);
+        // Finished tasks are reaped as new ones come, so a long session stays small.
+        while calls.try_join_next().is_some() {}
+        calls.spawn(task);
+    }
+
+    /// A request for the server as the server's era needs it: a legacy client's request to a
+    /// modern server gets the envelope the client's `initialize` implied.
+    fn to_upstream(&self, frame: String) -> String {
+        if self.same_era.load(Ordering::Acquire) {
+            return frame;
+        }
+        let gate = lock(&self.gate);
+        let Era::Upgraded { envelope } = &gate.era else {
+            return frame;
+        };
+        let request = Frame::parse(&frame).is_some_and(|f| f.method.is_some() && f.id.is_some());
+        if !request {
+            return frame;
+        }
+        era::with_envelope(&frame, envelope).unwrap_or(frame)
+    }
+
+    /// A frame from the client. Until the eras are known, the frame that decides them (a
+    /// legacy `initialize`, or a modern client's first request) starts the opening that learns
+    /// them, and later frames wait for it, in order; then frames go to [`Inner::dispatch`].
+    fn from_client(self: &Arc<Self>, line: String, key: Option<IdempotencyKey>) {
+        let Some(f) = Frame::parse(&line) else {
+            self.send_server(line);
+            return;
+        };
+        if self.same_era.load(Ordering::Acquire) {
+            self.relay(line, f, key);
+            return;
+        }
+        {
+            let mut gate = lock(&self.gate);
+            if let Some(held) = &mut gate.held {
+                held.push_back((line, key));
+                return;
+            }
+            if matches!(gate.era, Era::Unknown) {
+                if let Some(opening) = opening(&f) {
+                    let mut held = VecDeque::new();
+                    let id = f.id.clone().expect("an opening is a request");
+                    let consumed = match &opening {
+                        Opening::Initialize | Opening::Modern { discover: true, .. } => Some(line),
+                        // Any other first request waits for the eras like the frames after it.
+                        Opening::Modern { .. } => {
+                            held.push_back((line, key));
+                            None
+                        }
+                    };
+                    gate.held = Some(held);
+                    drop(gate);
+                    let inner = Arc::clone(self);
+                    self.spawn(async move {
+                        let era = inner.open(opening, id, f.params, consumed).await;
+                        inner.release(era);
+                    });
+                    return;
+                }
+            }
+        }
+        self.dispatch(line, f, key);
+    }
+
+    /// Settles the eras and lets the held frames go, in the order they came (frames that come
+    /// while they go wait behind them).
+    fn release(self: &Arc<Self>, era: Era) {
+        tracing::debug!(?era, "protocol eras settled");
+        lock(&self.gate).era = era;
+        loop {
+            let batch = {
+                let mut gate = lock(&self.gate);
+                match gate.held.as_mut() {
+                    Some(held) if !held.is_empty() => std::mem::take(held),
+                    _ => {
+                        gate.held = None;
+                        if matches!(gate.era, Era::Same) {
+                            self.same_era.store(true, Ordering::Release);
+                        }
+                        return;
+                    }
+                }
+            };
+            for (line, key) in batch {
+                match Frame::parse(&line) {
+                    Some(f) => self.dispatch(line, f, key),
+                    None => self.send_server(line),
+                }
+            }
+        }
+    }
+
+    /// Learns the eras from how the client opened: answers the opening request when it is
+    /// `initialize` or `server/discover` (`line`), and returns the era the session keeps.
+    async fn open(
+        &self,
+        opening: Opening,
+        id: Box<RawValue>,
+        params: Option<Box<RawValue>>,
+        line: Option<String>,
+    ) -> Era {
+        let params = params
+            .as_deref()
+            .and_then(frame::object)
+            .unwrap_or_default();
+        match opening {
+            Opening::Initialize => {
+                let line = line.expect("initialize is consumed");
+                self.open_legacy_client(&id, &params, line).await
+            }
+            Opening::Modern { envelope, discover } => {
+                self.open_modern_client(&id, &params, envelope, discover.then_some(line).flatten())
+                    .await
+            }
+        }
+    }
+
+    /// A legacy client's `initialize`: passed to the server; if the server refuses it and
+    /// answers a modern `server/discover`, it is a modern-only server, and the client gets an
+    /// `initialize` result made from the discovery (MCP 2026-07-28, "Versioning").
+    async fn open_legacy_client(&self, id: &RawValue, params: &Object, line: String) -> Era {
+        let reply = self
+            .ask_frame(frame::id_key(id), line, CLIENT_INITIALIZE_TIMEOUT)
+            .await;
+        let Some(Reply::Answer {
+            frame: answer,
+            error: Some(_),
+            ..
+        }) = reply
+        else {
+            if let Some(Reply::Answer { frame, .. }) = reply {
+                self.send_client(frame);
+            }
+            return Era::Same;
+        };
+        let envelope = era::envelope_from_initialize(params);
+        let discover_params = serde_json::json!({ "_meta": &envelope });
+        match self
+            .ask("server/discover", discover_params, PROBE_TIMEOUT)
+            .await
+        {
+            Some(Reply::Answer {
+                result: Some(discovered),
+                ..
+            }) => {
+                let requested = frame::string(params, "protocolVersion");
+                let result = era::initialize_from_discover(&discovered, requested.as_deref());
+                tracing::info!("the server speaks only the modern era: the proxy translates for a legacy client");
+                self.send_client(frame::response(id, &result));
+                Era::Upgraded { envelope }
+            }
+            // Not a modern server either: the client gets the server's refusal.
+            _ => {
+                self.send_client(answer);
+                Era::Same
+            }
+        }
+    }
+
+    /// A modern client's first request: probes the server with `server/discover` (the
+    /// client's own when that is the request, `discover`). A discovery, or an error only a
+    /// modern server sends, means a modern server: frames pass as they came. Any other error, or
+    /// no answer in time, means a legacy server (MCP 2026-07-28, "stdio: Backward
+    /// Compatibility": the fallback is not keyed to one error code, servers answer
+    /// -32601, -32602 or nothing): the proxy initializes it with the client's capabilities and
+    /// identity and answers `server/discover` itself from the `initialize` result.
+    async fn open_modern_client(
+        &self,
+        id: &RawValue,
+        params: &Object,
+        envelope: Object,
+        discover: Option<String>,
+    ) -> Era {
+        let probe = match discover.clone() {
+            Some(line) => self.ask_frame(frame::id_key(id), line, PROBE_TIMEOUT).await,
+            None => {
+                let probe_params = serde_json::json!({ "_meta": &envelope });
+                self.ask("server/discover", probe_params, PROBE_TIMEOUT)
+                    .await
+            }
+        };
+        let legacy = match &probe {
+            Some(Reply::Answer { error: Some(e), .. }) => !era::is_modern_error(e),
+            Some(Reply::Answer { .. } | Reply::Closed(_)) => false,
+            None => true,
+        };
+        let era = if legacy {
+            self.initialize_legacy_server(&envelope).await
+        } else {
+            Era::Same
+        };
+        if discover.is_some() {
+            let answer = match (&era, probe) {
+                (Era::Legacy { initialized }, _) => Some(self.discovered(id, params, initialized)),
+                (_, Some(Reply::Answer { frame, .. })) => Some(frame),
+                _ => None,
+            };
+            if let Some(a) = answer {
+                self.send_client(a);
+            }
+        }
+        era
+    }
+
+    /// Initializes a legacy server for a modern client whose envelope is `envelope`; the
+    /// session's era after it.
+    async fn initialize_legacy_server(&self, envelope: &Object) -> Era {
+        let reply = self
+            .ask(
+                "initialize",
+                era::initialize_params(envelope),
+                INITIALIZE_TIMEOUT,
+            )
+            .await;
+        let Some(Reply::Answer {
+            result: Some(initialized),
+            ..
+        }) = reply
+        else {
+            tracing::warn!("the server refused the proxy's initialize: frames pass untranslated");
+            return Era::Same;
+        };
+        self.send_server(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#.to_owned());
+        tracing::info!(
+            "the server speaks only the legacy era: the proxy translates for a modern client"
+        );
+        Era::Legacy { initialized }
+    }
+
+    /// The answer to a modern client's `server/discover` in front of a legacy server.
+    fn discovered(&self, id: &RawValue, params: &Object, initialized: &RawValue) -> String {
+        match era::modern_version(params) {
+            Some(v) if !era::MODERN_VERSIONS.contains(&v.as_str()) => {
+                era::unsupported_version(id, &v)
+            }
+            _ => frame::response(id, &era::discover_from_initialize(initialized)),
+        }
+    }
+
+    /// A client frame once the eras are known: what the eras change, then [`Inner::relay`].
+    fn dispatch(self: &Arc<Self>, line: String, f: Frame, key: Option<IdempotencyKey>) {
+        let method = f.method.as_deref();
+        {
+            let gate = lock(&self.gate);
+            match (&gate.era, method, f.id.as_deref()) {
+                // A modern client before a legacy server: the proxy holds the handshake.
+                (Era::Legacy { initialized }, Some("server/discover"), Some(id)) => {
+                    let params = f
+                        .params
+                        .as_deref()
+                        .and_then(frame::object)
+                        .unwrap_or_default();
+                    self.send_client(self.discovered(id, &params, initialized));
+                    return;
+                }
+                // The client fell back to a handshake the proxy already made.
+                (Era::Legacy { initialized }, Some("initialize"), Some(id)) => {
+                    self.send_client(frame::response(id, initialized));
+                    return;
+                }
+                (
+                    Era::Legacy { .. } | Era::Upgraded { .. },
+                    Some("notifications/initialized"),
+                    None,
+                ) => {
+                    return;
+                }
+                (Era::Legacy { .. }, Some(m), Some(id))
+                    if m != "tools/call"
+                        && era::modern_version_of(f.params.as_deref()).is_some() =>
+                {
+                    lock(&self.modern_ids).insert(frame::id_key(id), era::is_cacheable(m));
+                }
+                // The modern era has no ping; the proxy answers it for a legacy client.
+                (Era::Upgraded { .. }, Some("ping"), Some(id)) => {
+                    self.send_client(frame::response(id, &frame::raw(&serde_json::json!({}))));
+                    return;
+                }
+                _ => {}
+            }
+        }
+        self.relay(line, f, key);
+    }
+
+    /// A client frame as every era relays it: `tools/call` judged in a task of its own, a
+    /// cancellation of a write in flight held back unless configured, the rest on to the server.
+    fn relay(self: &Arc<Self>, line: String, f: Frame, key: Option<IdempotencyKey>) {
+        match (f.method.as_deref(), f.id) {
+            (Some("tools/call"), Some(id)) => {
+                let inner = Arc::clone(self);
+                let params = f.params;
+                self.spawn(async move {
+                    let answer = inner.call(&id, line, params.as_deref(), key).await;
+                    inner.send_client(answer);
+                });
+            }
+            (Some("tools/list"), Some(id)) => {
+                lock(&self.lists).insert(frame::id_key(&id));
+                self.send_server(line);
+            }
+            (Some("notifications/cancelled"), None) if !self.config.forward_cancel => {
+                let request = f
+                    .params
+                    .as_deref()
+                    .and_then(frame::object)
+                    .and_then(|p| p.get("requestId").map(|id| frame::id_key(id)));
+                // A started write runs to its end, so that its outcome is stored and the retry
+                // that follows replays it instead of finding it unknown.
+                if request.is_some_and(|r| lock(&self.writes).contains(&r)) {
+                    tracing::info!("held back the cancellation of a write in flight");
+                    return;
+                }
+                self.send_server(line);
+            }
+            _ => self.send_server(line),
+        }
     }
 
     /// Judges one `tools/call` and returns the frame that answers it.
@@ -328,7 +702,7 @@ impl<S: Store> Inner<S> {
                 "tools/call needs params.name and, if any, params.arguments as an object; nothing was done.".to_owned(),
             );
         };
-        let tool = self.describe(&name, answer::envelope(&params)).await;
+        let tool = self.describe(&name, era::envelope(&params)).await;
         let policy = self.config.policy(&name, tool.as_ref());
         cx.policy = &policy;
         let key = match (self.key_of(&params, &arguments), outer_key) {
@@ -481,7 +855,7 @@ impl<S: Store> Inner<S> {
         }
         let (sent_tx, sent_rx) = oneshot::channel();
         let _ = self.to_server.send(Outgoing {
-            frame,
+            frame: self.to_upstream(frame),
             sent: Some(sent_tx),
         });
         let sent = sent_rx
@@ -539,17 +913,6 @@ impl<S: Store> Inner<S> {
     async fn list_tools(&self, envelope: Option<Object>) {
         let mut cursor: Option<String> = None;
         for _ in 0..MAX_LIST_PAGES {
-            let n = self.next_id.fetch_add(1, Ordering::Relaxed);
-            let id = format!("dev.idemgate/tools-list-{n}");
-            let key = frame::id_key(&frame::raw(&id));
-            let (tx, rx) = oneshot::channel();
-            {
-                let mut pending = lock(&self.pending);
-                if pending.closed.is_some() {
-                    return;
-                }
-                pending.waiting.insert(key.clone(), tx);
-            }
             let mut params = match &cursor {
                 Some(c) => serde_json::json!({ "cursor": c }),
                 None => serde_json::json!({}),
@@ -557,23 +920,63 @@ impl<S: Store> Inner<S> {
             if let Some(e) = &envelope {
                 params["_meta"] = serde_json::to_value(e).expect("raw JSON is JSON");
             }
-            let request = serde_json::json!({"jsonrpc": "2.0", "id": id, "method": "tools/list", "params": params});
-            self.send_server(request.to_string());
-            let result = match tokio::time::timeout(LIST_TIMEOUT, rx).await {
-                Ok(Ok(Reply::Answer {
-                    result: Some(r), ..
-                })) => r,
-                Ok(_) => return,
-                Err(_) => {
-                    let mut pending = lock(&self.pending);
-                    pending.waiting.remove(&key);
-                    pending.abandoned.insert(key);
-                    return;
-                }
+            let Some(Reply::Answer {
+                result: Some(result),
+                ..
+            }) = self.ask("tools/list", params, LIST_TIMEOUT).await
+            else {
+                return;
             };
             cursor = lock(&self.catalog).learn(&result);
             if cursor.is_none() {
                 return;
+            }
+        }
+    }
+
+    /// Sends a request of the proxy's own (an id the client never uses) and waits for its
+    /// answer; see [`Inner::ask_frame`].
+    async fn ask(
+        &self,
+        method: &str,
+        params: serde_json::Value,
+        timeout: Duration,
+    ) -> Option<Reply> {
+        let n = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let id = format!("dev.idemgate/{method}-{n}");
+        let request =
+            serde_json::json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+        self.ask_frame(
+            frame::id_key(&frame::raw(&id)),
+            request.to_string(),
+            timeout,
+        )
+        .await
+    }
+
+    /// Sends the request `frame` whose id is `key` and waits for its answer, which goes to the
+    /// proxy, not the client: `Reply::Closed` when the server is gone, `None` when no answer came
+    /// within `timeout` (a late one is dropped).
+    async fn ask_frame(&self, key: String, frame: String, timeout: Duration) -> Option<Reply> {
+        let (tx, rx) = oneshot::channel();
+        {
+            let mut pending = lock(&self.pending);
+            if let Some(why) = &pending.closed {
+                return Some(Reply::Closed(why.clone()));
+            }
+            pending.waiting.insert(key.clone(), tx);
+        }
+        self.send_server(frame);
+        match tokio::time::timeout(timeout, rx).await {
+            Ok(Ok(reply)) => Some(reply),
+            Ok(Err(_)) => Some(Reply::Closed(
+                "the proxy lost track of its request".to_owned(),
+            )),
+            Err(_) => {
+                let mut pending = lock(&self.pending);
+                pending.waiting.remove(&key);
+                pending.abandoned.insert(key);
+                None
             }
         }
     }
@@ -589,6 +992,209 @@ mod tests {
         let engine = Arc::new(Engine::new(MemoryStore::new()));
         let tenant = TenantId::new("t").unwrap();
         Session::new(engine, Config::default(), "srv".to_owned(), tenant)
+    }
+
+    fn json(text: &str) -> serde_json::Value {
+        serde_json::from_str(text).unwrap()
+    }
+
+    /// The next frame for the server, as JSON.
+    async fn next(out: &mut Outputs) -> serde_json::Value {
+        json(&out.to_server.recv().await.unwrap().frame)
+    }
+
+    /// The next frame for the client, as JSON.
+    async fn answer(out: &mut Outputs) -> serde_json::Value {
+        json(&out.to_client.recv().await.unwrap())
+    }
+
+    const ENVELOPE: &str = r#"{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientInfo":{"name":"agent","version":"1"},"io.modelcontextprotocol/clientCapabilities":{"elicitation":{}}}"#;
+
+    fn modern(id: u64, method: &str, mut params: serde_json::Value) -> String {
+        params["_meta"] = json(ENVELOPE);
+        serde_json::json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})
+            .to_string()
+    }
+
+    #[tokio::test]
+    async fn a_modern_client_before_a_legacy_server_gets_a_discovery_made_from_initialize() {
+        let (session, mut out) = session();
+        let discover = modern(1, "server/discover", serde_json::json!({}));
+        session.from_client(discover.clone());
+        // A request that comes while the proxy learns the eras waits for them.
+        session.from_client(modern(2, "resources/list", serde_json::json!({})));
+        assert_eq!(
+            out.to_server.recv().await.unwrap().frame,
+            discover,
+            "the client's probe, verbatim"
+        );
+        session.from_server(
+            r#"{"jsonrpc":"2.0","id":1,"error":{"code":-32601,"message":"Method not found"}}"#
+                .to_owned(),
+        );
+        let init = next(&mut out).await;
+        assert_eq!(init["method"], "initialize");
+        assert_eq!(init["params"]["protocolVersion"], "2025-11-25");
+        assert_eq!(
+            init["params"]["capabilities"],
+            serde_json::json!({"elicitation": {}})
+        );
+        assert_eq!(init["params"]["clientInfo"]["name"], "agent");
+        session.from_server(
+            serde_json::json!({"jsonrpc": "2.0", "id": init["id"], "result": {"protocolVersion": "2025-11-25", "capabilities": {"tools": {}}, "serverInfo": {"name": "old", "version": "1"}}})
+                .to_string(),
+        );
+        assert_eq!(next(&mut out).await["method"], "notifications/initialized");
+        let discovered = answer(&mut out).await;
+        assert_eq!(discovered["id"], 1);
+        assert_eq!(
+            discovered["result"]["supportedVersions"],
+            serde_json::json!(["2026-07-28"])
+        );
+        assert_eq!(
+            discovered["result"]["capabilities"],
+            serde_json::json!({"tools": {}})
+        );
+        assert_eq!(
+            discovered["result"]["_meta"]["io.modelcontextprotocol/serverInfo"]["name"],
+            "old"
+        );
+        assert_eq!(discovered["result"]["resultType"], "complete");
+        // The held request goes on, and its legacy result comes back typed.
+        let held = next(&mut out).await;
+        assert_eq!(held["method"], "resources/list");
+        session.from_server(r#"{"jsonrpc":"2.0","id":2,"result":{"resources":[]}}"#.to_owned());
+        let listed = answer(&mut out).await;
+        assert_eq!(listed["result"]["resultType"], "complete");
+        assert_eq!(listed["result"]["resources"], serde_json::json!([]));
+        // Another discovery is answered by the proxy; a call's legacy result gets typed too.
+        session.from_client(modern(3, "server/discover", serde_json::json!({})));
+        assert_eq!(answer(&mut out).await["result"]["resultType"], "complete");
+        session.from_client(modern(
+            4,
+            "tools/call",
+            serde_json::json!({"name": "pay", "arguments": {}, "_meta": {}}),
+        ));
+        let mut call = json(&modern(
+            4,
+            "tools/call",
+            serde_json::json!({"name": "pay", "arguments": {}}),
+        ));
+        call["params"]["_meta"][META_KEY] = "k".into();
+        session.from_client(call.to_string().replace(r#""id":4"#, r#""id":5"#));
+        let listing = next(&mut out).await;
+        assert_eq!(listing["method"], "tools/list");
+        session.from_server(
+            serde_json::json!({"jsonrpc": "2.0", "id": listing["id"], "result": {"tools": [{"name": "pay"}]}}).to_string(),
+        );
+        // Call 4 has no key: the proxy's own refusal, typed.
+        let mut answers = vec![];
+        let sent = out.to_server.recv().await.unwrap();
+        assert_eq!(json(&sent.frame)["id"], 5);
+        sent.sent.unwrap().send(Ok(())).unwrap();
+        session.from_server(r#"{"jsonrpc":"2.0","id":5,"result":{"content":[]}}"#.to_owned());
+        answers.push(answer(&mut out).await);
+        answers.push(answer(&mut out).await);
+        answers.sort_by_key(|a| a["id"].as_u64());
+        assert_eq!(
+            answers[0]["result"]["_meta"][crate::META_VERDICT],
+            "key_required"
+        );
+        assert_eq!(answers[0]["result"]["resultType"], "complete");
+        assert_eq!(
+            answers[1]["result"],
+            serde_json::json!({"content": [], "resultType": "complete"})
+        );
+        session.drain().await;
+    }
+
+    #[tokio::test]
+    async fn a_modern_server_gets_the_modern_clients_frames_verbatim() {
+        let (session, mut out) = session();
+        let discover = modern(1, "server/discover", serde_json::json!({}));
+        session.from_client(discover.clone());
+        assert_eq!(out.to_server.recv().await.unwrap().frame, discover);
+        let discovered = r#"{"jsonrpc":"2.0","id":1,"result":{"resultType":"complete","supportedVersions":["2026-07-28"],"capabilities":{}}}"#;
+        session.from_server(discovered.to_owned());
+        assert_eq!(
+            out.to_client.recv().await.unwrap(),
+            discovered,
+            "the server's own answer"
+        );
+        let list = modern(2, "prompts/list", serde_json::json!({}));
+        session.from_client(list.clone());
+        assert_eq!(out.to_server.recv().await.unwrap().frame, list);
+        // An error only a modern server sends is relayed too: the server is modern.
+        let (session, mut out) = self::session();
+        session.from_client(discover.clone());
+        out.to_server.recv().await.unwrap();
+        let refused = r#"{"jsonrpc":"2.0","id":1,"error":{"code":-32022,"message":"Unsupported protocol version","data":{"supported":["2027-01-01"]}}}"#;
+        session.from_server(refused.to_owned());
+        assert_eq!(out.to_client.recv().await.unwrap(), refused);
+        session.from_client(list.clone());
+        assert_eq!(out.to_server.recv().await.unwrap().frame, list);
+    }
+
+    #[tokio::test]
+    async fn a_legacy_client_before_a_modern_only_server_gets_an_initialize_made_from_discovery() {
+        let (session, mut out) = session();
+        let init = r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{"roots":{}},"clientInfo":{"name":"old","version":"2"}}}"#;
+        session.from_client(init.to_owned());
+        session.from_client(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#.to_owned());
+        session.from_client(r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#.to_owned());
+        assert_eq!(
+            out.to_server.recv().await.unwrap().frame,
+            init,
+            "the client's initialize, verbatim"
+        );
+        session.from_server(r#"{"jsonrpc":"2.0","id":0,"error":{"code":-32601,"message":"initialize is not a method; supported: 2026-07-28"}}"#.to_owned());
+        let probe = next(&mut out).await;
+        assert_eq!(probe["method"], "server/discover");
+        assert_eq!(
+            probe["params"]["_meta"]["io.modelcontextprotocol/protocolVersion"],
+            "2026-07-28"
+        );
+        assert_eq!(
+            probe["params"]["_meta"]["io.modelcontextprotocol/clientCapabilities"],
+            serde_json::json!({"roots": {}})
+        );
+        session.from_server(
+            serde_json::json!({"jsonrpc": "2.0", "id": probe["id"], "result": {"resultType": "complete", "supportedVersions": ["2026-07-28"], "capabilities": {"tools": {}}, "_meta": {"io.modelcontextprotocol/serverInfo": {"name": "new", "version": "3"}}}}).to_string(),
+        );
+        let initialized = answer(&mut out).await;
+        assert_eq!(initialized["id"], 0);
+        assert_eq!(initialized["result"]["protocolVersion"], "2025-06-18");
+        assert_eq!(initialized["result"]["serverInfo"]["name"], "new");
+        // notifications/initialized is the proxy's to swallow; the request gets the envelope.
+        let listed = next(&mut out).await;
+        assert_eq!(listed["method"], "tools/list");
+        assert_eq!(
+            listed["params"]["_meta"]["io.modelcontextprotocol/clientInfo"]["name"],
+            "old"
+        );
+        session.from_client(r#"{"jsonrpc":"2.0","id":2,"method":"ping"}"#.to_owned());
+        assert_eq!(
+            answer(&mut out).await,
+            serde_json::json!({"jsonrpc": "2.0", "id": 2, "result": {}})
+        );
+        assert!(
+            out.to_server.try_recv().is_err(),
+            "nothing else reached the server"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_legacy_server_that_takes_initialize_sees_only_the_clients_frames() {
+        let (session, mut out) = session();
+        let init = r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"c","version":"1"}}}"#;
+        session.from_client(init.to_owned());
+        let initialized = r#"{"jsonrpc":"2.0","id":0,"result":{"protocolVersion":"2025-11-25","capabilities":{},"serverInfo":{"name":"s","version":"1"}}}"#;
+        assert_eq!(out.to_server.recv().await.unwrap().frame, init);
+        session.from_server(initialized.to_owned());
+        assert_eq!(out.to_client.recv().await.unwrap(), initialized);
+        let note = r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#;
+        session.from_client(note.to_owned());
+        assert_eq!(out.to_server.recv().await.unwrap().frame, note);
     }
 
     fn call(id: &str) -> String {
@@ -635,12 +1241,20 @@ mod tests {
             r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"pay","arguments":{{}},"_meta":{{"{META_KEY}":"k","x-other":1,{}}}}}}}"#,
             &envelope[1..envelope.len() - 1]
         ));
-        let own: serde_json::Value =
-            serde_json::from_str(&out.to_server.recv().await.unwrap().frame).unwrap();
+        // A modern client's first request: the proxy probes the server's era first, with the
+        // call's envelope; a modern server answers.
+        let probe = next(&mut out).await;
+        assert_eq!(probe["method"], "server/discover");
+        assert_eq!(probe["params"]["_meta"], json(envelope));
+        session.from_server(
+            serde_json::json!({"jsonrpc": "2.0", "id": probe["id"], "result": {"resultType": "complete", "supportedVersions": ["2026-07-28"], "capabilities": {}}})
+                .to_string(),
+        );
+        let own = next(&mut out).await;
         assert_eq!(own["method"], "tools/list");
         assert_eq!(
             own["params"]["_meta"],
-            serde_json::from_str::<serde_json::Value>(envelope).unwrap(),
+            json(envelope),
             "the envelope and nothing else of the call's _meta"
         );
         session.server_closed("gone");

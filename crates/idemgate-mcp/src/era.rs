@@ -1,0 +1,406 @@
+//! The two protocol eras and the pieces that translate between them (MCP 2026-07-28,
+//! "Versioning and Compatibility"): the legacy era (2025-11-25 and earlier) opens a session with
+//! `initialize`; the modern era (2026-07-28) has no handshake, every request carries its
+//! protocol version, client info and capabilities in `params._meta` (the envelope), a server
+//! describes itself in `server/discover`, and every result carries `resultType`.
+//!
+//! Only pure functions on frames live here; when the session applies them is in
+//! [`Session`](crate::Session).
+
+use serde_json::value::RawValue;
+use serde_json::{json, Value};
+
+use crate::frame::{self, Object};
+
+/// `_meta` of a modern request: the protocol version it speaks.
+pub(crate) const META_PROTOCOL_VERSION: &str = "io.modelcontextprotocol/protocolVersion";
+/// `_meta` of a modern request: who the client is.
+const META_CLIENT_INFO: &str = "io.modelcontextprotocol/clientInfo";
+/// `_meta` of a modern request: what the client can do.
+const META_CLIENT_CAPABILITIES: &str = "io.modelcontextprotocol/clientCapabilities";
+/// `_meta` of a modern result: who the server is.
+const META_SERVER_INFO: &str = "io.modelcontextprotocol/serverInfo";
+/// The prefix of the `_meta` names the specification reserves (the envelope's among them).
+const META_PROTOCOL_PREFIX: &str = "io.modelcontextprotocol/";
+/// The first modern version: requests naming it or a later one have no handshake, and their
+/// results MUST carry `resultType`. Versions are dates, so they order as text.
+pub(crate) const MODERN_SINCE: &str = "2026-07-28";
+/// The modern versions the proxy translates a legacy server into.
+pub(crate) const MODERN_VERSIONS: &[&str] = &["2026-07-28"];
+/// The legacy version the proxy asks a legacy server for, and the legacy versions it answers a
+/// legacy client's `initialize` with when the server is modern.
+pub(crate) const LEGACY_VERSION: &str = "2025-11-25";
+const LEGACY_VERSIONS: &[&str] = &["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"];
+/// The modern errors (MCP 2026-07-28, "Error Codes"): `HeaderMismatch`,
+/// `MissingRequiredClientCapability`, `UnsupportedProtocolVersion`. A server that answers
+/// `server/discover` with one of them is modern; any other error makes it legacy.
+const MODERN_ERRORS: &[i64] = &[-32020, -32021, -32022];
+
+/// The modern protocol version a request's params name, if they name one.
+pub(crate) fn modern_version(params: &Object) -> Option<String> {
+    params
+        .get("_meta")
+        .and_then(|m| frame::object(m))
+        .and_then(|m| frame::string(&m, META_PROTOCOL_VERSION))
+        .filter(|v| v.as_str() >= MODERN_SINCE)
+}
+
+/// [`modern_version`] of a frame's raw params.
+pub(crate) fn modern_version_of(params: Option<&RawValue>) -> Option<String> {
+    params
+        .and_then(frame::object)
+        .as_ref()
+        .and_then(modern_version)
+}
+
+/// The envelope of a modern request (its `_meta` members under `io.modelcontextprotocol/`:
+/// protocol version, client info and capabilities), when it is one: a request the proxy sends on
+/// that request's behalf carries the same, or a modern server refuses it.
+pub(crate) fn envelope(params: &Object) -> Option<Object> {
+    modern_version(params)?;
+    let meta = params.get("_meta").and_then(|m| frame::object(m))?;
+    Some(
+        meta.into_iter()
+            .filter(|(k, _)| k.starts_with(META_PROTOCOL_PREFIX))
+            .collect(),
+    )
+}
+
+/// Marks a result `resultType: "complete"` unless it has a type of its own: a modern client
+/// requires one on every result, and a legacy result (one from a legacy server, or stored from
+/// a legacy call) has none; the specification says to read its absence as `complete`.
+pub(crate) fn mark_complete(result: &mut Object) {
+    if !result.contains_key("resultType") {
+        result.insert("resultType".to_owned(), frame::raw(&"complete"));
+    }
+}
+
+/// The methods whose modern results carry caching directives (`CacheableResult`), which a
+/// modern client requires.
+const CACHEABLE: &[&str] = &[
+    "tools/list",
+    "prompts/list",
+    "resources/list",
+    "resources/templates/list",
+    "resources/read",
+];
+
+/// Whether a modern result of `method` carries `ttlMs` and `cacheScope`.
+pub(crate) fn is_cacheable(method: &str) -> bool {
+    CACHEABLE.contains(&method)
+}
+
+/// A legacy server's response frame as a modern client needs it: its result marked by
+/// [`mark_complete`] and, for a `cacheable` method's, told not to be cached (`ttlMs` 0,
+/// `cacheScope` private: the legacy server said nothing about how long its lists hold, or for
+/// whom); `None` when it needs no change (an error, or a result that has these members).
+pub(crate) fn completed_response(line: &str, cacheable: bool) -> Option<String> {
+    let mut response: Object = serde_json::from_str(line).ok()?;
+    let mut result = frame::object(response.get("result")?)?;
+    let before = result.len();
+    mark_complete(&mut result);
+    if cacheable {
+        result
+            .entry("ttlMs".to_owned())
+            .or_insert_with(|| frame::raw(&0));
+        result
+            .entry("cacheScope".to_owned())
+            .or_insert_with(|| frame::raw(&"private"));
+    }
+    if result.len() == before {
+        return None;
+    }
+    response.insert("result".to_owned(), frame::raw(&result));
+    serde_json::to_string(&response).ok()
+}
+
+/// Whether a JSON-RPC error is one only a modern server sends.
+pub(crate) fn is_modern_error(error: &RawValue) -> bool {
+    serde_json::from_str::<Value>(error.get())
+        .ok()
+        .and_then(|e| e["code"].as_i64())
+        .is_some_and(is_modern_code)
+}
+
+/// Whether a JSON-RPC error code is one of the modern errors.
+pub(crate) fn is_modern_code(code: i64) -> bool {
+    MODERN_ERRORS.contains(&code)
+}
+
+/// The params of the `initialize` the proxy sends a legacy server on behalf of a modern client
+/// whose envelope is `envelope`: the latest legacy version, and the client's own capabilities
+/// and identity (the server may shape its tools to them).
+pub(crate) fn initialize_params(envelope: &Object) -> Value {
+    let member = |name: &str| {
+        envelope
+            .get(name)
+            .and_then(|v| serde_json::from_str::<Value>(v.get()).ok())
+    };
+    json!({
+        "protocolVersion": LEGACY_VERSION,
+        "capabilities": member(META_CLIENT_CAPABILITIES).unwrap_or_else(|| json!({})),
+        "clientInfo": member(META_CLIENT_INFO)
+            .unwrap_or_else(|| json!({"name": "idemgate", "version": env!("CARGO_PKG_VERSION")})),
+    })
+}
+
+/// The `server/discover` result for a modern client, from a legacy server's `initialize`
+/// result (MCP 2026-07-28, "Discovery"): the server's capabilities and instructions as they
+/// are (the capability set is open), its `serverInfo` under `_meta`, the modern versions the
+/// proxy translates into, and no caching by intermediaries (`ttlMs` 0, `private`): the answer
+/// holds for this proxy's session with the server only.
+pub(crate) fn discover_from_initialize(initialized: &RawValue) -> Box<RawValue> {
+    let init = frame::object(initialized).unwrap_or_default();
+    let mut result = Object::new();
+    result.insert("supportedVersions".to_owned(), frame::raw(&MODERN_VERSIONS));
+    result.insert(
+        "capabilities".to_owned(),
+        init.get("capabilities")
+            .cloned()
+            .unwrap_or_else(|| frame::raw(&json!({}))),
+    );
+    if let Some(instructions) = init.get("instructions") {
+        result.insert("instructions".to_owned(), instructions.clone());
+    }
+    if let Some(info) = init.get("serverInfo") {
+        let mut meta = Object::new();
+        meta.insert(META_SERVER_INFO.to_owned(), info.clone());
+        result.insert("_meta".to_owned(), frame::raw(&meta));
+    }
+    result.insert("ttlMs".to_owned(), frame::raw(&0));
+    result.insert("cacheScope".to_owned(), frame::raw(&"private"));
+    mark_complete(&mut result);
+    frame::raw(&result)
+}
+
+/// The answer to a modern request naming a version the proxy does not translate into:
+/// `UnsupportedProtocolVersionError`, which names the ones it does.
+pub(crate) fn unsupported_version(id: &RawValue, requested: &str) -> String {
+    let error = json!({
+        "code": -32022,
+        "message": "Unsupported protocol version",
+        "data": {"supported": MODERN_VERSIONS, "requested": requested},
+    });
+    format!(r#"{{"jsonrpc":"2.0","id":{},"error":{}}}"#, id.get(), error)
+}
+
+/// The envelope the proxy adds to every request of a legacy client it forwards to a modern
+/// server, from the client's `initialize` params: the modern version, the client's identity and
+/// capabilities.
+pub(crate) fn envelope_from_initialize(params: &Object) -> Object {
+    let mut envelope = Object::new();
+    envelope.insert(META_PROTOCOL_VERSION.to_owned(), frame::raw(&MODERN_SINCE));
+    if let Some(info) = params.get("clientInfo") {
+        envelope.insert(META_CLIENT_INFO.to_owned(), info.clone());
+    }
+    envelope.insert(
+        META_CLIENT_CAPABILITIES.to_owned(),
+        params
+            .get("capabilities")
+            .cloned()
+            .unwrap_or_else(|| frame::raw(&json!({}))),
+    );
+    envelope
+}
+
+/// The `initialize` result for a legacy client, from a modern server's `server/discover`
+/// result: the version the client asked for when the proxy knows it (else the latest legacy
+/// one), the server's capabilities, identity and instructions.
+pub(crate) fn initialize_from_discover(
+    discovered: &RawValue,
+    requested: Option<&str>,
+) -> Box<RawValue> {
+    let discover = frame::object(discovered).unwrap_or_default();
+    let version = requested
+        .filter(|v| LEGACY_VERSIONS.contains(v))
+        .unwrap_or(LEGACY_VERSION);
+    let mut result = Object::new();
+    result.insert("protocolVersion".to_owned(), frame::raw(&version));
+    result.insert(
+        "capabilities".to_owned(),
+        discover
+            .get("capabilities")
+            .cloned()
+            .unwrap_or_else(|| frame::raw(&json!({}))),
+    );
+    let info = discover
+        .get("_meta")
+        .and_then(|m| frame::object(m))
+        .and_then(|mut m| m.remove(META_SERVER_INFO))
+        // serverInfo is required in the legacy result; a server that did not say gets a name.
+        .unwrap_or_else(|| frame::raw(&json!({"name": "unknown", "version": "0"})));
+    result.insert("serverInfo".to_owned(), info);
+    if let Some(instructions) = discover.get("instructions") {
+        result.insert("instructions".to_owned(), instructions.clone());
+    }
+    frame::raw(&result)
+}
+
+/// `line` (a request) with `envelope` added to its `params._meta` (members of the same name
+/// replaced, every other member kept).
+pub(crate) fn with_envelope(line: &str, envelope: &Object) -> Option<String> {
+    let mut request: Object = serde_json::from_str(line).ok()?;
+    let mut params = match request.get("params") {
+        Some(p) => frame::object(p)?,
+        None => Object::new(),
+    };
+    let mut meta = match params.get("_meta") {
+        Some(m) => frame::object(m)?,
+        None => Object::new(),
+    };
+    meta.extend(envelope.iter().map(|(k, v)| (k.clone(), v.clone())));
+    params.insert("_meta".to_owned(), frame::raw(&meta));
+    request.insert("params".to_owned(), frame::raw(&params));
+    serde_json::to_string(&request).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn obj(v: Value) -> Object {
+        frame::object(&frame::raw(&v)).unwrap()
+    }
+
+    fn envelope_2026() -> Object {
+        obj(json!({
+            META_PROTOCOL_VERSION: "2026-07-28",
+            META_CLIENT_INFO: {"name": "agent", "version": "1"},
+            META_CLIENT_CAPABILITIES: {"elicitation": {}},
+        }))
+    }
+
+    #[test]
+    fn modern_requests_are_told_by_their_envelope() {
+        let params = obj(json!({"_meta": {META_PROTOCOL_VERSION: "2026-07-28", "x": 1}}));
+        assert_eq!(modern_version(&params).as_deref(), Some("2026-07-28"));
+        assert_eq!(
+            envelope(&params).unwrap().keys().collect::<Vec<_>>(),
+            vec![META_PROTOCOL_VERSION]
+        );
+        let legacy = obj(json!({"_meta": {META_PROTOCOL_VERSION: "2025-11-25"}}));
+        assert!(modern_version(&legacy).is_none());
+        assert!(envelope(&legacy).is_none());
+        assert!(modern_version_of(None).is_none());
+    }
+
+    #[test]
+    fn a_legacy_initialize_becomes_a_discover_result_and_back() {
+        let params = initialize_params(&envelope_2026());
+        assert_eq!(params["protocolVersion"], LEGACY_VERSION);
+        assert_eq!(params["capabilities"], json!({"elicitation": {}}));
+        assert_eq!(params["clientInfo"]["name"], "agent");
+        assert_eq!(
+            initialize_params(&Object::new())["clientInfo"]["name"],
+            "idemgate"
+        );
+
+        let initialized = frame::raw(&json!({
+            "protocolVersion": "2025-11-25",
+            "capabilities": {"tools": {"listChanged": true}, "x-own": {"n": 12345678901234567890u64}},
+            "serverInfo": {"name": "memory-server", "version": "0.6.3"},
+            "instructions": "use me",
+        }));
+        let discovered = discover_from_initialize(&initialized);
+        assert!(
+            discovered.get().contains("12345678901234567890"),
+            "{discovered}"
+        );
+        let d: Value = serde_json::from_str(discovered.get()).unwrap();
+        assert_eq!(d["resultType"], "complete");
+        assert_eq!(d["supportedVersions"], json!(["2026-07-28"]));
+        assert_eq!(d["capabilities"]["tools"]["listChanged"], true);
+        assert_eq!(d["_meta"][META_SERVER_INFO]["name"], "memory-server");
+        assert_eq!(d["instructions"], "use me");
+        assert_eq!(d["ttlMs"], 0);
+        assert_eq!(d["cacheScope"], "private");
+        assert!(d.get("protocolVersion").is_none() && d.get("serverInfo").is_none());
+
+        // And back, for a legacy client in front of a modern server.
+        let back: Value =
+            serde_json::from_str(initialize_from_discover(&discovered, Some("2025-06-18")).get())
+                .unwrap();
+        assert_eq!(back["protocolVersion"], "2025-06-18");
+        assert_eq!(back["serverInfo"]["name"], "memory-server");
+        assert_eq!(back["capabilities"]["tools"]["listChanged"], true);
+        assert_eq!(back["instructions"], "use me");
+        let unknown: Value = serde_json::from_str(
+            initialize_from_discover(
+                &frame::raw(&json!({"capabilities": {}})),
+                Some("1999-01-01"),
+            )
+            .get(),
+        )
+        .unwrap();
+        assert_eq!(unknown["protocolVersion"], LEGACY_VERSION);
+        assert_eq!(unknown["serverInfo"]["name"], "unknown");
+    }
+
+    #[test]
+    fn results_get_their_type_once() {
+        let line = r#"{"jsonrpc":"2.0","id":3,"result":{"content":[],"n":12345678901234567890}}"#;
+        let out = completed_response(line, false).unwrap();
+        assert!(out.contains(r#""resultType":"complete""#), "{out}");
+        assert!(!out.contains("ttlMs"), "{out}");
+        assert!(out.contains("12345678901234567890"), "{out}");
+        assert!(completed_response(&out, false).is_none(), "typed already");
+        let listed: Value = serde_json::from_str(&completed_response(&out, true).unwrap()).unwrap();
+        assert_eq!(listed["result"]["ttlMs"], 0);
+        assert_eq!(listed["result"]["cacheScope"], "private");
+        let own = r#"{"jsonrpc":"2.0","id":3,"result":{"resultType":"complete","ttlMs":5,"cacheScope":"public"}}"#;
+        assert!(
+            completed_response(own, true).is_none(),
+            "the server's own directives"
+        );
+        assert!(
+            completed_response(r#"{"jsonrpc":"2.0","id":3,"error":{"code":1}}"#, true).is_none()
+        );
+        assert!(is_cacheable("tools/list") && !is_cacheable("tools/call"));
+    }
+
+    #[test]
+    fn modern_errors_are_the_three_the_specification_defines() {
+        assert!(is_modern_error(&frame::raw(
+            &json!({"code": -32022, "message": "x"})
+        )));
+        assert!(!is_modern_error(&frame::raw(
+            &json!({"code": -32601, "message": "x"})
+        )));
+        assert!(!is_modern_error(&frame::raw(
+            &json!({"code": -32602, "message": "x"})
+        )));
+        let e: Value =
+            serde_json::from_str(&unsupported_version(&frame::raw(&7), "2030-01-01")).unwrap();
+        assert_eq!(e["id"], 7);
+        assert_eq!(e["error"]["code"], -32022);
+        assert_eq!(e["error"]["data"]["supported"], json!(MODERN_VERSIONS));
+    }
+
+    #[test]
+    fn a_legacy_clients_request_gets_the_envelope() {
+        let init = obj(
+            json!({"protocolVersion": "2025-11-25", "capabilities": {"roots": {}},
+                              "clientInfo": {"name": "old", "version": "2"}}),
+        );
+        let envelope = envelope_from_initialize(&init);
+        let line = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t","_meta":{"progressToken":5}}}"#;
+        let out: Value = serde_json::from_str(&with_envelope(line, &envelope).unwrap()).unwrap();
+        assert_eq!(out["params"]["name"], "t");
+        assert_eq!(out["params"]["_meta"]["progressToken"], 5);
+        assert_eq!(out["params"]["_meta"][META_PROTOCOL_VERSION], MODERN_SINCE);
+        assert_eq!(out["params"]["_meta"][META_CLIENT_INFO]["name"], "old");
+        assert_eq!(
+            out["params"]["_meta"][META_CLIENT_CAPABILITIES],
+            json!({"roots": {}})
+        );
+        let bare: Value = serde_json::from_str(
+            &with_envelope(
+                r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#,
+                &envelope,
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(bare["params"]["_meta"][META_PROTOCOL_VERSION], MODERN_SINCE);
+    }
+}
