@@ -1272,4 +1272,29 @@ mod tests {
         // The writer closed its connection: the last close checkpoints and removes the WAL.
         assert!(!dir.path().join("db-wal").exists());
     }
+
+    /// Many processes (here: threads, each with its own connections) opening one new file at
+    /// once: each open waits for the others' locks instead of failing with "database is locked".
+    #[test]
+    fn sixteen_stores_opening_one_new_file_at_once_all_open() {
+        for round in 0..20 {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join(format!("race-{round}.db"));
+            let barrier = Arc::new(std::sync::Barrier::new(16));
+            let opened: Vec<_> = (0..16)
+                .map(|_| {
+                    let (path, barrier) = (path.clone(), barrier.clone());
+                    std::thread::spawn(move || {
+                        barrier.wait();
+                        SqliteStore::open(&path, SqliteOptions::default()).map(drop)
+                    })
+                })
+                .collect();
+            for t in opened {
+                if let Err(e) = t.join().unwrap() {
+                    panic!("round {round}: {e}");
+                }
+            }
+        }
+    }
 }

@@ -81,6 +81,14 @@ pub fn apply_pragmas(conn: &Connection, opts: &SqliteOptions) -> rusqlite::Resul
     Ok(())
 }
 
+/// Whether SQLite refused for a lock another connection holds.
+fn is_busy(e: &rusqlite::Error) -> bool {
+    matches!(
+        e.sqlite_error_code(),
+        Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+    )
+}
+
 /// Opens one connection to `path` with the store's settings; `reader` connections refuse writes.
 pub(crate) fn connect(
     path: &Path,
@@ -93,7 +101,20 @@ pub(crate) fn connect(
         | OpenFlags::SQLITE_OPEN_CREATE
         | OpenFlags::SQLITE_OPEN_NO_MUTEX;
     let conn = Connection::open_with_flags(path, flags).during(Stage::Open, what)?;
-    apply_pragmas(&conn, opts).during(Stage::Open, what)?;
+    // Switching a new file to WAL takes a lock that SQLite does not wait for with the busy
+    // handler: a process opening the file while another one creates it gets SQLITE_BUSY at once
+    // ("database is locked"). Tried again, within the busy timeout, as every other lock is.
+    let deadline = std::time::Instant::now() + opts.busy_timeout;
+    let mut pause = std::time::Duration::from_millis(1);
+    loop {
+        match apply_pragmas(&conn, opts) {
+            Err(e) if is_busy(&e) && std::time::Instant::now() < deadline => {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(std::time::Duration::from_millis(50));
+            }
+            other => break other.during(Stage::Open, what)?,
+        }
+    }
     let mode: String = conn
         .pragma_query_value(None, "journal_mode", |row| row.get(0))
         .during(Stage::Open, what)?;
