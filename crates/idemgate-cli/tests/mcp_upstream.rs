@@ -260,7 +260,7 @@ fn mcp_upstream_url_a_refused_request_gets_an_error_and_the_session_goes_on() {
 }
 
 #[test]
-fn mcp_upstream_url_an_expired_session_is_never_silently_reopened() {
+fn mcp_upstream_url_an_expired_session_is_started_again_and_the_call_runs_once() {
     let sb = Sandbox::new();
     let up = sb.upstream();
     let mut p = sb.upstream_proxy(&up.url, "");
@@ -268,15 +268,27 @@ fn mcp_upstream_url_an_expired_session_is_never_silently_reopened() {
     // Listed first: the 404 meets the call itself, not the proxy's own listing before it.
     let listing = p.request("tools/list", json!({}));
     assert!(listing["result"]["tools"].is_array(), "{listing}");
+    // The server forgets every session, as one that restarted: the call gets 404, which says
+    // it was not processed. The proxy starts a new session (as the transport has a client do)
+    // and sends the call once more: it runs once, and its result is stored.
     fs::write(sb.path("forget"), "").unwrap();
-    // 404 for the session: the proxy does not start another one behind the agent's back, and
-    // (conservatively, as for a crashed child) the call's outcome is unknown.
-    let call = p.call("count", json!({}), Some("x-1"));
-    assert_eq!(verdict(&call), "unknown", "{call}");
-    assert_eq!(p.wait_exit(), Some(1));
+    let call = p.call("count", json!({"label": "after"}), Some("x-1"));
+    assert_eq!(text(&call, 0), "counted 1", "{call}");
+    assert!(!replayed(&call["result"]), "{call}");
+    let again = p.call("count", json!({"label": "after"}), Some("x-1"));
+    assert!(replayed(&again["result"]), "{again}");
+    assert_eq!(sb.executed(), ["count after"]);
+    // The new session was initialized as the first one was, and the session goes on.
+    assert_eq!(
+        sb.lines_of("notes"),
+        ["notifications/initialized", "notifications/initialized"]
+    );
+    let read = p.request("tools/list", json!({}));
+    assert!(read["result"]["tools"].is_array(), "{read}");
     let stderr = fs::read_to_string(sb.path("stderr")).unwrap_or_default();
-    assert!(stderr.contains("session expired"), "{stderr}");
-    assert!(sb.executed().is_empty());
+    assert!(stderr.contains("started a new one"), "{stderr}");
+    drop(p.stdin.take());
+    assert_eq!(p.wait_exit(), Some(0));
 }
 
 #[test]

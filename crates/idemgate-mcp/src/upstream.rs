@@ -11,10 +11,16 @@
 //! later request; once the client has sent `notifications/initialized` a GET stream carries the
 //! server's own messages (a server without one answers 405); the session ends with a DELETE.
 //!
-//! Failures: a lost connection, a 5xx, a 404 on a request with a session id (the session
-//! expired), or an SSE stream that ends before the answer to its request all end the upstream as
-//! a crashed child ends: every call in flight has an unknown outcome, and later calls are not
-//! sent. A request refused with another 4xx gets a JSON-RPC error answer of the proxy's own
+//! A 404 to a request with a session id means the server no longer knows the session (it
+//! restarted, or ended the session) and did not process the request. As the transport has a
+//! client do then, the adapter starts a new session with the agent's own `initialize` (under an
+//! id of its own, so the answer stays here) and `notifications/initialized`, and sends the request
+//! once more; the GET stream follows the new session. What the old session held on the server
+//! (subscriptions, a logging level) is gone with it.
+//!
+//! Failures: a lost connection, a 5xx, a second 404 or a new session refused, or an SSE stream
+//! that ends before the answer to its request all end the upstream as a crashed child ends: every
+//! call in flight has an unknown outcome, and later calls are not sent. A request refused with another 4xx gets a JSON-RPC error answer of the proxy's own
 //! (which, for a `tools/call`, the core counts as unknown too: it does not trust errors).
 
 use std::process::ExitStatus;
@@ -202,6 +208,12 @@ impl HttpUpstream {
 struct Link {
     up: Arc<HttpUpstream>,
     session: Mutex<Option<HeaderValue>>,
+    /// Counts the sessions started, so that the GET stream follows a new one.
+    sessions: watch::Sender<u64>,
+    /// The agent's `initialize`, to start a new session with when the server forgot this one.
+    initialize: Mutex<Option<String>>,
+    /// Held while a new session is started, so that requests that met the 404 together start one.
+    renewing: tokio::sync::Mutex<()>,
     version: Mutex<Option<HeaderValue>>,
     /// Why the upstream is gone, once it is.
     gone: watch::Sender<Option<String>>,
@@ -271,21 +283,35 @@ impl Link {
             .and_then(|f| f.id.as_deref())
             .map(|id| (frame::id_key(id), id.to_owned()));
         let initialize = f.as_ref().and_then(|f| f.method.as_deref()) == Some("initialize");
-        let had_session = lock(&self.session).is_some();
-        let res = self
-            .request(reqwest::Method::POST)
-            .header(ACCEPT, "application/json, text/event-stream")
-            .header(CONTENT_TYPE, "application/json")
-            .body(text)
-            .send()
-            .await
-            .map_err(|e| format!("the upstream could not be reached: {}", error_chain(&e)))?;
+        if initialize {
+            *lock(&self.initialize) = Some(text.clone());
+        }
+        let mut renewed = false;
+        let res = loop {
+            let sent_with = lock(&self.session).clone();
+            let res = self
+                .request(reqwest::Method::POST)
+                .header(ACCEPT, "application/json, text/event-stream")
+                .header(CONTENT_TYPE, "application/json")
+                .body(text.clone())
+                .send()
+                .await
+                .map_err(|e| format!("the upstream could not be reached: {}", error_chain(&e)))?;
+            match sent_with {
+                Some(stale) if res.status() == reqwest::StatusCode::NOT_FOUND => {
+                    if renewed {
+                        return Err("the upstream session expired (HTTP 404) again".to_owned());
+                    }
+                    // The server did not process the request: in a new session, once more.
+                    self.renew(&stale).await?;
+                    renewed = true;
+                }
+                _ => break res,
+            }
+        };
         let status = res.status();
         if status.is_server_error() {
             return Err(format!("the upstream answered HTTP {status}"));
-        }
-        if status == reqwest::StatusCode::NOT_FOUND && had_session {
-            return Err("the upstream session expired (HTTP 404)".to_owned());
         }
         if !status.is_success() {
             let body = res.text().await.unwrap_or_default();
@@ -318,6 +344,60 @@ impl Link {
         } else {
             Err("the upstream's answer ended before it answered the request".to_owned())
         }
+    }
+
+    /// Starts a new session after the server forgot `stale` (HTTP 404), unless another request
+    /// did so meanwhile: the agent's `initialize` under an id of the adapter's own, whose answer
+    /// stays here, then `notifications/initialized`.
+    async fn renew(&self, stale: &HeaderValue) -> Result<(), String> {
+        let _one = self.renewing.lock().await;
+        if lock(&self.session).as_ref() != Some(stale) {
+            return Ok(());
+        }
+        let expired = |why: &str| format!("the upstream session expired (HTTP 404) and {why}");
+        let mut init: serde_json::Value = lock(&self.initialize)
+            .as_deref()
+            .and_then(|t| serde_json::from_str(t).ok())
+            .ok_or_else(|| expired("no initialize is known to start another"))?;
+        init["id"] = serde_json::json!("idemgate-new-session");
+        *lock(&self.session) = None;
+        let res = self
+            .request(reqwest::Method::POST)
+            .header(ACCEPT, "application/json, text/event-stream")
+            .header(CONTENT_TYPE, "application/json")
+            .body(init.to_string())
+            .send()
+            .await
+            .map_err(|e| expired(&format!("a new one failed: {}", error_chain(&e))))?;
+        let status = res.status();
+        let session = res.headers().get(SESSION_HEADER).cloned();
+        let body = res.text().await.unwrap_or_default();
+        let (true, Some(session), true) =
+            (status.is_success(), session, body.contains("\"result\""))
+        else {
+            return Err(expired(&format!(
+                "the server refused a new one (HTTP {status})"
+            )));
+        };
+        *lock(&self.session) = Some(session);
+        let done = r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#;
+        let res = self
+            .request(reqwest::Method::POST)
+            .header(ACCEPT, "application/json, text/event-stream")
+            .header(CONTENT_TYPE, "application/json")
+            .body(done)
+            .send()
+            .await
+            .map_err(|e| expired(&format!("a new one failed: {}", error_chain(&e))))?;
+        if !res.status().is_success() {
+            return Err(expired(&format!(
+                "the server refused the new one's notifications/initialized (HTTP {})",
+                res.status()
+            )));
+        }
+        tracing::warn!("the upstream session expired (HTTP 404): started a new one");
+        self.sessions.send_modify(|n| *n += 1);
+        Ok(())
     }
 
     /// Relays a response body (JSON or SSE) to the core; whether it answered `request`.
@@ -436,7 +516,9 @@ impl Link {
     /// The GET stream of the server's own messages, opened again when it ends, until the server
     /// says it has none.
     async fn listen(&self) {
+        let mut sessions = self.sessions.subscribe();
         loop {
+            sessions.borrow_and_update();
             let res = self
                 .request(reqwest::Method::GET)
                 .header(ACCEPT, "text/event-stream")
@@ -447,6 +529,13 @@ impl Link {
                     if let Err(e) = self.relay_body(r, None).await {
                         tracing::debug!(error = %e, "the upstream's GET stream broke");
                     }
+                }
+                Ok(r) if r.status() == reqwest::StatusCode::NOT_FOUND => {
+                    // The session expired: the stream follows the next one, if one starts.
+                    if sessions.changed().await.is_err() {
+                        return;
+                    }
+                    continue;
                 }
                 Ok(r) => {
                     tracing::debug!(status = %r.status(), "the upstream has no GET stream");
@@ -472,6 +561,9 @@ async fn adapt(
     let link = Arc::new(Link {
         up,
         session: Mutex::new(None),
+        sessions: watch::channel(0).0,
+        initialize: Mutex::new(None),
+        renewing: tokio::sync::Mutex::new(()),
         version: Mutex::new(None),
         gone,
         to_core,
