@@ -19,6 +19,7 @@
 
 use std::future::Future;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
@@ -113,24 +114,41 @@ async fn keep_leases(shared: std::sync::Weak<Shared>) {
 }
 
 /// The engine over one store (see `Engine.open`).
-#[pyclass(frozen, module = "idemgate._native", name = "Engine")]
+#[pyclass(frozen, weakref, module = "idemgate._native", name = "Engine")]
 struct Engine {
     shared: Arc<Shared>,
     url: String,
     journal: Option<PathBuf>,
-    runtime: Option<Runtime>,
-    flusher: Option<JournalFlusher>,
+    /// Taken by `close` (or the drop); calls go through `shared.handle` while `closed` is unset.
+    runtime: Mutex<Option<Runtime>>,
+    flusher: Mutex<Option<JournalFlusher>>,
+    closed: AtomicBool,
 }
 
 impl Drop for Engine {
     fn drop(&mut self) {
-        self.flusher.take();
-        // Never wait for the workers here: one of them may be waiting for the GIL this thread
-        // holds (an async answer on its way to Python).
-        if let Some(runtime) = self.runtime.take() {
-            runtime.shutdown_background();
+        self.closed.store(true, Ordering::Release);
+        self.flusher.get_mut().map(Option::take).ok();
+        if let Ok(Some(runtime)) = self.runtime.get_mut().map(Option::take) {
+            stop(runtime);
         }
     }
+}
+
+/// How long stopping an engine waits for its runtime's threads.
+const STOP_WAIT: Duration = Duration::from_secs(5);
+
+/// Stops an engine's runtime. Off the runtime's own threads it waits (up to [`STOP_WAIT`], the
+/// GIL released so that a worker waiting for it can finish) until no worker runs: an async answer
+/// still on its way into Python when the interpreter starts shutting down aborts the process
+/// (`PyGILState_Release`, exit 134), or kills the worker mid-task (a crash). On one of the
+/// runtime's own threads it cannot wait, and leaves the workers to stop in the background.
+fn stop(runtime: Runtime) {
+    if Handle::try_current().is_ok() {
+        runtime.shutdown_background();
+        return;
+    }
+    Python::attach(|py| py.detach(|| runtime.shutdown_timeout(STOP_WAIT)));
 }
 
 /// How one tool's calls are treated (`idemgate_core::ToolPolicy`); durations in seconds.
@@ -780,7 +798,8 @@ impl Engine {
         let shared = Arc::clone(&self.shared);
         runtime.spawn(async move {
             let out = future.await;
-            Python::attach(|py| {
+            // Not into an interpreter that is shutting down: the answer has nobody left to go to.
+            Python::try_attach(|py| {
                 let value = answer(py, &shared, out);
                 settle(py, &done, value);
             });
@@ -798,10 +817,11 @@ impl Engine {
         Ok(t)
     }
 
-    fn runtime(&self) -> PyResult<&Runtime> {
-        self.runtime
-            .as_ref()
-            .ok_or_else(|| PyRuntimeError::new_err("the engine is closed"))
+    fn runtime(&self) -> PyResult<&Handle> {
+        match self.closed.load(Ordering::Acquire) {
+            true => Err(PyRuntimeError::new_err("the engine is closed")),
+            false => Ok(&self.shared.handle),
+        }
     }
 }
 
@@ -867,9 +887,24 @@ impl Engine {
             shared,
             url,
             journal,
-            runtime: Some(runtime),
-            flusher: Some(flusher),
+            runtime: Mutex::new(Some(runtime)),
+            flusher: Mutex::new(Some(flusher)),
+            closed: AtomicBool::new(false),
         })
+    }
+
+    /// Stops the engine's runtime and waits (up to 5 s, with the GIL released) for its threads
+    /// to finish what they are doing, an async answer on its way to Python included (see
+    /// [`stop`]; dropping the engine does the same). Later calls raise `RuntimeError`. The
+    /// package calls it for every engine still open when the interpreter exits, before it starts
+    /// shutting down.
+    fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        drop(self.flusher.lock().ok().and_then(|mut f| f.take()));
+        let runtime = self.runtime.lock().ok().and_then(|mut r| r.take());
+        if let Some(runtime) = runtime {
+            stop(runtime);
+        }
     }
 
     /// The store's URL.

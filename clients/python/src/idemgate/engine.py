@@ -30,10 +30,12 @@ What the function raises says what happened:
 from __future__ import annotations
 
 import asyncio
+import atexit
 import functools
 import inspect
 import json
 import threading
+import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -191,6 +193,20 @@ def _unrecordable(tool: str, e: Exception) -> TypeError:
     )
 
 
+# Native engines still open, closed at exit: at interpreter exit (before it starts shutting down)
+# each runtime is stopped while its threads may still take the GIL, so none is inside Python when
+# the interpreter finalizes, which aborted async programs at exit (PyGILState_Release, exit 134).
+# The native engines, not these wrappers: an answer still on its way holds the native one after
+# its wrapper is gone.
+_OPEN: weakref.WeakSet[_native.Engine] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_engines() -> None:
+    for engine in list(_OPEN):
+        engine.close()
+
+
 class Engine:
     """The idemgate engine over one store, in this process.
 
@@ -211,6 +227,20 @@ class Engine:
             name: p if isinstance(p, Policy) else Policy(**p) for name, p in (tools or {}).items()
         }
         self._overridden: dict[tuple[str, tuple[tuple[str, Any], ...]], tuple[Policy, Policy]] = {}
+        _OPEN.add(native)
+
+    def close(self) -> None:
+        """Stops the engine's runtime, waiting (up to 5 s) for what its threads are doing;
+        later calls raise ``RuntimeError``. Every engine still open is closed when the interpreter
+        exits (a runtime thread entering Python while the interpreter shuts down would abort the
+        process). Closing twice does nothing."""
+        self.native.close()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     @classmethod
     def open(
