@@ -240,6 +240,19 @@ impl Link {
         req
     }
 
+    /// POSTs one JSON-RPC message, taking an answer as JSON or as an SSE stream.
+    async fn post_message(
+        &self,
+        body: impl Into<reqwest::Body>,
+    ) -> reqwest::Result<reqwest::Response> {
+        self.request(reqwest::Method::POST)
+            .header(ACCEPT, "application/json, text/event-stream")
+            .header(CONTENT_TYPE, "application/json")
+            .body(body)
+            .send()
+            .await
+    }
+
     fn fail(&self, why: String) {
         tracing::warn!(reason = %why, "the upstream MCP server is gone");
         self.gone.send_if_modified(|g| {
@@ -290,11 +303,7 @@ impl Link {
         let res = loop {
             let sent_with = lock(&self.session).clone();
             let res = self
-                .request(reqwest::Method::POST)
-                .header(ACCEPT, "application/json, text/event-stream")
-                .header(CONTENT_TYPE, "application/json")
-                .body(text.clone())
-                .send()
+                .post_message(text.clone())
                 .await
                 .map_err(|e| format!("the upstream could not be reached: {}", error_chain(&e)))?;
             match sent_with {
@@ -362,11 +371,7 @@ impl Link {
         init["id"] = serde_json::json!("idemgate-new-session");
         *lock(&self.session) = None;
         let res = self
-            .request(reqwest::Method::POST)
-            .header(ACCEPT, "application/json, text/event-stream")
-            .header(CONTENT_TYPE, "application/json")
-            .body(init.to_string())
-            .send()
+            .post_message(init.to_string())
             .await
             .map_err(|e| expired(&format!("a new one failed: {}", error_chain(&e))))?;
         let status = res.status();
@@ -382,11 +387,7 @@ impl Link {
         *lock(&self.session) = Some(session);
         let done = r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#;
         let res = self
-            .request(reqwest::Method::POST)
-            .header(ACCEPT, "application/json, text/event-stream")
-            .header(CONTENT_TYPE, "application/json")
-            .body(done)
-            .send()
+            .post_message(done)
             .await
             .map_err(|e| expired(&format!("a new one failed: {}", error_chain(&e))))?;
         if !res.status().is_success() {
