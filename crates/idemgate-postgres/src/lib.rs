@@ -18,6 +18,7 @@ use idemgate_core::store::{
     Claim, Completion, ListFilter, Reservation, ReserveHistory, Result, Store,
 };
 use idemgate_core::time::duration_millis;
+use idemgate_core::transition::{self, Change};
 use idemgate_core::url::UrlQuery;
 use idemgate_core::{
     Fence, Key, Lease, Outcome, Record, RecordState, StoreError, TenantId, Timestamp, ToolName,
@@ -523,20 +524,14 @@ impl PgStore {
             }
             self.inner.found.record(true);
             let (rec, now) = decode(k.clone(), row)?;
-            match rec.view(now) {
-                // Completed and expired: as good as absent, at the next fence.
-                None => match self.run(&self.inner.sql.renew, &params).await?.first() {
+            // The core's judgement: a record that counts is the answer as it stands (ours,
+            // retried after a lost answer, or another's); one past its expiry is renewed.
+            match transition::reserve(Some(&rec), r, now) {
+                (claim, Change::Keep) => return Ok(claim),
+                _ => match self.run(&self.inner.sql.renew, &params).await?.first() {
                     Some(row) => return acquired(row),
                     None => continue,
                 },
-                // Our own reservation, retried after a lost answer.
-                Some(_)
-                    if rec.token == r.token
-                        && matches!(rec.state, RecordState::InFlight { .. }) =>
-                {
-                    return Ok(Claim::Acquired(lease_of(&rec)));
-                }
-                Some(view) => return Ok(Claim::Existing(view)),
             }
         }
         Err(StoreError::Unavailable(format!(

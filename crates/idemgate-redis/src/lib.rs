@@ -15,11 +15,11 @@ pub use idemgate_core::ReservePath;
 
 use idemgate_core::key::hex;
 use idemgate_core::store::Result;
-use idemgate_core::transition::StoredRecord;
+use idemgate_core::transition::{self, Change, StoredRecord};
 use idemgate_core::url::UrlQuery;
 use idemgate_core::{
-    Claim, Completion, Fence, Key, Lease, ListFilter, Outcome, Record, RecordState, Reservation,
-    ReserveHistory, Store, StoreError, Timestamp,
+    Claim, Completion, Fence, Key, Lease, ListFilter, Outcome, Record, Reservation, ReserveHistory,
+    Store, StoreError, Timestamp,
 };
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
@@ -680,16 +680,9 @@ impl RedisStore {
             // What the reserve script answers when a record counts, judged the same way on a
             // plain read; otherwise the script decides, on the record as it then stands.
             let (now, stored) = self.peek(&name).await?;
-            if let Some((stored, view)) = stored.and_then(|s| s.view(now).map(|v| (s, v))) {
+            if let (claim, Change::Keep) = transition::reserve(stored.as_ref(), r, now) {
                 self.inner.found.record(true);
-                if stored.token == r.token && matches!(stored.state, RecordState::InFlight { .. }) {
-                    // Our own reservation, retried after a lost answer.
-                    return Ok(Claim::Acquired(Lease {
-                        fence: stored.fence,
-                        token: r.token,
-                    }));
-                }
-                return Ok(Claim::Existing(view));
+                return Ok(claim);
             }
         }
         let mut inv = Invocation::new(script);
