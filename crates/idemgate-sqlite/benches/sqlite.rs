@@ -4,7 +4,8 @@
 //! `synchronous=FULL`, busy timeout) applied by the same function.
 //!
 //! `cargo bench -p idemgate-sqlite --bench sqlite`; `BENCH_SECONDS` sets the time per cell
-//! (default 3), `BENCH_ROUNDS` the rounds (default 3), and `BENCH_DURABILITY=normal` runs both
+//! (default 3), `BENCH_ROUNDS` the rounds (default 3), `BENCH_CALLERS` runs only the row of that
+//! many callers (1 or 16), and `BENCH_DURABILITY=normal` runs both
 //! sides at `synchronous=NORMAL`, which leaves out the fsyncs and so shows the engine's own cost.
 //! The ratio is the median of each round's engine/raw ratio: the two run back to back, so a
 //! round's ratio is far steadier on a noisy disk than either rate. The database files live in a
@@ -197,8 +198,16 @@ fn main() {
         "{:>8} {:>20} {:>20} {:>20} {:>14} {:>12}",
         "callers", "engine/s", "raw/s", "ratio", "writes/commit", "writes/call"
     );
+    // `BENCH_CALLERS=1` (or `16`) runs one row alone, for a profiler.
+    let only = std::env::var("BENCH_CALLERS").ok().map(|s| {
+        s.parse::<usize>()
+            .unwrap_or_else(|_| panic!("BENCH_CALLERS is a number of callers, not {s:?}"))
+    });
     let mut raw_single = 0.0;
     for callers in [1usize, 16] {
+        if only.is_some_and(|n| n != callers) {
+            continue;
+        }
         let (mut raws, mut engines, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
         let (mut per_commit, mut per_call) = (0.0, 0.0);
         let raw_db = dir.path().join(format!("raw-{callers}.db"));
@@ -227,7 +236,7 @@ fn main() {
             "{callers:>8} {engine_cell:>20} {raw_cell:>20} {ratio_cell:>20} {per_commit:>14.1} \
              {per_call:>12.2}"
         );
-        if callers == 16 {
+        if callers == 16 && raw_single > 0.0 {
             println!(
                 "engine at 16 callers vs raw per-call baseline at 1 caller: {:.2}x",
                 engine_rate / raw_single
