@@ -34,18 +34,19 @@ const SELECT_ONE: &str = concat!(
     " FROM idemgate_record WHERE tenant = ?1 AND tool = ?2 AND key = ?3"
 );
 
-// An upsert rather than INSERT OR REPLACE: same effect, but the row is updated in place instead of
-// deleted and inserted again, which spares the index entries that did not change.
-const UPSERT: &str = concat!(
+// A write knows whether the row exists, since it read the row first in the same transaction: a new
+// row is a plain INSERT and an existing one an UPDATE in place. (An upsert would try the insert
+// first, find the key taken and only then update, on every completion.)
+const INSERT: &str = concat!(
     "INSERT INTO idemgate_record (",
     columns!(),
-    ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14) \
-     ON CONFLICT (tenant, tool, key) DO UPDATE SET fingerprint = excluded.fingerprint, \
-     fence = excluded.fence, token = excluded.token, created_at = excluded.created_at, \
-     state = excluded.state, lease_until = excluded.lease_until, since = excluded.since, \
-     completed_at = excluded.completed_at, expires_at = excluded.expires_at, \
-     outcome_kind = excluded.outcome_kind, outcome_body = excluded.outcome_body"
+    ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)"
 );
+
+const UPDATE: &str = "UPDATE idemgate_record SET fingerprint = ?4, fence = ?5, token = ?6, \
+     created_at = ?7, state = ?8, lease_until = ?9, since = ?10, completed_at = ?11, \
+     expires_at = ?12, outcome_kind = ?13, outcome_body = ?14 \
+     WHERE tenant = ?1 AND tool = ?2 AND key = ?3";
 
 const DELETE: &str = "DELETE FROM idemgate_record WHERE tenant = ?1 AND tool = ?2 AND key = ?3";
 
@@ -78,7 +79,7 @@ pub(crate) fn apply(
     match change.into_put(cur) {
         Change::Keep | Change::SetState(_) => Ok(false),
         Change::Put(rec) => {
-            put(conn, &rec)?;
+            put(conn, &rec, cur.is_some())?;
             Ok(true)
         }
         Change::Delete => {
@@ -96,7 +97,8 @@ pub(crate) fn apply(
     }
 }
 
-fn put(conn: &Connection, rec: &StoredRecord) -> Result<(), StoreError> {
+/// Writes `rec`: over the row that `exists` (read in this transaction), or as a new one.
+fn put(conn: &Connection, rec: &StoredRecord, exists: bool) -> Result<(), StoreError> {
     let what = || format!("write record {}", rec.key);
     let fence = i64::try_from(rec.fence)
         .map_err(|_| corrupt(what(), format!("fence {} is out of range", rec.fence)))?;
@@ -127,7 +129,8 @@ fn put(conn: &Connection, rec: &StoredRecord) -> Result<(), StoreError> {
         }
     };
     let token = rec.token.0.to_be_bytes();
-    conn.prepare_cached(UPSERT)
+    let written = conn
+        .prepare_cached(if exists { UPDATE } else { INSERT })
         .and_then(|mut stmt| {
             stmt.execute(params![
                 rec.key.tenant.as_str(),
@@ -147,6 +150,14 @@ fn put(conn: &Connection, rec: &StoredRecord) -> Result<(), StoreError> {
             ])
         })
         .during(Stage::Write, what)?;
+    if written != 1 {
+        // The row read a moment ago in the same transaction is gone: nothing else writes while
+        // this transaction holds the write lock, so the file is not what the store believes.
+        return Err(corrupt(
+            what(),
+            format!("{written} rows changed where the row read before was 1"),
+        ));
+    }
     Ok(())
 }
 
