@@ -132,6 +132,8 @@ pub struct WriterStats {
 const QUEUE: usize = 4096;
 /// Read connections kept open between reads.
 const IDLE_READERS: usize = 4;
+/// Row ids per transaction of [`SqliteStore::purge_expired`]: a few milliseconds of writing.
+const PURGE_RANGE: i64 = 4096;
 /// The smallest [`SqliteOptions::wal_limit`]: a few batches' worth of pages.
 const MIN_WAL_LIMIT: u64 = 64 << 10;
 
@@ -609,15 +611,42 @@ impl Store for SqliteStore {
     }
 
     async fn purge_expired(&self) -> Result<u64> {
-        self.write(|conn, now| {
-            // Mirrors transition::is_purgeable: completed and expired. Unknown rows stay.
-            let purged = conn
-                .prepare_cached("DELETE FROM idemgate_record WHERE state = ?1 AND expires_at <= ?2")
-                .and_then(|mut stmt| stmt.execute((row::COMPLETED, now.as_millis())))
-                .during(Stage::Write, || "purge expired records")?;
-            Ok((purged as u64, purged > 0))
-        })
-        .await
+        // Without an index on the state (see schema_v2.sql) one DELETE would scan the whole table
+        // while it holds the write lock, and every write would wait for it. Ranges of row ids
+        // keep each transaction short; rows added meanwhile are past the last range, and too new
+        // to have expired.
+        let last: i64 = self
+            .read(|conn, _| {
+                conn.query_row(
+                    "SELECT coalesce(max(rowid), 0) FROM idemgate_record",
+                    [],
+                    |r| r.get(0),
+                )
+                .during(Stage::Read, || "find the last record to purge")
+            })
+            .await?;
+        let mut purged = 0;
+        let mut from = 0;
+        while from < last {
+            let to = from.saturating_add(PURGE_RANGE);
+            purged += self
+                .write(move |conn, now| {
+                    // Mirrors transition::is_purgeable: completed and expired. Unknown rows stay.
+                    let n = conn
+                        .prepare_cached(
+                            "DELETE FROM idemgate_record WHERE rowid > ?1 AND rowid <= ?2 \
+                             AND state = ?3 AND expires_at <= ?4",
+                        )
+                        .and_then(|mut stmt| {
+                            stmt.execute((from, to, row::COMPLETED, now.as_millis()))
+                        })
+                        .during(Stage::Write, || "purge expired records")?;
+                    Ok((n as u64, n > 0))
+                })
+                .await?;
+            from = to;
+        }
+        Ok(purged)
     }
 
     async fn wait_changed(&self, _key: &Key, timeout: Duration) {
@@ -797,6 +826,94 @@ mod tests {
         assert!(!dir.path().join("missing").exists());
         let e = SqliteStore::open(":memory:", SqliteOptions::default()).unwrap_err();
         assert!(matches!(e, StoreError::Misconfigured(_)), "{e}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn purge_deletes_expired_completions_across_many_ranges_and_keeps_the_rest() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db");
+        let store = SqliteStore::open(&path, manual()).unwrap();
+        let now = 1_800_000_000_000_i64;
+        // Rows straight into the table, three ranges' worth: completed and expired (every third
+        // row), completed and not yet expired, and unknown (kept whatever its age).
+        let rows = 3 * PURGE_RANGE + 17;
+        let conn = raw(&path);
+        conn.execute_batch("BEGIN").unwrap();
+        let mut expired = 0;
+        for i in 0..rows {
+            let (state, expires_at, completed_at, since, kind, body) = match i % 3 {
+                0 => (
+                    row::COMPLETED,
+                    Some(now - 1),
+                    Some(now - 10),
+                    None,
+                    Some(0),
+                    Some(b"x".to_vec()),
+                ),
+                1 => (
+                    row::COMPLETED,
+                    Some(now + 60_000),
+                    Some(now - 10),
+                    None,
+                    Some(0),
+                    Some(b"x".to_vec()),
+                ),
+                _ => (row::UNKNOWN, None, None, Some(now - 86_400_000), None, None),
+            };
+            expired += u64::from(i % 3 == 0);
+            conn.execute(
+                "INSERT INTO idemgate_record (tenant, tool, key, fingerprint, fence, token, \
+                 created_at, state, lease_until, since, completed_at, expires_at, outcome_kind, \
+                 outcome_body) VALUES ('t', 'tool', ?1, ?2, 1, ?3, ?4, ?5, NULL, ?6, ?7, ?8, ?9, ?10)",
+                rusqlite::params![
+                    format!("k{i}"),
+                    [0u8; 32].as_slice(),
+                    [0u8; 16].as_slice(),
+                    now - 100,
+                    state,
+                    since,
+                    completed_at,
+                    expires_at,
+                    kind,
+                    body
+                ],
+            )
+            .unwrap();
+        }
+        conn.execute_batch("COMMIT").unwrap();
+        let batches = store.writer_stats().batches;
+        assert_eq!(store.purge_expired().await.unwrap(), expired);
+        // One write transaction per range of row ids, not one for the whole table.
+        assert!(store.writer_stats().batches - batches >= 4);
+        let left: i64 = conn
+            .query_row("SELECT count(*) FROM idemgate_record", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(left as u64, rows as u64 - expired);
+        let expired_left: i64 = conn
+            .query_row(
+                "SELECT count(*) FROM idemgate_record WHERE state = ?1 AND expires_at <= ?2",
+                (row::COMPLETED, now),
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(expired_left, 0);
+        assert_eq!(store.purge_expired().await.unwrap(), 0);
+    }
+
+    #[tokio::test]
+    async fn records_carry_no_index_besides_their_key() {
+        // Each index is written by every reservation and completion (see schema_v2.sql).
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db");
+        let _store = SqliteStore::open(&path, manual()).unwrap();
+        let indexes: Vec<String> = raw(&path)
+            .prepare("SELECT name FROM sqlite_master WHERE type = 'index' ORDER BY name")
+            .unwrap()
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap();
+        assert_eq!(indexes, ["sqlite_autoindex_idemgate_record_1"]);
     }
 
     #[tokio::test]

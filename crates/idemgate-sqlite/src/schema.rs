@@ -24,13 +24,19 @@ struct Migration {
 
 /// Every step, oldest first. A new version adds a file (`schema_v2.sql`, ...) and a line here;
 /// released files are never edited.
-const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    sql: include_str!("schema.sql"),
-}];
+const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        sql: include_str!("schema.sql"),
+    },
+    Migration {
+        version: 2,
+        sql: include_str!("schema_v2.sql"),
+    },
+];
 
 /// The schema version this code writes and reads (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 /// `PRAGMA application_id` of idemgate databases ("IDMG"), so that another program's SQLite file
 /// is not mistaken for one of ours.
