@@ -64,7 +64,7 @@ use rusqlite::Connection;
 use tokio::sync::{mpsc, Notify};
 
 use crate::error::{Context, Stage};
-use crate::writer::{Core, Counters, Op, Shared, Task, WakeForCheckpoint, Writer};
+use crate::writer::{Core, Counters, Op, Shared, Task, WakeForCheckpoint, WalWatch, Writer};
 
 pub use crate::schema::{apply_pragmas, APPLICATION_ID, SCHEMA_VERSION};
 /// The rusqlite this crate is built with, so that a benchmark baseline opens its connection with
@@ -231,8 +231,17 @@ impl SqliteStore {
         opts.max_batch = opts.max_batch.max(1);
         opts.wal_limit = opts.wal_limit.max(MIN_WAL_LIMIT);
 
-        let conn = schema::connect(&path, &opts, false)?;
+        let mut conn = schema::connect(&path, &opts, false)?;
         schema::migrate(&conn, &path)?;
+        let page_size: i64 = conn
+            .pragma_query_value(None, "page_size", |row| row.get(0))
+            .during(Stage::Open, || {
+                format!("read the page size of {}", path.display())
+            })?;
+        let wal_watch = WalWatch::new(u64::try_from(page_size).unwrap_or(4096), opts.wal_limit);
+        wal_watch.install(&mut conn).during(Stage::Open, || {
+            format!("watch the log of {}", path.display())
+        })?;
         // One reader now, so that a file that cannot be read fails here rather than at first use.
         let reader = schema::connect(&path, &opts, true)?;
 
@@ -247,6 +256,7 @@ impl SqliteStore {
             path: path.clone(),
             opts: opts.clone(),
             wal: wal_path(&path),
+            wal_watch,
             last_checkpoint: None,
             changed: changed.clone(),
             counters: counters.clone(),
@@ -1344,6 +1354,43 @@ mod tests {
             );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn commits_checkpoint_the_log_themselves_once_it_reaches_the_limit() {
+        // The writer's WAL hook replaces SQLite's own, so it must run the commits' checkpoint
+        // itself. Without it the log would reach the limit and then grow until the writer's
+        // rarer RESTART, up to half again past it.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db");
+        let opts = SqliteOptions {
+            durability: Durability::Normal,
+            wal_limit: MIN_WAL_LIMIT,
+            ..manual()
+        };
+        let limit = opts.wal_limit;
+        let store = SqliteStore::open(&path, opts).unwrap();
+        let wal = wal_path(&path);
+        let mut largest = 0;
+        for i in 0..400 {
+            let k = key(&format!("k{i}"));
+            let lease = acquire(&store, &k).await;
+            store
+                .complete(
+                    &k,
+                    lease,
+                    &Outcome::success(vec![b'x'; 512]),
+                    Duration::from_secs(60),
+                )
+                .await
+                .unwrap();
+            largest = largest.max(std::fs::metadata(&wal).map_or(0, |m| m.len()));
+        }
+        eprintln!("the largest WAL was {largest} bytes (limit {limit})");
+        assert!(
+            largest <= limit + limit / 4,
+            "the WAL reached {largest} bytes (limit {limit})"
+        );
     }
 
     #[tokio::test]
