@@ -350,6 +350,77 @@ fn mcp_relays_frames_and_replays_a_keyed_write() {
     assert_eq!(row["content"], "mcp_tool_result", "{rows}");
 }
 
+/// `O_NONBLOCK` (0o4000) in the flags of `fd` of this process, from /proc.
+fn non_blocking(fd: &impl std::os::fd::AsRawFd) -> bool {
+    let info = fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd())).unwrap();
+    let flags = info
+        .lines()
+        .find_map(|l| l.strip_prefix("flags:"))
+        .map(|f| u32::from_str_radix(f.trim(), 8).unwrap())
+        .unwrap();
+    flags & 0o4000 != 0
+}
+
+#[test]
+fn mcp_reads_a_socket_as_its_stdin_and_leaves_it_blocking_when_it_exits() {
+    // Node starts a child's stdio on socket pairs; the proxy reads its stdin without blocking,
+    // on its runtime, which switches the open socket (shared with every holder of the same
+    // descriptor) to O_NONBLOCK until the proxy exits.
+    use std::os::unix::net::UnixStream;
+    let sb = Sandbox::new();
+    let (mut ours, theirs) = UnixStream::pair().unwrap();
+    let theirs_too = theirs.try_clone().unwrap();
+    assert!(!non_blocking(&theirs_too));
+    let mut command = sb.idemgate();
+    command.env("FIXTURE_LOG", sb.path("executed"));
+    let mut child = sb
+        .mcp(command, PLAIN, &["python3", FIXTURE])
+        .stdin(Stdio::from(std::os::fd::OwnedFd::from(theirs)))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut send = |frame: Value| writeln!(ours, "{frame}").unwrap();
+    let mut answer = |id: u64| -> Value {
+        loop {
+            let v: Value = serde_json::from_str(&out.next().unwrap().unwrap()).unwrap();
+            if v["id"] == json!(id) {
+                return v;
+            }
+        }
+    };
+    send(
+        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params":
+        {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}),
+    );
+    assert!(answer(1)["result"].is_object());
+    send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    let call = |id: u64| {
+        json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {"name": "count",
+            "arguments": {"label": "s"}, "_meta": {"dev.idemgate/idempotency-key": "sock-1"}}})
+    };
+    send(call(2));
+    assert_eq!(text(&answer(2), 0), "counted 1");
+    assert!(
+        non_blocking(&theirs_too),
+        "read without blocking while it runs"
+    );
+    send(call(3));
+    assert_eq!(answer(3)["result"]["_meta"]["dev.idemgate/replayed"], true);
+    assert_eq!(sb.executed(), ["count s"]);
+    drop(ours);
+    let deadline = Instant::now() + DEADLINE;
+    while child.try_wait().unwrap().is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "the proxy did not exit at end of input"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!non_blocking(&theirs_too), "the socket is blocking again");
+}
+
 #[test]
 fn mcp_refuses_a_write_without_key_and_a_reused_key() {
     let (sb, mut p) = started(PLAIN);
