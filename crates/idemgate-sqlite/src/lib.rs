@@ -233,15 +233,11 @@ impl SqliteStore {
 
         let mut conn = schema::connect(&path, &opts, false)?;
         schema::migrate(&conn, &path)?;
-        let page_size: i64 = conn
-            .pragma_query_value(None, "page_size", |row| row.get(0))
+        let wal_watch = WalWatch::of(&conn)
+            .and_then(|watch| watch.install(&mut conn).map(|()| watch))
             .during(Stage::Open, || {
-                format!("read the page size of {}", path.display())
+                format!("watch the log of {}", path.display())
             })?;
-        let wal_watch = WalWatch::new(u64::try_from(page_size).unwrap_or(4096), opts.wal_limit);
-        wal_watch.install(&mut conn).during(Stage::Open, || {
-            format!("watch the log of {}", path.display())
-        })?;
         // One reader now, so that a file that cannot be read fails here rather than at first use.
         let reader = schema::connect(&path, &opts, true)?;
 
@@ -1295,6 +1291,37 @@ mod tests {
         assert!(waited < Duration::from_secs(10), "waited {waited:?}");
     }
 
+    /// The size of the write-ahead log of the database at `path` (0 while there is none).
+    fn wal_bytes(path: &Path) -> u64 {
+        std::fs::metadata(wal_path(path)).map_or(0, |m| m.len())
+    }
+
+    /// Reserves and completes `count` records with bodies of `body` bytes, one after the other,
+    /// and returns the largest the log of the database at `path` was after any of them.
+    async fn largest_wal_while_writing(
+        store: &SqliteStore,
+        path: &Path,
+        count: usize,
+        body: usize,
+    ) -> u64 {
+        let mut largest = 0;
+        for i in 0..count {
+            let k = key(&format!("k{i}"));
+            let lease = acquire(store, &k).await;
+            store
+                .complete(
+                    &k,
+                    lease,
+                    &Outcome::success(vec![b'x'; body]),
+                    Duration::from_secs(3600),
+                )
+                .await
+                .unwrap();
+            largest = largest.max(wal_bytes(path));
+        }
+        largest
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_wal_stays_bounded_under_many_writes() {
         let dir = tempfile::tempdir().unwrap();
@@ -1306,8 +1333,7 @@ mod tests {
         };
         let limit = opts.wal_limit;
         let store = SqliteStore::open(&path, opts).unwrap();
-        let wal = wal_path(&path);
-        let wal_size = || std::fs::metadata(&wal).map_or(0, |m| m.len());
+        let wal_size = || wal_bytes(&path);
         // A reader that keeps taking snapshots, as duplicates and `keys list` do.
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let reader = {
@@ -1318,22 +1344,7 @@ mod tests {
                 }
             })
         };
-        let body = vec![b'x'; 1024];
-        let mut largest = 0;
-        for i in 0..2000 {
-            let k = key(&format!("k{i}"));
-            let lease = acquire(&store, &k).await;
-            store
-                .complete(
-                    &k,
-                    lease,
-                    &Outcome::success(body.clone()),
-                    Duration::from_secs(3600),
-                )
-                .await
-                .unwrap();
-            largest = largest.max(wal_size());
-        }
+        let largest = largest_wal_while_writing(&store, &path, 2000, 1024).await;
         stop.store(true, Ordering::Relaxed);
         reader.await.unwrap();
         eprintln!("the largest WAL was {largest} bytes (limit {limit})");
@@ -1370,22 +1381,7 @@ mod tests {
         };
         let limit = opts.wal_limit;
         let store = SqliteStore::open(&path, opts).unwrap();
-        let wal = wal_path(&path);
-        let mut largest = 0;
-        for i in 0..400 {
-            let k = key(&format!("k{i}"));
-            let lease = acquire(&store, &k).await;
-            store
-                .complete(
-                    &k,
-                    lease,
-                    &Outcome::success(vec![b'x'; 512]),
-                    Duration::from_secs(60),
-                )
-                .await
-                .unwrap();
-            largest = largest.max(std::fs::metadata(&wal).map_or(0, |m| m.len()));
-        }
+        let largest = largest_wal_while_writing(&store, &path, 400, 512).await;
         eprintln!("the largest WAL was {largest} bytes (limit {limit})");
         assert!(
             largest <= limit + limit / 4,

@@ -182,13 +182,18 @@ pub(crate) struct WalWatch {
 }
 
 impl WalWatch {
-    pub(crate) fn new(page_size: u64, wal_limit: u64) -> Arc<Self> {
-        Arc::new(WalWatch {
-            frame_bytes: page_size + WAL_FRAME_HEADER,
-            autocheckpoint: i32::try_from((wal_limit / page_size.max(1)).max(1))
-                .unwrap_or(i32::MAX),
+    /// The watch of the log of `conn`, a write connection as [`crate::apply_pragmas`] set it up:
+    /// its page size, and the commits' checkpoint that `wal_autocheckpoint` set (read before the
+    /// hook replaces SQLite's own, which holds it).
+    pub(crate) fn of(conn: &Connection) -> rusqlite::Result<Arc<Self>> {
+        let page_size: i64 = conn.pragma_query_value(None, "page_size", |row| row.get(0))?;
+        let autocheckpoint =
+            conn.pragma_query_value(None, "wal_autocheckpoint", |row| row.get(0))?;
+        Ok(Arc::new(WalWatch {
+            frame_bytes: page_size.unsigned_abs() + WAL_FRAME_HEADER,
+            autocheckpoint,
             frames: AtomicU64::new(0),
-        })
+        }))
     }
 
     /// Installs the hook on the write connection. It replaces SQLite's own hook, which runs the
@@ -539,4 +544,29 @@ impl Core {
 /// Runs `sql`, a statement without parameters, through the connection's statement cache.
 fn run_cached(conn: &Connection, sql: &str) -> rusqlite::Result<usize> {
     conn.prepare_cached(sql)?.execute([])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_watch_takes_the_commits_checkpoint_that_the_pragmas_set() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db");
+        let opts = crate::SqliteOptions {
+            wal_limit: 256 << 10,
+            ..crate::SqliteOptions::default()
+        };
+        let mut conn = crate::schema::connect(&path, &opts, false).unwrap();
+        let watch = WalWatch::of(&conn).unwrap();
+        assert_eq!((watch.autocheckpoint, watch.frame_bytes), (64, 4096 + 24));
+        watch.install(&mut conn).unwrap();
+        // The setting lived in SQLite's own hook, which ours replaced: read after the install,
+        // the pragma says 0, hence `of` before `install`.
+        let again: i32 = conn
+            .pragma_query_value(None, "wal_autocheckpoint", |row| row.get(0))
+            .unwrap();
+        assert_eq!(again, 0);
+    }
 }
