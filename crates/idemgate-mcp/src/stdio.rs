@@ -279,8 +279,8 @@ pub fn lines(reader: impl AsyncRead + Unpin + Send + 'static) -> mpsc::Unbounded
 /// blocking read of stdin cannot be cancelled, and on the runtime's blocking pool it would keep
 /// the runtime from shutting down after the server exits.
 fn stdin_lines() -> mpsc::UnboundedReceiver<String> {
-    if let Some(stdin) = NonBlocking::open(Std::In) {
-        return lines(stdin);
+    if let Some(input) = client_input() {
+        return lines(input);
     }
     let (tx, rx) = mpsc::unbounded_channel();
     std::thread::spawn(move || {
@@ -303,14 +303,34 @@ fn stdin_lines() -> mpsc::UnboundedReceiver<String> {
     rx
 }
 
+/// The process's stdin read on the runtime without blocking, when it is a pipe or a Unix socket
+/// ([`NonBlocking`]).
+fn client_input() -> Option<Box<dyn AsyncRead + Unpin + Send>> {
+    let (fd, pipe, restore) = NonBlocking::open(Std::In)?;
+    match pipe {
+        // Checks that it is a pipe's read end and sets O_NONBLOCK.
+        true => tokio::net::unix::pipe::Receiver::from_owned_fd(fd)
+            .ok()
+            .map(|r| Box::new(restore.around(r)) as _),
+        false => unix_socket(fd).map(|s| Box::new(restore.around(s)) as _),
+    }
+}
+
 /// The process's stdout for the client's frames: written on the runtime without blocking when
 /// it is a pipe or a Unix socket ([`NonBlocking`]); else tokio's stdout, which hands every write
 /// to a thread of its blocking pool (two hand-offs between threads per answer).
 fn client_output() -> Box<dyn AsyncWrite + Unpin + Send> {
-    match NonBlocking::open(Std::Out) {
-        Some(stdout) => Box::new(stdout),
-        None => Box::new(tokio::io::stdout()),
-    }
+    let Some((fd, pipe, restore)) = NonBlocking::open(Std::Out) else {
+        return Box::new(tokio::io::stdout());
+    };
+    let stream: Option<Box<dyn AsyncWrite + Unpin + Send>> = match pipe {
+        // Checks that it is a pipe's write end and sets O_NONBLOCK.
+        true => tokio::net::unix::pipe::Sender::from_owned_fd(fd)
+            .ok()
+            .map(|w| Box::new(restore.around(w)) as _),
+        false => unix_socket(fd).map(|s| Box::new(restore.around(s)) as _),
+    };
+    stream.unwrap_or_else(|| Box::new(tokio::io::stdout()))
 }
 
 /// Which standard stream a [`NonBlocking`] is.
@@ -320,35 +340,25 @@ enum Std {
     Out,
 }
 
-/// stdin or stdout, when it is a pipe or a Unix socket, switched to non-blocking I/O that the
-/// runtime waits for; the switch is undone when it is dropped. `O_NONBLOCK` belongs to the open
-/// file, which a terminal shares with the shell, hence pipes and sockets only: an agent's pipe
-/// (or socket pair, as Node's child processes get) to its server is the agent's and this
-/// process's alone. Not stdout when stderr is the same pipe (`2>&1`): stderr, which the server
-/// inherits, must stay blocking.
+/// stdin or stdout, when it is a pipe or a Unix socket, to be switched to non-blocking I/O that
+/// the runtime waits for; the switch is undone when the stream made of it
+/// ([`NonBlocking::around`]) is dropped, and at once when none could be made. `O_NONBLOCK`
+/// belongs to the open file, which a terminal shares with the shell, hence pipes and sockets
+/// only: an agent's pipe (or socket pair, as Node's child processes get) to its server is the
+/// agent's and this process's alone. Not stdout when stderr is the same pipe (`2>&1`): stderr,
+/// which the server inherits, must stay blocking.
 struct NonBlocking {
-    stream: Stream,
     std: Std,
     flags: nix::fcntl::OFlag,
 }
 
-enum Stream {
-    PipeIn(tokio::net::unix::pipe::Receiver),
-    PipeOut(tokio::net::unix::pipe::Sender),
-    Socket(tokio::net::UnixStream),
-}
-
 impl NonBlocking {
-    fn open(std: Std) -> Option<Self> {
+    /// A duplicate of the stream's descriptor (so that dropping it leaves the standard one
+    /// open), whether it is a pipe (else a socket), and what undoes the switch.
+    fn open(std: Std) -> Option<(std::os::fd::OwnedFd, bool, NonBlocking)> {
         use nix::fcntl::{fcntl, FcntlArg, OFlag};
         use nix::sys::stat::{fstat, SFlag};
-        use std::os::fd::{AsFd, BorrowedFd};
-        let (stdin, stdout) = (std::io::stdin(), std::io::stdout());
-        let fd: BorrowedFd<'_> = match std {
-            Std::In => stdin.as_fd(),
-            Std::Out => stdout.as_fd(),
-        };
-        let stat = fstat(fd).ok()?;
+        let stat = std.with_fd(|fd| fstat(fd)).ok()?;
         let kind = SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT;
         if kind != SFlag::S_IFIFO && kind != SFlag::S_IFSOCK {
             return None;
@@ -359,104 +369,86 @@ impl NonBlocking {
                 return None;
             }
         }
-        let flags = OFlag::from_bits_truncate(fcntl(fd, FcntlArg::F_GETFL).ok()?);
-        // A duplicate, so that dropping the stream leaves the standard descriptor open.
-        let dup = nix::unistd::dup(fd).ok()?;
-        let stream = match (kind == SFlag::S_IFIFO, std) {
-            // Both check the pipe's end and set O_NONBLOCK.
-            (true, Std::In) => tokio::net::unix::pipe::Receiver::from_owned_fd(dup)
-                .ok()
-                .map(Stream::PipeIn),
-            (true, Std::Out) => tokio::net::unix::pipe::Sender::from_owned_fd(dup)
-                .ok()
-                .map(Stream::PipeOut),
-            (false, _) => {
-                let socket = std::os::unix::net::UnixStream::from(dup);
-                // Not a Unix socket (a TCP one, say): left to blocking I/O.
-                socket.peer_addr().ok()?;
-                socket
-                    .set_nonblocking(true)
-                    .ok()
-                    .and_then(|()| tokio::net::UnixStream::from_std(socket).ok())
-                    .map(Stream::Socket)
-            }
-        };
-        if stream.is_none() {
-            let _ = fcntl(fd, FcntlArg::F_SETFL(flags));
+        let flags = OFlag::from_bits_truncate(std.with_fd(|fd| fcntl(fd, FcntlArg::F_GETFL)).ok()?);
+        let fd = std.with_fd(|fd| nix::unistd::dup(fd)).ok()?;
+        Some((fd, kind == SFlag::S_IFIFO, NonBlocking { std, flags }))
+    }
+
+    /// `stream`, made of the duplicate, with the switch undone when it is dropped.
+    fn around<S>(self, stream: S) -> Restoring<S> {
+        Restoring {
+            stream,
+            _restore: self,
         }
-        Some(NonBlocking {
-            stream: stream?,
-            std,
-            flags,
-        })
+    }
+}
+
+impl Std {
+    /// `f` of the stream's descriptor.
+    fn with_fd<R>(self, f: impl FnOnce(std::os::fd::BorrowedFd<'_>) -> R) -> R {
+        use std::os::fd::AsFd;
+        match self {
+            Std::In => f(std::io::stdin().as_fd()),
+            Std::Out => f(std::io::stdout().as_fd()),
+        }
     }
 }
 
 impl Drop for NonBlocking {
     fn drop(&mut self) {
         use nix::fcntl::{fcntl, FcntlArg};
-        let _ = match self.std {
-            Std::In => fcntl(std::io::stdin(), FcntlArg::F_SETFL(self.flags)),
-            Std::Out => fcntl(std::io::stdout(), FcntlArg::F_SETFL(self.flags)),
-        };
+        let _ = self
+            .std
+            .with_fd(|fd| fcntl(fd, FcntlArg::F_SETFL(self.flags)));
     }
 }
 
-impl AsyncRead for NonBlocking {
+/// A Unix socket made of `fd`, non-blocking for the runtime; `None` for another kind of socket
+/// (a TCP one, say), left to blocking I/O.
+fn unix_socket(fd: std::os::fd::OwnedFd) -> Option<tokio::net::UnixStream> {
+    let socket = std::os::unix::net::UnixStream::from(fd);
+    socket.peer_addr().ok()?;
+    socket.set_nonblocking(true).ok()?;
+    tokio::net::UnixStream::from_std(socket).ok()
+}
+
+/// A stream of a standard descriptor switched to non-blocking I/O, switched back when dropped.
+struct Restoring<S> {
+    stream: S,
+    _restore: NonBlocking,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Restoring<S> {
     fn poll_read(
         self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
         buf: &mut tokio::io::ReadBuf<'_>,
     ) -> std::task::Poll<std::io::Result<()>> {
-        use std::pin::Pin;
-        match &mut self.get_mut().stream {
-            Stream::PipeIn(r) => Pin::new(r).poll_read(cx, buf),
-            Stream::Socket(s) => Pin::new(s).poll_read(cx, buf),
-            Stream::PipeOut(_) => {
-                std::task::Poll::Ready(Err(std::io::ErrorKind::Unsupported.into()))
-            }
-        }
+        std::pin::Pin::new(&mut self.get_mut().stream).poll_read(cx, buf)
     }
 }
 
-impl AsyncWrite for NonBlocking {
+impl<S: AsyncWrite + Unpin> AsyncWrite for Restoring<S> {
     fn poll_write(
         self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
         buf: &[u8],
     ) -> std::task::Poll<std::io::Result<usize>> {
-        use std::pin::Pin;
-        match &mut self.get_mut().stream {
-            Stream::PipeOut(w) => Pin::new(w).poll_write(cx, buf),
-            Stream::Socket(s) => Pin::new(s).poll_write(cx, buf),
-            Stream::PipeIn(_) => {
-                std::task::Poll::Ready(Err(std::io::ErrorKind::Unsupported.into()))
-            }
-        }
+        std::pin::Pin::new(&mut self.get_mut().stream).poll_write(cx, buf)
     }
 
     fn poll_flush(
         self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<std::io::Result<()>> {
-        use std::pin::Pin;
-        match &mut self.get_mut().stream {
-            Stream::PipeOut(w) => Pin::new(w).poll_flush(cx),
-            Stream::Socket(s) => Pin::new(s).poll_flush(cx),
-            Stream::PipeIn(_) => std::task::Poll::Ready(Ok(())),
-        }
+        std::pin::Pin::new(&mut self.get_mut().stream).poll_flush(cx)
     }
 
     fn poll_shutdown(
         self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<std::io::Result<()>> {
-        use std::pin::Pin;
-        match &mut self.get_mut().stream {
-            Stream::PipeOut(w) => Pin::new(w).poll_shutdown(cx),
-            Stream::Socket(s) => Pin::new(s).poll_shutdown(cx),
-            Stream::PipeIn(_) => std::task::Poll::Ready(Ok(())),
-        }
+        std::pin::Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
     }
 }
 
