@@ -759,7 +759,6 @@ impl RedisStore {
         Ok(groups)
     }
 
-    /// The server's clock.
     /// The record under `name` (its Redis name) and the server time, read with plain commands:
     /// `TIME` and `HGETALL` in one pipeline on the record's node, no script.
     async fn peek(&self, name: &str) -> Result<(Timestamp, Option<StoredRecord>)> {
@@ -771,11 +770,10 @@ impl RedisStore {
                 Ok(reply) => reply,
                 Err(e) => return Err(self.fail(&pinned, &e, "read a record")),
             };
-        // As the scripts' now_ms().
-        let now = Timestamp::from_millis(secs * 1000 + micros / 1000);
-        Ok((now, hash_record(&hash)?))
+        Ok((time_reply(secs, micros), hash_record(&hash)?))
     }
 
+    /// The server's clock.
     async fn server_now(&self) -> Result<Timestamp> {
         let mut pinned = self.conn().await?;
         let (secs, micros): (i64, i64) =
@@ -783,8 +781,14 @@ impl RedisStore {
                 Ok(t) => t,
                 Err(e) => return Err(self.fail(&pinned, &e, "read the server time")),
             };
-        Ok(Timestamp::from_millis(secs * 1000 + micros / 1000))
+        Ok(time_reply(secs, micros))
     }
+}
+
+/// The instant of a `TIME` reply (seconds, microseconds), in milliseconds as the scripts'
+/// `now_ms()` counts them.
+fn time_reply(secs: i64, micros: i64) -> Timestamp {
+    Timestamp::from_millis(secs * 1000 + micros / 1000)
 }
 
 impl Store for RedisStore {
