@@ -127,11 +127,7 @@ struct Engine {
 
 impl Drop for Engine {
     fn drop(&mut self) {
-        self.closed.store(true, Ordering::Release);
-        self.flusher.get_mut().map(Option::take).ok();
-        if let Ok(Some(runtime)) = self.runtime.get_mut().map(Option::take) {
-            stop(runtime);
-        }
+        self.close();
     }
 }
 
