@@ -20,8 +20,9 @@
 //!
 //! Failures: a lost connection, a 5xx, a second 404 or a new session refused, or an SSE stream
 //! that ends before the answer to its request all end the upstream as a crashed child ends: every
-//! call in flight has an unknown outcome, and later calls are not sent. A request refused with another 4xx gets a JSON-RPC error answer of the proxy's own
-//! (which, for a `tools/call`, the core counts as unknown too: it does not trust errors).
+//! call in flight has an unknown outcome, and later calls are not sent. A request refused with
+//! another 4xx gets a JSON-RPC error answer of the proxy's own (which, for a `tools/call`, the
+//! core counts as unknown too: it does not trust errors).
 
 use std::process::ExitStatus;
 use std::sync::{Arc, Mutex};
