@@ -90,7 +90,6 @@ impl Default for PgOptions {
 /// The statements, with the schema filled in.
 #[derive(Debug)]
 struct Sql {
-    reserve: String,
     insert: String,
     renew: String,
     takeover: String,
@@ -110,7 +109,6 @@ impl Sql {
         let ident = migrate::quote_ident(schema);
         let fill = |s: &str| s.replace("{schema}", &ident);
         Sql {
-            reserve: fill(include_str!("sql/reserve.sql")),
             insert: fill(include_str!("sql/insert.sql")),
             renew: fill(include_str!("sql/renew.sql")),
             takeover: fill(include_str!("sql/takeover.sql")),
@@ -477,12 +475,12 @@ impl PgStore {
     /// The reservation and its retries (also the absent-record arm of a takeover).
     ///
     /// Two ways, both exact, that differ only in cost. While reservations mostly find no row
-    /// (every call a new action), one statement reads and inserts (`reserve.sql`). While they
-    /// mostly find one (a retry storm), a plain read comes first (`get.sql`), so a duplicate
-    /// costs that read and commits nothing, and only an absent row is then inserted
-    /// (`insert.sql`). A completed row past its expiry is renewed at the next fence
-    /// (`renew.sql`, a compare-and-set). A write that finds the row changed since it was read
-    /// (a racing reservation won) starts over.
+    /// (every call a new action), a plain insert comes first (`insert.sql`): a fresh call is one
+    /// round trip, and only a row standing is then read (`get.sql`). While they mostly find one
+    /// (a retry storm), the read comes first, so a duplicate costs that read and commits
+    /// nothing, and only an absent row is then inserted. A completed row past its expiry is
+    /// renewed at the next fence (`renew.sql`, a compare-and-set). A write that finds the row
+    /// changed since it was read (a racing reservation won, or the row went away) starts over.
     async fn reserve_inner(&self, r: &Reservation) -> Result<Claim> {
         let k = &r.key;
         let token = token_bytes(r.token);
@@ -497,38 +495,38 @@ impl PgStore {
             &token.as_slice(),
             &lease_ms,
         ];
+        let sql = &self.inner.sql;
         let acquired = |row: &Row| -> Result<Claim> {
             let (rec, _) = decode(k.clone(), row)?;
             Ok(Claim::Acquired(lease_of(&rec)))
         };
         for _ in 0..RACE_ATTEMPTS {
             let read_first = self.inner.found.read_first(self.inner.options.reserve_path);
-            let rows = match read_first {
-                true => self.run(&self.inner.sql.get, &params[..3]).await?,
-                false => self.run(&self.inner.sql.reserve, &params).await?,
-            };
-            let Some(row) = rows.first() else {
+            if !read_first {
+                if let Some(row) = self.run(&sql.insert, &params).await?.first() {
+                    self.inner.found.record(false);
+                    return acquired(row);
+                }
+            }
+            let standing = self.run(&sql.get, &params[..3]).await?;
+            let Some(row) = standing.first() else {
                 if !read_first {
-                    // Inserted by a concurrent reservation after this statement's snapshot.
+                    // The row the insert met went away since (released, or purged).
                     continue;
                 }
                 self.inner.found.record(false);
-                match self.run(&self.inner.sql.insert, &params).await?.first() {
+                match self.run(&sql.insert, &params).await?.first() {
                     Some(row) => return acquired(row),
                     None => continue,
                 }
             };
-            if !read_first && get::<bool>(row, "written")? {
-                self.inner.found.record(false);
-                return acquired(row);
-            }
             self.inner.found.record(true);
             let (rec, now) = decode(k.clone(), row)?;
             // The core's judgement: a record that counts is the answer as it stands (ours,
             // retried after a lost answer, or another's); one past its expiry is renewed.
             match transition::reserve(Some(&rec), r, now) {
                 (claim, Change::Keep) => return Ok(claim),
-                _ => match self.run(&self.inner.sql.renew, &params).await?.first() {
+                _ => match self.run(&sql.renew, &params).await?.first() {
                     Some(row) => return acquired(row),
                     None => continue,
                 },

@@ -14,10 +14,15 @@ pub(crate) const MIGRATIONS: &[(i32, &str, &str)] = &[
         "hot_completions",
         include_str!("migrations/0003_hot_completions.sql"),
     ),
+    (
+        4,
+        "lean_reservations",
+        include_str!("migrations/0004_lean_reservations.sql"),
+    ),
 ];
 
 /// The schema version this code writes and reads.
-pub const SCHEMA_VERSION: i32 = 3;
+pub const SCHEMA_VERSION: i32 = 4;
 
 /// First half of the advisory lock key ("idem"); the second is a hash of the schema name.
 const LOCK_CLASS: i32 = 0x6964_656d;
