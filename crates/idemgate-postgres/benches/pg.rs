@@ -7,6 +7,8 @@
 //!
 //! `cargo bench -p idemgate-postgres --bench pg` (server: `IDEMGATE_TEST_POSTGRES_URL`, default
 //! `postgres://postgres@127.0.0.1:5432/test`; schema `idemgate_bench`, dropped at the end).
+//! `BENCH_ROUNDS` sets the rounds (default 3); `BENCH_CALLERS` (1 or 16) and `BENCH_WORK`
+//! (`fresh`, `replay`, `replay*`) run only those rows, for a profiler.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -18,7 +20,8 @@ use idemgate_core::{
 use idemgate_postgres::{PgOptions, PgStore};
 
 const CELL: Duration = Duration::from_millis(1500);
-/// Rounds per cell, engine and raw alternating; the median is reported (the machine is shared).
+/// Rounds per cell by default, the three sides rotating; the median is reported (the machine is
+/// shared).
 const ROUNDS: usize = 3;
 const SCHEMA: &str = "idemgate_bench";
 
@@ -263,6 +266,23 @@ async fn floor_cell(store: PgStore, run: u64, callers: usize, work: Work) -> f64
     .await
 }
 
+/// The value of the environment variable `name`, parsed, if set.
+fn env_knob<T: std::str::FromStr>(name: &str, what: &str) -> Option<T> {
+    let v = std::env::var(name).ok()?;
+    Some(
+        v.parse()
+            .unwrap_or_else(|_| panic!("{name} is {what}, not {v:?}")),
+    )
+}
+
+fn work_name(work: Work) -> &'static str {
+    match work {
+        Work::Fresh => "fresh",
+        Work::Replay => "replay",
+        Work::ReplayFromStore => "replay*",
+    }
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -273,6 +293,9 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
+    let rounds: usize = env_knob("BENCH_ROUNDS", "a number of rounds").unwrap_or(ROUNDS);
+    let only_callers: Option<usize> = env_knob("BENCH_CALLERS", "a number of callers (1 or 16)");
+    let only_work: Option<String> = env_knob("BENCH_WORK", "fresh, replay or replay*");
     rt.block_on(async {
         let url = std::env::var("IDEMGATE_TEST_POSTGRES_URL")
             .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
@@ -298,7 +321,7 @@ fn main() {
         }));
         let run = u64::from(LeaseToken::mint().0 as u16);
         // Replays need completed records: one per caller, for both sides, in every round.
-        for (c, round) in (0..16).flat_map(|c| (0..ROUNDS as u64).map(move |r| (c, r))) {
+        for (c, round) in (0..16).flat_map(|c| (0..rounds as u64).map(move |r| (c, r))) {
             let run = run * 10 + round;
             let t = TenantId::new(format!("e{run}")).unwrap();
             engine
@@ -324,7 +347,7 @@ fn main() {
             .await
             .expect("create the floor table");
         println!(
-            "idemgate-postgres bench: {CELL:?} per cell, median of {ROUNDS} rounds (min-max), \
+            "idemgate-postgres bench: {CELL:?} per cell, median of {rounds} rounds (min-max), \
              server {url}"
         );
         println!(
@@ -333,10 +356,15 @@ fn main() {
         );
         for callers in [1usize, 16] {
             for work in [Work::Fresh, Work::Replay, Work::ReplayFromStore] {
+                if only_callers.is_some_and(|n| n != callers)
+                    || only_work.as_ref().is_some_and(|w| w != work_name(work))
+                {
+                    continue;
+                }
                 let engine = if work == Work::ReplayFromStore { &uncached } else { &engine };
                 // Rotate the order so that no side always runs on a warmer server.
                 let (mut engs, mut raws, mut floors) = (Vec::new(), Vec::new(), Vec::new());
-                for round in 0..ROUNDS as u64 {
+                for round in 0..rounds as u64 {
                     let tag = run * 10 + round;
                     for side in 0..3 {
                         match (side + round) % 3 {
@@ -360,11 +388,7 @@ fn main() {
                 let ratio = eng / floor;
                 println!(
                     "{callers:>7}  {:<8}  {:>20}  {:>20}  {:>20}  {ratio:>11.2}  {:>9.2}  >= {goal:.1}: {}",
-                    match work {
-                        Work::Fresh => "fresh",
-                        Work::Replay => "replay",
-                        Work::ReplayFromStore => "replay*",
-                    },
+                    work_name(work),
                     cell(&engs),
                     cell(&raws),
                     cell(&floors),

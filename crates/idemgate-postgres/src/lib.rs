@@ -11,7 +11,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use deadpool_postgres::{
-    HookError, Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime,
+    HookError, Manager, ManagerConfig, Object, Pool, QueueMode, RecyclingMethod, Runtime,
 };
 use idemgate_core::key::hex;
 use idemgate_core::store::{
@@ -252,6 +252,11 @@ impl PgStore {
         });
         let pool = Pool::builder(manager)
             .max_size(options.pool_size.max(1))
+            // The connection used last goes out next: a caller's statements run on a connection
+            // (and a server backend) still warm from its last one, while the rest of the pool
+            // idles. First in, first out rotated every statement through all of them, which
+            // cost a lone caller a tenth of its calls.
+            .queue_mode(QueueMode::Lifo)
             .wait_timeout(Some(options.connect_timeout))
             .create_timeout(Some(options.connect_timeout))
             .recycle_timeout(Some(options.connect_timeout))
@@ -496,9 +501,15 @@ impl PgStore {
             &lease_ms,
         ];
         let sql = &self.inner.sql;
+        // A row this reservation wrote (`insert.sql`, `renew.sql`) holds its token: the fence
+        // the statement returns completes the lease.
         let acquired = |row: &Row| -> Result<Claim> {
-            let (rec, _) = decode(k.clone(), row)?;
-            Ok(Claim::Acquired(lease_of(&rec)))
+            let fence = Fence::try_from(get::<i64>(row, "fence")?)
+                .map_err(|_| error::corrupt("negative fence"))?;
+            Ok(Claim::Acquired(Lease {
+                fence,
+                token: r.token,
+            }))
         };
         for _ in 0..RACE_ATTEMPTS {
             let read_first = self.inner.found.read_first(self.inner.options.reserve_path);

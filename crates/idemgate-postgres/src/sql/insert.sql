@@ -3,11 +3,11 @@
 -- and the cheapest statement the server can run for it (a statement that also read the row
 -- standing, in a CTE, cost a fifth more). No row returned: a row stands (Postgres waited for a
 -- concurrent reservation of it to commit or roll back), and the caller reads it (`get.sql`).
--- idemgate_now_ms() is the transaction's start, one instant for the whole statement.
+-- idemgate_now_ms() is the transaction's start, one instant for the whole statement. Only the
+-- fence comes back: the rest of the lease is the caller's own token.
 INSERT INTO {schema}.idemgate_records AS r
     (tenant, tool, key, fingerprint, fence, token, created_at, state, lease_until)
 VALUES ($1, $2, $3, $4, 1, $5, {schema}.idemgate_now_ms(), 0,
         {schema}.idemgate_now_ms() + $6::bigint)
 ON CONFLICT DO NOTHING
-RETURNING r.fingerprint, r.fence, r.token, r.created_at, r.state, r.lease_until, r.since,
-          r.completed_at, r.expires_at, r.outcome_kind, r.outcome_body, r.created_at AS now
+RETURNING r.fence

@@ -24,5 +24,4 @@ UPDATE {schema}.idemgate_records r SET
 FROM clock c
 WHERE r.tenant = $1 AND r.tool = $2 AND r.key = $3
   AND r.state = 1 AND r.expires_at <= c.now
-RETURNING r.fingerprint, r.fence, r.token, r.created_at, r.state, r.lease_until, r.since,
-          r.completed_at, r.expires_at, r.outcome_kind, r.outcome_body, c.now
+RETURNING r.fence
