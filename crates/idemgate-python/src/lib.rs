@@ -31,6 +31,7 @@ use idemgate::{
 };
 use idemgate_kit::Payload;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
@@ -325,35 +326,16 @@ struct PyAnswer {
 
 #[pymethods]
 impl PyAnswer {
-    /// What a `Result` is made of, in one read: `(executed, replayed, executed_at_ms,
-    /// expires_at_ms, rule, key, verdict, content, recording)` (the package reads them on every
-    /// call; one by one, the reads cost as much as the engine's replay).
-    #[getter]
-    #[allow(clippy::type_complexity)]
-    fn result_fields(
-        &self,
-    ) -> (
-        bool,
-        bool,
-        Option<i64>,
-        Option<i64>,
-        Option<&str>,
-        Option<&str>,
-        &'static str,
-        Option<&'static str>,
-        Option<&'static str>,
-    ) {
-        (
-            self.executed,
-            self.replayed,
-            self.executed_at_ms,
-            self.expires_at_ms,
-            self.rule.as_deref(),
-            self.key.as_deref(),
-            self.verdict,
-            self.content,
-            self.recording,
-        )
+    /// The package's `Result` of this answer, with the stored value (a replay); a stored failure
+    /// raises `Failed(value, replayed=...)`.
+    fn stored_result(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        self.result_with(py, None)
+    }
+
+    /// The package's `Result` of this answer, with `value`, what the function returned (a stored
+    /// failure raises `Failed` all the same).
+    fn result(&self, py: Python<'_>, value: Py<PyAny>) -> PyResult<Py<PyAny>> {
+        self.result_with(py, Some(value))
     }
 
     fn __repr__(&self) -> String {
@@ -361,6 +343,129 @@ impl PyAnswer {
             "Answer(verdict={:?}, key={:?}, rule={:?}, failed={}, value_json={:?})",
             self.verdict, self.key, self.rule, self.failed, self.value_json
         )
+    }
+}
+
+impl PyAnswer {
+    /// Builds the `Result` (every call that answers with one goes through here, so it is built
+    /// natively: in Python, reading the fields and filling the frozen dataclass cost as much as
+    /// the engine's whole replay).
+    fn result_with(&self, py: Python<'_>, value: Option<Py<PyAny>>) -> PyResult<Py<PyAny>> {
+        let kit = ResultKit::get(py)?;
+        let value = match value {
+            Some(v) if !self.failed => v,
+            _ => {
+                let stored = match &self.value_json {
+                    Some(text) => kit.stored_value(py, text)?,
+                    None => py.None(),
+                };
+                if self.failed {
+                    let kwargs = PyDict::new(py);
+                    kwargs.set_item(intern!(py, "replayed"), self.replayed)?;
+                    let e = kit.failed.bind(py).call((stored,), Some(&kwargs))?;
+                    return Err(PyErr::from_value(e));
+                }
+                stored
+            }
+        };
+        let time = |ms: Option<i64>| -> PyResult<Py<PyAny>> {
+            match ms {
+                Some(ms) => Ok(kit.time_of_ms.call1(py, (ms,))?),
+                None => Ok(py.None()),
+            }
+        };
+        let fields = PyDict::new(py);
+        fields.set_item(intern!(py, "value"), value)?;
+        fields.set_item(intern!(py, "executed"), self.executed)?;
+        fields.set_item(intern!(py, "replayed"), self.replayed)?;
+        fields.set_item(intern!(py, "executed_at"), time(self.executed_at_ms)?)?;
+        fields.set_item(intern!(py, "expires_at"), time(self.expires_at_ms)?)?;
+        let label = |s: Option<&str>| s.map(|s| label(py, s));
+        fields.set_item(intern!(py, "rule"), label(self.rule.as_deref()))?;
+        fields.set_item(intern!(py, "key"), self.key.as_deref())?;
+        fields.set_item(intern!(py, "verdict"), label(Some(self.verdict)))?;
+        fields.set_item(intern!(py, "content"), label(self.content))?;
+        fields.set_item(intern!(py, "recording"), label(self.recording))?;
+        // A frozen dataclass: its fields set at once, past its __setattr__, as its __init__ does
+        // one by one.
+        let result = kit.new.call1(py, (&kit.class,))?;
+        kit.set
+            .call1(py, (&result, intern!(py, "__dict__"), fields))?;
+        Ok(result)
+    }
+}
+
+/// A label of an answer as a Python string: the ones every answer carries are interned, made once.
+fn label<'py>(py: Python<'py>, s: &str) -> Bound<'py, PyString> {
+    let interned = match s {
+        "executed" => intern!(py, "executed"),
+        "replayed" => intern!(py, "replayed"),
+        "pass_through" => intern!(py, "pass_through"),
+        "not_applied" => intern!(py, "not_applied"),
+        "explicit" => intern!(py, "explicit"),
+        "fallback" => intern!(py, "fallback"),
+        "json" => intern!(py, "json"),
+        "stored" => intern!(py, "stored"),
+        "journaled" => intern!(py, "journaled"),
+        other => return PyString::new(py, other),
+    };
+    interned.clone()
+}
+
+/// What a `Result` is built with, from the package (`idemgate.engine`, `idemgate.errors`), looked
+/// up once.
+struct ResultKit {
+    /// `idemgate.engine.Result`, a frozen dataclass.
+    class: Py<PyAny>,
+    /// `object.__new__` and `object.__setattr__`.
+    new: Py<PyAny>,
+    set: Py<PyAny>,
+    /// `idemgate.engine._time_of_ms`: a datetime of milliseconds since the epoch (cached).
+    time_of_ms: Py<PyAny>,
+    /// The json module's scanner (`JSONDecoder().scan_once`) and `json.loads`.
+    scan: Py<PyAny>,
+    loads: Py<PyAny>,
+    /// `idemgate.errors.Failed`.
+    failed: Py<PyAny>,
+}
+
+impl ResultKit {
+    fn get(py: Python<'_>) -> PyResult<&'static ResultKit> {
+        static KIT: PyOnceLock<ResultKit> = PyOnceLock::new();
+        KIT.get_or_try_init(py, || {
+            let engine = py.import("idemgate.engine")?.into_any();
+            let object = py.import("builtins")?.getattr("object")?;
+            let json = py.import("json")?.into_any();
+            let attr = |m: &Bound<'_, PyAny>, name: &str| m.getattr(name).map(Bound::unbind);
+            Ok::<_, PyErr>(ResultKit {
+                class: attr(&engine, "Result")?,
+                new: attr(&object, "__new__")?,
+                set: attr(&object, "__setattr__")?,
+                time_of_ms: attr(&engine, "_time_of_ms")?,
+                scan: json
+                    .getattr("decoder")?
+                    .getattr("JSONDecoder")?
+                    .call0()?
+                    .getattr("scan_once")?
+                    .unbind(),
+                loads: attr(&json, "loads")?,
+                failed: attr(&py.import("idemgate.errors")?.into_any(), "Failed")?,
+            })
+        })
+    }
+
+    /// `json.loads(text)`: the scanner alone when it reads the whole text (what the engine hands
+    /// back has no white space around the value), else `json.loads` itself, which gives the same
+    /// value or raises the same error.
+    fn stored_value(&self, py: Python<'_>, text: &str) -> PyResult<Py<PyAny>> {
+        let text = PyString::new(py, text);
+        if let Ok(scanned) = self.scan.call1(py, (&text, 0)) {
+            let (value, end): (Py<PyAny>, usize) = scanned.extract(py)?;
+            if end == text.len()? {
+                return Ok(value);
+            }
+        }
+        self.loads.call1(py, (text,))
     }
 }
 
@@ -450,6 +555,11 @@ where
 
 /// The Python form of an answer: a [`PyAnswer`], or the verdict's exception.
 fn reply(py: Python<'_>, answer: Answer) -> PyResult<Py<PyAny>> {
+    Ok(Py::new(py, answer_of(py, answer)?)?.into_any())
+}
+
+/// The answer as Python sees it, or the exception it raises.
+fn answer_of(py: Python<'_>, answer: Answer) -> PyResult<PyAnswer> {
     let verdict = Verdict::of_answer(&answer);
     let key = answer.key.as_ref().map(|k| k.key.as_str().to_owned());
     let rule = answer.rule.map(|r| r.to_string());
@@ -564,9 +674,9 @@ fn reply(py: Python<'_>, answer: Answer) -> PyResult<Py<PyAny>> {
             )
         })?;
         out.content = Some(payload.content());
-        out.value_json = Some(payload.to_json().get().to_owned());
+        out.value_json = Some(Box::<str>::from(payload.to_json()).into_string());
     }
-    Ok(Py::new(py, out)?.into_any())
+    Ok(out)
 }
 
 fn recording_label(r: &idemgate::Recording) -> &'static str {
@@ -578,7 +688,8 @@ fn recording_label(r: &idemgate::Recording) -> &'static str {
     }
 }
 
-/// What `begin` gives Python: a ticket, `None` to pass through, or an answer (or its exception).
+/// What `begin` gives Python: a ticket, `None` to pass through, or the `Result` of a replay (or its
+/// exception).
 fn begun(
     py: Python<'_>,
     shared: &Arc<Shared>,
@@ -587,7 +698,8 @@ fn begun(
     match begun {
         Err(e) => Err(engine_error(py, &e)),
         Ok(Begun::PassThrough) => Ok(py.None()),
-        Ok(Begun::Answered(answer)) => reply(py, answer),
+        // A replay: its `Result` at once (a stored failure raises `Failed`).
+        Ok(Begun::Answered(answer)) => answer_of(py, answer)?.result_with(py, None),
         Ok(Begun::Execute(ticket)) => {
             let lease = shared.leases.hold(&ticket);
             let t = PyTicket {
@@ -922,8 +1034,9 @@ impl Engine {
     }
 
     /// Decides whether a call may run now: a `Ticket` (run the function, then `finish`), `None`
-    /// (a read or naturally idempotent tool: run it, nothing is recorded) or an `Answer` (a
-    /// replay); in-flight, unknown, key-reused and other refusals raise. Waits up to the policy's
+    /// (a read or naturally idempotent tool: run it, nothing is recorded) or the package's
+    /// `Result` (a replay; a stored failure raises `Failed`); in-flight, unknown, key-reused and
+    /// other refusals raise. Waits up to the policy's
     /// `wait` for a racing call, with the GIL released.
     #[pyo3(signature = (tool, key, args, policy))]
     fn begin(

@@ -5,6 +5,8 @@ from collections.abc import Callable
 from os import PathLike
 from typing import Any, final
 
+from .engine import Result
+
 @final
 class Policy:
     """How one tool's calls are treated (``ToolPolicy``); durations in seconds."""
@@ -59,6 +61,13 @@ class Answer:
     recording: str | None
     message: str | None
 
+    def stored_result(self) -> Result:
+        """The package's ``Result`` with the stored value (a replay); a stored failure raises
+        ``Failed(value, replayed=...)``."""
+    def result(self, value: Any) -> Result:
+        """The package's ``Result`` with ``value``, what the function returned (a stored failure
+        raises ``Failed`` all the same)."""
+
 Done = Callable[[bool, Any], None]
 
 @final
@@ -82,7 +91,7 @@ class Engine:
     def close(self) -> None: ...
     def begin(
         self, tool: str, key: str | None, args: Any, policy: Policy
-    ) -> Ticket | Answer | None: ...
+    ) -> Ticket | Result | None: ...
     def finish(self, ticket: Ticket, effect_kind: str, body: str) -> Answer: ...
     def begin_async(
         self, tool: str, key: str | None, args: Any, policy: Policy, done: Done

@@ -42,7 +42,7 @@ from datetime import datetime, timezone
 from typing import Any, TypeVar
 
 from . import _native
-from ._native import Answer, Policy, Ticket
+from ._native import Policy, Ticket
 from .errors import (
     Failed,
     NotApplied,
@@ -86,22 +86,9 @@ class Result:
 @functools.lru_cache(maxsize=1024)
 def _time_of_ms(ms: int) -> datetime:
     # Cached: a replay answers the same instant every time, and fresh calls land many to a
-    # millisecond; a datetime is immutable, so sharing one is safe.
+    # millisecond; a datetime is immutable, so sharing one is safe. (Called by the native module,
+    # which builds every `Result`: a replay's in `begin`, an executed call's in `Answer.result`.)
     return datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
-
-
-_UNSET: Any = object()
-_scan_json = json.decoder.JSONDecoder().scan_once
-
-
-def _stored_value(text: str) -> Any:
-    """``json.loads(text)``, without its Python-level layers for text with no white space around
-    the value (what the engine hands back); anything else goes through ``json.loads`` itself."""
-    try:
-        value, end = _scan_json(text, 0)
-    except StopIteration:
-        return json.loads(text)  # raises the same JSONDecodeError json.loads would
-    return value if end == len(text) else json.loads(text)
 
 
 _dumps_settings = json.JSONEncoder()  # json.dumps' own
@@ -118,43 +105,6 @@ def _json_text(value: Any) -> str:
         {}, s.default, json.encoder.encode_basestring_ascii, None, ": ", ", ", False, False, True
     )
     return "".join(encode(value, 0))
-
-
-_new = object.__new__
-_set = object.__setattr__
-
-
-def _result(answer: Answer, value: Any = _UNSET) -> Result:
-    """The result of an answer; a stored failure raises ``Failed`` (``replayed=True`` on replay)."""
-    if answer.failed or value is _UNSET:
-        text = answer.value_json
-        stored = _stored_value(text) if text is not None else None
-        if answer.failed:
-            raise Failed(stored, replayed=answer.replayed)
-        value = stored
-    executed, replayed, executed_at, expires_at, rule, key, verdict, content, recording = (
-        answer.result_fields
-    )
-    # The frozen dataclass's fields set at once: its __init__ sets them one by one through
-    # object.__setattr__, which costs as much as the engine's replay.
-    r = _new(Result)
-    _set(
-        r,
-        "__dict__",
-        {
-            "value": value,
-            "executed": executed,
-            "replayed": replayed,
-            "executed_at": None if executed_at is None else _time_of_ms(executed_at),
-            "expires_at": None if expires_at is None else _time_of_ms(expires_at),
-            "rule": rule,
-            "key": key,
-            "verdict": verdict,
-            "content": content,
-            "recording": recording,
-        },
-    )
-    return r
 
 
 def _passed_through(value: Any) -> Result:
@@ -276,6 +226,9 @@ class Engine:
     def policy(self, tool: str, **overrides: Any) -> Policy:
         """The policy of ``tool``, with ``overrides`` (``kind``, ``ttl``, ``lease``, ``wait``,
         ``fallback_window``, ``on_unknown``; ``None`` keeps the configured value)."""
+        return self._policy(tool, overrides)
+
+    def _policy(self, tool: str, overrides: dict[str, Any]) -> Policy:
         base = self.tools.get(tool, self.default)
         if not overrides:
             return base
@@ -331,11 +284,11 @@ class Engine:
         ``OutcomeUnknown``. See the module documentation for what ``fn`` may raise.
         """
         native = self.native
-        begun = native.begin(tool, key, args, self.policy(tool, **overrides))
+        begun = native.begin(tool, key, args, self._policy(tool, overrides))
         if begun is None:
             return _passed_through(fn())
-        if isinstance(begun, Answer):
-            return _result(begun)
+        if type(begun) is Result:
+            return begun  # a replay
         try:
             value = fn()
         except BaseException as e:
@@ -358,7 +311,7 @@ class Engine:
         except OutcomeNotRecorded as e:
             e.result = value
             raise
-        return _result(answer, value)
+        return answer.result(value)
 
     # ---- async ---------------------------------------------------------------------------------
 
@@ -413,13 +366,13 @@ class Engine:
         the task while ``fn`` runs counts as an exception (the record becomes unknown);
         cancelling it while the key is being reserved frees the key."""
         native = self.native
-        policy = self.policy(tool, **overrides)
+        policy = self._policy(tool, overrides)
         begun = await self._future(lambda done: native.begin_async(tool, key, args, policy, done))
         if begun is None:
             value = fn()
             return _passed_through(await value if inspect.isawaitable(value) else value)
-        if isinstance(begun, Answer):
-            return _result(begun)
+        if type(begun) is Result:
+            return begun  # a replay
         try:
             value = fn()
             if inspect.isawaitable(value):
@@ -443,7 +396,7 @@ class Engine:
         except OutcomeNotRecorded as e:
             e.result = value
             raise
-        return _result(answer, value)
+        return answer.result(value)
 
     def __repr__(self) -> str:
         return f"Engine({self.url!r}, tenant={self.tenant!r})"
