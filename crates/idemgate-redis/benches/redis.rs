@@ -10,7 +10,8 @@
 //! `redis://127.0.0.1:6379`, volatile allowed), under a random key prefix deleted at the end.
 //! Each figure is the median of `BENCH_ROUNDS` rounds (default 3) of `RUN` each, with the minimum
 //! and maximum, raw and engine alternating; each ratio is the median of the rounds' paired
-//! engine/raw ratios, which a noisy machine disturbs far less than either rate.
+//! engine/raw ratios, which a noisy machine disturbs far less than either rate. `BENCH_CALLERS`
+//! (1 or 16) runs only that many callers' rows, for a profiler.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -94,8 +95,16 @@ async fn bench() {
     println!(
         "idemgate-redis bench against {url} ({RUN:?} per run, median of {rounds} rounds, min-max)"
     );
+    // `BENCH_CALLERS=1` (or `16`) runs that row alone, for a profiler.
+    let only = std::env::var("BENCH_CALLERS").ok().map(|s| {
+        s.parse::<usize>()
+            .unwrap_or_else(|_| panic!("BENCH_CALLERS is a number of callers, not {s:?}"))
+    });
     let mut misses = Vec::new();
     for callers in [1usize, 16] {
+        if only.is_some_and(|n| n != callers) {
+            continue;
+        }
         // Completed keys for the replay runs, one set per caller.
         let mut replay_sets = Vec::new();
         for _ in 0..callers {
