@@ -31,9 +31,15 @@ struct Upstream {
 
 impl Sandbox {
     fn upstream(&self) -> Upstream {
+        self.upstream_serving(&["--http"])
+    }
+
+    /// The fixture started with `args` (`--http`, or `--http --modern` for a 2026-07-28-only
+    /// server).
+    fn upstream_serving(&self, args: &[&str]) -> Upstream {
         let mut child = Command::new("python3")
             .arg(FIXTURE)
-            .arg("--http")
+            .args(args)
             .env("FIXTURE_LOG", self.path("executed"))
             .env("FIXTURE_RELEASE", self.path("release"))
             .env("FIXTURE_NOTES", self.path("notes"))
@@ -144,6 +150,105 @@ fn mcp_upstream_url_replays_a_write_resent_after_a_client_timeout() {
     }
     let stderr = fs::read_to_string(sb.path("stderr")).unwrap_or_default();
     assert!(!stderr.contains(UP_TOKEN), "the token was logged: {stderr}");
+}
+
+/// The modern envelope of a request's `_meta`.
+fn envelope() -> Value {
+    json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientInfo": {"name": "test", "version": "1"},
+        "io.modelcontextprotocol/clientCapabilities": {},
+    })
+}
+
+#[test]
+fn mcp_upstream_url_a_2025_era_client_reaches_a_2026_only_server() {
+    let sb = Sandbox::new();
+    let up = sb.upstream_serving(&["--http", "--modern"]);
+    let mut p = sb.upstream_proxy(&up.url, "");
+    // The server refuses initialize (HTTP 400); the proxy answers it from server/discover.
+    let init = p.initialize();
+    assert_eq!(init["result"]["protocolVersion"], "2025-11-25", "{init}");
+    assert_eq!(
+        init["result"]["serverInfo"]["name"], "fixture-2026-http",
+        "{init}"
+    );
+    let first = p.call("count", json!({"label": "a"}), Some("k-1"));
+    assert_eq!(text(&first, 0), "counted 1", "{first}");
+    let again = p.call("count", json!({"label": "a"}), Some("k-1"));
+    assert!(replayed(&again["result"]), "{again}");
+    assert_eq!(sb.executed(), ["count a"]);
+    let listed = p.request("tools/list", json!({}));
+    assert!(listed["result"]["tools"].is_array(), "{listed}");
+    // A tool whose input schema declares a parameter's header ("x-mcp-header"): the server
+    // refuses a call without it, so these run only because the proxy mirrors the argument.
+    for (region, key) in [("eu-west-1", "r-1"), ("Zürich", "r-2")] {
+        let routed = p.call("regional", json!({ "region": region }), Some(key));
+        assert_eq!(text(&routed, 0), format!("routed to {region}"), "{routed}");
+    }
+    assert_eq!(
+        sb.executed(),
+        ["count a", "regional eu-west-1", "regional Zürich"]
+    );
+    drop(p.stdin.take());
+    assert_eq!(p.wait_exit(), Some(0));
+    // After the refused initialize, every request went with the envelope the proxy added and
+    // the headers that mirror it (the server refuses a request without them, -32020); the call
+    // reached the server once, with the tool's name.
+    let headers = sb.lines_of("headers");
+    assert_eq!(
+        headers[0], "POST version=None method=None name=None",
+        "{headers:?}"
+    );
+    for h in &headers[1..] {
+        assert!(
+            h.starts_with("POST version=2026-07-28 method="),
+            "{headers:?}"
+        );
+    }
+    let calls: Vec<_> = headers
+        .iter()
+        .filter(|h| h.contains("method=tools/call"))
+        .collect();
+    assert_eq!(
+        calls,
+        [
+            "POST version=2026-07-28 method=tools/call name=count",
+            "POST version=2026-07-28 method=tools/call name=regional region=eu-west-1",
+            // Not ASCII: base64 of the UTF-8, in the specification's wrapper.
+            "POST version=2026-07-28 method=tools/call name=regional region==?base64?WsO8cmljaA==?=",
+        ],
+        "{headers:?}"
+    );
+}
+
+#[test]
+fn mcp_upstream_url_a_2026_era_client_reaches_a_2026_only_server() {
+    let sb = Sandbox::new();
+    let up = sb.upstream_serving(&["--http", "--modern"]);
+    let mut p = sb.upstream_proxy(&up.url, "");
+    let discovered = p.request("server/discover", json!({"_meta": envelope()}));
+    assert_eq!(
+        discovered["result"]["supportedVersions"],
+        json!(["2026-07-28"]),
+        "{discovered}"
+    );
+    let mut meta = envelope();
+    meta["dev.idemgate/idempotency-key"] = json!("m-1");
+    let params = json!({"name": "count", "arguments": {"label": "m"}, "_meta": meta});
+    let first = p.request("tools/call", params.clone());
+    assert_eq!(text(&first, 0), "counted 1", "{first}");
+    assert_eq!(first["result"]["resultType"], "complete", "{first}");
+    let again = p.request("tools/call", params);
+    assert!(replayed(&again["result"]), "{again}");
+    assert_eq!(sb.executed(), ["count m"]);
+    let headers = sb.lines_of("headers");
+    assert!(
+        headers
+            .iter()
+            .all(|h| h.starts_with("POST version=2026-07-28 method=")),
+        "{headers:?}"
+    );
 }
 
 #[test]

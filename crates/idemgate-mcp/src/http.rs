@@ -63,7 +63,9 @@ pub const SESSION_HEADER: &str = "mcp-session-id";
 /// The protocol version header.
 pub const VERSION_HEADER: &str = "mcp-protocol-version";
 /// The method header of the modern era (MCP 2026-07-28, "Request Metadata").
-const METHOD_HEADER: &str = "mcp-method";
+pub const METHOD_HEADER: &str = "mcp-method";
+/// The name header of the modern era: the tool's or prompt's name, or the resource's URI.
+pub const NAME_HEADER: &str = "mcp-name";
 /// Protocol versions with Streamable HTTP a client may name besides the one its session agreed.
 const KNOWN_VERSIONS: &[&str] = &["2025-03-26", "2025-06-18", "2025-11-25"];
 /// Server messages kept for a GET stream that is not open yet; older ones are dropped.

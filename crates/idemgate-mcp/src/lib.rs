@@ -22,6 +22,7 @@ mod era;
 mod error;
 mod frame;
 pub mod http;
+mod mirror;
 mod session;
 pub mod stdio;
 pub mod upstream;

@@ -10,6 +10,9 @@
 //! `Mcp-Session-Id` of the `initialize` answer and the agreed `MCP-Protocol-Version` go on every
 //! later request; once the client has sent `notifications/initialized` a GET stream carries the
 //! server's own messages (a server without one answers 405); the session ends with a DELETE.
+//! A request of the modern era (MCP 2026-07-28: it carries the envelope in `params._meta`) goes
+//! with the headers that mirror its body instead of a session's version (`crate::mirror`), so a
+//! server that speaks only that era is reached too.
 //!
 //! A 404 to a request with a session id means the server no longer knows the session (it
 //! restarted, or ended the session) and did not process the request. As the transport has a
@@ -24,6 +27,7 @@
 //! another 4xx gets a JSON-RPC error answer of the proxy's own (which, for a `tools/call`, the
 //! core counts as unknown too: it does not trust errors).
 
+use std::collections::HashSet;
 use std::process::ExitStatus;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -38,6 +42,7 @@ use crate::config::{server_name, Config};
 use crate::error::Error;
 use crate::frame::{self, Frame};
 use crate::http::{SESSION_HEADER, VERSION_HEADER};
+use crate::mirror::ParamHeaders;
 use crate::stdio;
 
 /// How long the DELETE that ends the upstream session may take.
@@ -216,6 +221,10 @@ struct Link {
     /// Held while a new session is started, so that requests that met the 404 together start one.
     renewing: tokio::sync::Mutex<()>,
     version: Mutex<Option<HeaderValue>>,
+    /// The tool parameters that calls of the modern era mirror in headers, from the server's
+    /// `tools/list` answers, and the keys of the `tools/list` requests not answered yet.
+    mirror: Mutex<ParamHeaders>,
+    listing: Mutex<HashSet<String>>,
     /// Why the upstream is gone, once it is.
     gone: watch::Sender<Option<String>>,
     to_core: mpsc::UnboundedSender<String>,
@@ -241,15 +250,17 @@ impl Link {
         req
     }
 
-    /// POSTs one JSON-RPC message, taking an answer as JSON or as an SSE stream.
-    async fn post_message(
-        &self,
-        body: impl Into<reqwest::Body>,
-    ) -> reqwest::Result<reqwest::Response> {
+    /// POSTs one JSON-RPC message, taking an answer as JSON or as an SSE stream. A request of
+    /// the modern era goes with the headers that mirror its body ([`modern_headers`]).
+    async fn post_message(&self, text: String) -> reqwest::Result<reqwest::Response> {
+        // Merged in by name: a modern request's own version replaces the one a legacy
+        // `initialize` agreed (a modern-only server refuses `initialize`, so there is none).
+        let modern: HeaderMap = lock(&self.mirror).headers_of(&text).into_iter().collect();
         self.request(reqwest::Method::POST)
+            .headers(modern)
             .header(ACCEPT, "application/json, text/event-stream")
             .header(CONTENT_TYPE, "application/json")
-            .body(body)
+            .body(text)
             .send()
             .await
     }
@@ -266,12 +277,14 @@ impl Link {
         });
     }
 
-    /// Hands a frame from the server to the core; notes what `initialize` agreed.
-    fn deliver(&self, text: String, initialize: Option<&str>) -> bool {
+    /// Hands a frame from the server to the core; notes what an answer to `request` (the key of
+    /// the request whose answer this is being read for) says: the version `initialize` agreed,
+    /// the header declarations of a `tools/list`. Whether it answered `request`.
+    fn deliver(&self, text: String, request: Option<&str>) -> bool {
         let parsed = Frame::parse(&text);
         let answers = parsed.as_ref().is_some_and(|f| {
             f.is_response()
-                && Some(frame::id_key(f.id.as_deref().expect("has id")).as_str()) == initialize
+                && Some(frame::id_key(f.id.as_deref().expect("has id")).as_str()) == request
         });
         if answers {
             let v: Option<serde_json::Value> = serde_json::from_str(&text).ok();
@@ -281,6 +294,10 @@ impl Link {
                 .and_then(|s| HeaderValue::from_str(s).ok())
             {
                 *lock(&self.version) = Some(pv);
+            }
+            let listed = request.is_some_and(|r| lock(&self.listing).remove(r));
+            if let (true, Some(v)) = (listed, &v) {
+                lock(&self.mirror).learn(&v["result"]);
             }
         }
         let _ = self.to_core.send(text);
@@ -296,9 +313,13 @@ impl Link {
             .filter(|f| f.method.is_some())
             .and_then(|f| f.id.as_deref())
             .map(|id| (frame::id_key(id), id.to_owned()));
-        let initialize = f.as_ref().and_then(|f| f.method.as_deref()) == Some("initialize");
+        let method = f.as_ref().and_then(|f| f.method.as_deref());
+        let initialize = method == Some("initialize");
         if initialize {
             *lock(&self.initialize) = Some(text.clone());
+        }
+        if let (Some("tools/list"), Some((key, _))) = (method, &request_id) {
+            lock(&self.listing).insert(key.clone());
         }
         let mut renewed = false;
         let res = loop {
@@ -388,7 +409,7 @@ impl Link {
         *lock(&self.session) = Some(session);
         let done = r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#;
         let res = self
-            .post_message(done)
+            .post_message(done.to_owned())
             .await
             .map_err(|e| expired(&format!("a new one failed: {}", error_chain(&e))))?;
         if !res.status().is_success() {
@@ -567,6 +588,8 @@ async fn adapt(
         initialize: Mutex::new(None),
         renewing: tokio::sync::Mutex::new(()),
         version: Mutex::new(None),
+        mirror: Mutex::new(ParamHeaders::default()),
+        listing: Mutex::new(HashSet::new()),
         gone,
         to_core,
     });
