@@ -535,6 +535,20 @@ fn mcp_http_sessionless_2026_era_requests_keep_tokens_tenants_and_origin() {
     let a2 = send(&auth_a);
     assert!(replayed(&a2["result"]), "{a2}");
     assert_eq!(a2["result"]["content"][0], a1["result"]["content"][0]);
+    // Mcp-Name, when sent, must name the body's tool (its value may come base64-wrapped).
+    let named = |name: &str| {
+        p.http(
+            "POST",
+            &[("authorization", &auth_a), ("mcp-name", name)],
+            &call,
+        )
+    };
+    let other = named("other");
+    assert_eq!(other.status, 400, "{}", other.body);
+    assert_eq!(other.json()["error"]["code"], -32020, "{}", other.body);
+    let wrapped = named("=?base64?Y291bnQ=?=");
+    assert_eq!(wrapped.status, 200, "{}", wrapped.body);
+    assert!(replayed(&wrapped.json()["result"]), "{}", wrapped.body);
     assert_eq!(sb.executed(), ["count x", "count x"]);
 }
 

@@ -52,6 +52,7 @@ use crate::config::Config;
 use crate::era;
 use crate::error::Error;
 use crate::frame::{self, Frame};
+use crate::mirror;
 use crate::session::{Outputs, Session};
 use crate::stdio;
 use crate::upstream::Upstream;
@@ -782,6 +783,11 @@ async fn sessionless<S: Store>(
     // "Server Validation"). Absent ones are not required here: the body decides.
     let header = |name: &str| headers.get(name).map(|v| v.to_str().unwrap_or_default());
     let method = f.method.as_deref().unwrap_or_default();
+    let target = f
+        .params
+        .as_deref()
+        .and_then(frame::object)
+        .and_then(|p| mirror::target(method, &p));
     let mismatch = if header(VERSION_HEADER).is_some_and(|v| v != version) {
         Some(format!(
             "the MCP-Protocol-Version header does not match the body's {version}"
@@ -791,7 +797,11 @@ async fn sessionless<S: Store>(
             "the Mcp-Method header does not match the body's {method}"
         ))
     } else {
-        None
+        header(NAME_HEADER)
+            .filter(|n| mirror::decoded(n) != target)
+            .map(|name| {
+                format!("the Mcp-Name header {name:?} does not match the name or URI in the body")
+            })
     };
     if let Some(message) = mismatch {
         let body = serde_json::json!({

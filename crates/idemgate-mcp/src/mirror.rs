@@ -83,12 +83,7 @@ impl ParamHeaders {
             (HeaderName::from_static(VERSION_HEADER), encoded(&version)),
             (HeaderName::from_static(METHOD_HEADER), encoded(method)),
         ];
-        let target = match method {
-            "tools/call" | "prompts/get" => frame::string(&params, "name"),
-            "resources/read" => frame::string(&params, "uri"),
-            _ => None,
-        };
-        let Some(target) = target else {
+        let Some(target) = target(method, &params) else {
             return headers;
         };
         headers.push((HeaderName::from_static(NAME_HEADER), encoded(&target)));
@@ -145,6 +140,31 @@ fn declared(schema: &Value, path: &mut Vec<String>, out: &mut Vec<Param>) {
         }
         declared(property, path, out);
         path.pop();
+    }
+}
+
+/// The target a request of the modern era names in its body, mirrored by `Mcp-Name`: the
+/// tool's or prompt's name, or the resource's URI.
+pub(crate) fn target(method: &str, params: &frame::Object) -> Option<String> {
+    match method {
+        "tools/call" | "prompts/get" => frame::string(params, "name"),
+        "resources/read" => frame::string(params, "uri"),
+        _ => None,
+    }
+}
+
+/// A header value as the sender meant it: `=?base64?…?=` decoded (`None` when its payload is not
+/// base64 of UTF-8), anything else as it is.
+pub(crate) fn decoded(value: &str) -> Option<String> {
+    match value
+        .strip_prefix("=?base64?")
+        .and_then(|v| v.strip_suffix("?="))
+    {
+        Some(b64) => base64::engine::general_purpose::STANDARD
+            .decode(b64)
+            .ok()
+            .and_then(|bytes| String::from_utf8(bytes).ok()),
+        None => Some(value.to_owned()),
     }
 }
 
@@ -272,10 +292,13 @@ mod tests {
             (" padded", "=?base64?IHBhZGRlZA==?="),
             ("=?base64?x?=", "=?base64?PT9iYXNlNjQ/eD89?="),
             ("line\nbreak", "=?base64?bGluZQpicmVhaw==?="),
+            ("Zürich", "=?base64?WsO8cmljaA==?="),
             ("plain text", "plain text"),
         ] {
             assert_eq!(encoded(value).to_str().unwrap(), sent, "{value:?}");
+            assert_eq!(decoded(sent).as_deref(), Some(value), "{sent:?}");
         }
+        assert_eq!(decoded("=?base64?not base64!?="), None);
         // A listing that no longer declares them forgets them.
         known.learn(&serde_json::json!({"tools": [{"name": "deploy", "inputSchema": {}}]}));
         assert!(!shown(&known.headers_of(&call))
