@@ -550,6 +550,53 @@ fn mcp_http_sessionless_2026_era_requests_keep_tokens_tenants_and_origin() {
     assert_eq!(wrapped.status, 200, "{}", wrapped.body);
     assert!(replayed(&wrapped.json()["result"]), "{}", wrapped.body);
     assert_eq!(sb.executed(), ["count x", "count x"]);
+
+    // A tool whose input schema declares a parameter's header ("x-mcp-header"): once the
+    // tenant's listing showed it, a call must carry the header, equal to the argument.
+    let mut cursor: Option<String> = None;
+    loop {
+        let mut params = json!({"_meta": envelope});
+        if let Some(c) = &cursor {
+            params["cursor"] = json!(c);
+        }
+        let list = json!({"jsonrpc": "2.0", "id": 8, "method": "tools/list", "params": params});
+        let page = p.http("POST", &[("authorization", &auth_a)], &list.to_string());
+        assert_eq!(page.status, 200, "{}", page.body);
+        cursor = page.json()["result"]["nextCursor"]
+            .as_str()
+            .map(str::to_owned);
+        if cursor.is_none() {
+            break;
+        }
+    }
+    let mut meta = envelope.clone();
+    meta["dev.idemgate/idempotency-key"] = json!("reg-1");
+    let regional = json!({"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": {
+        "name": "regional", "arguments": {"region": "eu-west-1"}, "_meta": meta}})
+    .to_string();
+    let routed = |header: Option<&str>| {
+        let mut headers = vec![("authorization", auth_a.as_str())];
+        headers.extend(header.map(|h| ("mcp-param-region", h)));
+        p.http("POST", &headers, &regional)
+    };
+    for refused in [routed(None), routed(Some("us-east-1"))] {
+        assert_eq!(refused.status, 400, "{}", refused.body);
+        assert_eq!(refused.json()["error"]["code"], -32020, "{}", refused.body);
+        assert!(
+            refused.body.contains("mcp-param-region"),
+            "{}",
+            refused.body
+        );
+    }
+    let ran = routed(Some("eu-west-1"));
+    assert_eq!(ran.status, 200, "{}", ran.body);
+    assert_eq!(
+        ran.json()["result"]["content"][0]["text"],
+        "routed to eu-west-1",
+        "{}",
+        ran.body
+    );
+    assert_eq!(sb.executed(), ["count x", "count x", "regional eu-west-1"]);
 }
 
 #[test]

@@ -52,7 +52,7 @@ use crate::config::Config;
 use crate::era;
 use crate::error::Error;
 use crate::frame::{self, Frame};
-use crate::mirror;
+use crate::mirror::{self, ParamHeaders};
 use crate::session::{Outputs, Session};
 use crate::stdio;
 use crate::upstream::Upstream;
@@ -97,6 +97,8 @@ struct Live {
     /// Whether it serves sessionless requests (no stream for the server's own messages).
     shared: bool,
     to_session: mpsc::UnboundedSender<(String, Option<IdempotencyKey>)>,
+    /// The session's knowledge of the tool parameters mirrored in headers.
+    params: Arc<Mutex<ParamHeaders>>,
     routes: Mutex<Routes>,
     stop: Notify,
     last_used: Mutex<Instant>,
@@ -474,6 +476,7 @@ impl<S: Store> Proxy<S> {
             tenant,
             shared,
             to_session,
+            params: session.param_headers(),
             routes: Mutex::new(Routes::default()),
             stop: Notify::new(),
             last_used: Mutex::new(Instant::now()),
@@ -768,6 +771,17 @@ async fn post_message<S: Store>(
     res
 }
 
+/// The answer to a request whose headers do not mirror its body: 400 with `-32020`
+/// (HeaderMismatch, MCP 2026-07-28).
+fn header_mismatch(id: Option<&serde_json::value::RawValue>, message: &str) -> Response {
+    let body = serde_json::json!({
+        "jsonrpc": "2.0",
+        "id": id.and_then(|id| serde_json::from_str::<serde_json::Value>(id.get()).ok()),
+        "error": {"code": -32020, "message": format!("Header mismatch: {message}")},
+    });
+    (StatusCode::BAD_REQUEST, axum::Json(body)).into_response()
+}
+
 /// A modern client's request without a session: checked against its headers, renamed, sent
 /// to the tenant's shared child, and answered as JSON under its own id.
 async fn sessionless<S: Store>(
@@ -804,17 +818,19 @@ async fn sessionless<S: Store>(
             })
     };
     if let Some(message) = mismatch {
-        let body = serde_json::json!({
-            "jsonrpc": "2.0",
-            "id": f.id.as_deref().and_then(|id| serde_json::from_str::<serde_json::Value>(id.get()).ok()),
-            "error": {"code": -32020, "message": format!("Header mismatch: {message}")},
-        });
-        return (StatusCode::BAD_REQUEST, axum::Json(body)).into_response();
+        return header_mismatch(f.id.as_deref(), &message);
     }
     let live = match proxy.shared(tenant) {
         Ok(l) => l,
         Err(res) => return *res,
     };
+    // The tool parameters mirrored in headers, as far as the shared session's listings showed
+    // the tool's declarations.
+    if method == "tools/call" {
+        if let Some(message) = lock(&live.params).mismatch(&text, headers) {
+            return header_mismatch(f.id.as_deref(), &message);
+        }
+    }
     let Some(own_id) = f.id else {
         // The modern era sends no notifications over HTTP (closing a stream cancels its
         // request); one that comes anyway is taken and dropped: its ids are the client's.

@@ -15,7 +15,7 @@
 use std::collections::HashMap;
 
 use base64::Engine as _;
-use reqwest::header::{HeaderName, HeaderValue};
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use serde_json::Value;
 
 use crate::era;
@@ -110,6 +110,37 @@ impl ParamHeaders {
             }
         }
         headers
+    }
+}
+
+impl ParamHeaders {
+    /// Why the `Mcp-Param-*` headers of a received request do not mirror it, when they do not:
+    /// each parameter its tool declares (as far as a listing showed it) that the call gives a
+    /// value must come in its header, equal once decoded (numbers compare as numbers).
+    pub(crate) fn mismatch(&self, text: &str, received: &HeaderMap) -> Option<String> {
+        for (name, value) in self.headers_of(text) {
+            if !name.as_str().starts_with(PARAM_PREFIX) {
+                continue;
+            }
+            let want = value.to_str().ok().and_then(decoded);
+            let got = received
+                .get(&name)
+                .and_then(|v| v.to_str().ok())
+                .and_then(decoded);
+            let Some(got) = got else {
+                return Some(format!("the {name} header is missing or unreadable"));
+            };
+            let same_number = || {
+                let number = |s: &str| s.parse::<f64>().ok();
+                want.as_deref()
+                    .and_then(number)
+                    .is_some_and(|w| number(&got) == Some(w))
+            };
+            if want.as_deref() != Some(got.as_str()) && !same_number() {
+                return Some(format!("the {name} header does not match the argument"));
+            }
+        }
+        None
     }
 }
 
@@ -299,6 +330,31 @@ mod tests {
             assert_eq!(decoded(sent).as_deref(), Some(value), "{sent:?}");
         }
         assert_eq!(decoded("=?base64?not base64!?="), None);
+        // What a server checks: the declared headers, equal once decoded.
+        let mut received: HeaderMap = known.headers_of(&call).into_iter().collect();
+        assert_eq!(known.mismatch(&call, &received), None);
+        received.insert("mcp-param-region", HeaderValue::from_static("Zurich"));
+        assert!(known
+            .mismatch(&call, &received)
+            .unwrap()
+            .contains("mcp-param-region"));
+        received.remove("mcp-param-region");
+        assert!(known
+            .mismatch(&call, &received)
+            .unwrap()
+            .contains("missing"));
+        let counted = request(
+            3,
+            "tools/call",
+            &format!(r#""name":"deploy","arguments":{{"count":42}},{ENV}"#),
+        );
+        let mut received = HeaderMap::new();
+        received.insert("mcp-param-count", HeaderValue::from_static("42.0"));
+        assert_eq!(
+            known.mismatch(&counted, &received),
+            None,
+            "numbers compare as numbers"
+        );
         // A listing that no longer declares them forgets them.
         known.learn(&serde_json::json!({"tools": [{"name": "deploy", "inputSchema": {}}]}));
         assert!(!shown(&known.headers_of(&call))

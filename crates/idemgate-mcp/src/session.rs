@@ -30,6 +30,7 @@ use crate::catalog::{Catalog, Tool, KEY_ARGUMENTS};
 use crate::config::{record_tool, Config, KeySource};
 use crate::era;
 use crate::frame::{self, Frame, Object};
+use crate::mirror::ParamHeaders;
 
 /// How long the proxy waits for an answer to its own `tools/list`.
 const LIST_TIMEOUT: Duration = Duration::from_secs(30);
@@ -167,6 +168,9 @@ struct Inner<S> {
     server: String,
     tenant: TenantId,
     catalog: Mutex<Catalog>,
+    /// The tool parameters that requests of the 2026-07-28 era mirror in headers, learned from
+    /// the same listings as the catalog; the HTTP transport checks sessionless requests by it.
+    params: Arc<Mutex<ParamHeaders>>,
     /// One listing of the proxy's own at a time.
     listing: tokio::sync::Mutex<()>,
     to_client: mpsc::UnboundedSender<String>,
@@ -233,6 +237,7 @@ impl<S: Store> Session<S> {
             server,
             tenant,
             catalog: Mutex::new(Catalog::new()),
+            params: Arc::default(),
             listing: tokio::sync::Mutex::new(()),
             to_client,
             to_server,
@@ -256,6 +261,11 @@ impl<S: Store> Session<S> {
                 to_server: server_rx,
             },
         )
+    }
+
+    /// What the session knows of the tool parameters mirrored in headers (see `Inner::params`).
+    pub(crate) fn param_headers(&self) -> Arc<Mutex<ParamHeaders>> {
+        Arc::clone(&self.inner.params)
     }
 
     /// A frame from the client. `tools/call` requests are judged in a task of their own; a
@@ -305,7 +315,7 @@ impl<S: Store> Session<S> {
             drop(pending);
             if lock(&inner.lists).remove(&id) {
                 if let Some(result) = &f.result {
-                    lock(&inner.catalog).learn(result);
+                    inner.learn(result);
                 }
             }
         }
@@ -337,6 +347,14 @@ impl<S: Store> Session<S> {
 }
 
 impl<S: Store> Inner<S> {
+    /// Learns a `tools/list` result (one page) into the catalog and the mirrored parameters;
+    /// the next page's cursor.
+    fn learn(&self, result: &RawValue) -> Option<String> {
+        if let Ok(value) = serde_json::from_str(result.get()) {
+            lock(&self.params).learn(&value);
+        }
+        lock(&self.catalog).learn(result)
+    }
     fn send_server(&self, frame: String) {
         let frame = self.to_upstream(frame);
         let _ = self.to_server.send(Outgoing { frame, sent: None });
@@ -927,7 +945,7 @@ impl<S: Store> Inner<S> {
             else {
                 return;
             };
-            cursor = lock(&self.catalog).learn(&result);
+            cursor = self.learn(&result);
             if cursor.is_none() {
                 return;
             }
