@@ -222,10 +222,9 @@ fn mcp_upstream_url_a_2025_era_client_reaches_a_2026_only_server() {
     );
 }
 
-#[test]
-fn mcp_upstream_url_a_2026_era_client_reaches_a_2026_only_server() {
-    let sb = Sandbox::new();
-    let up = sb.upstream_serving(&["--http", "--modern"]);
+/// A 2026-era client (raw frames with the envelope) through a proxy in front of `up`: it
+/// discovers the server, and a write with its key runs once and is replayed.
+fn modern_client_writes_once(sb: &Sandbox, up: &Upstream, label: &str) {
     let mut p = sb.upstream_proxy(&up.url, "");
     let discovered = p.request("server/discover", json!({"_meta": envelope()}));
     assert_eq!(
@@ -234,14 +233,21 @@ fn mcp_upstream_url_a_2026_era_client_reaches_a_2026_only_server() {
         "{discovered}"
     );
     let mut meta = envelope();
-    meta["dev.idemgate/idempotency-key"] = json!("m-1");
-    let params = json!({"name": "count", "arguments": {"label": "m"}, "_meta": meta});
+    meta["dev.idemgate/idempotency-key"] = json!(format!("key-{label}"));
+    let params = json!({"name": "count", "arguments": {"label": label}, "_meta": meta});
     let first = p.request("tools/call", params.clone());
     assert_eq!(text(&first, 0), "counted 1", "{first}");
     assert_eq!(first["result"]["resultType"], "complete", "{first}");
     let again = p.request("tools/call", params);
     assert!(replayed(&again["result"]), "{again}");
-    assert_eq!(sb.executed(), ["count m"]);
+    assert_eq!(sb.executed(), [format!("count {label}")]);
+}
+
+#[test]
+fn mcp_upstream_url_a_2026_era_client_reaches_a_2026_only_server() {
+    let sb = Sandbox::new();
+    let up = sb.upstream_serving(&["--http", "--modern"]);
+    modern_client_writes_once(&sb, &up, "m");
     let headers = sb.lines_of("headers");
     assert!(
         headers
@@ -249,6 +255,24 @@ fn mcp_upstream_url_a_2026_era_client_reaches_a_2026_only_server() {
             .all(|h| h.starts_with("POST version=2026-07-28 method=")),
         "{headers:?}"
     );
+}
+
+#[test]
+fn mcp_upstream_url_a_2026_era_client_reaches_a_2025_era_server() {
+    // The proxy opens a legacy session for the modern client; its requests keep their envelope
+    // but go under the version that session agreed: the server refuses any other (HTTP 400).
+    let sb = Sandbox::new();
+    let up = sb.upstream();
+    modern_client_writes_once(&sb, &up, "l");
+    // The probe (the client's server/discover, refused), the proxy's initialize, then every
+    // request under the agreed version.
+    let headers = sb.lines_of("headers");
+    assert!(headers.len() >= 4, "{headers:?}");
+    assert!(headers[0].ends_with("version=2026-07-28"), "{headers:?}");
+    assert!(headers[1].ends_with("version=None"), "{headers:?}");
+    for h in &headers[2..] {
+        assert!(h.ends_with("version=2025-11-25"), "{headers:?}");
+    }
 }
 
 #[test]

@@ -253,9 +253,16 @@ impl Link {
     /// POSTs one JSON-RPC message, taking an answer as JSON or as an SSE stream. A request of
     /// the modern era goes with the headers that mirror its body ([`modern_headers`]).
     async fn post_message(&self, text: String) -> reqwest::Result<reqwest::Response> {
-        // Merged in by name: a modern request's own version replaces the one a legacy
-        // `initialize` agreed (a modern-only server refuses `initialize`, so there is none).
-        let modern: HeaderMap = lock(&self.mirror).headers_of(&text).into_iter().collect();
+        // Only while no legacy session was agreed: a modern client before a legacy server has
+        // its requests sent with their envelope but under the version the proxy's `initialize`
+        // agreed, which such a server checks (a 2026-07-28 version would be refused). Before a
+        // modern server (no session: it refuses `initialize`) they go with the mirrored headers,
+        // merged in by name.
+        let legacy = lock(&self.version).is_some();
+        let modern: HeaderMap = match legacy {
+            true => HeaderMap::new(),
+            false => lock(&self.mirror).headers_of(&text).into_iter().collect(),
+        };
         self.request(reqwest::Method::POST)
             .headers(modern)
             .header(ACCEPT, "application/json, text/event-stream")
@@ -318,9 +325,29 @@ impl Link {
         if initialize {
             *lock(&self.initialize) = Some(text.clone());
         }
-        if let (Some("tools/list"), Some((key, _))) = (method, &request_id) {
+        let listing = match (method, &request_id) {
+            (Some("tools/list"), Some((key, _))) => Some(key.clone()),
+            _ => None,
+        };
+        if let Some(key) = &listing {
             lock(&self.listing).insert(key.clone());
         }
+        let result = self.post_frame(text, request_id, initialize).await;
+        // Whatever became of it, a listing's answer is not awaited any more (a refused one
+        // would otherwise stay in the set for the session's life).
+        if let Some(key) = &listing {
+            lock(&self.listing).remove(key);
+        }
+        result
+    }
+
+    /// [`Link::post`] past its bookkeeping.
+    async fn post_frame(
+        &self,
+        text: String,
+        request_id: Option<(String, Box<RawValue>)>,
+        initialize: bool,
+    ) -> Result<(), String> {
         let mut renewed = false;
         let res = loop {
             let sent_with = lock(&self.session).clone();
