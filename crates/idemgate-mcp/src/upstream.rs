@@ -251,7 +251,7 @@ impl Link {
     }
 
     /// POSTs one JSON-RPC message, taking an answer as JSON or as an SSE stream. A request of
-    /// the modern era goes with the headers that mirror its body ([`modern_headers`]).
+    /// the modern era goes with the headers that mirror its body (`crate::mirror`).
     async fn post_message(&self, text: String) -> reqwest::Result<reqwest::Response> {
         // Only while no legacy session was agreed: a modern client before a legacy server has
         // its requests sent with their envelope but under the version the proxy's `initialize`

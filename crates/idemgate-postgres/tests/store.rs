@@ -636,14 +636,19 @@ async fn unreadable_rows_are_corrupt_and_only_for_their_key() {
         store.list(&filter).await,
         Err(StoreError::Corrupt(_))
     ));
-    // Other records under the same tenant are unaffected.
+    neighbour_still_reserves(&store, &bad).await;
+}
+
+/// Another record under the tenant and tool of the unreadable row `bad` is reserved as usual:
+/// a corrupt row is corrupt for its key alone.
+async fn neighbour_still_reserves(store: &PgStore, bad: &idemgate_core::Key) {
     let good = idemgate_core::Key::new(
         bad.tenant.clone(),
         bad.tool.clone(),
         "good".parse().unwrap(),
     );
     acquire(
-        &store,
+        store,
         &Reservation::new(good, fp("y"), Duration::from_secs(60)),
     )
     .await;
@@ -711,16 +716,7 @@ async fn rows_breaking_the_record_rules_are_corrupt_on_read_and_only_for_their_k
             matches!(store.reserve(&r).await, Err(StoreError::Corrupt(_))),
             "{name}"
         );
-        let good = idemgate_core::Key::new(
-            bad.tenant.clone(),
-            bad.tool.clone(),
-            "good".parse().unwrap(),
-        );
-        acquire(
-            &store,
-            &Reservation::new(good, fp("y"), Duration::from_secs(60)),
-        )
-        .await;
+        neighbour_still_reserves(&store, &bad).await;
     }
 }
 
