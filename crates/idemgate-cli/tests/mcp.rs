@@ -147,6 +147,13 @@ impl Proxy {
         stdin.flush().unwrap();
     }
 
+    /// Writes `text` as one line, as it is (for frames a `Value` cannot hold).
+    pub(crate) fn send_text(&mut self, text: &str) {
+        let stdin = self.stdin.as_mut().expect("stdin open");
+        writeln!(stdin, "{text}").unwrap();
+        stdin.flush().unwrap();
+    }
+
     /// The next line from the proxy, raw.
     pub(crate) fn line(&mut self) -> String {
         self.lines
@@ -419,6 +426,156 @@ fn mcp_reads_a_socket_as_its_stdin_and_leaves_it_blocking_when_it_exits() {
         std::thread::sleep(Duration::from_millis(20));
     }
     assert!(!non_blocking(&theirs_too), "the socket is blocking again");
+}
+
+#[test]
+fn mcp_never_relays_a_frame_it_cannot_judge() {
+    let (sb, mut p) = started(PLAIN);
+    let unjudged = |label: &str| json!({"name": "count", "arguments": {"label": label}});
+    // A batch holding a write without a key: an error for its request, in an array, and
+    // nothing reaches the server (which would take the batch element by element).
+    p.send(&json!([
+        {"jsonrpc": "2.0", "id": 11, "method": "tools/call", "params": unjudged("batch")},
+        {"jsonrpc": "2.0", "method": "notifications/progress", "params": {}},
+    ]));
+    let batch: Value = serde_json::from_str(&p.line()).unwrap();
+    assert_eq!(batch.as_array().map(Vec::len), Some(1), "{batch}");
+    assert_eq!(batch[0]["id"], 11, "{batch}");
+    assert_eq!(batch[0]["error"]["code"], -32600, "{batch}");
+    assert!(
+        batch[0]["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("batches"),
+        "{batch}"
+    );
+    // `method` written twice: the proxy cannot tell which one the server reads (Python and
+    // JavaScript read the last), so it relays neither.
+    p.send_text(
+        r#"{"jsonrpc":"2.0","id":12,"method":"ping","method":"tools/call","params":{"name":"count","arguments":{"label":"twice"}}}"#,
+    );
+    let twice: Value = serde_json::from_str(&p.line()).unwrap();
+    assert_eq!(twice["error"]["code"], -32600, "{twice}");
+    p.send_text("{not json");
+    let garbled: Value = serde_json::from_str(&p.line()).unwrap();
+    assert_eq!(garbled["error"]["code"], -32700, "{garbled}");
+    assert_eq!(garbled["id"], Value::Null, "{garbled}");
+    // A tool call without an id (or with a null one) gets no answer, and is not sent either.
+    p.send(&json!({"jsonrpc": "2.0", "method": "tools/call", "params": unjudged("no id")}));
+    p.send(&json!({"jsonrpc": "2.0", "id": null, "method": "tools/call", "params": unjudged("null id")}));
+    // The session goes on: a keyed call runs, and it is the only execution the server saw.
+    let keyed = p.call("count", json!({"label": "keyed"}), Some("k-1"));
+    assert_eq!(text(&keyed, 0), "counted 1", "{keyed}");
+    assert_eq!(sb.executed(), ["count keyed"]);
+}
+
+#[test]
+fn mcp_a_key_that_is_not_a_string_or_that_disagrees_is_refused_with_a_reason() {
+    let (sb, mut p) = started(PLAIN);
+    let mut params = json!({"name": "count", "arguments": {"label": "a"}});
+    params["_meta"] = json!({"dev.idemgate/idempotency-key": 42});
+    let number = p.request("tools/call", params);
+    assert_eq!(verdict(&number), "bad_request", "{number}");
+    assert!(text(&number, 0).contains("must be a string"), "{number}");
+    let number = p.call("count", json!({"label": "a", "idempotency_key": 7}), None);
+    assert_eq!(verdict(&number), "bad_request", "{number}");
+    assert!(
+        text(&number, 0).contains("argument idempotency_key must be a string"),
+        "{number}"
+    );
+    // Keys in _meta and in the argument must agree: one rule on stdio and over HTTP.
+    let differ = p.call(
+        "count",
+        json!({"label": "a", "idempotency_key": "k-arg"}),
+        Some("k-meta"),
+    );
+    assert_eq!(verdict(&differ), "bad_request", "{differ}");
+    assert!(text(&differ, 0).contains("differ"), "{differ}");
+    // The same key in both is one key.
+    let agree = p.call(
+        "count",
+        json!({"label": "a", "idempotency_key": "k-1"}),
+        Some("k-1"),
+    );
+    assert_eq!(text(&agree, 0), "counted 1", "{agree}");
+    assert_eq!(sb.executed(), ["count a"]);
+}
+
+/// The envelope of a 2026-07-28 request whose client declares `capabilities`.
+fn envelope(capabilities: Value) -> Value {
+    json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "1"},
+        "io.modelcontextprotocol/clientCapabilities": capabilities,
+    })
+}
+
+#[test]
+fn mcp_a_failure_the_proxy_caused_is_never_stored_as_the_tools_outcome() {
+    let sb = Sandbox::new();
+    let mut p = sb.proxy(PLAIN);
+    // A 2026-07-28 client that takes no server requests, before a legacy server: translated.
+    let env = envelope(json!({}));
+    let discovered = p.request("server/discover", json!({"_meta": env}));
+    assert_eq!(
+        discovered["result"]["supportedVersions"],
+        json!(["2026-07-28"]),
+        "{discovered}"
+    );
+    let mut meta = env.clone();
+    meta["dev.idemgate/idempotency-key"] = json!("k-ask");
+    let call = json!({"name": "ask", "arguments": {}, "_meta": meta});
+    // The server asks the client for input mid-call; that era's clients take no server
+    // requests, so the proxy answers it as a client without the capability does, and the tool
+    // fails. The failure is the proxy's doing: the outcome is unknown, never the stored failure.
+    let first = p.request("tools/call", call.clone());
+    assert_eq!(first["result"]["isError"], true, "{first}");
+    assert!(
+        text(&first, 0).contains("elicitation failed") && text(&first, 0).contains("-32601"),
+        "{first}"
+    );
+    let retry = p.request("tools/call", call);
+    assert_eq!(verdict(&retry), "unknown", "{retry}");
+}
+
+#[test]
+fn mcp_a_2026_era_client_that_takes_server_requests_is_kept_in_the_servers_legacy_era() {
+    let sb = Sandbox::new();
+    let mut p = sb.proxy(PLAIN);
+    let env = envelope(json!({"elicitation": {}}));
+    let refused = p.request("server/discover", json!({"_meta": env}));
+    assert_eq!(refused["error"]["code"], -32022, "{refused}");
+    assert_eq!(
+        refused["error"]["data"]["supported"],
+        json!(["2025-11-25"]),
+        "{refused}"
+    );
+    // The client falls back to initialize, as the SDKs' "auto" mode does.
+    let init = p.initialize();
+    assert_eq!(init["result"]["protocolVersion"], "2025-11-25", "{init}");
+    let id = 50;
+    p.send(&json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+        "params": {"name": "ask", "arguments": {}, "_meta": {"dev.idemgate/idempotency-key": "k-ask"}}}));
+    // The server's request reaches the client, whose answer reaches the server.
+    let asked: Value = serde_json::from_str(&p.line()).unwrap();
+    assert_eq!(asked["method"], "elicitation/create", "{asked}");
+    p.send(&json!({"jsonrpc": "2.0", "id": asked["id"], "result": {"action": "accept", "content": {"ok": true}}}));
+    let answered: Value = serde_json::from_str(&p.response_line(id)).unwrap();
+    assert!(text(&answered, 0).starts_with("client said"), "{answered}");
+    let again = p.call("ask", json!({}), Some("k-ask"));
+    assert_eq!(
+        again["result"]["_meta"]["dev.idemgate/replayed"], true,
+        "{again}"
+    );
+    // The client's notifications/initialized reached the server once: the proxy's own.
+    drop(p.stdin.take());
+    p.wait_exit();
+    let notes = fs::read_to_string(sb.path("notes")).unwrap_or_default();
+    assert_eq!(
+        notes.matches("notifications/initialized").count(),
+        1,
+        "{notes}"
+    );
 }
 
 #[test]
@@ -805,4 +962,56 @@ fn mcp_real_memory_server_to_a_2026_era_client_through_discovery_the_proxy_answe
     assert_eq!(seen["protocol"], "2026-07-28", "{seen}");
     assert_eq!(seen["first"]["resultType"], "complete", "{seen}");
     assert_eq!(seen["again"]["resultType"], "complete", "{seen}");
+}
+
+/// The Python SDK's `Client` in `mode` ("auto" or "legacy") before server-everything through
+/// the proxy on `transport` ("stdio" or "http"); what it saw, checked: the server's sampling and
+/// elicitation requests reached the client once each (the replays asked nothing), progress
+/// notifications arrived, and the re-sent keyed calls were replays of the first.
+pub(crate) fn everything_through_the_proxy(mode: &str, transport: &str) -> Value {
+    let deps = mcp_deps();
+    let server = deps.join("node/node_modules/.bin/mcp-server-everything");
+    let sb = Sandbox::new();
+    let mut client = sb.python_client("mcp_everything_client.py");
+    client.args([mode, transport]);
+    let _listening;
+    if transport == "stdio" {
+        client
+            .arg(env!("CARGO_BIN_EXE_idemgate"))
+            .arg("--")
+            .arg(&server);
+    } else {
+        let p = sb.listen("", &[server.to_str().unwrap()]);
+        client.arg(&p.url);
+        _listening = p;
+    }
+    let seen = sb.client_saw(client);
+    // The server's own requests are answered in the 2025 era, which the client falls back to.
+    assert_eq!(seen["protocol"], "2025-11-25", "{seen}");
+    assert_eq!(
+        seen["asked"],
+        json!({"sampling": 1, "elicitation": 1}),
+        "{seen}"
+    );
+    let sampled = seen["sampled"]["content"][0]["text"].as_str().unwrap();
+    assert!(sampled.contains("fake completion"), "{seen}");
+    assert_eq!(seen["elicited"]["isError"], false, "{seen}");
+    for again in ["sampled_again", "elicited_again"] {
+        assert_eq!(
+            seen[again]["_meta"]["dev.idemgate/replayed"], true,
+            "{seen}"
+        );
+    }
+    assert_eq!(seen["progress"], json!([[1.0, 2.0], [2.0, 2.0]]), "{seen}");
+    seen
+}
+
+#[test]
+fn mcp_real_everything_server_requests_reach_a_python_client_in_auto_mode() {
+    everything_through_the_proxy("auto", "stdio");
+}
+
+#[test]
+fn mcp_real_everything_server_requests_reach_a_python_client_in_legacy_mode() {
+    everything_through_the_proxy("legacy", "stdio");
 }

@@ -442,6 +442,91 @@ fn mcp_http_tokens_tenants_and_origin() {
 }
 
 #[test]
+fn mcp_http_everything_server_requests_reach_a_python_client_in_auto_mode() {
+    crate::mcp::everything_through_the_proxy("auto", "http");
+}
+
+#[test]
+fn mcp_http_everything_server_requests_reach_a_python_client_in_legacy_mode() {
+    crate::mcp::everything_through_the_proxy("legacy", "http");
+}
+
+#[test]
+fn mcp_http_bad_inputs_are_answered_in_json_rpc_and_bad_keys_reach_the_model() {
+    let sb = Sandbox::new();
+    let p = sb.listen("[http]\nmax_body_bytes = 4096\n", &["python3", FIXTURE]);
+    let sid = p.session("");
+    let count = r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"count","arguments":{"label":"x"}}}"#;
+    let post = |headers: &[(&str, &str)], body: &str| {
+        let mut all = vec![("mcp-session-id", sid.as_str())];
+        all.extend_from_slice(headers);
+        p.http("POST", &all, body)
+    };
+    // Two Idempotency-Key headers name no one action: refused as the gateway refuses them.
+    let two = post(
+        &[("idempotency-key", "k-1"), ("idempotency-key", "k-2")],
+        count,
+    );
+    assert_eq!(two.status, 400, "{}", two.body);
+    assert_eq!(two.json()["error"]["code"], -32600, "{}", two.body);
+    // An invalid key in the header is the call's refusal, which the model reads.
+    let long = "k".repeat(300);
+    let invalid = post(&[("idempotency-key", &long)], count);
+    assert_eq!(invalid.status, 200, "{}", invalid.body);
+    let result = &invalid.json()["result"];
+    assert_eq!(result["isError"], true, "{}", invalid.body);
+    assert_eq!(
+        result["_meta"]["dev.idemgate/verdict"], "bad_request",
+        "{}",
+        invalid.body
+    );
+    assert!(
+        result["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("Idempotency-Key header"),
+        "{}",
+        invalid.body
+    );
+    // A header key that differs from the call's own is refused the same way.
+    let keyed = r#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"count","arguments":{"label":"x","idempotency_key":"k-arg"}}}"#;
+    let differ = post(&[("idempotency-key", "k-header")], keyed);
+    assert_eq!(
+        differ.json()["result"]["_meta"]["dev.idemgate/verdict"],
+        "bad_request",
+        "{}",
+        differ.body
+    );
+    // A body over max_body_bytes: 413, as a JSON-RPC error.
+    let big = format!(
+        r#"{{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{{"name":"count","arguments":{{"label":"{}"}}}}}}"#,
+        "x".repeat(5000)
+    );
+    let too_big = post(&[("idempotency-key", "k-big")], &big);
+    assert_eq!(too_big.status, 413, "{}", too_big.body);
+    assert_eq!(
+        too_big.header("content-type"),
+        "application/json",
+        "{}",
+        too_big.body
+    );
+    assert!(
+        too_big.json()["error"]["message"].is_string(),
+        "{}",
+        too_big.body
+    );
+    // A tool call without an id is refused, not relayed as a notification.
+    let no_id = r#"{"jsonrpc":"2.0","method":"tools/call","params":{"name":"count","arguments":{"label":"x"}}}"#;
+    let refused = post(&[("idempotency-key", "k-3")], no_id);
+    assert_eq!(refused.status, 400, "{}", refused.body);
+    assert_eq!(
+        sb.executed(),
+        Vec::<String>::new(),
+        "nothing reached the server"
+    );
+}
+
+#[test]
 fn mcp_http_sessionless_2026_era_requests_keep_tokens_tenants_and_origin() {
     // The fixture speaks only the 2025 era; sessionless requests go to a child per tenant,
     // which the proxy initialized.

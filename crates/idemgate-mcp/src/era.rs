@@ -184,6 +184,48 @@ pub(crate) fn unsupported_version(id: &RawValue, requested: &str) -> String {
     format!(r#"{{"jsonrpc":"2.0","id":{},"error":{}}}"#, id.get(), error)
 }
 
+/// The capabilities by which a client says it takes requests from the server: a legacy
+/// server sends them as JSON-RPC requests, which the modern era has none of.
+const SERVER_REQUEST_CAPABILITIES: &[&str] = &["sampling", "elicitation", "roots"];
+
+/// Whether a modern request's envelope declares that its client takes requests from the
+/// server (sampling, elicitation, roots). In front of a legacy server such a client is kept in
+/// the legacy era, where those requests reach it ([`legacy_only`]).
+pub(crate) fn takes_server_requests(params: &Object) -> bool {
+    params
+        .get("_meta")
+        .and_then(|m| frame::object(m))
+        .and_then(|m| {
+            m.get(META_CLIENT_CAPABILITIES)
+                .and_then(|c| frame::object(c))
+        })
+        .is_some_and(|caps| {
+            SERVER_REQUEST_CAPABILITIES
+                .iter()
+                .any(|c| caps.get(*c).is_some_and(|v| v.get() != "null"))
+        })
+}
+
+/// The answer to a modern client's `server/discover` that must use the legacy era: the
+/// server behind the proxy is a legacy one (it agreed `initialized`'s version) and the client
+/// takes the server's requests, which reach a client only in that era.
+/// `UnsupportedProtocolVersionError` naming only that legacy version is what makes a client
+/// that speaks both eras fall back to `initialize` (the Python SDK's "auto" mode, the TypeScript
+/// SDK's), rather than a discovery under which the server's requests would be refused.
+pub(crate) fn legacy_only(id: &RawValue, requested: &str, initialized: &RawValue) -> String {
+    let agreed = frame::object(initialized)
+        .and_then(|i| frame::string(&i, "protocolVersion"))
+        .unwrap_or_else(|| LEGACY_VERSION.to_owned());
+    let error = json!({
+        "code": -32022,
+        "message": format!(
+            "Unsupported protocol version: the server behind this proxy speaks {agreed}, and its requests (sampling, elicitation, roots), which this client says it takes, reach a client only in that era; initialize with {agreed}"
+        ),
+        "data": {"supported": [agreed], "requested": requested},
+    });
+    format!(r#"{{"jsonrpc":"2.0","id":{},"error":{}}}"#, id.get(), error)
+}
+
 /// The envelope the proxy adds to every request of a legacy client it forwards to a modern
 /// server, from the client's `initialize` params: the modern version, the client's identity and
 /// capabilities.

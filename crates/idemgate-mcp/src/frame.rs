@@ -47,6 +47,58 @@ pub(crate) fn response(id: &RawValue, result: &RawValue) -> String {
     )
 }
 
+/// A JSON-RPC error response (`id` raw, `null` when the request's id could not be read).
+pub(crate) fn error_response(id: Option<&RawValue>, code: i64, message: &str) -> String {
+    let error = serde_json::json!({ "code": code, "message": message });
+    format!(
+        r#"{{"jsonrpc":"2.0","id":{},"error":{}}}"#,
+        id.map_or("null", RawValue::get),
+        error
+    )
+}
+
+/// What the client is told of text that is not one JSON-RPC message (a batch, a value that is
+/// not an object, members of the wrong type or written twice, or no JSON at all), which the
+/// proxy never relays: a frame it cannot read is one it cannot judge, and a server that reads
+/// it otherwise (a batch element, the last of two `method`s) could run a tool call unjudged.
+/// A batch gets an error for each request in it, in an array (JSON-RPC 2.0 "Batch"); one with
+/// only notifications gets nothing, as JSON-RPC answers it; anything else one error.
+pub(crate) fn refusal_of_unreadable(text: &str) -> Option<String> {
+    const BATCH: &str = "batches are not part of MCP since 2025-06-18: send each message on its own; nothing in this batch was sent to the server";
+    #[derive(Deserialize)]
+    struct Id {
+        id: Option<Box<RawValue>>,
+        method: Option<Box<RawValue>>,
+    }
+    let id_of = |v: &RawValue| serde_json::from_str::<Id>(v.get()).ok();
+    match serde_json::from_str::<serde_json::Value>(text) {
+        Err(_) => Some(error_response(
+            None,
+            -32700,
+            "Parse error: the message is not JSON; it was not sent to the server",
+        )),
+        Ok(serde_json::Value::Array(items)) if !items.is_empty() => {
+            let elements: Vec<Box<RawValue>> = serde_json::from_str(text).unwrap_or_default();
+            let answers: Vec<String> = elements
+                .iter()
+                .filter_map(|e| id_of(e).filter(|i| i.method.is_some() && i.id.is_some()))
+                .map(|i| error_response(i.id.as_deref(), -32600, BATCH))
+                .collect();
+            (!answers.is_empty()).then(|| format!("[{}]", answers.join(",")))
+        }
+        Ok(serde_json::Value::Array(_)) => Some(error_response(None, -32600, BATCH)),
+        Ok(_) => {
+            let raw = RawValue::from_string(text.to_owned()).ok();
+            let id = raw.as_deref().and_then(id_of).and_then(|i| i.id);
+            Some(error_response(
+                id.as_deref(),
+                -32600,
+                "Invalid Request: not one JSON-RPC message (an object whose method is a string, each member once); it was not sent to the server",
+            ))
+        }
+    }
+}
+
 /// Raw JSON of a serializable value.
 pub(crate) fn raw(value: &impl serde::Serialize) -> Box<RawValue> {
     let text = serde_json::to_string(value).expect("in-memory values always encode");

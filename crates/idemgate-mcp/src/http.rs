@@ -36,6 +36,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
@@ -43,7 +44,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
 use futures_util::stream::{self, Stream, StreamExt as _};
-use idemgate_core::{Engine, IdempotencyKey, Store, TenantId};
+use idemgate_core::{Engine, Store, TenantId};
 use idemgate_kit::tenants::{authenticate, Tenant};
 use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinSet;
@@ -53,7 +54,7 @@ use crate::era;
 use crate::error::Error;
 use crate::frame::{self, Frame};
 use crate::mirror::{self, ParamHeaders};
-use crate::session::{Outputs, Session};
+use crate::session::{CarriedKey, Outputs, Session};
 use crate::stdio;
 use crate::upstream::Upstream;
 
@@ -96,7 +97,7 @@ struct Live {
     tenant: TenantId,
     /// Whether it serves sessionless requests (no stream for the server's own messages).
     shared: bool,
-    to_session: mpsc::UnboundedSender<(String, Option<IdempotencyKey>)>,
+    to_session: mpsc::UnboundedSender<(String, CarriedKey)>,
     /// The session's knowledge of the tool parameters mirrored in headers.
     params: Arc<Mutex<ParamHeaders>>,
     routes: Mutex<Routes>,
@@ -202,7 +203,7 @@ impl Live {
         self: &Arc<Self>,
         id: String,
         frame: String,
-        key: Option<IdempotencyKey>,
+        key: CarriedKey,
     ) -> Option<(mpsc::UnboundedReceiver<String>, Waiting)> {
         let (tx, rx) = mpsc::unbounded_channel();
         let waiting = {
@@ -669,11 +670,17 @@ fn event(frame: String) -> Result<Event, std::convert::Infallible> {
 async fn post_message<S: Store>(
     State(proxy): State<Arc<Proxy<S>>>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let tenant = match proxy.admit(&headers) {
         Ok(t) => t,
         Err(res) => return *res,
+    };
+    // A body over `http.max_body_bytes` (413) or cut short: answered as JSON-RPC, as every
+    // refusal of this endpoint is, so that a client reads why.
+    let body = match body {
+        Ok(b) => b,
+        Err(e) => return fail(e.status(), &e.body_text()),
     };
     if let Some(ct) = headers.get(header::CONTENT_TYPE) {
         let json = ct.to_str().is_ok_and(|ct| {
@@ -699,13 +706,24 @@ async fn post_message<S: Store>(
         };
         return fail(StatusCode::BAD_REQUEST, message);
     };
-    let key = match headers.get("idempotency-key") {
-        Some(v) => match idemgate_kit::header::idempotency_key(v.as_bytes()) {
-            Ok(k) => Some(k),
-            Err(e) => return fail(StatusCode::BAD_REQUEST, &e),
-        },
-        None => None,
-    };
+    if f.method.as_deref() == Some("tools/call") && f.id.is_none() {
+        return fail(
+            StatusCode::BAD_REQUEST,
+            "a tools/call needs an id: without one it cannot be answered, judged or replayed; nothing was run",
+        );
+    }
+    // Two keys name no one action (the HTTP gateway refuses them the same way); an invalid one
+    // goes to the call, whose answer tells the model (only a `tools/call` uses the key).
+    let mut keys = headers.get_all("idempotency-key").iter();
+    let key: CarriedKey = keys
+        .next()
+        .map(|v| idemgate_kit::header::idempotency_key(v.as_bytes()));
+    if keys.next().is_some() {
+        return fail(
+            StatusCode::BAD_REQUEST,
+            "send one Idempotency-Key header, not several; nothing was run",
+        );
+    }
     let initialize = f.method.as_deref() == Some("initialize") && f.id.is_some();
     if !initialize && headers.get(SESSION_HEADER).is_none() {
         if let Some(version) = era::modern_version_of(f.params.as_deref()) {
@@ -790,7 +808,7 @@ async fn sessionless<S: Store>(
     headers: &HeaderMap,
     f: Frame,
     text: String,
-    key: Option<IdempotencyKey>,
+    key: CarriedKey,
     version: &str,
 ) -> Response {
     // The headers mirror the body for intermediaries; a mismatch is refused (MCP 2026-07-28,

@@ -33,5 +33,5 @@ pub use answer::{
 };
 pub use config::{Config, HttpConfig, KeySource};
 pub use error::Error;
-pub use session::{Outgoing, Outputs, Session};
+pub use session::{CarriedKey, Outgoing, Outputs, Session};
 pub use upstream::{HttpUpstream, Upstream};

@@ -32,6 +32,11 @@ use crate::era;
 use crate::frame::{self, Frame, Object};
 use crate::mirror::ParamHeaders;
 
+/// A key a transport carried beside a frame (the `Idempotency-Key` header of Streamable HTTP),
+/// or why the one it carried is not a key: it keys a `tools/call` before any key in the frame,
+/// and an invalid one refuses the call with an answer the model reads.
+pub type CarriedKey = Option<Result<IdempotencyKey, String>>;
+
 /// How long the proxy waits for an answer to its own `tools/list`.
 const LIST_TIMEOUT: Duration = Duration::from_secs(30);
 /// The most pages of its own `tools/list` the proxy reads.
@@ -139,6 +144,10 @@ enum Era {
     Legacy { initialized: Box<RawValue> },
     /// A legacy client in front of a modern server: every request it sends gets this envelope.
     Upgraded { envelope: Object },
+    /// A client that opened in the modern era and fell back to `initialize` (it was told the
+    /// legacy server's requests reach it only there) after the proxy had initialized the server
+    /// for it: frames pass as they came, but its `notifications/initialized` is not sent twice.
+    FellBack,
 }
 
 /// The era, and the client's frames held while the proxy learns it.
@@ -146,7 +155,7 @@ enum Era {
 struct Gate {
     era: Era,
     /// While the era is being learned: the client's frames that came meanwhile, in order.
-    held: Option<VecDeque<(String, Option<IdempotencyKey>)>>,
+    held: Option<VecDeque<(String, CarriedKey)>>,
 }
 
 /// How a client opened the session, when that decides the eras.
@@ -180,6 +189,10 @@ struct Inner<S> {
     lists: Mutex<HashSet<String>>,
     /// Ids of writes sent to the server and not answered yet (their cancellations are held).
     writes: Mutex<HashSet<String>>,
+    /// Writes in flight while the proxy refused one of the server's requests (a modern client
+    /// takes none), with the method refused: a failure they answer may be the proxy's doing,
+    /// so it is never stored as what the tool did ([`Inner::forward`]).
+    refused_during: Mutex<HashMap<String, String>>,
     next_id: AtomicU64,
     gate: Mutex<Gate>,
     /// Set once the eras are settled as the same and no frame is held: from then on frames pass
@@ -244,6 +257,7 @@ impl<S: Store> Session<S> {
             pending: Mutex::new(Pending::default()),
             lists: Mutex::new(HashSet::new()),
             writes: Mutex::new(HashSet::new()),
+            refused_during: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
             gate: Mutex::new(Gate {
                 era: Era::Unknown,
@@ -277,7 +291,7 @@ impl<S: Store> Session<S> {
     /// A frame from the client, with the key its transport carried beside it (the
     /// `Idempotency-Key` header of Streamable HTTP), which a `tools/call` uses before any key
     /// of its own: a different key in the frame itself is refused.
-    pub fn from_client_keyed(&self, line: String, key: Option<IdempotencyKey>) {
+    pub fn from_client_keyed(&self, line: String, key: CarriedKey) {
         self.inner.from_client(line, key);
     }
 
@@ -291,6 +305,16 @@ impl<S: Store> Session<S> {
             .is_some_and(|f| f.method.as_deref() == Some("notifications/tools/list_changed"))
         {
             lock(&inner.catalog).changed();
+        }
+        if let Some(Frame {
+            method: Some(method),
+            id: Some(id),
+            ..
+        }) = &frame
+        {
+            if inner.answers_for_a_modern_client(method, id) {
+                return;
+            }
         }
         if let Some(f) = frame.filter(Frame::is_response) {
             let id = frame::id_key(f.id.as_deref().expect("responses have ids"));
@@ -355,6 +379,37 @@ impl<S: Store> Inner<S> {
         }
         lock(&self.catalog).learn(result)
     }
+    /// A request of the server's own (sampling, elicitation, roots, ping) when the client is
+    /// a modern one in front of a legacy server: that era has no server requests (MCP
+    /// 2026-07-28, "stdio" and "Streamable HTTP"), so its clients refuse them (the Python SDK)
+    /// or never answer (the TypeScript SDK, and the server waits for ever). The proxy answers
+    /// as a legacy client without the capability would: `ping` with an empty result, anything
+    /// else with -32601; the writes in flight learn that it did ([`Inner::forward`]). (A client
+    /// that declares it takes such requests was kept in the legacy era: [`Inner::discovered`].)
+    /// Whether it answered.
+    fn answers_for_a_modern_client(&self, method: &str, id: &RawValue) -> bool {
+        if self.same_era.load(Ordering::Acquire)
+            || !matches!(lock(&self.gate).era, Era::Legacy { .. })
+        {
+            return false;
+        }
+        if method == "ping" {
+            self.send_server(frame::response(id, &frame::raw(&serde_json::json!({}))));
+            return true;
+        }
+        tracing::info!(%method, "refused a server request: the client speaks the 2026-07-28 era, which takes none");
+        let writes: Vec<String> = lock(&self.writes).iter().cloned().collect();
+        lock(&self.refused_during).extend(writes.into_iter().map(|w| (w, method.to_owned())));
+        self.send_server(frame::error_response(
+            Some(id),
+            -32601,
+            &format!(
+                "{method}: the client speaks MCP 2026-07-28, which takes no requests from a server"
+            ),
+        ));
+        true
+    }
+
     fn send_server(&self, frame: String) {
         let frame = self.to_upstream(frame);
         let _ = self.to_server.send(Outgoing { frame, sent: None });
@@ -392,9 +447,9 @@ impl<S: Store> Inner<S> {
     /// A frame from the client. Until the eras are known, the frame that decides them (a
     /// legacy `initialize`, or a modern client's first request) starts the opening that learns
     /// them, and later frames wait for it, in order; then frames go to [`Inner::dispatch`].
-    fn from_client(self: &Arc<Self>, line: String, key: Option<IdempotencyKey>) {
+    fn from_client(self: &Arc<Self>, line: String, key: CarriedKey) {
         let Some(f) = Frame::parse(&line) else {
-            self.send_server(line);
+            self.refuse_unreadable(&line);
             return;
         };
         if self.same_era.load(Ordering::Acquire) {
@@ -433,6 +488,15 @@ impl<S: Store> Inner<S> {
         self.dispatch(line, f, key);
     }
 
+    /// Text from the client that is not one JSON-RPC message: never relayed (the server could
+    /// read a tool call in it that the proxy did not judge); the client is told why.
+    fn refuse_unreadable(&self, line: &str) {
+        tracing::warn!("refused a client message that is not one JSON-RPC message");
+        if let Some(answer) = frame::refusal_of_unreadable(line) {
+            self.send_client(answer);
+        }
+    }
+
     /// Settles the eras and lets the held frames go, in the order they came (frames that come
     /// while they go wait behind them).
     fn release(self: &Arc<Self>, era: Era) {
@@ -455,7 +519,7 @@ impl<S: Store> Inner<S> {
             for (line, key) in batch {
                 match Frame::parse(&line) {
                     Some(f) => self.dispatch(line, f, key),
-                    None => self.send_server(line),
+                    None => self.refuse_unreadable(&line),
                 }
             }
         }
@@ -598,18 +662,26 @@ impl<S: Store> Inner<S> {
         Era::Legacy { initialized }
     }
 
-    /// The answer to a modern client's `server/discover` in front of a legacy server.
+    /// The answer to a modern client's `server/discover` in front of a legacy server: the
+    /// discovery made from the server's `initialize` result, unless the client takes requests
+    /// from the server, which only the legacy era carries: then it is told to use that era.
     fn discovered(&self, id: &RawValue, params: &Object, initialized: &RawValue) -> String {
         match era::modern_version(params) {
             Some(v) if !era::MODERN_VERSIONS.contains(&v.as_str()) => {
                 era::unsupported_version(id, &v)
+            }
+            Some(v) if era::takes_server_requests(params) => {
+                tracing::info!(
+                    "a client that takes server requests is kept in the legacy era of the server"
+                );
+                era::legacy_only(id, &v, initialized)
             }
             _ => frame::response(id, &era::discover_from_initialize(initialized)),
         }
     }
 
     /// A client frame once the eras are known: what the eras change, then [`Inner::relay`].
-    fn dispatch(self: &Arc<Self>, line: String, f: Frame, key: Option<IdempotencyKey>) {
+    fn dispatch(self: &Arc<Self>, line: String, f: Frame, key: CarriedKey) {
         let method = f.method.as_deref();
         {
             let gate = lock(&self.gate);
@@ -624,9 +696,18 @@ impl<S: Store> Inner<S> {
                     self.send_client(self.discovered(id, &params, initialized));
                     return;
                 }
-                // The client fell back to a handshake the proxy already made.
+                // The client fell back to a handshake the proxy already made: from now on it is
+                // a legacy client, which takes the server's requests.
                 (Era::Legacy { initialized }, Some("initialize"), Some(id)) => {
                     self.send_client(frame::response(id, initialized));
+                    drop(gate);
+                    lock(&self.gate).era = Era::FellBack;
+                    return;
+                }
+                (Era::FellBack, Some("notifications/initialized"), None) => {
+                    drop(gate);
+                    lock(&self.gate).era = Era::Same;
+                    self.same_era.store(true, Ordering::Release);
                     return;
                 }
                 (
@@ -655,7 +736,7 @@ impl<S: Store> Inner<S> {
 
     /// A client frame as every era relays it: `tools/call` judged in a task of its own, a
     /// cancellation of a write in flight held back unless configured, the rest on to the server.
-    fn relay(self: &Arc<Self>, line: String, f: Frame, key: Option<IdempotencyKey>) {
+    fn relay(self: &Arc<Self>, line: String, f: Frame, key: CarriedKey) {
         match (f.method.as_deref(), f.id) {
             (Some("tools/call"), Some(id)) => {
                 let inner = Arc::clone(self);
@@ -664,6 +745,11 @@ impl<S: Store> Inner<S> {
                     let answer = inner.call(&id, line, params.as_deref(), key).await;
                     inner.send_client(answer);
                 });
+            }
+            // A tool call without an id would run with no answer to store or replay: it is
+            // never sent (a notification gets no answer, so the client is not told).
+            (Some("tools/call"), None) => {
+                tracing::warn!("dropped a tools/call without an id: it cannot be judged");
             }
             (Some("tools/list"), Some(id)) => {
                 lock(&self.lists).insert(frame::id_key(&id));
@@ -693,7 +779,7 @@ impl<S: Store> Inner<S> {
         id: &RawValue,
         line: String,
         params: Option<&RawValue>,
-        outer_key: Option<IdempotencyKey>,
+        carried: CarriedKey,
     ) -> String {
         let params = params.and_then(frame::object).unwrap_or_default();
         let name = frame::string(&params, "name").unwrap_or_default();
@@ -723,21 +809,9 @@ impl<S: Store> Inner<S> {
         let tool = self.describe(&name, era::envelope(&params)).await;
         let policy = self.config.policy(&name, tool.as_ref());
         cx.policy = &policy;
-        let key = match (self.key_of(&params, &arguments), outer_key) {
-            (Ok(Some(own)), Some(outer)) if own != outer => {
-                return self.refuse(
-                    &cx,
-                    &scope,
-                    format!(
-                        "the Idempotency-Key header ({}) and the key in the call ({}) differ; nothing was done.",
-                        outer.as_str(),
-                        own.as_str()
-                    ),
-                )
-            }
-            (Ok(_), Some(outer)) => Some(outer),
-            (Ok(k), None) => k,
-            (Err(e), _) => return self.refuse(&cx, &scope, format!("{e}; nothing was done.")),
+        let key = match self.key_of(&params, &arguments, carried) {
+            Ok(k) => k,
+            Err(e) => return self.refuse(&cx, &scope, format!("{e}; nothing was done.")),
         };
         // The key is not part of the action: calls that differ only in it are the same action.
         let declared = tool.as_ref().and_then(|t| t.key_argument.as_deref());
@@ -817,38 +891,79 @@ impl<S: Store> Inner<S> {
         answer::refuse(cx, Verdict::BadRequest, text)
     }
 
-    /// The call's key, from the sources the configuration names, in its order.
+    /// The call's key: the one its transport carried (`carried`) and those in the sources the
+    /// configuration names. A key is a string of the key's form; a source holding anything else
+    /// is an error, not an absent key (JSON `null` is absent). When several sources hold a key
+    /// they must agree: a call whose keys differ is refused, on every transport, since it does
+    /// not say which action it names.
     fn key_of(
         &self,
         params: &Object,
         arguments: &Object,
+        carried: CarriedKey,
     ) -> Result<Option<IdempotencyKey>, String> {
-        for source in &self.config.key_sources {
-            let (found, from) = match source {
-                KeySource::Meta => (
-                    params
-                        .get("_meta")
-                        .and_then(|m| frame::object(m))
-                        .and_then(|m| frame::string(&m, META_KEY)),
-                    format!("_meta[\"{META_KEY}\"]"),
-                ),
-                KeySource::Argument => {
-                    let found = KEY_ARGUMENTS
-                        .iter()
-                        .find_map(|k| frame::string(arguments, k).map(|v| (v, *k)));
-                    match found {
-                        Some((v, k)) => (Some(v), format!("argument {k}")),
-                        None => (None, String::new()),
-                    }
+        fn read(
+            value: &RawValue,
+            from: String,
+        ) -> Result<Option<(IdempotencyKey, String)>, String> {
+            if value.get() == "null" {
+                return Ok(None);
+            }
+            let Ok(text) = serde_json::from_str::<String>(value.get()) else {
+                let mut shown: String = value.get().chars().take(40).collect();
+                if shown.len() < value.get().len() {
+                    shown.push('…');
                 }
+                return Err(format!(
+                    "the idempotency key in {from} must be a string, not {shown}"
+                ));
             };
-            if let Some(k) = found {
-                return IdempotencyKey::explicit(k)
-                    .map(Some)
-                    .map_err(|e| format!("the idempotency key in {from} is invalid: {e}"));
+            match IdempotencyKey::explicit(text) {
+                Ok(k) => Ok(Some((k, from))),
+                Err(e) => Err(format!("the idempotency key in {from} is invalid: {e}")),
             }
         }
-        Ok(None)
+        let mut found: Vec<(IdempotencyKey, String)> = Vec::new();
+        if let Some(carried) = carried {
+            let header = "the Idempotency-Key header";
+            let key = carried.map_err(|e| {
+                if e.starts_with(header) {
+                    e
+                } else {
+                    format!("{header} is invalid: {e}")
+                }
+            })?;
+            found.push((key, header.to_owned()));
+        }
+        let meta = params.get("_meta").and_then(|m| frame::object(m));
+        for source in &self.config.key_sources {
+            match source {
+                KeySource::Meta => {
+                    if let Some(v) = meta.as_ref().and_then(|m| m.get(META_KEY)) {
+                        found.extend(read(v, format!("_meta[\"{META_KEY}\"]"))?);
+                    }
+                }
+                KeySource::Argument => {
+                    for k in KEY_ARGUMENTS {
+                        if let Some(v) = arguments.get(k) {
+                            found.extend(read(v, format!("argument {k}"))?);
+                        }
+                    }
+                }
+            }
+        }
+        let mut found = found.into_iter();
+        let Some((key, from)) = found.next() else {
+            return Ok(None);
+        };
+        if let Some((other, other_from)) = found.find(|(k, _)| *k != key) {
+            return Err(format!(
+                "the idempotency keys in {from} ({}) and in {other_from} ({}) differ",
+                key.as_str(),
+                other.as_str()
+            ));
+        }
+        Ok(Some(key))
     }
 
     /// Sends a call to the server and waits for its answer, which it keeps in `relay` for the
@@ -901,7 +1016,17 @@ impl<S: Store> Inner<S> {
             },
         };
         lock(&self.writes).remove(&id);
-        let effect = reply.effect();
+        let mut effect = reply.effect();
+        if let Some(method) = lock(&self.refused_during).remove(&id) {
+            // The proxy refused the server's request during this call: a failure may be the
+            // proxy's doing, not the tool's, and is never stored as the tool's outcome. What the
+            // tool did before it asked is not known either: the outcome is unknown.
+            if matches!(effect, Effect::Failed(_)) {
+                effect = Effect::Ambiguous(format!(
+                    "the tool failed after the proxy refused the server's {method} request (the client speaks MCP 2026-07-28, which takes no server requests); the failure may be the proxy's doing"
+                ));
+            }
+        }
         *relay = Some(reply);
         effect
     }

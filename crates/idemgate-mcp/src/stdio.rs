@@ -8,14 +8,14 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idemgate_core::{Engine, IdempotencyKey, Store, TenantId};
+use idemgate_core::{Engine, Store, TenantId};
 use tokio::io::{AsyncBufReadExt as _, AsyncRead, AsyncWrite, AsyncWriteExt as _, BufReader};
 use tokio::process::{ChildStdin, ChildStdout};
 use tokio::sync::mpsc;
 
 use crate::config::Config;
 use crate::error::Error;
-use crate::session::{Outgoing, Outputs, Session};
+use crate::session::{CarriedKey, Outgoing, Outputs, Session};
 use crate::upstream::Upstream;
 
 /// How long the server gets to exit on its own once its input is closed.
@@ -118,7 +118,7 @@ impl FromClient for String {
 }
 
 /// A frame and the key its transport carried beside it.
-impl FromClient for (String, Option<IdempotencyKey>) {
+impl FromClient for (String, CarriedKey) {
     fn deliver<S: Store>(self, session: &Session<S>) {
         session.from_client_keyed(self.0, self.1);
     }
