@@ -969,23 +969,7 @@ fn mcp_real_memory_server_to_a_2026_era_client_through_discovery_the_proxy_answe
 /// elicitation requests reached the client once each (the replays asked nothing), progress
 /// notifications arrived, and the re-sent keyed calls were replays of the first.
 pub(crate) fn everything_through_the_proxy(mode: &str, transport: &str) -> Value {
-    let deps = mcp_deps();
-    let server = deps.join("node/node_modules/.bin/mcp-server-everything");
-    let sb = Sandbox::new();
-    let mut client = sb.python_client("mcp_everything_client.py");
-    client.args([mode, transport]);
-    let _listening;
-    if transport == "stdio" {
-        client
-            .arg(env!("CARGO_BIN_EXE_idemgate"))
-            .arg("--")
-            .arg(&server);
-    } else {
-        let p = sb.listen("", &[server.to_str().unwrap()]);
-        client.arg(&p.url);
-        _listening = p;
-    }
-    let seen = sb.client_saw(client);
+    let seen = everything_client(mode, transport);
     // The server's own requests are answered in the 2025 era, which the client falls back to.
     assert_eq!(seen["protocol"], "2025-11-25", "{seen}");
     assert_eq!(
@@ -1006,6 +990,37 @@ pub(crate) fn everything_through_the_proxy(mode: &str, transport: &str) -> Value
     seen
 }
 
+/// The Python SDK's `Client` in "auto" mode without callbacks before server-everything: it
+/// stays in the 2026-07-28 era, and the progress of its call reaches it (over HTTP, on the
+/// sessionless request's own stream).
+pub(crate) fn everything_progress_in_the_2026_era(transport: &str) {
+    let seen = everything_client("plain", transport);
+    assert_eq!(seen["protocol"], "2026-07-28", "{seen}");
+    assert_eq!(seen["progress"], json!([[1.0, 2.0], [2.0, 2.0]]), "{seen}");
+    assert_eq!(seen["long"]["isError"], false, "{seen}");
+}
+
+/// What the server-everything client script saw in `mode` through the proxy on `transport`.
+fn everything_client(mode: &str, transport: &str) -> Value {
+    let deps = mcp_deps();
+    let server = deps.join("node/node_modules/.bin/mcp-server-everything");
+    let sb = Sandbox::new();
+    let mut client = sb.python_client("mcp_everything_client.py");
+    client.args([mode, transport]);
+    let _listening;
+    if transport == "stdio" {
+        client
+            .arg(env!("CARGO_BIN_EXE_idemgate"))
+            .arg("--")
+            .arg(&server);
+    } else {
+        let p = sb.listen("", &[server.to_str().unwrap()]);
+        client.arg(&p.url);
+        _listening = p;
+    }
+    sb.client_saw(client)
+}
+
 #[test]
 fn mcp_real_everything_server_requests_reach_a_python_client_in_auto_mode() {
     everything_through_the_proxy("auto", "stdio");
@@ -1014,4 +1029,9 @@ fn mcp_real_everything_server_requests_reach_a_python_client_in_auto_mode() {
 #[test]
 fn mcp_real_everything_server_requests_reach_a_python_client_in_legacy_mode() {
     everything_through_the_proxy("legacy", "stdio");
+}
+
+#[test]
+fn mcp_real_everything_progress_reaches_a_2026_era_python_client() {
+    everything_progress_in_the_2026_era("stdio");
 }

@@ -447,6 +447,11 @@ fn mcp_http_everything_server_requests_reach_a_python_client_in_auto_mode() {
 }
 
 #[test]
+fn mcp_http_everything_progress_reaches_a_sessionless_2026_era_python_client() {
+    crate::mcp::everything_progress_in_the_2026_era("http");
+}
+
+#[test]
 fn mcp_http_everything_server_requests_reach_a_python_client_in_legacy_mode() {
     crate::mcp::everything_through_the_proxy("legacy", "http");
 }
@@ -524,6 +529,93 @@ fn mcp_http_bad_inputs_are_answered_in_json_rpc_and_bad_keys_reach_the_model() {
         Vec::<String>::new(),
         "nothing reached the server"
     );
+}
+
+/// The `data:` payloads of an SSE body, as JSON.
+fn sse_messages(body: &str) -> Vec<Value> {
+    body.lines()
+        .filter_map(|l| l.strip_prefix("data:"))
+        .map(str::trim)
+        .filter(|d| !d.is_empty())
+        .map(|d| serde_json::from_str(d).unwrap_or_else(|e| panic!("{e}: {d}")))
+        .collect()
+}
+
+#[test]
+fn mcp_http_sessionless_requests_get_their_own_progress_and_the_logs_they_asked_for() {
+    let sb = Sandbox::new();
+    let p = sb.listen(
+        "server_name = \"fixture\"\n",
+        &["env", "FIXTURE_CHATTY=1", "python3", FIXTURE],
+    );
+    let call = |id: u64, key: &str, meta: Value| {
+        let mut m = json!({
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "1"},
+            "io.modelcontextprotocol/clientCapabilities": {},
+            "dev.idemgate/idempotency-key": key,
+        });
+        m.as_object_mut()
+            .unwrap()
+            .extend(meta.as_object().unwrap().clone());
+        let body = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": {"name": "count", "arguments": {"label": key}, "_meta": m}});
+        p.http("POST", &[], &body.to_string())
+    };
+    // Progress for the request's own token, and the log message its level asked for, come on
+    // its stream before its answer, under its own id.
+    let chatty = call(
+        7,
+        "k-1",
+        json!({"progressToken": "tok-7", "io.modelcontextprotocol/logLevel": "info"}),
+    );
+    assert_eq!(chatty.status, 200, "{}", chatty.body);
+    assert!(
+        chatty
+            .header("content-type")
+            .starts_with("text/event-stream"),
+        "{}",
+        chatty.body
+    );
+    let messages = sse_messages(&chatty.body);
+    assert_eq!(messages.len(), 3, "{}", chatty.body);
+    assert_eq!(
+        messages[0]["method"], "notifications/progress",
+        "{}",
+        chatty.body
+    );
+    assert_eq!(
+        messages[0]["params"]["progressToken"], "tok-7",
+        "{}",
+        chatty.body
+    );
+    assert_eq!(
+        messages[1]["method"], "notifications/message",
+        "{}",
+        chatty.body
+    );
+    assert_eq!(messages[1]["params"]["level"], "warning", "{}", chatty.body);
+    assert_eq!(messages[2]["id"], 7, "{}", chatty.body);
+    assert_eq!(
+        messages[2]["result"]["content"][0]["text"], "counted 1",
+        "{}",
+        chatty.body
+    );
+    // A request that asked for errors only, and for no progress, gets its answer alone.
+    let quiet = call(
+        8,
+        "k-2",
+        json!({"io.modelcontextprotocol/logLevel": "error"}),
+    );
+    assert_eq!(quiet.status, 200, "{}", quiet.body);
+    assert_eq!(
+        quiet.header("content-type"),
+        "application/json",
+        "{}",
+        quiet.body
+    );
+    assert_eq!(quiet.json()["id"], 8, "{}", quiet.body);
+    assert_eq!(sb.executed(), ["count k-1", "count k-2"]);
 }
 
 #[test]

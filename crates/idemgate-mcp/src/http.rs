@@ -118,8 +118,62 @@ struct Routes {
     queued: VecDeque<String>,
     /// The protocol version `initialize` agreed.
     version: Option<String>,
+    /// What sessionless requests asked to be told besides their answer, by request id.
+    asks: HashMap<String, Asks>,
     /// The session has ended: nothing more comes.
     closed: bool,
+}
+
+/// What a sessionless request asks to be told on its own stream before its answer (MCP
+/// 2026-07-28: no session, so no GET stream; a request's notifications go with its answer):
+/// progress for its `progressToken` (renamed on the way to the shared process, whose requests
+/// come from many clients, to the request's id there), and log messages at or above its
+/// `io.modelcontextprotocol/logLevel`.
+#[derive(Debug, Default)]
+struct Asks {
+    /// The client's own progress token, given back in the notifications routed to it.
+    progress_token: Option<Box<serde_json::value::RawValue>>,
+    /// The least severe log level the request wants.
+    log_level: Option<usize>,
+}
+
+/// The `_meta` member by which a 2026-07-28 request asks for log messages.
+const META_LOG_LEVEL: &str = "io.modelcontextprotocol/logLevel";
+/// Log levels from the least severe (MCP, "Logging", RFC 5424).
+const LOG_LEVELS: &[&str] = &[
+    "debug",
+    "info",
+    "notice",
+    "warning",
+    "error",
+    "critical",
+    "alert",
+    "emergency",
+];
+
+fn log_severity(level: &str) -> Option<usize> {
+    LOG_LEVELS.iter().position(|l| *l == level)
+}
+
+/// A sessionless request for the shared process: its id replaced by `proxy_id`, and its
+/// progress token, if it has one, too (the notifications for it are routed back by it); what it
+/// asks to be told besides its answer.
+fn for_shared(text: &str, proxy_id: &serde_json::value::RawValue) -> Option<(String, Asks)> {
+    let mut message: frame::Object = serde_json::from_str(text).ok()?;
+    message.insert("id".to_owned(), proxy_id.to_owned());
+    let mut asks = Asks::default();
+    let params = message.get("params").and_then(|p| frame::object(p));
+    if let Some(mut params) = params {
+        if let Some(mut meta) = params.get("_meta").and_then(|m| frame::object(m)) {
+            asks.log_level = frame::string(&meta, META_LOG_LEVEL).and_then(|l| log_severity(&l));
+            if let Some(token) = meta.insert("progressToken".to_owned(), proxy_id.to_owned()) {
+                asks.progress_token = Some(token);
+                params.insert("_meta".to_owned(), frame::raw(&meta));
+                message.insert("params".to_owned(), frame::raw(&params));
+            }
+        }
+    }
+    Some((serde_json::to_string(&message).ok()?, asks))
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -149,8 +203,18 @@ impl Live {
             return;
         }
         if self.shared {
-            drop(r);
-            self.refuse_server_message(&frame);
+            match Frame::parse(&frame).and_then(|f| f.method.zip(f.params)) {
+                Some((m, params)) if m == "notifications/progress" => {
+                    Self::progress_to_its_request(&mut r, &params);
+                }
+                Some((m, params)) if m == "notifications/message" => {
+                    Self::log_to_requests_that_asked(&r, &frame, &params);
+                }
+                _ => {
+                    drop(r);
+                    self.refuse_server_message(&frame);
+                }
+            }
             return;
         }
         if let Some(tx) = &r.get {
@@ -173,6 +237,44 @@ impl Live {
         r.queued.push_back(frame);
         if r.queued.len() > MAX_QUEUED {
             r.queued.pop_front();
+        }
+    }
+
+    /// A progress notification of the shared process: to the request whose (renamed) token it
+    /// names, with the client's own token back; dropped when that request has been answered.
+    fn progress_to_its_request(r: &mut Routes, params: &serde_json::value::RawValue) {
+        let Some(mut params) = frame::object(params) else {
+            return;
+        };
+        let Some(id) = params.get("progressToken").map(|t| frame::id_key(t)) else {
+            return;
+        };
+        let Some(token) = r.asks.get(&id).and_then(|a| a.progress_token.clone()) else {
+            return;
+        };
+        params.insert("progressToken".to_owned(), token);
+        let note = serde_json::json!({"jsonrpc": "2.0", "method": "notifications/progress", "params": params});
+        if let Some((_, tx)) = r.posts.get(&id).and_then(|w| w.front()) {
+            let _ = tx.send(note.to_string());
+        }
+    }
+
+    /// A log message of the shared process, which says not whose request it concerns: to every
+    /// request in flight that asked for messages of its level (the process is the tenant's own,
+    /// so no other tenant's client hears it).
+    fn log_to_requests_that_asked(r: &Routes, frame: &str, params: &serde_json::value::RawValue) {
+        let level = frame::object(params)
+            .and_then(|p| frame::string(&p, "level"))
+            .and_then(|l| log_severity(&l));
+        let Some(level) = level else {
+            return;
+        };
+        for (id, asks) in &r.asks {
+            if asks.log_level.is_some_and(|wanted| level >= wanted) {
+                if let Some((_, tx)) = r.posts.get(id).and_then(|w| w.front()) {
+                    let _ = tx.send(frame.to_owned());
+                }
+            }
         }
     }
 
@@ -260,6 +362,7 @@ impl Drop for Waiting {
             waiting.retain(|(n, _)| *n != self.number);
             if waiting.is_empty() {
                 r.posts.remove(&self.id);
+                r.asks.remove(&self.id);
             }
         }
     }
@@ -856,27 +959,42 @@ async fn sessionless<S: Store>(
     };
     let n = proxy.next_request.fetch_add(1, Ordering::Relaxed);
     let proxy_id = frame::raw(&format!("dev.idemgate/http-{n}"));
-    let Some(renamed) = frame::with_id(&text, &proxy_id) else {
+    let Some((renamed, asks)) = for_shared(&text, &proxy_id) else {
         return fail(
             StatusCode::BAD_REQUEST,
             "the body is not one JSON-RPC message",
         );
     };
-    let Some((mut rx, _waiting)) = live.submit(frame::id_key(&proxy_id), renamed, key) else {
+    let id = frame::id_key(&proxy_id);
+    lock(&live.routes).asks.insert(id.clone(), asks);
+    let Some((mut rx, waiting)) = live.submit(id, renamed, key) else {
         return fail(StatusCode::SERVICE_UNAVAILABLE, "the server ended; retry");
     };
-    match rx.recv().await {
-        Some(answer) => {
-            let status = modern_status(&answer);
-            let mut res = json_response(frame::with_id(&answer, &own_id).unwrap_or(answer));
-            *res.status_mut() = status;
-            res
-        }
-        None => fail(
+    let Some(first) = rx.recv().await else {
+        return fail(
             StatusCode::BAD_GATEWAY,
             "the server ended before it answered",
-        ),
+        );
+    };
+    let answer = move |frame: String| frame::with_id(&frame, &own_id).unwrap_or(frame);
+    if Frame::parse(&first).is_some_and(|f| f.is_response()) {
+        drop(waiting);
+        let status = modern_status(&first);
+        let mut res = json_response(answer(first));
+        *res.status_mut() = status;
+        return res;
     }
+    // Progress or log messages come first: the answer follows them on a stream of its own
+    // (MCP 2026-07-28, "Streamable HTTP": a request's notifications go on its response stream).
+    let rest = stream::unfold(Some((rx, waiting, answer)), |state| async move {
+        let (mut rx, waiting, answer) = state?;
+        let frame = rx.recv().await?;
+        if Frame::parse(&frame).is_some_and(|f| f.is_response()) {
+            return Some((answer(frame), None));
+        }
+        Some((frame, Some((rx, waiting, answer))))
+    });
+    sse(stream::once(async move { first }).chain(rest)).into_response()
 }
 
 /// The HTTP status of a modern answer (MCP 2026-07-28, "Protocol Version Header"): 404 for an
