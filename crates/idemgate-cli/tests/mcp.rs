@@ -1035,3 +1035,77 @@ fn mcp_real_everything_server_requests_reach_a_python_client_in_legacy_mode() {
 fn mcp_real_everything_progress_reaches_a_2026_era_python_client() {
     everything_progress_in_the_2026_era("stdio");
 }
+
+#[test]
+fn mcp_real_everything_2025_tasks_reach_a_2026_client_through_the_tasks_extension() {
+    let server = mcp_deps().join("node/node_modules/.bin/mcp-server-everything");
+    let sb = Sandbox::new();
+    let mut p = Proxy::spawn(
+        sb.mcp(sb.idemgate(), PLAIN, &[server.to_str().unwrap()]),
+        &sb,
+    );
+    let env = envelope(json!({"extensions": {"io.modelcontextprotocol/tasks": {}}}));
+    // The legacy server's `tasks` capability is the tasks extension in the modern era.
+    let discovered = p.request("server/discover", json!({"_meta": env}));
+    let caps = &discovered["result"]["capabilities"];
+    assert_eq!(
+        caps["extensions"]["io.modelcontextprotocol/tasks"],
+        json!({}),
+        "{discovered}"
+    );
+    assert!(caps["tasks"].is_null(), "{discovered}");
+    let mut meta = env.clone();
+    meta["dev.idemgate/idempotency-key"] = json!("research-1");
+    let call = json!({"name": "simulate-research-query", "arguments": {"topic": "retries"}, "_meta": meta});
+    // The tool runs only as a task: the proxy asks the server for one, and the handle comes
+    // back flat, as the extension has it.
+    let created = p.request("tools/call", call.clone());
+    let handle = &created["result"];
+    assert_eq!(handle["resultType"], "task", "{created}");
+    assert!(handle["task"].is_null(), "{created}");
+    let task_id = handle["taskId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{created}"))
+        .to_owned();
+    assert!(
+        handle.get("ttlMs").is_some() && handle.get("ttl").is_none(),
+        "{created}"
+    );
+    // A retry is the same action: the same handle, replayed, and no second task.
+    let again = p.request("tools/call", call);
+    assert_eq!(again["result"]["taskId"], task_id.as_str(), "{again}");
+    assert_eq!(again["result"]["resultType"], "task", "{again}");
+    assert_eq!(
+        again["result"]["_meta"]["dev.idemgate/replayed"], true,
+        "{again}"
+    );
+    // Polled until it is done (the server takes about 4 s): the result comes inline.
+    let mut done = Value::Null;
+    wait_for("the research task to complete", || {
+        let got = p.request("tasks/get", json!({"taskId": task_id, "_meta": env}));
+        assert_eq!(got["result"]["resultType"], "complete", "{got}");
+        let status = got["result"]["status"].as_str().unwrap_or("").to_owned();
+        assert!(["working", "completed"].contains(&status.as_str()), "{got}");
+        done = got;
+        status == "completed"
+    });
+    let report = done["result"]["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(report.contains("Research Report: retries"), "{done}");
+    // A cancel is acknowledged, whatever became of the task.
+    let cancelled = p.request("tasks/cancel", json!({"taskId": task_id, "_meta": env}));
+    assert_eq!(
+        cancelled["result"],
+        json!({"resultType": "complete"}),
+        "{cancelled}"
+    );
+    // A client without the extension cannot call a task-only tool: refused, nothing sent.
+    let mut plain = envelope(json!({}));
+    plain["dev.idemgate/idempotency-key"] = json!("research-2");
+    let refused = p.request(
+        "tools/call",
+        json!({"name": "simulate-research-query", "arguments": {"topic": "x"}, "_meta": plain}),
+    );
+    assert_eq!(refused["error"]["code"], -32021, "{refused}");
+}

@@ -294,7 +294,12 @@ fn replayed(
     meta.insert(META_EXECUTED_AT.to_owned(), frame::raw(&executed_at));
     meta.insert(META_RULE.to_owned(), frame::raw(&rule));
     obj.insert("_meta".to_owned(), frame::raw(&meta));
-    if notice {
+    // A task handle has no content to add the notice to; its `_meta` says it is a replay.
+    let task = obj.contains_key("task")
+        || obj
+            .get("resultType")
+            .is_some_and(|t| t.get() == r#""task""#);
+    if notice && !task {
         let mut content: Vec<Box<RawValue>> = obj
             .get("content")
             .and_then(|c| serde_json::from_str(c.get()).ok())

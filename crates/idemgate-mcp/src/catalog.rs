@@ -19,6 +19,22 @@ pub struct Tool {
     /// The key argument its input schema declares, if any: the proxy leaves it in and fills it
     /// with the downstream key.
     pub key_argument: Option<String>,
+    /// Whether it runs as a task (`execution.taskSupport` of MCP 2025-11-25): the proxy asks a
+    /// legacy server for one on behalf of a modern client of the tasks extension.
+    pub task_support: TaskSupport,
+}
+
+/// `execution.taskSupport` of a 2025-11-25 tool: absent is `forbidden`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TaskSupport {
+    /// Never as a task.
+    #[default]
+    Forbidden,
+    /// As a task when the caller asks.
+    Optional,
+    /// Only as a task: a call that does not ask for one is refused.
+    Required,
 }
 
 /// The tools of one server, as far as `tools/list` answers showed them.
@@ -44,6 +60,14 @@ struct Listed {
     annotations: Option<Annotations>,
     #[serde(rename = "inputSchema", default)]
     input_schema: Option<Schema>,
+    #[serde(default)]
+    execution: Option<Execution>,
+}
+
+#[derive(Deserialize)]
+struct Execution {
+    #[serde(rename = "taskSupport", default)]
+    task_support: Option<TaskSupport>,
 }
 
 #[derive(Deserialize)]
@@ -83,6 +107,7 @@ impl Catalog {
                     read_only: annotations.and_then(|a| a.read_only).unwrap_or(false),
                     idempotent: annotations.and_then(|a| a.idempotent).unwrap_or(false),
                     key_argument,
+                    task_support: t.execution.and_then(|e| e.task_support).unwrap_or_default(),
                 },
             );
         }
@@ -120,7 +145,7 @@ mod tests {
             r#"{"tools":[
                 {"name":"search","annotations":{"readOnlyHint":true},"x-new":{"a":1}},
                 {"name":"pay","inputSchema":{"type":"object","properties":{"idempotencyKey":{"type":"string"}}}},
-                {"name":"put","annotations":{"idempotentHint":true},"inputSchema":{"type":"object"}}
+                {"name":"put","annotations":{"idempotentHint":true},"inputSchema":{"type":"object"},"execution":{"taskSupport":"required"}}
             ],"nextCursor":"p2"}"#
                 .into(),
         )
@@ -133,6 +158,8 @@ mod tests {
             Some("idempotencyKey")
         );
         assert!(c.get("put").unwrap().idempotent);
+        assert_eq!(c.get("put").unwrap().task_support, TaskSupport::Required);
+        assert_eq!(c.get("pay").unwrap().task_support, TaskSupport::Forbidden);
         let last = RawValue::from_string(r#"{"tools":[]}"#.into()).unwrap();
         assert_eq!(c.learn(&last), None);
         assert!(c.is_complete());

@@ -68,11 +68,89 @@ pub(crate) fn envelope(params: &Object) -> Option<Object> {
 
 /// Marks a result `resultType: "complete"` unless it has a type of its own: a modern client
 /// requires one on every result, and a legacy result (one from a legacy server, or stored from
-/// a legacy call) has none; the specification says to read its absence as `complete`.
+/// a legacy call) has none; the specification says to read its absence as `complete`. A legacy
+/// task handle (`CreateTaskResult`, `{"task": {...}}`) becomes the tasks extension's flat one,
+/// `resultType: "task"` ([`modern_task`]).
 pub(crate) fn mark_complete(result: &mut Object) {
-    if !result.contains_key("resultType") {
-        result.insert("resultType".to_owned(), frame::raw(&"complete"));
+    if result.contains_key("resultType") {
+        return;
     }
+    if let Some(task) = result.get("task").and_then(|t| frame::object(t)) {
+        if task.contains_key("taskId") {
+            result.remove("task");
+            result.extend(modern_task(task));
+            result.insert("resultType".to_owned(), frame::raw(&"task"));
+            return;
+        }
+    }
+    result.insert("resultType".to_owned(), frame::raw(&"complete"));
+}
+
+/// The extension by which a client and a server of the 2026-07-28 era speak of tasks
+/// (`io.modelcontextprotocol/tasks`; the 2025-11-25 era had them in the protocol itself).
+pub(crate) const TASKS_EXTENSION: &str = "io.modelcontextprotocol/tasks";
+
+/// A 2025-11-25 `Task` in the tasks extension's words: `ttl` is `ttlMs`, `pollInterval` is
+/// `pollIntervalMs`; `taskId`, `status`, `statusMessage`, `createdAt` and `lastUpdatedAt` stay.
+/// A legacy task waiting for input (`input_required`) asks through server requests, which a
+/// modern client takes none of (the proxy refuses them): it is reported `working`, with its
+/// status message.
+pub(crate) fn modern_task(task: Object) -> Object {
+    task.into_iter()
+        .map(|(k, v)| match k.as_str() {
+            "ttl" => ("ttlMs".to_owned(), v),
+            "pollInterval" => ("pollIntervalMs".to_owned(), v),
+            "status" if v.get() == r#""input_required""# => (k, frame::raw(&"working")),
+            _ => (k, v),
+        })
+        .collect()
+}
+
+/// The answer to a modern client's call of a tool that runs only as a task, when its envelope
+/// does not declare the tasks extension: `MissingRequiredClientCapability`, as a modern server
+/// answers it. Nothing was sent to the server.
+pub(crate) fn missing_tasks_extension(id: &RawValue, tool: &str) -> String {
+    let error = json!({
+        "code": -32021,
+        "message": format!("Missing required client capability: the tool {tool} runs only as a task; declare the {TASKS_EXTENSION} extension in the request's client capabilities"),
+        "data": {"requiredCapabilities": {"extensions": {TASKS_EXTENSION: {}}}},
+    });
+    format!(r#"{{"jsonrpc":"2.0","id":{},"error":{}}}"#, id.get(), error)
+}
+
+/// Whether a modern request's envelope declares the tasks extension.
+pub(crate) fn takes_tasks(params: &Object) -> bool {
+    params
+        .get("_meta")
+        .and_then(|m| frame::object(m))
+        .and_then(|m| {
+            m.get(META_CLIENT_CAPABILITIES)
+                .and_then(|c| frame::object(c))
+        })
+        .and_then(|c| c.get("extensions").and_then(|e| frame::object(e)))
+        .is_some_and(|e| e.contains_key(TASKS_EXTENSION))
+}
+
+/// A legacy server's capabilities as the modern era says them: `tasks` (a 2025-11-25
+/// capability) is gone, and a server that runs tool calls as tasks
+/// (`tasks.requests.tools.call`) has the tasks extension instead, which the proxy translates.
+fn modern_capabilities(capabilities: &RawValue) -> Box<RawValue> {
+    let Some(mut caps) = frame::object(capabilities) else {
+        return capabilities.to_owned();
+    };
+    let Some(tasks) = caps.remove("tasks") else {
+        return capabilities.to_owned();
+    };
+    let value: Value = serde_json::from_str(tasks.get()).unwrap_or_default();
+    if value["requests"]["tools"]["call"].is_object() {
+        let mut extensions = caps
+            .get("extensions")
+            .and_then(|e| frame::object(e))
+            .unwrap_or_default();
+        extensions.insert(TASKS_EXTENSION.to_owned(), frame::raw(&json!({})));
+        caps.insert("extensions".to_owned(), frame::raw(&extensions));
+    }
+    frame::raw(&caps)
 }
 
 /// The methods whose modern results carry caching directives (`CacheableResult`), which a
@@ -156,7 +234,7 @@ pub(crate) fn discover_from_initialize(initialized: &RawValue) -> Box<RawValue> 
     result.insert(
         "capabilities".to_owned(),
         init.get("capabilities")
-            .cloned()
+            .map(|c| modern_capabilities(c))
             .unwrap_or_else(|| frame::raw(&json!({}))),
     );
     if let Some(instructions) = init.get("instructions") {

@@ -123,13 +123,18 @@ pub(crate) fn with_id(line: &str, id: &RawValue) -> Option<String> {
     serde_json::to_string(&frame).ok()
 }
 
-/// `line` with `params.arguments` replaced (every other member kept as it was).
-pub(crate) fn with_arguments(line: &str, arguments: &Object) -> Option<String> {
+/// `line` with `params[name]` set to `value` (every other member kept as it was).
+pub(crate) fn with_param(line: &str, name: &str, value: &RawValue) -> Option<String> {
     let mut frame: Object = serde_json::from_str(line).ok()?;
     let mut params = object(frame.get("params")?)?;
-    params.insert("arguments".to_owned(), raw(arguments));
+    params.insert(name.to_owned(), value.to_owned());
     frame.insert("params".to_owned(), raw(&params));
     serde_json::to_string(&frame).ok()
+}
+
+/// `line` with `params.arguments` replaced (every other member kept as it was).
+pub(crate) fn with_arguments(line: &str, arguments: &Object) -> Option<String> {
+    with_param(line, "arguments", &raw(arguments))
 }
 
 #[cfg(test)]

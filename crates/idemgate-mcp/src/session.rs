@@ -26,7 +26,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
 
 use crate::answer::{self, CallContext, META_KEY};
-use crate::catalog::{Catalog, Tool, KEY_ARGUMENTS};
+use crate::catalog::{Catalog, TaskSupport, Tool, KEY_ARGUMENTS};
 use crate::config::{record_tool, Config, KeySource};
 use crate::era;
 use crate::frame::{self, Frame, Object};
@@ -41,6 +41,9 @@ pub type CarriedKey = Option<Result<IdempotencyKey, String>>;
 const LIST_TIMEOUT: Duration = Duration::from_secs(30);
 /// The most pages of its own `tools/list` the proxy reads.
 const MAX_LIST_PAGES: usize = 100;
+/// How long the proxy waits for a legacy server's answer to the task requests it sends on a
+/// modern client's behalf (`tasks/get`, `tasks/result` of a finished task, `tasks/cancel`).
+const TASK_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long the proxy waits for the answer to a `server/discover` probe before it takes the
 /// server for a legacy one (as long as the Python SDK client waits for its own).
 const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -696,6 +699,19 @@ impl<S: Store> Inner<S> {
                     self.send_client(self.discovered(id, &params, initialized));
                     return;
                 }
+                // The tasks extension's words for a legacy server's tasks.
+                (Era::Legacy { .. }, Some(m @ ("tasks/get" | "tasks/cancel")), Some(id))
+                    if era::modern_version_of(f.params.as_deref()).is_some() =>
+                {
+                    let (inner, id, method) = (Arc::clone(self), id.to_owned(), m.to_owned());
+                    let params = f.params.clone();
+                    drop(gate);
+                    self.spawn(async move {
+                        let answer = inner.task_request(&id, &method, params.as_deref()).await;
+                        inner.send_client(answer);
+                    });
+                    return;
+                }
                 // The client fell back to a handshake the proxy already made: from now on it is
                 // a legacy client, which takes the server's requests.
                 (Era::Legacy { initialized }, Some("initialize"), Some(id)) => {
@@ -859,11 +875,27 @@ impl<S: Store> Inner<S> {
                 }
             }
         }
-        let forwarded = if stripped || filled {
+        let mut forwarded = if stripped || filled {
             frame::with_arguments(&line, &arguments).unwrap_or(line)
         } else {
             line
         };
+        // A legacy server runs a tool as a task only when the call asks (2025-11-25
+        // `params.task`); a modern client asks by declaring the tasks extension, and the handle
+        // the server answers goes back in the extension's words (`era::mark_complete`).
+        let legacy_server = cx.result_type && matches!(lock(&self.gate).era, Era::Legacy { .. });
+        let support = tool
+            .as_ref()
+            .map_or(TaskSupport::Forbidden, |t| t.task_support);
+        if legacy_server && support != TaskSupport::Forbidden {
+            if era::takes_tasks(&params) {
+                forwarded =
+                    frame::with_param(&forwarded, "task", &frame::raw(&serde_json::json!({})))
+                        .unwrap_or(forwarded);
+            } else if support == TaskSupport::Required {
+                return era::missing_tasks_extension(id, &name);
+            }
+        }
         let id_key = frame::id_key(id);
         let write = policy.kind == ToolKind::Write;
         let mut relay = None;
@@ -874,6 +906,73 @@ impl<S: Store> Inner<S> {
             })
             .await;
         answer::respond(&cx, result, relay)
+    }
+
+    /// A modern client's `tasks/get` or `tasks/cancel` before a legacy server, answered in the
+    /// tasks extension's words from the server's own `tasks/get`, `tasks/result` and
+    /// `tasks/cancel`: a finished task carries its `result` (or `error`) inline, and a tool
+    /// result with `isError` is a `completed` task (2025-11-25 called it `failed`); a cancel is
+    /// acknowledged whatever became of the task.
+    async fn task_request(&self, id: &RawValue, method: &str, params: Option<&RawValue>) -> String {
+        let params = params.and_then(frame::object).unwrap_or_default();
+        let Some(task_id) = params.get("taskId").cloned() else {
+            return frame::error_response(Some(id), -32602, "Invalid params: taskId is required");
+        };
+        let ask = |method: &'static str| {
+            self.ask(
+                method,
+                serde_json::json!({ "taskId": &task_id }),
+                TASK_TIMEOUT,
+            )
+        };
+        if method == "tasks/cancel" {
+            let _ = ask("tasks/cancel").await;
+            return frame::response(
+                id,
+                &frame::raw(&serde_json::json!({"resultType": "complete"})),
+            );
+        }
+        let task = match ask("tasks/get").await {
+            Some(Reply::Answer {
+                result: Some(r), ..
+            }) => frame::object(&r).unwrap_or_default(),
+            Some(Reply::Answer { error: Some(e), .. }) => {
+                return format!(
+                    r#"{{"jsonrpc":"2.0","id":{},"error":{}}}"#,
+                    id.get(),
+                    e.get()
+                )
+            }
+            _ => {
+                return frame::error_response(
+                    Some(id),
+                    -32603,
+                    "the server did not answer tasks/get",
+                )
+            }
+        };
+        let finished = matches!(
+            frame::string(&task, "status").as_deref(),
+            Some("completed" | "failed")
+        );
+        let mut answer = era::modern_task(task);
+        if finished {
+            match ask("tasks/result").await {
+                Some(Reply::Answer {
+                    result: Some(r), ..
+                }) => {
+                    answer.insert("status".to_owned(), frame::raw(&"completed"));
+                    answer.insert("result".to_owned(), r);
+                }
+                Some(Reply::Answer { error: Some(e), .. }) => {
+                    answer.insert("status".to_owned(), frame::raw(&"failed"));
+                    answer.insert("error".to_owned(), e);
+                }
+                _ => {}
+            }
+        }
+        answer.insert("resultType".to_owned(), frame::raw(&"complete"));
+        frame::response(id, &frame::raw(&answer))
     }
 
     /// The proxy's answer to a call it could not judge (its params or key are invalid), told to
@@ -1151,7 +1250,7 @@ mod tests {
         json(&out.to_client.recv().await.unwrap())
     }
 
-    const ENVELOPE: &str = r#"{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientInfo":{"name":"agent","version":"1"},"io.modelcontextprotocol/clientCapabilities":{"elicitation":{}}}"#;
+    const ENVELOPE: &str = r#"{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientInfo":{"name":"agent","version":"1"},"io.modelcontextprotocol/clientCapabilities":{"experimental":{"x":{}}}}"#;
 
     fn modern(id: u64, method: &str, mut params: serde_json::Value) -> String {
         params["_meta"] = json(ENVELOPE);
@@ -1180,7 +1279,7 @@ mod tests {
         assert_eq!(init["params"]["protocolVersion"], "2025-11-25");
         assert_eq!(
             init["params"]["capabilities"],
-            serde_json::json!({"elicitation": {}})
+            serde_json::json!({"experimental": {"x": {}}})
         );
         assert_eq!(init["params"]["clientInfo"]["name"], "agent");
         session.from_server(
