@@ -120,15 +120,15 @@ pub(crate) fn missing_tasks_extension(id: &RawValue, tool: &str) -> String {
 
 /// Whether a modern request's envelope declares the tasks extension.
 pub(crate) fn takes_tasks(params: &Object) -> bool {
-    params
-        .get("_meta")
-        .and_then(|m| frame::object(m))
-        .and_then(|m| {
-            m.get(META_CLIENT_CAPABILITIES)
-                .and_then(|c| frame::object(c))
-        })
+    client_capabilities(params)
         .and_then(|c| c.get("extensions").and_then(|e| frame::object(e)))
         .is_some_and(|e| e.contains_key(TASKS_EXTENSION))
+}
+
+/// The capabilities a modern request's envelope declares.
+fn client_capabilities(params: &Object) -> Option<Object> {
+    let meta = params.get("_meta").and_then(|m| frame::object(m))?;
+    frame::object(meta.get(META_CLIENT_CAPABILITIES)?)
 }
 
 /// A legacy server's capabilities as the modern era says them: `tasks` (a 2025-11-25
@@ -270,18 +270,11 @@ const SERVER_REQUEST_CAPABILITIES: &[&str] = &["sampling", "elicitation", "roots
 /// server (sampling, elicitation, roots). In front of a legacy server such a client is kept in
 /// the legacy era, where those requests reach it ([`legacy_only`]).
 pub(crate) fn takes_server_requests(params: &Object) -> bool {
-    params
-        .get("_meta")
-        .and_then(|m| frame::object(m))
-        .and_then(|m| {
-            m.get(META_CLIENT_CAPABILITIES)
-                .and_then(|c| frame::object(c))
-        })
-        .is_some_and(|caps| {
-            SERVER_REQUEST_CAPABILITIES
-                .iter()
-                .any(|c| caps.get(*c).is_some_and(|v| v.get() != "null"))
-        })
+    client_capabilities(params).is_some_and(|caps| {
+        SERVER_REQUEST_CAPABILITIES
+            .iter()
+            .any(|c| caps.get(*c).is_some_and(|v| v.get() != "null"))
+    })
 }
 
 /// The answer to a modern client's `server/discover` that must use the legacy era: the
