@@ -211,6 +211,165 @@ def test_unserializable_results_leave_unknown(engine: Engine) -> None:
         engine.call("t", key, None, lambda: 1)
 
 
+def nested(depth: int) -> list[Any]:
+    """``[[[...]]]``, ``depth`` lists deep."""
+    outer: list[Any] = []
+    inner = outer
+    for _ in range(depth):
+        inner.append([])
+        inner = inner[0]
+    return outer
+
+
+def cycle() -> dict[str, Any]:
+    d: dict[str, Any] = {}
+    d["self"] = d
+    return d
+
+
+# Return values JSON cannot hold: the encoder raises TypeError, ValueError (NaN and the infinities,
+# which `json.dumps` writes by default but no JSON reader takes, the engine's included; a cycle)
+# or RecursionError (nesting deeper than the interpreter's limit).
+NOT_JSON: dict[str, Any] = {
+    "object": object,
+    "nan": lambda: float("nan"),
+    "inf": lambda: float("inf"),
+    "nested -inf": lambda: {"total": [1.5, float("-inf")]},
+    "cycle": cycle,
+    "too deep": lambda: nested(5000),
+}
+
+
+@pytest.mark.parametrize("make", NOT_JSON.values(), ids=NOT_JSON.keys())
+def test_a_result_json_cannot_hold_makes_the_record_unknown_at_once(
+    engine: Engine, make: Any
+) -> None:
+    # The function ran, so its record must say unknown now: not stay in flight for the lease (a
+    # retry waited out its `wait` and got InFlight), and not be released (a retry would run again).
+    runs = Counter()
+    key = mint_key()
+
+    @idempotent(engine, tool="nj", key=lambda: key, wait=0)
+    def compute() -> Any:
+        runs.bump()
+        return make()
+
+    with pytest.raises(TypeError, match="cannot be stored as JSON"):
+        compute()
+    record = engine.record("nj", key)
+    assert record is not None and record["state"] == "unknown", record
+    assert runs.n == 1
+
+
+def test_a_nan_result_is_never_run_again(engine: Engine) -> None:
+    runs = Counter()
+    key = mint_key()
+
+    def measure() -> float:
+        runs.bump()
+        return float("nan")
+
+    with pytest.raises(TypeError, match="cannot be stored as JSON") as e:
+        engine.call("nan", key, None, measure, wait=0)
+    assert isinstance(e.value.__cause__, ValueError)  # what json said: NaN is not JSON
+    # The first sight of an unknown record watches it for the settle window (2 s), then answers.
+    with pytest.raises(OutcomeUnknown):
+        engine.call("nan", key, None, measure, wait=0)
+    assert runs.n == 1
+
+
+def test_a_failure_whose_result_is_not_json_is_stored_as_its_repr(engine: Engine) -> None:
+    key = mint_key()
+
+    def overflow() -> None:
+        raise Failed({"ratio": float("inf")})
+
+    with pytest.raises(Failed) as first:
+        engine.call("f", key, None, overflow, wait=0)
+    assert not first.value.replayed and not getattr(first.value, "__notes__", None)
+    record = engine.record("f", key)
+    assert record is not None and record["state"] == "completed", record
+    with pytest.raises(Failed) as again:
+        engine.call("f", key, None, overflow, wait=0)
+    assert again.value.replayed and again.value.result == "{'ratio': inf}"
+
+
+def test_text_the_engine_cannot_read_makes_the_record_unknown(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Whatever the encoder lets through that the engine does not read as JSON ends the same way.
+    monkeypatch.setattr(idemgate.engine, "_json_text", lambda value: "NaN")
+    key = mint_key()
+    with pytest.raises(TypeError, match="cannot be stored as JSON"):
+        engine.call("raw", key, None, lambda: 1.0, wait=0)
+    record = engine.record("raw", key)
+    assert record is not None and record["state"] == "unknown", record
+
+    other = mint_key()
+
+    def decline() -> None:
+        raise Failed(1.0)
+
+    with pytest.raises(Failed) as e:
+        engine.call("raw", other, None, decline, wait=0)
+    assert "recording this outcome failed too" in "".join(getattr(e.value, "__notes__", []))
+    record = engine.record("raw", other)
+    assert record is not None and record["state"] == "unknown", record
+
+
+@pytest.mark.parametrize("make", NOT_JSON.values(), ids=NOT_JSON.keys())
+def test_async_a_result_json_cannot_hold_makes_the_record_unknown_at_once(
+    engine: Engine, make: Any
+) -> None:
+    runs = Counter()
+    key = mint_key()
+
+    @idempotent(engine, tool="anj", key=lambda: key, wait=0)
+    async def compute() -> Any:
+        runs.bump()
+        return make()
+
+    async def main() -> None:
+        with pytest.raises(TypeError, match="cannot be stored as JSON"):
+            await compute()
+        # Answered after the record was marked, not while the mark is still on its way.
+        record = engine.record("anj", key)
+        assert record is not None and record["state"] == "unknown", record
+
+        other = mint_key()
+        with pytest.raises(TypeError, match="cannot be stored as JSON"):
+            await engine.acall("anj", other, None, lambda: make(), wait=0)
+        record = engine.record("anj", other)
+        assert record is not None and record["state"] == "unknown", record
+
+    asyncio.run(main())
+    assert runs.n == 1
+
+
+def test_async_text_the_engine_cannot_read_makes_the_record_unknown(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(idemgate.engine, "_json_text", lambda value: "NaN")
+
+    async def decline() -> None:
+        raise Failed(1.0)
+
+    async def main() -> None:
+        key = mint_key()
+        with pytest.raises(TypeError, match="cannot be stored as JSON"):
+            await engine.acall("araw", key, None, lambda: asyncio.sleep(0, result=1.0), wait=0)
+        record = engine.record("araw", key)
+        assert record is not None and record["state"] == "unknown", record
+
+        other = mint_key()
+        with pytest.raises(Failed):
+            await engine.acall("araw", other, None, decline, wait=0)
+        record = engine.record("araw", other)
+        assert record is not None and record["state"] == "unknown", record
+
+    asyncio.run(main())
+
+
 # ---- races -----------------------------------------------------------------------------------
 
 

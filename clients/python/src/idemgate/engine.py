@@ -25,6 +25,13 @@ What the function raises says what happened:
 - ``MaybeApplied`` -- and any other exception, since the function may have done its work before
   raising -- the record becomes *unknown* and is never run again until an operator resolves it
   (``idemgate keys resolve``); duplicates raise ``OutcomeUnknown``.
+
+What it returns is stored as JSON and replayed to duplicates, so it must be made of JSON types:
+``dict`` with ``str`` keys, ``list``, ``tuple`` (replayed as a list), ``str``, ``int``, finite
+``float``, ``bool``, ``None``. A value JSON cannot hold (an object, ``NaN`` or an infinity, a
+cycle, nesting past the interpreter's recursion limit) raises ``TypeError`` and makes the record
+unknown at once: the function ran, so it is neither left in flight nor released. A ``Failed``
+result JSON cannot hold is stored as its ``repr``.
 """
 
 from __future__ import annotations
@@ -96,13 +103,15 @@ _make_encoder = json.encoder.c_make_encoder  # type: ignore[attr-defined]
 
 
 def _json_text(value: Any) -> str:
-    """``json.dumps(value)``, by the encoder it builds with its default settings, without its
-    Python-level layers (the same text and the same errors)."""
+    """``json.dumps(value, allow_nan=False)``, by the encoder it builds with those settings,
+    without its Python-level layers (the same text and the same errors). ``allow_nan=False``:
+    ``NaN`` and ``Infinity`` are not JSON, the engine cannot store them, so they fail here, as
+    every other value JSON cannot hold does (``ValueError``)."""
     if _make_encoder is None or isinstance(value, str):
-        return json.dumps(value)
+        return json.dumps(value, allow_nan=False)
     s = _dumps_settings
     encode = _make_encoder(
-        {}, s.default, json.encoder.encode_basestring_ascii, None, ": ", ", ", False, False, True
+        {}, s.default, json.encoder.encode_basestring_ascii, None, ": ", ", ", False, False, False
     )
     return "".join(encode(value, 0))
 
@@ -122,8 +131,8 @@ def _report(e: BaseException) -> tuple[str, str]:
         return "not_applied", str(e) or "not applied"
     if isinstance(e, Failed):
         try:
-            return "failed", json.dumps(e.result)
-        except (TypeError, ValueError):
+            return "failed", _json_text(e.result)
+        except Exception:  # noqa: BLE001 - not JSON (NaN, an object, too deep): stored as its repr
             return "failed", json.dumps(repr(e.result))
     # MaybeApplied, and every other exception: the function may have done its work first.
     return "ambiguous", f"{type(e).__name__}: {e}"[:500]
@@ -138,9 +147,36 @@ def _note(e: BaseException, recorded: BaseException) -> None:
 
 def _unrecordable(tool: str, e: Exception) -> TypeError:
     return TypeError(
-        f"{tool}: the function ran, but its return value cannot be stored as JSON, so the record "
-        f"is now unknown (resolve it with `idemgate keys resolve`): {e}"
+        f"{tool}: the function ran, but its return value cannot be stored as JSON (dict with str "
+        f"keys, list, tuple, str, int, finite float, bool, None), so the record is now unknown "
+        f"(resolve it with `idemgate keys resolve`): {type(e).__name__}: {e}"
     )
+
+
+def _not_json(kind: str, e: Exception) -> str:
+    """Why a ticket is finished ``ambiguous`` when its outcome cannot be stored as JSON."""
+    what = "return value" if kind == "success" else "failure's result"
+    return f"the {what} is not JSON: {type(e).__name__}: {e}"[:500]
+
+
+def _finish(native: _native.Engine, begun: Ticket, kind: str, body: str) -> Any:
+    """``native.finish``; when the engine cannot read ``body`` as JSON (a ``ValueError``, raised
+    before the ticket is used), the record is made unknown at once, since the function ran, and
+    the error re-raised: never left in flight until its lease runs out."""
+    try:
+        return native.finish(begun, kind, body)
+    except ValueError as e:
+        _finish_unknown(native, begun, _not_json(kind, e))
+        raise
+
+
+def _finish_unknown(native: _native.Engine, begun: Ticket, why: str) -> None:
+    """Marks the record of a function that ran unknown (a journaled or failed write ends the same:
+    the record is unknown when its lease runs out, the heartbeat stopped)."""
+    try:
+        native.finish(begun, "ambiguous", why)
+    except Exception:  # noqa: BLE001, S110 - unknown either way
+        pass
 
 
 # Native engines still open, closed at exit: at interpreter exit (before it starts shutting down)
@@ -281,7 +317,8 @@ class Engine:
         ``args`` (JSON) are fingerprinted: the same key with other arguments raises ``KeyReused``.
         A replay returns the stored value without calling ``fn``; a racing call waits up to the
         policy's ``wait`` for it, then raises ``InFlight``; an unknown outcome raises
-        ``OutcomeUnknown``. See the module documentation for what ``fn`` may raise.
+        ``OutcomeUnknown``. See the module documentation for what ``fn`` may raise and return
+        (JSON types; anything else raises ``TypeError`` and the record is unknown at once).
         """
         native = self.native
         begun = native.begin(tool, key, args, self._policy(tool, overrides))
@@ -294,23 +331,22 @@ class Engine:
         except BaseException as e:
             kind, body = _report(e)
             try:
-                native.finish(begun, kind, body)
+                _finish(native, begun, kind, body)
             except Exception as recorded:  # noqa: BLE001 - the function's own exception wins
                 _note(e, recorded)
             raise
         try:
             text = _json_text(value)
-        except (TypeError, ValueError) as e:
-            try:
-                native.finish(begun, "ambiguous", f"the return value is not JSON: {e}")
-            except Exception:  # noqa: BLE001, S110 - unknown either way
-                pass
+        except Exception as e:  # noqa: BLE001 - TypeError; ValueError (NaN, infinities, a cycle); RecursionError
+            _finish_unknown(native, begun, _not_json("success", e))
             raise _unrecordable(tool, e) from e
         try:
-            answer = native.finish(begun, "success", text)
+            answer = _finish(native, begun, "success", text)
         except OutcomeNotRecorded as e:
             e.result = value
             raise
+        except ValueError as e:  # the engine could not read the text: the record is unknown now
+            raise _unrecordable(tool, e) from e
         return answer.result(value)
 
     # ---- async ---------------------------------------------------------------------------------
@@ -380,23 +416,41 @@ class Engine:
         except BaseException as e:
             kind, body = _report(e)
             try:
-                await self._future(lambda done: native.finish_async(begun, kind, body, done))
+                await self._afinish(begun, kind, body)
             except Exception as recorded:  # noqa: BLE001 - the function's own exception wins
                 _note(e, recorded)
             raise
         try:
             out = _json_text(value)
-        except (TypeError, ValueError) as e:
-            native.finish_async(begun, "ambiguous", f"the return value is not JSON: {e}", _ignore)
+        except Exception as e:  # noqa: BLE001 - TypeError; ValueError (NaN, infinities, a cycle); RecursionError
+            await self._afinish_unknown(begun, _not_json("success", e))
             raise _unrecordable(tool, e) from e
         try:
-            answer = await self._future(
-                lambda done: native.finish_async(begun, "success", out, done)
-            )
+            answer = await self._afinish(begun, "success", out)
         except OutcomeNotRecorded as e:
             e.result = value
             raise
+        except ValueError as e:  # the engine could not read the text: the record is unknown now
+            raise _unrecordable(tool, e) from e
         return answer.result(value)
+
+    async def _afinish(self, begun: Ticket, kind: str, body: str) -> Any:
+        """As :func:`_finish`, on the engine's runtime."""
+        native = self.native
+        try:
+            return await self._future(lambda done: native.finish_async(begun, kind, body, done))
+        except ValueError as e:
+            await self._afinish_unknown(begun, _not_json(kind, e))
+            raise
+
+    async def _afinish_unknown(self, begun: Ticket, why: str) -> None:
+        """As :func:`_finish_unknown`, on the engine's runtime: the record is unknown (or its
+        write failed) when this returns, before the caller is answered."""
+        native = self.native
+        try:
+            await self._future(lambda done: native.finish_async(begun, "ambiguous", why, done))
+        except Exception:  # noqa: BLE001, S110 - unknown either way
+            pass
 
     def __repr__(self) -> str:
         return f"Engine({self.url!r}, tenant={self.tenant!r})"
