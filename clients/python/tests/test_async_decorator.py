@@ -14,11 +14,13 @@ from idemgate import (
     KeyReused,
     NotApplied,
     OutcomeUnknown,
+    PayloadTooLarge,
     derive_key,
     idempotent,
     mint_key,
 )
 from idemgate.remote import idempotent as remote_idempotent
+from test_decorator import NOT_JSON
 
 
 def aclient(gateway: Any) -> AsyncClient:
@@ -163,3 +165,75 @@ def test_the_wrong_kind_of_function_is_refused(gateway: Any, acme: Any) -> None:
 
     with pytest.raises(TypeError):
         idempotent(acme, "mail", key=lambda: "k")(coro)
+
+
+@pytest.mark.parametrize("make", NOT_JSON.values(), ids=NOT_JSON.keys())
+def test_a_result_json_cannot_hold_makes_the_record_unknown_at_once(gateway: Any, make: Any) -> None:
+    # As with the sync decorator: the record is unknown when the TypeError reaches the caller.
+    attempts: list[int] = []
+
+    async def scenario() -> Any:
+        async with aclient(gateway) as client:
+            key = mint_key()
+
+            @idempotent(client, "mail", key=lambda: key, wait_in_flight=0)
+            async def compute() -> Any:
+                attempts.append(1)
+                return make()
+
+            with pytest.raises(TypeError, match="cannot be stored as JSON.*the record is now unknown"):
+                await compute()
+            return await client.record("mail", key)
+
+    record = asyncio.run(scenario())
+    assert record is not None and record.state == "unknown", record
+    assert attempts == [1]
+
+
+def test_a_failure_whose_result_is_not_json_is_stored_as_its_repr(gateway: Any) -> None:
+    async def scenario() -> None:
+        async with aclient(gateway) as client:
+            key = mint_key()
+
+            @idempotent(client, "mail", key=lambda: key, wait_in_flight=0)
+            async def overflow() -> None:
+                raise Failed({"ratio": float("nan")})
+
+            with pytest.raises(Failed) as first:
+                await overflow()
+            assert not first.value.replayed
+            with pytest.raises(Failed) as again:
+                await overflow()
+            assert again.value.replayed and again.value.result == "{'ratio': nan}"
+
+    asyncio.run(scenario())
+
+
+class RefusingClient(AsyncClient):
+    """An async client whose gateway refuses every outcome as too large (a 413 on ``complete``)."""
+
+    async def complete(
+        self, tool: str, key: str, lease: str, result: Any, failed: bool = False
+    ) -> Any:
+        raise PayloadTooLarge("413 Payload too large", status=413)
+
+
+@pytest.mark.parametrize("outcome", ["result", "failure"])
+def test_an_outcome_the_gateway_refuses_makes_the_record_unknown(gateway: Any, outcome: str) -> None:
+    async def scenario() -> Any:
+        async with RefusingClient(gateway.url, "acme-token-0123456789", timeout=30) as client:
+            key = mint_key()
+
+            @idempotent(client, "mail", key=lambda: key, wait_in_flight=0)
+            async def send() -> str:
+                if outcome == "failure":
+                    raise Failed("x" * 100)
+                return "x" * 100
+
+            with pytest.raises(PayloadTooLarge) as e:
+                await send()
+            assert "the record is now unknown" in "".join(getattr(e.value, "__notes__", []))
+            return await client.record("mail", key)
+
+    record = asyncio.run(scenario())
+    assert record is not None and record.state == "unknown", record

@@ -4,11 +4,21 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 import pytest
 
 import idemgate
-from idemgate import Failed, KeyReused, NotApplied, OutcomeUnknown, derive_key, idempotent, mint_key
+from idemgate import (
+    Failed,
+    KeyReused,
+    NotApplied,
+    OutcomeUnknown,
+    PayloadTooLarge,
+    derive_key,
+    idempotent,
+    mint_key,
+)
 
 
 def test_runs_once_across_retries(acme: idemgate.Client) -> None:
@@ -180,3 +190,113 @@ def test_in_flight_is_raised_after_the_wait(acme: idemgate.Client) -> None:
         never()
     acme.complete("mail", key, holder.lease, "done elsewhere")
     assert never() == "done elsewhere"
+
+
+def nested(depth: int) -> list[Any]:
+    """``[[[...]]]``, ``depth`` lists deep."""
+    outer: list[Any] = []
+    inner = outer
+    for _ in range(depth):
+        inner.append([])
+        inner = inner[0]
+    return outer
+
+
+def cycle() -> dict[str, Any]:
+    d: dict[str, Any] = {}
+    d["self"] = d
+    return d
+
+
+# Return values the client cannot send as JSON: json raises TypeError (an object), ValueError
+# (NaN and the infinities, which json.dumps writes by default but the gateway refuses; a cycle), a
+# UnicodeEncodeError (a lone surrogate) or RecursionError (nesting past the interpreter's limit).
+NOT_JSON: dict[str, Any] = {
+    "object": object,
+    "nan": lambda: float("nan"),
+    "inf": lambda: float("inf"),
+    "nested -inf": lambda: {"total": [1.5, float("-inf")]},
+    "cycle": cycle,
+    "lone surrogate": lambda: "\ud800",
+    "too deep": lambda: nested(5000),
+}
+
+
+@pytest.mark.parametrize("make", NOT_JSON.values(), ids=NOT_JSON.keys())
+def test_a_result_json_cannot_hold_makes_the_record_unknown_at_once(
+    acme: idemgate.Client, make: Any
+) -> None:
+    # The function ran, so the record must say unknown now: not stay in flight for the lease (a
+    # retry waited for it and got InFlight or the gateway's timeout), and not be released.
+    attempts: list[int] = []
+    key = mint_key()
+
+    @idempotent(acme, "mail", key=lambda: key, wait_in_flight=0)
+    def compute() -> Any:
+        attempts.append(1)
+        return make()
+
+    with pytest.raises(TypeError, match="cannot be stored as JSON.*the record is now unknown"):
+        compute()
+    record = acme.record("mail", key)
+    assert record is not None and record.state == "unknown", record
+    assert len(attempts) == 1
+
+
+def test_a_nan_result_is_never_run_again(acme: idemgate.Client) -> None:
+    attempts: list[int] = []
+    key = mint_key()
+
+    @idempotent(acme, "mail", key=lambda: key, wait_in_flight=0)
+    def measure() -> float:
+        attempts.append(1)
+        return float("nan")
+
+    with pytest.raises(TypeError, match="cannot be stored as JSON"):
+        measure()
+    # The gateway watches a record it first finds unknown for its settle window (2 s here).
+    with pytest.raises(OutcomeUnknown):
+        measure()
+    assert len(attempts) == 1
+
+
+def test_a_failure_whose_result_is_not_json_is_stored_as_its_repr(acme: idemgate.Client) -> None:
+    key = mint_key()
+
+    @idempotent(acme, "mail", key=lambda: key, wait_in_flight=0)
+    def overflow() -> None:
+        raise Failed({"ratio": float("inf")})
+
+    with pytest.raises(Failed) as first:
+        overflow()
+    assert not first.value.replayed
+    with pytest.raises(Failed) as again:
+        overflow()
+    assert again.value.replayed and again.value.result == "{'ratio': inf}"
+
+
+class RefusingClient(idemgate.Client):
+    """A client whose gateway refuses every outcome as too large (a 413 on ``complete``)."""
+
+    def complete(self, tool: str, key: str, lease: str, result: Any, failed: bool = False) -> Any:
+        raise PayloadTooLarge("413 Payload too large", status=413)
+
+
+@pytest.mark.parametrize("outcome", ["result", "failure"])
+def test_an_outcome_the_gateway_refuses_makes_the_record_unknown(
+    gateway: Any, outcome: str
+) -> None:
+    client = RefusingClient(gateway.url, "acme-token-0123456789", timeout=30)
+    key = mint_key()
+
+    @idempotent(client, "mail", key=lambda: key, wait_in_flight=0)
+    def send() -> str:
+        if outcome == "failure":
+            raise Failed("x" * 100)
+        return "x" * 100
+
+    with pytest.raises(PayloadTooLarge) as e:
+        send()
+    assert "the record is now unknown" in "".join(getattr(e.value, "__notes__", []))
+    record = client.record("mail", key)
+    assert record is not None and record.state == "unknown", record

@@ -14,12 +14,14 @@ from typing import Any, Callable, TypeVar
 
 from .client import AsyncClient, Begin, Client
 from .errors import (
+    BadRequest,
     Failed,
     GatewayUnreachable,
     InFlight,
     LeaseLost,
     NotApplied,
     OutcomeNotRecorded,
+    PayloadTooLarge,
     StoreUnavailable,
 )
 
@@ -63,6 +65,52 @@ class _Heartbeat:
                 continue
 
 
+def _json_check(value: Any) -> None:
+    """Raises what encoding ``value`` as the client sends it raises when JSON cannot hold it:
+    ``TypeError`` (an object), ``ValueError`` (NaN or an infinity, which ``json.dumps`` writes but
+    the gateway refuses; a cycle; a lone surrogate, which UTF-8 cannot carry), ``RecursionError``
+    (nested too deep)."""
+    json.dumps(value, allow_nan=False, ensure_ascii=False).encode("utf-8")
+
+
+def _failure_result(result: Any) -> Any:
+    """What ``Failed(result)`` stores: ``result``, or its ``repr`` when JSON cannot hold it (as the
+    in-process engine does)."""
+    try:
+        _json_check(result)
+    except Exception:  # noqa: BLE001 - not JSON, whatever the encoder raised
+        return repr(result)
+    return result
+
+
+def _unstorable(tool: str, e: BaseException, reporting: BaseException | None) -> TypeError:
+    """The ``TypeError`` of a return value JSON cannot hold, saying what became of the record."""
+    record = (
+        "the record is now unknown"
+        if reporting is None
+        else f"the record turns unknown when its lease ends (reporting it failed: {reporting})"
+    )
+    return TypeError(
+        f"{tool}: the function ran, but its return value cannot be stored as JSON (dict with str "
+        f"keys, list, tuple, str, int, finite float, bool, None), so {record}; resolve it with "
+        f"`Client.resolve` or `idemgate keys resolve`: {type(e).__name__}: {e}"
+    )
+
+
+def _not_json(e: BaseException) -> str:
+    return f"the return value is not JSON: {type(e).__name__}: {e}"[:500]
+
+
+def _refused(reporting: BaseException | None) -> str:
+    """The note on a gateway's refusal of an outcome (400, 413), saying what became of the record."""
+    if reporting is None:
+        return "idemgate: the function ran and the gateway refused its outcome: the record is now unknown"
+    return (
+        "idemgate: the function ran and the gateway refused its outcome: the record turns unknown "
+        f"when its lease ends (reporting it failed: {type(reporting).__name__}: {reporting})"
+    )
+
+
 def _heartbeat_interval(begin: Begin, every: float | None) -> float | None:
     if every is not None:
         return every if every > 0 else None
@@ -93,10 +141,16 @@ def idempotent(
 
     - **execute**: run the function (renewing the lease in a background thread every
       ``heartbeat_every`` seconds, default a third of the lease; ``0`` turns it off) and store its
-      JSON-serializable return value. If the function raises ``NotApplied`` (nothing happened),
-      the key is released and the exception re-raised, so a retry runs. If it raises
-      ``Failed(result)``, the failure is stored (and replayed) and re-raised. Any other exception
-      may have left an effect: the record becomes unknown and the exception is re-raised.
+      return value, which must be made of JSON types (``dict`` with ``str`` keys, ``list``,
+      ``tuple``, ``str``, ``int``, finite ``float``, ``bool``, ``None``): one JSON cannot hold
+      (an object, ``NaN`` or an infinity, a cycle, a lone surrogate, nesting past the recursion
+      limit) raises ``TypeError`` and the record is reported unknown at once (the function ran).
+      If the function raises ``NotApplied`` (nothing happened), the key is released and the
+      exception re-raised, so a retry runs. If it raises ``Failed(result)``, the failure is
+      stored (its ``repr`` when JSON cannot hold it) and replayed, and re-raised. Any other
+      exception may have left an effect: the record becomes unknown and the exception is
+      re-raised. An outcome the gateway refuses (``PayloadTooLarge``, ``BadRequest``) makes the
+      record unknown too, and that exception is raised.
     - **replayed**: return the stored result without running the function (a stored failure
       raises ``Failed(result, replayed=True)``).
     - **in flight** elsewhere: try again until ``wait_in_flight`` seconds have passed, then raise
@@ -154,22 +208,46 @@ def idempotent(
                 _retrying(record_retries, lambda: client.release(tool, rkey, lease, str(e) or "not applied"))
                 raise
             except Failed as e:
-                _retrying(record_retries, lambda: client.complete(tool, rkey, lease, e.result, failed=True))
+                failure = _failure_result(e.result)
+                complete(rkey, lease, failure, failed=True)
                 raise
             except BaseException as e:
                 reason = f"{type(e).__name__}: {e}"[:500]
-                try:
-                    _retrying(record_retries, lambda: client.ambiguous(tool, rkey, lease, reason))
-                except Exception:  # noqa: BLE001 - the lease runs out and the record goes unknown anyway
-                    pass
+                unknown(rkey, lease, reason)
                 raise
             try:
-                _retrying(record_retries, lambda: client.complete(tool, rkey, lease, value))
+                _json_check(value)
+            except Exception as e:  # noqa: BLE001 - TypeError; ValueError (NaN, inf, a cycle); RecursionError
+                raise _unstorable(tool, e, unknown(rkey, lease, _not_json(e))) from e
+            try:
+                complete(rkey, lease, value, failed=False)
             except (GatewayUnreachable, StoreUnavailable) as e:
                 raise OutcomeNotRecorded(
                     f"{tool}: the function ran but its outcome could not be recorded: {e}", value, e
                 ) from e
             return value
+
+        def unknown(rkey: str, lease: str, reason: str) -> BaseException | None:
+            """Reports that the function ran with an outcome that may have happened (the record
+            becomes unknown); what went wrong reporting it, if anything (the record then turns
+            unknown when its lease ends)."""
+            try:
+                _retrying(record_retries, lambda: client.ambiguous(tool, rkey, lease, reason))
+            except Exception as e:  # noqa: BLE001 - the lease runs out and the record goes unknown anyway
+                return e
+            return None
+
+        def complete(rkey: str, lease: str, result: Any, failed: bool) -> None:
+            """Stores the outcome; one the gateway refuses (larger than its body limit, JSON it
+            does not read) makes the record unknown at once, never in flight for the lease."""
+            try:
+                _retrying(
+                    record_retries, lambda: client.complete(tool, rkey, lease, result, failed=failed)
+                )
+            except (BadRequest, PayloadTooLarge) as e:
+                reason = f"the gateway refused the outcome: {e}"[:500]
+                e.add_note(_refused(unknown(rkey, lease, reason)))
+                raise
 
         return wrapper  # type: ignore[return-value]
 
@@ -255,28 +333,50 @@ def _async_idempotent(
                 await _aretrying(record_retries, lambda: client.release(tool, rkey, lease, reason))
                 raise
             except Failed as e:
-                result = e.result
-                await _aretrying(
-                    record_retries, lambda: client.complete(tool, rkey, lease, result, failed=True)
-                )
+                failure = _failure_result(e.result)
+                await complete(rkey, lease, failure, failed=True)
                 raise
             except BaseException as e:
                 # Cancelled too: the function may have done its work before it was stopped.
                 reason = f"{type(e).__name__}: {e}"[:500]
                 try:
-                    await asyncio.shield(
-                        _aretrying(record_retries, lambda: client.ambiguous(tool, rkey, lease, reason))
-                    )
-                except BaseException:  # noqa: BLE001, S110 - the lease runs out, the record goes unknown anyway
+                    await unknown(rkey, lease, reason)
+                except BaseException:  # noqa: BLE001, S110 - cancelled meanwhile: the report goes on
                     pass
                 raise
             try:
-                await _aretrying(record_retries, lambda: client.complete(tool, rkey, lease, value))
+                _json_check(value)
+            except Exception as e:  # noqa: BLE001 - TypeError; ValueError (NaN, inf, a cycle); RecursionError
+                raise _unstorable(tool, e, await unknown(rkey, lease, _not_json(e))) from e
+            try:
+                await complete(rkey, lease, value, failed=False)
             except (GatewayUnreachable, StoreUnavailable) as e:
                 raise OutcomeNotRecorded(
                     f"{tool}: the function ran but its outcome could not be recorded: {e}", value, e
                 ) from e
             return value
+
+        async def unknown(rkey: str, lease: str, reason: str) -> BaseException | None:
+            """As the sync decorator's: the record becomes unknown (shielded: the report goes on
+            when the caller is cancelled, which raises here); what went wrong reporting it."""
+            try:
+                await asyncio.shield(
+                    _aretrying(record_retries, lambda: client.ambiguous(tool, rkey, lease, reason))
+                )
+            except Exception as e:  # noqa: BLE001 - the lease runs out, the record goes unknown anyway
+                return e
+            return None
+
+        async def complete(rkey: str, lease: str, result: Any, failed: bool) -> None:
+            """As the sync decorator's."""
+            try:
+                await _aretrying(
+                    record_retries, lambda: client.complete(tool, rkey, lease, result, failed=failed)
+                )
+            except (BadRequest, PayloadTooLarge) as e:
+                reason = f"the gateway refused the outcome: {e}"[:500]
+                e.add_note(_refused(await unknown(rkey, lease, reason)))
+                raise
 
         return wrapper  # type: ignore[return-value]
 
