@@ -526,10 +526,35 @@ def test_policies() -> None:
 
 
 def test_store_unavailable_at_open() -> None:
-    with pytest.raises(StoreUnavailable):
-        Engine.open("redis://127.0.0.1:1/0")
-    with pytest.raises(StoreUnavailable):
-        Engine.open("mongodb://nowhere")
+    # Nothing listens on port 1: a store out of reach, which a retry may find back.
+    with pytest.raises(StoreUnavailable) as e:
+        Engine.open("redis://:secret@127.0.0.1:1/0")
+    assert "secret" not in str(e.value)
+    with pytest.raises(StoreUnavailable) as e:
+        Engine.open("postgres://u:secret@127.0.0.1:1/db")
+    assert "secret" not in str(e.value) and "u:***@127.0.0.1:1" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "sqlit:///{tmp}/x.db",  # a typo'd scheme
+        "mongodb://nowhere",  # a store this build does not have
+        "{tmp}/x.db",  # a path, not a URL
+        "sqlite://{tmp}/no/such/dir/x.db",  # a directory that does not exist
+        "sqlite://{tmp}/x.db?durabilty=normal",  # a misspelt option
+        "memory:x",
+        "postgres://u:secret@127.0.0.1:notaport/db",  # a URL its store cannot read
+        "postgress://u:secret@127.0.0.1/db",
+        "redis://127.0.0.1:1/0?prefx=t:",
+    ],
+)
+def test_a_store_url_set_up_wrong_is_a_configuration_error(url: str, tmp_path: Path) -> None:
+    # Not StoreUnavailable, whose retry is safe and may succeed: retrying this cannot help.
+    with pytest.raises(idemgate.StoreMisconfigured) as e:
+        Engine.open(url.format(tmp=tmp_path), journal=str(tmp_path / "journal"))
+    assert isinstance(e.value, ValueError) and not isinstance(e.value, IdemgateError)
+    assert "secret" not in str(e.value)
 
 
 # ---- one store, every door -------------------------------------------------------------------

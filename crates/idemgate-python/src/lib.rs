@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use idemgate::{
     Answer, AnyStore, Begun, Call, Decision, Effect, EngineError, FileJournal, IdempotencyKey,
-    JournalFlusher, Key, OutcomeKind, TenantId, Ticket, ToolKind, ToolName, ToolPolicy,
+    JournalFlusher, Key, OutcomeKind, StoreError, TenantId, Ticket, ToolKind, ToolName, ToolPolicy,
     UnknownPolicy, Verdict,
 };
 use idemgate_kit::Payload;
@@ -410,6 +410,25 @@ fn label<'py>(py: Python<'py>, s: &str) -> Bound<'py, PyString> {
         other => return PyString::new(py, other),
     };
     interned.clone()
+}
+
+/// Why a store did not open, as Python is told (the URL without its password): a URL or a store
+/// set up wrong (`StoreError::Misconfigured`: no such scheme, a URL its store cannot read or an
+/// option it does not know, a SQLite file in a missing directory, a Redis without persistence,
+/// a newer schema) raises `StoreMisconfigured`, a `ValueError` (retrying cannot help); anything
+/// else `StoreUnavailable` (the store could not be reached; nothing ran, retrying is safe).
+fn open_error(py: Python<'_>, url: &str, e: &StoreError) -> PyErr {
+    let message = format!("failed to open store {}: {e}", idemgate::redact_url(url));
+    if let StoreError::Misconfigured(_) = e {
+        let class = py
+            .import("idemgate.errors")
+            .and_then(|m| m.getattr("StoreMisconfigured"));
+        return match class.and_then(|c| c.call1((message,))) {
+            Ok(e) => PyErr::from_value(e),
+            Err(e) => e,
+        };
+    }
+    exception(py, Verdict::StoreUnavailable, message, Vec::new())
 }
 
 /// What a `Result` is built with, from the package (`idemgate.engine`, `idemgate.errors`), looked
@@ -938,6 +957,8 @@ impl Engine {
     /// Opens the store at `url` (`sqlite:///path`, `postgres://…`, `redis://…`, `memory:`; default:
     /// the SQLite file every `idemgate` command uses) with a durable journal beside it (`journal`,
     /// else where the command line keeps it), for `tenant`, on a runtime of `worker_threads`.
+    /// Raises `StoreMisconfigured` for a URL or store set up wrong, `StoreUnavailable` for a store
+    /// that cannot be reached (see [`open_error`]).
     #[staticmethod]
     #[pyo3(signature = (url = None, *, journal = None, tenant = "default", worker_threads = 2))]
     fn open(
@@ -958,14 +979,7 @@ impl Engine {
             .map_err(|e| PyRuntimeError::new_err(format!("failed to start a runtime: {e}")))?;
         let store = py
             .detach(|| runtime.block_on(AnyStore::connect(&url)))
-            .map_err(|e| {
-                exception(
-                    py,
-                    Verdict::StoreUnavailable,
-                    format!("failed to open store {url}: {e}"),
-                    Vec::new(),
-                )
-            })?;
+            .map_err(|e| open_error(py, &url, &e))?;
         let mut engine = idemgate::Engine::new(store);
         let mut journal = None;
         if engine.store().is_durable() {

@@ -62,8 +62,9 @@ impl AnyStore {
             "redis" | "redis+cluster" | "redis+sentinel" => Ok(AnyStore::Redis(
                 idemgate_redis::RedisStore::connect(url).await?,
             )),
+            // Not the URL itself: a misspelt `postgress://user:password@…` carries a password.
             _ => Err(StoreError::Misconfigured(format!(
-                "failed to open store {url:?}: expected a URL starting with {}",
+                "no store has the scheme {scheme:?}: expected a URL starting with {}",
                 SCHEMES.join(", ")
             ))),
         }
@@ -72,6 +73,20 @@ impl AnyStore {
     /// Whether the store keeps records across restarts of this process.
     pub fn is_durable(&self) -> bool {
         !matches!(self, AnyStore::Memory(_))
+    }
+}
+
+/// A store URL for messages: its password (`scheme://user:password@…`) replaced by `***`.
+pub fn redact_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme_end), Some(at)) if at > scheme_end => {
+            let userinfo = &url[scheme_end + 3..at];
+            match userinfo.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme_end + 3], &url[at..]),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
     }
 }
 
@@ -152,10 +167,29 @@ impl Store for AnyStore {
 mod tests {
     use super::*;
 
+    #[test]
+    fn passwords_never_reach_messages() {
+        assert_eq!(
+            redact_url("postgres://u:secret@h/db"),
+            "postgres://u:***@h/db"
+        );
+        assert_eq!(redact_url("redis://:secret@h:6379"), "redis://:***@h:6379");
+        assert_eq!(redact_url("redis://h:6379"), "redis://h:6379");
+        assert_eq!(redact_url("redis://u@h"), "redis://u@h");
+        assert_eq!(redact_url("sqlite:///a/b@c.db"), "sqlite:///a/b@c.db");
+    }
+
     #[tokio::test]
     async fn unknown_schemes_are_refused_with_the_list() {
         let err = AnyStore::connect("mongodb://x").await.unwrap_err();
         assert!(err.to_string().contains("memory:"), "{err}");
+        assert!(matches!(err, StoreError::Misconfigured(_)), "{err}");
+        // A misspelt scheme is named, never the URL with its password.
+        let err = AnyStore::connect("postgress://u:secret@h/db")
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("\"postgress\""), "{err}");
+        assert!(!err.to_string().contains("secret"), "{err}");
         assert!(matches!(
             AnyStore::connect("memory:").await,
             Ok(AnyStore::Memory(_))

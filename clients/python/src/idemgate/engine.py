@@ -242,8 +242,13 @@ class Engine:
         """Opens the store at ``url``: ``sqlite:///path``, ``postgres://…``, ``redis://…`` or
         ``memory:``; default the SQLite file every ``idemgate`` command uses
         (``$XDG_DATA_HOME/idemgate/idemgate.db``). The journal of outcomes the store did not
-        confirm is ``journal``, else beside the SQLite file as the command line keeps it. Raises
-        ``StoreUnavailable`` when the store cannot be opened."""
+        confirm is ``journal``, else beside the SQLite file as the command line keeps it.
+
+        Raises ``StoreMisconfigured`` (a ``ValueError``) when the URL or the store is set up
+        wrong (a misspelt scheme such as ``sqlit://``, a URL its store cannot read, an unknown
+        option, a SQLite file in a missing directory...): retrying cannot help. Raises
+        ``StoreUnavailable`` when the store cannot be reached. Messages never show the URL's
+        password."""
         native = _native.Engine.open(
             url, journal=journal, tenant=tenant, worker_threads=worker_threads
         )

@@ -158,6 +158,15 @@ class StoreUnavailable(IdemgateError):
     problem_name = "store-unavailable"
 
 
+class StoreMisconfigured(ValueError):
+    """``Engine.open``: the store URL or the store is set up wrong, so retrying cannot help: a URL
+    of no known scheme (``sqlit:///x.db``), one its store cannot read (``postgres://h:port/db``)
+    or with an option it does not know, a SQLite file in a directory that does not exist, a Redis
+    without persistence (unless ``allow_volatile=true``), a schema newer than this version. Fix
+    the URL or the store. A store that cannot be reached raises ``StoreUnavailable`` instead. A
+    ``ValueError``, not an ``IdemgateError``: no call was answered."""
+
+
 class UpstreamUnreachable(IdemgateError):
     """502: the upstream of a forwarded tool could not be reached; nothing was sent and the key
     was released."""
