@@ -370,6 +370,52 @@ def test_async_text_the_engine_cannot_read_makes_the_record_unknown(
     asyncio.run(main())
 
 
+def test_the_readmes_engine_call_returns_json(engine: Engine) -> None:
+    # The README's `engine.call(...)` line, run as written against a mailer whose `send` returns a
+    # receipt object, as mail clients do: the example must store something JSON can hold.
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    line = next(l for l in readme.splitlines() if l.startswith('r = engine.call("send_invoice"'))
+
+    class Receipt:
+        def __init__(self, id: str) -> None:
+            self.id = id
+
+    class Mailer:
+        def __init__(self) -> None:
+            self.sent: list[Any] = []
+
+        def send(self, invoice: Any) -> Receipt:
+            self.sent.append(invoice)
+            return Receipt(f"msg-{len(self.sent)}")
+
+    mailer = Mailer()
+    scope = {"engine": engine, "call_id": mint_key(), "invoice": {"n": 7}, "mailer": mailer}
+    exec(line, scope)  # noqa: S102 - the documentation's own line
+    r = scope["r"]
+    assert r.executed and r.value == "msg-1", r
+    exec(line, scope)  # noqa: S102
+    assert scope["r"].replayed and scope["r"].value == "msg-1"
+    assert len(mailer.sent) == 1
+
+
+def test_the_first_sight_of_an_unknown_record_waits_the_settle_window() -> None:
+    # Documented in the README and on OutcomeUnknown: the engine watches a record it first finds
+    # unknown for 2 s (Settings::unknown_settle) before answering. A lower bound only: the
+    # engine's clock guarantees it, however loaded the machine.
+    engine = Engine.open("memory:")
+    key = mint_key()
+
+    def lost() -> None:
+        raise MaybeApplied("the connection dropped after sending")
+
+    with pytest.raises(MaybeApplied):
+        engine.call("settle", key, None, lost)
+    start = time.monotonic()
+    with pytest.raises(OutcomeUnknown):
+        engine.call("settle", key, None, lost)
+    assert time.monotonic() - start >= 1.9
+
+
 # ---- races -----------------------------------------------------------------------------------
 
 

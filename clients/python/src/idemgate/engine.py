@@ -10,7 +10,8 @@ stored-outcome format, so a record written here is replayed by every other door 
 
     @idempotent(engine, key=lambda order, call_id: call_id)
     def charge(order: dict, call_id: str) -> dict:
-        return payments.charge(order)           # runs once per call_id; retries get its result
+        receipt = payments.charge(order)        # runs once per call_id; retries get its result,
+        return {"charge_id": receipt.id}        # which must be JSON data
 
 A call reserves its key in the store (with the GIL released), runs the function on the calling
 thread while the engine renews the lease on its own runtime, then stores the JSON of the return
@@ -24,7 +25,10 @@ What the function raises says what happened:
   ``Failed(result, replayed=True)``.
 - ``MaybeApplied`` -- and any other exception, since the function may have done its work before
   raising -- the record becomes *unknown* and is never run again until an operator resolves it
-  (``idemgate keys resolve``); duplicates raise ``OutcomeUnknown``.
+  (``idemgate keys resolve``); duplicates raise ``OutcomeUnknown``. The first call of an engine
+  to find a record unknown watches it for up to 2 s first (the engine's settle window): a holder
+  whose "done" write failed may have journaled its outcome, acknowledged to its caller, and its
+  flush may still land, which the call then replays. Its calls after that window answer at once.
 
 What it returns is stored as JSON and replayed to duplicates, so it must be made of JSON types:
 ``dict`` with ``str`` keys, ``list``, ``tuple`` (replayed as a list), ``str``, ``int``, finite
@@ -322,7 +326,7 @@ class Engine:
         ``args`` (JSON) are fingerprinted: the same key with other arguments raises ``KeyReused``.
         A replay returns the stored value without calling ``fn``; a racing call waits up to the
         policy's ``wait`` for it, then raises ``InFlight``; an unknown outcome raises
-        ``OutcomeUnknown``. See the module documentation for what ``fn`` may raise and return
+        ``OutcomeUnknown`` (the first time after up to 2 s, see the module documentation). See the module documentation for what ``fn`` may raise and return
         (JSON types; anything else raises ``TypeError`` and the record is unknown at once).
         """
         native = self.native

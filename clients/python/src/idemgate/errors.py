@@ -98,7 +98,14 @@ class OutcomeUnknown(Conflict):
     """409: an earlier call with this key may or may not have had its effect.
 
     ``since`` is when the outcome became unknown and ``fence`` the fence to name when resolving
-    the record (``Client.resolve``).
+    the record (``Client.resolve``, ``idemgate keys resolve``).
+
+    The first call of an engine (in-process, or the gateway's) to find a record unknown raises
+    this only after watching the record for the engine's settle window (2 s; the gateway's is at
+    most a quarter of its ``request_timeout``): a process whose "done" write failed while the
+    store was out of reach may hold the outcome in its journal, already acknowledged to its caller,
+    and its flush may still land, in which case the call replays it. Calls of the same engine
+    after that window answer at once.
     """
 
     problem_name = "outcome-unknown"
