@@ -186,7 +186,9 @@ pub enum Decision {
     },
     /// The outcome is unknown: the side effect may or may not have happened.
     Unknown {
-        /// Since when.
+        /// Since when, as the record says (its lease's end, or when it was marked unknown), so
+        /// that every answer and the operator's view agree; the engine's clock only when the
+        /// mark is not in the store yet.
         since: Timestamp,
         /// The record's fence (an operator resolves it with this).
         fence: Fence,
@@ -832,16 +834,14 @@ impl<S: Store> Engine<S> {
                 }
             }
             Ok(Probe::Unknown) | Err(_) => {
-                let (_, recording) = self
-                    .record(&reservation.key, lease, &JournalOp::MarkUnknown)
-                    .await;
+                let (marked, recording) = self.mark_unknown(&reservation.key, lease).await;
                 let message = match probe {
                     Err(e) => format!("verifier failed: {e}"),
                     _ => "verifier could not tell".to_owned(),
                 };
                 // The takeover raised the fence: an operator resolves the record at the new one.
                 Decision::Unknown {
-                    since,
+                    since: marked.unwrap_or(since),
                     fence: lease.fence,
                     ran_here: false,
                     message: Some(message),
@@ -874,9 +874,9 @@ impl<S: Store> Engine<S> {
                 }
             }
             Effect::Ambiguous(message) => {
-                let (_, recording) = self.record(key, lease, &JournalOp::MarkUnknown).await;
+                let (marked, recording) = self.mark_unknown(key, lease).await;
                 Decision::Unknown {
-                    since: self.clock.now(),
+                    since: marked.unwrap_or_else(|| self.clock.now()),
                     fence: lease.fence,
                     ran_here: true,
                     message: Some(message),
@@ -909,6 +909,27 @@ impl<S: Store> Engine<S> {
         self.store
             .heartbeat(&ticket.key, ticket.lease, ticket.lease_for)
             .await
+    }
+
+    /// Marks the record held under `lease` unknown (with bounded retries, then the journal).
+    /// Returns since when the record says it is unknown, when the store took the mark: the
+    /// store's clock set it, and the answer must say what the record and every later answer
+    /// say, not the engine's own time a write later.
+    async fn mark_unknown(&self, key: &Key, lease: Lease) -> (Option<Timestamp>, Recording) {
+        let (_, recording) = self.record(key, lease, &JournalOp::MarkUnknown).await;
+        if recording != Recording::Stored {
+            return (None, recording);
+        }
+        // The ambiguous path only: one more read, for an answer that agrees with the record.
+        let since = match self.store.get(key).await {
+            Ok(Some(Record {
+                fence,
+                state: RecordState::Unknown { since },
+                ..
+            })) if fence == lease.fence => Some(since),
+            _ => None,
+        };
+        (since, recording)
     }
 
     /// A completion time from the engine's clock, for outcomes the store has not confirmed.

@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use idemgate_core::faulty::{Fault, Op};
 use idemgate_core::{
-    Decision, Effect, EngineError, KeyRule, Outcome, OutcomeKind, Policies, Probe, ProbeFuture,
-    RecordState, Recording, Resolution, State, Store, ToolKind, ToolPolicy, UnknownPolicy,
-    Verifier,
+    Decision, Effect, Engine, EngineError, KeyRule, ManualClock, MemoryStore, Outcome, OutcomeKind,
+    Policies, Probe, ProbeFuture, RecordState, Recording, Resolution, State, Store, Timestamp,
+    ToolKind, ToolPolicy, UnknownPolicy, Verifier,
 };
 use serde_json::json;
 use tokio::sync::Notify;
@@ -582,6 +582,59 @@ async fn verify_policy_asks_the_verifier() {
         .await
         .unwrap();
     assert!(matches!(e.decision, Decision::Replayed { .. }));
+}
+
+/// An unknown answer says since when the record is unknown, as the record says it (the store's
+/// clock set it) and as every later answer and `keys list` do: the first answer of a call that
+/// marked the record said the engine's own time, a write later (issue 17).
+#[tokio::test(start_paused = true)]
+async fn unknown_answers_say_the_records_since() {
+    // The store keeps its own time, a little behind the engine's, as a server store does.
+    let store_clock = ManualClock::new(Timestamp::from_millis(1_800_000_000_000));
+    let engine_clock = ManualClock::new(Timestamp::from_millis(1_800_000_000_017));
+    let verify = ToolPolicy {
+        on_unknown: UnknownPolicy::Verify,
+        ..ToolPolicy::default()
+    };
+    let engine = Engine::new(MemoryStore::with_clock(Arc::new(store_clock.clone())))
+        .with_clock(Arc::new(engine_clock.clone()))
+        .with_policies(Policies::new().with_tool("unsure", verify))
+        .with_verifier("unsure", Arc::new(FixedProbe(Probe::Unknown)));
+    let since_of = |d: &Decision| match d {
+        Decision::Unknown { since, .. } => *since,
+        other => panic!("{other:?}"),
+    };
+    let recorded = |k| {
+        let engine = &engine;
+        async move {
+            match engine.get(&k).await.unwrap().unwrap().state {
+                RecordState::Unknown { since } => since,
+                other => panic!("{other:?}"),
+            }
+        }
+    };
+    for tool in ["charge", "unsure"] {
+        let c = call("acme", tool, Some("k"), json!(1));
+        let first = engine
+            .call(c.clone(), || async {
+                Effect::Ambiguous("timeout after send".into())
+            })
+            .await
+            .unwrap();
+        let record = recorded(key("acme", tool, "k")).await;
+        assert_eq!(
+            since_of(&first.decision),
+            record,
+            "{tool}: the first answer"
+        );
+        store_clock.advance(Duration::from_secs(60));
+        engine_clock.advance(Duration::from_secs(60));
+        // "charge" blocks; "unsure" is taken over, and the verifier cannot tell, so this call
+        // marks the record unknown anew.
+        let later = engine.call(c, || async { success("never") }).await.unwrap();
+        let record = recorded(key("acme", tool, "k")).await;
+        assert_eq!(since_of(&later.decision), record, "{tool}: a later answer");
+    }
 }
 
 #[tokio::test(start_paused = true)]
