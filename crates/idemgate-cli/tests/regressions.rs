@@ -1,4 +1,4 @@
-//! Regressions of issue 7: what a new user ran into with the command line, one test each.
+//! Regressions of issues 7 and 17: what users ran into with the command line, one test each.
 
 use std::io::{BufRead as _, BufReader};
 use std::process::{Command, Stdio};
@@ -237,4 +237,38 @@ fn issue_7_a_json_resolution_replays_and_keeps_big_integers() {
         text(&replay.stdout).trim(),
         r#"{"n":12345678901234567890123}"#
     );
+}
+
+/// The JSON answer of one `--json exec` or `--json keys show`.
+fn json_of(out: &std::process::Output) -> serde_json::Value {
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {} {}", text(&out.stdout), text(&out.stderr)))
+}
+
+/// The first `unknown` answer (of the call whose command was killed) said the engine's own time,
+/// some milliseconds after the `since` the record, every later answer and `keys list` say.
+#[test]
+fn issue_17_the_first_unknown_answer_says_the_records_since() {
+    let sb = Sandbox::new();
+    let killed = [
+        "--json",
+        "exec",
+        "--key",
+        "u",
+        "--",
+        "sh",
+        "-c",
+        "kill -9 $$",
+    ];
+    let first = sb.run(&killed);
+    assert_eq!(first.status.code(), Some(76), "{}", text(&first.stderr));
+    let first = json_of(&first);
+    assert_eq!(first["ran_here"], true, "{first}");
+    let later = json_of(&sb.run(&killed));
+    assert_eq!(later["ran_here"], false, "{later}");
+    let shown = json_of(&sb.run(&["--json", "keys", "show", "u"]));
+    let listed = json_of(&sb.run(&["--json", "keys", "list", "--state", "unknown"]));
+    assert_eq!(first["since"], shown["since"], "{first} {shown}");
+    assert_eq!(later["since"], shown["since"], "{later} {shown}");
+    assert_eq!(listed[0]["since"], shown["since"], "{listed} {shown}");
 }
