@@ -46,10 +46,27 @@ pub fn run() -> ExitCode {
     match runtime.block_on(dispatch(cli)) {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
-            eprintln!("idemgate: {e:#}");
+            eprintln!("idemgate: {}", error_text(&e));
             ExitCode::from(exit::FAILURE)
         }
     }
+}
+
+/// An error and its causes, joined by ": " as `{:#}` joins them, but each said once: an error
+/// whose own message ends with its source's (the MCP proxy's "failed to start the server ...:
+/// No such file or directory") is not followed by that source again.
+pub(crate) fn error_text(e: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in e.chain() {
+        let part = cause.to_string();
+        if text.is_empty() {
+            text = part;
+        } else if !text.ends_with(&part) {
+            text.push_str(": ");
+            text.push_str(&part);
+        }
+    }
+    text
 }
 
 async fn dispatch(cli: Cli) -> Result<u8> {
@@ -224,6 +241,33 @@ mod tests {
     fn passwords_never_reach_messages() {
         assert_eq!(redact("postgres://u:secret@h/db"), "postgres://u:***@h/db");
         assert_eq!(redact("redis://h:6379"), "redis://h:6379");
+    }
+
+    #[test]
+    fn an_error_that_says_its_source_is_not_followed_by_it_again() {
+        // As idemgate_mcp's `Error::Spawn` is: its source in its message, and as its source.
+        #[derive(Debug)]
+        struct Says(std::io::Error);
+        impl std::fmt::Display for Says {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                write!(f, "failed to start the server \"/x\": {}", self.0)
+            }
+        }
+        impl std::error::Error for Says {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let gone = || std::io::Error::from(std::io::ErrorKind::NotFound);
+        let e = anyhow::Error::new(Says(gone()));
+        assert_eq!(
+            error_text(&e),
+            format!("failed to start the server \"/x\": {}", gone())
+        );
+        // Causes a message does not repeat are kept, as `{:#}` keeps them.
+        let e = anyhow::Error::new(gone()).context("failed to open journal /j");
+        assert_eq!(error_text(&e), format!("{e:#}"));
+        assert!(error_text(&e).ends_with(&gone().to_string()));
     }
 
     #[test]

@@ -42,8 +42,8 @@ pub(crate) async fn run(cli: &Cli, args: &ServeArgs) -> Result<u8> {
         // Nothing ran: the same exit code as a store that fails at reservation.
         Err(e @ idemgate_http::Error::Store(_)) => {
             eprintln!(
-                "idemgate: failed to start the gateway: {:#}",
-                anyhow::Error::new(e)
+                "idemgate: failed to start the gateway: {}",
+                crate::error_text(&anyhow::Error::new(e))
             );
             return Ok(crate::exit::STORE_UNAVAILABLE);
         }

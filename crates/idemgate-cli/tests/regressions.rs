@@ -272,3 +272,18 @@ fn issue_17_the_first_unknown_answer_says_the_records_since() {
     assert_eq!(later["since"], shown["since"], "{later} {shown}");
     assert_eq!(listed[0]["since"], shown["since"], "{listed} {shown}");
 }
+
+/// `idemgate mcp -- /nonexistent` said why twice ("...: No such file or directory (os error 2):
+/// No such file or directory (os error 2)").
+#[test]
+fn issue_17_a_server_that_cannot_start_is_said_once() {
+    let sb = Sandbox::new();
+    let out = sb.run(&["mcp", "--", "/nonexistent"]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("/nonexistent"), "{err}");
+    // ENOENT, as the operating system words it.
+    let why = std::io::Error::from_raw_os_error(2).to_string();
+    assert_eq!(err.matches(&why).count(), 1, "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+}
