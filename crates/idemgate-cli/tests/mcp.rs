@@ -58,7 +58,7 @@ impl Sandbox {
     }
 
     /// A proxy that has gone through `initialize`.
-    fn initialized(&self, config: &str) -> Proxy {
+    pub(crate) fn initialized(&self, config: &str) -> Proxy {
         let mut p = self.proxy(config);
         p.initialize();
         p

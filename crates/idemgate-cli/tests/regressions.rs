@@ -287,3 +287,39 @@ fn issue_17_a_server_that_cannot_start_is_said_once() {
     assert_eq!(err.matches(&why).count(), 1, "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
 }
+
+/// The proxy's WARN line for a call whose server crashed had `"error":""` (and `"recording":""`
+/// on other lines): it says what happened now, the server's exit status is logged, and no field
+/// is written empty.
+#[test]
+fn issue_17_a_crashed_mcp_servers_log_lines_say_what_happened() {
+    let sb = Sandbox::new();
+    let mut p = sb.initialized("");
+    let crashed = p.call("crash", serde_json::json!({}), Some("c-1"));
+    assert_eq!(crate::mcp::verdict(&crashed), "unknown", "{crashed}");
+    // The fixture exits with 3 mid-call; the proxy exits with its code once it has logged.
+    assert_eq!(p.wait_exit(), Some(3));
+    let log = std::fs::read_to_string(sb.path("stderr")).unwrap();
+    let lines: Vec<serde_json::Value> = log
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let unknown = lines
+        .iter()
+        .find(|l| l["fields"]["decision"] == "unknown")
+        .unwrap_or_else(|| panic!("no unknown line in {log}"));
+    assert_eq!(unknown["level"], "WARN", "{unknown}");
+    let error = unknown["fields"]["error"].as_str().unwrap_or("");
+    assert!(error.contains("closed its output"), "{unknown}");
+    assert!(
+        lines.iter().any(|l| l["level"] == "WARN"
+            && l["fields"]["status"]
+                .as_str()
+                .is_some_and(|s| s.contains('3'))),
+        "the exit status is logged: {log}"
+    );
+    for l in &lines {
+        let fields = l["fields"].as_object().unwrap();
+        assert!(fields.values().all(|v| v != ""), "an empty field: {l}");
+    }
+}

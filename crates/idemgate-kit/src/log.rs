@@ -13,6 +13,26 @@ pub fn short(key: &Key) -> String {
     hex(&key.digest()[..6])
 }
 
+/// Why a call ended as it did, when the answer says: an unknown outcome's message (a crashed
+/// server, an ambiguous tool error, a verifier that could not tell) or why an outcome could not
+/// be recorded.
+fn reason_of(decision: Option<&Decision>) -> Option<&str> {
+    match decision? {
+        Decision::Unknown {
+            message: Some(m), ..
+        } => Some(m),
+        Decision::Executed {
+            recording: Recording::Unrecorded(why),
+            ..
+        }
+        | Decision::NotApplied {
+            recording: Recording::Unrecorded(why),
+            ..
+        } => Some(why),
+        _ => None,
+    }
+}
+
 fn recording_of(decision: Option<&Decision>) -> Option<&'static str> {
     let recording = match decision? {
         Decision::Executed { recording, .. } | Decision::NotApplied { recording, .. } => recording,
@@ -42,9 +62,13 @@ impl Observer for Log {
                 answer,
                 error,
             } => {
-                let key = key.map(short).unwrap_or_default();
-                let recording = recording_of(answer.map(|a| &a.decision)).unwrap_or("");
-                let error = error.map(ToString::to_string).unwrap_or_default();
+                // Fields without a value are left out (`None`), never written empty.
+                let key = key.map(short);
+                let decision = answer.map(|a| &a.decision);
+                let recording = recording_of(decision);
+                let error = error
+                    .map(ToString::to_string)
+                    .or_else(|| reason_of(decision).map(str::to_owned));
                 match verdict {
                     Verdict::Unknown
                     | Verdict::LeaseLost

@@ -62,6 +62,11 @@ pub async fn run_upstream<S: Store>(
     )
     .await;
     let status = started.end.wait().await;
+    if let (Ended::ServerClosed, Some(s)) = (ended, status) {
+        // What happened to it (an exit code, a signal): the unknown answers of calls in flight
+        // could only say that its output closed.
+        tracing::warn!(status = %s, "the MCP server exited before the client closed the session");
+    }
     Ok(match ended {
         Ended::ServerClosed => status.and_then(|s| s.code()).unwrap_or(1),
         Ended::ClientClosed => 0,
