@@ -292,7 +292,8 @@ pub enum KeysCommand {
         #[arg(long)]
         tool: Option<String>,
     },
-    /// Resolve an unknown record after checking what really happened.
+    /// Resolve an unknown record after checking what really happened (a command, an HTTP call or
+    /// an MCP tool call, whichever front door wrote it).
     Resolve(ResolveArgs),
     /// Delete completed records whose time is up.
     Purge {
@@ -315,7 +316,7 @@ pub struct ResolveArgs {
     /// Default: the record's current fence.
     #[arg(long)]
     pub fence: Option<u64>,
-    /// The command did take effect: store this outcome and replay it to duplicates.
+    /// The action did take effect: store this outcome and replay it to duplicates.
     #[arg(long)]
     pub completed: bool,
     /// With --completed: the result to replay, as JSON (for records of the HTTP gateway, the MCP
@@ -332,7 +333,8 @@ pub struct ResolveArgs {
     /// With --completed: how long to keep it.
     #[arg(long, default_value = "24h", value_parser = humantime::parse_duration, requires = "completed")]
     pub ttl: Duration,
-    /// The command did not take effect: remove the record so the next call runs it.
+    /// The action did not take effect: remove the record, so that the next call with the key
+    /// runs the action again.
     #[arg(long)]
     pub release: bool,
 }

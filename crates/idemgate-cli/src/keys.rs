@@ -200,9 +200,11 @@ async fn resolve(ctx: &Context, args: &ResolveArgs) -> Result<u8> {
                     r.state_name()
                 ));
             } else {
+                // Door-neutral: the record may be a command's, an HTTP call's or an MCP tool
+                // call's, and once released nothing tells which.
                 out::line(format_args!(
-                    "released: the next call with key {} runs the command",
-                    key.key
+                    "released: the next call with key {} (tool {}, tenant {}) runs the action again",
+                    key.key, key.tool, key.tenant
                 ));
             }
             Ok(0)

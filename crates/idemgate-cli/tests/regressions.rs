@@ -323,3 +323,35 @@ fn issue_17_a_crashed_mcp_servers_log_lines_say_what_happened() {
         assert!(fields.values().all(|v| v != ""), "an empty field: {l}");
     }
 }
+
+/// `keys resolve --release` said the next call "runs the command" for records of the MCP proxy
+/// and the gateway too, where no command exists; its help spoke of the command as well.
+#[test]
+fn issue_17_keys_resolve_speaks_of_the_action_for_every_door() {
+    let sb = Sandbox::new();
+    let mut p = sb.initialized("");
+    let crashed = p.call("crash", serde_json::json!({}), Some("c-1"));
+    assert_eq!(crate::mcp::verdict(&crashed), "unknown", "{crashed}");
+    assert_eq!(p.wait_exit(), Some(3));
+    let released = sb.run(&["keys", "resolve", "c-1", "--release"]);
+    let said = text(&released.stdout);
+    assert!(released.status.success(), "{}", text(&released.stderr));
+    assert!(said.contains("runs the action again"), "{said}");
+    assert!(!said.contains("command"), "{said}");
+    let help = text(&sb.run(&["keys", "resolve", "--help"]).stdout);
+    // Each option's paragraph: from its name to the next option's, whatever the wrapping.
+    for option in ["--completed", "--release"] {
+        let at = help
+            .find(&format!("  {option} "))
+            .unwrap_or_else(|| panic!("no {option} in {help}"));
+        let rest = &help[at + 2..];
+        let end = rest
+            .match_indices('\n')
+            .map(|(i, _)| i)
+            .find(|&i| rest[i + 1..].trim_start().starts_with('-'))
+            .unwrap_or(rest.len());
+        let paragraph = rest[..end].split_whitespace().collect::<Vec<_>>().join(" ");
+        assert!(!paragraph.contains("command"), "{paragraph}");
+        assert!(paragraph.contains("The action did"), "{paragraph}");
+    }
+}
