@@ -210,6 +210,9 @@ fn report(
             fields.extend(view);
         }
         code = code.or(Some(u8::try_from(exit_code.rem_euclid(256)).unwrap_or(1)));
+        if Payload::is_resolution(&outcome) {
+            fields.insert("resolved_by".into(), "operator".into());
+        }
         if !ctx.json && matches!(answer.decision, Decision::Replayed { .. }) {
             out::bytes(&stdout);
             let _ = std::io::Write::write_all(&mut std::io::stderr(), &stderr);
@@ -252,6 +255,7 @@ fn tell(ctx: &Context, args: &ExecArgs, policy: &ToolPolicy, answer: &Answer) {
             Recording::Unrecorded(why) => eprintln!("idemgate: the command ran, but its outcome could not be recorded ({why}); the key will read as unknown until resolved"),
         },
         Decision::Replayed {
+            outcome,
             executed_at,
             expires_at,
             ..
@@ -260,8 +264,14 @@ fn tell(ctx: &Context, args: &ExecArgs, policy: &ToolPolicy, answer: &Answer) {
                 Some(KeyRule::Fallback) => "fallback window",
                 _ => "key",
             };
+            // An operator's resolution is stored at the time it was made: nothing ran then.
+            let when = if Payload::is_resolution(outcome) {
+                format!("an operator resolved it with `idemgate keys resolve` at {executed_at}; the command was not run now")
+            } else {
+                format!("the command ran at {executed_at}, not now")
+            };
             eprintln!(
-                "idemgate: replayed the outcome of {key_text} by {rule}: the command ran at {executed_at}, not now (kept until {expires_at})"
+                "idemgate: replayed the outcome of {key_text} by {rule}: {when} (kept until {expires_at})"
             );
         }
         Decision::NotApplied { message, .. } => {

@@ -178,7 +178,8 @@ async fn resolve(ctx: &Context, args: &ResolveArgs) -> Result<u8> {
             ),
         };
         Resolution::Completed {
-            outcome: payload.into_outcome(kind),
+            // Marked, so that replays say an operator resolved it then, not that it ran then.
+            outcome: payload.into_resolution(kind),
             ttl: args.ttl,
         }
     } else {
@@ -231,8 +232,13 @@ fn detail(r: &Record) -> String {
                 Ok(p) => p.content().to_owned(),
                 Err(_) => format!("{} bytes", outcome.body.len()),
             };
+            let by = if Payload::is_resolution(outcome) {
+                ", resolved by an operator"
+            } else {
+                ""
+            };
             format!(
-                "{} ({what}) at {completed_at}, kept until {expires_at}",
+                "{} ({what}) at {completed_at}{by}, kept until {expires_at}",
                 outcome.kind
             )
         }
@@ -269,6 +275,11 @@ fn print_record(r: &Record) {
         } => {
             out::line(format_args!("outcome:      {}", outcome.kind));
             out::line(format_args!("completed:    {completed_at}"));
+            if Payload::is_resolution(outcome) {
+                out::line(format_args!(
+                    "resolved by:  an operator (`keys resolve`) at that time; nothing ran then"
+                ));
+            }
             out::line(format_args!("kept until:   {expires_at}"));
             match Payload::of(outcome) {
                 Ok(Payload::Command {
@@ -314,6 +325,9 @@ fn record_json(r: &Record) -> String {
     if let RecordState::Completed { outcome, .. } = &r.state {
         fields.remove("outcome");
         fields.insert("outcome_kind".into(), outcome.kind.to_string().into());
+        if Payload::is_resolution(outcome) {
+            fields.insert("resolved_by".into(), "operator".into());
+        }
         if let Ok(p) = Payload::of(outcome) {
             fields.insert("content".into(), p.content().into());
             let view = p.to_json();

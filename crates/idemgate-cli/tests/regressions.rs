@@ -355,3 +355,48 @@ fn issue_17_keys_resolve_speaks_of_the_action_for_every_door() {
         assert!(paragraph.contains("The action did"), "{paragraph}");
     }
 }
+
+/// A replay after an operator's resolution said "the command ran at <the resolution's time>":
+/// nothing ran then. It now says an operator resolved it, in text, `--json` and `keys show`.
+#[test]
+fn issue_17_a_replay_of_an_operators_resolution_says_so() {
+    let sb = Sandbox::new();
+    let resolutions: [(&str, &[&str]); 2] = [
+        ("json", &["--result", r#"{"ok":true}"#]),
+        ("cmd", &["--exit-code", "0", "--stdout", "paid by hand\n"]),
+    ];
+    for (key, how) in resolutions {
+        let killed = ["exec", "--key", key, "--", "sh", "-c", "kill -9 $$"];
+        let first = sb.run(&killed);
+        assert_eq!(first.status.code(), Some(76), "{}", text(&first.stderr));
+        let mut resolve = vec!["keys", "resolve", key, "--completed"];
+        resolve.extend_from_slice(how);
+        let resolved = sb.run(&resolve);
+        assert!(resolved.status.success(), "{}", text(&resolved.stderr));
+        let shown = json_of(&sb.run(&["--json", "keys", "show", key]));
+        assert_eq!(shown["resolved_by"], "operator", "{shown}");
+        let at = shown["completed_at"].as_str().unwrap();
+
+        let replay = sb.run(&killed);
+        assert_eq!(replay.status.code(), Some(0), "{}", text(&replay.stderr));
+        let said = text(&replay.stderr);
+        let expected = format!("an operator resolved it with `idemgate keys resolve` at {at}");
+        assert!(said.contains(&expected), "{said}");
+        assert!(!said.contains("ran at"), "{said}");
+        let mut json = vec!["--json"];
+        json.extend_from_slice(&killed);
+        let replay = json_of(&sb.run(&json));
+        assert_eq!(replay["resolved_by"], "operator", "{replay}");
+        let show = text(&sb.run(&["keys", "show", key]).stdout);
+        assert!(show.contains("resolved by:  an operator"), "{show}");
+    }
+    // An outcome that ran is replayed as one, unmarked.
+    assert!(sb
+        .run(&["exec", "--key", "ran", "--", "true"])
+        .status
+        .success());
+    let again = text(&sb.run(&["exec", "--key", "ran", "--", "true"]).stderr);
+    assert!(again.contains("the command ran at"), "{again}");
+    let shown = json_of(&sb.run(&["--json", "keys", "show", "ran"]));
+    assert!(shown.get("resolved_by").is_none(), "{shown}");
+}

@@ -13,12 +13,17 @@
 //!
 //! Records written before the tag existed are read by their shape: `exit_code`/`stdout`/`stderr`
 //! is a command, `status`/`content_type`/`body` an HTTP answer, any other JSON a JSON result.
+//!
+//! An outcome an operator recorded to resolve an unknown record ([`Payload::into_resolution`])
+//! also has `"resolved_by": "operator"`: its record's completion time is when it was resolved,
+//! and a replay must not say that anything ran then ([`Payload::is_resolution`]). Readers that
+//! do not know the member ignore it.
 
 use std::collections::BTreeMap;
 
 use base64::Engine as _;
 use idemgate_core::{Outcome, OutcomeKind};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
 /// A stored outcome's content.
@@ -58,6 +63,9 @@ pub struct PayloadError(String);
 
 const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
 
+/// Who resolved an outcome, in its `resolved_by` member.
+const OPERATOR: &str = "operator";
+
 impl Payload {
     /// A JSON result from its text.
     ///
@@ -81,9 +89,16 @@ impl Payload {
 
     /// The stored bytes.
     pub fn encode(&self) -> Vec<u8> {
+        self.encode_by(None)
+    }
+
+    /// The stored bytes, with the resolution mark when `resolved_by` names who resolved it.
+    fn encode_by(&self, resolved_by: Option<&'static str>) -> Vec<u8> {
         #[derive(Serialize)]
         struct Tagged<'a, T: Serialize> {
             content: &'static str,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            resolved_by: Option<&'static str>,
             #[serde(flatten)]
             fields: &'a T,
         }
@@ -113,6 +128,7 @@ impl Payload {
                 stderr,
             } => serde_json::to_vec(&Tagged {
                 content,
+                resolved_by,
                 fields: &Command {
                     exit_code: *exit_code,
                     stdout: B64.encode(stdout),
@@ -126,6 +142,7 @@ impl Payload {
                 body,
             } => serde_json::to_vec(&Tagged {
                 content,
+                resolved_by,
                 fields: &Http {
                     status: *status,
                     content_type: content_type.as_deref(),
@@ -135,6 +152,7 @@ impl Payload {
             }),
             Payload::Json(result) | Payload::McpToolResult(result) => serde_json::to_vec(&Tagged {
                 content,
+                resolved_by,
                 fields: &Result { result },
             }),
         };
@@ -206,6 +224,29 @@ impl Payload {
             kind,
             body: self.encode(),
         }
+    }
+
+    /// An outcome of `kind` holding this payload, as an operator records it to resolve an
+    /// unknown record: marked, so that every replay can say it was resolved at its time rather
+    /// than run then ([`Payload::is_resolution`]).
+    pub fn into_resolution(self, kind: OutcomeKind) -> Outcome {
+        Outcome {
+            kind,
+            body: self.encode_by(Some(OPERATOR)),
+        }
+    }
+
+    /// Whether `outcome` is an operator's resolution ([`Payload::into_resolution`]) rather than
+    /// the outcome of a call that ran. Only a tagged payload carries the mark: a JSON result
+    /// stored before the tag that happens to have the member is a result like any other.
+    pub fn is_resolution(outcome: &Outcome) -> bool {
+        #[derive(Deserialize)]
+        struct Mark {
+            content: Option<String>,
+            resolved_by: Option<String>,
+        }
+        serde_json::from_slice::<Mark>(&outcome.body)
+            .is_ok_and(|m| m.content.is_some() && m.resolved_by.as_deref() == Some(OPERATOR))
     }
 
     /// The payload as one JSON value, for front doors that answer in JSON (the coordination
@@ -433,6 +474,30 @@ mod tests {
             RawValue::from_string(r#"{"content":[],"isError":true}"#.into()).unwrap(),
         );
         assert!(matches!(round_trip(&mcp), Payload::McpToolResult(_)));
+    }
+
+    #[test]
+    fn an_operators_resolution_is_marked_and_reads_as_the_same_payload() {
+        let kinds = [
+            Payload::Command {
+                exit_code: 0,
+                stdout: b"paid by hand\n".to_vec(),
+                stderr: Vec::new(),
+            },
+            Payload::json_text(r#"{"n":12345678901234567890123}"#).unwrap(),
+            Payload::McpToolResult(RawValue::from_string(r#"{"content":[]}"#.into()).unwrap()),
+        ];
+        for p in kinds {
+            let resolved = p.clone().into_resolution(OutcomeKind::Success);
+            assert!(Payload::is_resolution(&resolved), "{p:?}");
+            assert_eq!(Payload::of(&resolved).unwrap().encode(), p.encode());
+            let ran = p.into_outcome(OutcomeKind::Success);
+            assert!(!Payload::is_resolution(&ran));
+        }
+        // A JSON result from before the tag is a result, whatever members it has.
+        let legacy = Outcome::success(br#"{"resolved_by":"operator"}"#.to_vec());
+        assert!(!Payload::is_resolution(&legacy));
+        assert!(!Payload::is_resolution(&Outcome::success(b"[1]".to_vec())));
     }
 
     #[test]
