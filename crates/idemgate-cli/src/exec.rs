@@ -193,6 +193,11 @@ fn report(
         }
     };
     let mut fields = serde_json::Map::new();
+    // A replay of an operator's resolution: stored at the time it was made, when nothing ran.
+    let resolved = matches!(&answer.decision, Decision::Replayed { outcome, .. } if Payload::is_resolution(outcome));
+    if resolved {
+        fields.insert("resolved_by".into(), "operator".into());
+    }
     let mut code = match verdict {
         // Nothing ran at all: the program could not be started.
         Verdict::NotApplied if !started => Some(exit::NOT_STARTED),
@@ -210,16 +215,13 @@ fn report(
             fields.extend(view);
         }
         code = code.or(Some(u8::try_from(exit_code.rem_euclid(256)).unwrap_or(1)));
-        if Payload::is_resolution(&outcome) {
-            fields.insert("resolved_by".into(), "operator".into());
-        }
         if !ctx.json && matches!(answer.decision, Decision::Replayed { .. }) {
             out::bytes(&stdout);
             let _ = std::io::Write::write_all(&mut std::io::stderr(), &stderr);
         }
     }
     if !ctx.json {
-        tell(ctx, args, policy, &answer);
+        tell(ctx, args, policy, &answer, resolved);
     }
     if let Decision::InFlight { retry_after, .. } = &answer.decision {
         fields.insert("retry_after_secs".into(), retry_after.as_secs().into());
@@ -239,7 +241,8 @@ fn report(
 }
 
 /// The lines on stderr that say what happened (not for executions that went as planned).
-fn tell(ctx: &Context, args: &ExecArgs, policy: &ToolPolicy, answer: &Answer) {
+/// `resolved`: the answer replays an operator's resolution.
+fn tell(ctx: &Context, args: &ExecArgs, policy: &ToolPolicy, answer: &Answer, resolved: bool) {
     let key_text = format!("{} (tool {})", args.key, args.tool);
     let resolve = |fence| {
         format!(
@@ -255,7 +258,6 @@ fn tell(ctx: &Context, args: &ExecArgs, policy: &ToolPolicy, answer: &Answer) {
             Recording::Unrecorded(why) => eprintln!("idemgate: the command ran, but its outcome could not be recorded ({why}); the key will read as unknown until resolved"),
         },
         Decision::Replayed {
-            outcome,
             executed_at,
             expires_at,
             ..
@@ -264,8 +266,7 @@ fn tell(ctx: &Context, args: &ExecArgs, policy: &ToolPolicy, answer: &Answer) {
                 Some(KeyRule::Fallback) => "fallback window",
                 _ => "key",
             };
-            // An operator's resolution is stored at the time it was made: nothing ran then.
-            let when = if Payload::is_resolution(outcome) {
+            let when = if resolved {
                 format!("an operator resolved it with `idemgate keys resolve` at {executed_at}; the command was not run now")
             } else {
                 format!("the command ran at {executed_at}, not now")
