@@ -21,6 +21,9 @@ pub const META_REPLAYED: &str = "dev.idemgate/replayed";
 pub const META_EXECUTED_AT: &str = "dev.idemgate/executed_at";
 /// `_meta` of a replay: which rule named the record, `explicit` (a key) or `fallback`.
 pub const META_RULE: &str = "dev.idemgate/rule";
+/// `_meta` of a replay of an operator's resolution (`idemgate keys resolve`): `operator`; its
+/// `executed_at` is then when the operator resolved it.
+pub const META_RESOLVED_BY: &str = "dev.idemgate/resolved_by";
 /// `_meta` of the proxy's own answers: the verdict's label (`in_flight`, `unknown`, ...).
 pub const META_VERDICT: &str = "dev.idemgate/verdict";
 /// `_meta` of the proxy's own answers: the problem type URI.
@@ -101,8 +104,11 @@ pub(crate) fn respond(
             Ok(p) => {
                 let result = replayed(
                     &p.to_mcp_tool_result(outcome.kind),
-                    executed_at,
-                    rule.unwrap_or(KeyRule::Explicit),
+                    Replay {
+                        executed_at,
+                        rule: rule.unwrap_or(KeyRule::Explicit),
+                        resolved: Payload::is_resolution(&outcome),
+                    },
                     cx.replay_notice,
                     cx.result_type,
                 );
@@ -154,7 +160,7 @@ pub(crate) fn respond(
                 "an earlier attempt stopped before its outcome was recorded".to_owned()
             });
             let resolve = format!(
-                "Check whether it took effect; an operator records what happened with `idemgate keys resolve KEY --tool {} --tenant {} --fence {fence} --completed` (it did) or `--release` (it did not; the next call runs it).",
+                "Check whether it took effect; an operator records what happened with `idemgate keys resolve KEY --tool {} --tenant {} --fence {fence} --completed` (it did) or `--release` (it did not; the next call with this key runs the action again).",
                 cx.scope, cx.tenant
             );
             let next = match (ran_here, cx.policy.on_unknown) {
@@ -276,13 +282,22 @@ fn own(
 
 /// A stored result marked as a replay in `_meta`, with the notice block unless turned off, and
 /// `resultType` when `result_type` and the result (stored from an earlier era) has none.
-fn replayed(
-    result: &RawValue,
+/// What a replay says of the record it comes from.
+struct Replay {
+    /// When the action ran, or when an operator resolved it.
     executed_at: Timestamp,
+    /// The rule that named the record.
     rule: KeyRule,
-    notice: bool,
-    result_type: bool,
-) -> Box<RawValue> {
+    /// Whether the outcome is an operator's resolution rather than one the tool returned.
+    resolved: bool,
+}
+
+fn replayed(result: &RawValue, replay: Replay, notice: bool, result_type: bool) -> Box<RawValue> {
+    let Replay {
+        executed_at,
+        rule,
+        resolved,
+    } = replay;
     let Some(mut obj) = frame::object(result) else {
         return result.to_owned();
     };
@@ -293,6 +308,9 @@ fn replayed(
     meta.insert(META_REPLAYED.to_owned(), frame::raw(&true));
     meta.insert(META_EXECUTED_AT.to_owned(), frame::raw(&executed_at));
     meta.insert(META_RULE.to_owned(), frame::raw(&rule));
+    if resolved {
+        meta.insert(META_RESOLVED_BY.to_owned(), frame::raw(&"operator"));
+    }
     obj.insert("_meta".to_owned(), frame::raw(&meta));
     // A task handle has no content to add the notice to; its `_meta` says it is a replay.
     let task = obj.contains_key("task")
@@ -306,7 +324,11 @@ fn replayed(
             .unwrap_or_default();
         content.push(frame::raw(&json!({
             "type": "text",
-            "text": format!("idemgate: this action was already performed at {executed_at} and was not repeated; the result above is the one it returned then."),
+            "text": if resolved {
+                format!("idemgate: an operator resolved this action with `idemgate keys resolve` at {executed_at}; it was not run now, and the result above is the one the operator recorded.")
+            } else {
+                format!("idemgate: this action was already performed at {executed_at} and was not repeated; the result above is the one it returned then.")
+            },
         })));
         obj.insert("content".to_owned(), frame::raw(&content));
     }
@@ -327,9 +349,20 @@ mod tests {
         )
         .unwrap();
         let at = Timestamp::from_millis(1_000);
-        let out: Value =
-            serde_json::from_str(replayed(&stored, at, KeyRule::Explicit, true, false).get())
-                .unwrap();
+        let out: Value = serde_json::from_str(
+            replayed(
+                &stored,
+                Replay {
+                    executed_at: at,
+                    rule: KeyRule::Explicit,
+                    resolved: false,
+                },
+                true,
+                false,
+            )
+            .get(),
+        )
+        .unwrap();
         assert_eq!(out["_meta"]["x"], 1);
         assert_eq!(out["_meta"][META_REPLAYED], true);
         assert_eq!(out["_meta"][META_RULE], "explicit");
@@ -340,7 +373,41 @@ mod tests {
             .unwrap()
             .contains("not repeated"));
         assert!(out.get("resultType").is_none(), "{out}");
-        let quiet = replayed(&stored, at, KeyRule::Fallback, false, false);
+        let quiet = replayed(
+            &stored,
+            Replay {
+                executed_at: at,
+                rule: KeyRule::Fallback,
+                resolved: false,
+            },
+            false,
+            false,
+        );
+        // An operator's resolution is replayed as what it is: resolved then, not run then.
+        let resolved: Value = serde_json::from_str(
+            replayed(
+                &stored,
+                Replay {
+                    executed_at: at,
+                    rule: KeyRule::Explicit,
+                    resolved: true,
+                },
+                true,
+                false,
+            )
+            .get(),
+        )
+        .unwrap();
+        assert_eq!(
+            resolved["_meta"][META_RESOLVED_BY], "operator",
+            "{resolved}"
+        );
+        let notice = resolved["content"][1]["text"].as_str().unwrap();
+        assert!(
+            notice.contains("an operator resolved this action")
+                && !notice.contains("already performed"),
+            "{notice}"
+        );
         assert!(quiet.get().contains(r#""n":12345678901234567890"#));
         let quiet: Value = serde_json::from_str(quiet.get()).unwrap();
         assert_eq!(quiet["content"].as_array().unwrap().len(), 1);
@@ -365,14 +432,37 @@ mod tests {
         // it keeps its own.
         let at = Timestamp::from_millis(1_000);
         let old = RawValue::from_string(r#"{"content":[]}"#.into()).unwrap();
-        let out: Value =
-            serde_json::from_str(replayed(&old, at, KeyRule::Explicit, true, true).get()).unwrap();
+        let out: Value = serde_json::from_str(
+            replayed(
+                &old,
+                Replay {
+                    executed_at: at,
+                    rule: KeyRule::Explicit,
+                    resolved: false,
+                },
+                true,
+                true,
+            )
+            .get(),
+        )
+        .unwrap();
         assert_eq!(out["resultType"], "complete", "{out}");
         let own_type =
             RawValue::from_string(r#"{"content":[],"resultType":"x-own"}"#.into()).unwrap();
-        let out: Value =
-            serde_json::from_str(replayed(&own_type, at, KeyRule::Explicit, true, true).get())
-                .unwrap();
+        let out: Value = serde_json::from_str(
+            replayed(
+                &own_type,
+                Replay {
+                    executed_at: at,
+                    rule: KeyRule::Explicit,
+                    resolved: false,
+                },
+                true,
+                true,
+            )
+            .get(),
+        )
+        .unwrap();
         assert_eq!(out["resultType"], "x-own", "{out}");
 
         // The proxy's own answers.

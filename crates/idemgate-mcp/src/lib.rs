@@ -28,8 +28,8 @@ pub mod stdio;
 pub mod upstream;
 
 pub use answer::{
-    META_EXECUTED_AT, META_FENCE, META_KEY, META_PROBLEM, META_REPLAYED, META_RETRY_AFTER,
-    META_RULE, META_SINCE, META_VERDICT,
+    META_EXECUTED_AT, META_FENCE, META_KEY, META_PROBLEM, META_REPLAYED, META_RESOLVED_BY,
+    META_RETRY_AFTER, META_RULE, META_SINCE, META_VERDICT,
 };
 pub use config::{Config, HttpConfig, KeySource};
 pub use error::Error;
