@@ -8,7 +8,7 @@ use crate::cli::{text, Sandbox};
 
 /// `--store memory:` ran the command on every call: its records die with the process.
 #[test]
-fn issue_7_memory_store_is_refused_for_one_shot_commands() {
+fn memory_store_is_refused_for_one_shot_commands() {
     let sb = Sandbox::new();
     for _ in 0..2 {
         let out = sb.run(&[
@@ -26,7 +26,7 @@ fn issue_7_memory_store_is_refused_for_one_shot_commands() {
 
 /// Store trouble at open exited 1, at reservation 69: nothing ran in both.
 #[test]
-fn issue_7_store_trouble_at_open_exits_69() {
+fn store_trouble_at_open_exits_69() {
     let sb = Sandbox::new();
     let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = dead.local_addr().unwrap().port();
@@ -55,7 +55,7 @@ fn issue_7_store_trouble_at_open_exits_69() {
 
 /// SIGTERM to a running `exec` left the child running and the record in flight.
 #[test]
-fn issue_7_sigterm_reaches_the_command_and_its_outcome_is_recorded() {
+fn sigterm_reaches_the_command_and_its_outcome_is_recorded() {
     let sb = Sandbox::new();
     // A command that exits on its own after SIGTERM: its exit code is recorded and replayed.
     let graceful = "trap 'echo got-term; exit 3' TERM; echo ready; while :; do sleep 0.02; done";
@@ -120,7 +120,7 @@ fn exec_then_term(sb: &Sandbox, key: &str, script: &str) -> Option<i32> {
 /// After the README's quick start (`serve`, tenant "default"), `keys list` showed nothing: it
 /// looked only under tenant "local". It now shows every tenant, and show/resolve find the key.
 #[test]
-fn issue_7_operator_commands_find_records_of_every_tenant() {
+fn operator_commands_find_records_of_every_tenant() {
     let sb = Sandbox::new();
     assert!(sb
         .run(&["exec", "--key", "a", "--", "true"])
@@ -146,7 +146,7 @@ fn issue_7_operator_commands_find_records_of_every_tenant() {
 
 /// `idemgate token new | head -n1` panicked with a backtrace now and then (a closed stdout).
 #[test]
-fn issue_7_a_closed_stdout_ends_quietly() {
+fn a_closed_stdout_ends_quietly() {
     let sb = Sandbox::new();
     let (reader, writer) = std::io::pipe().unwrap();
     // The reader is gone before idemgate writes: every write meets a closed pipe.
@@ -165,7 +165,7 @@ fn issue_7_a_closed_stdout_ends_quietly() {
 
 /// `--json key mint` printed plain text.
 #[test]
-fn issue_7_json_key_commands_print_json() {
+fn json_key_commands_print_json() {
     let sb = Sandbox::new();
     for args in [
         &["--json", "key", "mint"][..],
@@ -179,7 +179,7 @@ fn issue_7_json_key_commands_print_json() {
 
 /// "Address already in use" was printed twice; `serve --tenant` was ignored.
 #[test]
-fn issue_7_serve_says_a_busy_address_once() {
+fn serve_says_a_busy_address_once() {
     let sb = Sandbox::new();
     let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = busy.local_addr().unwrap().to_string();
@@ -210,7 +210,7 @@ fn issue_7_serve_says_a_busy_address_once() {
 /// An operator's JSON resolution is replayed by `exec` and shown exactly (big integers keep
 /// their digits in `--json`; they came back as floats).
 #[test]
-fn issue_7_a_json_resolution_replays_and_keeps_big_integers() {
+fn a_json_resolution_replays_and_keeps_big_integers() {
     let sb = Sandbox::new();
     // A command killed by a signal: the outcome is unknown.
     let first = sb.run(&["exec", "--key", "j", "--", "sh", "-c", "kill -9 $$"]);
@@ -248,7 +248,7 @@ fn json_of(out: &std::process::Output) -> serde_json::Value {
 /// The first `unknown` answer (of the call whose command was killed) said the engine's own time,
 /// some milliseconds after the `since` the record, every later answer and `keys list` say.
 #[test]
-fn issue_17_the_first_unknown_answer_says_the_records_since() {
+fn the_first_unknown_answer_says_the_records_since() {
     let sb = Sandbox::new();
     let killed = [
         "--json",
@@ -276,7 +276,7 @@ fn issue_17_the_first_unknown_answer_says_the_records_since() {
 /// `idemgate mcp -- /nonexistent` said why twice ("...: No such file or directory (os error 2):
 /// No such file or directory (os error 2)").
 #[test]
-fn issue_17_a_server_that_cannot_start_is_said_once() {
+fn a_server_that_cannot_start_is_said_once() {
     let sb = Sandbox::new();
     let out = sb.run(&["mcp", "--", "/nonexistent"]);
     let err = text(&out.stderr);
@@ -292,7 +292,7 @@ fn issue_17_a_server_that_cannot_start_is_said_once() {
 /// on other lines): it says what happened now, the server's exit status is logged, and no field
 /// is written empty.
 #[test]
-fn issue_17_a_crashed_mcp_servers_log_lines_say_what_happened() {
+fn a_crashed_mcp_servers_log_lines_say_what_happened() {
     let sb = Sandbox::new();
     let mut p = sb.initialized("");
     let crashed = p.call("crash", serde_json::json!({}), Some("c-1"));
@@ -327,7 +327,7 @@ fn issue_17_a_crashed_mcp_servers_log_lines_say_what_happened() {
 /// `keys resolve --release` said the next call "runs the command" for records of the MCP proxy
 /// and the gateway too, where no command exists; its help spoke of the command as well.
 #[test]
-fn issue_17_keys_resolve_speaks_of_the_action_for_every_door() {
+fn keys_resolve_speaks_of_the_action_for_every_door() {
     let sb = Sandbox::new();
     let mut p = sb.initialized("");
     let crashed = p.call("crash", serde_json::json!({}), Some("c-1"));
@@ -359,7 +359,7 @@ fn issue_17_keys_resolve_speaks_of_the_action_for_every_door() {
 /// A replay after an operator's resolution said "the command ran at <the resolution's time>":
 /// nothing ran then. It now says an operator resolved it, in text, `--json` and `keys show`.
 #[test]
-fn issue_17_a_replay_of_an_operators_resolution_says_so() {
+fn a_replay_of_an_operators_resolution_says_so() {
     let sb = Sandbox::new();
     let resolutions: [(&str, &[&str]); 2] = [
         ("json", &["--result", r#"{"ok":true}"#]),

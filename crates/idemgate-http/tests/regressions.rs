@@ -15,7 +15,7 @@ async fn call(gw: &Gw, tool: &str, key: &str) -> reqwest::Response {
 
 /// The outcome-unknown text said "not run again until an operator resolves" under `retry` too.
 #[tokio::test]
-async fn issue_7_unknown_under_retry_says_the_next_call_runs_it_again() {
+async fn unknown_under_retry_says_the_next_call_runs_it_again() {
     let up = upstream().await;
     let gw = start(
         "",
@@ -37,7 +37,7 @@ async fn issue_7_unknown_under_retry_says_the_next_call_runs_it_again() {
 /// A record of a forwarded tool resolved by an operator (or written by another front door) made
 /// every later `/call` answer 503 for the whole TTL: `/call` could read only its own format.
 #[tokio::test]
-async fn issue_7_an_operator_resolution_of_a_forwarded_tool_is_replayed() {
+async fn an_operator_resolution_of_a_forwarded_tool_is_replayed() {
     let up = upstream().await;
     let gw = start(
         "",
@@ -72,7 +72,7 @@ async fn issue_7_an_operator_resolution_of_a_forwarded_tool_is_replayed() {
 
 /// Every answer about an execution says how it was recorded.
 #[tokio::test]
-async fn issue_7_call_answers_say_how_the_outcome_was_recorded() {
+async fn call_answers_say_how_the_outcome_was_recorded() {
     let up = upstream().await;
     let gw = start(
         "",
@@ -88,7 +88,7 @@ async fn issue_7_call_answers_say_how_the_outcome_was_recorded() {
 /// An explicit key that starts like the keys the fallback window derives got the fallback
 /// window's retention; such keys are now refused.
 #[tokio::test]
-async fn issue_7_explicit_keys_cannot_pose_as_fallback_keys() {
+async fn explicit_keys_cannot_pose_as_fallback_keys() {
     let gw = start("", "[tools.t]\nfallback_window = \"1s\"\n").await;
     let res = gw.begin("t", "fallback-0123", "{}").await;
     let p = problem(res, 400, "bad-request").await;
@@ -97,7 +97,7 @@ async fn issue_7_explicit_keys_cannot_pose_as_fallback_keys() {
 
 /// `/metrics` labelled series by any tool name a caller sent.
 #[tokio::test]
-async fn issue_7_metrics_label_unconfigured_tools_as_one_series() {
+async fn metrics_label_unconfigured_tools_as_one_series() {
     let gw = start("", "[tools.t]\n").await;
     for i in 0..5 {
         gw.begin(&format!("made-up-{i}"), "k", "{}").await;
