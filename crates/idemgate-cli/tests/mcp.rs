@@ -262,9 +262,10 @@ fn mcp_a_2025_era_client_reaches_a_2026_only_server_through_the_proxy() {
         init["result"]["serverInfo"]["name"], "fixture-2026",
         "{init}"
     );
+    // The server's tasks extension is the 2025-11-25 tasks capability for tool calls.
     assert_eq!(
         init["result"]["capabilities"],
-        json!({"tools": {}}),
+        json!({"tools": {}, "tasks": {"requests": {"tools": {"call": {}}}, "cancel": {}}}),
         "{init}"
     );
     // The server refuses every request without the 2026-07-28 envelope: these work because the
@@ -1108,4 +1109,74 @@ fn mcp_real_everything_2025_tasks_reach_a_2026_client_through_the_tasks_extensio
         json!({"name": "simulate-research-query", "arguments": {"topic": "x"}, "_meta": plain}),
     );
     assert_eq!(refused["error"]["code"], -32021, "{refused}");
+}
+
+#[test]
+fn mcp_a_2025_era_clients_tasks_reach_a_server_of_the_2026_tasks_extension() {
+    let sb = Sandbox::new();
+    let mut p = sb.proxy_to_modern(PLAIN);
+    let init = p.initialize();
+    assert_eq!(
+        init["result"]["capabilities"]["tasks"]["requests"]["tools"]["call"],
+        json!({}),
+        "{init}"
+    );
+    let call = json!({"name": "research", "arguments": {"topic": "retries"}, "task": {"ttl": 60000},
+        "_meta": {"dev.idemgate/idempotency-key": "research-1"}});
+    // The proxy asks the server in the extension's words; the handle comes back nested, as the
+    // client's era has it.
+    let created = p.request("tools/call", call.clone());
+    let task = &created["result"]["task"];
+    let task_id = task["taskId"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{created}"))
+        .to_owned();
+    assert_eq!(task["status"], "working", "{created}");
+    assert_eq!(task["ttl"], 60000, "{created}");
+    assert_eq!(task["pollInterval"], 10, "{created}");
+    assert!(created["result"].get("resultType").is_none(), "{created}");
+    // A retry is the same action: the stored handle, in the client's words again.
+    let again = p.request("tools/call", call);
+    assert_eq!(
+        again["result"]["task"]["taskId"],
+        task_id.as_str(),
+        "{again}"
+    );
+    assert_eq!(
+        again["result"]["_meta"]["dev.idemgate/replayed"], true,
+        "{again}"
+    );
+    assert_eq!(sb.executed(), ["research retries"]);
+    // tasks/get gives the task without its result; tasks/result gives the result.
+    let got = p.request("tasks/get", json!({"taskId": task_id}));
+    assert_eq!(got["result"]["status"], "working", "{got}");
+    assert!(
+        got["result"].get("result").is_none() && got["result"].get("ttlMs").is_none(),
+        "{got}"
+    );
+    let result = p.request("tasks/result", json!({"taskId": task_id}));
+    assert_eq!(
+        result["result"]["content"][0]["text"], "researched retries",
+        "{result}"
+    );
+    assert_eq!(
+        result["result"]["_meta"]["io.modelcontextprotocol/related-task"]["taskId"],
+        task_id.as_str(),
+        "{result}"
+    );
+    let done = p.request("tasks/get", json!({"taskId": task_id}));
+    assert_eq!(done["result"]["status"], "completed", "{done}");
+    // The extension lists no tasks.
+    let listed = p.request("tasks/list", json!({}));
+    assert_eq!(listed["error"]["code"], -32601, "{listed}");
+    // A second task, cancelled while it works.
+    let second = p.request(
+        "tools/call",
+        json!({"name": "research", "arguments": {"topic": "other"}, "task": {},
+            "_meta": {"dev.idemgate/idempotency-key": "research-2"}}),
+    );
+    let second_id = second["result"]["task"]["taskId"].clone();
+    let cancelled = p.request("tasks/cancel", json!({"taskId": second_id}));
+    assert_eq!(cancelled["result"]["status"], "cancelled", "{cancelled}");
+    assert_eq!(cancelled["result"]["taskId"], second_id, "{cancelled}");
 }

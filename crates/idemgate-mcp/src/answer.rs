@@ -235,7 +235,8 @@ pub(crate) fn respond(
 /// server's) to a modern call gets one.
 fn relayed(cx: &CallContext<'_>, frame: String) -> String {
     if !cx.result_type {
-        return frame;
+        // A modern server's task handle, in the words of the legacy client's era.
+        return era::legacy_response(&frame).unwrap_or(frame);
     }
     era::completed_response(&frame, false).unwrap_or(frame)
 }
@@ -334,6 +335,8 @@ fn replayed(result: &RawValue, replay: Replay, notice: bool, result_type: bool) 
     }
     if result_type {
         era::mark_complete(&mut obj);
+    } else {
+        era::nest_task(&mut obj);
     }
     frame::raw(&obj)
 }

@@ -118,6 +118,126 @@ pub(crate) fn missing_tasks_extension(id: &RawValue, tool: &str) -> String {
     format!(r#"{{"jsonrpc":"2.0","id":{},"error":{}}}"#, id.get(), error)
 }
 
+/// `envelope` with the tasks extension declared among its client capabilities: what a legacy
+/// client's task request says in the modern era.
+pub(crate) fn with_tasks_extension(envelope: &Object) -> Object {
+    let mut envelope = envelope.clone();
+    let mut caps = envelope
+        .get(META_CLIENT_CAPABILITIES)
+        .and_then(|c| frame::object(c))
+        .unwrap_or_default();
+    declare_tasks_extension(&mut caps);
+    envelope.insert(META_CLIENT_CAPABILITIES.to_owned(), frame::raw(&caps));
+    envelope
+}
+
+/// `capabilities` with the tasks extension among its `extensions`.
+fn declare_tasks_extension(capabilities: &mut Object) {
+    let mut extensions = capabilities
+        .get("extensions")
+        .and_then(|e| frame::object(e))
+        .unwrap_or_default();
+    extensions.insert(TASKS_EXTENSION.to_owned(), frame::raw(&json!({})));
+    capabilities.insert("extensions".to_owned(), frame::raw(&extensions));
+}
+
+/// A legacy client's task-augmented `tools/call` (2025-11-25 `params.task`) as a modern server
+/// of the tasks extension takes it: no `params.task` (such servers ignore it), the envelope
+/// with the extension declared.
+pub(crate) fn modern_task_call(line: &str, envelope: &Object) -> Option<String> {
+    let mut request: Object = serde_json::from_str(line).ok()?;
+    let mut params = frame::object(request.get("params")?)?;
+    params.remove("task");
+    request.insert("params".to_owned(), frame::raw(&params));
+    with_envelope(
+        &serde_json::to_string(&request).ok()?,
+        &with_tasks_extension(envelope),
+    )
+}
+
+/// A task of the tasks extension in 2025-11-25 words (the reverse of [`modern_task`]): `ttlMs`
+/// is `ttl`, `pollIntervalMs` is `pollInterval`; what only the extension has (`resultType`, the
+/// inline `result`, `error` and `inputRequests`) is left out, since that era fetches a result
+/// with `tasks/result`; a completed task whose tool result is an error is `failed`, as that era
+/// counts it.
+pub(crate) fn legacy_task(task: &Object) -> Object {
+    let failed_tool = task
+        .get("result")
+        .and_then(|r| serde_json::from_str::<Value>(r.get()).ok())
+        .is_some_and(|r| r["isError"] == json!(true));
+    task.iter()
+        .filter(|(k, _)| !["resultType", "result", "error", "inputRequests"].contains(&k.as_str()))
+        .map(|(k, v)| match k.as_str() {
+            "ttlMs" => ("ttl".to_owned(), v.clone()),
+            "pollIntervalMs" => ("pollInterval".to_owned(), v.clone()),
+            "status" if failed_tool && v.get() == r#""completed""# => {
+                (k.clone(), frame::raw(&"failed"))
+            }
+            _ => (k.clone(), v.clone()),
+        })
+        .collect()
+}
+
+/// A result for a legacy request: a handle of the tasks extension (`resultType: "task"`)
+/// becomes the 2025-11-25 `CreateTaskResult`, `{"task": {...}}` ([`legacy_task`]); its `_meta`
+/// stays on the result. Whether it was one.
+pub(crate) fn nest_task(result: &mut Object) -> bool {
+    if result
+        .get("resultType")
+        .is_none_or(|t| t.get() != r#""task""#)
+    {
+        return false;
+    }
+    let meta = result.remove("_meta");
+    let task = legacy_task(result);
+    result.clear();
+    result.insert("task".to_owned(), frame::raw(&task));
+    if let Some(meta) = meta {
+        result.insert("_meta".to_owned(), meta);
+    }
+    true
+}
+
+/// [`nest_task`] on a response frame for a legacy client; `None` when it needs no change.
+pub(crate) fn legacy_response(line: &str) -> Option<String> {
+    // Most results are no task handles: spare them the parse.
+    if !line.contains("\"task\"") {
+        return None;
+    }
+    let mut response: Object = serde_json::from_str(line).ok()?;
+    let mut result = frame::object(response.get("result")?)?;
+    if !nest_task(&mut result) {
+        return None;
+    }
+    response.insert("result".to_owned(), frame::raw(&result));
+    serde_json::to_string(&response).ok()
+}
+
+/// A modern server's capabilities as the legacy era says them: the tasks extension is the
+/// 2025-11-25 `tasks` capability for tool calls, with `cancel` (not `list`: the extension lists
+/// no tasks), which the proxy translates.
+fn legacy_capabilities(capabilities: &RawValue) -> Box<RawValue> {
+    let Some(mut caps) = frame::object(capabilities) else {
+        return capabilities.to_owned();
+    };
+    let Some(mut extensions) = caps.get("extensions").and_then(|e| frame::object(e)) else {
+        return capabilities.to_owned();
+    };
+    if extensions.remove(TASKS_EXTENSION).is_none() {
+        return capabilities.to_owned();
+    }
+    if extensions.is_empty() {
+        caps.remove("extensions");
+    } else {
+        caps.insert("extensions".to_owned(), frame::raw(&extensions));
+    }
+    caps.insert(
+        "tasks".to_owned(),
+        frame::raw(&json!({"requests": {"tools": {"call": {}}}, "cancel": {}})),
+    );
+    frame::raw(&caps)
+}
+
 /// Whether a modern request's envelope declares the tasks extension.
 pub(crate) fn takes_tasks(params: &Object) -> bool {
     client_capabilities(params)
@@ -143,12 +263,7 @@ fn modern_capabilities(capabilities: &RawValue) -> Box<RawValue> {
     };
     let value: Value = serde_json::from_str(tasks.get()).unwrap_or_default();
     if value["requests"]["tools"]["call"].is_object() {
-        let mut extensions = caps
-            .get("extensions")
-            .and_then(|e| frame::object(e))
-            .unwrap_or_default();
-        extensions.insert(TASKS_EXTENSION.to_owned(), frame::raw(&json!({})));
-        caps.insert("extensions".to_owned(), frame::raw(&extensions));
+        declare_tasks_extension(&mut caps);
     }
     frame::raw(&caps)
 }
@@ -333,7 +448,7 @@ pub(crate) fn initialize_from_discover(
         "capabilities".to_owned(),
         discover
             .get("capabilities")
-            .cloned()
+            .map(|c| legacy_capabilities(c))
             .unwrap_or_else(|| frame::raw(&json!({}))),
     );
     let info = discover

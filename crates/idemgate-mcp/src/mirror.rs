@@ -180,6 +180,8 @@ pub(crate) fn target(method: &str, params: &frame::Object) -> Option<String> {
     match method {
         "tools/call" | "prompts/get" => frame::string(params, "name"),
         "resources/read" => frame::string(params, "uri"),
+        // The tasks extension's requests name their task (`Mcp-Name: <taskId>`).
+        "tasks/get" | "tasks/update" | "tasks/cancel" => frame::string(params, "taskId"),
         _ => None,
     }
 }
@@ -251,6 +253,8 @@ mod tests {
         assert_eq!(shown(&none.headers_of(&read))[2], "mcp-name: file:///a");
         let prompt = request(3, "prompts/get", &format!(r#""name":"p",{ENV}"#));
         assert_eq!(shown(&none.headers_of(&prompt))[2], "mcp-name: p");
+        let task = request(8, "tasks/get", &format!(r#""taskId":"t-1",{ENV}"#));
+        assert_eq!(shown(&none.headers_of(&task))[2], "mcp-name: t-1");
         let discover = request(4, "server/discover", ENV);
         assert_eq!(
             shown(&none.headers_of(&discover)),

@@ -232,6 +232,26 @@ fn opening(f: &Frame) -> Option<Opening> {
     })
 }
 
+/// The task a server's answer to `tasks/get` holds, or the answer to the client's request `id`
+/// when it holds none: the server's error, or why no answer came.
+fn task_of(id: &RawValue, reply: Option<Reply>) -> Result<Object, String> {
+    match reply {
+        Some(Reply::Answer {
+            result: Some(r), ..
+        }) => Ok(frame::object(&r).unwrap_or_default()),
+        Some(Reply::Answer { error: Some(e), .. }) => Err(format!(
+            r#"{{"jsonrpc":"2.0","id":{},"error":{}}}"#,
+            id.get(),
+            e.get()
+        )),
+        _ => Err(frame::error_response(
+            Some(id),
+            -32603,
+            "the server did not answer tasks/get",
+        )),
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // Every change under these locks is one insert or remove: a poisoned map is consistent.
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -440,8 +460,14 @@ impl<S: Store> Inner<S> {
         let Era::Upgraded { envelope } = &gate.era else {
             return frame;
         };
-        let request = Frame::parse(&frame).is_some_and(|f| f.method.is_some() && f.id.is_some());
-        if !request {
+        // A request the proxy already put in the modern era's words (a task request, whose
+        // envelope declares the tasks extension) keeps its own envelope.
+        let legacy_request = Frame::parse(&frame).is_some_and(|f| {
+            f.method.is_some()
+                && f.id.is_some()
+                && era::modern_version_of(f.params.as_deref()).is_none()
+        });
+        if !legacy_request {
             return frame;
         }
         era::with_envelope(&frame, envelope).unwrap_or(frame)
@@ -712,6 +738,24 @@ impl<S: Store> Inner<S> {
                     });
                     return;
                 }
+                // A legacy client's task requests before a server of the tasks extension.
+                (
+                    Era::Upgraded { envelope },
+                    Some(m @ ("tasks/get" | "tasks/result" | "tasks/cancel" | "tasks/list")),
+                    Some(id),
+                ) => {
+                    let (inner, id, method) = (Arc::clone(self), id.to_owned(), m.to_owned());
+                    let (params, envelope) =
+                        (f.params.clone(), era::with_tasks_extension(envelope));
+                    drop(gate);
+                    self.spawn(async move {
+                        let answer = inner
+                            .legacy_task_request(&id, &method, params.as_deref(), envelope)
+                            .await;
+                        inner.send_client(answer);
+                    });
+                    return;
+                }
                 // The client fell back to a handshake the proxy already made: from now on it is
                 // a legacy client, which takes the server's requests.
                 (Era::Legacy { initialized }, Some("initialize"), Some(id)) => {
@@ -883,7 +927,17 @@ impl<S: Store> Inner<S> {
         // A legacy server runs a tool as a task only when the call asks (2025-11-25
         // `params.task`); a modern client asks by declaring the tasks extension, and the handle
         // the server answers goes back in the extension's words (`era::mark_complete`).
-        let legacy_server = cx.result_type && matches!(lock(&self.gate).era, Era::Legacy { .. });
+        let legacy_server = {
+            let gate = lock(&self.gate);
+            // A legacy client's task-augmented call before a modern server: the tasks
+            // extension's request, and its handle back in the client's words (`answer::relayed`).
+            if let Era::Upgraded { envelope } = &gate.era {
+                if params.contains_key("task") {
+                    forwarded = era::modern_task_call(&forwarded, envelope).unwrap_or(forwarded);
+                }
+            }
+            cx.result_type && matches!(gate.era, Era::Legacy { .. })
+        };
         let support = tool
             .as_ref()
             .map_or(TaskSupport::Forbidden, |t| t.task_support);
@@ -932,24 +986,9 @@ impl<S: Store> Inner<S> {
                 &frame::raw(&serde_json::json!({"resultType": "complete"})),
             );
         }
-        let task = match ask("tasks/get").await {
-            Some(Reply::Answer {
-                result: Some(r), ..
-            }) => frame::object(&r).unwrap_or_default(),
-            Some(Reply::Answer { error: Some(e), .. }) => {
-                return format!(
-                    r#"{{"jsonrpc":"2.0","id":{},"error":{}}}"#,
-                    id.get(),
-                    e.get()
-                )
-            }
-            _ => {
-                return frame::error_response(
-                    Some(id),
-                    -32603,
-                    "the server did not answer tasks/get",
-                )
-            }
+        let task = match task_of(id, ask("tasks/get").await) {
+            Ok(task) => task,
+            Err(answer) => return answer,
         };
         let finished = matches!(
             frame::string(&task, "status").as_deref(),
@@ -973,6 +1012,95 @@ impl<S: Store> Inner<S> {
         }
         answer.insert("resultType".to_owned(), frame::raw(&"complete"));
         frame::response(id, &frame::raw(&answer))
+    }
+
+    /// A legacy client's `tasks/get`, `tasks/result`, `tasks/cancel` or `tasks/list` before a
+    /// modern server of the tasks extension (whose requests carry `envelope`), in 2025-11-25
+    /// words ([`era::legacy_task`]): `tasks/result`, which the extension has not, polls the
+    /// server's `tasks/get` at its `pollIntervalMs` until the task ends and answers with its
+    /// result (marked with the related task, as that era does) or its error; `tasks/cancel`
+    /// asks the server to cancel and answers with the task, `cancelled` unless it had ended;
+    /// `tasks/list`, which the extension has not either, is refused (`-32601`; the proxy
+    /// declares no `tasks.list` capability).
+    async fn legacy_task_request(
+        &self,
+        id: &RawValue,
+        method: &str,
+        params: Option<&RawValue>,
+        envelope: Object,
+    ) -> String {
+        if method == "tasks/list" {
+            return frame::error_response(
+                Some(id),
+                -32601,
+                "tasks/list: the server speaks the 2026 tasks extension, which lists no tasks",
+            );
+        }
+        let params = params.and_then(frame::object).unwrap_or_default();
+        let Some(task_id) = params.get("taskId").cloned() else {
+            return frame::error_response(Some(id), -32602, "Invalid params: taskId is required");
+        };
+        let ask = |method: &'static str| {
+            let params = serde_json::json!({ "taskId": &task_id, "_meta": &envelope });
+            self.ask(method, params, TASK_TIMEOUT)
+        };
+        if method == "tasks/cancel" {
+            let _ = ask("tasks/cancel").await;
+        }
+        loop {
+            let task = match task_of(id, ask("tasks/get").await) {
+                Ok(task) => task,
+                Err(answer) => return answer,
+            };
+            let status = frame::string(&task, "status").unwrap_or_default();
+            let ended = ["completed", "failed", "cancelled"].contains(&status.as_str());
+            match method {
+                "tasks/get" => return frame::response(id, &frame::raw(&era::legacy_task(&task))),
+                "tasks/cancel" => {
+                    let mut answer = era::legacy_task(&task);
+                    if !ended {
+                        answer.insert("status".to_owned(), frame::raw(&"cancelled"));
+                    }
+                    return frame::response(id, &frame::raw(&answer));
+                }
+                _ => {}
+            }
+            match (status.as_str(), task.get("result"), task.get("error")) {
+                ("completed", Some(result), _) => {
+                    let mut result = frame::object(result).unwrap_or_default();
+                    let mut meta = result
+                        .get("_meta")
+                        .and_then(|m| frame::object(m))
+                        .unwrap_or_default();
+                    meta.insert(
+                        "io.modelcontextprotocol/related-task".to_owned(),
+                        frame::raw(&serde_json::json!({ "taskId": &task_id })),
+                    );
+                    result.insert("_meta".to_owned(), frame::raw(&meta));
+                    return frame::response(id, &frame::raw(&result));
+                }
+                (_, _, Some(error)) if ended => {
+                    return format!(
+                        r#"{{"jsonrpc":"2.0","id":{},"error":{}}}"#,
+                        id.get(),
+                        error.get()
+                    )
+                }
+                _ if ended => {
+                    return frame::error_response(
+                        Some(id),
+                        -32602,
+                        &format!("the task ended {status} without a result"),
+                    )
+                }
+                _ => {}
+            }
+            let poll = task
+                .get("pollIntervalMs")
+                .and_then(|p| serde_json::from_str::<u64>(p.get()).ok())
+                .unwrap_or(1000);
+            tokio::time::sleep(Duration::from_millis(poll.clamp(10, 5000))).await;
+        }
     }
 
     /// The proxy's answer to a call it could not judge (its params or key are invalid), told to
