@@ -49,7 +49,7 @@ mod writer;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -64,7 +64,9 @@ use rusqlite::Connection;
 use tokio::sync::{mpsc, Notify};
 
 use crate::error::{Context, Stage};
-use crate::writer::{Core, Counters, Op, Shared, Task, WakeForCheckpoint, WalWatch, Writer};
+use crate::writer::{
+    Core, Counters, Op, Readers, Shared, Task, WakeForCheckpoint, WalWatch, Writer,
+};
 
 pub use crate::schema::{apply_pragmas, APPLICATION_ID, SCHEMA_VERSION};
 /// The rusqlite this crate is built with, so that a benchmark baseline opens its connection with
@@ -168,7 +170,7 @@ struct Inner {
     writer: Option<JoinHandle<()>>,
     /// The write connection, which callers use directly when the writer thread is idle.
     shared: Arc<Shared>,
-    readers: Mutex<Vec<Connection>>,
+    readers: Arc<Readers>,
     changed: Arc<Notify>,
     counters: Arc<Counters>,
     #[cfg(test)]
@@ -240,6 +242,7 @@ impl SqliteStore {
             })?;
         // One reader now, so that a file that cannot be read fails here rather than at first use.
         let reader = schema::connect(&path, &opts, true)?;
+        let readers = Arc::new(Readers::new(reader));
 
         let (tx, rx) = mpsc::channel(QUEUE);
         let changed = Arc::new(Notify::new());
@@ -247,7 +250,9 @@ impl SqliteStore {
         #[cfg(test)]
         let hooks = Arc::new(writer::TestHooks::default());
         let shared = Arc::new(Shared::new(Core {
-            conn,
+            conn: Ok(conn),
+            read_only: false,
+            readers: readers.clone(),
             clock: opts.clock.clone(),
             path: path.clone(),
             opts: opts.clone(),
@@ -280,7 +285,7 @@ impl SqliteStore {
                 tx: Some(tx),
                 writer: Some(writer),
                 shared,
-                readers: Mutex::new(vec![reader]),
+                readers,
                 changed,
                 counters,
                 #[cfg(test)]
@@ -397,12 +402,14 @@ impl SqliteStore {
     {
         let inner = self.inner.clone();
         tokio::task::spawn_blocking(move || {
-            let conn = match inner.idle_readers().pop() {
+            // Held until the connection is back among the idle ones (see `Readers`).
+            let readers = inner.readers.shared();
+            let conn = match Readers::idle(&readers).pop() {
                 Some(conn) => conn,
                 None => schema::connect(&inner.path, &inner.opts, true)?,
             };
             let out = f(&conn, inner.opts.clock.as_ref());
-            let mut idle = inner.idle_readers();
+            let mut idle = Readers::idle(&readers);
             if idle.len() < IDLE_READERS {
                 idle.push(conn);
             }
@@ -414,13 +421,6 @@ impl SqliteStore {
                 "failed to read the sqlite store: the read task ended early: {e}"
             )))
         })
-    }
-}
-
-impl Inner {
-    fn idle_readers(&self) -> MutexGuard<'_, Vec<Connection>> {
-        // A panic while holding the lock leaves at worst a connection missing from the pool.
-        self.readers.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 

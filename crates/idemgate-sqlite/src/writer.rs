@@ -13,13 +13,13 @@
 //! Both take the same [`Core`] lock, so there is still one writer at a time.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard};
 
 use idemgate_core::{Clock, StoreError, Timestamp};
-use rusqlite::Connection;
+use rusqlite::{Connection, ErrorCode};
 use tokio::sync::{mpsc, oneshot, Notify};
 
-use crate::error::{Context, Stage};
+use crate::error::{classify, Context, Stage};
 
 /// One queued write operation, its inputs and its caller's answer channel inside.
 pub(crate) trait Task: Send {
@@ -115,9 +115,51 @@ const CHECKPOINT_WAIT: std::time::Duration = std::time::Duration::from_millis(20
 /// The least time between two checkpoints that interrupt a busy writer.
 const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_millis(200);
 
+/// The read connections of a store. Every read holds the lock shared from taking a connection
+/// until it is back among the idle ones, so that the writer, holding it exclusively, has every
+/// read connection of the store in hand and can close them all (see [`Core::reopen_if_read_only`]).
+pub(crate) struct Readers {
+    idle: RwLock<Mutex<Vec<Connection>>>,
+}
+
+impl Readers {
+    pub(crate) fn new(first: Connection) -> Self {
+        Readers {
+            idle: RwLock::new(Mutex::new(vec![first])),
+        }
+    }
+
+    /// The lock a read holds while it has a connection.
+    pub(crate) fn shared(&self) -> RwLockReadGuard<'_, Mutex<Vec<Connection>>> {
+        // A panic while holding the lock leaves at worst a connection missing from the pool.
+        self.idle.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The idle connections, under the shared lock.
+    pub(crate) fn idle<'a>(
+        shared: &'a RwLockReadGuard<'_, Mutex<Vec<Connection>>>,
+    ) -> MutexGuard<'a, Vec<Connection>> {
+        shared.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Waits until no read has a connection out, then closes every one.
+    fn close_all(&self) -> std::sync::RwLockWriteGuard<'_, Mutex<Vec<Connection>>> {
+        let mut all = self.idle.write().unwrap_or_else(|p| p.into_inner());
+        all.get_mut().unwrap_or_else(|p| p.into_inner()).clear();
+        all
+    }
+}
+
 /// The write connection and what a batch needs besides it; whoever runs a batch holds its lock.
 pub(crate) struct Core {
-    pub(crate) conn: Connection,
+    /// The write connection, or why it could not be opened again (every batch fails with that
+    /// until a later one opens it).
+    pub(crate) conn: Result<Connection, StoreError>,
+    /// Whether the last batch's `BEGIN IMMEDIATE` was refused as read-only: the connection must
+    /// be opened again, even when SQLite does not call it read-only.
+    pub(crate) read_only: bool,
+    /// The store's read connections, closed when the write connection is opened again.
+    pub(crate) readers: Arc<Readers>,
     pub(crate) clock: Arc<dyn Clock>,
     /// The database file, to open the connection again (see [`Core::reopen_if_read_only`]).
     pub(crate) path: std::path::PathBuf,
@@ -429,21 +471,24 @@ impl Core {
         if size <= over || busy && recent && size <= limit + limit / 2 {
             return;
         }
+        let Ok(conn) = &self.conn else {
+            return;
+        };
         self.last_checkpoint = Some(std::time::Instant::now());
         let wait = if size > 2 * limit {
             self.opts.busy_timeout
         } else {
             CHECKPOINT_WAIT.min(self.opts.busy_timeout)
         };
-        let waits = self.conn.busy_timeout(wait);
+        let waits = conn.busy_timeout(wait);
         let checkpoint = if busy {
             "PRAGMA wal_checkpoint(RESTART)"
         } else {
             "PRAGMA wal_checkpoint(TRUNCATE)"
         };
-        let _ = self.conn.query_row(checkpoint, [], |_| Ok(()));
+        let _ = conn.query_row(checkpoint, [], |_| Ok(()));
         if waits.is_ok() {
-            let _ = self.conn.busy_timeout(self.opts.busy_timeout);
+            let _ = conn.busy_timeout(self.opts.busy_timeout);
         }
     }
 
@@ -451,32 +496,55 @@ impl Core {
         std::fs::metadata(&self.wal).map_or(0, |m| m.len())
     }
 
-    /// Opens the write connection again when SQLite opened it read-only and the database can now
-    /// be written. A connection opened while the files (or their file system) were read-only
-    /// stays read-only for good, so without this every write would fail until a restart, long
-    /// after an operator fixed the permissions.
+    /// Opens the write connection again when it cannot write: SQLite opened it read-only, or the
+    /// last batch was refused as read-only, or opening it again failed. A connection opened while
+    /// the files (or their file system) were read-only stays read-only for good, so without this
+    /// every write would fail until a restart, long after an operator fixed the permissions.
+    ///
+    /// Every connection of the store closes first, the read ones included. SQLite shares one
+    /// shared-memory index (`-shm`) among all the connections of a process to one database, as
+    /// it opened it for the first of them: read-only if the file was. A connection opened while
+    /// another one of this process is still open inherits that, and cannot write although SQLite
+    /// does not call it read-only; only once all of them closed does the next one open the file
+    /// anew, writable if it now is.
+    ///
+    /// Still read-only, the new connection fails this batch as before (SQLITE_READONLY, so
+    /// Unavailable: nothing was written), and the next batch tries again.
     fn reopen_if_read_only(&mut self) {
-        if !self.conn.is_readonly(rusqlite::MAIN_DB).unwrap_or(false) {
+        let can_write = match &self.conn {
+            Ok(conn) => !self.read_only && !conn.is_readonly(rusqlite::MAIN_DB).unwrap_or(false),
+            Err(_) => false,
+        };
+        if can_write {
             return;
         }
-        // Still read-only: this batch fails as before (SQLITE_READONLY, so Unavailable: nothing
-        // was written), and the next one tries again.
-        if let Ok(mut conn) = crate::schema::connect(&self.path, &self.opts, false) {
-            if !conn.is_readonly(rusqlite::MAIN_DB).unwrap_or(true)
-                && self.wal_watch.install(&mut conn).is_ok()
-            {
-                self.conn = conn;
-            }
-        }
+        // Reads wait until the new write connection is open, so that none opens the index first.
+        let _readers = self.readers.close_all();
+        // The old connection closes before the new one opens.
+        self.conn = Err(StoreError::Unavailable(format!(
+            "failed to open the sqlite store {} again",
+            self.path.display()
+        )));
+        self.read_only = false;
+        self.conn = crate::schema::connect(&self.path, &self.opts, false).and_then(|mut conn| {
+            self.wal_watch
+                .install(&mut conn)
+                .during(Stage::Open, || {
+                    format!("watch the log of {}", self.path.display())
+                })
+                .map(|()| conn)
+        });
     }
 
     fn run_batch(&mut self, mut batch: Vec<Box<dyn Task>>) {
         self.reopen_if_read_only();
         let result = self.execute(&mut batch);
-        if result.is_err() && !self.conn.is_autocommit() {
-            // Nothing of a failed batch may stay behind for the next one. If even the rollback
-            // fails, the connection is unusable and the next BEGIN reports it.
-            let _ = self.conn.execute_batch("ROLLBACK");
+        if let Ok(conn) = &self.conn {
+            if result.is_err() && !conn.is_autocommit() {
+                // Nothing of a failed batch may stay behind for the next one. If even the rollback
+                // fails, the connection is unusable and the next BEGIN reports it.
+                let _ = conn.execute_batch("ROLLBACK");
+            }
         }
         let wrote = matches!(result, Ok(true));
         if result.is_ok() {
@@ -499,9 +567,15 @@ impl Core {
     /// Runs `batch` in one transaction; returns whether any task wrote.
     fn execute(&mut self, batch: &mut [Box<dyn Task>]) -> Result<bool, StoreError> {
         let n = batch.len();
-        let conn = &self.conn;
-        run_cached(conn, "BEGIN IMMEDIATE")
-            .during(Stage::Write, || format!("begin a batch of {n} writes"))?;
+        let conn = self.conn.as_ref().map_err(Clone::clone)?;
+        if let Err(e) = run_cached(conn, "BEGIN IMMEDIATE") {
+            self.read_only = e.sqlite_error_code() == Some(ErrorCode::ReadOnly);
+            return Err(classify(
+                Stage::Write,
+                format!("begin a batch of {n} writes"),
+                &e,
+            ));
+        }
         // Alone in its batch (the common case at low concurrency), a write needs no savepoint: a
         // rollback of the whole transaction undoes exactly its statements.
         let isolated = n > 1;
