@@ -1389,6 +1389,56 @@ mod tests {
         );
     }
 
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_idle_writer_empties_the_log_once_a_reader_that_kept_it_lets_go() {
+        // A reader in the log when the writer falls idle makes its checkpoint fail. The writer
+        // must try again rather than sleep until the next write, which may never come.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db");
+        let opts = SqliteOptions {
+            durability: Durability::Normal,
+            wal_limit: MIN_WAL_LIMIT,
+            ..manual()
+        };
+        let quarter = opts.wal_limit / 4;
+        let store = SqliteStore::open(&path, opts).unwrap();
+        // Every write through the thread, which then checkpoints once idle.
+        store.inner.shared.inline_off.store(true, Ordering::SeqCst);
+        let reader = raw(&path);
+        reader.execute_batch("BEGIN").unwrap();
+        let _: i64 = reader
+            .query_row("SELECT count(*) FROM idemgate_record", [], |r| r.get(0))
+            .unwrap();
+        // Past a quarter of the limit, short of what makes a busy writer wait for the reader.
+        largest_wal_while_writing(&store, &path, 2, 1024).await;
+        let grown = wal_bytes(&path);
+        assert!(
+            grown > quarter && grown < 2 * MIN_WAL_LIMIT,
+            "the log holds {grown} bytes"
+        );
+        // The writer has tried, after the last batch, while the reader was in the log.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !store
+            .inner
+            .hooks
+            .idle_checkpoint_tried
+            .load(Ordering::SeqCst)
+        {
+            assert!(Instant::now() < deadline, "the writer never fell idle");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert!(wal_bytes(&path) > quarter, "emptied with a reader in it");
+        reader.execute_batch("COMMIT").unwrap();
+        while wal_bytes(&path) > quarter {
+            assert!(
+                Instant::now() < deadline,
+                "the log kept {} bytes after the reader let go",
+                wal_bytes(&path)
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     #[tokio::test]
     async fn read_only_files_refuse_writes_and_recover_without_a_restart() {
         let dir = tempfile::tempdir().unwrap();

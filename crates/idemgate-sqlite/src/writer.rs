@@ -112,8 +112,11 @@ const SPIN: std::time::Duration = std::time::Duration::from_micros(200);
 const QUIET: std::time::Duration = std::time::Duration::from_millis(10);
 /// How long a checkpoint of the write-ahead log waits for readers of old snapshots.
 const CHECKPOINT_WAIT: std::time::Duration = std::time::Duration::from_millis(20);
-/// The least time between two checkpoints that interrupt a busy writer.
+/// The least time between two checkpoints that interrupt a busy writer, and the first pause of
+/// an idle writer whose checkpoint readers kept from emptying the log.
 const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_millis(200);
+/// The longest pause of an idle writer between checkpoints that readers keep failing.
+const IDLE_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The read connections of a store. Every read holds the lock shared from taking a connection
 /// until it is back among the idle ones, so that the writer, holding it exclusively, has every
@@ -284,6 +287,8 @@ pub(crate) struct TestHooks {
     pub(crate) gate: tokio::sync::Mutex<()>,
     /// How many times the writer arrived at the gate.
     pub(crate) arrived: AtomicU64,
+    /// Set when the writer, idle, has tried to empty the log; cleared when it starts a batch.
+    pub(crate) idle_checkpoint_tried: AtomicBool,
 }
 
 impl Shared {
@@ -370,9 +375,12 @@ impl Writer {
     /// inline, and empties the log (the fsyncs of a checkpoint delay nobody then) before it sleeps
     /// on the queue. Callers writing inline never reach the queue, so the thread checks the time
     /// of the last write rather than its own; a caller that queues a task wakes it
-    /// ([`Shared::task_queued`]).
+    /// ([`Shared::task_queued`]). When readers in the log keep the checkpoint from emptying it,
+    /// the thread tries again after a pause (from [`CHECKPOINT_EVERY`], doubling up to
+    /// [`IDLE_RETRY_MAX`]) instead of sleeping until a write that may never come.
     fn next_task(&mut self, after_batch: bool) -> Option<Box<dyn Task>> {
         let spin_until = after_batch.then(|| std::time::Instant::now() + SPIN);
+        let mut retry = CHECKPOINT_EVERY;
         loop {
             match self.rx.try_recv() {
                 Ok(task) => return Some(task),
@@ -391,12 +399,22 @@ impl Writer {
             // A caller holding the connection is writing: not idle after all.
             if let Ok(mut core) = self.shared.core.try_lock() {
                 let quarter = core.opts.wal_limit / 4;
-                core.checkpoint_beyond(quarter, false);
+                let emptied = core.checkpoint_beyond(quarter, false);
                 // Cleared with the connection held, so a caller that leaves the log long after
                 // this checkpoint asks again.
                 self.shared.checkpoint_asked.store(false, Ordering::SeqCst);
                 drop(core);
-                return self.rx.blocking_recv();
+                #[cfg(test)]
+                self.hooks
+                    .idle_checkpoint_tried
+                    .store(true, Ordering::SeqCst);
+                if emptied {
+                    return self.rx.blocking_recv();
+                }
+                // Woken early by a task queued meanwhile.
+                std::thread::park_timeout(retry);
+                retry = (retry * 2).min(IDLE_RETRY_MAX);
+                continue;
             }
             std::thread::park_timeout(QUIET);
         }
@@ -415,6 +433,9 @@ impl Writer {
             self.shared.thread_busy.store(true, Ordering::SeqCst);
             #[cfg(test)]
             {
+                self.hooks
+                    .idle_checkpoint_tried
+                    .store(false, Ordering::SeqCst);
                 self.hooks.arrived.fetch_add(1, Ordering::SeqCst);
                 drop(self.hooks.gate.blocking_lock());
             }
@@ -458,7 +479,11 @@ impl Core {
     ///
     /// Busy, the log's length is what the last commit left in it ([`WalWatch`]); idle, it is
     /// the file's size, which is what an idle checkpoint cuts.
-    fn checkpoint_beyond(&mut self, over: u64, busy: bool) {
+    ///
+    /// Answers `false` only when the checkpoint ran and readers kept it from finishing, so that
+    /// trying again later may empty the log; `true` when the log is within `over`, or the
+    /// checkpoint finished, failed otherwise (a read-only file), or was not due.
+    fn checkpoint_beyond(&mut self, over: u64, busy: bool) -> bool {
         let size = if busy {
             self.wal_watch.written()
         } else {
@@ -469,10 +494,10 @@ impl Core {
             .last_checkpoint
             .is_some_and(|at| at.elapsed() < CHECKPOINT_EVERY);
         if size <= over || busy && recent && size <= limit + limit / 2 {
-            return;
+            return true;
         }
         let Ok(conn) = &self.conn else {
-            return;
+            return true;
         };
         self.last_checkpoint = Some(std::time::Instant::now());
         let wait = if size > 2 * limit {
@@ -486,10 +511,12 @@ impl Core {
         } else {
             "PRAGMA wal_checkpoint(TRUNCATE)"
         };
-        let _ = conn.query_row(checkpoint, [], |_| Ok(()));
+        // One row: whether readers kept it from finishing, then counts of frames.
+        let kept_by_readers = conn.query_row(checkpoint, [], |row| row.get::<_, i64>(0));
         if waits.is_ok() {
             let _ = conn.busy_timeout(self.opts.busy_timeout);
         }
+        !matches!(kept_by_readers, Ok(busy) if busy != 0)
     }
 
     fn wal_size(&self) -> u64 {
