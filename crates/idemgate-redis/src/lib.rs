@@ -1071,9 +1071,15 @@ fn redact(url: &str) -> String {
 /// Refuses a Redis that would forget acknowledged records when it restarts: on a cluster, every
 /// node must persist (a replica may become the master of its slots).
 async fn check_persistence(conn: &mut Conn, url: &str) -> Result<()> {
-    let how = "enable append-only persistence (appendonly yes, appendfsync always or everysec), or \
-               accept losing records on a restart with RedisOptions { allow_volatile: true, .. } or \
-               ?allow_volatile=true in the url";
+    // In the words of those who set it: the store URL of `--store`, `IDEMGATE_STORE`, the
+    // gateway's `store = "..."` or the Python package's `Engine.open(...)`.
+    let how = format!(
+        "enable append-only persistence (appendonly yes, appendfsync always or everysec), or \
+         accept losing records on a restart by adding allow_volatile=true to the store URL: \
+         {url}?allow_volatile=true (or &allow_volatile=true after its other options), as given \
+         to --store, IDEMGATE_STORE or store = \"...\" in the gateway's configuration (in Rust, \
+         RedisOptions::allow_volatile)"
+    );
     let unreadable = |e: &dyn fmt::Display| {
         StoreError::Misconfigured(format!(
             "failed to read the persistence settings of redis at {url} (CONFIG GET appendonly: \

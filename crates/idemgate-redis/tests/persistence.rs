@@ -19,12 +19,33 @@ async fn redis_without_aof_is_refused() {
         aof[1], "no",
         "the shared test redis is expected to run without persistence"
     );
-    match RedisStore::connect(&url).await {
-        Err(StoreError::Misconfigured(msg)) => {
-            assert!(msg.contains("appendonly no"), "{msg}");
-            assert!(msg.contains("allow_volatile"), "{msg}");
-        }
+    let msg = match RedisStore::connect(&url).await {
+        Err(StoreError::Misconfigured(msg)) => msg,
         other => panic!("expected a refusal, got {other:?}"),
+    };
+    assert!(msg.contains("appendonly no"), "{msg}");
+    // Told in the words of what the operator sets (the store URL, wherever it is given), not as
+    // a Rust struct.
+    for words in [
+        "adding allow_volatile=true to the store URL",
+        "--store",
+        "IDEMGATE_STORE",
+        "store = \"...\"",
+    ] {
+        assert!(msg.contains(words), "{words:?} missing from: {msg}");
+    }
+    assert!(!msg.contains("RedisOptions {"), "{msg}");
+    // And the URL it suggests is accepted.
+    let suggested = msg
+        .split_once("to the store URL: ")
+        .and_then(|(_, rest)| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no URL suggested in: {msg}"));
+    assert!(suggested.ends_with("?allow_volatile=true"), "{msg}");
+    if !url.contains('@') {
+        let store = RedisStore::connect(&format!("{suggested}&key_prefix={}", run_prefix()))
+            .await
+            .unwrap_or_else(|e| panic!("the suggested {suggested} is refused: {e}"));
+        assert!(store.options().allow_volatile);
     }
     let strict = RedisOptions {
         key_prefix: run_prefix().to_owned(),
