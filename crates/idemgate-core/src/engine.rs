@@ -64,6 +64,10 @@ pub struct Call {
     pub key: Option<IdempotencyKey>,
     /// The fingerprint of the canonical arguments.
     pub fingerprint: Fingerprint,
+    /// Where the call was made (a conversation, an MCP session): a call without a key is
+    /// the same action as an identical one within the fallback window only in the same scope
+    /// ([`Call::scope`]). `None`: one scope for the tenant.
+    pub scope: Option<Arc<str>>,
 }
 
 impl Call {
@@ -76,6 +80,30 @@ impl Call {
             tool,
             key: None,
             fingerprint: *NULL_ARGS.get_or_init(|| Fingerprint::of_json(&Value::Null)),
+            scope: None,
+        }
+    }
+
+    /// Sets the scope the call was made in: the fallback window then joins only identical
+    /// calls of the same scope (a model re-emitting a call in its conversation), never calls of
+    /// another conversation with the same arguments. Explicit keys are not scoped: a caller that
+    /// names the action names it everywhere.
+    pub fn scope(mut self, scope: impl Into<Arc<str>>) -> Self {
+        self.scope = Some(scope.into());
+        self
+    }
+
+    /// What names the call's fallback record: its arguments' fingerprint, within its scope.
+    fn window_fingerprint(&self) -> Fingerprint {
+        match &self.scope {
+            None => self.fingerprint,
+            Some(scope) => {
+                let mut bytes = Vec::with_capacity(8 + scope.len() + 32);
+                bytes.extend_from_slice(&(scope.len() as u64).to_be_bytes());
+                bytes.extend_from_slice(scope.as_bytes());
+                bytes.extend_from_slice(self.fingerprint.as_bytes());
+                Fingerprint::of_bytes(&bytes)
+            }
         }
     }
 
@@ -1312,6 +1340,8 @@ fn name(call: Call, policy: &ToolPolicy) -> Result<Option<Named>, EngineError> {
     if policy.kind != ToolKind::Write {
         return Ok(None);
     }
+    // Only a call the window names needs it (a scoped one costs a digest).
+    let window_fingerprint = call.key.is_none().then(|| call.window_fingerprint());
     let named = match (call.key, policy.fallback_window) {
         (Some(k), _) => Named {
             key: Key::new(call.tenant, call.tool, k),
@@ -1319,7 +1349,11 @@ fn name(call: Call, policy: &ToolPolicy) -> Result<Option<Named>, EngineError> {
             ttl: policy.ttl,
         },
         (None, Some(window)) => Named {
-            key: Key::fallback(call.tenant, call.tool, &call.fingerprint),
+            key: Key::fallback(
+                call.tenant,
+                call.tool,
+                &window_fingerprint.expect("computed for every call without a key"),
+            ),
             rule: KeyRule::Fallback,
             ttl: window,
         },

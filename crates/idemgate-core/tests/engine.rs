@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use idemgate_core::faulty::{Fault, Op};
 use idemgate_core::{
-    Decision, Effect, Engine, EngineError, KeyRule, ManualClock, MemoryStore, Outcome, OutcomeKind,
-    Policies, Probe, ProbeFuture, RecordState, Recording, Resolution, State, Store, Timestamp,
-    ToolKind, ToolPolicy, UnknownPolicy, Verifier,
+    Decision, Effect, Engine, EngineError, Fingerprint, KeyRule, ManualClock, MemoryStore, Outcome,
+    OutcomeKind, Policies, Probe, ProbeFuture, RecordState, Recording, Resolution, State, Store,
+    Timestamp, ToolKind, ToolPolicy, UnknownPolicy, Verifier,
 };
 use serde_json::json;
 use tokio::sync::Notify;
@@ -155,6 +155,72 @@ async fn writes_need_a_key_reads_and_natural_writes_pass_through() {
     }
     assert_eq!(runs.get(), 4);
     assert!(r.store.inner().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_fallback_window_joins_identical_calls_of_one_scope_only() {
+    let r = rig(Policies::new().with_tool(
+        "send_mail",
+        ToolPolicy {
+            fallback_window: Some(Duration::from_secs(60)),
+            ..ToolPolicy::default()
+        },
+    ));
+    let runs = Counter::default();
+    let args = json!({"to": "a@b.c"});
+    let in_scope = |scope: &str| call("acme", "send_mail", None, args.clone()).scope(scope);
+    for c in [in_scope("conversation-1"), in_scope("conversation-1")] {
+        r.engine
+            .call(c, || runs.effect(success("sent")))
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        runs.get(),
+        1,
+        "a re-emission in its conversation is the same action"
+    );
+    let other = r
+        .engine
+        .call(in_scope("conversation-2"), || runs.effect(success("sent")))
+        .await
+        .unwrap();
+    assert_eq!(
+        runs.get(),
+        2,
+        "another conversation's identical call is another action"
+    );
+    assert_eq!(other.rule, Some(KeyRule::Fallback));
+    // Without a scope the window is the tenant's, named as it always was.
+    let policy = ToolPolicy {
+        fallback_window: Some(Duration::from_secs(60)),
+        ..ToolPolicy::default()
+    };
+    let unscoped = r
+        .engine
+        .key_for(&call("acme", "send_mail", None, args.clone()), &policy);
+    let scoped = r.engine.key_for(&in_scope("conversation-1"), &policy);
+    let (unscoped, scoped) = (unscoped.unwrap().unwrap().key, scoped.unwrap().unwrap().key);
+    assert_ne!(unscoped, scoped);
+    assert_eq!(
+        unscoped.key.as_str(),
+        format!("fallback-{}", Fingerprint::of_json(&args).to_hex())
+    );
+    // A key names the action in every scope.
+    let keyed = |scope: &str| call("acme", "send_mail", Some("k-1"), args.clone()).scope(scope);
+    let (a, b) = (
+        r.engine
+            .key_for(&keyed("conversation-1"), &policy)
+            .unwrap()
+            .unwrap()
+            .key,
+        r.engine
+            .key_for(&keyed("conversation-2"), &policy)
+            .unwrap()
+            .unwrap()
+            .key,
+    );
+    assert_eq!(a, b);
 }
 
 #[tokio::test(start_paused = true)]
