@@ -602,6 +602,67 @@ fn mcp_refuses_a_write_without_key_and_a_reused_key() {
 }
 
 #[test]
+fn mcp_what_counts_as_the_same_action_without_a_key() {
+    let config = "[tools.count]\non_missing_key = \"window\"\n";
+    let sb = Sandbox::new();
+    let mut p = sb.initialized(config);
+    let args = json!({"label": "a"});
+    let first = p.call("count", args.clone(), None);
+    assert_eq!(text(&first, 0), "counted 1", "{first}");
+    // (b) The model re-emits the identical call under a new request id: the same action, and
+    // the text it reads says it ran and was not repeated, and how to repeat it on purpose.
+    let again = p.call("count", args.clone(), None);
+    assert_eq!(
+        again["result"]["_meta"]["dev.idemgate/rule"], "fallback",
+        "{again}"
+    );
+    assert_eq!(text(&again, 0), "counted 1", "{again}");
+    let told = text(&again, 1);
+    assert!(
+        told.contains("taken for a repeat") && told.contains("idempotency_key"),
+        "{again}"
+    );
+    assert_eq!(sb.executed().len(), 1);
+    // (c) The same arguments in another conversation (named by the client) are another action,
+    // and so are they in another session (a new proxy process on the same store).
+    let mut params = json!({"name": "count", "arguments": args});
+    params["_meta"] = json!({"dev.idemgate/conversation": "conversation-2"});
+    let elsewhere = p.request("tools/call", params.clone());
+    assert_eq!(text(&elsewhere, 0), "counted 2", "{elsewhere}");
+    let there_again = p.request("tools/call", params);
+    assert_eq!(text(&there_again, 0), "counted 2", "{there_again}");
+    let mut other_session = sb.initialized(config);
+    let fresh = other_session.call("count", args.clone(), None);
+    assert_eq!(text(&fresh, 0), "counted 3", "{fresh}");
+    // (d) A deliberate repeat names the new action with a key of its own.
+    let repeat = p.call(
+        "count",
+        json!({"label": "a", "idempotency_key": "second-a"}),
+        None,
+    );
+    assert_eq!(text(&repeat, 0), "counted 4", "{repeat}");
+    assert_eq!(sb.executed().len(), 4);
+    // A key in params.idempotencyKey (the MCP proposal SEP-3182) names the action too.
+    let keyed = json!({"name": "count", "arguments": {"label": "p"}, "idempotencyKey": "sep-1"});
+    let ran = p.request("tools/call", keyed.clone());
+    let replayed = p.request("tools/call", keyed);
+    assert_eq!(
+        replayed["result"]["_meta"]["dev.idemgate/replayed"], true,
+        "{replayed}"
+    );
+    assert_eq!(
+        replayed["result"]["_meta"]["dev.idemgate/rule"], "explicit",
+        "{replayed}"
+    );
+    assert_eq!(text(&replayed, 0), text(&ran, 0));
+    assert_eq!(sb.executed().len(), 5);
+    // "refuse" is a write without a key refused, as with no window at all.
+    let mut refusing = sb.initialized("[default]\non_missing_key = \"refuse\"\n");
+    let refused = refusing.call("count", args, None);
+    assert_eq!(verdict(&refused), "key_required", "{refused}");
+}
+
+#[test]
 fn mcp_fallback_window_deduplicates_calls_without_key() {
     let (sb, mut p) = started("[tools.count]\nfallback_window = \"1h\"\n");
     let first = p.call("count", json!({"label": "a"}), None);

@@ -15,6 +15,9 @@ use crate::session::Reply;
 
 /// The `_meta` key a client puts its idempotency key under.
 pub const META_KEY: &str = "dev.idemgate/idempotency-key";
+/// The `_meta` key a client names its conversation under: calls without a key are joined by
+/// the fallback window within one conversation only (without it, within one MCP session).
+pub const META_CONVERSATION: &str = "dev.idemgate/conversation";
 /// `_meta` of a replay: true.
 pub const META_REPLAYED: &str = "dev.idemgate/replayed";
 /// `_meta` of a replay: when the action ran (RFC 3339).
@@ -318,14 +321,18 @@ fn replayed(result: &RawValue, replay: Replay, notice: bool, result_type: bool) 
         || obj
             .get("resultType")
             .is_some_and(|t| t.get() == r#""task""#);
-    if notice && !task {
+    // A call the window took for a repeat is always told so: the model must learn that what it
+    // sent was not done again, and how to do it again on purpose.
+    if (notice || rule == KeyRule::Fallback) && !task {
         let mut content: Vec<Box<RawValue>> = obj
             .get("content")
             .and_then(|c| serde_json::from_str(c.get()).ok())
             .unwrap_or_default();
         content.push(frame::raw(&json!({
             "type": "text",
-            "text": if resolved {
+            "text": if rule == KeyRule::Fallback {
+                format!("idemgate: an identical call of this tool (the same arguments, without an idempotency key) ran at {executed_at} in this conversation, so this one was taken for a repeat of that action and was not run again; the result above is the one it returned then. To do it again on purpose, call the tool again with the argument idempotency_key set to a new value that names the new action.")
+            } else if resolved {
                 format!("idemgate: an operator resolved this action with `idemgate keys resolve` at {executed_at}; it was not run now, and the result above is the one the operator recorded.")
             } else {
                 format!("idemgate: this action was already performed at {executed_at} and was not repeated; the result above is the one it returned then.")
@@ -412,9 +419,27 @@ mod tests {
             "{notice}"
         );
         assert!(quiet.get().contains(r#""n":12345678901234567890"#));
+        // A call the window took for a repeat is told so, and how to repeat on purpose, even
+        // where replays are otherwise quiet.
         let quiet: Value = serde_json::from_str(quiet.get()).unwrap();
-        assert_eq!(quiet["content"].as_array().unwrap().len(), 1);
         assert_eq!(quiet["_meta"][META_RULE], "fallback");
+        let told = quiet["content"][1]["text"].as_str().unwrap();
+        assert!(
+            told.contains("taken for a repeat") && told.contains("idempotency_key"),
+            "{told}"
+        );
+        let explicit = replayed(
+            &stored,
+            Replay {
+                executed_at: at,
+                rule: KeyRule::Explicit,
+                resolved: false,
+            },
+            false,
+            false,
+        );
+        let explicit: Value = serde_json::from_str(explicit.get()).unwrap();
+        assert_eq!(explicit["content"].as_array().unwrap().len(), 1);
     }
 
     #[test]

@@ -20,7 +20,16 @@ pub enum KeySource {
     Meta,
     /// A tool argument `idempotency_key` or `idempotencyKey`.
     Argument,
+    /// `params.idempotencyKey` of `tools/call`, where the MCP proposal SEP-3182 (Request
+    /// Idempotency) puts it.
+    Params,
 }
+
+/// The re-emission window `on_missing_key = "window"` gives a tool that sets no
+/// `fallback_window` of its own: long enough for a model to re-emit a call it was unsure of
+/// after a timeout or an error (seconds to a minute), short enough that a later identical call
+/// is a new action.
+pub const DEFAULT_WINDOW: Duration = Duration::from_secs(60);
 
 /// The configuration of one proxied server.
 #[derive(Clone, Debug, Deserialize)]
@@ -99,7 +108,7 @@ impl Default for Config {
             replay_notice: true,
             forward_cancel: false,
             call_timeout: Duration::from_secs(600),
-            key_sources: vec![KeySource::Meta, KeySource::Argument],
+            key_sources: vec![KeySource::Meta, KeySource::Params, KeySource::Argument],
             default: ToolPolicy::default(),
             tools: BTreeMap::new(),
             tenants: Vec::new(),
@@ -137,7 +146,12 @@ impl Config {
     /// # Errors
     /// [`Error::Config`] when it is not a valid configuration.
     pub fn parse(text: &str) -> Result<Self, Error> {
-        let config: Config = toml::from_str(text).map_err(|e| Error::Config(e.to_string()))?;
+        let mut table: toml::Table =
+            toml::from_str(text).map_err(|e| Error::Config(e.to_string()))?;
+        desugar_missing_key(&mut table)?;
+        let config: Config = toml::Value::Table(table)
+            .try_into()
+            .map_err(|e: toml::de::Error| Error::Config(e.to_string()))?;
         if let Some(name) = &config.server_name {
             if sanitize(name) != *name || name.is_empty() {
                 return Err(Error::Config(format!(
@@ -194,6 +208,52 @@ impl Config {
         let t = self.tenant.as_deref().unwrap_or(fallback);
         TenantId::new(t).map_err(|e| Error::Config(format!("invalid tenant: {e}")))
     }
+}
+
+/// `on_missing_key` in `[default]` and `[tools.NAME]`, the proxy's word for what a call without
+/// a key gets, in the policy's own terms: `"refuse"` is no `fallback_window` (the call is
+/// refused with a text that tells the model what to send), `"window"` a fallback window, the
+/// tool's `fallback_window` or [`DEFAULT_WINDOW`], within which an identical call of the same
+/// session or conversation is the same action (answered with the stored result and a text
+/// that says so). Without it, a `fallback_window` says `"window"`, its absence `"refuse"`.
+fn desugar_missing_key(config: &mut toml::Table) -> Result<(), Error> {
+    let mut policies: Vec<(String, &mut toml::Table)> = Vec::new();
+    for (section, value) in config.iter_mut() {
+        match (section.as_str(), value) {
+            ("default", toml::Value::Table(d)) => policies.push(("default".to_owned(), d)),
+            ("tools", toml::Value::Table(tools)) => {
+                for (name, policy) in tools.iter_mut() {
+                    if let toml::Value::Table(p) = policy {
+                        policies.push((format!("tools.{name}"), p));
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    for (at, policy) in policies {
+        let Some(on_missing) = policy.remove("on_missing_key") else {
+            continue;
+        };
+        match (on_missing.as_str(), policy.contains_key("fallback_window")) {
+            (Some("window"), false) => {
+                let window = humantime::format_duration(DEFAULT_WINDOW).to_string();
+                policy.insert("fallback_window".to_owned(), toml::Value::String(window));
+            }
+            (Some("window"), true) | (Some("refuse"), false) => {}
+            (Some("refuse"), true) => {
+                return Err(Error::Config(format!(
+                    "{at}: on_missing_key = \"refuse\" and a fallback_window exclude each other"
+                )))
+            }
+            _ => {
+                return Err(Error::Config(format!(
+                    "{at}.on_missing_key: expected \"refuse\" or \"window\", got {on_missing}"
+                )))
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The server's name: the configured one, else derived from the command line (the package or
@@ -321,6 +381,29 @@ mod tests {
             ToolKind::NaturalIdempotent
         );
         assert_eq!(trusted.policy("x", None).kind, ToolKind::Write);
+    }
+
+    #[test]
+    fn on_missing_key_says_refuse_or_window_in_the_policys_terms() {
+        let c = Config::parse(
+            "[default]\non_missing_key = \"window\"\n[tools.a]\non_missing_key = \"window\"\nfallback_window = \"5s\"\n[tools.b]\non_missing_key = \"refuse\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.default.fallback_window, Some(DEFAULT_WINDOW));
+        assert_eq!(c.tools["a"].fallback_window, Some(Duration::from_secs(5)));
+        assert_eq!(c.tools["b"].fallback_window, None);
+        for bad in [
+            "[default]\non_missing_key = \"refuse\"\nfallback_window = \"5s\"\n",
+            "[tools.x]\non_missing_key = \"sometimes\"\n",
+            "[tools.x]\non_missing_key = 1\n",
+        ] {
+            let e = Config::parse(bad).unwrap_err().to_string();
+            assert!(e.contains("on_missing_key"), "{bad}: {e}");
+        }
+        assert_eq!(
+            Config::default().key_sources,
+            [KeySource::Meta, KeySource::Params, KeySource::Argument]
+        );
     }
 
     #[test]

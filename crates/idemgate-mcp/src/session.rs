@@ -25,7 +25,7 @@ use serde_json::value::RawValue;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
 
-use crate::answer::{self, CallContext, META_KEY};
+use crate::answer::{self, CallContext, META_CONVERSATION, META_KEY};
 use crate::catalog::{Catalog, TaskSupport, Tool, KEY_ARGUMENTS};
 use crate::config::{record_tool, Config, KeySource};
 use crate::era;
@@ -207,6 +207,10 @@ struct Inner<S> {
     modern_ids: Mutex<HashMap<String, bool>>,
     /// The tasks the session runs: judged calls, and the opening that learns the eras.
     calls: Mutex<JoinSet<()>>,
+    /// The scope of the session's calls without a key (`Call::scope`): an identical call is
+    /// the same action within the fallback window in this session only, unless the call names
+    /// its conversation (`_meta["dev.idemgate/conversation"]`).
+    scope: Arc<str>,
 }
 
 /// The two channels a transport drains: frames for the client and frames for the server.
@@ -252,6 +256,13 @@ fn task_of(id: &RawValue, reply: Option<Reply>) -> Result<Object, String> {
     }
 }
 
+/// A scope of its own for a session: 128 random bits.
+fn session_scope() -> Arc<str> {
+    let mut bytes = [0u8; 16];
+    getrandom::fill(&mut bytes).expect("failed to read randomness from the operating system");
+    Arc::from(format!("session:{}", idemgate_core::key::hex(&bytes)))
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // Every change under these locks is one insert or remove: a poisoned map is consistent.
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -289,6 +300,7 @@ impl<S: Store> Session<S> {
             same_era: AtomicBool::new(false),
             modern_ids: Mutex::new(HashMap::new()),
             calls: Mutex::new(JoinSet::new()),
+            scope: session_scope(),
         });
         let session = Session { inner };
         (
@@ -901,6 +913,16 @@ impl<S: Store> Inner<S> {
         if let Some(k) = key {
             call = call.key(k);
         }
+        // The window joins identical calls of one conversation: the client's, when it names
+        // one, else this session.
+        let conversation = params
+            .get("_meta")
+            .and_then(|m| frame::object(m))
+            .and_then(|m| frame::string(&m, META_CONVERSATION));
+        call = call.scope(match conversation {
+            Some(c) => Arc::from(format!("conversation:{c}")),
+            None => Arc::clone(&self.scope),
+        });
         // A server that declares a key argument gets the record's digest in it: the same logical
         // action always sends the same downstream key, whichever proxy process sends it.
         let mut filled = false;
@@ -1168,6 +1190,11 @@ impl<S: Store> Inner<S> {
                 KeySource::Meta => {
                     if let Some(v) = meta.as_ref().and_then(|m| m.get(META_KEY)) {
                         found.extend(read(v, format!("_meta[\"{META_KEY}\"]"))?);
+                    }
+                }
+                KeySource::Params => {
+                    if let Some(v) = params.get("idempotencyKey") {
+                        found.extend(read(v, "params.idempotencyKey".to_owned())?);
                     }
                 }
                 KeySource::Argument => {
