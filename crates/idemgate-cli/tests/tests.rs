@@ -10,6 +10,7 @@ mod gateway;
 mod mcp;
 mod mcp_http;
 mod mcp_real;
+mod mcp_ts;
 mod mcp_upstream;
 mod regressions;
 
