@@ -1,10 +1,10 @@
 //! `idemgate mcp --listen`: the MCP proxy over Streamable HTTP, a real proxy process in front of
 //! the fixture server (tests/fixtures/mcp_server.py) and @modelcontextprotocol/server-memory,
 //! driven by the official Python SDK client (tests/fixtures/mcp_http_client.py) and, for the
-//! HTTP rules (tokens, tenants, Origin), by raw HTTP/1.1 requests.
+//! HTTP rules (tokens, tenants, Origin, SSE streams cut and resumed), by raw HTTP/1.1 requests.
 
 use std::fs;
-use std::io::{Read as _, Write as _};
+use std::io::{BufRead as _, BufReader, Read as _, Write as _};
 use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -129,9 +129,8 @@ impl Listening {
         sb.client_saw(client)
     }
 
-    /// One HTTP/1.1 request on a connection of its own; status, headers (lower-case names) and
-    /// body.
-    fn http(&self, method: &str, headers: &[(&str, &str)], body: &str) -> Answer {
+    /// Sends one HTTP/1.1 request on a connection of its own; the connection.
+    fn send(&self, method: &str, headers: &[(&str, &str)], body: &str) -> TcpStream {
         let mut s = TcpStream::connect(&self.addr).unwrap();
         s.set_read_timeout(Some(DEADLINE)).unwrap();
         let mut req = format!(
@@ -148,6 +147,13 @@ impl Listening {
         req.push_str("\r\n");
         req.push_str(body);
         s.write_all(req.as_bytes()).unwrap();
+        s
+    }
+
+    /// One HTTP/1.1 request on a connection of its own; status, headers (lower-case names) and
+    /// body.
+    fn http(&self, method: &str, headers: &[(&str, &str)], body: &str) -> Answer {
+        let mut s = self.send(method, headers, body);
         let mut raw = String::new();
         s.read_to_string(&mut raw).unwrap();
         let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
@@ -200,6 +206,152 @@ impl Answer {
 
     fn json(&self) -> Value {
         serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("{e}: {}", self.body))
+    }
+}
+
+/// An answer read as it comes, for SSE: its status and headers at once, then its body's events
+/// one at a time. Dropping it hangs up.
+struct Streaming {
+    status: u16,
+    headers: Vec<(String, String)>,
+    reader: BufReader<TcpStream>,
+    /// Whether the body comes in chunks (HTTP/1.1 without a length: every stream).
+    chunked: bool,
+    /// Body text read but not taken yet.
+    text: String,
+    /// The body has ended.
+    done: bool,
+}
+
+/// One SSE event.
+#[derive(Debug, Clone, PartialEq)]
+struct Sse {
+    id: Option<String>,
+    retry: Option<u64>,
+    /// Its `data:` lines joined, `None` without any.
+    data: Option<String>,
+}
+
+impl Sse {
+    fn json(&self) -> Value {
+        let data = self.data.as_deref().unwrap_or_default();
+        serde_json::from_str(data).unwrap_or_else(|e| panic!("{e}: {self:?}"))
+    }
+
+    fn id(&self) -> &str {
+        self.id
+            .as_deref()
+            .unwrap_or_else(|| panic!("no id: {self:?}"))
+    }
+}
+
+impl Listening {
+    /// One HTTP/1.1 request on a connection of its own, its answer read as it comes.
+    fn stream(&self, method: &str, headers: &[(&str, &str)], body: &str) -> Streaming {
+        let mut reader = BufReader::new(self.send(method, headers, body));
+        let mut status = String::new();
+        reader.read_line(&mut status).unwrap();
+        let status = status[9..12].parse().unwrap();
+        let mut headers = Vec::new();
+        loop {
+            let mut line = String::new();
+            reader.read_line(&mut line).unwrap();
+            let Some((k, v)) = line.trim_end().split_once(':') else {
+                break;
+            };
+            headers.push((k.trim().to_ascii_lowercase(), v.trim().to_owned()));
+        }
+        let chunked = headers
+            .iter()
+            .any(|(k, v)| k == "transfer-encoding" && v.contains("chunked"));
+        Streaming {
+            status,
+            headers,
+            reader,
+            chunked,
+            text: String::new(),
+            done: false,
+        }
+    }
+}
+
+impl Streaming {
+    fn header(&self, name: &str) -> &str {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map_or("", |(_, v)| v.as_str())
+    }
+
+    /// Reads more of the body; false at its end.
+    fn fill(&mut self) -> bool {
+        if self.done {
+            return false;
+        }
+        if !self.chunked {
+            let mut rest = String::new();
+            self.reader.read_to_string(&mut rest).unwrap();
+            self.text.push_str(&rest);
+            self.done = true;
+            return !rest.is_empty();
+        }
+        let mut size = String::new();
+        self.reader.read_line(&mut size).unwrap();
+        let size = usize::from_str_radix(size.trim(), 16)
+            .unwrap_or_else(|e| panic!("a chunk size, not {size:?}: {e}"));
+        let mut chunk = vec![0; size + 2];
+        self.reader.read_exact(&mut chunk).unwrap();
+        chunk.truncate(size);
+        self.text.push_str(&String::from_utf8(chunk).unwrap());
+        if size == 0 {
+            self.done = true;
+        }
+        size > 0
+    }
+
+    /// The next event (comments skipped); `None` when the stream ends.
+    fn event(&mut self) -> Option<Sse> {
+        loop {
+            if let Some(end) = self.text.find("\n\n") {
+                let block: String = self.text.drain(..end + 2).collect();
+                let mut event = Sse {
+                    id: None,
+                    retry: None,
+                    data: None,
+                };
+                let mut fields = false;
+                for line in block.lines().filter(|l| !l.starts_with(':')) {
+                    let (name, value) = line.split_once(':').unwrap_or((line, ""));
+                    let value = value.strip_prefix(' ').unwrap_or(value).to_owned();
+                    fields = true;
+                    match name {
+                        "id" => event.id = Some(value),
+                        "retry" => event.retry = Some(value.parse().unwrap()),
+                        "data" => {
+                            event.data = Some(match event.data.take() {
+                                Some(d) => format!("{d}\n{value}"),
+                                None => value,
+                            });
+                        }
+                        _ => {}
+                    }
+                }
+                if fields {
+                    return Some(event);
+                }
+                continue;
+            }
+            if !self.fill() {
+                assert!(self.text.trim().is_empty(), "a cut event: {:?}", self.text);
+                return None;
+            }
+        }
+    }
+
+    /// The rest of the body, for an answer that is not a stream.
+    fn rest(mut self) -> String {
+        while self.fill() {}
+        self.text
     }
 }
 
@@ -879,4 +1031,237 @@ fn mcp_http_idle_sessions_end() {
         }
         assert!(start.elapsed() < DEADLINE, "the idle session never ended");
     }
+}
+
+/// The headers of a 2025-11-25 client of session `sid` that takes streams.
+fn streaming(sid: &str) -> Vec<(&str, &str)> {
+    vec![
+        ("mcp-session-id", sid),
+        ("accept", "application/json, text/event-stream"),
+        ("mcp-protocol-version", "2025-11-25"),
+    ]
+}
+
+/// A `tools/call` of the fixture's `tool` under request id `id`.
+fn call_of(tool: &str, id: u64) -> String {
+    format!(
+        r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"{tool}","arguments":{{}}}}}}"#
+    )
+}
+
+impl Listening {
+    /// Opens the stream of session `sid` (a GET), resumed after `last` when given; the stream,
+    /// checked to be one.
+    fn get(&self, sid: &str, last: Option<&str>) -> Streaming {
+        let mut headers = streaming(sid);
+        if let Some(last) = last {
+            headers.push(("last-event-id", last));
+        }
+        let get = self.stream("GET", &headers, "");
+        assert_eq!(get.status, 200, "{:?}", get.headers);
+        assert_eq!(get.header("content-type"), "text/event-stream");
+        get
+    }
+
+    /// The client's answer to the fixture's elicitation (`srv-1`), accepted.
+    fn accept_elicitation(&self, sid: &str) {
+        let reply = self.http(
+            "POST",
+            &[("mcp-session-id", sid)],
+            r#"{"jsonrpc":"2.0","id":"srv-1","result":{"action":"accept","content":{"ok":true}}}"#,
+        );
+        assert_eq!(reply.status, 202, "{}", reply.body);
+    }
+}
+
+/// A priming event: an id, a `retry` time, and empty data (MCP 2025-11-25).
+fn assert_priming(event: &Sse) {
+    assert!(event.id.is_some(), "{event:?}");
+    assert!(event.retry.is_some(), "{event:?}");
+    assert_eq!(event.data.as_deref(), Some(""), "{event:?}");
+}
+
+/// An elicitation of the fixture's `ask` tool.
+fn assert_elicitation(event: &Sse) {
+    let frame = event.json();
+    assert_eq!(frame["method"], "elicitation/create", "{event:?}");
+    assert_eq!(frame["id"], "srv-1", "{event:?}");
+}
+
+#[test]
+fn mcp_http_a_post_stream_cut_after_its_priming_event_is_resumed_with_its_answer() {
+    let sb = Sandbox::new();
+    let p = sb.listen("", &["python3", FIXTURE]);
+    let sid = p.session("");
+    let mut headers = streaming(&sid);
+    headers.push(("idempotency-key", "slow-1"));
+    // The answer does not come at once: the POST turns into a stream, primed.
+    let mut post = p.stream("POST", &headers, &call_of("slow", 5));
+    assert_eq!(post.status, 200);
+    assert_eq!(post.header("content-type"), "text/event-stream");
+    let priming = post.event().expect("a priming event");
+    assert_priming(&priming);
+    // The client hangs up; the call goes on, and its answer waits in the stream.
+    drop(post);
+    fs::write(sb.path("release"), "").unwrap();
+    let mut resumed = p.get(&sid, Some(priming.id()));
+    let answer = resumed.event().expect("the answer");
+    let frame = answer.json();
+    assert_eq!(frame["id"], 5, "{frame}");
+    assert_eq!(
+        frame["result"]["content"][0]["text"], "slow done",
+        "{frame}"
+    );
+    assert!(!replayed(&frame["result"]), "{frame}");
+    assert_ne!(answer.id(), priming.id());
+    assert_eq!(
+        resumed.event(),
+        None,
+        "a POST's stream ends with its answer"
+    );
+    // The answer is kept: the same event again for a client that lost it once more, and
+    // nothing after it.
+    let mut again = p.get(&sid, Some(priming.id()));
+    assert_eq!(again.event().as_ref(), Some(&answer));
+    assert_eq!(again.event(), None);
+    assert_eq!(p.get(&sid, Some(answer.id())).event(), None);
+    assert_eq!(sb.executed(), ["slow started"], "the call ran once");
+}
+
+#[test]
+fn mcp_http_a_get_stream_resumed_after_a_reconnect_loses_and_repeats_nothing() {
+    let sb = Sandbox::new();
+    let p = sb.listen("", &["python3", FIXTURE]);
+    let sid = p.session("");
+    let mut get = p.get(&sid, None);
+    assert_priming(&get.event().expect("a priming event"));
+    // Each ask sends the client an elicitation: on the GET stream, which is open.
+    let ask = |n: u64| {
+        let key = format!("ask-{n}");
+        let res = p.http(
+            "POST",
+            &[("mcp-session-id", &sid), ("idempotency-key", &key)],
+            &call_of("ask", n),
+        );
+        assert_eq!(res.status, 200, "{}", res.body);
+        let text = res.json()["result"]["content"][0]["text"].clone();
+        assert!(text.as_str().unwrap().contains("client said"), "{text}");
+    };
+    std::thread::scope(|s| {
+        let first = s.spawn(|| ask(1));
+        let e1 = get.event().expect("the first elicitation");
+        assert_elicitation(&e1);
+        p.accept_elicitation(&sid);
+        first.join().unwrap();
+        let second = s.spawn(|| ask(2));
+        let e2 = get.event().expect("the second elicitation");
+        assert_elicitation(&e2);
+        // The connection breaks, as if e2 had been lost in it: the client resumes after e1.
+        drop(get);
+        let mut resumed = p.get(&sid, Some(e1.id()));
+        assert_eq!(resumed.event().as_ref(), Some(&e2), "e2 again, and not e1");
+        p.accept_elicitation(&sid);
+        second.join().unwrap();
+        // Later events come on the resumed stream, numbered on.
+        let third = s.spawn(|| ask(3));
+        let e3 = resumed.event().expect("the third elicitation");
+        assert_elicitation(&e3);
+        assert!(![e1.id(), e2.id()].contains(&e3.id()), "{e3:?}");
+        p.accept_elicitation(&sid);
+        third.join().unwrap();
+    });
+}
+
+#[test]
+fn mcp_http_events_of_one_stream_are_never_replayed_on_another() {
+    let sb = Sandbox::new();
+    let p = sb.listen("", &["python3", FIXTURE]);
+    let sid = p.session("");
+    let mut get = p.get(&sid, None);
+    let get_priming = get.event().expect("a priming event");
+    // A POST stream, cut after its priming event.
+    let mut headers = streaming(&sid);
+    headers.push(("idempotency-key", "slow-1"));
+    let mut post = p.stream("POST", &headers, &call_of("slow", 5));
+    let post_priming = post.event().expect("a priming event");
+    assert_priming(&post_priming);
+    drop(post);
+    // While the slow call runs (the fixture runs one call at a time: release it first), an
+    // elicitation goes to the GET stream.
+    fs::write(sb.path("release"), "").unwrap();
+    let ask = |n: u64| {
+        let key = format!("ask-{n}");
+        let res = p.http(
+            "POST",
+            &[("mcp-session-id", &sid), ("idempotency-key", &key)],
+            &call_of("ask", n),
+        );
+        assert_eq!(res.status, 200, "{}", res.body);
+    };
+    std::thread::scope(|s| {
+        let first = s.spawn(|| ask(1));
+        let e1 = get.event().expect("an elicitation");
+        assert_elicitation(&e1);
+        p.accept_elicitation(&sid);
+        first.join().unwrap();
+        // The POST's stream, resumed: its answer only, not the GET stream's elicitation.
+        let mut resumed_post = p.get(&sid, Some(post_priming.id()));
+        let answer = resumed_post.event().expect("the answer");
+        assert_eq!(answer.json()["id"], 5, "{answer:?}");
+        assert_eq!(resumed_post.event(), None);
+        // The GET stream, resumed from its start: its elicitation, then the next one, and never
+        // the POST's answer.
+        drop(get);
+        let mut resumed_get = p.get(&sid, Some(get_priming.id()));
+        assert_eq!(resumed_get.event().as_ref(), Some(&e1));
+        let second = s.spawn(|| ask(2));
+        let e2 = resumed_get.event().expect("the next elicitation");
+        assert_elicitation(&e2);
+        p.accept_elicitation(&sid);
+        second.join().unwrap();
+    });
+    assert_eq!(sb.executed(), ["slow started"]);
+}
+
+#[test]
+fn mcp_http_a_last_event_id_of_another_session_or_unknown_is_refused() {
+    let sb = Sandbox::new();
+    let p = sb.listen("", &["python3", FIXTURE]);
+    let (sid_a, sid_b) = (p.session(""), p.session(""));
+    let of_a = p.get(&sid_a, None).event().expect("a priming event");
+    let of_b = p.get(&sid_b, None).event().expect("a priming event");
+    // Ids are `<tag>-<stream>-<n>`: the same stream and event of b's tag, but beyond what b
+    // sent, and a stream b never had.
+    let (tag_b, stream_b) = of_b
+        .id()
+        .rsplit_once('-')
+        .unwrap()
+        .0
+        .rsplit_once('-')
+        .unwrap();
+    let beyond = format!("{tag_b}-{stream_b}-99");
+    let nowhere = format!("{tag_b}-999-0");
+    for last in [of_a.id(), "nonsense", "", &beyond, &nowhere] {
+        let mut headers = streaming(&sid_b);
+        headers.push(("last-event-id", last));
+        let refused = p.stream("GET", &headers, "");
+        assert_eq!(refused.status, 400, "{last:?}");
+        assert_eq!(refused.header("content-type"), "application/json");
+        let body: Value = serde_json::from_str(&refused.rest()).unwrap();
+        assert_eq!(body["error"]["code"], -32600, "{body}");
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("Last-Event-ID"),
+            "{body}"
+        );
+    }
+    // b's own id still resumes b's stream; the session lives on.
+    let resumed = p.stream(
+        "GET",
+        &[streaming(&sid_b), vec![("last-event-id", of_b.id())]].concat(),
+        "",
+    );
+    assert_eq!(resumed.status, 200);
 }

@@ -27,6 +27,18 @@
 //! its own while the request is in flight and no GET stream is open, the POST turns into a
 //! `text/event-stream` that carries them and then the answer. The server's own messages go to the
 //! GET stream when there is one, else to a POST stream in flight, else wait for the next GET.
+//!
+//! Resumability (MCP 2025-11-25, "Resumability and Redelivery"), for sessions: every event of a
+//! session's streams (a POST's answer stream, the GET stream) has an id `<tag>-<stream>-<n>`: the
+//! session's random tag, the stream's number in the session, the event's number in the stream.
+//! A POST of a client that takes priming events (it accepts `text/event-stream` and speaks
+//! 2025-11-25 or later) whose answer has not come within [`PRIME_AFTER`] turns into a stream at
+//! once, which starts with a priming event (an id, a `retry` time, empty data), so that a client
+//! that loses the connection can come back for the answer. A stream keeps its last
+//! [`MAX_EVENTS`] events, and a POST stream the client was given an id of outlives its
+//! connection: its answer lands in it whether or not anybody listens. A GET with `Last-Event-ID`
+//! gets that stream's events after the id, never another stream's, then its later ones (a POST
+//! stream's up to its answer). A session keeps its last [`MAX_ENDED`] ended POST streams.
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
@@ -72,6 +84,24 @@ pub const NAME_HEADER: &str = "mcp-name";
 const KNOWN_VERSIONS: &[&str] = &["2025-03-26", "2025-06-18", "2025-11-25"];
 /// Server messages kept for a GET stream that is not open yet; older ones are dropped.
 const MAX_QUEUED: usize = 1000;
+/// Events a stream keeps for a client that resumes it, as many as messages wait for a GET: a
+/// client comes back within its `retry` time, and a stream that sent more meanwhile (a tool's
+/// progress notifications) is one whose client no longer reads it. Older ones are dropped, and a
+/// `Last-Event-ID` before them is refused: replaying the rest would lose some silently.
+const MAX_EVENTS: usize = 1000;
+/// Ended POST streams a session keeps for a client that lost the connection before it read the
+/// answer (it comes back within the `retry` time): enough for a burst of concurrent calls, and a
+/// bound on what a session holds when its client never comes back.
+const MAX_ENDED: usize = 100;
+/// How long a POST waits for its answer as JSON before it turns into a stream with a priming
+/// event: quick answers (replays, most writes) stay `application/json`, and a call that takes
+/// longer, the kind whose connection breaks or whose client times out, becomes resumable.
+const PRIME_AFTER: Duration = Duration::from_millis(100);
+/// The reconnection time a priming event asks for (SSE `retry`).
+const RETRY: Duration = Duration::from_secs(1);
+/// A comment on a stream after this long without an event, so that idle connections stay open
+/// through intermediaries (axum's default keep-alive).
+const KEEP_ALIVE: Duration = Duration::from_secs(15);
 
 /// Everything the transport serves with: the engine, the configuration, the server's command,
 /// and the sessions open.
@@ -101,6 +131,8 @@ struct Live {
     /// The session's knowledge of the tool parameters mirrored in headers.
     params: Arc<Mutex<ParamHeaders>>,
     routes: Mutex<Routes>,
+    /// The first part of its event ids: random, so that an id of another session names nothing.
+    tag: String,
     stop: Notify,
     last_used: Mutex<Instant>,
 }
@@ -108,12 +140,17 @@ struct Live {
 /// Where frames for the client go.
 #[derive(Default)]
 struct Routes {
-    /// POSTs waiting for the answer to their request, by request id, each with its number.
-    posts: HashMap<String, VecDeque<(u64, mpsc::UnboundedSender<String>)>>,
-    /// The number of the next POST.
+    /// POSTs waiting for the answer to their request, by request id: their streams, oldest first.
+    posts: HashMap<String, VecDeque<u64>>,
+    /// The session's streams by number: the POSTs' in flight, the GET stream, and ended POST
+    /// streams a client may still resume.
+    streams: HashMap<u64, Outbound>,
+    /// The number of the last stream opened.
     next: u64,
-    /// The GET stream, when one is open.
-    get: Option<mpsc::UnboundedSender<String>>,
+    /// The GET stream, when there is one (its client may be away, to resume it).
+    get: Option<u64>,
+    /// Ended POST streams kept for a resumption, oldest first (at most [`MAX_ENDED`]).
+    ended: VecDeque<u64>,
     /// Server messages that found no stream.
     queued: VecDeque<String>,
     /// The protocol version `initialize` agreed.
@@ -176,6 +213,192 @@ fn for_shared(text: &str, proxy_id: &serde_json::value::RawValue) -> Option<(Str
     Some((serde_json::to_string(&message).ok()?, asks))
 }
 
+/// What a stream's connection is sent: events, each with its number in the stream.
+type Sender = mpsc::UnboundedSender<(u64, String)>;
+
+/// One stream of events toward the client: a POST's, which ends with the answer to its
+/// request, or the GET stream.
+struct Outbound {
+    /// The connection writing it now (its POST's, or a GET's that resumed it).
+    to: Option<Sender>,
+    /// Its last events, by number (event 0 is a priming event, never kept).
+    events: VecDeque<(u64, String)>,
+    /// The number of its next event.
+    next: u64,
+    /// The number of the last event dropped to keep [`MAX_EVENTS`] (0: none).
+    dropped: u64,
+    /// Whether it ends with an answer (a POST's).
+    post: bool,
+    /// Its client was given an event id of it: it outlives its connection, and an answer that
+    /// finds nobody listening waits in it.
+    resumable: bool,
+    /// The answer is in it: nothing more comes.
+    ended: bool,
+}
+
+impl Outbound {
+    fn new(post: bool, to: Sender) -> Self {
+        Outbound {
+            to: Some(to),
+            events: VecDeque::new(),
+            next: 1,
+            dropped: 0,
+            post,
+            resumable: false,
+            ended: false,
+        }
+    }
+
+    /// Sends `frame` as its next event to the connection writing it, and keeps it; `frame` back
+    /// when no connection takes it (nothing is kept then).
+    fn send(&mut self, frame: String) -> Result<(), String> {
+        let Some(to) = &self.to else {
+            return Err(frame);
+        };
+        if to.send((self.next, frame.clone())).is_err() {
+            self.to = None;
+            return Err(frame);
+        }
+        self.keep(frame);
+        Ok(())
+    }
+
+    /// Keeps `frame` as its next event, for a connection that resumes the stream.
+    fn keep(&mut self, frame: String) {
+        self.events.push_back((self.next, frame));
+        self.next += 1;
+        if self.events.len() > MAX_EVENTS {
+            if let Some((n, _)) = self.events.pop_front() {
+                self.dropped = n;
+            }
+        }
+    }
+}
+
+impl Routes {
+    /// The answer to request `id` goes to the first POST of it still waiting: one whose client
+    /// listens, or that its client may resume (the answer waits in its stream).
+    fn answer(&mut self, id: &str, mut frame: String) {
+        let Some(waiting) = self.posts.get_mut(id) else {
+            return;
+        };
+        while let Some(n) = waiting.pop_front() {
+            let Some(stream) = self.streams.get_mut(&n) else {
+                continue;
+            };
+            match stream.send(frame) {
+                Ok(()) => {}
+                Err(back) if stream.resumable => stream.keep(back),
+                // Its client hung up before it had an id to come back with.
+                Err(back) => {
+                    frame = back;
+                    continue;
+                }
+            }
+            stream.ended = true;
+            if stream.resumable {
+                self.ended.push_back(n);
+                if self.ended.len() > MAX_ENDED {
+                    if let Some(old) = self.ended.pop_front() {
+                        self.streams.remove(&old);
+                    }
+                }
+            }
+            break;
+        }
+        if waiting.is_empty() {
+            self.posts.remove(id);
+        }
+    }
+
+    /// A message of the server's own goes to the GET stream when its client listens, else to a
+    /// POST stream whose client listens, else waits for the next GET: on one stream only.
+    fn server_message(&mut self, mut frame: String) {
+        if let Some(get) = self.get.and_then(|n| self.streams.get_mut(&n)) {
+            match get.send(frame) {
+                Ok(()) => return,
+                Err(back) => frame = back,
+            }
+        }
+        for n in self.posts.values().flatten() {
+            if let Some(post) = self.streams.get_mut(n) {
+                match post.send(frame) {
+                    Ok(()) => return,
+                    Err(back) => frame = back,
+                }
+            }
+        }
+        self.queued.push_back(frame);
+        if self.queued.len() > MAX_QUEUED {
+            self.queued.pop_front();
+        }
+    }
+
+    /// Opens a new GET stream written to `to`, which replaces the GET stream there was (its
+    /// connection ends, and it can no longer be resumed); the messages that waited go to it.
+    /// Its number.
+    fn open_get(&mut self, to: Sender) -> u64 {
+        self.next += 1;
+        let number = self.next;
+        if let Some(old) = self.get.replace(number) {
+            self.streams.remove(&old);
+        }
+        let mut get = Outbound::new(false, to);
+        get.resumable = true;
+        for frame in self.queued.drain(..) {
+            // The receiver is the caller's, alive.
+            let _ = get.send(frame);
+        }
+        self.streams.insert(number, get);
+        number
+    }
+
+    /// Resumes the stream of event `last` (a `Last-Event-ID` of the session tagged `tag`) on the
+    /// connection of `to`: its events after `last`, then its later ones. The stream's number and
+    /// whether it is a POST's; why not, for an id the session does not know or no longer keeps
+    /// what came after.
+    fn resume(&mut self, tag: &str, last: &str, to: Sender) -> Result<(u64, bool), String> {
+        let unknown = || {
+            format!(
+                "Last-Event-ID {last:?} names no event of this session's streams (or one no longer kept); open a GET without it"
+            )
+        };
+        let (number, after) = last
+            .strip_prefix(tag)
+            .and_then(|rest| rest.strip_prefix('-'))
+            .and_then(|rest| rest.split_once('-'))
+            .and_then(|(s, n)| Some((s.parse::<u64>().ok()?, n.parse::<u64>().ok()?)))
+            .ok_or_else(unknown)?;
+        let stream = self
+            .streams
+            .get_mut(&number)
+            .filter(|s| s.resumable && after < s.next)
+            .ok_or_else(unknown)?;
+        if after < stream.dropped {
+            return Err(format!(
+                "the events after Last-Event-ID {last:?} are no longer all kept (a stream keeps its last {MAX_EVENTS}); open a GET without it"
+            ));
+        }
+        for (n, frame) in stream.events.iter().filter(|(n, _)| *n > after) {
+            let _ = to.send((*n, frame.clone()));
+        }
+        let post = stream.post;
+        if post && stream.ended {
+            // Nothing more comes: the connection ends after the replay.
+            return Ok((number, post));
+        }
+        // The connection writing it until now (if any) ends.
+        stream.to = Some(to);
+        if !post {
+            for frame in self.queued.drain(..) {
+                // The receiver is the caller's, alive.
+                let _ = stream.send(frame);
+            }
+        }
+        Ok((number, post))
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // Every change under these locks leaves the maps consistent.
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -183,23 +406,14 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl Live {
     /// Sends a frame from the session to where it belongs.
-    fn route(&self, mut frame: String) {
+    fn route(&self, frame: String) {
         let parsed = Frame::parse(&frame);
         let mut r = lock(&self.routes);
         if let Some(f) = parsed.filter(Frame::is_response) {
             let id = frame::id_key(f.id.as_deref().expect("responses have ids"));
-            if let Some(waiting) = r.posts.get_mut(&id) {
-                while let Some((_, tx)) = waiting.pop_front() {
-                    match tx.send(frame) {
-                        Ok(()) => break,
-                        Err(back) => frame = back.0,
-                    }
-                }
-                if waiting.is_empty() {
-                    r.posts.remove(&id);
-                }
-            }
-            // Nobody waits any more (the client hung up): the outcome is recorded all the same.
+            r.answer(&id, frame);
+            // When nobody waits any more (the client hung up before it had an event id to come
+            // back with), the answer is dropped: the outcome is recorded all the same.
             return;
         }
         if self.shared {
@@ -208,7 +422,7 @@ impl Live {
                     Self::progress_to_its_request(&mut r, &params);
                 }
                 Some((m, params)) if m == "notifications/message" => {
-                    Self::log_to_requests_that_asked(&r, &frame, &params);
+                    Self::log_to_requests_that_asked(&mut r, &frame, &params);
                 }
                 _ => {
                     drop(r);
@@ -217,27 +431,7 @@ impl Live {
             }
             return;
         }
-        if let Some(tx) = &r.get {
-            match tx.send(frame) {
-                Ok(()) => return,
-                Err(back) => {
-                    frame = back.0;
-                    r.get = None;
-                }
-            }
-        }
-        for waiting in r.posts.values() {
-            for (_, tx) in waiting {
-                match tx.send(frame) {
-                    Ok(()) => return,
-                    Err(back) => frame = back.0,
-                }
-            }
-        }
-        r.queued.push_back(frame);
-        if r.queued.len() > MAX_QUEUED {
-            r.queued.pop_front();
-        }
+        r.server_message(frame);
     }
 
     /// A progress notification of the shared process: to the request whose (renamed) token it
@@ -254,15 +448,20 @@ impl Live {
         };
         params.insert("progressToken".to_owned(), token);
         let note = serde_json::json!({"jsonrpc": "2.0", "method": "notifications/progress", "params": params});
-        if let Some((_, tx)) = r.posts.get(&id).and_then(|w| w.front()) {
-            let _ = tx.send(note.to_string());
+        let post = r.posts.get(&id).and_then(|w| w.front());
+        if let Some(post) = post.and_then(|n| r.streams.get_mut(n)) {
+            let _ = post.send(note.to_string());
         }
     }
 
     /// A log message of the shared process, which says not whose request it concerns: to every
     /// request in flight that asked for messages of its level (the process is the tenant's own,
     /// so no other tenant's client hears it).
-    fn log_to_requests_that_asked(r: &Routes, frame: &str, params: &serde_json::value::RawValue) {
+    fn log_to_requests_that_asked(
+        r: &mut Routes,
+        frame: &str,
+        params: &serde_json::value::RawValue,
+    ) {
         let level = frame::object(params)
             .and_then(|p| frame::string(&p, "level"))
             .and_then(|l| log_severity(&l));
@@ -271,8 +470,9 @@ impl Live {
         };
         for (id, asks) in &r.asks {
             if asks.log_level.is_some_and(|wanted| level >= wanted) {
-                if let Some((_, tx)) = r.posts.get(id).and_then(|w| w.front()) {
-                    let _ = tx.send(frame.to_owned());
+                let post = r.posts.get(id).and_then(|w| w.front());
+                if let Some(post) = post.and_then(|n| r.streams.get_mut(n)) {
+                    let _ = post.send(frame.to_owned());
                 }
             }
         }
@@ -306,7 +506,7 @@ impl Live {
         id: String,
         frame: String,
         key: CarriedKey,
-    ) -> Option<(mpsc::UnboundedReceiver<String>, Waiting)> {
+    ) -> Option<(Inbox, Waiting)> {
         let (tx, rx) = mpsc::unbounded_channel();
         let waiting = {
             let mut r = lock(&self.routes);
@@ -315,10 +515,8 @@ impl Live {
             }
             r.next += 1;
             let number = r.next;
-            r.posts
-                .entry(id.clone())
-                .or_default()
-                .push_back((number, tx));
+            r.streams.insert(number, Outbound::new(true, tx));
+            r.posts.entry(id.clone()).or_default().push_back(number);
             Waiting {
                 live: Arc::clone(self),
                 id,
@@ -326,7 +524,7 @@ impl Live {
             }
         };
         self.to_session.send((frame, key)).ok()?;
-        Some((rx, waiting))
+        Some((Inbox(rx), waiting))
     }
 
     /// The session has ended: every stream ends.
@@ -334,7 +532,14 @@ impl Live {
         let mut r = lock(&self.routes);
         r.closed = true;
         r.posts.clear();
+        r.streams.clear();
+        r.ended.clear();
         r.get = None;
+    }
+
+    /// The id of event `n` of stream `stream`.
+    fn event_id(&self, stream: u64, n: u64) -> String {
+        format!("{}-{stream}-{n}", self.tag)
     }
 
     fn touch(&self) {
@@ -347,19 +552,45 @@ impl Live {
     }
 }
 
-/// Takes a POST's place in the waiting list off it when the POST ends, answered or not. (It
-/// holds no sender: when the session ends, the POST's channel closes and the POST learns so.)
+/// What a POST receives for its request: the events of its stream.
+struct Inbox(mpsc::UnboundedReceiver<(u64, String)>);
+
+impl Inbox {
+    /// The next frame; `None` when the session has ended.
+    async fn recv(&mut self) -> Option<String> {
+        self.0.recv().await.map(|(_, frame)| frame)
+    }
+}
+
+/// Takes a POST's place in the waiting list off it when the POST ends, answered or not, unless
+/// its client may resume its stream. (It holds no sender: when the session ends, the POST's
+/// channel closes and the POST learns so.)
 struct Waiting {
     live: Arc<Live>,
     id: String,
     number: u64,
 }
 
+impl Waiting {
+    /// The POST turns into a stream whose event ids its client is given: from now on, it
+    /// outlives its connection.
+    fn resumable(&self) {
+        if let Some(stream) = lock(&self.live.routes).streams.get_mut(&self.number) {
+            stream.resumable = true;
+        }
+    }
+}
+
 impl Drop for Waiting {
     fn drop(&mut self) {
         let mut r = lock(&self.live.routes);
+        if r.streams.get(&self.number).is_some_and(|s| s.resumable) {
+            // Its answer lands in its stream for a GET with Last-Event-ID.
+            return;
+        }
+        r.streams.remove(&self.number);
         if let Some(waiting) = r.posts.get_mut(&self.id) {
-            waiting.retain(|(n, _)| *n != self.number);
+            waiting.retain(|n| *n != self.number);
             if waiting.is_empty() {
                 r.posts.remove(&self.id);
                 r.asks.remove(&self.id);
@@ -582,6 +813,7 @@ impl<S: Store> Proxy<S> {
             to_session,
             params: session.param_headers(),
             routes: Mutex::new(Routes::default()),
+            tag: session_tag(),
             stop: Notify::new(),
             last_used: Mutex::new(Instant::now()),
         });
@@ -733,6 +965,13 @@ fn session_id() -> String {
     idemgate_core::key::hex(&bytes)
 }
 
+/// A session's event id tag: 64 random bits in hex.
+fn session_tag() -> String {
+    let mut bytes = [0u8; 8];
+    getrandom::fill(&mut bytes).expect("failed to read randomness from the operating system");
+    idemgate_core::key::hex(&bytes)
+}
+
 /// A refused request's answer (boxed: a response is large).
 type Refused = Box<Response>;
 
@@ -767,6 +1006,112 @@ fn json_response(frame: String) -> Response {
 
 fn event(frame: String) -> Result<Event, std::convert::Infallible> {
     Ok(Event::default().event("message").data(frame))
+}
+
+/// Whether the client takes `text/event-stream` answers, by its `Accept`.
+fn accepts_sse(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.contains("text/event-stream") || v.contains("*/*"))
+}
+
+/// Whether a stream toward this request's client starts with a priming event (an id and empty
+/// data, MCP 2025-11-25): only when it takes streams and speaks 2025-11-25 or later, by its
+/// `MCP-Protocol-Version` or else by the version its session agreed. (A client of an earlier
+/// version may read an empty event as a broken message, so the SDKs prime only from there.)
+fn primes(live: &Live, headers: &HeaderMap) -> bool {
+    if !accepts_sse(headers) {
+        return false;
+    }
+    let version = match headers.get(VERSION_HEADER) {
+        Some(v) => v.to_str().ok().map(str::to_owned),
+        None => lock(&live.routes).version.clone(),
+    };
+    // Versions are dates: their order is the text's.
+    version.is_some_and(|v| v.as_str() >= "2025-11-25")
+}
+
+/// One SSE event (WHATWG HTML, "Server-sent events"): its id, a `retry` time, and `data` (a
+/// priming event's is empty), one `data:` line for each of its lines. (axum's `Event` writes no
+/// `data:` line for empty data, which makes no event of it: a priming event needs one.)
+fn sse_event(id: &str, retry: Option<Duration>, data: &str) -> Bytes {
+    let mut out = String::with_capacity(data.len() + id.len() + 48);
+    out.push_str("id: ");
+    out.push_str(id);
+    out.push('\n');
+    if let Some(retry) = retry {
+        out.push_str(&format!("retry: {}\n", retry.as_millis()));
+    }
+    if !data.is_empty() {
+        out.push_str("event: message\n");
+    }
+    // A line ends at CRLF, CR or LF; JSON has them only as white space, but it may have them.
+    let mut rest = data;
+    loop {
+        let end = rest.find(['\r', '\n']).unwrap_or(rest.len());
+        out.push_str("data: ");
+        out.push_str(&rest[..end]);
+        out.push('\n');
+        if end == rest.len() {
+            break;
+        }
+        let eol = if rest[end..].starts_with("\r\n") {
+            2
+        } else {
+            1
+        };
+        rest = &rest[end + eol..];
+    }
+    out.push('\n');
+    Bytes::from(out)
+}
+
+/// What an SSE answer writes: the events of stream `stream` of `live` that `rx` brings.
+struct Writer {
+    live: Arc<Live>,
+    stream: u64,
+    rx: mpsc::UnboundedReceiver<(u64, String)>,
+    /// A POST's stream, which ends with the answer.
+    post: bool,
+    /// The answer is `initialize`'s: it says the version agreed.
+    initialize: bool,
+    /// A POST's place in the waiting list, held while its stream is written.
+    _waiting: Option<Waiting>,
+}
+
+/// The SSE answer of a session's stream: `head` (events written already), then the events `w`
+/// brings, each with its id, until a POST stream's answer, or until the stream goes to another connection or the
+/// session ends; a comment after [`KEEP_ALIVE`] without an event.
+fn resumable_sse(head: Vec<Bytes>, w: Writer) -> Response {
+    let events = stream::unfold(Some(w), |state| async move {
+        let mut w = state?;
+        let Ok(next) = tokio::time::timeout(KEEP_ALIVE, w.rx.recv()).await else {
+            return Some((Bytes::from_static(b":\n\n"), Some(w)));
+        };
+        let (n, frame) = next?;
+        let answer = w.post && Frame::parse(&frame).is_some_and(|f| f.is_response());
+        if answer && w.initialize {
+            lock(&w.live.routes).version = agreed_version(&frame);
+        }
+        let event = sse_event(&w.live.event_id(w.stream, n), None, &frame);
+        Some((event, (!answer).then_some(w)))
+    });
+    let body = stream::iter(head)
+        .chain(events)
+        .map(Ok::<_, std::convert::Infallible>);
+    (
+        [
+            (
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/event-stream"),
+            ),
+            (header::CACHE_CONTROL, HeaderValue::from_static("no-cache")),
+        ],
+        axum::body::Body::from_stream(body),
+    )
+        .into_response()
 }
 
 /// `POST /mcp`: one JSON-RPC message from the client.
@@ -851,39 +1196,58 @@ async fn post_message<S: Store>(
         }
         return StatusCode::ACCEPTED.into_response();
     };
-    let Some((mut rx, waiting)) = live.submit(frame::id_key(id), text, key) else {
+    let primed = primes(&live, &headers);
+    let Some((Inbox(mut rx), waiting)) = live.submit(frame::id_key(id), text, key) else {
         return fail(StatusCode::NOT_FOUND, "the session has ended");
     };
-    let Some(first) = rx.recv().await else {
-        return fail(
-            StatusCode::NOT_FOUND,
-            "the session ended before the server answered",
-        );
+    // A client that takes a priming event waits for a JSON answer only so long.
+    let first = if primed {
+        tokio::time::timeout(PRIME_AFTER, rx.recv()).await.ok()
+    } else {
+        Some(rx.recv().await)
+    };
+    let first = match first {
+        Some(None) => {
+            return fail(
+                StatusCode::NOT_FOUND,
+                "the session ended before the server answered",
+            )
+        }
+        Some(Some(event)) => Some(event),
+        None => None,
     };
     let session_header = initialize
         .then(|| HeaderValue::from_str(&live.id).expect("hex session ids are valid header values"));
-    let first_is_answer = Frame::parse(&first).is_some_and(|f| f.is_response());
-    let mut res = if first_is_answer {
-        if initialize {
-            lock(&live.routes).version = agreed_version(&first);
-        }
-        drop(waiting);
-        json_response(first)
-    } else {
-        // The server speaks first: the answer follows on a stream.
-        let rest = stream::unfold(Some((rx, waiting, initialize)), |state| async move {
-            let (mut rx, waiting, initialize) = state?;
-            let frame = rx.recv().await?;
-            if Frame::parse(&frame).is_some_and(|f| f.is_response()) {
-                if initialize {
-                    lock(&waiting.live.routes).version = agreed_version(&frame);
-                }
-                return Some((frame, None));
+    let mut res = match first {
+        Some((_, answer)) if Frame::parse(&answer).is_some_and(|f| f.is_response()) => {
+            if initialize {
+                lock(&live.routes).version = agreed_version(&answer);
             }
-            Some((frame, Some((rx, waiting, initialize))))
-        });
-        let frames = stream::once(async move { first }).chain(rest);
-        sse(frames).into_response()
+            drop(waiting);
+            json_response(answer)
+        }
+        first => {
+            // The server speaks first, or the answer takes a while: it follows on a stream,
+            // which the client may resume once it has an event id of it.
+            waiting.resumable();
+            let number = waiting.number;
+            let mut head = Vec::new();
+            if primed {
+                head.push(sse_event(&live.event_id(number, 0), Some(RETRY), ""));
+            }
+            if let Some((n, frame)) = first {
+                head.push(sse_event(&live.event_id(number, n), None, &frame));
+            }
+            let w = Writer {
+                live: Arc::clone(&live),
+                stream: number,
+                rx,
+                post: true,
+                initialize,
+                _waiting: Some(waiting),
+            };
+            resumable_sse(head, w)
+        }
     };
     if let Some(v) = session_header {
         res.headers_mut()
@@ -1030,12 +1394,7 @@ async fn open_stream<S: Store>(State(proxy): State<Arc<Proxy<S>>>, headers: Head
         Ok(t) => t,
         Err(res) => return *res,
     };
-    let accepts = headers
-        .get_all(header::ACCEPT)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .any(|v| v.contains("text/event-stream") || v.contains("*/*"));
-    if !accepts {
+    if !accepts_sse(&headers) {
         return fail(
             StatusCode::NOT_ACCEPTABLE,
             "GET opens a text/event-stream: say so in Accept",
@@ -1045,23 +1404,39 @@ async fn open_stream<S: Store>(State(proxy): State<Arc<Proxy<S>>>, headers: Head
         Ok(l) => l,
         Err(res) => return *res,
     };
+    let primed = primes(&live, &headers);
+    let last = headers
+        .get("last-event-id")
+        .map(|v| v.to_str().unwrap_or_default().to_owned());
     let (tx, rx) = mpsc::unbounded_channel();
-    {
+    let (number, post, head) = {
         let mut r = lock(&live.routes);
         if r.closed {
             return fail(StatusCode::NOT_FOUND, "the session has ended");
         }
-        for frame in r.queued.drain(..) {
-            let _ = tx.send(frame);
+        match last {
+            // A stream resumed: the GET stream, or a POST's.
+            Some(last) => match r.resume(&live.tag, &last, tx) {
+                Ok((number, post)) => (number, post, Vec::new()),
+                Err(why) => return fail(StatusCode::BAD_REQUEST, &why),
+            },
+            // A new GET replaces the old one, whose stream ends.
+            None => {
+                let number = r.open_get(tx);
+                let prime = primed.then(|| sse_event(&live.event_id(number, 0), Some(RETRY), ""));
+                (number, false, prime.into_iter().collect())
+            }
         }
-        // A new GET replaces the old one, whose stream ends.
-        r.get = Some(tx);
-    }
-    let frames = stream::unfold(rx, |mut rx| async move {
-        let frame = rx.recv().await?;
-        Some((frame, rx))
-    });
-    sse(frames).into_response()
+    };
+    let w = Writer {
+        live: Arc::clone(&live),
+        stream: number,
+        rx,
+        post,
+        initialize: false,
+        _waiting: None,
+    };
+    resumable_sse(head, w)
 }
 
 /// `DELETE /mcp`: the client ends its session. Its calls in flight run to their end.
@@ -1081,7 +1456,70 @@ async fn end_session<S: Store>(State(proxy): State<Arc<Proxy<S>>>, headers: Head
 
 #[cfg(test)]
 mod tests {
-    use super::same_loopback_origin;
+    use super::{same_loopback_origin, Outbound, Routes, MAX_ENDED, MAX_EVENTS};
+    use tokio::sync::mpsc;
+
+    #[test]
+    fn a_stream_resumes_only_after_events_it_still_keeps() {
+        let mut r = Routes::default();
+        let (tx, _listening) = mpsc::unbounded_channel();
+        let get = r.open_get(tx);
+        // Events 1 to MAX_EVENTS + 5: the first five are dropped.
+        for i in 1..=MAX_EVENTS + 5 {
+            r.server_message(format!("m{i}"));
+        }
+        let (tx, _) = mpsc::unbounded_channel();
+        let lost = r.resume("t", &format!("t-{get}-4"), tx).unwrap_err();
+        assert!(lost.contains("no longer all kept"), "{lost}");
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        assert_eq!(r.resume("t", &format!("t-{get}-5"), tx), Ok((get, false)));
+        let replayed: Vec<_> = std::iter::from_fn(|| rx.try_recv().ok()).collect();
+        assert_eq!(replayed.len(), MAX_EVENTS);
+        assert_eq!(replayed[0], (6, "m6".to_owned()));
+        // Later events follow on the resumed connection.
+        r.server_message("later".to_owned());
+        assert_eq!(
+            rx.try_recv(),
+            Ok((MAX_EVENTS as u64 + 6, "later".to_owned()))
+        );
+        // An id beyond what the stream sent, of another tag, or of no stream: refused.
+        for id in [
+            format!("t-{get}-9999"),
+            format!("u-{get}-5"),
+            "t-77-0".to_owned(),
+        ] {
+            let (tx, _) = mpsc::unbounded_channel();
+            assert!(r.resume("t", &id, tx).is_err(), "{id}");
+        }
+    }
+
+    #[test]
+    fn answers_nobody_read_are_kept_for_the_last_ended_streams() {
+        let mut r = Routes::default();
+        let mut streams = Vec::new();
+        for i in 0..=MAX_ENDED {
+            // A resumable POST whose client hung up before its answer came.
+            let (tx, rx) = mpsc::unbounded_channel();
+            drop(rx);
+            r.next += 1;
+            let number = r.next;
+            let mut post = Outbound::new(true, tx);
+            post.resumable = true;
+            r.streams.insert(number, post);
+            r.posts.entry(i.to_string()).or_default().push_back(number);
+            r.answer(&i.to_string(), format!("answer {i}"));
+            streams.push(number);
+        }
+        assert!(r.posts.is_empty());
+        let (tx, _) = mpsc::unbounded_channel();
+        assert!(r.resume("t", &format!("t-{}-0", streams[0]), tx).is_err());
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let resumed = r.resume("t", &format!("t-{}-0", streams[1]), tx);
+        assert_eq!(resumed, Ok((streams[1], true)));
+        assert_eq!(rx.try_recv(), Ok((1, "answer 1".to_owned())));
+        // Nothing more comes: the connection ends after the answer.
+        assert_eq!(rx.try_recv(), Err(mpsc::error::TryRecvError::Disconnected));
+    }
 
     #[test]
     fn own_loopback_origin_only() {
