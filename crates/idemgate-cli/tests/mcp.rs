@@ -531,6 +531,8 @@ fn mcp_a_failure_the_proxy_caused_is_never_stored_as_the_tools_outcome() {
     // fails. The failure is the proxy's doing: the outcome is unknown, never the stored failure.
     let first = p.request("tools/call", call.clone());
     assert_eq!(first["result"]["isError"], true, "{first}");
+    // The server's answer goes back in the client's era (the SDKs refuse a result without it).
+    assert_eq!(first["result"]["resultType"], "complete", "{first}");
     assert!(
         text(&first, 0).contains("elicitation failed") && text(&first, 0).contains("-32601"),
         "{first}"
@@ -1170,6 +1172,10 @@ fn mcp_real_everything_2025_tasks_reach_a_2026_client_through_the_tasks_extensio
         json!({"name": "simulate-research-query", "arguments": {"topic": "x"}, "_meta": plain}),
     );
     assert_eq!(refused["error"]["code"], -32021, "{refused}");
+    // The server outlives a killed proxy (its research task keeps it up): the proxy is let go
+    // the way an agent lets it go, and stops its server.
+    drop(p.stdin.take());
+    p.wait_exit();
 }
 
 #[test]

@@ -154,10 +154,11 @@ pub(crate) fn respond(
                 ..
             }),
         ) => {
-            // The server's own error (a JSON-RPC error) goes back as it was: it is this call's
-            // answer; only its effect is uncertain.
+            // The server's own answer (a JSON-RPC error, or a failure the proxy may have caused)
+            // goes back as the server wrote it, in the request's era: it is this call's answer;
+            // only its effect is uncertain.
             if let (true, Some(Reply::Answer { frame, .. })) = (ran_here, &relay) {
-                return frame.clone();
+                return relayed(cx, frame.clone());
             }
             let why = message.unwrap_or_else(|| {
                 "an earlier attempt stopped before its outcome was recorded".to_owned()

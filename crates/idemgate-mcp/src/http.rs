@@ -308,6 +308,8 @@ impl Routes {
         }
         if waiting.is_empty() {
             self.posts.remove(id);
+            // What a sessionless request asked to be told ends with its answer.
+            self.asks.remove(id);
         }
     }
 
