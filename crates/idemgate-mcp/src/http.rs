@@ -32,13 +32,13 @@
 //! session's streams (a POST's answer stream, the GET stream) has an id `<tag>-<stream>-<n>`: the
 //! session's random tag, the stream's number in the session, the event's number in the stream.
 //! A POST of a client that takes priming events (it accepts `text/event-stream` and speaks
-//! 2025-11-25 or later) whose answer has not come within [`PRIME_AFTER`] turns into a stream at
-//! once, which starts with a priming event (an id, a `retry` time, empty data), so that a client
-//! that loses the connection can come back for the answer. A stream keeps its last
-//! [`MAX_EVENTS`] events, and a POST stream the client was given an id of outlives its
+//! 2025-11-25 or later) whose answer has not come within 100 ms (`PRIME_AFTER`) turns into a
+//! stream at once, which starts with a priming event (an id, a `retry` time, empty data), so that
+//! a client that loses the connection can come back for the answer. A stream keeps its last 1000
+//! events (`MAX_EVENTS`), and a POST stream the client was given an id of outlives its
 //! connection: its answer lands in it whether or not anybody listens. A GET with `Last-Event-ID`
 //! gets that stream's events after the id, never another stream's, then its later ones (a POST
-//! stream's up to its answer). A session keeps its last [`MAX_ENDED`] ended POST streams.
+//! stream's up to its answer). A session keeps its last 100 ended POST streams (`MAX_ENDED`).
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
