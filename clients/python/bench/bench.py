@@ -4,7 +4,11 @@
 - ``fresh``: unique keys, one thread, a counting side effect;
 - ``replay``: one key repeated, one thread;
 - ``storm``: 16 threads released by a barrier over the same 200 keys, counting executions per key
-  (0 double executions is the guarantee) and what the losers got.
+  (0 double executions is the guarantee) and what the losers got;
+- ``storm, a barrier per key``: the same 16 threads meet at a barrier before *every* key, so each
+  key has one winner and 15 callers that find it in flight and wait; besides the counts, how long
+  after the winner's answer each loser got its own (p50, p99, max) and how many keys had a loser
+  later than 15 ms: a wake-up lost between a look and a wait shows there as a polling interval.
 
 Each workload runs ``--rounds`` times (default 5) per library and store; the table shows the
 median calls/s, the min–max, and idemgate's ratio to the best peer on that row (medians). Stores:
@@ -146,6 +150,60 @@ def storm(call: Call, keys: int = 200, threads: int = 16) -> tuple[float, Storm]
     return keys * threads / took, Storm(doubles, missing, answers)
 
 
+def storm_per_key(call: Call, keys: int = 200, threads: int = 16) -> tuple[float, Storm]:
+    """As :func:`storm`, with a barrier before every key; measures the losers' lateness."""
+    prefix = mint_key()
+    names = [f"{prefix}-{i}" for i in range(keys)]
+    executions: Counter[str] = Counter()
+    answers: Counter[str] = Counter()
+    # Per key, when each caller got its answer and whether it ran the effect.
+    ends: list[list[tuple[float, bool]]] = [[] for _ in names]
+    lock = threading.Lock()
+    barrier = threading.Barrier(threads)
+
+    def racer() -> None:
+        for i, name in enumerate(names):
+            ran = [False]
+
+            def effect(name: str = name, ran: list[bool] = ran) -> int:
+                ran[0] = True
+                with lock:
+                    executions[name] += 1
+                return 1
+
+            _tl.effect = effect
+            barrier.wait()
+            try:
+                call("bench_storm_per_key", name, {"k": name}, effect)
+                kind = "executed" if ran[0] else "replayed"
+            except Exception as e:  # noqa: BLE001 - what a loser got is the measurement
+                kind = type(e).__name__
+            end = time.perf_counter()
+            with lock:
+                answers[kind] += 1
+                ends[i].append((end, ran[0]))
+
+    pool = [threading.Thread(target=racer) for _ in range(threads)]
+    start = time.perf_counter()
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    took = time.perf_counter() - start
+    late: list[float] = []
+    slow_keys = 0
+    for key_ends in ends:
+        winner = [end for end, ran in key_ends if ran]
+        if len(winner) != 1:
+            continue  # counted as a double execution or a key never run
+        lateness = [max(0.0, end - winner[0]) for end, ran in key_ends if not ran]
+        late += lateness
+        slow_keys += any(x > 0.015 for x in lateness)
+    doubles = sum(c - 1 for c in executions.values() if c > 1)
+    missing = keys - len(executions)
+    return keys * threads / took, Storm(doubles, missing, answers, late, slow_keys)
+
+
 @dataclass
 class Storm:
     """What one storm round counted."""
@@ -153,6 +211,26 @@ class Storm:
     doubles: int
     missing: int
     answers: Counter[str]
+    # With a barrier per key: how late after the winner each loser was answered (seconds), and
+    # the keys with a loser later than 15 ms.
+    late: list[float] = field(default_factory=list)
+    slow_keys: int = 0
+
+
+def lateness_note(rounds: list[Storm]) -> str:
+    """The losers' lateness over all rounds, and the slow keys per round."""
+    late = sorted(x for r in rounds for x in r.late)
+    if not late:
+        return ""
+
+    def ms(q: float) -> str:
+        return f"{late[min(len(late) - 1, int(q * len(late)))] * 1000:.1f}"
+
+    slow = [r.slow_keys for r in rounds]
+    return (
+        f"losers answered after the winner: p50 {ms(0.5)} ms, p99 {ms(0.99)} ms, "
+        f"max {late[-1] * 1000:.1f} ms; keys with a loser > 15 ms: {min(slow)}–{max(slow)} per round"
+    )
 
 
 def storm_note(rounds: list[Storm]) -> str:
@@ -166,9 +244,11 @@ def storm_note(rounds: list[Storm]) -> str:
     for r in rounds:
         total.update(r.answers)
     got = ", ".join(f"{k} {v}" for k, v in sorted(total.items()))
+    late = lateness_note(rounds)
     return (
         f"double executions {span([r.doubles for r in rounds])} per round, keys never run "
         f"{span([r.missing for r in rounds])}; the {len(rounds)} rounds' calls: {got}"
+        + (f"; {late}" if late else "")
     )
 
 
@@ -414,6 +494,7 @@ def main() -> None:
     ap.add_argument("-n", type=int, default=2000, help="calls per fresh/replay round")
     ap.add_argument("--only", help="run only stores whose name contains this")
     ap.add_argument("--no-peers", action="store_true", help="idemgate only")
+    ap.add_argument("--workload", help="run only workloads whose name contains this")
     args = ap.parse_args()
     # Powertools warns on every call outside Lambda (no remaining-time context) and about its
     # layer's rename; neither changes what is measured.
@@ -422,7 +503,9 @@ def main() -> None:
         ("fresh", lambda c: fresh(c, args.n)),
         ("replay", lambda c: replay(c, args.n)),
         ("storm 16x200", storm),
+        ("storm 16x200, a barrier per key", storm_per_key),
     ]
+    workloads = [w for w in workloads if not args.workload or args.workload in w[0]]
     stores = ["memory", "SQLite"]
     postgres = os.environ.get("IDEMGATE_TEST_POSTGRES_URL") or None
     redis = os.environ.get("IDEMGATE_TEST_REDIS_URL") or None

@@ -21,7 +21,11 @@ fn main() {
     println!("reserve future: {}", std::mem::size_of_val(&s.reserve(&r)));
     println!(
         "wait_changed future: {}",
-        std::mem::size_of_val(&s.wait_changed(&r.key, std::time::Duration::from_secs(1)))
+        std::mem::size_of_val(&s.wait_changed(
+            &r.key,
+            Default::default(),
+            std::time::Duration::from_secs(1)
+        ))
     );
     println!(
         "Answer: {}, Decision: {}, StoredRecord: {}, Record: {}",

@@ -1166,10 +1166,11 @@ impl<S: Store> Engine<S> {
         deadline: Instant,
         still: impl Fn(&RecordState) -> bool,
     ) -> Result<bool, EngineError> {
-        // Looks before each wait, the first included: a change that landed between the caller's
-        // last look and this wait woke nobody (a store wakes only the waiters it has), so waiting
-        // first would sleep a whole slice past it.
+        // Looks before each wait, the first included, and takes the change mark before each
+        // look: a change that lands between the look and the wait has moved the mark on, so the
+        // wait ends at once instead of sleeping a whole slice past it (issue 20).
         loop {
+            let mark = self.store.change_mark(key);
             match self.store.get(key).await? {
                 Some(Record { state, .. }) if still(&state) => {}
                 _ => return Ok(true),
@@ -1179,7 +1180,7 @@ impl<S: Store> Engine<S> {
                 return Ok(false);
             }
             let slice = (deadline - now).min(self.settings.max_poll);
-            self.store.wait_changed(key, slice).await;
+            self.store.wait_changed(key, mark, slice).await;
         }
     }
 

@@ -4,6 +4,7 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::change::ChangeMark;
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::record::{Fence, Lease, Outcome, Record};
@@ -168,7 +169,11 @@ impl<S: Store> Store for FaultyStore<S> {
     async fn purge_expired(&self) -> Result<u64> {
         self.inner.purge_expired().await
     }
-    async fn wait_changed(&self, key: &Key, timeout: Duration) {
-        self.inner.wait_changed(key, timeout).await
+    fn change_mark(&self, key: &Key) -> ChangeMark {
+        self.inner.change_mark(key)
+    }
+
+    async fn wait_changed(&self, key: &Key, since: ChangeMark, timeout: Duration) {
+        self.inner.wait_changed(key, since, timeout).await
     }
 }

@@ -26,6 +26,7 @@
 //! ```
 
 pub mod canonical;
+pub mod change;
 pub mod engine;
 pub mod error;
 pub mod faulty;
@@ -43,6 +44,7 @@ pub mod url;
 pub mod verdict;
 
 pub use canonical::Fingerprint;
+pub use change::{ChangeMark, Changes};
 pub use engine::{
     Answer, Begun, Call, Decision, Effect, Engine, FlushReport, JournalFlusher, Named, Probe,
     ProbeFuture, Recording, Resolution, Settings, Ticket, Verifier, FLUSH_RETRY,

@@ -2,12 +2,10 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use tokio::sync::Notify;
-
+use crate::change::{ChangeMark, Changes};
 use crate::key::Key;
 use crate::record::{Fence, Lease, Outcome, Record};
 use crate::store::{Claim, Completion, ListFilter, Reservation, Result, Store};
@@ -24,9 +22,7 @@ pub struct MemoryStore {
 struct Inner {
     records: Mutex<Records>,
     clock: Arc<dyn Clock>,
-    changed: Notify,
-    /// How many callers are in `wait_changed`.
-    waiters: AtomicUsize,
+    changes: Changes,
 }
 
 impl Default for MemoryStore {
@@ -47,8 +43,7 @@ impl MemoryStore {
             inner: Arc::new(Inner {
                 records: Mutex::new(Records::new()),
                 clock,
-                changed: Notify::new(),
-                waiters: AtomicUsize::new(0),
+                changes: Changes::new(),
             }),
         }
     }
@@ -106,10 +101,7 @@ impl MemoryStore {
             },
         };
         drop(map);
-        // Waking is a lock of its own; skip it when nobody waits (the common case).
-        if self.inner.waiters.load(Ordering::Acquire) > 0 {
-            self.inner.changed.notify_waiters();
-        }
+        self.inner.changes.notify(key);
         Ok(out)
     }
 }
@@ -373,20 +365,14 @@ impl Store for MemoryStore {
         Ok((before - map.len) as u64)
     }
 
-    async fn wait_changed(&self, _key: &Key, timeout: Duration) {
-        // Woken by any change; the caller looks at its own key again either way. The count is
-        // raised before the `Notified` is enabled, so a change after it is never missed by a
-        // writer that read a zero count.
-        struct Waiting<'a>(&'a AtomicUsize);
-        impl Drop for Waiting<'_> {
-            fn drop(&mut self) {
-                self.0.fetch_sub(1, Ordering::AcqRel);
-            }
-        }
-        self.inner.waiters.fetch_add(1, Ordering::AcqRel);
-        let _waiting = Waiting(&self.inner.waiters);
-        let notified = self.inner.changed.notified();
-        let _ = tokio::time::timeout(timeout, notified).await;
+    fn change_mark(&self, key: &Key) -> ChangeMark {
+        self.inner.changes.mark(key)
+    }
+
+    async fn wait_changed(&self, key: &Key, since: ChangeMark, timeout: Duration) {
+        // Every write notifies its key's waiters after it let go of the map, so a look that saw
+        // the record unchanged was taken before the notification: the mark catches it.
+        self.inner.changes.wait(key, since, timeout).await;
     }
 }
 

@@ -10,6 +10,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::canonical::Fingerprint;
+use crate::change::ChangeMark;
 use crate::error::StoreError;
 use crate::key::{Key, TenantId, ToolName};
 use crate::record::{Fence, Lease, LeaseToken, Outcome, Record, State};
@@ -171,10 +172,26 @@ pub trait Store: Send + Sync + 'static {
     /// never purged: they wait for an operator.
     fn purge_expired(&self) -> impl Future<Output = Result<u64>> + Send;
 
-    /// Waits until the record may have changed, or `timeout` passed. Waiting duplicates call it
-    /// between looks; stores with change notifications wake early, others poll.
-    fn wait_changed(&self, key: &Key, timeout: Duration) -> impl Future<Output = ()> + Send {
+    /// Where the change notifications of `key` stand now. A waiting duplicate takes the mark
+    /// *before* it looks at the record and hands it to [`Store::wait_changed`], so that a change
+    /// landing between its look and its wait is not missed (issue 20). The default, for stores
+    /// without notifications of their own, is a mark that never moves.
+    fn change_mark(&self, key: &Key) -> ChangeMark {
         let _ = key;
+        ChangeMark::default()
+    }
+
+    /// Waits until the record may have changed since `since` (a [`Store::change_mark`] taken
+    /// before the caller's last look), or `timeout` passed. Waiting duplicates call it between
+    /// looks; stores with change notifications wake early (at once when the change landed
+    /// before the wait began), others poll.
+    fn wait_changed(
+        &self,
+        key: &Key,
+        since: ChangeMark,
+        timeout: Duration,
+    ) -> impl Future<Output = ()> + Send {
+        let _ = (key, since);
         tokio::time::sleep(timeout.min(DEFAULT_POLL))
     }
 
@@ -274,8 +291,16 @@ impl<S: Store> Store for std::sync::Arc<S> {
     fn purge_expired(&self) -> impl Future<Output = Result<u64>> + Send {
         (**self).purge_expired()
     }
-    fn wait_changed(&self, key: &Key, timeout: Duration) -> impl Future<Output = ()> + Send {
-        (**self).wait_changed(key, timeout)
+    fn change_mark(&self, key: &Key) -> ChangeMark {
+        (**self).change_mark(key)
+    }
+    fn wait_changed(
+        &self,
+        key: &Key,
+        since: ChangeMark,
+        timeout: Duration,
+    ) -> impl Future<Output = ()> + Send {
+        (**self).wait_changed(key, since, timeout)
     }
     fn probe_write(&self) -> impl Future<Output = Result<()>> + Send {
         (**self).probe_write()

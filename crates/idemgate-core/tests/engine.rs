@@ -1109,21 +1109,31 @@ type StoreResult<T> = Result<T, idemgate_core::StoreError>;
 /// wait.
 struct HoldInFlightAnswer {
     inner: idemgate_core::MemoryStore,
-    armed: std::sync::Mutex<Option<(tokio::sync::oneshot::Sender<()>, Arc<Notify>)>>,
+    armed: Armed,
+    /// Holds the answer of the next `get` that finds the record in flight instead: the look a
+    /// waiting duplicate takes before each wait.
+    armed_get: Armed,
+}
+
+type Armed = std::sync::Mutex<Option<(tokio::sync::oneshot::Sender<()>, Arc<Notify>)>>;
+
+/// Holds the caller that found a record in flight until the test lets it go, if `armed`.
+async fn hold_if_armed(armed: &Armed, rec: Option<&idemgate_core::Record>) {
+    if rec.is_some_and(|rec| matches!(rec.state, RecordState::InFlight { .. })) {
+        let armed = armed.lock().unwrap().take();
+        if let Some((held, go)) = armed {
+            let go = go.notified();
+            let _ = held.send(());
+            go.await;
+        }
+    }
 }
 
 impl Store for HoldInFlightAnswer {
     async fn reserve(&self, r: &idemgate_core::Reservation) -> StoreResult<idemgate_core::Claim> {
         let claim = self.inner.reserve(r).await?;
         if let idemgate_core::Claim::Existing(rec) = &claim {
-            if matches!(rec.state, RecordState::InFlight { .. }) {
-                let armed = self.armed.lock().unwrap().take();
-                if let Some((held, go)) = armed {
-                    let go = go.notified();
-                    let _ = held.send(());
-                    go.await;
-                }
-            }
+            hold_if_armed(&self.armed, Some(rec)).await;
         }
         Ok(claim)
     }
@@ -1169,7 +1179,9 @@ impl Store for HoldInFlightAnswer {
         self.inner.mark_unknown(key, lease).await
     }
     async fn get(&self, key: &idemgate_core::Key) -> StoreResult<Option<idemgate_core::Record>> {
-        self.inner.get(key).await
+        let rec = self.inner.get(key).await?;
+        hold_if_armed(&self.armed_get, rec.as_ref()).await;
+        Ok(rec)
     }
     async fn list(
         &self,
@@ -1180,8 +1192,16 @@ impl Store for HoldInFlightAnswer {
     async fn purge_expired(&self) -> StoreResult<u64> {
         self.inner.purge_expired().await
     }
-    async fn wait_changed(&self, key: &idemgate_core::Key, timeout: Duration) {
-        self.inner.wait_changed(key, timeout).await
+    fn change_mark(&self, key: &idemgate_core::Key) -> idemgate_core::ChangeMark {
+        self.inner.change_mark(key)
+    }
+    async fn wait_changed(
+        &self,
+        key: &idemgate_core::Key,
+        since: idemgate_core::ChangeMark,
+        timeout: Duration,
+    ) {
+        self.inner.wait_changed(key, since, timeout).await
     }
 }
 
@@ -1192,6 +1212,7 @@ async fn a_duplicate_that_finds_the_call_done_before_it_waits_does_not_sleep_pas
     let store = Arc::new(HoldInFlightAnswer {
         inner: idemgate_core::MemoryStore::new(),
         armed: std::sync::Mutex::new(None),
+        armed_get: std::sync::Mutex::new(None),
     });
     let policy = ToolPolicy {
         lease: LEASE,
@@ -1219,6 +1240,56 @@ async fn a_duplicate_that_finds_the_call_done_before_it_waits_does_not_sleep_pas
         tokio::spawn(async move { engine.call(c, || async { success("second") }).await })
     };
     // The duplicate saw the call in flight; it completes before the duplicate waits.
+    held_rx.await.unwrap();
+    engine.finish(&ticket, success("first")).await;
+    go.notify_one();
+    let answer = tokio::time::timeout(Duration::from_secs(20), duplicate)
+        .await
+        .expect("the duplicate slept past the completion")
+        .unwrap()
+        .unwrap();
+    assert!(
+        matches!(answer.decision, Decision::Replayed { .. }),
+        "{:?}",
+        answer.decision
+    );
+}
+
+#[tokio::test]
+async fn a_completion_between_a_waiters_look_and_its_wait_wakes_it() {
+    // The duplicate found the call in flight and waits; its next look (a `get`) also finds it in
+    // flight, and the completion lands before the duplicate starts waiting again. Waits and
+    // polls far longer than the test allows: a wake-up lost there would cost a minute.
+    let store = Arc::new(HoldInFlightAnswer {
+        inner: idemgate_core::MemoryStore::new(),
+        armed: std::sync::Mutex::new(None),
+        armed_get: std::sync::Mutex::new(None),
+    });
+    let policy = ToolPolicy {
+        lease: LEASE,
+        wait: Duration::from_secs(60),
+        ..ToolPolicy::default()
+    };
+    let engine = Arc::new(
+        idemgate_core::Engine::new(store.clone())
+            .with_policies(Policies::new().with_default(policy.clone()))
+            .with_settings(idemgate_core::Settings {
+                max_poll: Duration::from_secs(60),
+                ..idemgate_core::Settings::default()
+            }),
+    );
+    let c = call("acme", "charge", Some("k20"), json!({"amount": 5}));
+    let idemgate_core::Begun::Execute(ticket) = engine.begin(c.clone(), &policy).await.unwrap()
+    else {
+        panic!("the first call executes");
+    };
+    let (held, held_rx) = tokio::sync::oneshot::channel();
+    let go = Arc::new(Notify::new());
+    *store.armed_get.lock().unwrap() = Some((held, go.clone()));
+    let duplicate = {
+        let (engine, c) = (engine.clone(), c.clone());
+        tokio::spawn(async move { engine.call(c, || async { success("second") }).await })
+    };
     held_rx.await.unwrap();
     engine.finish(&ticket, success("first")).await;
     go.notify_one();

@@ -21,7 +21,8 @@ use idemgate_core::time::duration_millis;
 use idemgate_core::transition::{self, Change};
 use idemgate_core::url::UrlQuery;
 use idemgate_core::{
-    Fence, Key, Lease, Outcome, Record, RecordState, StoreError, TenantId, Timestamp, ToolName,
+    ChangeMark, Fence, Key, Lease, Outcome, Record, RecordState, StoreError, TenantId, Timestamp,
+    ToolName,
 };
 use tokio::sync::{broadcast, oneshot, watch};
 use tokio::task::JoinHandle;
@@ -763,7 +764,10 @@ impl Store for PgStore {
         Ok(u64::try_from(n).unwrap_or(0))
     }
 
-    async fn wait_changed(&self, key: &Key, timeout: Duration) {
+    async fn wait_changed(&self, key: &Key, _since: ChangeMark, timeout: Duration) {
+        // No mark is needed: the wait query below looks at the record again, atomically with
+        // flagging it, after the subscription is taken. A settling since the caller's look is
+        // seen there; a later one is notified.
         if self.inner._listener.is_none() {
             tokio::time::sleep(timeout.min(idemgate_core::store::DEFAULT_POLL)).await;
             return;

@@ -149,7 +149,8 @@ async fn waiter_wakes_on_completion_from_another_store() {
     let start = Instant::now();
     let (waited, latency) = tokio::join!(
         async {
-            b.wait_changed(&key, Duration::from_secs(10)).await;
+            b.wait_changed(&key, Default::default(), Duration::from_secs(10))
+                .await;
             start.elapsed()
         },
         async {
@@ -185,14 +186,20 @@ async fn waiter_wakes_on_completion_from_another_store() {
     )
     .await;
     let start = Instant::now();
-    b.wait_changed(&other, Duration::from_millis(300)).await;
+    b.wait_changed(&other, Default::default(), Duration::from_millis(300))
+        .await;
     assert!(start.elapsed() >= Duration::from_millis(290));
 
     // A waiter on a record that settled already (or never was) does not wait at all.
     let start = Instant::now();
-    b.wait_changed(&key, Duration::from_secs(10)).await;
-    b.wait_changed(&fresh_key("notify", "absent"), Duration::from_secs(10))
+    b.wait_changed(&key, Default::default(), Duration::from_secs(10))
         .await;
+    b.wait_changed(
+        &fresh_key("notify", "absent"),
+        Default::default(),
+        Duration::from_secs(10),
+    )
+    .await;
     assert!(
         start.elapsed() < Duration::from_secs(5),
         "{:?}",
@@ -217,7 +224,9 @@ async fn only_writes_somebody_waits_for_notify() {
             .await;
             if flag {
                 // What a waiter does before it waits (a short timeout ends the wait itself).
-                store.wait_changed(&key, Duration::from_millis(1)).await;
+                store
+                    .wait_changed(&key, Default::default(), Duration::from_millis(1))
+                    .await;
             }
             store
                 .complete(
@@ -346,7 +355,9 @@ async fn notifications_carry_the_digest_never_the_key() {
     )
     .await;
     // Somebody waits for it (only then does its completion notify).
-    store.wait_changed(&key, Duration::from_millis(1)).await;
+    store
+        .wait_changed(&key, Default::default(), Duration::from_millis(1))
+        .await;
     store
         .complete(
             &key,

@@ -1,6 +1,7 @@
 -- Shared by every idemgate script (prepended to each). A record is one hash:
 --   tenant, tool, key, fp, fence, token, created, state ('i' in flight, 'c' completed, 'u' unknown)
 --   'i': lease_until        'c': kind, body, completed_at, expires_at        'u': since
+--   waiters: '1' while a duplicate waits for the in-flight record to settle (set by wait.lua)
 -- Times are milliseconds since the epoch by the server's clock (TIME), never the client's.
 -- Numbers are written with string.format('%d') so that large values never turn into '1.8e+12'.
 
@@ -53,4 +54,17 @@ end
 
 local function lease_lost()
   return redis.error_reply('LEASE_LOST the caller no longer holds the record')
+end
+
+-- The channel on which settling a record that duplicates wait for names it (the store's
+-- subscriber wakes them). Shared by every key prefix: the payload is the record's full name.
+local CHANGED = 'idemgate:changed'
+
+-- Tells the record's waiters, if it has any, that it settled, and forgets them: a record nobody
+-- waits for costs no PUBLISH (on a cluster, one goes to every node).
+local function wake(k, r)
+  if r ~= nil and r.waiters then
+    redis.call('HDEL', k, 'waiters')
+    redis.call('PUBLISH', CHANGED, k)
+  end
 end

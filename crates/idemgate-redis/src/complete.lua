@@ -15,6 +15,7 @@ local completed_at = now
 if ARGV[7] ~= '' then
   completed_at = math.min(now, tonumber(ARGV[7]))
 end
+wake(k, r)
 redis.call('HDEL', k, 'lease_until', 'since')
 redis.call('HSET', k, 'state', 'c', 'kind', ARGV[3], 'body', ARGV[4],
   'completed_at', fmt(completed_at), 'expires_at', fmt(expires_at))

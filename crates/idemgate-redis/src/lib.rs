@@ -4,6 +4,7 @@ mod codec;
 mod error;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
+mod watch;
 
 use std::collections::HashSet;
 use std::fmt;
@@ -18,8 +19,8 @@ use idemgate_core::store::Result;
 use idemgate_core::transition::{self, Change, StoredRecord};
 use idemgate_core::url::UrlQuery;
 use idemgate_core::{
-    Claim, Completion, Fence, Key, Lease, ListFilter, Outcome, Record, Reservation, ReserveHistory,
-    Store, StoreError, Timestamp,
+    ChangeMark, Changes, Claim, Completion, Fence, Key, Lease, ListFilter, Outcome, Record,
+    Reservation, ReserveHistory, Store, StoreError, Timestamp,
 };
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
@@ -98,6 +99,7 @@ struct Scripts {
     mark_unknown: Script,
     get: Script,
     purge: Script,
+    wait: Script,
 }
 
 impl Scripts {
@@ -113,6 +115,7 @@ impl Scripts {
             mark_unknown: script(include_str!("mark_unknown.lua")),
             get: script(include_str!("get.lua")),
             purge: script(include_str!("purge.lua")),
+            wait: script(include_str!("wait.lua")),
         }
     }
 }
@@ -153,6 +156,12 @@ struct Inner {
     shown_url: String,
     /// What recent reservations found, for [`ReservePath::Adaptive`].
     found: ReserveHistory,
+    /// Wake-ups of waiting duplicates, from the subscriber ([`watch`]), by record name.
+    changes: Arc<Changes>,
+    /// Whether the subscriber's subscription is in effect.
+    listening: tokio::sync::watch::Receiver<bool>,
+    /// Dropped with the last clone, which stops the subscriber task.
+    _subscriber: tokio::sync::oneshot::Sender<()>,
 }
 
 /// The connection of a store: one server (or a primary behind replicas) through a reconnecting
@@ -522,7 +531,8 @@ impl RedisStore {
             .set_connection_timeout(options.connection_timeout)
             .set_number_of_retries(4)
             .set_max_delay(Duration::from_millis(500));
-        let link = if let Some(nodes) = cluster_nodes(&url)? {
+        let (link, source) = if let Some(nodes) = cluster_nodes(&url)? {
+            let source = watch::Source::Nodes(nodes.clone());
             let mut builder = ClusterClient::builder(nodes).retries(4).max_retry_wait(500);
             if let Some(t) = response_timeout {
                 builder = builder.response_timeout(t);
@@ -531,10 +541,14 @@ impl RedisStore {
                 builder = builder.connection_timeout(t);
             }
             let client = builder.build().map_err(bad_url)?;
-            Link::Fixed(Conn::Cluster(
-                client.get_async_connection().await.map_err(unreachable)?,
-            ))
+            let conn = Conn::Cluster(client.get_async_connection().await.map_err(unreachable)?);
+            (Link::Fixed(conn), source)
         } else if let Some((sentinels, service, node)) = sentinel_parts(&url)? {
+            let source = watch::Source::Sentinel {
+                sentinels: sentinels.clone(),
+                service: service.clone(),
+                node: node.clone(),
+            };
             let client =
                 SentinelClient::build(sentinels, service, Some(node), SentinelServerType::Master)
                     .map_err(bad_url)?;
@@ -547,14 +561,16 @@ impl RedisStore {
             };
             // Found now, so that a wrong service name or unreachable sentinels fail at start.
             link.primary().await.map_err(unreachable)?;
-            Link::Sentinel(Box::new(link))
+            (Link::Sentinel(Box::new(link)), source)
         } else {
             let client = redis::Client::open(url.as_str()).map_err(bad_url)?;
-            Link::Fixed(Conn::Single(
-                ConnectionManager::new_with_config(client, config)
-                    .await
-                    .map_err(unreachable)?,
-            ))
+            let conn = ConnectionManager::new_with_config(client, config)
+                .await
+                .map_err(unreachable)?;
+            (
+                Link::Fixed(Conn::Single(conn)),
+                watch::Source::Nodes(vec![url.clone()]),
+            )
         };
         if !options.allow_volatile {
             let mut conn = match &link {
@@ -563,6 +579,16 @@ impl RedisStore {
             };
             check_persistence(&mut conn, &shown_url).await?;
         }
+        let changes = Arc::new(Changes::new());
+        let (listening_tx, listening) = tokio::sync::watch::channel(false);
+        let (subscriber, stop) = tokio::sync::oneshot::channel();
+        tokio::spawn(watch::run(
+            source,
+            changes.clone(),
+            listening_tx,
+            options.connection_timeout.unwrap_or(Duration::from_secs(2)),
+            stop,
+        ));
         Ok(RedisStore {
             inner: Arc::new(Inner {
                 link,
@@ -570,6 +596,9 @@ impl RedisStore {
                 options,
                 shown_url,
                 found: ReserveHistory::default(),
+                changes,
+                listening,
+                _subscriber: subscriber,
             }),
         })
     }
@@ -583,6 +612,21 @@ impl RedisStore {
     /// The settings in force.
     pub fn options(&self) -> &RedisOptions {
         &self.inner.options
+    }
+
+    /// Whether the subscription that wakes waiting duplicates is in effect now (while it is not,
+    /// they poll).
+    pub fn is_listening(&self) -> bool {
+        *self.inner.listening.borrow()
+    }
+
+    /// Waits until the subscription that wakes waiting duplicates is in effect, at most
+    /// `timeout`; returns whether it is. For callers (and tests) that measure wake-ups.
+    pub async fn wait_listening(&self, timeout: Duration) -> bool {
+        let mut listening = self.inner.listening.clone();
+        tokio::time::timeout(timeout, listening.wait_for(|on| *on))
+            .await
+            .is_ok_and(|on| on.is_ok())
     }
 
     /// The connection for one operation: through Sentinel, the current primary's (found anew
@@ -862,6 +906,29 @@ impl Store for RedisStore {
                 "get script answered {reply:?}, expected a time and a record"
             ))),
         }
+    }
+
+    fn change_mark(&self, key: &Key) -> ChangeMark {
+        self.inner.changes.mark(self.record_key(key).as_str())
+    }
+
+    async fn wait_changed(&self, key: &Key, since: ChangeMark, timeout: Duration) {
+        if !self.is_listening() {
+            tokio::time::sleep(timeout.min(idemgate_core::store::DEFAULT_POLL)).await;
+            return;
+        }
+        let name = self.record_key(key);
+        // Flag the record as waited for, so that the write that settles it publishes its name. A
+        // record with nothing to wait for needs no wait; a store that cannot be reached leaves
+        // the wait to the timeout. A settling between the caller's mark and this flag is seen
+        // here (the record is no longer in flight) or has moved the mark (its publish came
+        // after a flag set by an earlier wait).
+        let mut inv = Invocation::new(&self.inner.scripts.wait);
+        inv.key(name.as_str());
+        if let Ok(Value::Int(0)) = self.read(&inv, "wait for a record").await {
+            return;
+        }
+        self.inner.changes.wait(name.as_str(), since, timeout).await;
     }
 
     async fn list(&self, filter: &ListFilter) -> Result<Vec<Record>> {

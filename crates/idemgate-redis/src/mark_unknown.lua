@@ -5,6 +5,7 @@ local now = now_ms()
 local r = load(k)
 if holds(r, ARGV[1], ARGV[2]) then
   if r.state == 'i' then
+    wake(k, r)
     redis.call('HDEL', k, 'lease_until')
     redis.call('HSET', k, 'state', 'u', 'since', fmt(now))
     return 1

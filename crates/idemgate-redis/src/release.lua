@@ -6,6 +6,7 @@ if r == nil then
   return 1
 end
 if holds(r, ARGV[1], ARGV[2]) and r.state ~= 'c' then
+  wake(k, r)
   redis.call('DEL', k)
   return 1
 end

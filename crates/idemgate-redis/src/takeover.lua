@@ -19,6 +19,8 @@ if r.token == ARGV[5] and r.state == 'i' then
 end
 if reads_unknown(r, now) and r.fence == stale and r.fp == ARGV[4] then
   local fence = tonumber(stale) + 1
+  -- Duplicates that waited for the lapsed lease look again, and find the new holder.
+  wake(k, r)
   put_fresh(k, fence, tonumber(r.created), now)
   return {'A', fmt(fence)}
 end

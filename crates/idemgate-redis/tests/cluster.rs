@@ -225,3 +225,61 @@ async fn cluster_urls_are_read_and_refused_clearly() {
         other => panic!("expected Unavailable with nothing listening, got {other:?}"),
     }
 }
+
+/// A duplicate waiting on any master is woken by the settling of its record: the store's one
+/// subscription (on the first node) hears what every master publishes, across the cluster bus.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_on_any_master_is_woken_by_the_settling() {
+    const LONG: Duration = Duration::from_secs(30);
+    let store = cluster_store().await;
+    assert!(
+        store.wait_listening(LONG).await,
+        "the subscription took effect"
+    );
+    let raw = redis::cluster::ClusterClient::new(cluster().node_urls()).unwrap();
+    let mut raw = raw.get_async_connection().await.expect("reach the cluster");
+    // Nine keys land on every master (records_spread_over_every_master shows the spread).
+    for i in 0..9 {
+        let k = key(1000 + i);
+        let r = Reservation::new(k.clone(), Fingerprint::of_bytes(b"x"), LONG);
+        let Claim::Acquired(lease) = store.reserve(&r).await.expect("reserve") else {
+            panic!("fresh key {i} was not acquired");
+        };
+        let mark = store.change_mark(&k);
+        let waiter = tokio::spawn({
+            let (store, k) = (store.clone(), k.clone());
+            async move {
+                store.wait_changed(&k, mark, LONG).await;
+                std::time::Instant::now()
+            }
+        });
+        let name = store.record_key(&k);
+        let deadline = std::time::Instant::now() + LONG;
+        loop {
+            let flag: Option<String> = redis::cmd("HGET")
+                .arg(&name)
+                .arg("waiters")
+                .query_async(&mut raw)
+                .await
+                .expect("hget");
+            if flag.is_some() {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "key {i} was never waited for"
+            );
+            tokio::task::yield_now().await;
+        }
+        let completed = std::time::Instant::now();
+        store
+            .complete(&k, lease, &Outcome::success(b"done".to_vec()), LONG)
+            .await
+            .expect("complete");
+        let woken = waiter.await.unwrap().duration_since(completed);
+        assert!(
+            woken < Duration::from_secs(10),
+            "key {i} woken {woken:?} after"
+        );
+    }
+}

@@ -11,3 +11,4 @@ mod replicas;
 mod sentinel_auth;
 mod storm;
 mod url;
+mod wake;

@@ -40,6 +40,7 @@
 //! ```
 
 mod error;
+mod foreign;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 mod row;
@@ -56,12 +57,12 @@ use std::time::Duration;
 use idemgate_core::transition::{self, Change, StoredRecord};
 use idemgate_core::url::{duration_option, UrlQuery};
 use idemgate_core::{
-    Claim, Clock, Completion, Fence, Key, Lease, ListFilter, Outcome, Record, Reservation, State,
-    Store, StoreError, SystemClock, Timestamp,
+    ChangeMark, Changes, Claim, Clock, Completion, Fence, Key, Lease, ListFilter, Outcome, Record,
+    Reservation, State, Store, StoreError, SystemClock, Timestamp,
 };
 use rusqlite::types::Value;
 use rusqlite::Connection;
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::mpsc;
 
 use crate::error::{Context, Stage};
 use crate::writer::{
@@ -171,7 +172,9 @@ struct Inner {
     /// The write connection, which callers use directly when the writer thread is idle.
     shared: Arc<Shared>,
     readers: Arc<Readers>,
-    changed: Arc<Notify>,
+    changes: Arc<Changes>,
+    /// Hears of other processes' commits while anyone waits.
+    foreign: Option<foreign::ForeignWatch>,
     counters: Arc<Counters>,
     #[cfg(test)]
     hooks: Arc<writer::TestHooks>,
@@ -245,7 +248,7 @@ impl SqliteStore {
         let readers = Arc::new(Readers::new(reader));
 
         let (tx, rx) = mpsc::channel(QUEUE);
-        let changed = Arc::new(Notify::new());
+        let changes = Arc::new(Changes::new());
         let counters = Arc::new(Counters::default());
         #[cfg(test)]
         let hooks = Arc::new(writer::TestHooks::default());
@@ -259,7 +262,7 @@ impl SqliteStore {
             wal: wal_path(&path),
             wal_watch,
             last_checkpoint: None,
-            changed: changed.clone(),
+            changes: changes.clone(),
             counters: counters.clone(),
         }));
         let writer = Writer {
@@ -278,6 +281,9 @@ impl SqliteStore {
                     path.display()
                 ))
             })?;
+        // Without it, waiters still hear of other processes' commits at their polls.
+        let foreign =
+            foreign::ForeignWatch::start(wal_path(&path), changes.clone(), counters.clone()).ok();
         Ok(SqliteStore {
             inner: Arc::new(Inner {
                 path,
@@ -286,7 +292,8 @@ impl SqliteStore {
                 writer: Some(writer),
                 shared,
                 readers,
-                changed,
+                changes,
+                foreign,
                 counters,
                 #[cfg(test)]
                 hooks,
@@ -350,7 +357,17 @@ impl SqliteStore {
         T: Send + 'static,
         F: FnOnce(&Connection, Timestamp) -> Result<(T, bool)> + Send + 'static,
     {
-        let (task, answer) = Op::queue(work);
+        self.write_record(None, work).await
+    }
+
+    /// [`SqliteStore::write`] of a write to the record under `key` (when `Some`), whose waiters
+    /// its commit wakes.
+    async fn write_record<T, F>(&self, key: Option<Key>, work: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection, Timestamp) -> Result<(T, bool)> + Send + 'static,
+    {
+        let (task, answer) = Op::queue(key, work);
         let stopped = || {
             StoreError::Unavailable(format!(
                 "failed to reach the writer of the sqlite store {}: it has stopped",
@@ -385,7 +402,7 @@ impl SqliteStore {
         F: FnOnce(Option<&StoredRecord>, Timestamp) -> Result<(T, Change)> + Send + 'static,
     {
         let key = key.clone();
-        self.write(move |conn, now| {
+        self.write_record(Some(key.clone()), move |conn, now| {
             let cur = row::load(conn, &key, Stage::Write)?;
             let (out, change) = f(cur.as_ref(), now)?;
             let wrote = row::apply(conn, &key, cur.as_ref(), change)?;
@@ -655,10 +672,20 @@ impl Store for SqliteStore {
         Ok(purged)
     }
 
-    async fn wait_changed(&self, _key: &Key, timeout: Duration) {
-        // Woken by any commit of this process; changes by other processes are found when the
-        // timeout ends and the caller looks again (the engine bounds it to its polling interval).
-        let _ = tokio::time::timeout(timeout, self.inner.changed.notified()).await;
+    fn change_mark(&self, key: &Key) -> ChangeMark {
+        self.inner.changes.mark(key)
+    }
+
+    async fn wait_changed(&self, key: &Key, since: ChangeMark, timeout: Duration) {
+        if let Some(foreign) = &self.inner.foreign {
+            foreign.waiting();
+        }
+        // Woken by the commits of this store that wrote the record (or another of its slot),
+        // at once by one that landed since the caller took its mark, and within a tick or two
+        // by another process's commit ([`foreign`]). The engine's poll (`Settings::max_poll`)
+        // stays the backstop, e.g. for the first commit of another process, which the watcher
+        // may not yet tell from this store's own.
+        self.inner.changes.wait(key, since, timeout).await;
     }
 }
 
@@ -1272,7 +1299,8 @@ mod tests {
         let store = SqliteStore::open(dir.path().join("db"), manual()).unwrap();
         let k = key("watched");
         let started = Instant::now();
-        let mut waiter = std::pin::pin!(store.wait_changed(&k, Duration::from_secs(30)));
+        let mark = store.change_mark(&k);
+        let mut waiter = std::pin::pin!(store.wait_changed(&k, mark, Duration::from_secs(30)));
         // The first poll registers the waiter, so the commit cannot run ahead of it. (A spawned
         // waiter and a sleep before the commit lost that race on a loaded machine, and the
         // waiter then slept the whole 30 s.)
@@ -1289,6 +1317,97 @@ mod tests {
         waiter.await;
         let waited = started.elapsed();
         assert!(waited < Duration::from_secs(10), "waited {waited:?}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_commit_between_a_waiters_look_and_its_wait_wakes_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(dir.path().join("db"), manual()).unwrap();
+        let k = key("watched");
+        let lease = acquire(&store, &k).await;
+        // The waiter's mark, then its look: in flight.
+        let mark = store.change_mark(&k);
+        let seen = store.get(&k).await.unwrap().unwrap();
+        assert!(matches!(seen.state, RecordState::InFlight { .. }));
+        // The completion commits before the waiter starts waiting.
+        let outcome = Outcome::success(b"done".to_vec());
+        store
+            .complete(&k, lease, &outcome, Duration::from_secs(60))
+            .await
+            .unwrap();
+        // Woken by the commit, not by the end of its 30 s.
+        let started = Instant::now();
+        store.wait_changed(&k, mark, Duration::from_secs(30)).await;
+        let waited = started.elapsed();
+        assert!(waited < Duration::from_secs(10), "waited {waited:?}");
+        // Without a commit since its mark, a wait lasts its whole timeout.
+        let mark = store.change_mark(&k);
+        let started = Instant::now();
+        store
+            .wait_changed(&k, mark, Duration::from_millis(50))
+            .await;
+        assert!(started.elapsed() >= Duration::from_millis(50));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_waiter_hears_of_another_processes_commits_without_its_poll() {
+        // Two stores on one file stand for two processes: neither hears the other's writer.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db");
+        let other = SqliteStore::open(&path, SqliteOptions::default()).unwrap();
+        let this = SqliteStore::open(&path, SqliteOptions::default()).unwrap();
+        // Far longer than the test may take: a waiter woken only by its timeout fails it.
+        let long = Duration::from_secs(30);
+        let wait_on = |k: Key| {
+            let this = this.clone();
+            let mark = this.change_mark(&k);
+            tokio::spawn(async move {
+                this.wait_changed(&k, mark, long).await;
+                Instant::now()
+            })
+        };
+
+        // The first change of the log that this store can tell is not its own: the other store
+        // commits until it does (its first commits may land while the watcher has yet to take a
+        // quiet look). Pacing only: the test waits for the waiter, however long that takes.
+        let k = key("first");
+        let lease = acquire(&other, &k).await;
+        let waiter = wait_on(k.clone());
+        let started = Instant::now();
+        let outcome = Outcome::success(b"done".to_vec());
+        other.complete(&k, lease, &outcome, long).await.unwrap();
+        let mut n = 0;
+        while !waiter.is_finished() {
+            assert!(started.elapsed() < Duration::from_secs(10), "never woken");
+            acquire(&other, &key(&format!("pace-{n}"))).await;
+            n += 1;
+            tokio::time::sleep(foreign::TICK * 2).await;
+        }
+
+        // From then on, the other process's next commit wakes a waiter by itself.
+        let k = key("second");
+        let lease = acquire(&other, &k).await;
+        // A waiter under way (one woken early by the tail of the pacing commits is replaced).
+        let waiter = loop {
+            let waiter = wait_on(k.clone());
+            while !this.inner.changes.waiting() && !waiter.is_finished() {
+                assert!(
+                    started.elapsed() < Duration::from_secs(20),
+                    "the waiter never waited"
+                );
+                tokio::task::yield_now().await;
+            }
+            if !waiter.is_finished() {
+                break waiter;
+            }
+        };
+        let completed = Instant::now();
+        other.complete(&k, lease, &outcome, long).await.unwrap();
+        let woken = waiter.await.unwrap().duration_since(completed);
+        assert!(
+            woken < Duration::from_secs(10),
+            "woken {woken:?} after the commit"
+        );
     }
 
     /// The size of the write-ahead log of the database at `path` (0 while there is none).

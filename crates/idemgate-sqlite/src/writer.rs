@@ -15,9 +15,9 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard};
 
-use idemgate_core::{Clock, StoreError, Timestamp};
+use idemgate_core::{Changes, Clock, Key, StoreError, Timestamp};
 use rusqlite::{Connection, ErrorCode};
-use tokio::sync::{mpsc, oneshot, Notify};
+use tokio::sync::{mpsc, oneshot};
 
 use crate::error::{classify, Context, Stage};
 
@@ -35,10 +35,19 @@ pub(crate) trait Task: Send {
     fn is_wake(&self) -> bool {
         false
     }
+
+    /// The record this task wrote, if it wrote one: once its batch committed, the record's
+    /// waiters are woken.
+    fn changed(&self) -> Option<&Key> {
+        None
+    }
 }
 
 /// A [`Task`] made of a closure and the channel its result goes back on.
 pub(crate) struct Op<T, F> {
+    /// The record the work writes, whose waiters a commit wakes.
+    key: Option<Key>,
+    wrote: bool,
     work: Option<F>,
     result: Option<Result<T, StoreError>>,
     reply: oneshot::Sender<Result<T, StoreError>>,
@@ -49,10 +58,15 @@ where
     T: Send + 'static,
     F: FnOnce(&Connection, Timestamp) -> Result<(T, bool), StoreError> + Send + 'static,
 {
-    /// The task and the receiver of its answer.
-    pub(crate) fn queue(work: F) -> (Box<dyn Task>, oneshot::Receiver<Result<T, StoreError>>) {
+    /// The task and the receiver of its answer; `key` names the record the work writes, if one.
+    pub(crate) fn queue(
+        key: Option<Key>,
+        work: F,
+    ) -> (Box<dyn Task>, oneshot::Receiver<Result<T, StoreError>>) {
         let (reply, rx) = oneshot::channel();
         let op = Op {
+            key,
+            wrote: false,
             work: Some(work),
             result: None,
             reply,
@@ -73,6 +87,7 @@ where
         match work(conn, now) {
             Ok((value, wrote)) => {
                 self.result = Some(Ok(value));
+                self.wrote = wrote;
                 Ok(wrote)
             }
             Err(e) => {
@@ -94,6 +109,10 @@ where
         // The caller may have dropped its future; the operation still ran fully or not at all.
         let _ = reply.send(answer);
     }
+
+    fn changed(&self) -> Option<&Key> {
+        self.key.as_ref().filter(|_| self.wrote)
+    }
 }
 
 /// Counters of the writer, for tests and benchmarks.
@@ -103,6 +122,21 @@ pub(crate) struct Counters {
     pub(crate) batches: AtomicU64,
     /// Operations in committed batches.
     pub(crate) operations: AtomicU64,
+    /// Times the write connection began and ended changing the files (a batch, a checkpoint):
+    /// equal while it is not, so that the watcher of other processes' commits
+    /// ([`crate::foreign`]) can tell a change of the log that was surely not this store's.
+    pub(crate) own_begun: AtomicU64,
+    pub(crate) own_ended: AtomicU64,
+}
+
+impl Counters {
+    /// Runs `f`, which changes the files, between the two marks of [`Counters::own_begun`].
+    fn own<R>(&self, f: impl FnOnce() -> R) -> R {
+        self.own_begun.fetch_add(1, Ordering::SeqCst);
+        let out = f();
+        self.own_ended.fetch_add(1, Ordering::SeqCst);
+        out
+    }
 }
 
 /// How long the writer looks for more work before it sleeps.
@@ -173,7 +207,8 @@ pub(crate) struct Core {
     pub(crate) wal_watch: Arc<WalWatch>,
     /// When the writer last started a checkpoint of its own.
     pub(crate) last_checkpoint: Option<std::time::Instant>,
-    pub(crate) changed: Arc<Notify>,
+    /// Wakes the waiters of the records a batch wrote, once it committed.
+    pub(crate) changes: Arc<Changes>,
     pub(crate) counters: Arc<Counters>,
 }
 
@@ -484,6 +519,11 @@ impl Core {
     /// trying again later may empty the log; `true` when the log is within `over`, or the
     /// checkpoint finished, failed otherwise (a read-only file), or was not due.
     fn checkpoint_beyond(&mut self, over: u64, busy: bool) -> bool {
+        let counters = self.counters.clone();
+        counters.own(|| self.checkpoint_beyond_owned(over, busy))
+    }
+
+    fn checkpoint_beyond_owned(&mut self, over: u64, busy: bool) -> bool {
         let size = if busy {
             self.wal_watch.written()
         } else {
@@ -563,7 +603,12 @@ impl Core {
         });
     }
 
-    fn run_batch(&mut self, mut batch: Vec<Box<dyn Task>>) {
+    fn run_batch(&mut self, batch: Vec<Box<dyn Task>>) {
+        let counters = self.counters.clone();
+        counters.own(|| self.run_batch_owned(batch));
+    }
+
+    fn run_batch_owned(&mut self, mut batch: Vec<Box<dyn Task>>) {
         self.reopen_if_read_only();
         let result = self.execute(&mut batch);
         if let Ok(conn) = &self.conn {
@@ -581,11 +626,17 @@ impl Core {
                 .fetch_add(batch.len() as u64, Ordering::Relaxed);
         }
         let result = result.map(|_| ());
+        if wrote {
+            // Committed: a waiter that looks now sees the change. Woken before the writers hear
+            // back, so that a duplicate answers as soon as the call it waited for.
+            for key in batch.iter().filter_map(|task| task.changed()) {
+                self.changes.notify(key);
+            }
+        }
         for task in batch {
             task.answer(result.clone());
         }
         if wrote {
-            self.changed.notify_waiters();
             // Busy: only once the log is past its limit, which autocheckpoints normally prevent.
             self.checkpoint_beyond(self.opts.wal_limit, true);
         }

@@ -5,8 +5,8 @@ use std::time::Duration;
 use idemgate_core::store::Result;
 use idemgate_core::url::UrlQuery;
 use idemgate_core::{
-    Claim, Completion, Fence, Key, Lease, ListFilter, MemoryStore, Outcome, Record, Reservation,
-    Store, StoreError, Timestamp,
+    ChangeMark, Claim, Completion, Fence, Key, Lease, ListFilter, MemoryStore, Outcome, Record,
+    Reservation, Store, StoreError, Timestamp,
 };
 
 /// Any store, chosen by URL: a plain enum rather than a trait object, so every call is a match
@@ -155,8 +155,11 @@ impl Store for AnyStore {
     async fn purge_expired(&self) -> Result<u64> {
         dispatch!(self, s => s.purge_expired().await)
     }
-    async fn wait_changed(&self, key: &Key, timeout: Duration) {
-        dispatch!(self, s => s.wait_changed(key, timeout).await)
+    fn change_mark(&self, key: &Key) -> ChangeMark {
+        dispatch!(self, s => s.change_mark(key))
+    }
+    async fn wait_changed(&self, key: &Key, since: ChangeMark, timeout: Duration) {
+        dispatch!(self, s => s.wait_changed(key, since, timeout).await)
     }
     async fn probe_write(&self) -> Result<()> {
         dispatch!(self, s => s.probe_write().await)
