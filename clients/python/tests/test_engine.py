@@ -142,6 +142,23 @@ def test_key_required_and_the_fallback_window(engine: Engine) -> None:
     assert second.replayed and second.value == 1 and runs.n == 1
 
 
+def test_a_fallback_window_joins_identical_calls_of_one_scope_only(engine: Engine) -> None:
+    runs = Counter()
+    args = {"to": mint_key()}
+    first = engine.call("mail", None, args, runs.bump, scope="conv-a", fallback_window=60)
+    again = engine.call("mail", None, args, runs.bump, scope="conv-a", fallback_window=60)
+    other = engine.call("mail", None, args, runs.bump, scope="conv-b", fallback_window=60)
+    assert first.executed and again.replayed and again.value == 1
+    assert other.executed and other.value == 2 and runs.n == 2
+    assert first.key != other.key
+    named = engine.key_for("mail", None, args, scope="conv-b", fallback_window=60)
+    assert named is not None and named["key"] == other.key
+    # A key is not scoped: it names the action everywhere.
+    key = mint_key()
+    engine.call("mail", key, args, runs.bump, scope="conv-a")
+    assert engine.call("mail", key, args, runs.bump, scope="conv-b").replayed and runs.n == 3
+
+
 def test_reads_pass_through(engine: Engine) -> None:
     runs = Counter()
     for _ in range(3):

@@ -840,13 +840,16 @@ fn settle(py: Python<'_>, done: &Py<PyAny>, result: PyResult<Py<PyAny>>) {
 
 impl Engine {
     /// The engine's call: `args` (any Python value; `None`: no arguments) fingerprinted as its
-    /// JSON text `json.dumps(args, default=repr)` would be (see [`fingerprint_of`]).
+    /// JSON text `json.dumps(args, default=repr)` would be (see [`fingerprint_of`]), made in
+    /// `scope` (`Call::scope`: a call without key is joined by the fallback window only to
+    /// identical calls of the same scope).
     fn call(
         &self,
         py: Python<'_>,
         tool: &str,
         key: Option<&str>,
         args: &Bound<'_, PyAny>,
+        scope: Option<&str>,
     ) -> PyResult<Call> {
         // In the order the checks always ran: what `json.dumps` raises, the tool, the key, then
         // arguments the engine cannot read.
@@ -862,6 +865,9 @@ impl Engine {
             }
             if let Some(fingerprint) = fingerprint {
                 call = call.fingerprint(fingerprint?);
+            }
+            if let Some(scope) = scope {
+                call = call.scope(scope);
             }
             Ok(call)
         };
@@ -1051,8 +1057,9 @@ impl Engine {
     /// (a read or naturally idempotent tool: run it, nothing is recorded) or the package's
     /// `Result` (a replay; a stored failure raises `Failed`); in-flight, unknown, key-reused and
     /// other refusals raise. Waits up to the policy's
-    /// `wait` for a racing call, with the GIL released.
-    #[pyo3(signature = (tool, key, args, policy))]
+    /// `wait` for a racing call, with the GIL released. `scope`: where the call was made (a
+    /// conversation); the fallback window joins only identical calls of one scope.
+    #[pyo3(signature = (tool, key, args, policy, *, scope = None))]
     fn begin(
         &self,
         py: Python<'_>,
@@ -1060,8 +1067,9 @@ impl Engine {
         key: Option<&str>,
         args: &Bound<'_, PyAny>,
         policy: &Policy,
+        scope: Option<&str>,
     ) -> PyResult<Py<PyAny>> {
-        let call = self.call(py, tool, key, args)?;
+        let call = self.call(py, tool, key, args, scope)?;
         let result = self.run(py, self.shared.engine.begin(call, &policy.0))?;
         begun(py, &self.shared, result)
     }
@@ -1084,6 +1092,8 @@ impl Engine {
 
     /// As `begin`, on the engine's runtime: calls `done(ok, value)` (from a runtime thread, with
     /// the GIL) with what `begin` returns or raises.
+    #[pyo3(signature = (tool, key, args, policy, done, *, scope = None))]
+    #[allow(clippy::too_many_arguments)] // Python's signature: each is one of its arguments
     fn begin_async(
         &self,
         py: Python<'_>,
@@ -1092,8 +1102,9 @@ impl Engine {
         args: &Bound<'_, PyAny>,
         policy: &Policy,
         done: Py<PyAny>,
+        scope: Option<&str>,
     ) -> PyResult<()> {
-        let call = self.call(py, tool, key, args)?;
+        let call = self.call(py, tool, key, args, scope)?;
         let policy = policy.0.clone();
         let engine = Arc::clone(&self.shared.engine);
         self.answer_async(
@@ -1128,6 +1139,7 @@ impl Engine {
     /// The record a call is judged by, as `Engine::key_for` names it: a dict with `tenant`,
     /// `tool`, `key`, `rule`, `ttl` (seconds) and `digest` (hex), or `None` for reads and naturally
     /// idempotent tools.
+    #[pyo3(signature = (tool, key, args, policy, *, scope = None))]
     fn key_for<'py>(
         &self,
         py: Python<'py>,
@@ -1135,8 +1147,9 @@ impl Engine {
         key: Option<&str>,
         args: &Bound<'_, PyAny>,
         policy: &Policy,
+        scope: Option<&str>,
     ) -> PyResult<Option<Bound<'py, PyDict>>> {
-        let call = self.call(py, tool, key, args)?;
+        let call = self.call(py, tool, key, args, scope)?;
         let named = self
             .shared
             .engine

@@ -299,12 +299,18 @@ class Engine:
         return policy
 
     def key_for(
-        self, tool: str, key: str | None = None, args: Any = None, **overrides: Any
+        self,
+        tool: str,
+        key: str | None = None,
+        args: Any = None,
+        *,
+        scope: str | None = None,
+        **overrides: Any,
     ) -> dict[str, Any] | None:
         """The record a call would be judged by, exactly as the Rust ``Engine::key_for`` names it
         (``tenant``, ``tool``, ``key``, ``rule``, ``ttl``, ``digest``); ``None`` for reads and
         naturally idempotent tools. Raises ``KeyRequired`` for a write without key or fallback."""
-        return self.native.key_for(tool, key, args, self.policy(tool, **overrides))
+        return self.native.key_for(tool, key, args, self.policy(tool, **overrides), scope=scope)
 
     def record(self, tool: str, key: str) -> dict[str, Any] | None:
         """The record of ``(tool, key)`` (``state``, ``fence``, ``outcome``...), or ``None``."""
@@ -319,9 +325,21 @@ class Engine:
     # ---- sync ----------------------------------------------------------------------------------
 
     def call(
-        self, tool: str, key: str | None, args: Any, fn: Callable[[], Any], /, **overrides: Any
+        self,
+        tool: str,
+        key: str | None,
+        args: Any,
+        fn: Callable[[], Any],
+        /,
+        *,
+        scope: str | None = None,
+        **overrides: Any,
     ) -> Result:
         """Runs ``fn()`` at most once for ``(tool, key)`` and says what happened.
+
+        ``scope`` names where the call was made (a conversation, a thread): a call without key
+        is joined by the tool's ``fallback_window`` only to identical calls of the same scope,
+        never to another conversation's. A key is not scoped: it names the action everywhere.
 
         ``args`` (JSON) are fingerprinted: the same key with other arguments raises ``KeyReused``.
         A replay returns the stored value without calling ``fn``; a racing call waits up to the
@@ -330,7 +348,7 @@ class Engine:
         (JSON types; anything else raises ``TypeError`` and the record is unknown at once).
         """
         native = self.native
-        begun = native.begin(tool, key, args, self._policy(tool, overrides))
+        begun = native.begin(tool, key, args, self._policy(tool, overrides), scope=scope)
         if begun is None:
             return _passed_through(fn())
         if type(begun) is Result:
@@ -404,6 +422,8 @@ class Engine:
         args: Any,
         fn: Callable[[], Awaitable[Any] | Any],
         /,
+        *,
+        scope: str | None = None,
         **overrides: Any,
     ) -> Result:
         """As :meth:`call`, for a coroutine function (or any function returning an awaitable):
@@ -412,7 +432,9 @@ class Engine:
         cancelling it while the key is being reserved frees the key."""
         native = self.native
         policy = self._policy(tool, overrides)
-        begun = await self._future(lambda done: native.begin_async(tool, key, args, policy, done))
+        begun = await self._future(
+            lambda done: native.begin_async(tool, key, args, policy, done, scope=scope)
+        )
         if begun is None:
             value = fn()
             return _passed_through(await value if inspect.isawaitable(value) else value)
