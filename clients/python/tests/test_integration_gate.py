@@ -1,0 +1,118 @@
+"""What every framework integration shares (``idemgate.integrations._gate``), without a
+framework: a call's action is its call id within its scope, and inside the scope an identical
+call within the window is the same action under any call id, exactly once under races."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+import pytest
+
+from idemgate import Engine, InFlight, Policy
+from idemgate.integrations import scoped_key
+from idemgate.integrations._gate import Action, call_async, call_sync, name_action
+
+
+@pytest.fixture
+def engine(tmp_path: Path) -> Engine:
+    return Engine.open(
+        f"sqlite://{tmp_path / 'idem.db'}", journal=str(tmp_path / "journal"), default=Policy(wait=30)
+    )
+
+
+def action(scope: str, call_id: str) -> Action:
+    return name_action(call_id=call_id, scope=scope)
+
+
+def test_sixteen_threads_emitting_one_call_under_new_ids_run_it_once(engine: Engine) -> None:
+    runs: list[int] = []
+    lock = threading.Lock()
+    start = threading.Barrier(16)
+    outcomes = []
+
+    def charge() -> dict:
+        with lock:
+            runs.append(1)
+        return {"charge_id": "ch_7"}
+
+    def one(i: int) -> None:
+        start.wait()
+        out = call_sync(engine, "charge", action("conv", f"call_{i}"), {"order": 7}, charge, {})
+        with lock:
+            outcomes.append(out)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(runs) == 1, "one execution"
+    assert len(outcomes) == 16
+    assert sum(o.repeat_of is None for o in outcomes) == 1
+    assert all(o.result.value == {"charge_id": "ch_7"} for o in outcomes)
+
+
+def test_sixteen_tasks_emitting_one_call_under_new_ids_run_it_once(engine: Engine) -> None:
+    runs: list[int] = []
+
+    async def charge() -> dict:
+        runs.append(1)
+        await asyncio.sleep(0)  # lets the other tasks reach the store meanwhile
+        return {"charge_id": "ch_7"}
+
+    async def scenario() -> list:
+        return await asyncio.gather(
+            *(
+                call_async(engine, "charge", action("conv", f"call_{i}"), {"order": 7}, charge, {}, True)
+                for i in range(16)
+            )
+        )
+
+    outcomes = asyncio.run(scenario())
+    assert len(runs) == 1, "one execution"
+    assert sum(o.repeat_of is None for o in outcomes) == 1
+    told = [o.answer("charge", True) for o in outcomes if o.repeat_of is not None]
+    assert len(told) == 15 and all("taken for a repeat" in t for t in told)
+
+
+def test_a_call_the_window_refuses_leaves_its_call_id_free(engine: Engine) -> None:
+    """A re-emitted call that finds the first still running and may not wait for it is refused
+    (``InFlight``); nothing ran under its call id, so that id is not kept: re-sent once the first
+    has finished, it is told it was a repeat."""
+    entered, release = threading.Event(), threading.Event()
+    runs: list[int] = []
+
+    def charge() -> dict:
+        runs.append(1)
+        entered.set()
+        release.wait()
+        return {"charge_id": "ch_7"}
+
+    first = threading.Thread(
+        target=call_sync, args=(engine, "charge", action("conv", "call_1"), {"order": 7}, charge, {})
+    )
+    first.start()
+    assert entered.wait(30)
+    with pytest.raises(InFlight):
+        call_sync(engine, "charge", action("conv", "call_2"), {"order": 7}, charge, {"wait": 0})
+    assert engine.record("charge", scoped_key("conv", "call_2")) is None, "released"
+    release.set()
+    first.join()
+    again = call_sync(engine, "charge", action("conv", "call_2"), {"order": 7}, charge, {})
+    assert runs == [1] and again.repeat_of is not None
+
+
+def test_the_window_is_per_scope_and_off_at_zero(engine: Engine) -> None:
+    runs: list[int] = []
+
+    def charge() -> int:
+        runs.append(1)
+        return len(runs)
+
+    for scope, call_id in (("conv-a", "c1"), ("conv-a", "c2"), ("conv-b", "c1"), ("conv-b", "c3")):
+        call_sync(engine, "charge", action(scope, call_id), {"order": 7}, charge, {})
+    assert len(runs) == 2, "once per conversation"
+    call_sync(engine, "charge", action("conv-a", "c4"), {"order": 7}, charge, {"fallback_window": 0})
+    assert len(runs) == 3, "no window: a new call id is a new action"
