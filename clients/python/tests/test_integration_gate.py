@@ -5,6 +5,7 @@ call within the window is the same action under any call id, exactly once under 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import threading
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pytest
 
 from idemgate import Engine, InFlight, Policy
 from idemgate.integrations import scoped_key
-from idemgate.integrations._gate import Action, call_async, call_sync, name_action
+from idemgate.integrations._gate import Action, call_async, call_sync, gate, name_action
 
 
 @pytest.fixture
@@ -116,3 +117,37 @@ def test_the_window_is_per_scope_and_off_at_zero(engine: Engine) -> None:
     assert len(runs) == 2, "once per conversation"
     call_sync(engine, "charge", action("conv-a", "c4"), {"order": 7}, charge, {"fallback_window": 0})
     assert len(runs) == 3, "no window: a new call id is a new action"
+
+
+def test_the_model_key_is_added_to_a_tool_and_passed_to_one_declaring_it(engine: Engine) -> None:
+    seen: list[str | None] = []
+
+    def declared(ctx: str, order: int, idempotency_key: str | None = None) -> int:
+        seen.append(idempotency_key)
+        return order
+
+    def plain(ctx: str, order: int) -> int:
+        seen.append("plain")
+        return order
+
+    def gated(fn: object) -> object:
+        return gate(
+            engine,
+            fn,  # type: ignore[arg-type]
+            tool=fn.__name__,  # type: ignore[attr-defined]
+            call_id_of=lambda b: b.arguments["ctx"],
+            context_of=lambda b: None,
+            default_scope=lambda ctx: "conv",
+            exclude={"ctx"},
+            shield=True,
+            overrides={},
+        )
+
+    d, p = gated(declared), gated(plain)
+    assert list(inspect.signature(d).parameters) == ["ctx", "order", "idempotency_key"]  # type: ignore[arg-type]
+    assert list(inspect.signature(p).parameters) == ["ctx", "order", "idempotency_key"]  # type: ignore[arg-type]
+    assert "idempotency_key" not in inspect.signature(plain).parameters, "the function is untouched"
+    assert d("c1", 7, idempotency_key="k1") == 7  # type: ignore[operator]
+    assert p("c2", 7, idempotency_key="k1") == 7  # type: ignore[operator]
+    assert p("c3", 7, idempotency_key="k1") == 7, "the same model key: a replay"  # type: ignore[operator]
+    assert seen == ["k1", "plain"]

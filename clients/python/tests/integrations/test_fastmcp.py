@@ -204,3 +204,30 @@ def test_an_unlisted_tool_is_a_write_and_a_call_without_key_is_told_what_to_send
     told = texts(keyless)
     assert keyless.is_error and told.startswith("idemgate:") and '"idempotency_key"' in told, told
     assert read1.data == read2.data == 42 and state["reads"] == 2
+
+
+def test_calls_without_key_share_the_window_of_their_conversation_when_the_tool_sets_one(
+    engine: Engine,
+) -> None:
+    mcp = FastMCP("mailer")
+    mcp.add_middleware(IdempotencyMiddleware(engine, {"mail": Policy(fallback_window=60)}))
+    mails: list[str] = []
+
+    @mcp.tool
+    def mail(to: str) -> str:
+        """Sends a mail."""
+        mails.append(to)
+        return f"mailed {to}"
+
+    async def scenario() -> list[Any]:
+        async with Client(mcp) as client:
+            return [
+                await client.call_tool("mail", {"to": "ann"}, meta=meta(None, "conv-a")),
+                await client.call_tool("mail", {"to": "ann"}, meta=meta(None, "conv-a")),
+                await client.call_tool("mail", {"to": "ann"}, meta=meta(None, "conv-b")),
+            ]
+
+    first, repeat, other = asyncio.run(scenario())
+    assert mails == ["ann", "ann"], "once per conversation"
+    assert "taken for a repeat" in texts(repeat) and repeat.data == "mailed ann"
+    assert not (other.meta or {}).get("dev.idemgate/replayed")
