@@ -110,10 +110,11 @@ def test_a_node_retried_after_its_timeout_replays_the_tool_call(engine: Engine) 
 
 
 async def timed(request: Any, execute: Any) -> Any:
-    """A tool-call middleware giving up on a call after 0.5 s, telling the model it timed out
-    (the call itself is shielded: it goes on and stores its outcome)."""
+    """A tool-call middleware giving up on a call after 1 s (ample for a replay on a loaded
+    machine), telling the model it timed out (the call itself is shielded: it goes on and
+    stores its outcome)."""
     try:
-        return await asyncio.wait_for(execute(request), 0.5)
+        return await asyncio.wait_for(execute(request), 1.0)
     except TimeoutError:
         return ToolMessage("timed out", tool_call_id=request.tool_call["id"], status="error")
 
