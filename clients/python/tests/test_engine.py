@@ -159,6 +159,39 @@ def test_a_fallback_window_joins_identical_calls_of_one_scope_only(engine: Engin
     assert engine.call("mail", key, args, runs.bump, scope="conv-b").replayed and runs.n == 3
 
 
+def test_an_operator_lists_unknown_records_and_resolves_them(engine: Engine) -> None:
+    tool = f"charge-{mint_key()[4:16]}"  # a tool of its own: the shared stores hold others
+    done, gone = mint_key(), mint_key()
+
+    def maybe() -> None:
+        raise MaybeApplied("the provider timed out after sending")
+
+    for key in (done, gone):
+        with pytest.raises(MaybeApplied):
+            engine.call(tool, key, {"order": 7}, maybe)
+    unknown = engine.records(state="unknown", tool=tool)
+    assert sorted(r["key"]["key"] for r in unknown) == sorted([done, gone])
+    assert engine.records(state="completed", tool=tool) == []
+    fences = {r["key"]["key"]: r["fence"] for r in unknown}
+    with pytest.raises(idemgate.NotResolvable):
+        engine.resolve(tool, done, fence=fences[done] + 1, resolution="release")
+    after = engine.resolve(
+        tool, done, fence=fences[done], resolution="completed", result={"charge_id": "ch_7"}
+    )
+    assert after is not None and after["state"] == "completed"
+    assert engine.resolve(tool, gone, fence=fences[gone], resolution="release") is None
+    runs = Counter()
+    replay = engine.call(tool, done, {"order": 7}, runs.bump)
+    assert replay.replayed and replay.value == {"charge_id": "ch_7"} and runs.n == 0
+    ran = engine.call(tool, gone, {"order": 7}, runs.bump)
+    assert ran.executed and runs.n == 1, "released: it did not happen, so it runs"
+    assert len(engine.records(tool=tool)) == 2 and len(engine.records(tool=tool, limit=1)) == 1
+    with pytest.raises(idemgate.NotFound):
+        engine.resolve(tool, mint_key(), fence=1, resolution="release")
+    with pytest.raises(ValueError):
+        engine.records(state="lost")
+
+
 def test_reads_pass_through(engine: Engine) -> None:
     runs = Counter()
     for _ in range(3):

@@ -1179,22 +1179,93 @@ impl Engine {
         let record = self
             .run(py, self.shared.engine.get(&name))?
             .map_err(|e| engine_error(py, &e))?;
-        let Some(record) = record else {
-            return Ok(None);
+        record.as_ref().map(record_view).transpose()
+    }
+
+    /// This tenant's records, oldest first, as JSON texts (`record`'s shape): only `tool`'s,
+    /// only those in `state` (`in_flight`, `completed`, `unknown`), at most `limit` (0: all).
+    #[pyo3(signature = (tool = None, state = None, limit = 0))]
+    fn records(
+        &self,
+        py: Python<'_>,
+        tool: Option<&str>,
+        state: Option<&str>,
+        limit: usize,
+    ) -> PyResult<Vec<String>> {
+        let filter = idemgate::ListFilter {
+            tenant: Some(self.shared.tenant.clone()),
+            tool: tool
+                .map(ToolName::new)
+                .transpose()
+                .map_err(|e| PyValueError::new_err(e.to_string()))?,
+            state: state
+                .map(str::parse::<idemgate::State>)
+                .transpose()
+                .map_err(PyValueError::new_err)?,
+            limit,
         };
-        let mut view =
-            serde_json::to_value(&record).map_err(|e| PyValueError::new_err(e.to_string()))?;
-        // The outcome as every door shows it: its kind and its content as JSON, not raw bytes.
-        if let (idemgate::RecordState::Completed { outcome, .. }, Some(o)) =
-            (&record.state, view.get_mut("outcome"))
-        {
-            if let Ok(payload) = Payload::of(outcome) {
-                o["content"] = payload.content().into();
-                o["body"] = serde_json::from_str(payload.to_json().get())
-                    .unwrap_or(serde_json::Value::Null);
+        let records = self
+            .run(py, self.shared.engine.list(&filter))?
+            .map_err(|e| engine_error(py, &e))?;
+        records.iter().map(record_view).collect()
+    }
+
+    /// Resolves the unknown record of `(tool, key)` as an operator decided, if its fence is still
+    /// `fence`: `completed` with `result` (JSON text; `failed`: a terminal failure), stored for
+    /// `ttl` seconds and marked as an operator's resolution, or `release` (it did not happen: the
+    /// next call runs). The record after, as `record` shows it (`None` once released); raises
+    /// `NotFound`, `NotResolvable` (not unknown, or its fence moved on) or `StoreUnavailable`.
+    #[pyo3(signature = (tool, key, fence, resolution, result = None, failed = false, ttl = 86400.0))]
+    #[allow(clippy::too_many_arguments)] // Python's signature: each is one of its arguments
+    fn resolve(
+        &self,
+        py: Python<'_>,
+        tool: &str,
+        key: &str,
+        fence: u64,
+        resolution: &str,
+        result: Option<&str>,
+        failed: bool,
+        ttl: f64,
+    ) -> PyResult<Option<String>> {
+        let name = Key::new(
+            self.shared.tenant.clone(),
+            ToolName::new(tool).map_err(|e| PyValueError::new_err(e.to_string()))?,
+            IdempotencyKey::new(key).map_err(|e| PyValueError::new_err(e.to_string()))?,
+        );
+        let resolution = match (resolution, result) {
+            ("completed", Some(text)) => idemgate::Resolution::Completed {
+                // Marked, so that replays say an operator resolved it then, not that it ran then.
+                outcome: Payload::json_text(text)
+                    .map_err(|e| PyValueError::new_err(format!("invalid result: {e}")))?
+                    .into_resolution(if failed {
+                        OutcomeKind::Failed
+                    } else {
+                        OutcomeKind::Success
+                    }),
+                ttl: seconds("ttl", ttl)?,
+            },
+            ("completed", None) => {
+                return Err(PyValueError::new_err(
+                    "resolution \"completed\" needs the result the side effect had",
+                ))
             }
-        }
-        Ok(Some(view.to_string()))
+            ("release", None) => idemgate::Resolution::Release,
+            ("release", Some(_)) => {
+                return Err(PyValueError::new_err(
+                    "resolution \"release\" takes no result: nothing happened",
+                ))
+            }
+            (other, _) => {
+                return Err(PyValueError::new_err(format!(
+                    "unknown resolution {other:?}: expected \"completed\" or \"release\""
+                )))
+            }
+        };
+        let after = self
+            .run(py, self.shared.engine.resolve(&name, fence, resolution))?
+            .map_err(|e| engine_error(py, &e))?;
+        after.as_ref().map(record_view).transpose()
     }
 
     /// Replays journaled outcomes into the store now: `(applied, superseded, pending)`.
@@ -1212,6 +1283,23 @@ impl Engine {
             self.shared.tenant.as_str()
         )
     }
+}
+
+/// A record as JSON text, the shape `idemgate keys show --json` prints from, with the outcome as
+/// every door shows it: its kind and its content as JSON, not raw bytes.
+fn record_view(record: &idemgate::Record) -> PyResult<String> {
+    let mut view =
+        serde_json::to_value(record).map_err(|e| PyValueError::new_err(e.to_string()))?;
+    if let (idemgate::RecordState::Completed { outcome, .. }, Some(o)) =
+        (&record.state, view.get_mut("outcome"))
+    {
+        if let Ok(payload) = Payload::of(outcome) {
+            o["content"] = payload.content().into();
+            o["body"] =
+                serde_json::from_str(payload.to_json().get()).unwrap_or(serde_json::Value::Null);
+        }
+    }
+    Ok(view.to_string())
 }
 
 /// A stable key for one step of one run: `IdempotencyKey::derive(run_id, step)`.

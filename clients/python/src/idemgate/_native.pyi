@@ -108,6 +108,19 @@ class Engine:
         self, tool: str, key: str | None, args: Any, policy: Policy, *, scope: str | None = None
     ) -> dict[str, Any] | None: ...
     def record(self, tool: str, key: str) -> str | None: ...
+    def records(
+        self, tool: str | None = None, state: str | None = None, limit: int = 0
+    ) -> list[str]: ...
+    def resolve(
+        self,
+        tool: str,
+        key: str,
+        fence: int,
+        resolution: str,
+        result: str | None = None,
+        failed: bool = False,
+        ttl: float = 86400.0,
+    ) -> str | None: ...
     def flush_journal(self) -> tuple[int, int, int]: ...
 
 def derive_key(run_id: str, step: str) -> str: ...

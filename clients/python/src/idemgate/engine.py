@@ -317,6 +317,38 @@ class Engine:
         text = self.native.record(tool, key)
         return None if text is None else json.loads(text)
 
+    def records(
+        self, state: str | None = None, tool: str | None = None, limit: int = 0
+    ) -> list[dict[str, Any]]:
+        """This tenant's records, oldest first, each as :meth:`record` shows it: only those in
+        ``state`` (``in_flight``, ``completed``, ``unknown``), only ``tool``'s, at most ``limit``
+        (0: all). The HTTP client's ``records``, in-process; ``records("unknown")`` lists what
+        an operator must resolve."""
+        return [json.loads(r) for r in self.native.records(tool, state, limit)]
+
+    def resolve(
+        self,
+        tool: str,
+        key: str,
+        fence: int,
+        resolution: str,
+        result: Any = None,
+        failed: bool = False,
+    ) -> dict[str, Any] | None:
+        """Resolves an unknown record as an operator decided, if its ``fence`` (from
+        :meth:`record` or :meth:`records`) is still the one looked at: ``resolution="completed"``
+        with the ``result`` the side effect had (JSON data; ``failed=True``: a terminal failure),
+        stored for the tool's TTL and replayed marked as an operator's resolution, or
+        ``"release"`` (it did not happen: the next call runs). Returns the record after
+        (``None`` once released); raises ``NotFound``, ``NotResolvable`` (not unknown, or its
+        fence moved on) or ``StoreUnavailable``. The HTTP client's ``resolve`` (the same
+        arguments) and ``idemgate keys resolve``, in-process."""
+        text = None if resolution == "release" and result is None else _json_text(result)
+        after = self.native.resolve(
+            tool, key, fence, resolution, text, failed, self.policy(tool).ttl
+        )
+        return None if after is None else json.loads(after)
+
     def flush_journal(self) -> tuple[int, int, int]:
         """Replays journaled outcomes into the store now (the engine also does it every few
         seconds): ``(applied, superseded, pending)``."""
