@@ -192,6 +192,24 @@ def test_an_operator_lists_unknown_records_and_resolves_them(engine: Engine) -> 
         engine.records(state="lost")
 
 
+def test_the_function_reads_its_downstream_key(engine: Engine) -> None:
+    key, args = mint_key(), {"order": 7}
+    digest = engine.key_for("charge", key, args)["digest"]  # type: ignore[index]
+    assert engine.call("charge", key, args, idemgate.current_key).value == digest
+
+    async def charge() -> str:
+        await asyncio.sleep(0)  # still known after a suspension
+        return idemgate.current_key()
+
+    other = mint_key()
+    r = asyncio.run(engine.acall("charge", other, args, charge))
+    assert r.value == engine.key_for("charge", other, args)["digest"]  # type: ignore[index]
+    with pytest.raises(LookupError):
+        idemgate.current_key()
+    with pytest.raises(LookupError):  # a read has no record
+        engine.call("lookup", None, args, idemgate.current_key, kind="read")
+
+
 def test_reads_pass_through(engine: Engine) -> None:
     runs = Counter()
     for _ in range(3):

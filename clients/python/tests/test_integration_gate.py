@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from idemgate import Engine, InFlight, Policy
+from idemgate import Engine, InFlight, Policy, current_key
 from idemgate.integrations import scoped_key
 from idemgate.integrations._gate import Action, call_async, call_sync, gate, name_action
 
@@ -151,3 +151,20 @@ def test_the_model_key_is_added_to_a_tool_and_passed_to_one_declaring_it(engine:
     assert p("c2", 7, idempotency_key="k1") == 7  # type: ignore[operator]
     assert p("c3", 7, idempotency_key="k1") == 7, "the same model key: a replay"  # type: ignore[operator]
     assert seen == ["k1", "plain"]
+
+
+def test_a_function_under_a_call_id_and_a_window_reads_the_call_ids_downstream_key(
+    engine: Engine,
+) -> None:
+    act = action("conv", "call_1")
+    digest = engine.key_for("charge", act.key, {"order": 7})["digest"]  # type: ignore[index]
+    out = call_sync(engine, "charge", act, {"order": 7}, current_key, {})
+    assert out.result.value == digest
+
+    async def charge() -> str:
+        return current_key()
+
+    act = action("conv", "call_2")
+    other = {"order": 8}
+    out = asyncio.run(call_async(engine, "charge", act, other, charge, {}, True))
+    assert out.result.value == engine.key_for("charge", act.key, other)["digest"]  # type: ignore[index]

@@ -274,6 +274,12 @@ impl PyTicket {
     fn fence(&self) -> u64 {
         self.ticket.lease.fence
     }
+    /// The downstream key of the action: the record's 64-hex digest (SHA-256 of tenant, tool and
+    /// key), what `idemgate mcp` fills a tool's `idempotency_key` argument with.
+    #[getter]
+    fn digest(&self) -> String {
+        idemgate::key::hex(&self.ticket.key.digest())
+    }
     fn __repr__(&self) -> String {
         format!(
             "Ticket({}, fence {})",

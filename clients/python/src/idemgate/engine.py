@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextvars
 import functools
 import inspect
 import json
@@ -61,7 +62,7 @@ from .errors import (
     OutcomeUnknown,
 )
 
-__all__ = ["Engine", "Policy", "Result", "idempotent"]
+__all__ = ["Engine", "Policy", "Result", "current_key", "idempotent"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -69,6 +70,27 @@ _POLICY_FIELDS = ("kind", "ttl", "lease", "wait", "fallback_window", "on_unknown
 # How many (tool, overrides) policies an engine keeps built; cleared when full (callers passing
 # ever new override values must not grow it without bound).
 _OVERRIDDEN_MAX = 1024
+
+
+# The downstream key of the call whose function runs in this context (see `current_key`).
+_CURRENT_KEY: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "idemgate_current_key", default=None
+)
+
+
+def current_key() -> str:
+    """The downstream key of the action whose function is running: the 64-hex digest of its
+    record (SHA-256 of tenant, tool and key), the same on every attempt of the action and in
+    every process, as ``idemgate mcp`` fills a tool's ``idempotency_key`` argument. Pass it on
+    to an API that deduplicates by a key of its own (a payment provider's ``Idempotency-Key``),
+    so that even a run the record cannot vouch for (``on_unknown="retry"``) is applied once.
+
+    Raises ``LookupError`` outside a function run by :meth:`Engine.call`, :meth:`Engine.acall`,
+    ``@idempotent`` or an integration (a read or pass-through call has no record either)."""
+    key = _CURRENT_KEY.get()
+    if key is None:
+        raise LookupError("current_key() is only known inside a function idemgate runs")
+    return key
 
 
 @dataclass(frozen=True)
@@ -385,6 +407,7 @@ class Engine:
             return _passed_through(fn())
         if type(begun) is Result:
             return begun  # a replay
+        current = _CURRENT_KEY.set(begun.digest)
         try:
             value = fn()
         except BaseException as e:
@@ -394,6 +417,8 @@ class Engine:
             except Exception as recorded:  # noqa: BLE001 - the function's own exception wins
                 _note(e, recorded)
             raise
+        finally:
+            _CURRENT_KEY.reset(current)
         try:
             text = _json_text(value)
         except Exception as e:  # noqa: BLE001 - TypeError; ValueError (NaN, infinities, a cycle); RecursionError
@@ -472,6 +497,7 @@ class Engine:
             return _passed_through(await value if inspect.isawaitable(value) else value)
         if type(begun) is Result:
             return begun  # a replay
+        current = _CURRENT_KEY.set(begun.digest)
         try:
             value = fn()
             if inspect.isawaitable(value):
@@ -483,6 +509,8 @@ class Engine:
             except Exception as recorded:  # noqa: BLE001 - the function's own exception wins
                 _note(e, recorded)
             raise
+        finally:
+            _CURRENT_KEY.reset(current)
         try:
             out = _json_text(value)
         except Exception as e:  # noqa: BLE001 - TypeError; ValueError (NaN, infinities, a cycle); RecursionError

@@ -13,7 +13,7 @@ from datetime import timezone
 from typing import Any, Awaitable, Callable, TypeVar
 
 from .._native import derive_key
-from ..engine import Engine, Result
+from ..engine import _CURRENT_KEY, Engine, Result
 from ..errors import IdemgateError, LeaseLost, NotApplied, OutcomeNotRecorded
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -233,14 +233,20 @@ def call_sync(
     in_window = dict(overrides, fallback_window=window)
     w = _Window()
 
-    def windowed() -> Result:
-        return engine.call(tool, None, args, fn, scope=action.scope, **in_window)
+    def windowed(run: Callable[[], Any]) -> Result:
+        return engine.call(tool, None, args, run, scope=action.scope, **in_window)
 
     if action.key is None:  # the window alone names the action
-        r = w.result = windowed()
+        r = w.result = windowed(fn)
         return w.outcome(r)
+
+    def in_key() -> Any:
+        # The function runs under the key's record, so it sees that record's downstream key
+        # (current_key), not the short-lived window record's.
+        return w.run(lambda: windowed(functools.partial(_keyed, _CURRENT_KEY.get(), fn)))
+
     try:
-        r = engine.call(tool, action.key, args, lambda: w.run(windowed), **overrides)
+        r = engine.call(tool, action.key, args, in_key, **overrides)
     except NotApplied:
         if w.refused is None:
             raise  # the function's own: nothing happened
@@ -266,8 +272,13 @@ async def call_async(
     in_window = dict(overrides, fallback_window=window)
     w = _Window()
 
-    def windowed() -> Awaitable[Result]:
-        return engine.acall(tool, None, args, lambda: _awaited(fn), scope=action.scope, **in_window)
+    def windowed(run: Callable[[], Awaitable[Any]]) -> Awaitable[Result]:
+        return engine.acall(tool, None, args, run, scope=action.scope, **in_window)
+
+    def in_key() -> Awaitable[Any]:
+        # As in call_sync: the function sees the key's downstream key.
+        key = _CURRENT_KEY.get()
+        return w.arun(lambda: windowed(lambda: _akeyed(key, fn)))
 
     async def call() -> Outcome:
         if not window:
@@ -275,10 +286,10 @@ async def call_async(
                 await engine.acall(tool, action.key, args, lambda: _awaited(fn), **overrides), None
             )
         if action.key is None:  # the window alone names the action
-            r = w.result = await windowed()
+            r = w.result = await windowed(lambda: _awaited(fn))
             return w.outcome(r)
         try:
-            r = await engine.acall(tool, action.key, args, lambda: w.arun(windowed), **overrides)
+            r = await engine.acall(tool, action.key, args, in_key, **overrides)
         except NotApplied:
             if w.refused is None:
                 raise  # the function's own: nothing happened
@@ -298,6 +309,24 @@ async def _awaited(fn: Callable[[], Any]) -> Any:
     if inspect.isawaitable(value):
         value = await value
     return jsonable(value)
+
+
+def _keyed(key: str | None, fn: Callable[[], Any]) -> Any:
+    """``fn()`` seeing ``key`` as its ``current_key``."""
+    token = _CURRENT_KEY.set(key)
+    try:
+        return fn()
+    finally:
+        _CURRENT_KEY.reset(token)
+
+
+async def _akeyed(key: str | None, fn: Callable[[], Any]) -> Any:
+    """``_awaited(fn)`` seeing ``key`` as its ``current_key``."""
+    token = _CURRENT_KEY.set(key)
+    try:
+        return await _awaited(fn)
+    finally:
+        _CURRENT_KEY.reset(token)
 
 
 #: What a ``scope=``/``key=`` option is called with: the call's arguments (without the framework's
