@@ -210,6 +210,29 @@ def test_the_function_reads_its_downstream_key(engine: Engine) -> None:
         engine.call("lookup", None, args, idemgate.current_key, kind="read")
 
 
+def test_a_decorated_functions_result_tells_a_replay_from_a_run(engine: Engine) -> None:
+    runs = Counter()
+
+    @idempotent(engine, key=lambda order, call_id: call_id)
+    def charge(order: int, call_id: str) -> int:
+        return runs.bump()
+
+    @idempotent(engine, key=lambda order, call_id: call_id)
+    async def refund(order: int, call_id: str) -> int:
+        return runs.bump()
+
+    key = mint_key()
+    first, again = charge.result(7, key), charge.result(7, key)  # type: ignore[attr-defined]
+    assert first.executed and not first.replayed and first.value == 1
+    assert again.replayed and again.value == 1 and again.executed_at == first.executed_at
+    assert charge(7, key) == 1, "the plain call returns the value, as before"
+    other = mint_key()
+    r = asyncio.run(refund.result(7, other))  # type: ignore[attr-defined]
+    assert r.executed and r.value == 2
+    assert asyncio.run(refund.result(7, other)).replayed  # type: ignore[attr-defined]
+    assert asyncio.run(refund(7, other)) == 2 and runs.n == 2
+
+
 def test_reads_pass_through(engine: Engine) -> None:
     runs = Counter()
     for _ in range(3):

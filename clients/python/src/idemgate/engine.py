@@ -572,7 +572,10 @@ def idempotent(
     arguments that are fingerprinted (default: all of them). ``kind``, ``ttl``, ``lease``,
     ``wait`` (seconds), ``fallback_window`` and ``on_unknown`` override the engine's policy for
     the tool. Plain functions return their value (a replay returns the stored one);
-    ``async def`` functions are awaited (see :meth:`Engine.acall`).
+    ``async def`` functions are awaited (see :meth:`Engine.acall`). ``f.result(...)`` (awaited
+    for ``async def``) makes the same call and returns the whole :class:`Result`, for a caller
+    that must tell a replay from a run (``replayed``, ``executed_at``) without changing what
+    ``f(...)`` returns.
     """
     given = dict(
         kind=kind,
@@ -596,19 +599,26 @@ def idempotent(
 
         if inspect.iscoroutinefunction(fn):
 
+            async def aresult(*a: Any, **kw: Any) -> Result:
+                k, payload = prepare(a, kw)
+                return await engine.acall(name, k, payload, lambda: fn(*a, **kw), **overrides)
+
             @functools.wraps(fn)
             async def awrapper(*a: Any, **kw: Any) -> Any:
-                k, payload = prepare(a, kw)
-                r = await engine.acall(name, k, payload, lambda: fn(*a, **kw), **overrides)
-                return r.value
+                return (await aresult(*a, **kw)).value
 
+            awrapper.result = aresult  # type: ignore[attr-defined]
             return awrapper  # type: ignore[return-value]
+
+        def result(*a: Any, **kw: Any) -> Result:
+            k, payload = prepare(a, kw)
+            return engine.call(name, k, payload, lambda: fn(*a, **kw), **overrides)
 
         @functools.wraps(fn)
         def wrapper(*a: Any, **kw: Any) -> Any:
-            k, payload = prepare(a, kw)
-            return engine.call(name, k, payload, lambda: fn(*a, **kw), **overrides).value
+            return result(*a, **kw).value
 
+        wrapper.result = result  # type: ignore[attr-defined]
         return wrapper  # type: ignore[return-value]
 
     return decorate
