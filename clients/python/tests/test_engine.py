@@ -4,6 +4,7 @@ command line on the same SQLite file."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import hashlib
 import json
 import os
@@ -231,6 +232,59 @@ def test_a_decorated_functions_result_tells_a_replay_from_a_run(engine: Engine) 
     assert r.executed and r.value == 2
     assert asyncio.run(refund.result(7, other)).replayed  # type: ignore[attr-defined]
     assert asyncio.run(refund(7, other)) == 2 and runs.n == 2
+
+
+@pytest.mark.parametrize("store", ["memory:", "sqlite"])
+def test_a_verifier_decides_what_an_unknown_record_becomes(tmp_path: Path, store: str) -> None:
+    provider: dict[str, dict[str, str]] = {}  # the payments the provider holds, by their key
+    asked: list[tuple[str, str]] = []
+
+    def verify(tool: str, key: str, downstream: str) -> dict[str, str]:
+        asked.append((tool, key))
+        if downstream in provider:
+            return provider[downstream]  # it happened: this is its result
+        if key.startswith("gone"):
+            raise NotApplied("the provider has no such payment")
+        raise MaybeApplied("the provider cannot be asked now")
+
+    url = f"sqlite://{tmp_path / 'idem.db'}" if store == "sqlite" else store
+    engine = Engine.open(
+        url,
+        journal=str(tmp_path / "journal"),
+        tools={"charge": Policy(on_unknown="verify")},
+        verifiers={"charge": verify},
+    )
+    args = {"order": 7}
+
+    def sent() -> None:
+        provider[idemgate.current_key()] = {"charge_id": "ch_7"}  # the charge went through,
+        raise MaybeApplied("the connection dropped before the answer")  # but nobody heard it
+
+    def lost() -> None:
+        raise MaybeApplied("the connection dropped: sent or not?")
+
+    done, gone, dark = f"done-{mint_key()}", f"gone-{mint_key()}", f"dark-{mint_key()}"
+    for key, fn in ((done, sent), (gone, lost), (dark, lost)):
+        with pytest.raises(MaybeApplied):
+            engine.call("charge", key, args, fn)
+    ran: list[str] = []
+
+    def again(key: str) -> Any:
+        # Each first sight of an unknown record waits the engine's settle window (2 s): the
+        # three in parallel wait it once.
+        try:
+            return engine.call("charge", key, args, lambda: ran.append(key) or "ran")
+        except OutcomeUnknown as e:
+            return e
+
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        verified, rerun, unknown = pool.map(again, (done, gone, dark))
+    assert verified.replayed and verified.value == {"charge_id": "ch_7"}
+    assert rerun.executed and rerun.value == "ran" and ran == [gone], "it did not happen: it ran"
+    assert isinstance(unknown, OutcomeUnknown), "still cannot tell: not run"
+    assert sorted(k for _, k in asked) == sorted([done, gone, dark])
+    assert engine.call("charge", done, args, lambda: "x").replayed, "stored: not asked again"
+    assert len(asked) == 3
 
 
 def test_reads_pass_through(engine: Engine) -> None:

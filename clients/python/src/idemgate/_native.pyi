@@ -83,6 +83,7 @@ class Engine:
         journal: str | PathLike[str] | None = None,
         tenant: str = "default",
         worker_threads: int = 2,
+        verifiers: dict[str, Callable[[str, str, str], Any]] | None = None,
     ) -> Engine: ...
     @property
     def url(self) -> str: ...

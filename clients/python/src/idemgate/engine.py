@@ -264,6 +264,7 @@ class Engine:
         tools: Mapping[str, Policy | Mapping[str, Any]] | None = None,
         default: Policy | None = None,
         worker_threads: int = 2,
+        verifiers: Mapping[str, Callable[[str, str, str], Any]] | None = None,
     ) -> Engine:
         """Opens the store at ``url``: ``sqlite:///path``, ``postgres://…``, ``redis://…`` or
         ``memory:``; default the SQLite file every ``idemgate`` command uses
@@ -274,9 +275,23 @@ class Engine:
         wrong (a misspelt scheme such as ``sqlit://``, a URL its store cannot read, an unknown
         option, a SQLite file in a missing directory...): retrying cannot help. Raises
         ``StoreUnavailable`` when the store cannot be reached. Messages never show the URL's
-        password."""
+        password.
+
+        ``verifiers`` maps tool names to a function ``verify(tool, key, downstream_key)`` asked
+        when a call finds the tool's record *unknown* under ``on_unknown="verify"`` (the function
+        may or may not have done its work), to look the side effect up downstream, typically by
+        ``downstream_key`` (what :func:`current_key` gave the function). It answers as a tool
+        function does: it returns the result the side effect had (stored and replayed, marked
+        verified), raises ``Failed(result)`` (a terminal failure, stored), ``NotApplied`` (it
+        did not happen: the call runs now) or ``MaybeApplied`` (still cannot tell: the record
+        stays unknown, as it does when the verifier raises anything else). It runs on a thread
+        of the engine's, not the caller's."""
         native = _native.Engine.open(
-            url, journal=journal, tenant=tenant, worker_threads=worker_threads
+            url,
+            journal=journal,
+            tenant=tenant,
+            worker_threads=worker_threads,
+            verifiers=dict(verifiers or {}),
         )
         return cls(native, tools, default)
 
