@@ -56,10 +56,12 @@ __all__ = ["graph_scope", "idempotent_tool"]
 
 # The scopes of graph runs without a thread or run id, by their `RunControl`: the one object Pregel
 # makes per run and hands every task and retry of it (it takes neither attributes nor weak
-# references). Each entry holds its control, so no other object can take its id while it is here;
-# the oldest are dropped past `_RUNS_MAX` (a run that long ago is over).
+# references). Each entry holds its control, so no other object can take its id while it is here.
+# Least recently used first out past `_RUNS_MAX`: a run that has not called a tool while that many
+# others did would get a new scope (its retried call would run again), so a long-lived process
+# with many concurrent runs should give each a thread_id (or a run_id) instead.
 _RUNS: OrderedDict[int, tuple[Any, str]] = OrderedDict()
-_RUNS_MAX = 4096
+_RUNS_MAX = 65536
 _RUNS_LOCK = threading.Lock()
 
 
@@ -67,9 +69,11 @@ def _run_scope(control: Any) -> str:
     with _RUNS_LOCK:
         held = _RUNS.get(id(control))
         if held is not None and held[0] is control:
+            _RUNS.move_to_end(id(control))
             return held[1]
         scope = f"langgraph/run:{uuid.uuid4().hex}"
         _RUNS[id(control)] = (control, scope)
+        _RUNS.move_to_end(id(control))
         while len(_RUNS) > _RUNS_MAX:
             _RUNS.popitem(last=False)
         return scope
