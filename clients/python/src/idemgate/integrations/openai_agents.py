@@ -56,7 +56,9 @@ _RUN_ATTR = "_idemgate_run_scope"
 
 def run_scope(ctx: Any) -> str | None:
     """The default scope of a call: ``group:<RunConfig.group_id>`` when the application set one,
-    else ``run:<a random id of this run>``."""
+    else ``run:<a random id of this run>`` (kept on the run's ``Usage``, which the SDK copies
+    into an in-process checkpoint of the run but not into a serialized ``RunState``: a run
+    resumed from one is a new run here, so set ``group_id`` for those)."""
     group = getattr(getattr(ctx, "run_config", None), "group_id", None)
     if group:
         return f"openai-agents/group:{group}"
