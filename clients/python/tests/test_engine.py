@@ -4,6 +4,7 @@ command line on the same SQLite file."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import hashlib
 import json
 import os
@@ -140,6 +141,150 @@ def test_key_required_and_the_fallback_window(engine: Engine) -> None:
     second = engine.call("mail", None, args, runs.bump, fallback_window=60)
     assert first.rule == second.rule == "fallback"
     assert second.replayed and second.value == 1 and runs.n == 1
+
+
+def test_a_fallback_window_joins_identical_calls_of_one_scope_only(engine: Engine) -> None:
+    runs = Counter()
+    args = {"to": mint_key()}
+    first = engine.call("mail", None, args, runs.bump, scope="conv-a", fallback_window=60)
+    again = engine.call("mail", None, args, runs.bump, scope="conv-a", fallback_window=60)
+    other = engine.call("mail", None, args, runs.bump, scope="conv-b", fallback_window=60)
+    assert first.executed and again.replayed and again.value == 1
+    assert other.executed and other.value == 2 and runs.n == 2
+    assert first.key != other.key
+    named = engine.key_for("mail", None, args, scope="conv-b", fallback_window=60)
+    assert named is not None and named["key"] == other.key
+    # A key is not scoped: it names the action everywhere.
+    key = mint_key()
+    engine.call("mail", key, args, runs.bump, scope="conv-a")
+    assert engine.call("mail", key, args, runs.bump, scope="conv-b").replayed and runs.n == 3
+
+
+def test_an_operator_lists_unknown_records_and_resolves_them(engine: Engine) -> None:
+    tool = f"charge-{mint_key()[4:16]}"  # a tool of its own: the shared stores hold others
+    done, gone = mint_key(), mint_key()
+
+    def maybe() -> None:
+        raise MaybeApplied("the provider timed out after sending")
+
+    for key in (done, gone):
+        with pytest.raises(MaybeApplied):
+            engine.call(tool, key, {"order": 7}, maybe)
+    unknown = engine.records(state="unknown", tool=tool)
+    assert sorted(r["key"]["key"] for r in unknown) == sorted([done, gone])
+    assert engine.records(state="completed", tool=tool) == []
+    fences = {r["key"]["key"]: r["fence"] for r in unknown}
+    with pytest.raises(idemgate.NotResolvable):
+        engine.resolve(tool, done, fence=fences[done] + 1, resolution="release")
+    after = engine.resolve(
+        tool, done, fence=fences[done], resolution="completed", result={"charge_id": "ch_7"}
+    )
+    assert after is not None and after["state"] == "completed"
+    assert engine.resolve(tool, gone, fence=fences[gone], resolution="release") is None
+    runs = Counter()
+    replay = engine.call(tool, done, {"order": 7}, runs.bump)
+    assert replay.replayed and replay.value == {"charge_id": "ch_7"} and runs.n == 0
+    ran = engine.call(tool, gone, {"order": 7}, runs.bump)
+    assert ran.executed and runs.n == 1, "released: it did not happen, so it runs"
+    assert len(engine.records(tool=tool)) == 2 and len(engine.records(tool=tool, limit=1)) == 1
+    with pytest.raises(idemgate.NotFound):
+        engine.resolve(tool, mint_key(), fence=1, resolution="release")
+    with pytest.raises(ValueError):
+        engine.records(state="lost")
+
+
+def test_the_function_reads_its_downstream_key(engine: Engine) -> None:
+    key, args = mint_key(), {"order": 7}
+    digest = engine.key_for("charge", key, args)["digest"]  # type: ignore[index]
+    assert engine.call("charge", key, args, idemgate.current_key).value == digest
+
+    async def charge() -> str:
+        await asyncio.sleep(0)  # still known after a suspension
+        return idemgate.current_key()
+
+    other = mint_key()
+    r = asyncio.run(engine.acall("charge", other, args, charge))
+    assert r.value == engine.key_for("charge", other, args)["digest"]  # type: ignore[index]
+    with pytest.raises(LookupError):
+        idemgate.current_key()
+    with pytest.raises(LookupError):  # a read has no record
+        engine.call("lookup", None, args, idemgate.current_key, kind="read")
+
+
+def test_a_decorated_functions_result_tells_a_replay_from_a_run(engine: Engine) -> None:
+    runs = Counter()
+
+    @idempotent(engine, key=lambda order, call_id: call_id)
+    def charge(order: int, call_id: str) -> int:
+        return runs.bump()
+
+    @idempotent(engine, key=lambda order, call_id: call_id)
+    async def refund(order: int, call_id: str) -> int:
+        return runs.bump()
+
+    key = mint_key()
+    first, again = charge.result(7, key), charge.result(7, key)  # type: ignore[attr-defined]
+    assert first.executed and not first.replayed and first.value == 1
+    assert again.replayed and again.value == 1 and again.executed_at == first.executed_at
+    assert charge(7, key) == 1, "the plain call returns the value, as before"
+    other = mint_key()
+    r = asyncio.run(refund.result(7, other))  # type: ignore[attr-defined]
+    assert r.executed and r.value == 2
+    assert asyncio.run(refund.result(7, other)).replayed  # type: ignore[attr-defined]
+    assert asyncio.run(refund(7, other)) == 2 and runs.n == 2
+
+
+@pytest.mark.parametrize("store", ["memory:", "sqlite"])
+def test_a_verifier_decides_what_an_unknown_record_becomes(tmp_path: Path, store: str) -> None:
+    provider: dict[str, dict[str, str]] = {}  # the payments the provider holds, by their key
+    asked: list[tuple[str, str]] = []
+
+    def verify(tool: str, key: str, downstream: str) -> dict[str, str]:
+        asked.append((tool, key))
+        if downstream in provider:
+            return provider[downstream]  # it happened: this is its result
+        if key.startswith("gone"):
+            raise NotApplied("the provider has no such payment")
+        raise MaybeApplied("the provider cannot be asked now")
+
+    url = f"sqlite://{tmp_path / 'idem.db'}" if store == "sqlite" else store
+    engine = Engine.open(
+        url,
+        journal=str(tmp_path / "journal"),
+        tools={"charge": Policy(on_unknown="verify")},
+        verifiers={"charge": verify},
+    )
+    args = {"order": 7}
+
+    def sent() -> None:
+        provider[idemgate.current_key()] = {"charge_id": "ch_7"}  # the charge went through,
+        raise MaybeApplied("the connection dropped before the answer")  # but nobody heard it
+
+    def lost() -> None:
+        raise MaybeApplied("the connection dropped: sent or not?")
+
+    done, gone, dark = f"done-{mint_key()}", f"gone-{mint_key()}", f"dark-{mint_key()}"
+    for key, fn in ((done, sent), (gone, lost), (dark, lost)):
+        with pytest.raises(MaybeApplied):
+            engine.call("charge", key, args, fn)
+    ran: list[str] = []
+
+    def again(key: str) -> Any:
+        # Each first sight of an unknown record waits the engine's settle window (2 s): the
+        # three in parallel wait it once.
+        try:
+            return engine.call("charge", key, args, lambda: ran.append(key) or "ran")
+        except OutcomeUnknown as e:
+            return e
+
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        verified, rerun, unknown = pool.map(again, (done, gone, dark))
+    assert verified.replayed and verified.value == {"charge_id": "ch_7"}
+    assert rerun.executed and rerun.value == "ran" and ran == [gone], "it did not happen: it ran"
+    assert isinstance(unknown, OutcomeUnknown), "still cannot tell: not run"
+    assert sorted(k for _, k in asked) == sorted([done, gone, dark])
+    assert engine.call("charge", done, args, lambda: "x").replayed, "stored: not asked again"
+    assert len(asked) == 3
 
 
 def test_reads_pass_through(engine: Engine) -> None:

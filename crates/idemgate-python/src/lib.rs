@@ -274,6 +274,12 @@ impl PyTicket {
     fn fence(&self) -> u64 {
         self.ticket.lease.fence
     }
+    /// The downstream key of the action: the record's 64-hex digest (SHA-256 of tenant, tool and
+    /// key), what `idemgate mcp` fills a tool's `idempotency_key` argument with.
+    #[getter]
+    fn digest(&self) -> String {
+        idemgate::key::hex(&self.ticket.key.digest())
+    }
     fn __repr__(&self) -> String {
         format!(
             "Ticket({}, fence {})",
@@ -840,13 +846,16 @@ fn settle(py: Python<'_>, done: &Py<PyAny>, result: PyResult<Py<PyAny>>) {
 
 impl Engine {
     /// The engine's call: `args` (any Python value; `None`: no arguments) fingerprinted as its
-    /// JSON text `json.dumps(args, default=repr)` would be (see [`fingerprint_of`]).
+    /// JSON text `json.dumps(args, default=repr)` would be (see [`fingerprint_of`]), made in
+    /// `scope` (`Call::scope`: a call without key is joined by the fallback window only to
+    /// identical calls of the same scope).
     fn call(
         &self,
         py: Python<'_>,
         tool: &str,
         key: Option<&str>,
         args: &Bound<'_, PyAny>,
+        scope: Option<&str>,
     ) -> PyResult<Call> {
         // In the order the checks always ran: what `json.dumps` raises, the tool, the key, then
         // arguments the engine cannot read.
@@ -862,6 +871,9 @@ impl Engine {
             }
             if let Some(fingerprint) = fingerprint {
                 call = call.fingerprint(fingerprint?);
+            }
+            if let Some(scope) = scope {
+                call = call.scope(scope);
             }
             Ok(call)
         };
@@ -958,15 +970,18 @@ impl Engine {
     /// the SQLite file every `idemgate` command uses) with a durable journal beside it (`journal`,
     /// else where the command line keeps it), for `tenant`, on a runtime of `worker_threads`.
     /// Raises `StoreMisconfigured` for a URL or store set up wrong, `StoreUnavailable` for a store
-    /// that cannot be reached (see [`open_error`]).
+    /// that cannot be reached (see [`open_error`]). `verifiers` maps tool names to their
+    /// verifier (see [`PyVerifier`]), asked when a call finds the tool's record unknown under the
+    /// policy `on_unknown = "verify"`.
     #[staticmethod]
-    #[pyo3(signature = (url = None, *, journal = None, tenant = "default", worker_threads = 2))]
+    #[pyo3(signature = (url = None, *, journal = None, tenant = "default", worker_threads = 2, verifiers = None))]
     fn open(
         py: Python<'_>,
         url: Option<&str>,
         journal: Option<PathBuf>,
         tenant: &str,
         worker_threads: usize,
+        verifiers: Option<std::collections::HashMap<String, Py<PyAny>>>,
     ) -> PyResult<Self> {
         let tenant = TenantId::new(tenant).map_err(|e| PyValueError::new_err(e.to_string()))?;
         let (url, journal_dir) = idemgate::store_and_journal(url, journal.as_deref())
@@ -981,6 +996,9 @@ impl Engine {
             .detach(|| runtime.block_on(AnyStore::connect(&url)))
             .map_err(|e| open_error(py, &url, &e))?;
         let mut engine = idemgate::Engine::new(store);
+        for (tool, verify) in verifiers.unwrap_or_default() {
+            engine = engine.with_verifier(tool, Arc::new(PyVerifier(Arc::new(verify))));
+        }
         let mut journal = None;
         if engine.store().is_durable() {
             let file = FileJournal::open(&journal_dir).map_err(|e| {
@@ -1051,8 +1069,9 @@ impl Engine {
     /// (a read or naturally idempotent tool: run it, nothing is recorded) or the package's
     /// `Result` (a replay; a stored failure raises `Failed`); in-flight, unknown, key-reused and
     /// other refusals raise. Waits up to the policy's
-    /// `wait` for a racing call, with the GIL released.
-    #[pyo3(signature = (tool, key, args, policy))]
+    /// `wait` for a racing call, with the GIL released. `scope`: where the call was made (a
+    /// conversation); the fallback window joins only identical calls of one scope.
+    #[pyo3(signature = (tool, key, args, policy, *, scope = None))]
     fn begin(
         &self,
         py: Python<'_>,
@@ -1060,8 +1079,9 @@ impl Engine {
         key: Option<&str>,
         args: &Bound<'_, PyAny>,
         policy: &Policy,
+        scope: Option<&str>,
     ) -> PyResult<Py<PyAny>> {
-        let call = self.call(py, tool, key, args)?;
+        let call = self.call(py, tool, key, args, scope)?;
         let result = self.run(py, self.shared.engine.begin(call, &policy.0))?;
         begun(py, &self.shared, result)
     }
@@ -1084,6 +1104,8 @@ impl Engine {
 
     /// As `begin`, on the engine's runtime: calls `done(ok, value)` (from a runtime thread, with
     /// the GIL) with what `begin` returns or raises.
+    #[pyo3(signature = (tool, key, args, policy, done, *, scope = None))]
+    #[allow(clippy::too_many_arguments)] // Python's signature: each is one of its arguments
     fn begin_async(
         &self,
         py: Python<'_>,
@@ -1092,8 +1114,9 @@ impl Engine {
         args: &Bound<'_, PyAny>,
         policy: &Policy,
         done: Py<PyAny>,
+        scope: Option<&str>,
     ) -> PyResult<()> {
-        let call = self.call(py, tool, key, args)?;
+        let call = self.call(py, tool, key, args, scope)?;
         let policy = policy.0.clone();
         let engine = Arc::clone(&self.shared.engine);
         self.answer_async(
@@ -1128,6 +1151,7 @@ impl Engine {
     /// The record a call is judged by, as `Engine::key_for` names it: a dict with `tenant`,
     /// `tool`, `key`, `rule`, `ttl` (seconds) and `digest` (hex), or `None` for reads and naturally
     /// idempotent tools.
+    #[pyo3(signature = (tool, key, args, policy, *, scope = None))]
     fn key_for<'py>(
         &self,
         py: Python<'py>,
@@ -1135,8 +1159,9 @@ impl Engine {
         key: Option<&str>,
         args: &Bound<'_, PyAny>,
         policy: &Policy,
+        scope: Option<&str>,
     ) -> PyResult<Option<Bound<'py, PyDict>>> {
-        let call = self.call(py, tool, key, args)?;
+        let call = self.call(py, tool, key, args, scope)?;
         let named = self
             .shared
             .engine
@@ -1166,22 +1191,93 @@ impl Engine {
         let record = self
             .run(py, self.shared.engine.get(&name))?
             .map_err(|e| engine_error(py, &e))?;
-        let Some(record) = record else {
-            return Ok(None);
+        record.as_ref().map(record_view).transpose()
+    }
+
+    /// This tenant's records, oldest first, as JSON texts (`record`'s shape): only `tool`'s,
+    /// only those in `state` (`in_flight`, `completed`, `unknown`), at most `limit` (0: all).
+    #[pyo3(signature = (tool = None, state = None, limit = 0))]
+    fn records(
+        &self,
+        py: Python<'_>,
+        tool: Option<&str>,
+        state: Option<&str>,
+        limit: usize,
+    ) -> PyResult<Vec<String>> {
+        let filter = idemgate::ListFilter {
+            tenant: Some(self.shared.tenant.clone()),
+            tool: tool
+                .map(ToolName::new)
+                .transpose()
+                .map_err(|e| PyValueError::new_err(e.to_string()))?,
+            state: state
+                .map(str::parse::<idemgate::State>)
+                .transpose()
+                .map_err(PyValueError::new_err)?,
+            limit,
         };
-        let mut view =
-            serde_json::to_value(&record).map_err(|e| PyValueError::new_err(e.to_string()))?;
-        // The outcome as every door shows it: its kind and its content as JSON, not raw bytes.
-        if let (idemgate::RecordState::Completed { outcome, .. }, Some(o)) =
-            (&record.state, view.get_mut("outcome"))
-        {
-            if let Ok(payload) = Payload::of(outcome) {
-                o["content"] = payload.content().into();
-                o["body"] = serde_json::from_str(payload.to_json().get())
-                    .unwrap_or(serde_json::Value::Null);
+        let records = self
+            .run(py, self.shared.engine.list(&filter))?
+            .map_err(|e| engine_error(py, &e))?;
+        records.iter().map(record_view).collect()
+    }
+
+    /// Resolves the unknown record of `(tool, key)` as an operator decided, if its fence is still
+    /// `fence`: `completed` with `result` (JSON text; `failed`: a terminal failure), stored for
+    /// `ttl` seconds and marked as an operator's resolution, or `release` (it did not happen: the
+    /// next call runs). The record after, as `record` shows it (`None` once released); raises
+    /// `NotFound`, `NotResolvable` (not unknown, or its fence moved on) or `StoreUnavailable`.
+    #[pyo3(signature = (tool, key, fence, resolution, result = None, failed = false, ttl = 86400.0))]
+    #[allow(clippy::too_many_arguments)] // Python's signature: each is one of its arguments
+    fn resolve(
+        &self,
+        py: Python<'_>,
+        tool: &str,
+        key: &str,
+        fence: u64,
+        resolution: &str,
+        result: Option<&str>,
+        failed: bool,
+        ttl: f64,
+    ) -> PyResult<Option<String>> {
+        let name = Key::new(
+            self.shared.tenant.clone(),
+            ToolName::new(tool).map_err(|e| PyValueError::new_err(e.to_string()))?,
+            IdempotencyKey::new(key).map_err(|e| PyValueError::new_err(e.to_string()))?,
+        );
+        let resolution = match (resolution, result) {
+            ("completed", Some(text)) => idemgate::Resolution::Completed {
+                // Marked, so that replays say an operator resolved it then, not that it ran then.
+                outcome: Payload::json_text(text)
+                    .map_err(|e| PyValueError::new_err(format!("invalid result: {e}")))?
+                    .into_resolution(if failed {
+                        OutcomeKind::Failed
+                    } else {
+                        OutcomeKind::Success
+                    }),
+                ttl: seconds("ttl", ttl)?,
+            },
+            ("completed", None) => {
+                return Err(PyValueError::new_err(
+                    "resolution \"completed\" needs the result the side effect had",
+                ))
             }
-        }
-        Ok(Some(view.to_string()))
+            ("release", None) => idemgate::Resolution::Release,
+            ("release", Some(_)) => {
+                return Err(PyValueError::new_err(
+                    "resolution \"release\" takes no result: nothing happened",
+                ))
+            }
+            (other, _) => {
+                return Err(PyValueError::new_err(format!(
+                    "unknown resolution {other:?}: expected \"completed\" or \"release\""
+                )))
+            }
+        };
+        let after = self
+            .run(py, self.shared.engine.resolve(&name, fence, resolution))?
+            .map_err(|e| engine_error(py, &e))?;
+        after.as_ref().map(record_view).transpose()
     }
 
     /// Replays journaled outcomes into the store now: `(applied, superseded, pending)`.
@@ -1198,6 +1294,89 @@ impl Engine {
             self.url,
             self.shared.tenant.as_str()
         )
+    }
+}
+
+/// A record as JSON text, the shape `idemgate keys show --json` prints from, with the outcome as
+/// every door shows it: its kind and its content as JSON, not raw bytes.
+fn record_view(record: &idemgate::Record) -> PyResult<String> {
+    let mut view =
+        serde_json::to_value(record).map_err(|e| PyValueError::new_err(e.to_string()))?;
+    if let (idemgate::RecordState::Completed { outcome, .. }, Some(o)) =
+        (&record.state, view.get_mut("outcome"))
+    {
+        if let Ok(payload) = Payload::of(outcome) {
+            o["content"] = payload.content().into();
+            o["body"] =
+                serde_json::from_str(payload.to_json().get()).unwrap_or(serde_json::Value::Null);
+        }
+    }
+    Ok(view.to_string())
+}
+
+/// A tool's verifier written in Python: `verify(tool, key, downstream_key)`, called when a call
+/// finds the tool's record unknown (the function may or may not have done its work) under the
+/// policy `on_unknown = "verify"`, typically to look the side effect up downstream by its key.
+/// It says what happened in the words of a tool function: it returns the result the side effect
+/// had (JSON data: stored and replayed), raises `Failed(result)` (a terminal failure, stored),
+/// `NotApplied` (it did not happen: the call runs now) or `MaybeApplied` (still cannot tell: the
+/// record stays unknown); any other exception leaves it unknown too, its message recorded.
+struct PyVerifier(Arc<Py<PyAny>>);
+
+impl idemgate::Verifier for PyVerifier {
+    fn verify<'a>(&'a self, key: &'a Key) -> idemgate::ProbeFuture<'a> {
+        let verify = Arc::clone(&self.0);
+        let (tool, k) = (key.tool.to_string(), key.key.as_str().to_owned());
+        let downstream = idemgate::key::hex(&key.digest());
+        Box::pin(async move {
+            // On a thread of its own: a verifier asks another system and blocks while it does,
+            // and it must not hold up the runtime's few workers (nor wait for the GIL on one).
+            tokio::task::spawn_blocking(move || {
+                Python::attach(|py| probe(py, verify.bind(py).call1((tool, k, downstream))))
+            })
+            .await
+            .map_err(|e| format!("the verifier did not finish: {e}"))?
+        })
+    }
+}
+
+/// What a verifier's return or exception says (see [`PyVerifier`]).
+fn probe(py: Python<'_>, answer: PyResult<Bound<'_, PyAny>>) -> Result<idemgate::Probe, String> {
+    let applied =
+        |kind: OutcomeKind, value: &Bound<'_, PyAny>| -> Result<idemgate::Probe, String> {
+            let text: String = py
+                .import("idemgate.engine")
+                .and_then(|m| m.getattr("_json_text"))
+                .and_then(|f| f.call1((value,)))
+                .and_then(|t| t.extract())
+                .map_err(|e| format!("the verifier's result is not JSON: {e}"))?;
+            let payload = Payload::json_text(&text).map_err(|e| e.to_string())?;
+            Ok(idemgate::Probe::Applied(idemgate::Outcome {
+                kind,
+                body: payload.encode(),
+            }))
+        };
+    let raised = match answer {
+        Ok(value) => return applied(OutcomeKind::Success, &value),
+        Err(e) => e.into_value(py).into_bound(py),
+    };
+    let class = |name: &str| py.import("idemgate.errors").and_then(|m| m.getattr(name));
+    let is = |name: &str| {
+        class(name)
+            .and_then(|c| raised.is_instance(&c))
+            .unwrap_or(false)
+    };
+    if is("NotApplied") {
+        Ok(idemgate::Probe::NotApplied)
+    } else if is("Failed") {
+        let result = raised
+            .getattr("result")
+            .map_err(|e| format!("Failed without a result: {e}"))?;
+        applied(OutcomeKind::Failed, &result)
+    } else if is("MaybeApplied") {
+        Ok(idemgate::Probe::Unknown)
+    } else {
+        Err(raised.to_string())
     }
 }
 

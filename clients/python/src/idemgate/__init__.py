@@ -44,7 +44,7 @@ from .client import (
     Record,
     parse_time,
 )
-from .engine import Engine, Policy, Result
+from .engine import Engine, Policy, Result, current_key
 from .errors import (
     BadRequest,
     Conflict,
@@ -125,6 +125,7 @@ __all__ = [
     "Unauthorized",
     "UpstreamUnreachable",
     "check_key",
+    "current_key",
     "derive_key",
     "idempotent",
     "mint_key",

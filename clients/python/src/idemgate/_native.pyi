@@ -43,6 +43,8 @@ class Ticket:
     def rule(self) -> str: ...
     @property
     def fence(self) -> int: ...
+    @property
+    def digest(self) -> str: ...
 
 @final
 class Answer:
@@ -81,6 +83,7 @@ class Engine:
         journal: str | PathLike[str] | None = None,
         tenant: str = "default",
         worker_threads: int = 2,
+        verifiers: dict[str, Callable[[str, str, str], Any]] | None = None,
     ) -> Engine: ...
     @property
     def url(self) -> str: ...
@@ -90,17 +93,37 @@ class Engine:
     def tenant(self) -> str: ...
     def close(self) -> None: ...
     def begin(
-        self, tool: str, key: str | None, args: Any, policy: Policy
+        self, tool: str, key: str | None, args: Any, policy: Policy, *, scope: str | None = None
     ) -> Ticket | Result | None: ...
     def finish(self, ticket: Ticket, effect_kind: str, body: str) -> Answer: ...
     def begin_async(
-        self, tool: str, key: str | None, args: Any, policy: Policy, done: Done
+        self,
+        tool: str,
+        key: str | None,
+        args: Any,
+        policy: Policy,
+        done: Done,
+        *,
+        scope: str | None = None,
     ) -> None: ...
     def finish_async(self, ticket: Ticket, effect_kind: str, body: str, done: Done) -> None: ...
     def key_for(
-        self, tool: str, key: str | None, args: Any, policy: Policy
+        self, tool: str, key: str | None, args: Any, policy: Policy, *, scope: str | None = None
     ) -> dict[str, Any] | None: ...
     def record(self, tool: str, key: str) -> str | None: ...
+    def records(
+        self, tool: str | None = None, state: str | None = None, limit: int = 0
+    ) -> list[str]: ...
+    def resolve(
+        self,
+        tool: str,
+        key: str,
+        fence: int,
+        resolution: str,
+        result: str | None = None,
+        failed: bool = False,
+        ttl: float = 86400.0,
+    ) -> str | None: ...
     def flush_journal(self) -> tuple[int, int, int]: ...
 
 def derive_key(run_id: str, step: str) -> str: ...

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextvars
 import functools
 import inspect
 import json
@@ -61,7 +62,7 @@ from .errors import (
     OutcomeUnknown,
 )
 
-__all__ = ["Engine", "Policy", "Result", "idempotent"]
+__all__ = ["Engine", "Policy", "Result", "current_key", "idempotent"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -69,6 +70,27 @@ _POLICY_FIELDS = ("kind", "ttl", "lease", "wait", "fallback_window", "on_unknown
 # How many (tool, overrides) policies an engine keeps built; cleared when full (callers passing
 # ever new override values must not grow it without bound).
 _OVERRIDDEN_MAX = 1024
+
+
+# The downstream key of the call whose function runs in this context (see `current_key`).
+_CURRENT_KEY: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "idemgate_current_key", default=None
+)
+
+
+def current_key() -> str:
+    """The downstream key of the action whose function is running: the 64-hex digest of its
+    record (SHA-256 of tenant, tool and key), the same on every attempt of the action and in
+    every process, as ``idemgate mcp`` fills a tool's ``idempotency_key`` argument. Pass it on
+    to an API that deduplicates by a key of its own (a payment provider's ``Idempotency-Key``),
+    so that even a run the record cannot vouch for (``on_unknown="retry"``) is applied once.
+
+    Raises ``LookupError`` outside a function run by :meth:`Engine.call`, :meth:`Engine.acall`,
+    ``@idempotent`` or an integration (a read or pass-through call has no record either)."""
+    key = _CURRENT_KEY.get()
+    if key is None:
+        raise LookupError("current_key() is only known inside a function idemgate runs")
+    return key
 
 
 @dataclass(frozen=True)
@@ -242,6 +264,7 @@ class Engine:
         tools: Mapping[str, Policy | Mapping[str, Any]] | None = None,
         default: Policy | None = None,
         worker_threads: int = 2,
+        verifiers: Mapping[str, Callable[[str, str, str], Any]] | None = None,
     ) -> Engine:
         """Opens the store at ``url``: ``sqlite:///path``, ``postgres://…``, ``redis://…`` or
         ``memory:``; default the SQLite file every ``idemgate`` command uses
@@ -252,9 +275,23 @@ class Engine:
         wrong (a misspelt scheme such as ``sqlit://``, a URL its store cannot read, an unknown
         option, a SQLite file in a missing directory...): retrying cannot help. Raises
         ``StoreUnavailable`` when the store cannot be reached. Messages never show the URL's
-        password."""
+        password.
+
+        ``verifiers`` maps tool names to a function ``verify(tool, key, downstream_key)`` asked
+        when a call finds the tool's record *unknown* under ``on_unknown="verify"`` (the function
+        may or may not have done its work), to look the side effect up downstream, typically by
+        ``downstream_key`` (what :func:`current_key` gave the function). It answers as a tool
+        function does: it returns the result the side effect had (stored and replayed, marked
+        verified), raises ``Failed(result)`` (a terminal failure, stored), ``NotApplied`` (it
+        did not happen: the call runs now) or ``MaybeApplied`` (still cannot tell: the record
+        stays unknown, as it does when the verifier raises anything else). It runs on a thread
+        of the engine's, not the caller's."""
         native = _native.Engine.open(
-            url, journal=journal, tenant=tenant, worker_threads=worker_threads
+            url,
+            journal=journal,
+            tenant=tenant,
+            worker_threads=worker_threads,
+            verifiers=dict(verifiers or {}),
         )
         return cls(native, tools, default)
 
@@ -299,17 +336,55 @@ class Engine:
         return policy
 
     def key_for(
-        self, tool: str, key: str | None = None, args: Any = None, **overrides: Any
+        self,
+        tool: str,
+        key: str | None = None,
+        args: Any = None,
+        *,
+        scope: str | None = None,
+        **overrides: Any,
     ) -> dict[str, Any] | None:
         """The record a call would be judged by, exactly as the Rust ``Engine::key_for`` names it
         (``tenant``, ``tool``, ``key``, ``rule``, ``ttl``, ``digest``); ``None`` for reads and
         naturally idempotent tools. Raises ``KeyRequired`` for a write without key or fallback."""
-        return self.native.key_for(tool, key, args, self.policy(tool, **overrides))
+        return self.native.key_for(tool, key, args, self.policy(tool, **overrides), scope=scope)
 
     def record(self, tool: str, key: str) -> dict[str, Any] | None:
         """The record of ``(tool, key)`` (``state``, ``fence``, ``outcome``...), or ``None``."""
         text = self.native.record(tool, key)
         return None if text is None else json.loads(text)
+
+    def records(
+        self, state: str | None = None, tool: str | None = None, limit: int = 0
+    ) -> list[dict[str, Any]]:
+        """This tenant's records, oldest first, each as :meth:`record` shows it: only those in
+        ``state`` (``in_flight``, ``completed``, ``unknown``), only ``tool``'s, at most ``limit``
+        (0: all). The HTTP client's ``records``, in-process; ``records("unknown")`` lists what
+        an operator must resolve."""
+        return [json.loads(r) for r in self.native.records(tool, state, limit)]
+
+    def resolve(
+        self,
+        tool: str,
+        key: str,
+        fence: int,
+        resolution: str,
+        result: Any = None,
+        failed: bool = False,
+    ) -> dict[str, Any] | None:
+        """Resolves an unknown record as an operator decided, if its ``fence`` (from
+        :meth:`record` or :meth:`records`) is still the one looked at: ``resolution="completed"``
+        with the ``result`` the side effect had (JSON data; ``failed=True``: a terminal failure),
+        stored for the tool's TTL and replayed marked as an operator's resolution, or
+        ``"release"`` (it did not happen: the next call runs). Returns the record after
+        (``None`` once released); raises ``NotFound``, ``NotResolvable`` (not unknown, or its
+        fence moved on) or ``StoreUnavailable``. The HTTP client's ``resolve`` (the same
+        arguments) and ``idemgate keys resolve``, in-process."""
+        text = None if resolution == "release" and result is None else _json_text(result)
+        after = self.native.resolve(
+            tool, key, fence, resolution, text, failed, self.policy(tool).ttl
+        )
+        return None if after is None else json.loads(after)
 
     def flush_journal(self) -> tuple[int, int, int]:
         """Replays journaled outcomes into the store now (the engine also does it every few
@@ -319,9 +394,21 @@ class Engine:
     # ---- sync ----------------------------------------------------------------------------------
 
     def call(
-        self, tool: str, key: str | None, args: Any, fn: Callable[[], Any], /, **overrides: Any
+        self,
+        tool: str,
+        key: str | None,
+        args: Any,
+        fn: Callable[[], Any],
+        /,
+        *,
+        scope: str | None = None,
+        **overrides: Any,
     ) -> Result:
         """Runs ``fn()`` at most once for ``(tool, key)`` and says what happened.
+
+        ``scope`` names where the call was made (a conversation, a thread): a call without key
+        is joined by the tool's ``fallback_window`` only to identical calls of the same scope,
+        never to another conversation's. A key is not scoped: it names the action everywhere.
 
         ``args`` (JSON) are fingerprinted: the same key with other arguments raises ``KeyReused``.
         A replay returns the stored value without calling ``fn``; a racing call waits up to the
@@ -330,11 +417,12 @@ class Engine:
         (JSON types; anything else raises ``TypeError`` and the record is unknown at once).
         """
         native = self.native
-        begun = native.begin(tool, key, args, self._policy(tool, overrides))
+        begun = native.begin(tool, key, args, self._policy(tool, overrides), scope=scope)
         if begun is None:
             return _passed_through(fn())
         if type(begun) is Result:
             return begun  # a replay
+        current = _CURRENT_KEY.set(begun.digest)
         try:
             value = fn()
         except BaseException as e:
@@ -344,6 +432,8 @@ class Engine:
             except Exception as recorded:  # noqa: BLE001 - the function's own exception wins
                 _note(e, recorded)
             raise
+        finally:
+            _CURRENT_KEY.reset(current)
         try:
             text = _json_text(value)
         except Exception as e:  # noqa: BLE001 - TypeError; ValueError (NaN, infinities, a cycle); RecursionError
@@ -404,6 +494,8 @@ class Engine:
         args: Any,
         fn: Callable[[], Awaitable[Any] | Any],
         /,
+        *,
+        scope: str | None = None,
         **overrides: Any,
     ) -> Result:
         """As :meth:`call`, for a coroutine function (or any function returning an awaitable):
@@ -412,12 +504,15 @@ class Engine:
         cancelling it while the key is being reserved frees the key."""
         native = self.native
         policy = self._policy(tool, overrides)
-        begun = await self._future(lambda done: native.begin_async(tool, key, args, policy, done))
+        begun = await self._future(
+            lambda done: native.begin_async(tool, key, args, policy, done, scope=scope)
+        )
         if begun is None:
             value = fn()
             return _passed_through(await value if inspect.isawaitable(value) else value)
         if type(begun) is Result:
             return begun  # a replay
+        current = _CURRENT_KEY.set(begun.digest)
         try:
             value = fn()
             if inspect.isawaitable(value):
@@ -429,6 +524,8 @@ class Engine:
             except Exception as recorded:  # noqa: BLE001 - the function's own exception wins
                 _note(e, recorded)
             raise
+        finally:
+            _CURRENT_KEY.reset(current)
         try:
             out = _json_text(value)
         except Exception as e:  # noqa: BLE001 - TypeError; ValueError (NaN, infinities, a cycle); RecursionError
@@ -490,7 +587,10 @@ def idempotent(
     arguments that are fingerprinted (default: all of them). ``kind``, ``ttl``, ``lease``,
     ``wait`` (seconds), ``fallback_window`` and ``on_unknown`` override the engine's policy for
     the tool. Plain functions return their value (a replay returns the stored one);
-    ``async def`` functions are awaited (see :meth:`Engine.acall`).
+    ``async def`` functions are awaited (see :meth:`Engine.acall`). ``f.result(...)`` (awaited
+    for ``async def``) makes the same call and returns the whole :class:`Result`, for a caller
+    that must tell a replay from a run (``replayed``, ``executed_at``) without changing what
+    ``f(...)`` returns.
     """
     given = dict(
         kind=kind,
@@ -514,19 +614,26 @@ def idempotent(
 
         if inspect.iscoroutinefunction(fn):
 
+            async def aresult(*a: Any, **kw: Any) -> Result:
+                k, payload = prepare(a, kw)
+                return await engine.acall(name, k, payload, lambda: fn(*a, **kw), **overrides)
+
             @functools.wraps(fn)
             async def awrapper(*a: Any, **kw: Any) -> Any:
-                k, payload = prepare(a, kw)
-                r = await engine.acall(name, k, payload, lambda: fn(*a, **kw), **overrides)
-                return r.value
+                return (await aresult(*a, **kw)).value
 
+            awrapper.result = aresult  # type: ignore[attr-defined]
             return awrapper  # type: ignore[return-value]
+
+        def result(*a: Any, **kw: Any) -> Result:
+            k, payload = prepare(a, kw)
+            return engine.call(name, k, payload, lambda: fn(*a, **kw), **overrides)
 
         @functools.wraps(fn)
         def wrapper(*a: Any, **kw: Any) -> Any:
-            k, payload = prepare(a, kw)
-            return engine.call(name, k, payload, lambda: fn(*a, **kw), **overrides).value
+            return result(*a, **kw).value
 
+        wrapper.result = result  # type: ignore[attr-defined]
         return wrapper  # type: ignore[return-value]
 
     return decorate

@@ -1,4 +1,5 @@
-"""The OpenAI Agents SDK: a scripted ``Model`` re-emits a tool call after the SDK timed it out."""
+"""The OpenAI Agents SDK: a scripted ``Model`` re-sends and re-emits tool calls after the SDK
+timed them out, in one conversation and in several; the side effects are counted."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from integrations.frameworks import require
 
 require("agents")
 
-from agents import Agent, ModelResponse, Runner, ToolTimeoutError, Usage  # noqa: E402
+from agents import Agent, ModelResponse, RunConfig, Runner, ToolTimeoutError, Usage  # noqa: E402
 from agents.tool_context import ToolContext  # noqa: E402
 from agents.models.interface import Model  # noqa: E402
 from agents.testing import assistant_message, function_call  # noqa: E402
@@ -17,7 +18,7 @@ from agents.testing import assistant_message, function_call  # noqa: E402
 from agents import set_tracing_disabled  # noqa: E402
 
 from idemgate import Engine  # noqa: E402
-from idemgate.integrations import KEY_META  # noqa: E402
+from idemgate.integrations import CONVERSATION_META, KEY_META, scoped_key  # noqa: E402
 from idemgate.integrations.openai_agents import (  # noqa: E402
     idempotent_function_tool,
     tool_meta_resolver,
@@ -51,29 +52,46 @@ def outputs(items: list[Any], call_id: str) -> list[str]:
     ]
 
 
-def test_a_run_retried_after_a_tool_timeout_replays_the_call(engine: Engine) -> None:
-    """The SDK times the tool out and the run fails; the application retries the run, the model
-    emits the same call again (a cached or deterministic response), and the charge is replayed.
-    (Within one run the SDK itself never re-runs an answered call id: the retry is the run's.)"""
+def charge_tool(engine: Engine, charges: list[int], confirmed: asyncio.Event | None, **opts: Any) -> Any:
+    """A charge tool counting its side effects; while ``confirmed`` is unset the payment
+    provider's confirmation hangs, longer than the SDK's timeout (1 s leaves a replay ample time
+    on a loaded machine: it has the same timeout)."""
+
+    @idempotent_function_tool(engine, timeout=1.0, **opts)
+    async def charge(ctx: ToolContext, order: int, amount: str) -> dict:
+        """Charges an order."""
+        charges.append(order)  # the side effect
+        if confirmed is not None:
+            await confirmed.wait()
+        return {"charge_id": f"ch_{order}", "amount": amount}
+
+    return charge
+
+
+ARGS = {"order": 7, "amount": "19.99"}
+
+
+def conversation(name: str) -> RunConfig:
+    """The application's id of a conversation, as the SDK takes it (``RunConfig.group_id``)."""
+    return RunConfig(group_id=name)
+
+
+def test_a_run_retried_in_its_conversation_after_a_tool_timeout_replays_the_call(
+    engine: Engine,
+) -> None:
+    """The SDK times the tool out and the run fails; the application retries the run in the same
+    conversation, the model emits the same call again (a cached or deterministic response), and
+    the charge is replayed. (Within one run the SDK itself never re-runs an answered call id:
+    the retry is the run's.)"""
     charges: list[int] = []
 
     async def scenario() -> tuple[Any, ScriptedModel, Exception]:
         confirmed = asyncio.Event()  # the payment provider's slow confirmation
-
-        # The first attempt always times out (it waits for the confirmation); 1 s leaves the retried
-        # call, a replay, ample time on a loaded machine (it has the same timeout).
-        @idempotent_function_tool(engine, timeout=1.0, timeout_behavior="raise_exception")
-        async def charge(ctx: ToolContext, order: int, amount: str) -> dict:
-            """Charges an order."""
-            charges.append(order)  # the side effect
-            await confirmed.wait()  # longer than the SDK's timeout
-            return {"charge_id": f"ch_{order}", "amount": amount}
-
-        args = {"order": 7, "amount": "19.99"}
+        charge = charge_tool(engine, charges, confirmed, timeout_behavior="raise_exception")
         model = ScriptedModel(
             [
-                [function_call("charge", args, call_id="call_1")],
-                [function_call("charge", args, call_id="call_1")],  # the retried run
+                [function_call("charge", ARGS, call_id="call_1")],
+                [function_call("charge", ARGS, call_id="call_1")],  # the retried run
                 [assistant_message("charged once")],
             ],
             # The provider confirms the first attempt while the run is being retried.
@@ -81,11 +99,12 @@ def test_a_run_retried_after_a_tool_timeout_replays_the_call(engine: Engine) -> 
         )
         agent = Agent(name="billing", model=model, tools=[charge])
         try:
-            await Runner.run(agent, "charge order 7")
+            await Runner.run(agent, "charge order 7", run_config=conversation("conv-1"))
             raise AssertionError("the first run should have timed out")
         except ToolTimeoutError as e:
             failed = e
-        return await Runner.run(agent, "charge order 7"), model, failed
+        result = await Runner.run(agent, "charge order 7", run_config=conversation("conv-1"))
+        return result, model, failed
 
     result, model, failed = asyncio.run(scenario())
     assert "charge" in str(failed)
@@ -93,11 +112,105 @@ def test_a_run_retried_after_a_tool_timeout_replays_the_call(engine: Engine) -> 
     assert charges == [7], "the side effect ran once"
     (answer,) = outputs(model.inputs[2], "call_1")
     assert "ch_7" in answer and "19.99" in answer, answer
-    record = engine.record("charge", "call_1")
+    assert "idemgate" not in answer, "the same call id gets the plain stored result"
+    key = scoped_key("openai-agents/group:conv-1", "call_1")
+    record = engine.record("charge", key)
     assert record is not None and record["state"] == "completed"
 
 
-def test_a_new_tool_call_runs_and_the_context_is_not_fingerprinted(engine: Engine) -> None:
+def test_a_call_re_emitted_under_a_new_id_after_a_timeout_runs_once_and_the_model_is_told(
+    engine: Engine,
+) -> None:
+    """What real models do: the SDK tells the model the tool timed out, and the model emits the
+    identical call again under a new call id, in the same run."""
+    charges: list[int] = []
+
+    async def scenario() -> ScriptedModel:
+        confirmed = asyncio.Event()
+        charge = charge_tool(engine, charges, confirmed)  # default: the timeout is an error result
+        model = ScriptedModel(
+            [
+                [function_call("charge", ARGS, call_id="call_1")],
+                [function_call("charge", ARGS, call_id="call_2")],  # re-emitted, a new id
+                [assistant_message("done")],
+            ],
+            on_turn={1: confirmed.set},  # the first attempt completes meanwhile
+        )
+        await Runner.run(Agent(name="billing", model=model, tools=[charge]), "charge order 7")
+        return model
+
+    model = asyncio.run(scenario())
+    assert charges == [7], "the side effect ran once"
+    (timed_out,) = outputs(model.inputs[1], "call_1")
+    assert "timed out" in timed_out, timed_out
+    (told,) = outputs(model.inputs[2], "call_2")
+    assert "taken for a repeat" in told and "was not run again" in told, told
+    assert "ch_7" in told and "idempotency_key" in told, told
+
+
+def test_the_same_call_in_two_conversations_and_a_call_id_reused_by_another_run_run_twice(
+    engine: Engine,
+) -> None:
+    charges: list[int] = []
+    charge = charge_tool(engine, charges, None)
+
+    def run(call_id: str, run_config: RunConfig | None = None) -> str:
+        model = ScriptedModel(
+            [[function_call("charge", ARGS, call_id=call_id)], [assistant_message("ok")]]
+        )
+        Runner.run_sync(Agent(name="b", model=model, tools=[charge]), "go", run_config=run_config)
+        (answer,) = outputs(model.inputs[1], call_id)
+        return answer
+
+    # Two conversations, the same arguments (and ids unique to each).
+    answers = [run("call_a", conversation("conv-a")), run("call_b", conversation("conv-b"))]
+    assert charges == [7, 7]
+    # No conversation set: each run is its own scope, and a model reusing its call id across
+    # runs does not make the second run's action a replay of the first's.
+    answers += [run("call_1"), run("call_1")]
+    assert charges == [7, 7, 7, 7]
+    assert not any("idemgate" in a for a in answers), answers
+
+
+def test_a_deliberate_repeat_with_a_new_idempotency_key_runs_again(engine: Engine) -> None:
+    charges: list[int] = []
+    charge = charge_tool(engine, charges, None)
+    again = dict(ARGS, idempotency_key="second-charge")
+    model = ScriptedModel(
+        [
+            [function_call("charge", ARGS, call_id="call_1")],
+            [function_call("charge", ARGS, call_id="call_2")],  # taken for a repeat
+            [function_call("charge", again, call_id="call_3")],  # the model means it
+            [assistant_message("charged twice")],
+        ]
+    )
+    Runner.run_sync(Agent(name="b", model=model, tools=[charge]), "charge order 7 twice")
+    assert charges == [7, 7]
+    (told,) = outputs(model.inputs[2], "call_2")
+    assert "taken for a repeat" in told, told
+    (third,) = outputs(model.inputs[3], "call_3")
+    assert "ch_7" in third and "idemgate" not in third, third
+
+
+def test_a_business_key_names_the_action_across_conversations(engine: Engine) -> None:
+    charges: list[int] = []
+    charge = charge_tool(engine, charges, None, key=lambda args, ctx: f"charge-{args['order']}")
+    answers = []
+    for conv, call_id in (("conv-a", "call_1"), ("conv-b", "call_9")):
+        model = ScriptedModel(
+            [[function_call("charge", ARGS, call_id=call_id)], [assistant_message("ok")]]
+        )
+        Runner.run_sync(
+            Agent(name="b", model=model, tools=[charge]), "go", run_config=conversation(conv)
+        )
+        answers += outputs(model.inputs[1], call_id)
+    assert charges == [7], "one order, one charge, whichever conversation asks"
+    assert len(answers) == 2 and all("ch_7" in a for a in answers), answers
+    record = engine.record("charge", "charge-7")
+    assert record is not None and record["state"] == "completed"
+
+
+def test_a_sync_tool_replays_its_call_id_and_runs_other_arguments(engine: Engine) -> None:
     runs: list[str] = []
 
     @idempotent_function_tool(engine)
@@ -107,24 +220,37 @@ def test_a_new_tool_call_runs_and_the_context_is_not_fingerprinted(engine: Engin
         return f"sent to {user}"
 
     answers = []
-    for call_id in ("c1", "c1", "c2"):  # three runs; the second re-emits the first's call
+    # Three runs of one conversation; the second re-emits the first's call.
+    for call_id, user in (("c1", "ann"), ("c1", "ann"), ("c2", "bob")):
         model = ScriptedModel(
-            [[function_call("notify", {"user": "ann"}, call_id=call_id)], [assistant_message("ok")]]
+            [[function_call("notify", {"user": user}, call_id=call_id)], [assistant_message("ok")]]
         )
-        Runner.run_sync(Agent(name="n", model=model, tools=[notify]), "go")
+        Runner.run_sync(
+            Agent(name="n", model=model, tools=[notify]), "go", run_config=conversation("conv")
+        )
         answers += outputs(model.inputs[1], call_id)
     assert runs == ["c1", "c2"]
-    assert answers == ["sent to ann"] * 3
+    assert answers == ["sent to ann", "sent to ann", "sent to bob"]
 
 
-def test_the_mcp_meta_resolver_sends_the_tool_call_id() -> None:
+def test_the_mcp_meta_resolver_sends_the_key_of_the_call_in_its_conversation() -> None:
     from agents.mcp.util import MCPToolMetaContext
 
-    ctx = ToolContext(context=None, tool_name="t", tool_call_id="call_9", tool_arguments="{}")
-    meta = tool_meta_resolver(
-        MCPToolMetaContext(run_context=ctx, server_name="s", tool_name="t", arguments={})
-    )
-    assert meta == {KEY_META: "call_9"}
+    def meta(group: str | None) -> Any:
+        ctx = ToolContext(
+            context=None,
+            tool_name="t",
+            tool_call_id="call_9",
+            tool_arguments="{}",
+            run_config=RunConfig(group_id=group),
+        )
+        return tool_meta_resolver(
+            MCPToolMetaContext(run_context=ctx, server_name="s", tool_name="t", arguments={})
+        )
+
+    scope = "openai-agents/group:conv-1"
+    assert meta("conv-1") == {KEY_META: scoped_key(scope, "call_9"), CONVERSATION_META: scope}
+    assert meta("conv-2")[KEY_META] != meta("conv-1")[KEY_META]
 
 
 SERVER = '''
@@ -149,8 +275,8 @@ def test_an_mcp_server_behind_idemgate_mcp_gets_the_call_id_from_the_resolver(
 ) -> None:
     """End to end: the SDK's ``MCPServerStdio`` starts ``idemgate mcp -- python server.py`` (a
     FastMCP server counting its charges in a file) with ``tool_meta_resolver``; two runs emit the
-    same call id, the server charges once and the second run gets the proxy's replay. (Without
-    the resolver the proxy refuses the un-keyed write: the key comes from it.)"""
+    same call id in one conversation, the server charges once and the second run gets the proxy's
+    replay. (Without the resolver the proxy refuses the un-keyed write: the key comes from it.)"""
     import os
     import sys
     from pathlib import Path
@@ -186,11 +312,15 @@ def test_an_mcp_server_behind_idemgate_mcp_gets_the_call_id_from_the_resolver(
             tool_meta_resolver=tool_meta_resolver,
             client_session_timeout_seconds=60,
         ) as mcp:
-            for _ in range(2):  # the second run re-emits the first's call
+            for _ in range(2):  # the second run, in the same conversation, re-emits the call
                 model = ScriptedModel(
                     [[function_call("charge", {"order": 7}, call_id="call_1")], [assistant_message("ok")]]
                 )
-                await Runner.run(Agent(name="b", model=model, mcp_servers=[mcp]), "charge 7")
+                await Runner.run(
+                    Agent(name="b", model=model, mcp_servers=[mcp]),
+                    "charge 7",
+                    run_config=conversation("conv-1"),
+                )
                 answers += outputs(model.inputs[1], "call_1")
         return answers
 

@@ -1,4 +1,6 @@
-"""Pydantic AI: a ``FunctionModel`` re-emits a tool call after the tool's timeout asked it to retry."""
+"""Pydantic AI: a ``FunctionModel`` re-sends and re-emits tool calls after the tool's timeout
+asked it to retry, and ``TestModel`` reuses its call ids across runs; the side effects are
+counted."""
 
 from __future__ import annotations
 
@@ -19,70 +21,164 @@ from pydantic_ai.messages import (  # noqa: E402
     ToolReturnPart,
 )
 from pydantic_ai.models.function import AgentInfo, FunctionModel  # noqa: E402
+from pydantic_ai.models.test import TestModel  # noqa: E402
 
 from idemgate import Engine  # noqa: E402
-from idemgate.integrations import KEY_META  # noqa: E402
-from idemgate.integrations.pydantic_ai import idempotent_tool, process_tool_call  # noqa: E402
+from idemgate.integrations import CONVERSATION_META, KEY_META, scoped_key  # noqa: E402
+from idemgate.integrations.pydantic_ai import (  # noqa: E402
+    conversation_scope,
+    idempotent_tool,
+    process_tool_call,
+)
 
 
 def parts(messages: list[ModelMessage]) -> list[Any]:
     return [p for m in messages if isinstance(m, ModelRequest) for p in m.parts]
 
 
-def test_a_call_re_emitted_after_the_tool_timeout_is_replayed(engine: Engine) -> None:
+ARGS = {"order": 7, "amount": "19.99"}
+
+
+def charge_tool(engine: Engine, charges: list[int], confirmed: asyncio.Event | None, **opts: Any) -> Any:
+    """A charge tool counting its side effects; while ``confirmed`` is unset the provider's
+    confirmation hangs, longer than the tool's timeout (1 s leaves a replay ample time)."""
+
+    @idempotent_tool(engine, **opts)
+    async def charge(ctx: RunContext[None], order: int, amount: str) -> dict:
+        """Charges an order."""
+        charges.append(order)  # the side effect
+        if confirmed is not None:
+            await confirmed.wait()
+        return {"charge_id": f"ch_{order}", "amount": amount}
+
+    return charge
+
+
+def scripted(calls: list[ToolCallPart], seen: list[list[Any]], on_turn: dict[int, Any] | None = None) -> FunctionModel:
+    """A model answering turn ``i`` with ``calls[i]``, then a text; ``on_turn[i]`` runs first."""
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        seen.append(parts(messages))
+        turn = len(seen) - 1
+        if on_turn and turn in on_turn:
+            on_turn[turn]()
+        if turn < len(calls):
+            return ModelResponse(parts=[calls[turn]])
+        return ModelResponse(parts=[TextPart("done")])
+
+    return FunctionModel(model)
+
+
+def returned(seen: list[Any], call_id: str) -> list[Any]:
+    return [p.content for p in seen if isinstance(p, ToolReturnPart) and p.tool_call_id == call_id]
+
+
+def test_a_call_re_sent_with_its_id_after_the_tool_timeout_is_replayed(engine: Engine) -> None:
     charges: list[int] = []
     seen: list[list[Any]] = []
+    call = ToolCallPart("charge", ARGS, tool_call_id="call_1")
 
     async def scenario() -> Any:
         confirmed = asyncio.Event()  # the payment provider's slow confirmation
-
-        def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
-            seen.append(parts(messages))
-            call = ToolCallPart("charge", {"order": 7, "amount": "19.99"}, tool_call_id="call_1")
-            if len(seen) == 1:
-                return ModelResponse(parts=[call])
-            if len(seen) == 2:  # told "Timed out, retry": the same call again
-                confirmed.set()  # meanwhile the provider confirms the first attempt
-                return ModelResponse(parts=[call])
-            return ModelResponse(parts=[TextPart("charged once")])
-
-        agent = Agent(FunctionModel(model))
-
-        # The first attempt always times out; 1 s leaves the replay ample time.
-        @agent.tool(timeout=1.0)
-        @idempotent_tool(engine)
-        async def charge(ctx: RunContext[None], order: int, amount: str) -> dict:
-            """Charges an order."""
-            charges.append(order)  # the side effect
-            await confirmed.wait()  # longer than the tool's timeout
-            return {"charge_id": f"ch_{order}", "amount": amount}
-
+        # Told "Timed out, retry", the model sends the same call again; meanwhile the provider
+        # confirms the first attempt.
+        agent = Agent(scripted([call, call], seen, on_turn={1: confirmed.set}))
+        agent.tool(timeout=1.0)(charge_tool(engine, charges, confirmed))
         return await agent.run("charge order 7")
 
     result = asyncio.run(scenario())
-    assert result.output == "charged once"
+    assert result.output == "done"
     assert charges == [7], "the side effect ran once"
     # What the model was told: the first attempt timed out (retry), then the stored result.
-    returned = [(p.tool_call_id, p.content) for p in seen[2] if isinstance(p, ToolReturnPart)]
-    assert returned == [
-        ("call_1", "Timed out after 1.0 seconds."),
-        ("call_1", {"charge_id": "ch_7", "amount": "19.99"}),
+    assert returned(seen[2], "call_1") == [
+        "Timed out after 1.0 seconds.",
+        {"charge_id": "ch_7", "amount": "19.99"},
     ]
-    record = engine.record("charge", "call_1")
+    scope = conversation_scope(result)
+    record = engine.record("charge", scoped_key(scope, "call_1"))
     assert record is not None and record["state"] == "completed"
 
 
-def test_a_sync_tool_replays_a_re_emitted_call_and_runs_a_new_one(engine: Engine) -> None:
+def test_a_call_re_emitted_under_a_new_id_after_a_timeout_runs_once_and_the_model_is_told(
+    engine: Engine,
+) -> None:
+    charges: list[int] = []
+    seen: list[list[Any]] = []
+    calls = [ToolCallPart("charge", ARGS, tool_call_id=i) for i in ("call_1", "call_2")]
+
+    async def scenario() -> Any:
+        confirmed = asyncio.Event()
+        agent = Agent(scripted(calls, seen, on_turn={1: confirmed.set}))
+        agent.tool(timeout=1.0)(charge_tool(engine, charges, confirmed))
+        return await agent.run("charge order 7")
+
+    asyncio.run(scenario())
+    assert charges == [7], "the side effect ran once"
+    assert returned(seen[1], "call_1") == ["Timed out after 1.0 seconds."]
+    (told,) = returned(seen[2], "call_2")
+    assert "taken for a repeat" in told and "was not run again" in told, told
+    assert "ch_7" in told and "idempotency_key" in told, told
+
+
+def test_two_runs_of_the_test_model_with_its_constant_call_id_run_twice(engine: Engine) -> None:
+    """``TestModel`` names every call of a tool ``pyd_ai_tool_call_id__<tool>``: two separate
+    runs (two conversations), the same call id and the same arguments, are two actions."""
+    mails: list[str] = []
+    agent = Agent(TestModel())
+
+    @agent.tool
+    @idempotent_tool(engine)
+    def send_mail(ctx: RunContext[None], to: str) -> str:
+        """Sends a mail."""
+        mails.append(ctx.tool_call_id or "")
+        return f"mailed {to}"
+
+    outputs = [agent.run_sync("mail ann").output for _ in range(2)]
+    assert mails == ["pyd_ai_tool_call_id__send_mail"] * 2, "each run sent its mail"
+    assert all("mailed" in o and "idemgate" not in o for o in outputs), outputs
+
+
+def test_a_deliberate_repeat_with_a_new_idempotency_key_runs_again(engine: Engine) -> None:
+    charges: list[int] = []
+    seen: list[list[Any]] = []
+    again = dict(ARGS, idempotency_key="second-charge")
+    calls = [
+        ToolCallPart("charge", ARGS, tool_call_id="call_1"),
+        ToolCallPart("charge", ARGS, tool_call_id="call_2"),  # taken for a repeat
+        ToolCallPart("charge", again, tool_call_id="call_3"),  # the model means it
+    ]
+    agent = Agent(scripted(calls, seen))
+    agent.tool(charge_tool(engine, charges, None))
+    agent.run_sync("charge order 7 twice")
+    assert charges == [7, 7]
+    (told,) = returned(seen[2], "call_2")
+    assert "taken for a repeat" in told, told
+    assert returned(seen[3], "call_3") == [{"charge_id": "ch_7", "amount": "19.99"}]
+
+
+def test_a_business_key_names_the_action_across_conversations(engine: Engine) -> None:
+    charges: list[int] = []
+    answers: list[Any] = []
+    tool = charge_tool(engine, charges, None, key=lambda args, ctx: f"charge-{args['order']}")
+    for call_id in ("call_1", "call_9"):  # two runs: two conversations
+        seen: list[list[Any]] = []
+        agent = Agent(scripted([ToolCallPart("charge", ARGS, tool_call_id=call_id)], seen))
+        agent.tool(tool)
+        agent.run_sync("charge order 7")
+        answers += returned(seen[1], call_id)
+    assert charges == [7], "one order, one charge, whichever conversation asks"
+    assert answers == [{"charge_id": "ch_7", "amount": "19.99"}] * 2
+
+
+def test_a_sync_tool_replays_its_call_id_and_runs_other_arguments(engine: Engine) -> None:
     runs: list[str | None] = []
-
-    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
-        n = sum(isinstance(m, ModelResponse) for m in messages)
-        ids = ["c1", "c1", "c2"]
-        if n < len(ids):
-            return ModelResponse(parts=[ToolCallPart("notify", {"user": "ann"}, tool_call_id=ids[n])])
-        return ModelResponse(parts=[TextPart("done")])
-
-    agent = Agent(FunctionModel(model))
+    seen: list[list[Any]] = []
+    calls = [
+        ToolCallPart("notify", {"user": "ann"}, tool_call_id="c1"),
+        ToolCallPart("notify", {"user": "ann"}, tool_call_id="c1"),
+        ToolCallPart("notify", {"user": "bob"}, tool_call_id="c2"),
+    ]
+    agent = Agent(scripted(calls, seen))
 
     @agent.tool
     @idempotent_tool(engine, tool="notify")
@@ -95,21 +191,33 @@ def test_a_sync_tool_replays_a_re_emitted_call_and_runs_a_new_one(engine: Engine
     assert runs == ["c1", "c2"]
 
 
-def test_process_tool_call_sends_the_tool_call_id_as_meta() -> None:
+def test_process_tool_call_sends_the_key_of_the_call_in_its_conversation() -> None:
     sent: list[tuple[str, dict[str, Any], dict[str, Any] | None]] = []
 
     async def call_tool(name: str, args: dict[str, Any], *, metadata: Any = None) -> str:
         sent.append((name, args, metadata))
         return "ok"
 
-    ctx = RunContext(deps=None, model=FunctionModel(lambda m, i: None), usage=None, tool_call_id="call_5")  # type: ignore[arg-type]
-    assert asyncio.run(process_tool_call(ctx, call_tool, "create", {"a": 1})) == "ok"
-    assert sent == [("create", {"a": 1}, {KEY_META: "call_5"})]
+    def ctx(conversation: str) -> Any:
+        return RunContext(
+            deps=None,
+            model=FunctionModel(lambda m, i: None),  # type: ignore[arg-type, return-value]
+            usage=None,  # type: ignore[arg-type]
+            tool_call_id="call_5",
+            conversation_id=conversation,
+        )
+
+    for conversation in ("c-1", "c-2"):
+        assert asyncio.run(process_tool_call(ctx(conversation), call_tool, "create", {"a": 1})) == "ok"
+    scope = "pydantic-ai/c-1"
+    assert sent[0] == ("create", {"a": 1}, {KEY_META: scoped_key(scope, "call_5"), CONVERSATION_META: scope})
+    assert sent[1][2] is not None and sent[1][2][KEY_META] != sent[0][2][KEY_META]
 
 
 def test_an_mcp_toolset_sends_the_call_id_to_a_gated_fastmcp_server(engine: Engine) -> None:
     """End to end over MCP (in memory): Pydantic AI's ``MCPToolset`` with ``process_tool_call``
-    puts the tool-call id in ``_meta``; the FastMCP server's middleware keys the charge by it."""
+    puts the key of the call in its conversation in ``_meta``; the FastMCP server's middleware
+    keys the charge by it."""
     require("fastmcp")
     from fastmcp import FastMCP
 
@@ -136,12 +244,16 @@ def test_an_mcp_toolset_sends_the_call_id_to_a_gated_fastmcp_server(engine: Engi
         FunctionModel(model),
         toolsets=[MCPToolset(server, process_tool_call=process_tool_call)],
     )
-    # Two runs, the second re-emitting the first's call (a retried run): one charge.
-    answers = []
-    for _ in range(2):
-        result = agent.run_sync("charge order 7")
-        answers += [p.content for p in parts(result.all_messages()) if isinstance(p, ToolReturnPart)]
-    assert charges == [7]
-    assert answers == ["charged 7, charge #1"] * 2
-    record = engine.record("charge", "call_1")
+    def run(**conversation: str) -> Any:
+        result = agent.run_sync("charge order 7", **conversation)
+        return [p.content for p in parts(result.all_messages()) if isinstance(p, ToolReturnPart)]
+
+    # Two runs of one conversation, the second re-emitting the first's call (a retried run).
+    first, again = run(conversation_id="conv-1"), run(conversation_id="conv-1")
+    assert charges == [7], "one charge"
+    assert first == ["charged 7, charge #1"]
+    assert again == first, "the stored result (Pydantic AI reads the structured content)"
+    record = engine.record("charge", scoped_key("pydantic-ai/conv-1", "call_1"))
     assert record is not None and record["state"] == "completed"
+    # Two more runs, each its own conversation, with the model's same call id: two charges.
+    assert run() + run() == ["charged 7, charge #2", "charged 7, charge #3"]

@@ -1,6 +1,15 @@
-"""Framework integrations of the in-process engine: each gates a framework's tool functions,
-keyed by the tool-call id the framework gives them, so a re-emitted or retried call gets the
-stored result instead of running the side effect again.
+"""Framework integrations of the in-process engine: each gates a framework's tool functions
+once per logical action, so a retried or re-emitted call gets the stored result instead of
+running the side effect again. What counts as the same action (``clients/python/README.md``):
+
+- the framework's tool-call id **within a scope**, the conversation the framework knows (a call id
+  names a message, not an action, and some models reuse ids: the same id in another scope is
+  another action);
+- within the scope, a write whose arguments equal an earlier call's within the tool's window
+  (``fallback_window``, default :data:`DEFAULT_WINDOW`, 0 turns it off), whatever its call id;
+  the model reads, in words, that it already ran and was not repeated (:func:`repeat_notice`);
+- a deliberate repeat: the model passes a new ``idempotency_key`` argument; the program names
+  the action itself with ``key=`` (a business identity, the same in every conversation).
 
 - :mod:`idemgate.integrations.openai_agents`: the OpenAI Agents SDK (``ToolContext.tool_call_id``;
   a ``tool_meta_resolver`` for MCP servers behind ``idemgate mcp``);
@@ -12,6 +21,22 @@ stored result instead of running the side effect again.
 Each module imports its framework only when used: the package itself has no Python dependencies.
 """
 
-from ._gate import KEY_META, jsonable
+from ._gate import (
+    CONVERSATION_META,
+    DEFAULT_WINDOW,
+    KEY_ARGUMENT,
+    KEY_META,
+    jsonable,
+    repeat_notice,
+    scoped_key,
+)
 
-__all__ = ["KEY_META", "jsonable"]
+__all__ = [
+    "CONVERSATION_META",
+    "DEFAULT_WINDOW",
+    "KEY_ARGUMENT",
+    "KEY_META",
+    "jsonable",
+    "repeat_notice",
+    "scoped_key",
+]

@@ -1,5 +1,6 @@
-"""What every integration shares: a tool function gated by the in-process engine, keyed by the
-framework's tool-call id, with the framework's own signature kept intact."""
+"""What every integration shares: a tool function gated by the in-process engine, once per
+logical action (the framework's tool-call id within its scope, and the re-emission window), with
+the framework's own signature kept intact."""
 
 from __future__ import annotations
 
@@ -7,14 +8,31 @@ import asyncio
 import functools
 import inspect
 import json
-from typing import Any, Callable, TypeVar
+from dataclasses import dataclass
+from datetime import timezone
+from typing import Any, Awaitable, Callable, TypeVar
 
-from ..engine import Engine, Result
+from .._native import derive_key
+from ..engine import _CURRENT_KEY, Engine, Result
+from ..errors import IdemgateError, LeaseLost, NotApplied, OutcomeNotRecorded
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 #: Where MCP requests carry the idempotency key (``params._meta``), as ``idemgate mcp`` reads it.
 KEY_META = "dev.idemgate/idempotency-key"
+
+#: Where MCP requests name the conversation they belong to (``params._meta``), as ``idemgate
+#: mcp`` reads it: the scope of the re-emission window.
+CONVERSATION_META = "dev.idemgate/conversation"
+
+#: The tool argument a model sets to name a new action (a deliberate repeat), as ``idemgate mcp``
+#: reads it.
+KEY_ARGUMENT = "idempotency_key"
+
+#: The re-emission window when a tool's policy sets no ``fallback_window``, in seconds: an
+#: identical write in one scope within it is taken for the same action (a model re-emitting a
+#: call it was unsure of does so within seconds); ``fallback_window=0`` turns it off.
+DEFAULT_WINDOW = 60.0
 
 #: Calls still running after their caller was cancelled (a framework's tool timeout): kept
 #: referenced until they finish and their outcome is stored.
@@ -45,22 +63,238 @@ def _retrieve(task: asyncio.Task[Any]) -> None:
         task.exception()  # retrieved: its outcome is in the store, nobody awaits it any more
 
 
-async def acall(
+@dataclass(frozen=True)
+class Action:
+    """What names the action of one call: the record ``key`` (``None``: the window alone names
+    it), the ``scope`` it was made in, and whether the re-emission ``window`` applies (an
+    identical call in the scope within the window is the same action)."""
+
+    key: str | None
+    scope: str | None
+    window: bool
+
+
+def name_action(
+    *,
+    call_id: str | None,
+    scope: str | None,
+    business_key: str | None = None,
+    model_key: str | None = None,
+) -> Action:
+    """Names a call's action.
+
+    - ``business_key`` (the caller's ``key=``): the action itself, the same in every conversation,
+      so it is not scoped, and no window applies (other keys are other actions).
+    - ``model_key`` (the model's ``idempotency_key`` argument): the model named a new action; it
+      is scoped (a model's "1" in one conversation is not another's) and no window applies, which
+      is how the model repeats an action on purpose.
+    - else the framework's ``call_id``, scoped: the call id names a message, not an action, and
+      some models reuse ids across conversations, so the same id in another scope is another
+      action; the window joins a re-emission of the same action under a new id.
+    """
+    if business_key is not None:
+        return Action(business_key, None, False)
+    if model_key is not None:
+        return Action(scoped_key(scope, f"{KEY_ARGUMENT}:{model_key}"), scope, False)
+    if scope is None:  # nothing to scope by: the call id as it is, and no window (see window_of)
+        return Action(call_id, None, False)
+    return Action(scoped_key(scope, call_id) if call_id is not None else None, scope, True)
+
+
+def scoped_key(scope: str | None, call_id: str) -> str:
+    """The key of a tool call's action: its call id within its scope (``derive_key``), or the
+    call id itself without a scope."""
+    return derive_key(scope, call_id) if scope is not None else call_id
+
+
+def scoped_meta(scope: str | None, call_id: str | None) -> dict[str, Any] | None:
+    """The ``_meta`` an MCP request of a tool call carries for ``idemgate mcp`` and the FastMCP
+    middleware: the key of its action and its conversation."""
+    meta: dict[str, Any] = {}
+    if call_id:
+        meta[KEY_META] = scoped_key(scope, call_id)
+    if scope is not None:
+        meta[CONVERSATION_META] = scope
+    return meta or None
+
+
+def window_of(engine: Engine, tool: str, overrides: dict[str, Any], action: Action) -> float:
+    """The re-emission window of a call in seconds (0: none): the policy's ``fallback_window``,
+    else :data:`DEFAULT_WINDOW`. 0 without a scope: a window must never join calls of two
+    conversations."""
+    if not action.window or action.scope is None:
+        return 0.0
+    configured = engine.policy(tool, **overrides).fallback_window
+    return DEFAULT_WINDOW if configured is None else configured
+
+
+class _Window:
+    """The window's record, checked inside the call of the key's record (the key's record first,
+    then the window's, always in that order, so two calls never wait for each other in a cycle):
+    the key's call runs :meth:`run`, which asks the window's record; its ``result`` says whether
+    the function ran or an identical call's outcome was replayed."""
+
+    def __init__(self) -> None:
+        self.result: Result | None = None
+        self.refused: IdemgateError | None = None
+
+    def _refused(self, e: IdemgateError) -> NotApplied:
+        # Refused before anything ran (in flight, unknown, store unavailable...): the key's record
+        # is released (nothing happened under it), and the refusal is what the caller is told.
+        self.refused = e
+        return NotApplied(f"the re-emission window refused the call: {e}")
+
+    def run(self, call: Callable[[], Result]) -> Any:
+        try:
+            self.result = call()
+        except (OutcomeNotRecorded, LeaseLost):
+            raise  # the function ran: the key's record must not be released
+        except IdemgateError as e:
+            raise self._refused(e) from e
+        return self.result.value
+
+    async def arun(self, call: Callable[[], Awaitable[Result]]) -> Any:
+        try:
+            self.result = await call()
+        except (OutcomeNotRecorded, LeaseLost):
+            raise
+        except IdemgateError as e:
+            raise self._refused(e) from e
+        return self.result.value
+
+    def outcome(self, r: Result) -> Outcome:
+        w = self.result
+        return Outcome(r, w if w is not None and w.replayed else None)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a call ended: ``result``, the answer of the action's record (for a call the window
+    alone named, the window's), and ``repeat_of``, the window's replay when the call was taken
+    for a repeat of an earlier identical call (``None`` otherwise)."""
+
+    result: Result
+    repeat_of: Result | None
+
+    def answer(self, tool: str, model_key: bool) -> Any:
+        """What the model is handed: the value, or, for a call the window took for a repeat, a
+        text that says so in words (a silent replay would let the model believe it did the
+        action twice)."""
+        if self.repeat_of is None:
+            return self.result.value
+        return repeat_notice(tool, self.repeat_of, model_key)
+
+
+def repeat_notice(
+    tool: str, replayed: Result, model_key: bool = True, result_above: bool = False
+) -> str:
+    """What the model reads for a call taken for a repeat of an earlier identical call: when it
+    ran, its result (or, ``result_above``, that the result shown is that one), that it was not
+    run again, and how to do it again on purpose (``model_key``: the tool takes the
+    ``idempotency_key`` argument)."""
+    when = _when(replayed.executed_at)
+    result = (
+        "the result above is the one it returned then"
+        if result_above
+        else f"the result it returned then: {json.dumps(replayed.value)}"
+    )
+    again = (
+        f"To do it again on purpose, call {tool} again with the argument {KEY_ARGUMENT} set to a "
+        "new value that names the new action."
+        if model_key
+        else "It is not repeated within the window: ask the user if it must be done again."
+    )
+    return (
+        f"idemgate: an identical call of {tool} (the same arguments) ran at {when} in this "
+        "conversation, so this one was taken for a repeat of that action and was not run "
+        f"again; {result}. {again}"
+    )
+
+
+def _when(at: Any) -> str:
+    if at is None:
+        return "an earlier time"
+    return at.astimezone(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def call_sync(
     engine: Engine,
     tool: str,
-    key: str | None,
+    action: Action,
+    args: Any,
+    fn: Callable[[], Any],
+    overrides: dict[str, Any],
+) -> Outcome:
+    """Runs ``fn`` once per action (see :func:`name_action`): the key's record, and inside it
+    the window's record of ``(scope, tool, arguments)``."""
+    window = window_of(engine, tool, overrides, action)
+    if not window:
+        return Outcome(engine.call(tool, action.key, args, fn, **overrides), None)
+    in_window = dict(overrides, fallback_window=window)
+    w = _Window()
+
+    def windowed(run: Callable[[], Any]) -> Result:
+        return engine.call(tool, None, args, run, scope=action.scope, **in_window)
+
+    if action.key is None:  # the window alone names the action
+        r = w.result = windowed(fn)
+        return w.outcome(r)
+
+    def in_key() -> Any:
+        # The function runs under the key's record, so it sees that record's downstream key
+        # (current_key), not the short-lived window record's.
+        return w.run(lambda: windowed(functools.partial(_keyed, _CURRENT_KEY.get(), fn)))
+
+    try:
+        r = engine.call(tool, action.key, args, in_key, **overrides)
+    except NotApplied:
+        if w.refused is None:
+            raise  # the function's own: nothing happened
+        raise w.refused from None
+    return w.outcome(r)
+
+
+async def call_async(
+    engine: Engine,
+    tool: str,
+    action: Action,
     args: Any,
     fn: Callable[[], Any],
     overrides: dict[str, Any],
     shield: bool,
-) -> Result:
-    """``engine.acall(...)`` of ``fn`` (its value made JSON data). With ``shield``, cancelling the
-    caller (a framework's tool timeout) does not cancel the call: it finishes in the background
-    and its outcome is stored, so the retry with the same key waits for it and gets the replay
-    (instead of a record left unknown by a function torn in half)."""
+) -> Outcome:
+    """As :func:`call_sync`, awaited (``fn`` may return an awaitable; its value is made JSON
+    data). With ``shield``, cancelling the caller (a framework's tool timeout) does not cancel
+    the call: it finishes in the background and its outcome is stored, so the retry with the
+    same key waits for it and gets the replay (instead of a record left unknown by a function
+    torn in half)."""
+    window = window_of(engine, tool, overrides, action)
+    in_window = dict(overrides, fallback_window=window)
+    w = _Window()
 
-    async def call() -> Result:
-        return await engine.acall(tool, key, args, lambda: _awaited(fn), **overrides)
+    def windowed(run: Callable[[], Awaitable[Any]]) -> Awaitable[Result]:
+        return engine.acall(tool, None, args, run, scope=action.scope, **in_window)
+
+    def in_key() -> Awaitable[Any]:
+        # As in call_sync: the function sees the key's downstream key.
+        key = _CURRENT_KEY.get()
+        return w.arun(lambda: windowed(lambda: _akeyed(key, fn)))
+
+    async def call() -> Outcome:
+        if not window:
+            return Outcome(
+                await engine.acall(tool, action.key, args, lambda: _awaited(fn), **overrides), None
+            )
+        if action.key is None:  # the window alone names the action
+            r = w.result = await windowed(lambda: _awaited(fn))
+            return w.outcome(r)
+        try:
+            r = await engine.acall(tool, action.key, args, in_key, **overrides)
+        except NotApplied:
+            if w.refused is None:
+                raise  # the function's own: nothing happened
+            raise w.refused from None
+        return w.outcome(r)
 
     if not shield:
         return await call()
@@ -70,19 +304,6 @@ async def acall(
     return await asyncio.shield(task)
 
 
-async def run_async(
-    engine: Engine,
-    tool: str,
-    key: str | None,
-    args: Any,
-    fn: Callable[[], Any],
-    overrides: dict[str, Any],
-    shield: bool,
-) -> Any:
-    """The value of :func:`acall`."""
-    return (await acall(engine, tool, key, args, fn, overrides, shield)).value
-
-
 async def _awaited(fn: Callable[[], Any]) -> Any:
     value = fn()
     if inspect.isawaitable(value):
@@ -90,45 +311,131 @@ async def _awaited(fn: Callable[[], Any]) -> Any:
     return jsonable(value)
 
 
+def _keyed(key: str | None, fn: Callable[[], Any]) -> Any:
+    """``fn()`` seeing ``key`` as its ``current_key``."""
+    token = _CURRENT_KEY.set(key)
+    try:
+        return fn()
+    finally:
+        _CURRENT_KEY.reset(token)
+
+
+async def _akeyed(key: str | None, fn: Callable[[], Any]) -> Any:
+    """``_awaited(fn)`` seeing ``key`` as its ``current_key``."""
+    token = _CURRENT_KEY.set(key)
+    try:
+        return await _awaited(fn)
+    finally:
+        _CURRENT_KEY.reset(token)
+
+
+#: What a ``scope=``/``key=`` option is called with: the call's arguments (without the framework's
+#: context objects) and the framework's context (``ToolContext``, ``RunContext``, the graph's
+#: ``RunnableConfig``, FastMCP's ``MiddlewareContext``).
+Namer = Callable[[dict[str, Any], Any], "str | None"]
+
+
 def gate(
     engine: Engine,
     fn: F,
     *,
     tool: str,
-    key_of: Callable[[inspect.BoundArguments], str | None],
+    call_id_of: Callable[[inspect.BoundArguments], str | None],
+    context_of: Callable[[inspect.BoundArguments], Any],
+    default_scope: Callable[[Any], str | None],
     exclude: set[str],
     shield: bool,
     overrides: dict[str, Any],
+    key: Namer | None = None,
+    scope: Namer | None = None,
+    model_key: bool = True,
 ) -> F:
-    """``fn`` run through ``engine`` under ``tool``: the key is ``key_of(bound arguments)``, the
-    fingerprinted arguments are the call's minus ``exclude`` (the framework's context objects).
-    The wrapper has ``fn``'s signature, name and docstring (``functools.wraps``), so a framework
-    derives the same schema from it."""
+    """``fn`` run through ``engine`` under ``tool``, once per action (:func:`name_action`): the
+    call id is ``call_id_of(bound arguments)``, the framework's context ``context_of(...)``, its
+    scope ``scope(args, context)`` or else ``default_scope(context)``; ``key(args, context)``
+    names the action by its business identity instead. The fingerprinted arguments are the
+    call's minus ``exclude`` (the framework's context objects) and the model's key.
+
+    With ``model_key``, the model may pass an ``idempotency_key`` argument to name a new action
+    (a deliberate repeat): the wrapper's signature gains it (optional, described to the model)
+    unless ``fn`` declares it itself, and ``fn`` is called without it. The wrapper otherwise has
+    ``fn``'s signature, name and docstring (``functools.wraps``), so a framework derives the same
+    schema from it."""
     sig = inspect.signature(fn)
     given = {k: v for k, v in overrides.items() if v is not None}
     engine.policy(tool, **given)  # refuse bad settings now
+    declared = KEY_ARGUMENT in sig.parameters
+    injected = model_key and not declared
+    skip = exclude | ({KEY_ARGUMENT} if declared else set())
 
-    def prepare(a: tuple[Any, ...], kw: dict[str, Any]) -> tuple[str | None, Any]:
+    def prepare(a: tuple[Any, ...], kw: dict[str, Any]) -> tuple[Action, Any, dict[str, Any]]:
+        given_key = kw.pop(KEY_ARGUMENT, None) if injected else None
         bound = sig.bind(*a, **kw)
         bound.apply_defaults()
-        payload = {k: v for k, v in bound.arguments.items() if k not in exclude}
-        return key_of(bound), jsonable(payload)
+        if declared:
+            given_key = bound.arguments.get(KEY_ARGUMENT)
+        payload = jsonable({k: v for k, v in bound.arguments.items() if k not in skip})
+        ctx = context_of(bound)
+        action = name_action(
+            call_id=call_id_of(bound),
+            scope=scope(payload, ctx) if scope is not None else default_scope(ctx),
+            business_key=key(payload, ctx) if key is not None else None,
+            model_key=(given_key or None) if model_key else None,
+        )
+        return action, payload, kw
 
     if inspect.iscoroutinefunction(fn):
 
         @functools.wraps(fn)
         async def awrapper(*a: Any, **kw: Any) -> Any:
-            key, payload = prepare(a, kw)
-            return await run_async(engine, tool, key, payload, lambda: fn(*a, **kw), given, shield)
+            action, payload, kw = prepare(a, kw)
+            out = await call_async(engine, tool, action, payload, lambda: fn(*a, **kw), given, shield)
+            return out.answer(tool, model_key)
 
-        return awrapper  # type: ignore[return-value]
+        wrapped: Any = awrapper
+    else:
 
-    @functools.wraps(fn)
-    def wrapper(*a: Any, **kw: Any) -> Any:
-        key, payload = prepare(a, kw)
-        return engine.call(tool, key, payload, lambda: jsonable(fn(*a, **kw)), **given).value
+        @functools.wraps(fn)
+        def wrapper(*a: Any, **kw: Any) -> Any:
+            action, payload, kw = prepare(a, kw)
+            out = call_sync(engine, tool, action, payload, lambda: jsonable(fn(*a, **kw)), given)
+            return out.answer(tool, model_key)
 
-    return wrapper  # type: ignore[return-value]
+        wrapped = wrapper
+    if injected:
+        _add_key_parameter(wrapped, sig)
+    return wrapped  # type: ignore[no-any-return]
+
+
+#: How the model is told what the ``idempotency_key`` argument is for.
+KEY_DESCRIPTION = (
+    "Leave empty. Only to do an action again on purpose that was already done with the same "
+    "arguments: a new value that names the new action."
+)
+
+
+def _add_key_parameter(wrapper: Any, sig: inspect.Signature) -> None:
+    """Gives ``wrapper`` an optional keyword parameter ``idempotency_key`` in its signature and
+    annotations, where frameworks read a tool's schema."""
+    try:
+        from typing import Annotated
+
+        from pydantic import Field
+
+        annotation: Any = Annotated[str | None, Field(description=KEY_DESCRIPTION)]
+    except ImportError:  # no pydantic (every framework here has it): the name alone
+        annotation = str | None
+    params = list(sig.parameters.values())
+    extra = inspect.Parameter(
+        KEY_ARGUMENT, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=annotation
+    )
+    at = next(
+        (i for i, p in enumerate(params) if p.kind is inspect.Parameter.VAR_KEYWORD), len(params)
+    )
+    params.insert(at, extra)
+    wrapper.__signature__ = sig.replace(parameters=params)
+    # A new dict: functools.wraps shares the function's own.
+    wrapper.__annotations__ = {**getattr(wrapper, "__annotations__", {}), KEY_ARGUMENT: annotation}
 
 
 def policy_overrides(

@@ -15,26 +15,64 @@ A function tool run at most once per tool call::
 
     agent = Agent(name="billing", tools=[charge])
 
-The key is ``ctx.tool_call_id``: the model re-emitting the call (after a timeout, an error
-message, a resumed run) gets the stored result, and the payment is made once. The first parameter
-must take the ``ToolContext`` (it is not fingerprinted). ``async`` tools are shielded by default:
-when the SDK's ``timeout`` cancels the call, the function still finishes and its outcome is
-stored, so the re-emitted call waits for it (the policy's ``wait``) and replays it. Refusals raise
-idemgate's exceptions (``OutcomeUnknown``, ``InFlight``, ``KeyReused``...), which the SDK turns
-into a tool error message for the model (its ``failure_error_function``).
+A call is one action per ``ctx.tool_call_id`` within its **scope**, the conversation the SDK
+knows: ``RunConfig.group_id`` when the application sets it (the SDK's id linking the runs of one
+conversation: set it to the session's id or the server conversation's), else the run itself. A
+retried run in the same conversation that emits the same call id gets the stored result; the
+same id in another run (a model reusing ids) is another action. Within the scope, a write whose
+arguments equal an earlier call's within the window (``fallback_window``, default 60 s, 0 turns
+it off) is the same action under a new call id: the model re-emitting a call after a timeout or
+an error is told, in words, that it already ran and was not repeated. The model repeats on
+purpose with the tool's optional ``idempotency_key`` argument (added to its schema); the program
+names actions itself with ``key=lambda args, ctx: ...`` (a business identity, the same in every
+conversation) or chooses the scope with ``scope=lambda args, ctx: ...``.
 
-MCP servers behind ``idemgate mcp``: ``MCPServerStdio(..., tool_meta_resolver=tool_meta_resolver)``
-sends the tool-call id as ``_meta["dev.idemgate/idempotency-key"]``.
+The first parameter must take the ``ToolContext`` (it is not fingerprinted). ``async`` tools are
+shielded by default: when the SDK's ``timeout`` cancels the call, the function still finishes and
+its outcome is stored, so a retry waits for it (the policy's ``wait``) and replays it. Refusals
+raise idemgate's exceptions (``OutcomeUnknown``, ``InFlight``, ``KeyReused``...), which the SDK
+turns into a tool error message for the model (its ``failure_error_function``).
+
+MCP servers behind ``idemgate mcp`` (or gated by the FastMCP middleware):
+``MCPServerStdio(..., tool_meta_resolver=tool_meta_resolver)`` sends the key of the call's action
+(its call id within its scope) as ``_meta["dev.idemgate/idempotency-key"]`` and the scope as
+``_meta["dev.idemgate/conversation"]``.
 """
 
 from __future__ import annotations
 
+import uuid
 from typing import Any, Callable
 
 from ..engine import Engine
-from ._gate import KEY_META, context_param, gate, policy_overrides
+from ._gate import KEY_META, Namer, context_param, gate, policy_overrides, scoped_meta
 
-__all__ = ["KEY_META", "idempotent_function_tool", "tool_meta_resolver"]
+__all__ = ["KEY_META", "idempotent_function_tool", "run_scope", "tool_meta_resolver"]
+
+# Where the run's scope is kept: on the run's ``Usage``, the one object every ``ToolContext`` of a
+# run shares (the SDK gives tools no run id).
+_RUN_ATTR = "_idemgate_run_scope"
+
+
+def run_scope(ctx: Any) -> str | None:
+    """The default scope of a call: ``group:<RunConfig.group_id>`` when the application set one,
+    else ``run:<a random id of this run>`` (kept on the run's ``Usage``, which the SDK copies
+    into an in-process checkpoint of the run but not into a serialized ``RunState``: a run
+    resumed from one is a new run here, so set ``group_id`` for those)."""
+    group = getattr(getattr(ctx, "run_config", None), "group_id", None)
+    if group:
+        return f"openai-agents/group:{group}"
+    usage = getattr(ctx, "usage", None)
+    if usage is None:
+        return None
+    run = getattr(usage, _RUN_ATTR, None)
+    if run is None:
+        run = f"openai-agents/run:{uuid.uuid4().hex}"
+        try:
+            setattr(usage, _RUN_ATTR, run)
+        except AttributeError:
+            return None
+    return str(run)
 
 
 def idempotent_function_tool(
@@ -42,6 +80,9 @@ def idempotent_function_tool(
     func: Callable[..., Any] | None = None,
     *,
     tool: str | None = None,
+    key: Namer | None = None,
+    scope: Namer | None = None,
+    model_key: bool = True,
     shield: bool = True,
     kind: str | None = None,
     ttl: float | None = None,
@@ -51,12 +92,17 @@ def idempotent_function_tool(
     on_unknown: str | None = None,
     **function_tool_kwargs: Any,
 ) -> Any:
-    """``agents.function_tool`` of ``func`` gated by ``engine``, keyed by ``ToolContext.tool_call_id``.
+    """``agents.function_tool`` of ``func`` gated by ``engine``: one action per
+    ``ToolContext.tool_call_id`` within its scope, and per identical call within the scope's
+    window (see the module documentation).
 
     ``tool`` is the record's tool name (default: ``name_override`` or the function's name);
-    ``kind``, ``ttl``, ``lease``, ``wait``, ``fallback_window``, ``on_unknown`` override the
-    engine's policy; the other keyword arguments go to ``function_tool`` (``timeout``,
-    ``name_override``, ``failure_error_function``...). Use bare or with arguments.
+    ``key(args, ctx)`` names the action by its business identity (not scoped; ``None``: the call
+    id); ``scope(args, ctx)`` replaces the default scope (:func:`run_scope`); ``model_key=False``
+    leaves the ``idempotency_key`` argument out of the schema. ``kind``, ``ttl``, ``lease``,
+    ``wait``, ``fallback_window`` (the re-emission window), ``on_unknown`` override the engine's
+    policy; the other keyword arguments go to ``function_tool`` (``timeout``, ``name_override``,
+    ``failure_error_function``...). Use bare or with arguments.
     """
     from agents import function_tool
 
@@ -69,10 +115,15 @@ def idempotent_function_tool(
             engine,
             fn,
             tool=name,
-            key_of=lambda b: getattr(b.arguments[ctx], "tool_call_id", None),
+            call_id_of=lambda b: getattr(b.arguments[ctx], "tool_call_id", None),
+            context_of=lambda b: b.arguments[ctx],
+            default_scope=run_scope,
             exclude={ctx},
             shield=shield,
             overrides=overrides,
+            key=key,
+            scope=scope,
+            model_key=model_key,
         )
         return function_tool(gated, **function_tool_kwargs)
 
@@ -80,7 +131,9 @@ def idempotent_function_tool(
 
 
 def tool_meta_resolver(context: Any) -> dict[str, Any] | None:
-    """A ``tool_meta_resolver`` for the SDK's MCP servers: the tool-call id as
-    ``_meta["dev.idemgate/idempotency-key"]``, which ``idemgate mcp`` takes as the key."""
-    call_id = getattr(context.run_context, "tool_call_id", None)
-    return {KEY_META: call_id} if call_id else None
+    """A ``tool_meta_resolver`` for the SDK's MCP servers: the key of the tool call's action
+    (:func:`~idemgate.integrations.scoped_key` of its scope and call id) as
+    ``_meta["dev.idemgate/idempotency-key"]``, which ``idemgate mcp`` takes as the key, and the
+    scope as ``_meta["dev.idemgate/conversation"]``."""
+    run_context = context.run_context
+    return scoped_meta(run_scope(run_context), getattr(run_context, "tool_call_id", None))

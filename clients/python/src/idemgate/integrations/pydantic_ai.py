@@ -15,15 +15,28 @@ A tool run at most once per tool call::
         \"\"\"Charges the customer for an order.\"\"\"
         return payments.charge(order, amount)
 
-The key is ``ctx.tool_call_id``; the first parameter must take the ``RunContext`` (it is not
-fingerprinted). When the tool's ``timeout`` expires Pydantic AI asks the model to retry; the
-model re-emits the call with the same id and gets the stored result, the payment is made once.
-``async`` tools are shielded by default: the timed-out call still finishes and stores its
-outcome, and the retry waits for it (the policy's ``wait``). Refusals raise idemgate's exceptions
-(``OutcomeUnknown``, ``InFlight``, ``KeyReused``...).
+A call is one action per ``ctx.tool_call_id`` within its **scope**, the conversation:
+``RunContext.conversation_id``, which Pydantic AI takes from the run's ``conversation_id``
+argument or the message history the run continues, else makes new for the run (so a constant
+call id, as ``TestModel``'s ``pyd_ai_tool_call_id__<tool>``, in two separate runs is two
+actions). When the tool's ``timeout`` expires Pydantic AI asks the model to retry; the model
+re-emits the call with the same id and gets the stored result. Within the scope, a write whose
+arguments equal an earlier call's within the window (``fallback_window``, default 60 s, 0 turns
+it off) is the same action under a new call id, and the model reads, in words, that it already
+ran and was not repeated. The model repeats on purpose with the tool's optional
+``idempotency_key`` argument (added to its schema); the program names actions itself with
+``key=lambda args, ctx: ...`` (a business identity, the same in every conversation) or chooses
+the scope with ``scope=lambda args, ctx: ...``.
 
-MCP servers behind ``idemgate mcp``: ``MCPServerStdio(..., process_tool_call=process_tool_call)``
-sends the tool-call id as ``_meta["dev.idemgate/idempotency-key"]``.
+The first parameter must take the ``RunContext`` (it is not fingerprinted). ``async`` tools are
+shielded by default: the timed-out call still finishes and stores its outcome, and the retry
+waits for it (the policy's ``wait``). Refusals raise idemgate's exceptions (``OutcomeUnknown``,
+``InFlight``, ``KeyReused``...).
+
+MCP servers behind ``idemgate mcp`` (or gated by the FastMCP middleware):
+``MCPServerStdio(..., process_tool_call=process_tool_call)`` sends the key of the call's action
+(its call id within its scope) as ``_meta["dev.idemgate/idempotency-key"]`` and the scope as
+``_meta["dev.idemgate/conversation"]``.
 """
 
 from __future__ import annotations
@@ -31,9 +44,15 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ..engine import Engine
-from ._gate import KEY_META, context_param, gate, policy_overrides
+from ._gate import KEY_META, Namer, context_param, gate, policy_overrides, scoped_meta
 
-__all__ = ["KEY_META", "idempotent_tool", "process_tool_call"]
+__all__ = ["KEY_META", "conversation_scope", "idempotent_tool", "process_tool_call"]
+
+
+def conversation_scope(ctx: Any) -> str | None:
+    """The default scope of a call: the run's ``conversation_id``, else its ``run_id``."""
+    conversation = getattr(ctx, "conversation_id", None) or getattr(ctx, "run_id", None)
+    return f"pydantic-ai/{conversation}" if conversation else None
 
 
 def idempotent_tool(
@@ -41,6 +60,9 @@ def idempotent_tool(
     func: Callable[..., Any] | None = None,
     *,
     tool: str | None = None,
+    key: Namer | None = None,
+    scope: Namer | None = None,
+    model_key: bool = True,
     shield: bool = True,
     kind: str | None = None,
     ttl: float | None = None,
@@ -49,10 +71,15 @@ def idempotent_tool(
     fallback_window: float | None = None,
     on_unknown: str | None = None,
 ) -> Any:
-    """``func`` (whose first parameter takes the ``RunContext``) gated by ``engine``, keyed by
-    ``RunContext.tool_call_id``; register the result with ``@agent.tool``, ``Tool(...)`` or a
-    ``FunctionToolset``. ``tool`` is the record's tool name (default: the function's name); the
-    policy fields override the engine's. Use bare or with arguments."""
+    """``func`` (whose first parameter takes the ``RunContext``) gated by ``engine``: one action
+    per ``RunContext.tool_call_id`` within its conversation, and per identical call within the
+    window (see the module documentation); register the result with ``@agent.tool``,
+    ``Tool(...)`` or a ``FunctionToolset``. ``tool`` is the record's tool name (default: the
+    function's name); ``key(args, ctx)`` names the action by its business identity (not scoped;
+    ``None``: the call id); ``scope(args, ctx)`` replaces the default scope
+    (:func:`conversation_scope`); ``model_key=False`` leaves the ``idempotency_key`` argument out
+    of the schema; the policy fields override the engine's (``fallback_window`` is the
+    re-emission window). Use bare or with arguments."""
     overrides = policy_overrides(kind, ttl, lease, wait, fallback_window, on_unknown)
 
     def build(fn: Callable[..., Any]) -> Any:
@@ -61,19 +88,25 @@ def idempotent_tool(
             engine,
             fn,
             tool=tool or fn.__name__,
-            key_of=lambda b: getattr(b.arguments[ctx], "tool_call_id", None),
+            call_id_of=lambda b: getattr(b.arguments[ctx], "tool_call_id", None),
+            context_of=lambda b: b.arguments[ctx],
+            default_scope=conversation_scope,
             exclude={ctx},
             shield=shield,
             overrides=overrides,
+            key=key,
+            scope=scope,
+            model_key=model_key,
         )
 
     return build(func) if func is not None else build
 
 
 async def process_tool_call(ctx: Any, call_tool: Any, name: str, args: dict[str, Any]) -> Any:
-    """A ``process_tool_call`` for Pydantic AI's MCP servers: the tool-call id as
-    ``_meta["dev.idemgate/idempotency-key"]``, which ``idemgate mcp`` takes as the key."""
-    call_id = getattr(ctx, "tool_call_id", None)
-    if not call_id:
+    """A ``process_tool_call`` for Pydantic AI's MCP servers: the key of the call's action as
+    ``_meta["dev.idemgate/idempotency-key"]`` (which ``idemgate mcp`` takes as the key) and its
+    conversation as ``_meta["dev.idemgate/conversation"]``."""
+    meta = scoped_meta(conversation_scope(ctx), getattr(ctx, "tool_call_id", None))
+    if not meta:
         return await call_tool(name, args)
-    return await call_tool(name, args, metadata={KEY_META: call_id})
+    return await call_tool(name, args, metadata=meta)

@@ -1,0 +1,170 @@
+"""What every framework integration shares (``idemgate.integrations._gate``), without a
+framework: a call's action is its call id within its scope, and inside the scope an identical
+call within the window is the same action under any call id, exactly once under races."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import threading
+from pathlib import Path
+
+import pytest
+
+from idemgate import Engine, InFlight, Policy, current_key
+from idemgate.integrations import scoped_key
+from idemgate.integrations._gate import Action, call_async, call_sync, gate, name_action
+
+
+@pytest.fixture
+def engine(tmp_path: Path) -> Engine:
+    return Engine.open(
+        f"sqlite://{tmp_path / 'idem.db'}", journal=str(tmp_path / "journal"), default=Policy(wait=30)
+    )
+
+
+def action(scope: str, call_id: str) -> Action:
+    return name_action(call_id=call_id, scope=scope)
+
+
+def test_sixteen_threads_emitting_one_call_under_new_ids_run_it_once(engine: Engine) -> None:
+    runs: list[int] = []
+    lock = threading.Lock()
+    start = threading.Barrier(16)
+    outcomes = []
+
+    def charge() -> dict:
+        with lock:
+            runs.append(1)
+        return {"charge_id": "ch_7"}
+
+    def one(i: int) -> None:
+        start.wait()
+        out = call_sync(engine, "charge", action("conv", f"call_{i}"), {"order": 7}, charge, {})
+        with lock:
+            outcomes.append(out)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(runs) == 1, "one execution"
+    assert len(outcomes) == 16
+    assert sum(o.repeat_of is None for o in outcomes) == 1
+    assert all(o.result.value == {"charge_id": "ch_7"} for o in outcomes)
+
+
+def test_sixteen_tasks_emitting_one_call_under_new_ids_run_it_once(engine: Engine) -> None:
+    runs: list[int] = []
+
+    async def charge() -> dict:
+        runs.append(1)
+        await asyncio.sleep(0)  # lets the other tasks reach the store meanwhile
+        return {"charge_id": "ch_7"}
+
+    async def scenario() -> list:
+        return await asyncio.gather(
+            *(
+                call_async(engine, "charge", action("conv", f"call_{i}"), {"order": 7}, charge, {}, True)
+                for i in range(16)
+            )
+        )
+
+    outcomes = asyncio.run(scenario())
+    assert len(runs) == 1, "one execution"
+    assert sum(o.repeat_of is None for o in outcomes) == 1
+    told = [o.answer("charge", True) for o in outcomes if o.repeat_of is not None]
+    assert len(told) == 15 and all("taken for a repeat" in t for t in told)
+
+
+def test_a_call_the_window_refuses_leaves_its_call_id_free(engine: Engine) -> None:
+    """A re-emitted call that finds the first still running and may not wait for it is refused
+    (``InFlight``); nothing ran under its call id, so that id is not kept: re-sent once the first
+    has finished, it is told it was a repeat."""
+    entered, release = threading.Event(), threading.Event()
+    runs: list[int] = []
+
+    def charge() -> dict:
+        runs.append(1)
+        entered.set()
+        release.wait()
+        return {"charge_id": "ch_7"}
+
+    first = threading.Thread(
+        target=call_sync, args=(engine, "charge", action("conv", "call_1"), {"order": 7}, charge, {})
+    )
+    first.start()
+    assert entered.wait(30)
+    with pytest.raises(InFlight):
+        call_sync(engine, "charge", action("conv", "call_2"), {"order": 7}, charge, {"wait": 0})
+    assert engine.record("charge", scoped_key("conv", "call_2")) is None, "released"
+    release.set()
+    first.join()
+    again = call_sync(engine, "charge", action("conv", "call_2"), {"order": 7}, charge, {})
+    assert runs == [1] and again.repeat_of is not None
+
+
+def test_the_window_is_per_scope_and_off_at_zero(engine: Engine) -> None:
+    runs: list[int] = []
+
+    def charge() -> int:
+        runs.append(1)
+        return len(runs)
+
+    for scope, call_id in (("conv-a", "c1"), ("conv-a", "c2"), ("conv-b", "c1"), ("conv-b", "c3")):
+        call_sync(engine, "charge", action(scope, call_id), {"order": 7}, charge, {})
+    assert len(runs) == 2, "once per conversation"
+    call_sync(engine, "charge", action("conv-a", "c4"), {"order": 7}, charge, {"fallback_window": 0})
+    assert len(runs) == 3, "no window: a new call id is a new action"
+
+
+def test_the_model_key_is_added_to_a_tool_and_passed_to_one_declaring_it(engine: Engine) -> None:
+    seen: list[str | None] = []
+
+    def declared(ctx: str, order: int, idempotency_key: str | None = None) -> int:
+        seen.append(idempotency_key)
+        return order
+
+    def plain(ctx: str, order: int) -> int:
+        seen.append("plain")
+        return order
+
+    def gated(fn: object) -> object:
+        return gate(
+            engine,
+            fn,  # type: ignore[arg-type]
+            tool=fn.__name__,  # type: ignore[attr-defined]
+            call_id_of=lambda b: b.arguments["ctx"],
+            context_of=lambda b: None,
+            default_scope=lambda ctx: "conv",
+            exclude={"ctx"},
+            shield=True,
+            overrides={},
+        )
+
+    d, p = gated(declared), gated(plain)
+    assert list(inspect.signature(d).parameters) == ["ctx", "order", "idempotency_key"]  # type: ignore[arg-type]
+    assert list(inspect.signature(p).parameters) == ["ctx", "order", "idempotency_key"]  # type: ignore[arg-type]
+    assert "idempotency_key" not in inspect.signature(plain).parameters, "the function is untouched"
+    assert d("c1", 7, idempotency_key="k1") == 7  # type: ignore[operator]
+    assert p("c2", 7, idempotency_key="k1") == 7  # type: ignore[operator]
+    assert p("c3", 7, idempotency_key="k1") == 7, "the same model key: a replay"  # type: ignore[operator]
+    assert seen == ["k1", "plain"]
+
+
+def test_a_function_under_a_call_id_and_a_window_reads_the_call_ids_downstream_key(
+    engine: Engine,
+) -> None:
+    act = action("conv", "call_1")
+    digest = engine.key_for("charge", act.key, {"order": 7})["digest"]  # type: ignore[index]
+    out = call_sync(engine, "charge", act, {"order": 7}, current_key, {})
+    assert out.result.value == digest
+
+    async def charge() -> str:
+        return current_key()
+
+    act = action("conv", "call_2")
+    other = {"order": 8}
+    out = asyncio.run(call_async(engine, "charge", act, other, charge, {}, True))
+    assert out.result.value == engine.key_for("charge", act.key, other)["digest"]  # type: ignore[index]
