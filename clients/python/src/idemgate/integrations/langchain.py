@@ -1,0 +1,292 @@
+"""LangChain tools (``langchain-core``; tested with 1.8.3): any ``BaseTool`` (a ``@tool``
+function, a ``StructuredTool``, the tools ``langchain-mcp-adapters`` loads from an MCP server),
+run at most once per logical action::
+
+    from langchain_core.tools import tool
+    from idemgate import Engine
+    from idemgate.integrations.langchain import idempotent, idempotent_tool
+
+    engine = Engine.open("postgres://…")
+
+    @idempotent_tool(engine)
+    async def charge(order: int, amount: str) -> dict:
+        \"\"\"Charges the customer for an order.\"\"\"
+        return payments.charge(order, amount)
+
+    tools = [charge, *[idempotent(engine, t) for t in await mcp_client.get_tools()]]
+
+A call is one action per tool-call id (the ``id`` of the ``ToolCall`` the tool is invoked with;
+the function needs no parameter for it) within its **scope**: the run's ``RunnableConfig``, its
+``thread_id`` (with the checkpoint namespace inside a LangGraph graph, as
+:func:`idemgate.integrations.langgraph.graph_scope`), else the graph run, else the run the tool
+is called from (the agent loop's chain or ``Runnable``: its run id, the tool run's parent, one
+per ``invoke``). A tool called outside any run and without a ``thread_id`` has no scope: its
+call id is the key as it is, and no window applies. The call id names a message, not an action:
+the same id in another thread or run is another action. A re-sent ``ToolCall`` (an agent loop
+retrying after a timeout or an error) gets the stored result. Within the scope, a write whose
+arguments equal an earlier call's within the window (``fallback_window``, default 60 s, 0 turns
+it off) is the same action under a new call id, and the model reads, in words, that it already
+ran and was not repeated. The model repeats on purpose with the tool's optional
+``idempotency_key`` argument (added to its schema); the program names actions itself with
+``key=lambda args, config: ...`` (a business identity, the same in every thread) or chooses the
+scope with ``scope=``; both get the tool's ``RunnableConfig``.
+
+The wrapped tool keeps the name, description and model-facing schema of the tool it wraps
+(injected arguments, such as ``InjectedToolCallId`` or ``InjectedState``, are passed through and
+not fingerprinted). It returns the tool's content as JSON data (stored and replayed; the artifact
+of a ``content_and_artifact`` tool is not kept). Async invocations (``ainvoke``) are shielded by
+default: a timeout that cancels the call does not tear it in half, it finishes and stores its
+outcome, and the re-sent call waits for it (the policy's ``wait``). Refusals raise idemgate's
+exceptions (``OutcomeUnknown``, ``InFlight``, ``KeyReused``...).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from contextvars import ContextVar
+from typing import Any, Callable
+
+from ..engine import Engine
+from ._gate import (
+    KEY_ARGUMENT,
+    KEY_DESCRIPTION,
+    Namer,
+    call_async,
+    call_sync,
+    jsonable,
+    name_action,
+    policy_overrides,
+)
+from .langgraph import graph_scope
+
+__all__ = ["idempotent", "idempotent_tool", "run_scope"]
+
+# The ToolCall id the running tool was invoked with: set by the wrapper's run/arun, which
+# LangChain copies into the context _run/_arun run in.
+_CALL_ID: ContextVar[str | None] = ContextVar("idemgate_langchain_call_id", default=None)
+
+
+def run_scope(config: Any, parent_run_id: Any = None) -> str | None:
+    """The default scope of a call: the ``thread_id`` (and the checkpoint namespace), else the
+    LangGraph run (:func:`~idemgate.integrations.langgraph.graph_scope`), else
+    ``langchain/run:<parent_run_id>``, the run the tool is called from; ``None`` without either."""
+    scope = graph_scope(config)
+    if scope is not None:
+        return scope
+    return f"langchain/run:{parent_run_id}" if parent_run_id is not None else None
+
+
+def _fields(schema: Any) -> set[str]:
+    """The argument names of a tool schema (a pydantic model or a JSON schema)."""
+    if schema is None:
+        return set()
+    if isinstance(schema, dict):
+        return set(schema.get("properties") or {})
+    fields = getattr(schema, "model_fields", None)
+    return set(fields if fields is not None else getattr(schema, "__fields__", {}))
+
+
+def _with_key_argument(schema: Any) -> Any:
+    """``schema`` with an optional ``idempotency_key`` argument, described to the model."""
+    if isinstance(schema, dict):
+        out = copy.deepcopy(schema)
+        out.setdefault("properties", {})[KEY_ARGUMENT] = {
+            "type": "string",
+            "description": KEY_DESCRIPTION,
+        }
+        return out
+    from pydantic import Field, create_model
+
+    return create_model(  # type: ignore[call-overload]
+        schema.__name__,
+        __base__=schema,
+        **{KEY_ARGUMENT: (str | None, Field(default=None, description=KEY_DESCRIPTION))},
+    )
+
+
+@functools.lru_cache(maxsize=None)
+def _tool_class() -> type:
+    """The ``BaseTool`` subclass wrapping a tool (made on first use: langchain-core is imported
+    only when this module is used)."""
+    from langchain_core.runnables.config import ensure_config
+    from langchain_core.tools import BaseTool
+
+    class IdempotentTool(BaseTool):  # type: ignore[misc]
+        """A tool gated by an engine: one execution per action (see the module)."""
+
+        inner: BaseTool
+        gate: Any
+
+        def run(self, tool_input: Any, *args: Any, tool_call_id: str | None = None, **kw: Any) -> Any:
+            token = _CALL_ID.set(tool_call_id)
+            try:
+                return super().run(tool_input, *args, tool_call_id=tool_call_id, **kw)
+            finally:
+                _CALL_ID.reset(token)
+
+        async def arun(
+            self, tool_input: Any, *args: Any, tool_call_id: str | None = None, **kw: Any
+        ) -> Any:
+            token = _CALL_ID.set(tool_call_id)
+            try:
+                return await super().arun(tool_input, *args, tool_call_id=tool_call_id, **kw)
+            finally:
+                _CALL_ID.reset(token)
+
+        def _run(self, *args: Any, run_manager: Any = None, **kwargs: Any) -> Any:
+            g: _Gate = self.gate
+            call = g.prepare(args, kwargs, ensure_config(), run_manager)
+            out = call_sync(
+                g.engine, g.tool, call.action, call.payload,
+                lambda: jsonable(_content(self.inner.invoke(call.input, call.config))),
+                g.given,
+            )  # fmt: skip
+            return out.answer(g.tool, g.model_key)
+
+        async def _arun(self, *args: Any, run_manager: Any = None, **kwargs: Any) -> Any:
+            g: _Gate = self.gate
+            call = g.prepare(args, kwargs, ensure_config(), run_manager)
+
+            async def run() -> Any:
+                return _content(await self.inner.ainvoke(call.input, call.config))
+
+            out = await call_async(
+                g.engine, g.tool, call.action, call.payload, run, g.given, g.shield
+            )
+            return out.answer(g.tool, g.model_key)
+
+    return IdempotentTool
+
+
+def _content(output: Any) -> Any:
+    """A tool's output without its ``ToolMessage`` (invoked with a ``ToolCall``, a tool answers
+    with one): its content."""
+    from langchain_core.messages import ToolMessage
+
+    return output.content if isinstance(output, ToolMessage) else output
+
+
+class _Call:
+    def __init__(self, action: Any, payload: Any, input: Any, config: Any) -> None:
+        self.action, self.payload, self.input, self.config = action, payload, input, config
+
+
+class _Gate:
+    """How one wrapped tool names and runs its calls."""
+
+    def __init__(self, engine: Engine, inner: Any, tool: str, opts: dict[str, Any]) -> None:
+        self.engine, self.inner, self.tool = engine, inner, tool
+        self.key: Namer | None = opts["key"]
+        self.scope: Namer | None = opts["scope"]
+        self.model_key: bool = opts["model_key"]
+        self.shield: bool = opts["shield"]
+        self.given = {k: v for k, v in opts["overrides"].items() if v is not None}
+        engine.policy(tool, **self.given)  # refuse bad settings now
+        self.visible = _fields(inner.tool_call_schema)  # what the model sends: fingerprinted
+        self.declared = KEY_ARGUMENT in self.visible
+        self.injected = self.model_key and not self.declared
+
+    def prepare(self, args: tuple[Any, ...], kwargs: dict[str, Any], config: Any, run_manager: Any) -> _Call:
+        call_id = _CALL_ID.get()
+        given_key = kwargs.pop(KEY_ARGUMENT, None) if self.injected else kwargs.get(KEY_ARGUMENT)
+        if args:  # a single string input
+            payload: Any = {"input": args[0]}
+            args_in: Any = args[0]
+        else:
+            payload = {k: v for k, v in kwargs.items() if k in self.visible and k != KEY_ARGUMENT}
+            args_in = kwargs
+        payload = jsonable(payload)
+        action = name_action(
+            call_id=call_id,
+            scope=self.scope(payload, config)
+            if self.scope is not None
+            else run_scope(config, getattr(run_manager, "parent_run_id", None)),
+            business_key=self.key(payload, config) if self.key is not None else None,
+            model_key=(given_key or None) if self.model_key else None,
+        )
+        # The wrapped tool gets the call as a ToolCall (its injected call id, if it has one).
+        tool_input = (
+            {"name": self.inner.name, "args": args_in, "id": call_id, "type": "tool_call"}
+            if call_id is not None and isinstance(args_in, dict)
+            else args_in
+        )
+        return _Call(action, payload, tool_input, config)
+
+
+def idempotent(
+    engine: Engine,
+    base_tool: Any,
+    *,
+    tool: str | None = None,
+    key: Namer | None = None,
+    scope: Namer | None = None,
+    model_key: bool = True,
+    shield: bool = True,
+    kind: str | None = None,
+    ttl: float | None = None,
+    lease: float | None = None,
+    wait: float | None = None,
+    fallback_window: float | None = None,
+    on_unknown: str | None = None,
+) -> Any:
+    """A LangChain tool running ``base_tool`` (any ``BaseTool``) through ``engine``: one action
+    per tool-call id within its scope, and per identical call within the window (see the module
+    documentation). ``tool`` is the record's tool name (default: the tool's name);
+    ``key(args, config)`` names the action by its business identity (not scoped; ``None``: the
+    call id); ``scope(args, config)`` replaces the default scope (:func:`run_scope`);
+    ``model_key=False`` leaves the ``idempotency_key`` argument out of the schema; the policy
+    fields override the engine's (``fallback_window`` is the re-emission window)."""
+    name = tool or base_tool.name
+    opts = dict(
+        key=key,
+        scope=scope,
+        model_key=model_key,
+        shield=shield,
+        overrides=policy_overrides(kind, ttl, lease, wait, fallback_window, on_unknown),
+    )
+    g = _Gate(engine, base_tool, name, opts)
+    schema = base_tool.args_schema
+    if g.injected and schema is not None:
+        schema = _with_key_argument(schema)
+    return _tool_class()(
+        name=base_tool.name,
+        description=base_tool.description,
+        args_schema=schema,
+        return_direct=base_tool.return_direct,
+        handle_tool_error=base_tool.handle_tool_error,
+        handle_validation_error=base_tool.handle_validation_error,
+        metadata=base_tool.metadata,
+        tags=base_tool.tags,
+        inner=base_tool,
+        gate=g,
+    )
+
+
+def idempotent_tool(
+    engine: Engine,
+    func: Callable[..., Any] | None = None,
+    *,
+    tool: str | None = None,
+    key: Namer | None = None,
+    scope: Namer | None = None,
+    model_key: bool = True,
+    shield: bool = True,
+    kind: str | None = None,
+    ttl: float | None = None,
+    lease: float | None = None,
+    wait: float | None = None,
+    fallback_window: float | None = None,
+    on_unknown: str | None = None,
+    **tool_kwargs: Any,
+) -> Any:
+    """``langchain_core.tools.tool(func, **tool_kwargs)`` gated by ``engine``
+    (:func:`idempotent`). Use bare or with arguments."""
+    options = {k: v for k, v in locals().items() if k not in ("engine", "func", "tool_kwargs")}
+
+    def build(fn: Callable[..., Any]) -> Any:
+        from langchain_core.tools import tool as make_tool
+
+        return idempotent(engine, make_tool(fn, **tool_kwargs), **options)
+
+    return build(func) if func is not None else build
