@@ -180,7 +180,9 @@ def test_the_model_sees_the_tool_schema_with_the_optional_idempotency_key(engine
 
 def test_a_structured_tool_with_a_json_schema_as_mcp_adapters_make_it_is_gated(engine: Engine) -> None:
     """``langchain-mcp-adapters`` loads an MCP server's tools as ``StructuredTool``s with the
-    server's JSON schema as ``args_schema`` and ``response_format="content_and_artifact"``."""
+    server's JSON schema as ``args_schema`` and ``response_format="content_and_artifact"`` (the
+    package itself cannot be pinned beside fastmcp 4.2.3: its releases need mcp<2 or import
+    mcp 1's ``mcp.server.fastmcp``)."""
     created: list[str] = []
 
     async def create_issue(**args: Any) -> tuple[list[dict[str, Any]], None]:

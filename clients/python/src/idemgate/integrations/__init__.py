@@ -16,6 +16,8 @@ running the side effect again. What counts as the same action (``clients/python/
 - :mod:`idemgate.integrations.pydantic_ai`: Pydantic AI (``RunContext.tool_call_id``; a
   ``process_tool_call`` for MCP servers behind ``idemgate mcp``);
 - :mod:`idemgate.integrations.langgraph`: LangChain / LangGraph tools (``InjectedToolCallId``);
+- :mod:`idemgate.integrations.langchain`: any LangChain ``BaseTool`` (``@tool``, ``StructuredTool``,
+  langchain-mcp-adapters' tools), keyed by the ``ToolCall`` id it is invoked with;
 - :mod:`idemgate.integrations.fastmcp`: a FastMCP server middleware gating its own write tools.
 
 Each module imports its framework only when used: the package itself has no Python dependencies.
