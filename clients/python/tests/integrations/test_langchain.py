@@ -228,3 +228,25 @@ def test_a_sync_tool_with_an_injected_call_id_replays_its_call(engine: Engine) -
     assert seen == ["c1"], "the wrapped tool got its call id, and ran once"
     assert answers == ["sent to ann", "sent to ann"]
     assert set(notify.tool_call_schema.model_json_schema()["properties"]) == {"user", KEY_ARGUMENT}
+
+
+def test_in_a_langgraph_tool_node_the_scope_is_the_thread_and_the_node(engine: Engine) -> None:
+    """A wrapped tool in a LangGraph ``ToolNode`` is scoped as the LangGraph integration's: the
+    ``thread_id`` and the checkpoint namespace's node names."""
+    require("langgraph")
+    from langgraph.graph import START, MessagesState, StateGraph
+    from langgraph.prebuilt import ToolNode
+
+    charges: list[int] = []
+    g = StateGraph(MessagesState)
+    g.add_node("tools", ToolNode([charge_tool(engine, charges, None)]))
+    g.add_edge(START, "tools")
+    app = g.compile()
+    ask = {"messages": [AIMessage("", tool_calls=[call("call_1")])]}
+    runs = [asyncio.run(app.ainvoke(ask, thread("t-1"))) for _ in range(2)]
+    answers = [tool_messages(state["messages"]) for state in runs]
+    assert charges == [7], "the second run of the node replayed the call"
+    assert answers[0] == answers[1] and "ch_7" in answers[0][0][1], answers
+    assert "idemgate" not in answers[1][0][1], "a re-sent call id is replayed as it was"
+    record = engine.record("charge", scoped_key("langgraph/thread:t-1/tools", "call_1"))
+    assert record is not None and record["state"] == "completed"
