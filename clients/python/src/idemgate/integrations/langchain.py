@@ -137,11 +137,11 @@ def _tool_class() -> type:
         def _run(self, *args: Any, run_manager: Any = None, **kwargs: Any) -> Any:
             g: _Gate = self.gate
             call = g.prepare(args, kwargs, ensure_config(), run_manager)
-            out = call_sync(
-                g.engine, g.tool, call.action, call.payload,
-                lambda: jsonable(_content(self.inner.invoke(call.input, call.config))),
-                g.given,
-            )  # fmt: skip
+
+            def run() -> Any:
+                return jsonable(_content(self.inner.invoke(call.input, call.config)))
+
+            out = call_sync(g.engine, g.tool, call.action, call.payload, run, g.given)
             return out.answer(g.tool, g.model_key)
 
         async def _arun(self, *args: Any, run_manager: Any = None, **kwargs: Any) -> Any:
