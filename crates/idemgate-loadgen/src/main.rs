@@ -39,6 +39,12 @@ plus --duration (measured):
            (reserve, forward, store the answer)
   replay   the same through the gateway with keys completed beforehand (the stored answer comes
            back; the upstream is not called)
+  storm    all clients meet at a barrier before every key and send it at once: one executes,
+           the others find it in flight and wait; the latencies shown are how long after the
+           winner's answer each loser got its own (a lost wake-up shows as a polling interval),
+           and its requests and req/s count those losers; a key executed other than once
+           counts as an error. Give the upstream a delay (--upstream-delay 2ms) so that the
+           losers find the key in flight
 
 It prints requests/s, p50 and p99 latency per phase and the latency the gateway adds over direct.
 A request that fails, or whose Idempotent-Replayed header is not what the phase expects, counts as
@@ -53,7 +59,8 @@ Examples:
   cargo build --release -p idemgate-cli -p idemgate-loadgen
   target/release/idemgate-loadgen                       # 32 clients, 1 s warm-up + 5 s per phase
   target/release/idemgate-loadgen -c 64 -d 10s --store postgres://postgres@127.0.0.1:5432/test
-  target/release/idemgate-loadgen --phases direct,replay --upstream-delay 2ms --json";
+  target/release/idemgate-loadgen --phases direct,replay --upstream-delay 2ms --json
+  target/release/idemgate-loadgen -c 16 --phases storm --upstream-delay 2ms";
 
 #[derive(Debug, Parser)]
 #[command(
@@ -122,6 +129,8 @@ enum Phase {
     Fresh,
     /// Through the gateway, keys completed beforehand.
     Replay,
+    /// Through the gateway, every client on the same key at once, key after key.
+    Storm,
 }
 
 impl Phase {
@@ -130,6 +139,7 @@ impl Phase {
             Phase::Direct => "direct (upstream)",
             Phase::Fresh => "gateway, fresh keys",
             Phase::Replay => "gateway, replays",
+            Phase::Storm => "storm, losers' lateness",
         }
     }
 
@@ -138,6 +148,7 @@ impl Phase {
             Phase::Direct => "direct",
             Phase::Fresh => "fresh",
             Phase::Replay => "replay",
+            Phase::Storm => "storm",
         }
     }
 }
@@ -520,6 +531,9 @@ async fn seed_replays(target: &Arc<Target>, n: usize, concurrency: usize) -> Res
 }
 
 async fn run_phase(phase: Phase, target: &Arc<Target>, args: &Args) -> Stats {
+    if phase == Phase::Storm {
+        return run_storm(target, args).await;
+    }
     let start = Instant::now();
     let measure_from = start + args.warmup;
     let end = measure_from + args.duration;
@@ -548,6 +562,7 @@ async fn run_phase(phase: Phase, target: &Arc<Target>, args: &Args) -> Stats {
                         ),
                         Some("true"),
                     ),
+                    Phase::Storm => unreachable!("run_storm runs the storm phase"),
                 };
                 let ok = match request.send().await {
                     Ok(r) => {
@@ -583,6 +598,74 @@ async fn run_phase(phase: Phase, target: &Arc<Target>, args: &Args) -> Stats {
             Ok(s) => all.merge(s),
             Err(_) => all.errors += 1,
         }
+    }
+    all.window = end.saturating_duration_since(measure_from);
+    all.latencies.sort_unstable();
+    all
+}
+
+/// The storm phase: `--concurrency` clients meet at a barrier before each key and send it at
+/// once. Its samples are the losers' lateness after the winner's answer; its errors, failed
+/// requests and keys not executed exactly once.
+async fn run_storm(target: &Arc<Target>, args: &Args) -> Stats {
+    let start = Instant::now();
+    let measure_from = start + args.warmup;
+    let end = measure_from + args.duration;
+    let clients = args.concurrency;
+    let barrier = Arc::new(tokio::sync::Barrier::new(clients));
+    let mut all = Stats::default();
+    let mut key = 0usize;
+    // The clients go key by key together; the first key started at or after `end` is not sent.
+    loop {
+        let t0 = Instant::now();
+        if t0 >= end {
+            break;
+        }
+        let name = format!("lg-{}-storm-{key}", target.run);
+        let mut tasks = Vec::with_capacity(clients);
+        for _ in 0..clients {
+            let (target, barrier, name) = (Arc::clone(target), Arc::clone(&barrier), name.clone());
+            tasks.push(tokio::spawn(async move {
+                barrier.wait().await;
+                let answered = match target.through_gateway(&name).send().await {
+                    Ok(r) if r.status().is_success() => {
+                        let replayed = r
+                            .headers()
+                            .get("idempotent-replayed")
+                            .and_then(|v| v.to_str().ok())
+                            .map(|v| v == "true");
+                        r.bytes().await.ok().and(replayed)
+                    }
+                    _ => None,
+                };
+                (Instant::now(), answered)
+            }));
+        }
+        let mut ends = Vec::with_capacity(clients);
+        for t in tasks {
+            ends.push(t.await.unwrap_or((Instant::now(), None)));
+        }
+        if t0 >= measure_from {
+            let failed = ends.iter().filter(|(_, a)| a.is_none()).count() as u64;
+            let winners: Vec<Instant> = ends
+                .iter()
+                .filter(|(_, a)| *a == Some(false))
+                .map(|(at, _)| *at)
+                .collect();
+            all.errors += failed;
+            if let [winner] = winners[..] {
+                for (at, a) in &ends {
+                    if *a == Some(true) {
+                        let late = at.saturating_duration_since(winner);
+                        all.latencies
+                            .push(u64::try_from(late.as_nanos()).unwrap_or(u64::MAX));
+                    }
+                }
+            } else {
+                all.errors += 1;
+            }
+        }
+        key += 1;
     }
     all.window = end.saturating_duration_since(measure_from);
     all.latencies.sort_unstable();
