@@ -152,6 +152,19 @@ pub enum Recording {
     Unrecorded(String),
 }
 
+impl Recording {
+    /// Its name as every door says it (the `recording` member, header and log field), the same
+    /// as its serialized tag.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Recording::Stored => "stored",
+            Recording::Journaled => "journaled",
+            Recording::LeaseLost => "lease_lost",
+            Recording::Unrecorded(_) => "unrecorded",
+        }
+    }
+}
+
 /// The engine's answer to one call.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Answer {

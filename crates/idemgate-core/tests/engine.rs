@@ -1304,3 +1304,16 @@ async fn a_completion_between_a_waiters_look_and_its_wait_wakes_it() {
         answer.decision
     );
 }
+
+#[test]
+fn a_recordings_name_is_its_serialized_tag() {
+    for r in [
+        Recording::Stored,
+        Recording::Journaled,
+        Recording::LeaseLost,
+        Recording::Unrecorded("disk full".into()),
+    ] {
+        let tagged = serde_json::to_value(&r).unwrap();
+        assert_eq!(tagged["recording"], r.name(), "{r:?}");
+    }
+}

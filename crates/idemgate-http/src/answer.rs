@@ -43,7 +43,7 @@ pub(crate) fn respond(
                 recording,
             },
         ) => {
-            let recording = recording_name(&recording);
+            let recording = recording.name();
             let mut res = match shape {
                 Shape::Coordination => Json(json!({
                     "decision": "executed",
@@ -222,16 +222,6 @@ pub(crate) fn upstream_answer(outcome: &Outcome) -> Result<Response, Problem> {
         }
     }
     Ok(res)
-}
-
-/// The name of how an outcome was recorded, as the `recording` member and header say it.
-pub(crate) fn recording_name(r: &Recording) -> &'static str {
-    match r {
-        Recording::Stored => "stored",
-        Recording::Journaled => "journaled",
-        Recording::LeaseLost => "lease_lost",
-        Recording::Unrecorded(_) => "unrecorded",
-    }
 }
 
 /// The body of a replayed `begin`.

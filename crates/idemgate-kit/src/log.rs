@@ -42,12 +42,7 @@ fn recording_of(decision: Option<&Decision>) -> Option<&'static str> {
         } => recording,
         _ => return None,
     };
-    Some(match recording {
-        Recording::Stored => "stored",
-        Recording::Journaled => "journaled",
-        Recording::LeaseLost => "lease_lost",
-        Recording::Unrecorded(_) => "unrecorded",
-    })
+    Some(recording.name())
 }
 
 impl Observer for Log {

@@ -666,7 +666,7 @@ fn answer_of(py: Python<'_>, answer: Answer) -> PyResult<PyAnswer> {
         } => {
             out.executed_at_ms = Some(executed_at.as_millis());
             out.expires_at_ms = Some(expires_at.as_millis());
-            out.recording = Some(recording_label(&recording));
+            out.recording = Some(recording.name());
         }
         Decision::Replayed {
             executed_at,
@@ -681,7 +681,7 @@ fn answer_of(py: Python<'_>, answer: Answer) -> PyResult<PyAnswer> {
             message, recording, ..
         } => {
             out.message = Some(message);
-            out.recording = Some(recording_label(&recording));
+            out.recording = Some(recording.name());
         }
         _ => {}
     }
@@ -702,15 +702,6 @@ fn answer_of(py: Python<'_>, answer: Answer) -> PyResult<PyAnswer> {
         out.value_json = Some(Box::<str>::from(payload.to_json()).into_string());
     }
     Ok(out)
-}
-
-fn recording_label(r: &idemgate::Recording) -> &'static str {
-    match r {
-        idemgate::Recording::Stored => "stored",
-        idemgate::Recording::Journaled => "journaled",
-        idemgate::Recording::LeaseLost => "lease_lost",
-        idemgate::Recording::Unrecorded(_) => "unrecorded",
-    }
 }
 
 /// What `begin` gives Python: a ticket, `None` to pass through, or the `Result` of a replay (or its
