@@ -92,9 +92,7 @@ fn exec_runs_once_and_replays_output_and_exit_code() {
 
 #[test]
 fn a_full_disk_journals_the_outcome_into_the_reserve_else_exits_70() {
-    let Some(tiny) = idemgate_conformance::tmpfs::TmpFs::mount(4 << 20) else {
-        return;
-    };
+    let tiny = idemgate_conformance::tmpfs::TmpFs::mount(4 << 20);
     let sb = Sandbox::new();
     let store = format!("sqlite://{}", tiny.path().join("idem.db").display());
     let journal = tiny.path().join("idem.db.journal");

@@ -15,9 +15,11 @@ pub struct TmpFs {
 impl TmpFs {
     /// Mounts a tmpfs of `bytes` on a fresh directory under the system's temporary directory.
     ///
-    /// Returns `None`, after saying why on stderr in capitals, when this machine does not let the
-    /// test mount (not root, no `mount`, a container without the capability): the caller skips.
-    pub fn mount(bytes: u64) -> Option<TmpFs> {
+    /// # Panics
+    /// When this machine does not let the test mount (not root, no `mount`, a container without
+    /// the capability): a test that cannot do what it checks fails loudly rather than passing
+    /// empty. `scripts/test-all` runs as root, as CI does.
+    pub fn mount(bytes: u64) -> TmpFs {
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let dir = std::env::temp_dir().join(format!(
             "idemgate-tmpfs-{}-{}",
@@ -25,19 +27,17 @@ impl TmpFs {
             NEXT.fetch_add(1, Ordering::Relaxed)
         ));
         if let Err(e) = std::fs::create_dir_all(&dir) {
-            eprintln!("SKIPPED: failed to create {}: {e}", dir.display());
-            return None;
+            panic!("failed to create {}: {e}", dir.display());
         }
         let size = format!("size={bytes}");
         match run("mount", &["-t", "tmpfs", "-o", &size, "tmpfs"], &dir) {
-            Ok(()) => Some(TmpFs { dir }),
+            Ok(()) => TmpFs { dir },
             Err(why) => {
                 let _ = std::fs::remove_dir(&dir);
-                eprintln!(
-                    "SKIPPED: THIS TEST NEEDS A SMALL TMPFS AND CANNOT MOUNT ONE HERE (run it as \
-                     root on Linux): {why}"
+                panic!(
+                    "this test needs a small tmpfs and cannot mount one here (run it as root on \
+                     Linux): {why}"
                 );
-                None
             }
         }
     }
@@ -102,20 +102,20 @@ pub struct Immutable {
 }
 
 impl Immutable {
-    /// Makes `file` immutable. Returns `None`, after saying why on stderr in capitals, when this
-    /// machine cannot (not root, no `chattr`, a file system without the attribute): the caller
-    /// skips.
-    pub fn set(file: &Path) -> Option<Immutable> {
+    /// Makes `file` immutable.
+    ///
+    /// # Panics
+    /// When this machine cannot (not root, no `chattr`, a file system without the attribute): the
+    /// test fails loudly rather than passing empty.
+    pub fn set(file: &Path) -> Immutable {
         match run("chattr", &["+i"], file) {
-            Ok(()) => Some(Immutable {
+            Ok(()) => Immutable {
                 file: Some(file.to_owned()),
-            }),
-            Err(why) => {
-                eprintln!(
-                    "SKIPPED: THIS TEST NEEDS TO MAKE A FILE READ-ONLY FOR ROOT AND CANNOT HERE                      (run it as root on ext4, xfs or btrfs): {why}"
-                );
-                None
-            }
+            },
+            Err(why) => panic!(
+                "this test needs to make a file read-only for root and cannot here (run it as \
+                 root on ext4, xfs or btrfs): {why}"
+            ),
         }
     }
 

@@ -312,6 +312,35 @@ fn no_wait() -> bool {
     std::env::var_os("IDEMGATE_SENTINEL_NO_WAIT").is_some()
 }
 
+/// The asserting tests never run with the control's setting: they would check a store that
+/// does not wait for its replica.
+fn refuse_control_settings() {
+    assert!(
+        !no_wait(),
+        "IDEMGATE_SENTINEL_NO_WAIT is for the ignored control test only \
+         (control_failover_without_wait_reports_what_it_loses)"
+    );
+}
+
+/// The control of scripts/chaos-redis-sentinel: the same failover with a store that does not
+/// wait for its replica, which shows what the wait prevents. It reports (acknowledged writes Redis
+/// lost, double executions) and asserts only that it ran: how much a failover without the wait
+/// loses is chance, so it cannot be a pass or a failure.
+#[test]
+#[ignore = "the control run of scripts/chaos-redis-sentinel (IDEMGATE_SENTINEL_NO_WAIT=1): reports, checks no guarantee"]
+fn control_failover_without_wait_reports_what_it_loses() {
+    assert!(
+        no_wait(),
+        "run by scripts/chaos-redis-sentinel with IDEMGATE_SENTINEL_NO_WAIT=1"
+    );
+    let t = round(1, false);
+    assert!(t.calls > 0, "the control round made no calls");
+    println!(
+        "SENTINEL-CONTROL calls={} acknowledged={} lost={} doubles={}",
+        t.calls, t.acknowledged, t.lost, t.doubles
+    );
+}
+
 /// The client side of a round, on a thread inside the client namespace: workers call with fresh
 /// keys, retrying a key until it is answered, until `stop`; then every acknowledged key is looked
 /// up on the (new) primary.
@@ -551,14 +580,8 @@ fn round(n: u32, unsynced: bool) -> Tally {
 
 #[test]
 fn a_replica_promoted_before_its_first_sync_loses_nothing_acknowledged() {
+    refuse_control_settings();
     let t = round(1, true);
-    if no_wait() {
-        println!(
-            "SENTINEL-UNSYNCED-CONTROL lost={} doubles={}",
-            t.lost, t.doubles
-        );
-        return;
-    }
     assert_eq!(
         t.lost, 0,
         "acknowledged completions were lost (see the output above)"
@@ -571,6 +594,7 @@ fn a_replica_promoted_before_its_first_sync_loses_nothing_acknowledged() {
 
 #[test]
 fn failover_through_sentinel_loses_no_acknowledged_completion_and_runs_nothing_twice() {
+    refuse_control_settings();
     let rounds: u32 = std::env::var("IDEMGATE_SENTINEL_ROUNDS")
         .ok()
         .map_or(2, |r| {
@@ -607,11 +631,6 @@ fn failover_through_sentinel_loses_no_acknowledged_completion_and_runs_nothing_t
         total.lost,
         total.doubles
     );
-    if no_wait() {
-        // The control run: without WAIT the same failover loses acknowledged writes; this test
-        // then only reports (scripts/chaos-redis-sentinel prints it next to the real run).
-        return;
-    }
     assert_eq!(
         total.lost, 0,
         "acknowledged completions were lost (see the output above)"
