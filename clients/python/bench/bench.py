@@ -26,7 +26,6 @@ duplicate of a call in flight waiting for its result (up to 30 s) where the libr
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import tempfile

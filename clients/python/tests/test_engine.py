@@ -519,7 +519,7 @@ def test_the_readmes_engine_call_returns_json(engine: Engine) -> None:
     # The README's `engine.call(...)` line, run as written against a mailer whose `send` returns a
     # receipt object, as mail clients do: the example must store something JSON can hold.
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    line = next(l for l in readme.splitlines() if l.startswith('r = engine.call("send_invoice"'))
+    line = next(x for x in readme.splitlines() if x.startswith('r = engine.call("send_invoice"'))
 
     class Receipt:
         def __init__(self, id: str) -> None:

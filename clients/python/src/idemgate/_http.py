@@ -22,7 +22,6 @@ import ssl
 import threading
 import urllib.parse
 from dataclasses import dataclass
-from typing import Any
 
 from .errors import GatewayUnreachable
 

@@ -205,7 +205,8 @@ def idempotent(
                     if hb is not None:
                         hb.stop()
             except NotApplied as e:
-                _retrying(record_retries, lambda: client.release(tool, rkey, lease, str(e) or "not applied"))
+                why = str(e) or "not applied"
+                _retrying(record_retries, lambda: client.release(tool, rkey, lease, why))
                 raise
             except Failed as e:
                 failure = _failure_result(e.result)
