@@ -8,7 +8,7 @@ import json
 import urllib.parse
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Generic, Mapping, TypeVar
 
 from ._http import Answer, AsyncTransport, Request, SyncTransport
 from .errors import (
@@ -319,12 +319,15 @@ def _status_ok(answer: Answer) -> bool:
     return answer.status == 200
 
 
+_T = TypeVar("_T")
+
+
 @dataclass
-class _Call:
+class _Call(Generic[_T]):
     """One request of the API and how to read its answer."""
 
     request: Request
-    parse: Callable[[Answer], Any]
+    parse: Callable[[Answer], _T]
 
 
 class _Api:
@@ -339,14 +342,14 @@ class _Api:
         self,
         method: str,
         path: str,
-        parse: Callable[[Answer], Any],
+        parse: Callable[[Answer], _T],
         body: Any = None,
         *,
         raw_body: bytes | None = None,
         headers: Mapping[str, str] | None = None,
         timeout: float | None = None,
         safe: bool = False,
-    ) -> _Call:
+    ) -> _Call[_T]:
         data: bytes | None
         hdrs = {"Authorization": f"Bearer {self.token}", "Accept": "application/json"}
         if raw_body is not None:
@@ -361,7 +364,7 @@ class _Api:
         request = Request(method, path, data, hdrs, safe or method == "GET", timeout or self.timeout)
         return _Call(request, parse)
 
-    def _begin(self, tool: str, key: str | None, args: Any = None) -> _Call:
+    def _begin(self, tool: str, key: str | None, args: Any = None) -> _Call[Begin]:
         # Safe to re-send with a key: a repeat is answered as a duplicate of the first.
         return self._req(
             "POST",
@@ -372,7 +375,7 @@ class _Api:
             safe=key is not None,
         )
 
-    def _heartbeat(self, tool: str, key: str, lease: str) -> _Call:
+    def _heartbeat(self, tool: str, key: str, lease: str) -> _Call[datetime | None]:
         return self._req(
             "POST",
             f"/v1/tools/{_tool(tool)}/heartbeat",
@@ -381,7 +384,7 @@ class _Api:
             safe=True,
         )
 
-    def _complete(self, tool: str, key: str, lease: str, result: Any, failed: bool) -> _Call:
+    def _complete(self, tool: str, key: str, lease: str, result: Any, failed: bool) -> _Call[Completion]:
         outcome = {"kind": "failed" if failed else "success", "result": result}
         return self._req(
             "POST",
@@ -390,7 +393,7 @@ class _Api:
             {"key": key, "lease": lease, "outcome": outcome},
         )
 
-    def _finish(self, verb: str, tool: str, key: str, lease: str, reason: str) -> _Call:
+    def _finish(self, verb: str, tool: str, key: str, lease: str, reason: str) -> _Call[str]:
         return self._req(
             "POST",
             f"/v1/tools/{_tool(tool)}/{verb}",
@@ -398,7 +401,7 @@ class _Api:
             {"key": key, "lease": lease, "reason": reason},
         )
 
-    def _call(self, tool: str, key: str | None, args: Any = None) -> _Call:
+    def _call(self, tool: str, key: str | None, args: Any = None) -> _Call[CallResult]:
         raw = json.dumps(args if args is not None else {}, separators=(",", ":")).encode()
         return self._req(
             "POST",
@@ -409,11 +412,11 @@ class _Api:
             safe=key is not None,
         )
 
-    def _record(self, tool: str, key: str) -> _Call:
+    def _record(self, tool: str, key: str) -> _Call[Record | None]:
         path = f"/v1/tools/{_tool(tool)}/records/{urllib.parse.quote(key, safe='')}"
         return self._req("GET", path, _record_of)
 
-    def _records(self, state: str | None, tool: str | None, limit: int | None) -> _Call:
+    def _records(self, state: str | None, tool: str | None, limit: int | None) -> _Call[list[Record]]:
         query = {
             k: v for k, v in (("state", state), ("tool", tool), ("limit", limit)) if v is not None
         }
@@ -422,7 +425,7 @@ class _Api:
 
     def _resolve(
         self, tool: str, key: str, fence: int, resolution: str, result: Any, failed: bool
-    ) -> _Call:
+    ) -> _Call[Record | None]:
         if resolution not in ("completed", "release"):
             raise ValueError("resolution must be 'completed' or 'release'")
         body: dict[str, Any] = {"fence": fence, "resolution": resolution}
@@ -444,7 +447,7 @@ class Client(_Api):
         super().__init__(base_url, token, timeout)
         self.transport = SyncTransport(self.base_url)
 
-    def _send(self, call: _Call) -> Any:
+    def _send(self, call: _Call[_T]) -> _T:
         return call.parse(self.transport.send(call.request))
 
     def close(self) -> None:
@@ -549,7 +552,7 @@ class AsyncClient(_Api):
         super().__init__(base_url, token, timeout)
         self.transport = AsyncTransport(self.base_url, max_idle=max_idle)
 
-    async def _send(self, call: _Call) -> Any:
+    async def _send(self, call: _Call[_T]) -> _T:
         return call.parse(await self.transport.send(call.request))
 
     async def aclose(self) -> None:

@@ -51,7 +51,7 @@ import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from . import _native
 from ._native import Policy, Ticket
@@ -185,7 +185,7 @@ def _not_json(kind: str, e: Exception) -> str:
     return f"the {what} is not JSON: {type(e).__name__}: {e}"[:500]
 
 
-def _finish(native: _native.Engine, begun: Ticket, kind: str, body: str) -> Any:
+def _finish(native: _native.Engine, begun: Ticket, kind: str, body: str) -> _native.Answer:
     """``native.finish``; when the engine cannot read ``body`` as JSON (a ``ValueError``, raised
     before the ticket is used), the record is made unknown at once, since the function ran, and
     the error re-raised: never left in flight until its lease runs out."""
@@ -420,7 +420,7 @@ class Engine:
         begun = native.begin(tool, key, args, self._policy(tool, overrides), scope=scope)
         if begun is None:
             return _passed_through(fn())
-        if type(begun) is Result:
+        if isinstance(begun, Result):
             return begun  # a replay
         current = _CURRENT_KEY.set(begun.digest)
         try:
@@ -510,7 +510,7 @@ class Engine:
         if begun is None:
             value = fn()
             return _passed_through(await value if inspect.isawaitable(value) else value)
-        if type(begun) is Result:
+        if isinstance(begun, Result):
             return begun  # a replay
         current = _CURRENT_KEY.set(begun.digest)
         try:
@@ -540,11 +540,12 @@ class Engine:
             raise _unrecordable(tool, e) from e
         return answer.result(value)
 
-    async def _afinish(self, begun: Ticket, kind: str, body: str) -> Any:
+    async def _afinish(self, begun: Ticket, kind: str, body: str) -> _native.Answer:
         """As :func:`_finish`, on the engine's runtime."""
         native = self.native
         try:
-            return await self._future(lambda done: native.finish_async(begun, kind, body, done))
+            answer = await self._future(lambda done: native.finish_async(begun, kind, body, done))
+            return cast(_native.Answer, answer)
         except ValueError as e:
             await self._afinish_unknown(begun, _not_json(kind, e))
             raise
@@ -601,7 +602,7 @@ def idempotent(
         on_unknown=on_unknown,
     )
     # Only the fields set: a call with none passes no overrides and takes the policy as it is.
-    overrides = {k: v for k, v in given.items() if v is not None}
+    overrides: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
 
     def decorate(fn: F) -> F:
         name = tool or fn.__name__

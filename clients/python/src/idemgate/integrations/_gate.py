@@ -9,7 +9,7 @@ import functools
 import inspect
 import json
 from dataclasses import dataclass
-from datetime import timezone
+from datetime import datetime, timezone
 from typing import Any, Awaitable, Callable, TypeVar
 
 from .._native import derive_key
@@ -211,7 +211,7 @@ def repeat_notice(
     )
 
 
-def _when(at: Any) -> str:
+def _when(at: datetime | None) -> str:
     if at is None:
         return "an earlier time"
     return at.astimezone(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")

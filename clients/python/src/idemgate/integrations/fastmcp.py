@@ -47,8 +47,8 @@ unknown, key required or reused...) are error results whose text starts with ``i
 
 from __future__ import annotations
 
-from datetime import timezone
-from typing import Any, Iterable, Mapping
+from datetime import datetime, timezone
+from typing import Any, Iterable, Mapping, cast
 
 from ..engine import _POLICY_FIELDS, Engine, Policy, Result
 from ..errors import Failed, IdemgateError, KeyRequired, KeyReused, MaybeApplied, NotApplied
@@ -94,7 +94,7 @@ def _request_meta(context: Any) -> Mapping[str, Any]:
     request context."""
     meta = getattr(context.message, "meta", None)
     if meta:
-        return meta
+        return cast(Mapping[str, Any], meta)
     try:
         meta = context.fastmcp_context.request_context.meta
     except (AttributeError, LookupError, RuntimeError):
@@ -116,7 +116,7 @@ def session_scope(meta: Mapping[str, Any], context: Any) -> str | None:
         return None
 
 
-def _iso(at: Any) -> str:
+def _iso(at: datetime) -> str:
     return at.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
 
 

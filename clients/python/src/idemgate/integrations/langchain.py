@@ -112,7 +112,7 @@ def _tool_class() -> type:
     from langchain_core.runnables.config import ensure_config
     from langchain_core.tools import BaseTool
 
-    class IdempotentTool(BaseTool):  # type: ignore[misc]
+    class IdempotentTool(BaseTool):
         """A tool gated by an engine: one execution per action (see the module)."""
 
         inner: BaseTool
