@@ -29,14 +29,23 @@ pub(crate) const TICK: Duration = Duration::from_millis(1);
 /// it at once ([`ForeignWatch::waiting`]).
 const REST: Duration = Duration::from_secs(1);
 
-/// How long the thread keeps looking after it last saw a waiter or was woken: a waiter wakes it
-/// just before it counts as waiting.
+/// How long the thread keeps looking after it last saw a waiter or a waiter woke it: a waiter
+/// wakes it just before it counts as waiting. A rest that ends with nobody waiting is followed by
+/// another, so an idle store's thread wakes once per [`REST`] and looks at nothing.
 const LINGER: Duration = Duration::from_millis(50);
 
 /// The watcher thread of a store; stopped and joined when dropped.
 pub(crate) struct ForeignWatch {
-    stop: Arc<AtomicBool>,
+    flags: Arc<Flags>,
     thread: Option<JoinHandle<()>>,
+}
+
+/// What the store tells its watcher thread.
+#[derive(Default)]
+struct Flags {
+    stop: AtomicBool,
+    /// A waiter woke the thread (an unpark alone cannot be told from the end of a rest).
+    woken: AtomicBool,
 }
 
 impl ForeignWatch {
@@ -46,21 +55,22 @@ impl ForeignWatch {
         changes: Arc<Changes>,
         counters: Arc<Counters>,
     ) -> std::io::Result<Self> {
-        let stop = Arc::new(AtomicBool::new(false));
+        let flags = Arc::new(Flags::default());
         let thread = std::thread::Builder::new()
             .name("idemgate-sqlite-foreign".into())
             .spawn({
-                let stop = stop.clone();
-                move || watch(&wal, &changes, &counters, &stop)
+                let flags = flags.clone();
+                move || watch(&wal, &changes, &counters, &flags)
             })?;
         Ok(ForeignWatch {
-            stop,
+            flags,
             thread: Some(thread),
         })
     }
 
     /// Someone is about to wait: the thread stops resting.
     pub(crate) fn waiting(&self) {
+        self.flags.woken.store(true, Ordering::SeqCst);
         if let Some(thread) = &self.thread {
             thread.thread().unpark();
         }
@@ -69,7 +79,7 @@ impl ForeignWatch {
 
 impl Drop for ForeignWatch {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
+        self.flags.stop.store(true, Ordering::SeqCst);
         if let Some(thread) = self.thread.take() {
             thread.thread().unpark();
             let _ = thread.join();
@@ -85,7 +95,7 @@ fn look(wal: &PathBuf) -> Look {
     Some((meta.len(), meta.modified().ok()?))
 }
 
-fn watch(wal: &PathBuf, changes: &Changes, counters: &Counters, stop: &AtomicBool) {
+fn watch(wal: &PathBuf, changes: &Changes, counters: &Counters, flags: &Flags) {
     let own = || {
         (
             counters.own_begun.load(Ordering::SeqCst),
@@ -97,11 +107,14 @@ fn watch(wal: &PathBuf, changes: &Changes, counters: &Counters, stop: &AtomicBoo
     let mut last: Look = look(wal);
     let mut quiet_at: Option<u64> = None;
     let mut looking_until = Instant::now() + LINGER;
-    while !stop.load(Ordering::SeqCst) {
+    while !flags.stop.load(Ordering::SeqCst) {
         if changes.waiting() {
             looking_until = Instant::now() + LINGER;
         } else if Instant::now() >= looking_until {
             std::thread::park_timeout(REST);
+            if !flags.woken.swap(false, Ordering::SeqCst) {
+                continue; // the end of a rest: nobody waits, rest again
+            }
             looking_until = Instant::now() + LINGER;
             // The last look stays: a commit between a waiter's look at its record and this
             // thread's next look is a change to report. Whose it was is not known, though.
