@@ -1207,8 +1207,24 @@ impl Store for HoldInFlightAnswer {
 
 #[tokio::test]
 async fn a_duplicate_that_finds_the_call_done_before_it_waits_does_not_sleep_past_it() {
-    // Waits and polls far longer than the test allows: a duplicate that slept through the
-    // completion (whose wake-up came before it waited) would answer only after a minute.
+    // The duplicate's reservation found the call in flight; it completes before the duplicate
+    // waits.
+    the_duplicate_answers_a_completion_while_it_is_held(|store| &store.armed).await;
+}
+
+#[tokio::test]
+async fn a_completion_between_a_waiters_look_and_its_wait_wakes_it() {
+    // The duplicate found the call in flight and waits; its next look (a `get`) also finds it in
+    // flight, and the completion lands before the duplicate starts waiting again.
+    the_duplicate_answers_a_completion_while_it_is_held(|store| &store.armed_get).await;
+}
+
+/// A duplicate of a call in flight is held where `hold` says, right after it found the call in
+/// flight; the call completes; the duplicate, let go, must answer with the replay. Waits and
+/// polls far longer than the test allows: a wake-up lost in between would cost a minute.
+async fn the_duplicate_answers_a_completion_while_it_is_held(
+    hold: fn(&HoldInFlightAnswer) -> &Armed,
+) {
     let store = Arc::new(HoldInFlightAnswer {
         inner: idemgate_core::MemoryStore::new(),
         armed: std::sync::Mutex::new(None),
@@ -1234,58 +1250,7 @@ async fn a_duplicate_that_finds_the_call_done_before_it_waits_does_not_sleep_pas
     };
     let (held, held_rx) = tokio::sync::oneshot::channel();
     let go = Arc::new(Notify::new());
-    *store.armed.lock().unwrap() = Some((held, go.clone()));
-    let duplicate = {
-        let (engine, c) = (engine.clone(), c.clone());
-        tokio::spawn(async move { engine.call(c, || async { success("second") }).await })
-    };
-    // The duplicate saw the call in flight; it completes before the duplicate waits.
-    held_rx.await.unwrap();
-    engine.finish(&ticket, success("first")).await;
-    go.notify_one();
-    let answer = tokio::time::timeout(Duration::from_secs(20), duplicate)
-        .await
-        .expect("the duplicate slept past the completion")
-        .unwrap()
-        .unwrap();
-    assert!(
-        matches!(answer.decision, Decision::Replayed { .. }),
-        "{:?}",
-        answer.decision
-    );
-}
-
-#[tokio::test]
-async fn a_completion_between_a_waiters_look_and_its_wait_wakes_it() {
-    // The duplicate found the call in flight and waits; its next look (a `get`) also finds it in
-    // flight, and the completion lands before the duplicate starts waiting again. Waits and
-    // polls far longer than the test allows: a wake-up lost there would cost a minute.
-    let store = Arc::new(HoldInFlightAnswer {
-        inner: idemgate_core::MemoryStore::new(),
-        armed: std::sync::Mutex::new(None),
-        armed_get: std::sync::Mutex::new(None),
-    });
-    let policy = ToolPolicy {
-        lease: LEASE,
-        wait: Duration::from_secs(60),
-        ..ToolPolicy::default()
-    };
-    let engine = Arc::new(
-        idemgate_core::Engine::new(store.clone())
-            .with_policies(Policies::new().with_default(policy.clone()))
-            .with_settings(idemgate_core::Settings {
-                max_poll: Duration::from_secs(60),
-                ..idemgate_core::Settings::default()
-            }),
-    );
-    let c = call("acme", "charge", Some("k20"), json!({"amount": 5}));
-    let idemgate_core::Begun::Execute(ticket) = engine.begin(c.clone(), &policy).await.unwrap()
-    else {
-        panic!("the first call executes");
-    };
-    let (held, held_rx) = tokio::sync::oneshot::channel();
-    let go = Arc::new(Notify::new());
-    *store.armed_get.lock().unwrap() = Some((held, go.clone()));
+    *hold(&store).lock().unwrap() = Some((held, go.clone()));
     let duplicate = {
         let (engine, c) = (engine.clone(), c.clone());
         tokio::spawn(async move { engine.call(c, || async { success("second") }).await })

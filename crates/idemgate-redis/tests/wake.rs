@@ -14,6 +14,17 @@ use crate::common::{delete_prefix, random_hex, raw, run_prefix, shared_store, te
 /// Far longer than the test may take: a wait that ran out instead of being woken fails it.
 const LONG: Duration = Duration::from_secs(30);
 
+/// A store on the shared Redis under a fresh prefix, its subscription in effect.
+async fn listening_store() -> (idemgate_redis::RedisStore, String) {
+    let prefix = format!("{}wake-{}:", run_prefix(), random_hex(4));
+    let store = shared_store(&prefix).await;
+    assert!(
+        store.wait_listening(LONG).await,
+        "the subscription took effect"
+    );
+    (store, prefix)
+}
+
 async fn in_flight(store: &idemgate_redis::RedisStore, name: &str) -> (Key, Lease) {
     let key = Key::new(
         TenantId::new("acme").unwrap(),
@@ -29,12 +40,7 @@ async fn in_flight(store: &idemgate_redis::RedisStore, name: &str) -> (Key, Leas
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_completion_during_the_wait_wakes_the_waiter() {
-    let prefix = format!("{}wake-{}:", run_prefix(), random_hex(4));
-    let store = shared_store(&prefix).await;
-    assert!(
-        store.wait_listening(LONG).await,
-        "the subscription took effect"
-    );
+    let (store, prefix) = listening_store().await;
     let (key, lease) = in_flight(&store, "during").await;
     let mark = store.change_mark(&key);
     let waiter = tokio::spawn({
@@ -79,12 +85,7 @@ async fn a_completion_during_the_wait_wakes_the_waiter() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_completion_between_the_look_and_the_wait_ends_the_wait_at_once() {
-    let prefix = format!("{}wake-{}:", run_prefix(), random_hex(4));
-    let store = shared_store(&prefix).await;
-    assert!(
-        store.wait_listening(LONG).await,
-        "the subscription took effect"
-    );
+    let (store, prefix) = listening_store().await;
     let (key, lease) = in_flight(&store, "between").await;
     let mark = store.change_mark(&key);
     let seen = store.get(&key).await.unwrap().unwrap();
@@ -105,12 +106,7 @@ async fn a_completion_between_the_look_and_the_wait_ends_the_wait_at_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wait_without_a_settling_lasts_its_timeout() {
-    let prefix = format!("{}wake-{}:", run_prefix(), random_hex(4));
-    let store = shared_store(&prefix).await;
-    assert!(
-        store.wait_listening(LONG).await,
-        "the subscription took effect"
-    );
+    let (store, prefix) = listening_store().await;
     let (key, _lease) = in_flight(&store, "quiet").await;
     let mark = store.change_mark(&key);
     let started = Instant::now();
