@@ -5,7 +5,7 @@
 
 use std::fs;
 use std::io::{BufRead as _, BufReader, Write as _};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -964,6 +964,29 @@ impl Sandbox {
         );
         serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"))
     }
+
+    /// [`Sandbox::client_saw`] of `client` reaching `server` through the proxy on `transport`:
+    /// "stdio" (the client is given `idemgate -- server` to spawn) or "http" (a proxy listening
+    /// in this sandbox, the client given its URL).
+    pub(crate) fn client_saw_through_proxy(
+        &self,
+        mut client: Command,
+        transport: &str,
+        server: &Path,
+    ) -> Value {
+        let _listening;
+        if transport == "stdio" {
+            client
+                .arg(env!("CARGO_BIN_EXE_idemgate"))
+                .arg("--")
+                .arg(server);
+        } else {
+            let p = self.listen("", &[server.to_str().unwrap()]);
+            client.arg(&p.url);
+            _listening = p;
+        }
+        self.client_saw(client)
+    }
 }
 
 /// The Python SDK client's memory scenario through `idemgate mcp` on stdio, in `era` ("2025":
@@ -1071,18 +1094,7 @@ fn everything_client(mode: &str, transport: &str) -> Value {
     let sb = Sandbox::new();
     let mut client = sb.python_client("mcp_everything_client.py");
     client.args([mode, transport]);
-    let _listening;
-    if transport == "stdio" {
-        client
-            .arg(env!("CARGO_BIN_EXE_idemgate"))
-            .arg("--")
-            .arg(&server);
-    } else {
-        let p = sb.listen("", &[server.to_str().unwrap()]);
-        client.arg(&p.url);
-        _listening = p;
-    }
-    sb.client_saw(client)
+    sb.client_saw_through_proxy(client, transport, &server)
 }
 
 #[test]

@@ -57,19 +57,8 @@ fn ts_client(sb: &Sandbox, sdk: &Path, mode: &str, transport: &str) -> Command {
 fn everything_ts_client(mode: &str, transport: &str) -> Value {
     let (sdk, server) = ts_deps();
     let sb = Sandbox::new();
-    let mut client = ts_client(&sb, &sdk, mode, transport);
-    let _listening;
-    if transport == "stdio" {
-        client
-            .arg(env!("CARGO_BIN_EXE_idemgate"))
-            .arg("--")
-            .arg(&server);
-    } else {
-        let p = sb.listen("", &[server.to_str().unwrap()]);
-        client.arg(&p.url);
-        _listening = p;
-    }
-    sb.client_saw(client)
+    let client = ts_client(&sb, &sdk, mode, transport);
+    sb.client_saw_through_proxy(client, transport, &server)
 }
 
 /// The TypeScript client in `mode` ("auto" or "legacy") before server-everything through the
