@@ -58,4 +58,4 @@ pub use policy::{Policies, ToolKind, ToolPolicy, UnknownPolicy};
 pub use record::{Fence, Lease, LeaseToken, Outcome, OutcomeKind, Record, RecordState, State};
 pub use store::{Claim, Completion, ListFilter, Reservation, ReserveHistory, ReservePath, Store};
 pub use time::{Clock, ManualClock, SystemClock, Timestamp};
-pub use verdict::{exit, Verdict};
+pub use verdict::Verdict;

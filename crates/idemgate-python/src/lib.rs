@@ -29,7 +29,7 @@ use idemgate::{
     JournalFlusher, Key, OutcomeKind, StoreError, TenantId, Ticket, ToolKind, ToolName, ToolPolicy,
     UnknownPolicy, Verdict,
 };
-use idemgate_kit::Payload;
+use idemgate_kit::{Payload, VerdictCodes};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::intern;
 use pyo3::prelude::*;
