@@ -433,3 +433,113 @@ pub(crate) fn answer_of(py: Python<'_>, answer: Answer) -> PyResult<PyAnswer> {
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use idemgate::{Fingerprint, IdempotencyKey, KeyRule, State, TenantId, Timestamp, ToolName};
+
+    use super::*;
+
+    fn key() -> Key {
+        Key::new(
+            TenantId::new("default").unwrap(),
+            ToolName::new("send_email").unwrap(),
+            IdempotencyKey::explicit("k1").unwrap(),
+        )
+    }
+
+    #[test]
+    fn every_exception_class_is_one_of_idemgate_errors() {
+        // `idemgate.errors.engine_error` looks the class up by this name in its module.
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../clients/python/src/idemgate/errors.py"
+        );
+        let errors = std::fs::read_to_string(path).unwrap();
+        for verdict in Verdict::ALL {
+            if let Some(class) = exception_class(verdict) {
+                assert!(
+                    errors.contains(&format!("\nclass {class}(")),
+                    "{verdict:?}: no class {class} in idemgate/errors.py"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn only_the_verdicts_of_a_result_raise_nothing() {
+        let results: Vec<Verdict> = Verdict::ALL
+            .into_iter()
+            .filter(|v| exception_class(*v).is_none())
+            .collect();
+        assert_eq!(
+            results,
+            [
+                Verdict::Execute,
+                Verdict::Executed,
+                Verdict::Replayed,
+                Verdict::PassedThrough
+            ]
+        );
+    }
+
+    #[test]
+    fn each_engine_error_raises_the_exception_of_its_kind() {
+        let cases = [
+            (
+                EngineError::KeyRequired {
+                    tool: "send_email".into(),
+                },
+                "KeyRequired",
+            ),
+            (
+                EngineError::KeyReuse {
+                    key: key(),
+                    rule: KeyRule::Explicit,
+                    first_seen: Timestamp::from_millis(1),
+                },
+                "KeyReused",
+            ),
+            (
+                IdempotencyKey::explicit("").map(|_| ()).unwrap_err().into(),
+                "BadRequest",
+            ),
+            (
+                Fingerprint::of_json_text(b"{")
+                    .map(|_| ())
+                    .unwrap_err()
+                    .into(),
+                "BadRequest",
+            ),
+            (
+                EngineError::ReserveFailed(StoreError::Unavailable("down".into())),
+                "StoreUnavailable",
+            ),
+            (EngineError::Store(StoreError::LeaseLost), "LeaseLost"),
+            (
+                EngineError::Store(StoreError::Corrupt("bad".into())),
+                "StoreUnavailable",
+            ),
+            (EngineError::NotFound { key: key() }, "NotFound"),
+            (
+                EngineError::NotResolvable {
+                    key: key(),
+                    state: State::Completed,
+                    fence: 2,
+                },
+                "NotResolvable",
+            ),
+            (
+                EngineError::Journal("disk full".into()),
+                "OutcomeNotRecorded",
+            ),
+        ];
+        for (error, class) in cases {
+            assert_eq!(
+                exception_class(Verdict::of_error(&error)),
+                Some(class),
+                "{error}"
+            );
+        }
+    }
+}

@@ -167,3 +167,75 @@ impl Engine {
         Ok(t)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::test_support::{memory_engine, ticket};
+
+    #[test]
+    fn success_and_failed_carry_json() {
+        let body = Payload::json_text(r#"{"n":1}"#).unwrap().encode();
+        assert_eq!(
+            effect("success", r#"{"n":1}"#),
+            Ok(Effect::Success(body.clone()))
+        );
+        assert_eq!(effect("failed", r#"{"n":1}"#), Ok(Effect::Failed(body)));
+        for kind in ["success", "failed"] {
+            let e = effect(kind, "not json").unwrap_err();
+            assert!(e.contains("not JSON"), "{kind}: {e}");
+        }
+    }
+
+    #[test]
+    fn not_applied_and_ambiguous_carry_a_message() {
+        assert_eq!(
+            effect("not_applied", "no such user"),
+            Ok(Effect::not_applied("no such user"))
+        );
+        assert_eq!(
+            effect("ambiguous", "timed out"),
+            Ok(Effect::Ambiguous("timed out".into()))
+        );
+    }
+
+    #[test]
+    fn an_unknown_effect_is_refused() {
+        assert_eq!(
+            effect("succeeded", "1").unwrap_err(),
+            "unknown effect \"succeeded\": expected success, failed, not_applied or ambiguous"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_ticket_lets_its_lease_go_once() {
+        // What makes a second `finish` of one ticket raise, and what stops its heartbeats.
+        let shared = memory_engine().await;
+        let t = ticket(&shared, "k-once", Duration::from_secs(30)).await;
+        let lease = shared.leases.hold(&t);
+        let t = PyTicket {
+            ticket: t,
+            shared: Arc::clone(&shared),
+            lease: Mutex::new(Some(lease)),
+        };
+        assert_eq!(shared.leases.held(), 1);
+        assert!(t.stop_heartbeat());
+        assert_eq!(shared.leases.held(), 0);
+        assert!(!t.stop_heartbeat());
+    }
+
+    #[tokio::test]
+    async fn a_dropped_ticket_lets_its_lease_go() {
+        let shared = memory_engine().await;
+        let t = ticket(&shared, "k-drop", Duration::from_secs(30)).await;
+        let lease = shared.leases.hold(&t);
+        drop(PyTicket {
+            ticket: t,
+            shared: Arc::clone(&shared),
+            lease: Mutex::new(Some(lease)),
+        });
+        assert_eq!(shared.leases.held(), 0);
+    }
+}

@@ -67,3 +67,72 @@ pub(crate) async fn keep_leases(shared: std::sync::Weak<Shared>) {
         }
     }
 }
+
+#[cfg(test)]
+impl Leases {
+    /// How many leases are kept now.
+    pub(crate) fn held(&self) -> usize {
+        self.live.lock().map(|l| l.len()).unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::time::advance;
+
+    use super::*;
+    use crate::test_support::{memory_engine, ticket};
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lease_is_due_a_heartbeat_every_third_of_it() {
+        let shared = memory_engine().await;
+        let t = ticket(&shared, "k-due", Duration::from_secs(30)).await;
+        let leases = Leases::default();
+        let id = leases.hold(&t);
+        assert!(leases.due().is_empty());
+        advance(Duration::from_secs(9)).await;
+        assert!(leases.due().is_empty());
+        advance(Duration::from_secs(1)).await;
+        let due = leases.due();
+        assert_eq!(due.len(), 1);
+        assert_eq!(due[0].lease, t.lease);
+        assert!(
+            leases.due().is_empty(),
+            "due again a third later, not at once"
+        );
+        advance(Duration::from_secs(10)).await;
+        assert_eq!(leases.due().len(), 1);
+        leases.drop_lease(id);
+        advance(Duration::from_secs(10)).await;
+        assert!(leases.due().is_empty());
+        assert_eq!(leases.held(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn each_lease_is_due_on_its_own_clock() {
+        let shared = memory_engine().await;
+        let short = ticket(&shared, "k-short", Duration::from_secs(3)).await;
+        let long = ticket(&shared, "k-long", Duration::from_secs(300)).await;
+        let leases = Leases::default();
+        leases.hold(&short);
+        leases.hold(&long);
+        advance(Duration::from_secs(1)).await;
+        let due = leases.due();
+        assert_eq!(due.len(), 1);
+        assert_eq!(due[0].key, short.key);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_keeper_stops_when_the_engine_is_gone() {
+        let shared = memory_engine().await;
+        let keeper = tokio::spawn(keep_leases(Arc::downgrade(&shared)));
+        advance(KEEPER_TICK * 3).await;
+        assert!(!keeper.is_finished());
+        drop(shared);
+        advance(KEEPER_TICK * 2).await;
+        tokio::time::timeout(KEEPER_TICK, keeper)
+            .await
+            .expect("the keeper ends")
+            .unwrap();
+    }
+}

@@ -33,6 +33,8 @@ mod leases;
 mod policy;
 mod records;
 mod runtime;
+#[cfg(test)]
+mod test_support;
 mod verifier;
 
 use answer::PyAnswer;

@@ -100,3 +100,58 @@ pub(crate) fn seconds(what: &str, s: f64) -> Result<Duration, String> {
     Duration::try_from_secs_f64(s)
         .map_err(|e| format!("{what} must be a number of seconds >= 0: {e}"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_python_defaults_are_the_engines() {
+        // `Policy()`'s defaults in its signature (and in _native.pyi) against the engine's own.
+        let p = tool_policy("write", 86400.0, 30.0, 5.0, None, "block").unwrap();
+        assert_eq!(p, ToolPolicy::default());
+    }
+
+    #[test]
+    fn every_argument_is_read() {
+        let p = tool_policy("natural_idempotent", 0.25, 1.5, 0.0, Some(60.0), "verify").unwrap();
+        assert_eq!(p.kind, ToolKind::NaturalIdempotent);
+        assert_eq!(p.ttl, Duration::from_millis(250));
+        assert_eq!(p.lease, Duration::from_millis(1500));
+        assert_eq!(p.wait, Duration::ZERO);
+        assert_eq!(p.fallback_window, Some(Duration::from_secs(60)));
+        assert_eq!(p.on_unknown, UnknownPolicy::Verify);
+        let p = tool_policy("read", 1.0, 1.0, 1.0, None, "retry").unwrap();
+        assert_eq!(
+            (p.kind, p.on_unknown),
+            (ToolKind::Read, UnknownPolicy::Retry)
+        );
+    }
+
+    #[test]
+    fn a_duration_that_is_no_number_of_seconds_is_named() {
+        for (bad, what) in [
+            ([-1.0, 30.0, 5.0, 60.0], "ttl"),
+            ([86400.0, f64::NAN, 5.0, 60.0], "lease"),
+            ([86400.0, 30.0, f64::INFINITY, 60.0], "wait"),
+            ([86400.0, 30.0, 5.0, -0.5], "fallback_window"),
+        ] {
+            let e =
+                tool_policy("write", bad[0], bad[1], bad[2], Some(bad[3]), "block").unwrap_err();
+            assert!(
+                e.starts_with(&format!("{what} must be a number of seconds >= 0: ")),
+                "{what}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn unknown_words_are_refused_and_the_first_bad_argument_is_the_one_told() {
+        let kind = tool_policy("delete", -1.0, 30.0, 5.0, None, "shrug").unwrap_err();
+        assert!(kind.contains("delete"), "{kind}");
+        let on_unknown = tool_policy("write", 1.0, 30.0, 5.0, None, "shrug").unwrap_err();
+        assert!(on_unknown.contains("shrug"), "{on_unknown}");
+        let ttl = tool_policy("write", -1.0, 30.0, 5.0, None, "shrug").unwrap_err();
+        assert!(ttl.starts_with("ttl "), "{ttl}");
+    }
+}

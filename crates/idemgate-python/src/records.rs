@@ -60,3 +60,79 @@ pub(crate) fn resolution(
         }
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use idemgate::{Effect, Key, Resolution};
+
+    use super::*;
+    use crate::test_support::{memory_engine, ticket};
+
+    #[test]
+    fn completed_stores_the_result_marked_as_an_operators() {
+        for (failed, kind) in [(false, OutcomeKind::Success), (true, OutcomeKind::Failed)] {
+            let Resolution::Completed { outcome, ttl } =
+                resolution("completed", Some(r#"{"id":7}"#), failed, 60.0).unwrap()
+            else {
+                panic!("completed resolves as completed");
+            };
+            assert_eq!(outcome.kind, kind);
+            assert!(Payload::is_resolution(&outcome));
+            let payload = Payload::of(&outcome).unwrap();
+            assert_eq!(payload.to_json().get(), r#"{"id":7}"#);
+            assert_eq!(ttl, Duration::from_secs(60));
+        }
+    }
+
+    #[test]
+    fn release_takes_no_result() {
+        assert_eq!(
+            resolution("release", None, false, 1.0),
+            Ok(Resolution::Release)
+        );
+        assert_eq!(
+            resolution("release", Some("1"), false, 1.0).unwrap_err(),
+            "resolution \"release\" takes no result: nothing happened"
+        );
+    }
+
+    #[test]
+    fn a_resolution_python_spelled_wrong_is_refused() {
+        assert_eq!(
+            resolution("completed", None, false, 1.0).unwrap_err(),
+            "resolution \"completed\" needs the result the side effect had"
+        );
+        assert_eq!(
+            resolution("done", None, false, 1.0).unwrap_err(),
+            "unknown resolution \"done\": expected \"completed\" or \"release\""
+        );
+        // The result is read before the ttl, as `resolve` always checked them.
+        let e = resolution("completed", Some("{nope"), false, -1.0).unwrap_err();
+        assert!(e.starts_with("invalid result: "), "{e}");
+        let e = resolution("completed", Some("1"), false, -1.0).unwrap_err();
+        assert!(
+            e.starts_with("ttl must be a number of seconds >= 0: "),
+            "{e}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_completed_record_shows_its_content_as_json() {
+        let shared = memory_engine().await;
+        let t = ticket(&shared, "k-view", Duration::from_secs(30)).await;
+        let body = Payload::json_text(r#"{"sent":true}"#).unwrap().encode();
+        shared.engine.finish(&t, Effect::Success(body)).await;
+        let key: &Key = &t.key;
+        let record = shared.engine.get(key).await.unwrap().unwrap();
+        let view: serde_json::Value = serde_json::from_str(&record_view(&record).unwrap()).unwrap();
+        assert_eq!(view["key"]["key"], "k-view", "{view}");
+        assert_eq!(view["outcome"]["content"], "json", "{view}");
+        assert_eq!(
+            view["outcome"]["body"],
+            serde_json::json!({"sent": true}),
+            "{view}"
+        );
+    }
+}
