@@ -25,7 +25,7 @@ running the side effect again. What counts as the same action (``clients/python/
 Each module imports its framework only when used: the package itself has no Python dependencies.
 """
 
-from ._gate import (
+from ._tool_calls import (
     CONVERSATION_META,
     DEFAULT_WINDOW,
     KEY_ARGUMENT,

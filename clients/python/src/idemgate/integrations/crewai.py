@@ -56,10 +56,10 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Unpack
 
-from ..engine import Engine
-from ._gate import (
+from ..engine import Engine, PolicyOptions, given_policy
+from ._tool_calls import (
     KEY_ARGUMENT,
     KEY_DESCRIPTION,
     Namer,
@@ -67,7 +67,7 @@ from ._gate import (
     call_sync,
     jsonable,
     name_action,
-    policy_overrides,
+    split_policy,
 )
 
 __all__ = ["CrewContext", "crew_scope", "current_context", "idempotent", "idempotent_tool"]
@@ -123,7 +123,7 @@ def _with_key_argument(schema: Any) -> Any:
     )
 
 
-class _Gate:
+class _Calls:
     """How one wrapped tool names and runs its calls."""
 
     def __init__(self, engine: Engine, inner: Any, tool: str, opts: dict[str, Any]) -> None:
@@ -132,7 +132,7 @@ class _Gate:
         self.scope: Namer | None = opts["scope"]
         self.model_key: bool = opts["model_key"]
         self.shield: bool = opts["shield"]
-        self.given = {k: v for k, v in opts["overrides"].items() if v is not None}
+        self.given = given_policy(opts["policy"])
         engine.policy(tool, **self.given)  # refuse bad settings now
         fields = getattr(inner.args_schema, "model_fields", None) or {}
         self.declared = KEY_ARGUMENT in fields
@@ -162,10 +162,10 @@ def _tool_class() -> type:
     class IdempotentTool(BaseTool):  # type: ignore[misc]
         """A tool gated by an engine: one execution per action (see the module)."""
 
-        _gate: Any = PrivateAttr(default=None)
+        _calls: Any = PrivateAttr(default=None)
 
         def _run(self, *args: Any, **kwargs: Any) -> Any:
-            g: _Gate = self._gate
+            g: _Calls = self._calls
             action, payload, kw = g.prepare(_keywords(g.inner, args, kwargs))
             out = call_sync(
                 g.engine, g.tool, action, payload, lambda: jsonable(g.inner.run(**kw)), g.given
@@ -173,7 +173,7 @@ def _tool_class() -> type:
             return out.answer(g.tool, g.model_key)
 
         async def _arun(self, *args: Any, **kwargs: Any) -> Any:
-            g: _Gate = self._gate
+            g: _Calls = self._calls
             action, payload, kw = g.prepare(_keywords(g.inner, args, kwargs))
             out = await call_async(
                 g.engine, g.tool, action, payload, lambda: g.inner.arun(**kw), g.given, g.shield
@@ -184,7 +184,7 @@ def _tool_class() -> type:
             # The replay notice is text already; a result is shown as the wrapped tool shows it.
             if isinstance(raw_result, str):
                 return raw_result
-            return str(self._gate.inner.format_output_for_agent(raw_result))
+            return str(self._calls.inner.format_output_for_agent(raw_result))
 
     return IdempotentTool
 
@@ -206,12 +206,7 @@ def idempotent(
     scope: Namer | None = None,
     model_key: bool = True,
     shield: bool = True,
-    kind: str | None = None,
-    ttl: float | None = None,
-    lease: float | None = None,
-    wait: float | None = None,
-    fallback_window: float | None = None,
-    on_unknown: str | None = None,
+    **policy: Unpack[PolicyOptions],
 ) -> Any:
     """A CrewAI tool running ``base_tool`` (any ``crewai.tools.BaseTool``) through ``engine``:
     one action per identical call within its scope and the window (see the module
@@ -219,17 +214,17 @@ def idempotent(
     ``key(args, ctx)`` names the action by its business identity (not scoped; ``None``: the
     window); ``scope(args, ctx)`` replaces the default scope (:func:`crew_scope`); ``ctx`` is the
     call's :class:`CrewContext`; ``model_key=False`` leaves the ``idempotency_key`` argument out
-    of the schema; the policy fields override the engine's (``fallback_window`` is the
-    re-emission window)."""
+    of the schema; the keyword arguments of :class:`~idemgate.engine.PolicyOptions` override the
+    engine's policy (``fallback_window`` is the re-emission window)."""
     name = tool or base_tool.name
     opts = dict(
         key=key,
         scope=scope,
         model_key=model_key,
         shield=shield,
-        overrides=policy_overrides(kind, ttl, lease, wait, fallback_window, on_unknown),
+        policy=policy,
     )
-    g = _Gate(engine, base_tool, name, opts)
+    g = _Calls(engine, base_tool, name, opts)
     schema = base_tool.args_schema
     if g.injected and schema is not None:
         schema = _with_key_argument(schema)
@@ -242,7 +237,7 @@ def idempotent(
         tool_failure_policy=base_tool.tool_failure_policy,
         cache_function=_never_cache,
     )
-    wrapped._gate = g
+    wrapped._calls = g
     return wrapped
 
 
@@ -256,23 +251,20 @@ def idempotent_tool(
     scope: Namer | None = None,
     model_key: bool = True,
     shield: bool = True,
-    kind: str | None = None,
-    ttl: float | None = None,
-    lease: float | None = None,
-    wait: float | None = None,
-    fallback_window: float | None = None,
-    on_unknown: str | None = None,
-    **tool_kwargs: Any,
+    **kwargs: Any,
 ) -> Any:
-    """``crewai.tools.tool(func)`` (named ``name``, default the function's; ``tool_kwargs`` such
-    as ``result_as_answer``, ``max_usage_count`` go to it) gated by ``engine``
-    (:func:`idempotent`). Use bare or with arguments."""
-    options = {k: v for k, v in locals().items() if k not in ("engine", "func", "name", "tool_kwargs")}
+    """``crewai.tools.tool(func)`` (named ``name``, default the function's) gated by ``engine``
+    (:func:`idempotent`): the keyword arguments of :class:`~idemgate.engine.PolicyOptions` go to
+    the gate, the others to ``tool`` (``result_as_answer``, ``max_usage_count``...). Use bare or
+    with arguments."""
+    policy, tool_kwargs = split_policy(kwargs)
 
     def build(fn: Callable[..., Any]) -> Any:
         from crewai.tools import tool as make_tool
 
         made = make_tool(name, **tool_kwargs)(fn) if name else make_tool(**tool_kwargs)(fn)
-        return idempotent(engine, made, **options)
+        return idempotent(
+            engine, made, tool=tool, key=key, scope=scope, model_key=model_key, shield=shield, **policy
+        )
 
     return build(func) if func is not None else build

@@ -45,10 +45,10 @@ from __future__ import annotations
 import copy
 import functools
 from contextvars import ContextVar
-from typing import Any, Callable
+from typing import Any, Callable, Unpack
 
-from ..engine import Engine
-from ._gate import (
+from ..engine import Engine, PolicyOptions, given_policy
+from ._tool_calls import (
     KEY_ARGUMENT,
     KEY_DESCRIPTION,
     Namer,
@@ -56,7 +56,7 @@ from ._gate import (
     call_sync,
     jsonable,
     name_action,
-    policy_overrides,
+    split_policy,
 )
 from .langgraph import graph_scope
 
@@ -116,7 +116,7 @@ def _tool_class() -> type:
         """A tool gated by an engine: one execution per action (see the module)."""
 
         inner: BaseTool
-        gate: Any
+        calls: Any
 
         def run(self, tool_input: Any, *args: Any, tool_call_id: str | None = None, **kw: Any) -> Any:
             token = _CALL_ID.set(tool_call_id)
@@ -135,7 +135,7 @@ def _tool_class() -> type:
                 _CALL_ID.reset(token)
 
         def _run(self, *args: Any, run_manager: Any = None, **kwargs: Any) -> Any:
-            g: _Gate = self.gate
+            g: _Calls = self.calls
             call = g.prepare(args, kwargs, ensure_config(), run_manager)
 
             def run() -> Any:
@@ -145,7 +145,7 @@ def _tool_class() -> type:
             return out.answer(g.tool, g.model_key)
 
         async def _arun(self, *args: Any, run_manager: Any = None, **kwargs: Any) -> Any:
-            g: _Gate = self.gate
+            g: _Calls = self.calls
             call = g.prepare(args, kwargs, ensure_config(), run_manager)
 
             async def run() -> Any:
@@ -172,7 +172,7 @@ class _Call:
         self.action, self.payload, self.input, self.config = action, payload, input, config
 
 
-class _Gate:
+class _Calls:
     """How one wrapped tool names and runs its calls."""
 
     def __init__(self, engine: Engine, inner: Any, tool: str, opts: dict[str, Any]) -> None:
@@ -181,7 +181,7 @@ class _Gate:
         self.scope: Namer | None = opts["scope"]
         self.model_key: bool = opts["model_key"]
         self.shield: bool = opts["shield"]
-        self.given = {k: v for k, v in opts["overrides"].items() if v is not None}
+        self.given = given_policy(opts["policy"])
         engine.policy(tool, **self.given)  # refuse bad settings now
         self.visible = _fields(inner.tool_call_schema)  # what the model sends: fingerprinted
         self.declared = KEY_ARGUMENT in self.visible
@@ -223,29 +223,25 @@ def idempotent(
     scope: Namer | None = None,
     model_key: bool = True,
     shield: bool = True,
-    kind: str | None = None,
-    ttl: float | None = None,
-    lease: float | None = None,
-    wait: float | None = None,
-    fallback_window: float | None = None,
-    on_unknown: str | None = None,
+    **policy: Unpack[PolicyOptions],
 ) -> Any:
     """A LangChain tool running ``base_tool`` (any ``BaseTool``) through ``engine``: one action
     per tool-call id within its scope, and per identical call within the window (see the module
     documentation). ``tool`` is the record's tool name (default: the tool's name);
     ``key(args, config)`` names the action by its business identity (not scoped; ``None``: the
     call id); ``scope(args, config)`` replaces the default scope (:func:`run_scope`);
-    ``model_key=False`` leaves the ``idempotency_key`` argument out of the schema; the policy
-    fields override the engine's (``fallback_window`` is the re-emission window)."""
+    ``model_key=False`` leaves the ``idempotency_key`` argument out of the schema; the keyword
+    arguments of :class:`~idemgate.engine.PolicyOptions` override the engine's policy
+    (``fallback_window`` is the re-emission window)."""
     name = tool or base_tool.name
     opts = dict(
         key=key,
         scope=scope,
         model_key=model_key,
         shield=shield,
-        overrides=policy_overrides(kind, ttl, lease, wait, fallback_window, on_unknown),
+        policy=policy,
     )
-    g = _Gate(engine, base_tool, name, opts)
+    g = _Calls(engine, base_tool, name, opts)
     schema = base_tool.args_schema
     if g.injected and schema is not None:
         schema = _with_key_argument(schema)
@@ -259,7 +255,7 @@ def idempotent(
         metadata=base_tool.metadata,
         tags=base_tool.tags,
         inner=base_tool,
-        gate=g,
+        calls=g,
     )
 
 
@@ -272,21 +268,19 @@ def idempotent_tool(
     scope: Namer | None = None,
     model_key: bool = True,
     shield: bool = True,
-    kind: str | None = None,
-    ttl: float | None = None,
-    lease: float | None = None,
-    wait: float | None = None,
-    fallback_window: float | None = None,
-    on_unknown: str | None = None,
-    **tool_kwargs: Any,
+    **kwargs: Any,
 ) -> Any:
     """``langchain_core.tools.tool(func, **tool_kwargs)`` gated by ``engine``
-    (:func:`idempotent`). Use bare or with arguments."""
-    options = {k: v for k, v in locals().items() if k not in ("engine", "func", "tool_kwargs")}
+    (:func:`idempotent`): the keyword arguments of :class:`~idemgate.engine.PolicyOptions` go to
+    the gate, the others to ``tool``. Use bare or with arguments."""
+    policy, tool_kwargs = split_policy(kwargs)
 
     def build(fn: Callable[..., Any]) -> Any:
         from langchain_core.tools import tool as make_tool
 
-        return idempotent(engine, make_tool(fn, **tool_kwargs), **options)
+        made = make_tool(fn, **tool_kwargs)
+        return idempotent(
+            engine, made, tool=tool, key=key, scope=scope, model_key=model_key, shield=shield, **policy
+        )
 
     return build(func) if func is not None else build
