@@ -6,6 +6,7 @@ framework's own signature kept intact."""
 from __future__ import annotations
 
 import asyncio
+import copy
 import functools
 import inspect
 import json
@@ -438,6 +439,100 @@ def _add_key_parameter(wrapper: Any, sig: inspect.Signature) -> None:
     wrapper.__signature__ = sig.replace(parameters=params)
     # A new dict: functools.wraps shares the function's own.
     wrapper.__annotations__ = {**getattr(wrapper, "__annotations__", {}), KEY_ARGUMENT: annotation}
+
+
+def schema_fields(schema: Any) -> set[str]:
+    """The argument names of a tool schema (a pydantic model or a JSON schema)."""
+    if schema is None:
+        return set()
+    if isinstance(schema, dict):
+        return set(schema.get("properties") or {})
+    fields = getattr(schema, "model_fields", None)
+    return set(fields if fields is not None else getattr(schema, "__fields__", {}))
+
+
+def with_key_argument(schema: Any) -> Any:
+    """``schema`` (a JSON schema or a pydantic model) with an optional ``idempotency_key``
+    argument, described to the model."""
+    if isinstance(schema, dict):
+        out = copy.deepcopy(schema)
+        out.setdefault("properties", {})[KEY_ARGUMENT] = {
+            "type": "string",
+            "description": KEY_DESCRIPTION,
+        }
+        return out
+    from pydantic import Field, create_model
+
+    return create_model(  # type: ignore[call-overload]
+        schema.__name__,
+        __base__=schema,
+        **{KEY_ARGUMENT: (str | None, Field(default=None, description=KEY_DESCRIPTION))},
+    )
+
+
+class ToolCalls:
+    """How a framework's tool object wrapped by an integration (LangChain's and CrewAI's
+    ``idempotent``) names and runs its calls: the wrapper's options, and whether the model's
+    ``idempotency_key`` is an argument of the tool itself (``declared``: passed on) or one the
+    wrapper adds to its schema (``injected``: taken out of the call)."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        inner: Any,
+        tool: str,
+        fields: set[str],
+        *,
+        key: Namer | None,
+        scope: Namer | None,
+        model_key: bool,
+        shield: bool,
+        policy: Mapping[str, Any],
+    ) -> None:
+        self.engine, self.inner, self.tool = engine, inner, tool
+        self.key, self.scope, self.model_key, self.shield = key, scope, model_key, shield
+        self.given = given_policy(policy)
+        engine.policy(tool, **self.given)  # refuse bad settings now
+        self.declared = KEY_ARGUMENT in fields
+        self.injected = model_key and not self.declared
+
+    def schema(self, schema: Any) -> Any:
+        """The wrapper's argument schema: the tool's, with the model's key when it is added."""
+        return with_key_argument(schema) if self.injected and schema is not None else schema
+
+    def model_key_of(self, kwargs: dict[str, Any]) -> str | None:
+        """The model's key of a call (taken out of ``kwargs`` when the wrapper added it)."""
+        given = kwargs.pop(KEY_ARGUMENT, None) if self.injected else kwargs.get(KEY_ARGUMENT)
+        return (given or None) if self.model_key else None
+
+    def action(
+        self,
+        call_id: str | None,
+        payload: Any,
+        ctx: Any,
+        default_scope: Callable[[], str | None],
+        model_key: str | None,
+    ) -> Action:
+        """The action of a call (:func:`name_action`): its scope ``scope(payload, ctx)``, else
+        ``default_scope()``; its business key ``key(payload, ctx)``."""
+        return name_action(
+            call_id=call_id,
+            scope=self.scope(payload, ctx) if self.scope is not None else default_scope(),
+            business_key=self.key(payload, ctx) if self.key is not None else None,
+            model_key=model_key,
+        )
+
+    def run(self, action: Action, payload: Any, fn: Callable[[], Any]) -> Any:
+        """``fn()`` once per action; what the model is handed."""
+        out = call_sync(self.engine, self.tool, action, payload, lambda: jsonable(fn()), self.given)
+        return out.answer(self.tool, self.model_key)
+
+    async def arun(self, action: Action, payload: Any, fn: Callable[[], Any]) -> Any:
+        """As :meth:`run`, awaited (``fn`` may return an awaitable)."""
+        out = await call_async(
+            self.engine, self.tool, action, payload, fn, self.given, self.shield
+        )
+        return out.answer(self.tool, self.model_key)
 
 
 def split_policy(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

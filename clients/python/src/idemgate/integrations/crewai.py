@@ -58,15 +58,14 @@ import functools
 from dataclasses import dataclass
 from typing import Any, Callable, Unpack
 
-from ..engine import Engine, PolicyOptions, given_policy
+from ..engine import Engine, PolicyOptions
 from ._tool_calls import (
     KEY_ARGUMENT,
-    KEY_DESCRIPTION,
+    Action,
     Namer,
-    call_async,
-    call_sync,
+    ToolCalls,
     jsonable,
-    name_action,
+    schema_fields,
     split_policy,
 )
 
@@ -111,45 +110,16 @@ def _never_cache(_args: Any = None, _result: Any = None) -> bool:
     return False
 
 
-def _with_key_argument(schema: Any) -> Any:
-    """``schema`` (a pydantic model) with an optional ``idempotency_key`` argument, described to
-    the model."""
-    from pydantic import Field, create_model
-
-    return create_model(  # type: ignore[call-overload]
-        schema.__name__,
-        __base__=schema,
-        **{KEY_ARGUMENT: (str | None, Field(default=None, description=KEY_DESCRIPTION))},
-    )
-
-
-class _Calls:
+class _Calls(ToolCalls):
     """How one wrapped tool names and runs its calls."""
 
-    def __init__(self, engine: Engine, inner: Any, tool: str, opts: dict[str, Any]) -> None:
-        self.engine, self.inner, self.tool = engine, inner, tool
-        self.key: Namer | None = opts["key"]
-        self.scope: Namer | None = opts["scope"]
-        self.model_key: bool = opts["model_key"]
-        self.shield: bool = opts["shield"]
-        self.given = given_policy(opts["policy"])
-        engine.policy(tool, **self.given)  # refuse bad settings now
-        fields = getattr(inner.args_schema, "model_fields", None) or {}
-        self.declared = KEY_ARGUMENT in fields
-        self.injected = self.model_key and not self.declared
-
-    def prepare(self, kwargs: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
+    def prepare(self, kwargs: dict[str, Any]) -> tuple[Action, Any, dict[str, Any]]:
         """The call's action, its fingerprinted arguments, and what the wrapped tool gets."""
-        given_key = kwargs.pop(KEY_ARGUMENT, None) if self.injected else kwargs.get(KEY_ARGUMENT)
+        model_key = self.model_key_of(kwargs)
         payload = jsonable({k: v for k, v in kwargs.items() if k != KEY_ARGUMENT})
         ctx = current_context()
-        action = name_action(
-            call_id=None,  # CrewAI hands a tool none: the window names the action
-            scope=self.scope(payload, ctx) if self.scope is not None else crew_scope(ctx),
-            business_key=self.key(payload, ctx) if self.key is not None else None,
-            model_key=(given_key or None) if self.model_key else None,
-        )
-        return action, payload, kwargs
+        # CrewAI hands a tool no call id: the window names the action.
+        return self.action(None, payload, ctx, lambda: crew_scope(ctx), model_key), payload, kwargs
 
 
 @functools.lru_cache(maxsize=None)
@@ -167,18 +137,12 @@ def _tool_class() -> type:
         def _run(self, *args: Any, **kwargs: Any) -> Any:
             g: _Calls = self._calls
             action, payload, kw = g.prepare(_keywords(g.inner, args, kwargs))
-            out = call_sync(
-                g.engine, g.tool, action, payload, lambda: jsonable(g.inner.run(**kw)), g.given
-            )
-            return out.answer(g.tool, g.model_key)
+            return g.run(action, payload, lambda: g.inner.run(**kw))
 
         async def _arun(self, *args: Any, **kwargs: Any) -> Any:
             g: _Calls = self._calls
             action, payload, kw = g.prepare(_keywords(g.inner, args, kwargs))
-            out = await call_async(
-                g.engine, g.tool, action, payload, lambda: g.inner.arun(**kw), g.given, g.shield
-            )
-            return out.answer(g.tool, g.model_key)
+            return await g.arun(action, payload, lambda: g.inner.arun(**kw))
 
         def format_output_for_agent(self, raw_result: Any) -> str:
             # The replay notice is text already; a result is shown as the wrapped tool shows it.
@@ -216,22 +180,21 @@ def idempotent(
     call's :class:`CrewContext`; ``model_key=False`` leaves the ``idempotency_key`` argument out
     of the schema; the keyword arguments of :class:`~idemgate.engine.PolicyOptions` override the
     engine's policy (``fallback_window`` is the re-emission window)."""
-    name = tool or base_tool.name
-    opts = dict(
+    g = _Calls(
+        engine,
+        base_tool,
+        tool or base_tool.name,
+        schema_fields(base_tool.args_schema),
         key=key,
         scope=scope,
         model_key=model_key,
         shield=shield,
         policy=policy,
     )
-    g = _Calls(engine, base_tool, name, opts)
-    schema = base_tool.args_schema
-    if g.injected and schema is not None:
-        schema = _with_key_argument(schema)
     wrapped = _tool_class()(
         name=base_tool.name,
         description=base_tool.description,
-        args_schema=schema,
+        args_schema=g.schema(base_tool.args_schema),
         env_vars=base_tool.env_vars,
         result_as_answer=base_tool.result_as_answer,
         tool_failure_policy=base_tool.tool_failure_policy,

@@ -42,22 +42,12 @@ exceptions (``OutcomeUnknown``, ``InFlight``, ``KeyReused``...).
 
 from __future__ import annotations
 
-import copy
 import functools
 from contextvars import ContextVar
 from typing import Any, Callable, Unpack
 
-from ..engine import Engine, PolicyOptions, given_policy
-from ._tool_calls import (
-    KEY_ARGUMENT,
-    KEY_DESCRIPTION,
-    Namer,
-    call_async,
-    call_sync,
-    jsonable,
-    name_action,
-    split_policy,
-)
+from ..engine import Engine, PolicyOptions
+from ._tool_calls import KEY_ARGUMENT, Namer, ToolCalls, jsonable, schema_fields, split_policy
 from .langgraph import graph_scope
 
 __all__ = ["idempotent", "idempotent_tool", "run_scope"]
@@ -75,34 +65,6 @@ def run_scope(config: Any, parent_run_id: Any = None) -> str | None:
     if scope is not None:
         return scope
     return f"langchain/run:{parent_run_id}" if parent_run_id is not None else None
-
-
-def _fields(schema: Any) -> set[str]:
-    """The argument names of a tool schema (a pydantic model or a JSON schema)."""
-    if schema is None:
-        return set()
-    if isinstance(schema, dict):
-        return set(schema.get("properties") or {})
-    fields = getattr(schema, "model_fields", None)
-    return set(fields if fields is not None else getattr(schema, "__fields__", {}))
-
-
-def _with_key_argument(schema: Any) -> Any:
-    """``schema`` with an optional ``idempotency_key`` argument, described to the model."""
-    if isinstance(schema, dict):
-        out = copy.deepcopy(schema)
-        out.setdefault("properties", {})[KEY_ARGUMENT] = {
-            "type": "string",
-            "description": KEY_DESCRIPTION,
-        }
-        return out
-    from pydantic import Field, create_model
-
-    return create_model(  # type: ignore[call-overload]
-        schema.__name__,
-        __base__=schema,
-        **{KEY_ARGUMENT: (str | None, Field(default=None, description=KEY_DESCRIPTION))},
-    )
 
 
 @functools.lru_cache(maxsize=None)
@@ -137,12 +99,9 @@ def _tool_class() -> type:
         def _run(self, *args: Any, run_manager: Any = None, **kwargs: Any) -> Any:
             g: _Calls = self.calls
             call = g.prepare(args, kwargs, ensure_config(), run_manager)
-
-            def run() -> Any:
-                return jsonable(_content(self.inner.invoke(call.input, call.config)))
-
-            out = call_sync(g.engine, g.tool, call.action, call.payload, run, g.given)
-            return out.answer(g.tool, g.model_key)
+            return g.run(
+                call.action, call.payload, lambda: _content(self.inner.invoke(call.input, call.config))
+            )
 
         async def _arun(self, *args: Any, run_manager: Any = None, **kwargs: Any) -> Any:
             g: _Calls = self.calls
@@ -151,10 +110,7 @@ def _tool_class() -> type:
             async def run() -> Any:
                 return _content(await self.inner.ainvoke(call.input, call.config))
 
-            out = await call_async(
-                g.engine, g.tool, call.action, call.payload, run, g.given, g.shield
-            )
-            return out.answer(g.tool, g.model_key)
+            return await g.arun(call.action, call.payload, run)
 
     return IdempotentTool
 
@@ -172,24 +128,16 @@ class _Call:
         self.action, self.payload, self.input, self.config = action, payload, input, config
 
 
-class _Calls:
+class _Calls(ToolCalls):
     """How one wrapped tool names and runs its calls."""
 
-    def __init__(self, engine: Engine, inner: Any, tool: str, opts: dict[str, Any]) -> None:
-        self.engine, self.inner, self.tool = engine, inner, tool
-        self.key: Namer | None = opts["key"]
-        self.scope: Namer | None = opts["scope"]
-        self.model_key: bool = opts["model_key"]
-        self.shield: bool = opts["shield"]
-        self.given = given_policy(opts["policy"])
-        engine.policy(tool, **self.given)  # refuse bad settings now
-        self.visible = _fields(inner.tool_call_schema)  # what the model sends: fingerprinted
-        self.declared = KEY_ARGUMENT in self.visible
-        self.injected = self.model_key and not self.declared
+    def __init__(self, engine: Engine, inner: Any, tool: str, **options: Any) -> None:
+        self.visible = schema_fields(inner.tool_call_schema)  # what the model sends: fingerprinted
+        super().__init__(engine, inner, tool, self.visible, **options)
 
     def prepare(self, args: tuple[Any, ...], kwargs: dict[str, Any], config: Any, run_manager: Any) -> _Call:
         call_id = _CALL_ID.get()
-        given_key = kwargs.pop(KEY_ARGUMENT, None) if self.injected else kwargs.get(KEY_ARGUMENT)
+        model_key = self.model_key_of(kwargs)
         if args:  # a single string input
             payload: Any = {"input": args[0]}
             args_in: Any = args[0]
@@ -197,14 +145,8 @@ class _Calls:
             payload = {k: v for k, v in kwargs.items() if k in self.visible and k != KEY_ARGUMENT}
             args_in = kwargs
         payload = jsonable(payload)
-        action = name_action(
-            call_id=call_id,
-            scope=self.scope(payload, config)
-            if self.scope is not None
-            else run_scope(config, getattr(run_manager, "parent_run_id", None)),
-            business_key=self.key(payload, config) if self.key is not None else None,
-            model_key=(given_key or None) if self.model_key else None,
-        )
+        parent = getattr(run_manager, "parent_run_id", None)
+        action = self.action(call_id, payload, config, lambda: run_scope(config, parent), model_key)
         # The wrapped tool gets the call as a ToolCall (its injected call id, if it has one).
         tool_input = (
             {"name": self.inner.name, "args": args_in, "id": call_id, "type": "tool_call"}
@@ -233,22 +175,20 @@ def idempotent(
     ``model_key=False`` leaves the ``idempotency_key`` argument out of the schema; the keyword
     arguments of :class:`~idemgate.engine.PolicyOptions` override the engine's policy
     (``fallback_window`` is the re-emission window)."""
-    name = tool or base_tool.name
-    opts = dict(
+    g = _Calls(
+        engine,
+        base_tool,
+        tool or base_tool.name,
         key=key,
         scope=scope,
         model_key=model_key,
         shield=shield,
         policy=policy,
     )
-    g = _Calls(engine, base_tool, name, opts)
-    schema = base_tool.args_schema
-    if g.injected and schema is not None:
-        schema = _with_key_argument(schema)
     return _tool_class()(
         name=base_tool.name,
         description=base_tool.description,
-        args_schema=schema,
+        args_schema=g.schema(base_tool.args_schema),
         return_direct=base_tool.return_direct,
         handle_tool_error=base_tool.handle_tool_error,
         handle_validation_error=base_tool.handle_validation_error,
