@@ -132,20 +132,25 @@ def test_failed_is_stored_and_replayed(acme: idemgate.Client) -> None:
 
 def test_heartbeat_keeps_a_long_call_alive(acme: idemgate.Client) -> None:
     # short_lease has a 1 s lease: without heartbeats the record would turn unknown mid-call.
+    # The call lasts until the record was seen past that lease's end, however late the peek is.
     key = mint_key()
     runs: list[int] = []
     seen_during: list[str] = []
+    peeked = threading.Event()
 
     @idempotent(acme, "short_lease", key=lambda: key)
     def long_call() -> str:
         runs.append(1)
-        time.sleep(2.5)
+        assert peeked.wait(30), "the peek never came"
         return "finished"
 
     def peek() -> None:
-        time.sleep(1.8)
-        r = acme.record("short_lease", key)
-        seen_during.append(r.state if r else "absent")
+        try:
+            time.sleep(1.8)  # a lower bound: past the 1 s lease, however loaded the machine
+            r = acme.record("short_lease", key)
+            seen_during.append(r.state if r else "absent")
+        finally:
+            peeked.set()
 
     t = threading.Thread(target=peek)
     t.start()

@@ -15,7 +15,7 @@ import textwrap
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 
@@ -811,6 +811,21 @@ engine.call("crashy", sys.argv[2], None, effect, lease=1)
 """
 
 
+def lease_until(engine: Engine, key: str) -> str:
+    """The end of the lease of the record ``crashy``/``key`` (RFC 3339, so it sorts by time)."""
+    record = engine.record("crashy", key)
+    assert record is not None and record["state"] == "in_flight", record
+    return str(record["lease_until"])
+
+
+def wait_for(condition: Callable[[], bool], what: str, within: float = 30) -> None:
+    """Waits until ``condition()`` holds, looking every 20 ms, or fails after ``within`` s."""
+    deadline = time.monotonic() + within
+    while not condition():
+        assert time.monotonic() < deadline, f"never saw {what} within {within} s"
+        time.sleep(0.02)
+
+
 def test_a_process_killed_mid_function_leaves_unknown(sqlite: tuple[Engine, str], tmp_path: Path) -> None:
     engine, url = sqlite
     key = mint_key()
@@ -822,14 +837,17 @@ def test_a_process_killed_mid_function_leaves_unknown(sqlite: tuple[Engine, str]
             assert proc.poll() is None, "the crasher exited early"
             assert time.monotonic() < deadline, "the crasher never started its effect"
             time.sleep(0.02)
-        # Alive and heartbeating: a duplicate is in flight, not unknown.
-        time.sleep(1.2)
+        # Alive and heartbeating: past the end of its first lease, a duplicate finds the call in
+        # flight, not unknown (the heartbeat moved the lease on).
+        first_lease_end = lease_until(engine, key)
+        wait_for(lambda: lease_until(engine, key) > first_lease_end, "a heartbeat")
         with pytest.raises(InFlight):
             engine.call("crashy", key, None, lambda: pytest.fail("ran twice"), wait=0.1)
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-    time.sleep(1.2)  # the lease (1 s) runs out without heartbeats
+    # Without heartbeats its lease (1 s) runs out, and the record reads unknown.
+    wait_for(lambda: (engine.record("crashy", key) or {}).get("state") == "unknown", "unknown")
     with pytest.raises(OutcomeUnknown):
         engine.call("crashy", key, None, lambda: pytest.fail("ran twice"), lease=1)
     shown = json.loads(cli("keys", "show", key, "--store", url, "--json").stdout)
