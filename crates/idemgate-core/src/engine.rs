@@ -896,6 +896,19 @@ impl<S: Store> Engine<S> {
 
     /// The second half of a call begun with [`Engine::begin`]: records what the side effect
     /// reported (with bounded retries, then the journal) and answers.
+    ///
+    /// # Concurrent calls on the same key
+    /// Duplicates waiting on the record wake when it settles and replay what this records. Two
+    /// `finish`es of one ticket are safe: completing again under the same lease returns the first
+    /// completion, and releasing an absent record succeeds. A `finish` whose lease was taken over
+    /// meanwhile (the side effect outlived its lease) stores nothing: its answer says
+    /// [`Recording::LeaseLost`], and the record keeps the other holder's outcome.
+    ///
+    /// # Cancellation
+    /// Each store write is one atomic step, so dropping the future leaves the record either as it
+    /// was (in flight under this lease, turning unknown when the lease ends, for an operator) or
+    /// settled, never half written; an outcome already journaled is flushed later. It never lets
+    /// the side effect run again.
     pub async fn finish(&self, ticket: &Ticket, reported: Effect) -> Answer {
         let (key, lease, ttl) = (&ticket.key, ticket.lease, ticket.ttl);
         let decision = match reported {
@@ -944,6 +957,16 @@ impl<S: Store> Engine<S> {
     }
 
     /// Extends the lease of a call begun with [`Engine::begin`] while its side effect runs.
+    ///
+    /// # Concurrent calls on the same key
+    /// Only the ticket's own lease is extended: a record taken over meanwhile (this holder's
+    /// lease ran out and another call took it) answers [`StoreError::LeaseLost`], and the holder
+    /// should stop and report what it did; its `finish` will say the lease was lost. A heartbeat
+    /// racing the ticket's own `finish` extends nothing once the record is settled (it answers
+    /// [`StoreError::LeaseLost`] then too).
+    ///
+    /// # Cancellation
+    /// One atomic store write: dropping the future leaves the lease either extended or as it was.
     ///
     /// # Errors
     /// [`StoreError::LeaseLost`] when the record was taken over meanwhile, or the store's error.
