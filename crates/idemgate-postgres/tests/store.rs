@@ -524,7 +524,7 @@ async fn reaper_deletes_expired_rows() {
             .query_one(
                 &format!(
                     "SELECT count(*) FROM {}.idemgate_records WHERE tenant = $1",
-                    support::SCHEMA
+                    support::schema()
                 ),
                 &[&key.tenant.as_str()],
             )
@@ -618,7 +618,7 @@ async fn unreadable_rows_are_corrupt_and_only_for_their_key() {
                 "INSERT INTO {}.idemgate_records (tenant, tool, key, fingerprint, fence, token, \
                  created_at, state, completed_at, expires_at, outcome_kind, outcome_body) \
                  VALUES ($1, $2, $3, $4, 1, $5, 0, 1, 0, 9000000000000, 5, '')",
-                support::SCHEMA
+                support::schema()
             ),
             &[
                 &bad.tenant.as_str(),
@@ -706,7 +706,7 @@ async fn rows_breaking_the_record_rules_are_corrupt_on_read_and_only_for_their_k
                      token, created_at, state, completed_at, expires_at, outcome_kind, \
                      outcome_body, lease_until, since) \
                      VALUES ($1, $2, $3, $4, 1, $5, 0, {state}, NULL, NULL)",
-                    support::SCHEMA
+                    support::schema()
                 ),
                 &[
                     &bad.tenant.as_str(),
@@ -740,7 +740,7 @@ async fn the_primary_key_is_the_records_only_index() {
         .query(
             "SELECT indexname FROM pg_indexes WHERE schemaname = $1 \
              AND tablename = 'idemgate_records' ORDER BY indexname",
-            &[&support::SCHEMA],
+            &[&support::schema()],
         )
         .await
         .unwrap();
