@@ -1,14 +1,13 @@
 //! `idemgate exec`: run a command at most once per key.
 
 use std::process::Stdio;
-use std::time::Duration;
 
 use anyhow::Result;
 use idemgate::{
-    exit, Answer, Call, Decision, Effect, EngineError, Fingerprint, KeyRule, Recording, ToolPolicy,
-    UnknownPolicy, Verdict,
+    Answer, Call, Decision, Effect, EngineError, Fingerprint, Recording, ToolPolicy, UnknownPolicy,
+    Verdict,
 };
-use idemgate_kit::Payload;
+use idemgate_kit::{exit, Door, Explanation, Payload, Resolve, VerdictCodes};
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
 
 use crate::args::ExecArgs;
@@ -221,7 +220,7 @@ fn report(
         }
     }
     if !ctx.json {
-        tell(ctx, args, policy, &answer, resolved);
+        tell(ctx, args, policy, &answer);
     }
     if let Decision::InFlight { retry_after, .. } = &answer.decision {
         fields.insert("retry_after_secs".into(), retry_after.as_secs().into());
@@ -240,77 +239,31 @@ fn report(
     Ok(code)
 }
 
-/// The lines on stderr that say what happened (not for executions that went as planned).
-/// `resolved`: the answer replays an operator's resolution.
-fn tell(ctx: &Context, args: &ExecArgs, policy: &ToolPolicy, answer: &Answer, resolved: bool) {
-    let key_text = format!("{} (tool {})", args.key, args.tool);
-    let resolve = |fence| {
-        format!(
-            "idemgate keys resolve {} --tool {} --tenant {} --fence {fence}",
-            args.key, args.tool, ctx.tenant
-        )
+/// The line on stderr that says what happened, in the words of the kit's [`Explanation`]; none
+/// for executions that went as planned, nor for replays under `--quiet`.
+fn tell(ctx: &Context, args: &ExecArgs, policy: &ToolPolicy, answer: &Answer) {
+    let as_planned = match &answer.decision {
+        Decision::Executed { recording, .. } => *recording == Recording::Stored,
+        Decision::PassedThrough { .. } => true,
+        Decision::Replayed { .. } => args.quiet,
+        Decision::NotApplied { .. } | Decision::InFlight { .. } | Decision::Unknown { .. } => false,
     };
-    match &answer.decision {
-        Decision::Executed { recording, .. } => match recording {
-            Recording::Stored => {}
-            Recording::Journaled => eprintln!("idemgate: warning: the store did not confirm the outcome; it is journaled and will be stored on the next run"),
-            Recording::LeaseLost => eprintln!("idemgate: the command ran, but outlived its lease and another run took the key over: the record holds that run's outcome, not this one (`idemgate keys show {} --tool {} --tenant {}`)", args.key, args.tool, ctx.tenant),
-            Recording::Unrecorded(why) => eprintln!("idemgate: the command ran, but its outcome could not be recorded ({why}); the key will read as unknown until resolved"),
-        },
-        Decision::Replayed {
-            executed_at,
-            expires_at,
-            ..
-        } if !args.quiet => {
-            let rule = match answer.rule {
-                Some(KeyRule::Fallback) => "fallback window",
-                _ => "key",
-            };
-            let when = if resolved {
-                format!("an operator resolved it with `idemgate keys resolve` at {executed_at}; the command was not run now")
-            } else {
-                format!("the command ran at {executed_at}, not now")
-            };
-            eprintln!(
-                "idemgate: replayed the outcome of {key_text} by {rule}: {when} (kept until {expires_at})"
-            );
-        }
-        Decision::NotApplied { message, .. } => {
-            eprintln!("idemgate: {message}; the key {key_text} is free again");
-        }
-        Decision::InFlight { since, retry_after } => eprintln!(
-            "idemgate: {key_text} is being run by another process since {since}; try again in {}",
-            humantime::format_duration(round_secs(*retry_after))
-        ),
-        Decision::Unknown {
-            since,
-            fence,
-            ran_here,
-            message,
-            ..
-        } => {
-            let why = match (ran_here, message) {
-                (_, Some(m)) => m.clone(),
-                (false, None) => "an earlier run stopped before recording its outcome".into(),
-                (true, None) => "the command's outcome is ambiguous".into(),
-            };
-            let next = if policy.on_unknown == UnknownPolicy::Retry && !ran_here {
-                "With --on-unknown retry, the next call runs it again.".to_owned()
-            } else {
-                format!(
-                    "It was not run again. Check whether it took effect, then record what happened:\n  \
-                     {} --completed [--exit-code N]   # it did\n  \
-                     {} --release                     # it did not",
-                    resolve(fence),
-                    resolve(fence)
-                )
-            };
-            eprintln!("idemgate: the outcome of {key_text} is unknown since {since}: {why}.\n{next}");
-        }
-        _ => {}
+    if as_planned {
+        return;
     }
-}
-
-fn round_secs(d: Duration) -> Duration {
-    Duration::from_secs(d.as_secs().max(1))
+    let record = format!("{} (tool {})", args.key, args.tool);
+    let resolve = format!(
+        "idemgate keys resolve {} --tool {} --tenant {}",
+        args.key, args.tool, ctx.tenant
+    );
+    let door = Door {
+        effect: "the command",
+        record: &record,
+        resolve: Resolve::Command(&resolve),
+        repeat: "run it again with a new --key",
+        add_key: "pass --key",
+    };
+    let explanation = Explanation::of_answer(answer)
+        .retried_when_unknown(policy.on_unknown == UnknownPolicy::Retry);
+    eprintln!("idemgate: {}", explanation.for_person(&door));
 }

@@ -21,7 +21,7 @@ use args::{Command, JournalCommand, KeyCommand, TokenCommand};
 
 /// Exit codes of `idemgate` itself (a command's own exit code passes through on execution and
 /// replay): the engine's one table, so docs, tests and every front door agree.
-pub use idemgate::exit;
+pub use idemgate_kit::exit;
 
 /// Parses the command line, runs it and returns the exit code.
 pub fn run() -> ExitCode {

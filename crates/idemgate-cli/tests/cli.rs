@@ -151,7 +151,7 @@ fn a_full_disk_journals_the_outcome_into_the_reserve_else_exits_70() {
     let out = exec("k2", &format!("rm -f '{}'/.reserve-*;", journal.display()));
     assert_eq!(out.status.code(), Some(70), "{}", text(&out.stderr));
     assert!(
-        text(&out.stderr).contains("could not be recorded"),
+        text(&out.stderr).contains("recorded neither in the store nor in the journal"),
         "{}",
         text(&out.stderr)
     );

@@ -60,4 +60,4 @@ pub use store::{
     Claim, Completion, ListFilter, Reopened, Reservation, ReserveHistory, ReservePath, Store,
 };
 pub use time::{Clock, ManualClock, SystemClock, Timestamp};
-pub use verdict::{exit, Verdict};
+pub use verdict::Verdict;

@@ -1,6 +1,7 @@
 //! The one place the engine's answers become HTTP answers, for every endpoint: statuses and
-//! problem names come from the [`Verdict`] table, and the match on it is exhaustive, so a new
-//! verdict is a compile error here rather than an invented status.
+//! problem names come from the verdict's codes (`idemgate_kit::VerdictCodes`), the words from
+//! the kit's [`Explanation`]; the match on the decision is exhaustive, so a new one is a compile
+//! error here rather than an invented status.
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -8,7 +9,7 @@ use axum::Json;
 use idemgate::{
     Answer, Decision, KeyRule, Outcome, Recording, Timestamp, ToolPolicy, UnknownPolicy, Verdict,
 };
-use idemgate_kit::Payload;
+use idemgate_kit::{Door, Explanation, Payload, Resolve};
 use serde::Serialize;
 use serde_json::json;
 
@@ -25,24 +26,35 @@ pub(crate) enum Shape {
     Forwarded,
 }
 
-/// The HTTP answer to an engine answer.
+/// How the gateway's problem details name things: never the raw key (callers know it; answers
+/// and logs stay free of it).
+const DOOR: Door<'static> = Door {
+    effect: "the side effect",
+    record: "this key",
+    resolve: Resolve::Http,
+    repeat: "send it again with a new Idempotency-Key",
+    add_key: "send it in the Idempotency-Key header",
+};
+
+/// The HTTP answer to an engine answer: the tool's own answer or a JSON body for what ran or was
+/// replayed, a problem for the rest, its detail in the words of the kit's [`Explanation`].
 pub(crate) fn respond(
     answer: Answer,
     shape: Shape,
     policy: &ToolPolicy,
 ) -> Result<Response, Problem> {
     let rule = answer.rule.unwrap_or(KeyRule::Explicit);
-    let verdict = Verdict::of_answer(&answer);
-    match (verdict, answer.decision) {
-        (
-            Verdict::Executed,
-            Decision::Executed {
-                outcome,
-                executed_at,
-                expires_at,
-                recording,
-            },
-        ) => {
+    let explanation = Explanation::of_answer(&answer)
+        .retried_when_unknown(policy.on_unknown == UnknownPolicy::Retry);
+    let problem =
+        || Problem::of(explanation.verdict, explanation.for_person(&DOOR)).with_rule(Some(rule));
+    match answer.decision {
+        Decision::Executed {
+            outcome,
+            executed_at,
+            expires_at,
+            recording: recording @ (Recording::Stored | Recording::Journaled),
+        } => {
             let recording = recording.name();
             let mut res = match shape {
                 Shape::Coordination => Json(json!({
@@ -59,15 +71,13 @@ pub(crate) fn respond(
             h.insert(RECORDING, HeaderValue::from_static(recording));
             Ok(res)
         }
-        (
-            Verdict::Replayed,
-            Decision::Replayed {
-                outcome,
-                executed_at,
-                expires_at,
-                ..
-            },
-        ) => {
+        Decision::Executed { .. } => Err(problem()),
+        Decision::Replayed {
+            outcome,
+            executed_at,
+            expires_at,
+            ..
+        } => {
             let mut res = match shape {
                 // Serialized straight from the view (not through `json!`), so the stored result
                 // goes out as its own text: big integers stay exact.
@@ -90,33 +100,30 @@ pub(crate) fn respond(
             );
             Ok(res)
         }
-        (Verdict::LeaseLost, _) => Err(Problem::lease_lost().with_rule(Some(rule))),
-        (Verdict::Unrecorded, _) => Err(Problem::of(
-            Verdict::Unrecorded,
-            "the side effect ran, but neither the store nor the local journal took its outcome; the record turns unknown when its lease ends, for an operator to resolve",
-        )
-        .with_rule(Some(rule))),
-        (
-            Verdict::NotApplied,
-            Decision::NotApplied {
-                message,
-                reply,
-                recording,
-            },
-        ) => not_applied(shape, rule, &message, reply, &recording),
-        (Verdict::InFlight, Decision::InFlight { since, retry_after }) => {
-            Err(Problem::in_flight(since, retry_after, rule))
-        }
-        (
-            Verdict::Unknown,
-            Decision::Unknown {
-                since,
-                fence,
-                ran_here,
-                message,
-                recording,
-            },
-        ) => match recording {
+        Decision::NotApplied {
+            message,
+            reply,
+            recording,
+        } => match recording {
+            Recording::Stored | Recording::Journaled => not_applied(shape, rule, &message, reply),
+            // The release did not land: the caller must not take the key for free.
+            Recording::LeaseLost => Err(Problem::lease_lost().with_rule(Some(rule))),
+            Recording::Unrecorded(_) => Err(Problem::of(
+                Verdict::Unrecorded,
+                explanation.for_person(&DOOR),
+            )
+            .with_rule(Some(rule))),
+        },
+        Decision::InFlight { since, retry_after } => Err(problem()
+            .with("since", json!(since))
+            .with_retry_after(retry_after)),
+        Decision::Unknown {
+            since,
+            fence,
+            ran_here,
+            recording,
+            ..
+        } => match recording {
             // This call marked the record unknown and the mark is recorded: the coordination
             // API's `ambiguous` report succeeded.
             Some(Recording::Stored | Recording::Journaled)
@@ -127,58 +134,23 @@ pub(crate) fn respond(
                 Ok(res)
             }
             Some(Recording::LeaseLost) => Err(Problem::lease_lost().with_rule(Some(rule))),
-            _ => Err(Problem::outcome_unknown(
-                since,
-                fence,
-                rule,
-                message.as_deref(),
-                policy.on_unknown == UnknownPolicy::Retry,
-            )),
+            _ => Err(problem()
+                .with("since", json!(since))
+                .with("fence", json!(fence))),
         },
-        (Verdict::PassedThrough, Decision::PassedThrough { .. }) => {
+        Decision::PassedThrough { .. } => {
             Ok(Json(json!({"decision": "pass_through"})).into_response())
         }
-        // Verdicts of refusals and of `begin`, which no answer carries.
-        (
-            Verdict::Execute
-            | Verdict::Executed
-            | Verdict::Replayed
-            | Verdict::NotApplied
-            | Verdict::InFlight
-            | Verdict::Unknown
-            | Verdict::PassedThrough
-            | Verdict::KeyRequired
-            | Verdict::KeyReused
-            | Verdict::BadRequest
-            | Verdict::StoreUnavailable
-            | Verdict::QuotaExceeded
-            | Verdict::RateLimited
-            | Verdict::NotFound
-            | Verdict::NotResolvable
-            | Verdict::JournalFailed,
-            _,
-        ) => Err(Problem::of(verdict, format!("the call ended as {verdict}"))),
     }
 }
 
+/// The answer to a call whose side effect said it did nothing, and whose release is recorded.
 fn not_applied(
     shape: Shape,
     rule: KeyRule,
     message: &str,
     reply: Option<Vec<u8>>,
-    recording: &Recording,
 ) -> Result<Response, Problem> {
-    match recording {
-        Recording::LeaseLost => return Err(Problem::lease_lost().with_rule(Some(rule))),
-        Recording::Unrecorded(_) => {
-            return Err(Problem::of(
-                Verdict::Unrecorded,
-                "failed to release the key in the store or the journal; it turns unknown when its lease ends",
-            )
-            .with_rule(Some(rule)))
-        }
-        Recording::Stored | Recording::Journaled => {}
-    }
     let mut res = match (shape, reply) {
         (Shape::Coordination, _) => Json(json!({"decision": "not_applied"})).into_response(),
         // The upstream's own refusal (a 429, say) goes back as it was: it did nothing.

@@ -4,7 +4,8 @@ use std::time::Duration;
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use idemgate::{EngineError, Fence, KeyRule, StoreError, Timestamp, Verdict};
+use idemgate::{EngineError, KeyRule, StoreError, Verdict};
+use idemgate_kit::VerdictCodes;
 use serde_json::{json, Map, Value};
 
 /// Why the gateway could not start or stopped.
@@ -137,39 +138,6 @@ impl Problem {
                 humantime::format_duration(after)
             ),
         )
-    }
-
-    pub(crate) fn in_flight(since: Timestamp, retry_after: Duration, rule: KeyRule) -> Self {
-        Problem::of(
-            Verdict::InFlight,
-            "another call with this key is running and did not finish within the wait bound; retry after the time given",
-        )
-        .with("since", json!(since))
-        .with_retry_after(retry_after)
-        .with_rule(Some(rule))
-    }
-
-    /// `retry`: whether the tool's unknown policy runs it again on the next call (else it waits
-    /// for an operator or a verifier).
-    pub(crate) fn outcome_unknown(
-        since: Timestamp,
-        fence: Fence,
-        rule: KeyRule,
-        message: Option<&str>,
-        retry: bool,
-    ) -> Self {
-        let mut detail = if retry {
-            "the side effect may or may not have happened; the tool's unknown policy is retry, so the next call with this key takes the record over and runs it again".to_owned()
-        } else {
-            "the side effect may or may not have happened; it is not run again until an operator resolves the record (POST /v1/tools/{tool}/records/{key}/resolve)".to_owned()
-        };
-        if let Some(m) = message {
-            detail = format!("{detail}: {m}");
-        }
-        Problem::of(Verdict::Unknown, detail)
-            .with("since", json!(since))
-            .with("fence", json!(fence))
-            .with_rule(Some(rule))
     }
 
     pub(crate) fn quota_exceeded(max: Option<usize>) -> Self {

@@ -8,10 +8,15 @@
 //! - [`limits`]: per-tenant request rate and keys in flight;
 //! - [`tenants`]: `[[tenants]]`, bearer tokens and who a request's token names.
 //!
-//! How a decision becomes an answer (status, problem, exit code, error or not) is
-//! [`idemgate_core::Verdict`], next to the decisions themselves.
+//! - [`Explanation`]: what a call's answer means, as facts and as the sentences for a model and
+//!   for a person, which every door renders;
+//! - [`codes`]: what each door sends for a verdict (an HTTP status, a problem name, an exit
+//!   code); the verdict itself, and whether it is a failure, is [`idemgate_core::Verdict`], next
+//!   to the decisions themselves.
 
 pub mod audit;
+pub mod codes;
+pub mod explain;
 pub mod header;
 pub mod limits;
 pub mod log;
@@ -25,6 +30,8 @@ use std::sync::Arc;
 use idemgate_core::{Engine, Store};
 
 pub use audit::Audit;
+pub use codes::{exit, VerdictCodes};
+pub use explain::{Door, Explanation, Next, Resolve, What};
 pub use limits::{LiveKeys, RateLimit};
 pub use log::Log;
 pub use metrics::Metrics;

@@ -3,8 +3,8 @@
 //! the [`Verdict`] table; the match on it is exhaustive, so a new verdict is a compile error here
 //! rather than an invented answer.
 
-use idemgate_core::{Answer, Decision, EngineError, KeyRule, Timestamp, ToolPolicy, Verdict};
-use idemgate_kit::Payload;
+use idemgate_core::{Answer, Decision, EngineError, KeyRule, ToolPolicy, UnknownPolicy, Verdict};
+use idemgate_kit::{Door, Explanation, Payload, Resolve, VerdictCodes, What};
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
@@ -62,176 +62,107 @@ pub(crate) struct CallContext<'a> {
     pub(crate) result_type: bool,
 }
 
+impl CallContext<'_> {
+    /// How the explanations of this call name things.
+    fn door<'d>(&self, effect: &'d str, resolve: &'d str, add_key: &'d str) -> Door<'d> {
+        Door {
+            effect,
+            record: effect,
+            resolve: Resolve::Command(resolve),
+            repeat: REPEAT,
+            add_key,
+        }
+    }
+}
+
+/// How a model does an action again on purpose, in the words of every answer that says an
+/// identical call was taken for a repeat.
+const REPEAT: &str = "call the tool again with the argument idempotency_key set to a new value that names the new action";
+
 /// The frame that answers a `tools/call`, given what the engine decided and what the server
-/// answered (when the call reached it).
+/// answered (when the call reached it). The words come from the kit's [`Explanation`]; this says
+/// only which frame carries them.
 pub(crate) fn respond(
     cx: &CallContext<'_>,
     result: Result<Answer, EngineError>,
     relay: Option<Reply>,
 ) -> String {
-    let verdict = Verdict::of(&result);
-    let (answer, error) = match result {
-        Ok(a) => (Some(a), None),
-        Err(e) => (None, Some(e)),
+    let explanation =
+        Explanation::of(&result).retried_when_unknown(cx.policy.on_unknown == UnknownPolicy::Retry);
+    let verdict = explanation.verdict;
+    let effect = format!("the tool {}", cx.tool);
+    let resolve = format!(
+        "idemgate keys resolve KEY --tool {} --tenant {}",
+        cx.scope, cx.tenant
+    );
+    let add_key = format!(
+        "To the model: call {tool} again with the argument \"{arg}\" set to a value that names this one action (the same value on every retry of it, a new value for a new action). To the developer: put a stable key (for example the tool call id) in params._meta[\"{META_KEY}\"], or give the tool a fallback_window in the idemgate MCP configuration (docs/MCP.md).",
+        tool = cx.tool,
+        arg = KEY_ARGUMENTS[0],
+    );
+    let door = cx.door(&effect, &resolve, &add_key);
+    let text = explanation.for_model(&door);
+    let server_answer = match relay {
+        Some(Reply::Answer { frame, .. }) => Ok(frame),
+        Some(Reply::Closed(why)) => Err(Some(why)),
+        None => Err(None),
     };
-    let rule = answer.as_ref().and_then(|a| a.rule);
-    let decision = answer.map(|a| a.decision);
-    match (verdict, decision) {
-        // The call reached the server: its own answer goes back as the server wrote it.
-        (
-            Verdict::Executed | Verdict::PassedThrough | Verdict::LeaseLost | Verdict::Unrecorded,
-            _,
-        ) => match relay {
-            Some(Reply::Answer { frame, .. }) => relayed(cx, frame),
-            Some(Reply::Closed(why)) => own(
-                cx,
-                Verdict::Unknown,
-                format!("The tool {} did not answer: {why}.", cx.tool),
-                Map::new(),
-            ),
-            None => own(
-                cx,
-                verdict,
-                format!("The tool {} ended as {verdict}.", cx.tool),
-                Map::new(),
-            ),
-        },
-        (
-            Verdict::Replayed,
-            Some(Decision::Replayed {
-                outcome,
-                executed_at,
-                ..
-            }),
-        ) => match Payload::of(&outcome) {
-            Ok(p) => {
-                let result = replayed(
-                    &p.to_mcp_tool_result(outcome.kind),
-                    Replay {
-                        executed_at,
-                        rule: rule.unwrap_or(KeyRule::Explicit),
-                        resolved: Payload::is_resolution(&outcome),
-                    },
-                    cx.replay_notice,
-                    cx.result_type,
-                );
-                frame::response(cx.id, &result)
-            }
-            Err(e) => own(
-                cx,
-                verdict,
-                format!("This action was already performed at {executed_at} and was not repeated, but its stored result cannot be shown: {e}."),
-                Map::new(),
-            ),
-        },
-        (Verdict::NotApplied, Some(Decision::NotApplied { message, .. })) => match relay {
-            // The server's own answer that it did nothing yet (an `input_required` interim
-            // result) goes back as it was.
-            Some(Reply::Answer { frame, .. }) => relayed(cx, frame),
-            _ => own(
-                cx,
-                verdict,
-                format!("Nothing was done: {message}. The call may be sent again."),
-                Map::new(),
-            ),
-        },
-        (Verdict::InFlight, Some(Decision::InFlight { since, retry_after })) => {
-            let secs = retry_after.as_secs().max(1);
-            own(
-                cx,
-                verdict,
-                format!("This action is already running in another call (since {since}); it was not started again. Call again with the same key in about {secs} s to get its result."),
-                meta([(META_RETRY_AFTER, json!(secs)), (META_SINCE, json!(since))]),
-            )
-        }
-        (
+    match (&explanation.what, server_answer) {
+        // The call reached the server: its own answer goes back as the server wrote it; so does
+        // a server's answer that it did nothing yet (an `input_required` interim result), and
+        // its answer to a call whose effect it called ambiguous (a JSON-RPC error, say): that is
+        // this call's answer, only its effect is uncertain.
+        (What::Ran { .. } | What::PassedThrough | What::NotApplied { .. }, Ok(frame))
+        | (What::Unknown { ran_here: true, .. }, Ok(frame)) => relayed(cx, frame),
+        (What::Ran { .. } | What::PassedThrough, Err(Some(why))) => own(
+            cx,
             Verdict::Unknown,
-            Some(Decision::Unknown {
-                since,
-                fence,
-                ran_here,
-                message,
+            format!("The tool {} did not answer: {why}.", cx.tool),
+            Map::new(),
+        ),
+        (What::Replayed { at, .. }, _) => match &result {
+            Ok(Answer {
+                decision: Decision::Replayed { outcome, .. },
                 ..
-            }),
-        ) => {
-            // The server's own answer (a JSON-RPC error, or a failure the proxy may have caused)
-            // goes back as the server wrote it, in the request's era: it is this call's answer;
-            // only its effect is uncertain.
-            if let (true, Some(Reply::Answer { frame, .. })) = (ran_here, &relay) {
-                return relayed(cx, frame.clone());
-            }
-            let why = message.unwrap_or_else(|| {
-                "an earlier attempt stopped before its outcome was recorded".to_owned()
-            });
-            let resolve = format!(
-                "Check whether it took effect; an operator records what happened with `idemgate keys resolve KEY --tool {} --tenant {} --fence {fence} --completed` (it did) or `--release` (it did not; the next call with this key runs the action again).",
-                cx.scope, cx.tenant
-            );
-            let next = match (ran_here, cx.policy.on_unknown) {
-                (false, idemgate_core::UnknownPolicy::Retry) => {
-                    "The next call with the same key runs it again.".to_owned()
+            }) => match Payload::of(outcome) {
+                Ok(p) => {
+                    let result = replayed(
+                        &p.to_mcp_tool_result(outcome.kind),
+                        &explanation,
+                        replay_notice(&explanation, &text, cx.replay_notice),
+                        cx.result_type,
+                    );
+                    frame::response(cx.id, &result)
                 }
-                (false, _) => format!("It was NOT repeated, so that it cannot happen twice. {resolve}"),
-                (true, _) => format!("It was sent to the tool once and calls with the same key will not send it again. {resolve}"),
-            };
-            own(
-                cx,
-                verdict,
-                format!("The outcome of this action is unknown (since {since}): {why}. {next}"),
-                meta([(META_FENCE, json!(fence)), (META_SINCE, json!(since))]),
-            )
-        }
-        (Verdict::KeyRequired, _) => own(
+                Err(e) => own(
+                    cx,
+                    verdict,
+                    format!("This action was already performed at {at} and was not repeated, but its stored result cannot be shown: {e}."),
+                    Map::new(),
+                ),
+            },
+            // `What::Replayed` comes only of a replayed decision.
+            _ => own(cx, verdict, text, Map::new()),
+        },
+        (What::InFlight { since, retry_after }, _) => own(
             cx,
             verdict,
-            format!(
-                "The tool {tool} changes state, so this call needs an idempotency key, and none was sent; nothing was done. To the model: call {tool} again with the argument \"{arg}\" set to a value that names this one action (the same value on every retry of it, a new value for a new action). To the developer: put a stable key (for example the tool call id) in params._meta[\"{META_KEY}\"], or give the tool a fallback_window in the idemgate MCP configuration (docs/MCP.md).",
-                tool = cx.tool,
-                arg = KEY_ARGUMENTS[0],
-            ),
-            Map::new(),
+            text,
+            meta([
+                (META_RETRY_AFTER, json!(retry_after.as_secs().max(1))),
+                (META_SINCE, json!(since)),
+            ]),
         ),
-        (Verdict::KeyReused, _) => own(
+        (What::Unknown { since, fence, .. }, _) => own(
             cx,
             verdict,
-            format!(
-                "This idempotency key was already used for {} with other arguments, so nothing was done. Use a new key for a new action, and the same arguments when retrying an action. ({})",
-                cx.tool,
-                error.map(|e| e.to_string()).unwrap_or_default()
-            ),
-            Map::new(),
-        ),
-        (Verdict::StoreUnavailable, _) => own(
-            cx,
-            verdict,
-            format!(
-                "The idempotency store is unavailable, so nothing was done (the call was not sent to the tool). Try again later. ({})",
-                error.map(|e| e.to_string()).unwrap_or_default()
-            ),
-            Map::new(),
+            text,
+            meta([(META_FENCE, json!(fence)), (META_SINCE, json!(since))]),
         ),
         (
-            Verdict::BadRequest
-            | Verdict::Execute
-            | Verdict::Replayed
-            | Verdict::NotApplied
-            | Verdict::InFlight
-            | Verdict::Unknown
-            | Verdict::QuotaExceeded
-            | Verdict::RateLimited
-            | Verdict::NotFound
-            | Verdict::NotResolvable
-            | Verdict::JournalFailed,
+            What::Ran { .. } | What::PassedThrough | What::NotApplied { .. } | What::Refused { .. },
             _,
-        ) => own(
-            cx,
-            verdict,
-            match error {
-                Some(e) => format!("Nothing was done: {e}."),
-                None => format!("The call ended as {verdict}."),
-            },
-            Map::new(),
-        ),
+        ) => own(cx, verdict, text, Map::new()),
     }
 }
 
@@ -285,24 +216,22 @@ fn own(
     frame::response(cx.id, &frame::raw(&result))
 }
 
-/// A stored result marked as a replay in `_meta`, with the notice block unless turned off, and
-/// `resultType` when `result_type` and the result (stored from an earlier era) has none.
-/// What a replay says of the record it comes from.
-struct Replay {
-    /// When the action ran, or when an operator resolved it.
-    executed_at: Timestamp,
-    /// The rule that named the record.
-    rule: KeyRule,
-    /// Whether the outcome is an operator's resolution rather than one the tool returned.
-    resolved: bool,
+/// The note a replay carries for the model: `text` when replays are told (`wanted`), and always
+/// when the window took the call for a repeat: the model must learn that what it sent was not
+/// done again, and how to do it again on purpose.
+fn replay_notice<'t>(explanation: &Explanation, text: &'t str, wanted: bool) -> Option<&'t str> {
+    (wanted || explanation.rule == Some(KeyRule::Fallback)).then_some(text)
 }
 
-fn replayed(result: &RawValue, replay: Replay, notice: bool, result_type: bool) -> Box<RawValue> {
-    let Replay {
-        executed_at,
-        rule,
-        resolved,
-    } = replay;
+/// A stored result marked as a replay in `_meta` (when it ran, by which rule, whether an
+/// operator resolved it), with the `notice` text block for the model when given, and
+/// `resultType` when `result_type` and the result (stored from an earlier era) has none.
+fn replayed(
+    result: &RawValue,
+    explanation: &Explanation,
+    notice: Option<&str>,
+    result_type: bool,
+) -> Box<RawValue> {
     let Some(mut obj) = frame::object(result) else {
         return result.to_owned();
     };
@@ -311,34 +240,33 @@ fn replayed(result: &RawValue, replay: Replay, notice: bool, result_type: bool) 
         .and_then(|m| frame::object(m))
         .unwrap_or_default();
     meta.insert(META_REPLAYED.to_owned(), frame::raw(&true));
-    meta.insert(META_EXECUTED_AT.to_owned(), frame::raw(&executed_at));
-    meta.insert(META_RULE.to_owned(), frame::raw(&rule));
-    if resolved {
-        meta.insert(META_RESOLVED_BY.to_owned(), frame::raw(&"operator"));
+    if let What::Replayed {
+        at, by_operator, ..
+    } = &explanation.what
+    {
+        meta.insert(META_EXECUTED_AT.to_owned(), frame::raw(at));
+        if *by_operator {
+            meta.insert(META_RESOLVED_BY.to_owned(), frame::raw(&"operator"));
+        }
     }
+    meta.insert(
+        META_RULE.to_owned(),
+        frame::raw(&explanation.rule.unwrap_or(KeyRule::Explicit)),
+    );
     obj.insert("_meta".to_owned(), frame::raw(&meta));
     // A task handle has no content to add the notice to; its `_meta` says it is a replay.
     let task = obj.contains_key("task")
         || obj
             .get("resultType")
             .is_some_and(|t| t.get() == r#""task""#);
-    // A call the window took for a repeat is always told so: the model must learn that what it
-    // sent was not done again, and how to do it again on purpose.
-    if (notice || rule == KeyRule::Fallback) && !task {
+    if let (Some(notice), false) = (notice, task) {
         let mut content: Vec<Box<RawValue>> = obj
             .get("content")
             .and_then(|c| serde_json::from_str(c.get()).ok())
             .unwrap_or_default();
-        content.push(frame::raw(&json!({
-            "type": "text",
-            "text": if rule == KeyRule::Fallback {
-                format!("idemgate: an identical call of this tool (the same arguments, without an idempotency key) ran at {executed_at} in this conversation, so this one was taken for a repeat of that action and was not run again; the result above is the one it returned then. To do it again on purpose, call the tool again with the argument idempotency_key set to a new value that names the new action.")
-            } else if resolved {
-                format!("idemgate: an operator resolved this action with `idemgate keys resolve` at {executed_at}; it was not run now, and the result above is the one the operator recorded.")
-            } else {
-                format!("idemgate: this action was already performed at {executed_at} and was not repeated; the result above is the one it returned then.")
-            },
-        })));
+        content.push(frame::raw(
+            &json!({"type": "text", "text": format!("idemgate: {notice}")}),
+        ));
         obj.insert("content".to_owned(), frame::raw(&content));
     }
     if result_type {
@@ -352,6 +280,41 @@ fn replayed(result: &RawValue, replay: Replay, notice: bool, result_type: bool) 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use idemgate_core::Timestamp;
+
+    /// A replay of `stored` as `respond` makes it, ran (or resolved) at 1 s.
+    fn replay_of(
+        stored: &RawValue,
+        rule: KeyRule,
+        by_operator: bool,
+        notice: bool,
+        result_type: bool,
+    ) -> Box<RawValue> {
+        let explanation = Explanation {
+            verdict: Verdict::Replayed,
+            rule: Some(rule),
+            what: What::Replayed {
+                at: Timestamp::from_millis(1_000),
+                until: Timestamp::from_millis(2_000),
+                by_operator,
+            },
+            next: idemgate_kit::Next::Nothing,
+        };
+        let door = Door {
+            effect: "the tool t",
+            record: "the tool t",
+            resolve: Resolve::Command("idemgate keys resolve"),
+            repeat: REPEAT,
+            add_key: "",
+        };
+        let text = explanation.for_model(&door);
+        replayed(
+            stored,
+            &explanation,
+            replay_notice(&explanation, &text, notice),
+            result_type,
+        )
+    }
 
     #[test]
     fn a_replay_keeps_the_result_and_says_so() {
@@ -359,21 +322,9 @@ mod tests {
             r#"{"content":[{"type":"text","text":"ok"}],"structuredContent":{"n":12345678901234567890},"_meta":{"x":1}}"#.into(),
         )
         .unwrap();
-        let at = Timestamp::from_millis(1_000);
-        let out: Value = serde_json::from_str(
-            replayed(
-                &stored,
-                Replay {
-                    executed_at: at,
-                    rule: KeyRule::Explicit,
-                    resolved: false,
-                },
-                true,
-                false,
-            )
-            .get(),
-        )
-        .unwrap();
+        let out: Value =
+            serde_json::from_str(replay_of(&stored, KeyRule::Explicit, false, true, false).get())
+                .unwrap();
         assert_eq!(out["_meta"]["x"], 1);
         assert_eq!(out["_meta"][META_REPLAYED], true);
         assert_eq!(out["_meta"][META_RULE], "explicit");
@@ -384,31 +335,11 @@ mod tests {
             .unwrap()
             .contains("not repeated"));
         assert!(out.get("resultType").is_none(), "{out}");
-        let quiet = replayed(
-            &stored,
-            Replay {
-                executed_at: at,
-                rule: KeyRule::Fallback,
-                resolved: false,
-            },
-            false,
-            false,
-        );
+        let quiet = replay_of(&stored, KeyRule::Fallback, false, false, false);
         // An operator's resolution is replayed as what it is: resolved then, not run then.
-        let resolved: Value = serde_json::from_str(
-            replayed(
-                &stored,
-                Replay {
-                    executed_at: at,
-                    rule: KeyRule::Explicit,
-                    resolved: true,
-                },
-                true,
-                false,
-            )
-            .get(),
-        )
-        .unwrap();
+        let resolved: Value =
+            serde_json::from_str(replay_of(&stored, KeyRule::Explicit, true, true, false).get())
+                .unwrap();
         assert_eq!(
             resolved["_meta"][META_RESOLVED_BY], "operator",
             "{resolved}"
@@ -429,16 +360,7 @@ mod tests {
             told.contains("taken for a repeat") && told.contains("idempotency_key"),
             "{told}"
         );
-        let explicit = replayed(
-            &stored,
-            Replay {
-                executed_at: at,
-                rule: KeyRule::Explicit,
-                resolved: false,
-            },
-            false,
-            false,
-        );
+        let explicit = replay_of(&stored, KeyRule::Explicit, false, false, false);
         let explicit: Value = serde_json::from_str(explicit.get()).unwrap();
         assert_eq!(explicit["content"].as_array().unwrap().len(), 1);
     }
@@ -459,39 +381,16 @@ mod tests {
 
         // A result stored from a 2025-era call has none: a 2026-era replay adds it; one that has
         // it keeps its own.
-        let at = Timestamp::from_millis(1_000);
         let old = RawValue::from_string(r#"{"content":[]}"#.into()).unwrap();
-        let out: Value = serde_json::from_str(
-            replayed(
-                &old,
-                Replay {
-                    executed_at: at,
-                    rule: KeyRule::Explicit,
-                    resolved: false,
-                },
-                true,
-                true,
-            )
-            .get(),
-        )
-        .unwrap();
+        let out: Value =
+            serde_json::from_str(replay_of(&old, KeyRule::Explicit, false, true, true).get())
+                .unwrap();
         assert_eq!(out["resultType"], "complete", "{out}");
         let own_type =
             RawValue::from_string(r#"{"content":[],"resultType":"x-own"}"#.into()).unwrap();
-        let out: Value = serde_json::from_str(
-            replayed(
-                &own_type,
-                Replay {
-                    executed_at: at,
-                    rule: KeyRule::Explicit,
-                    resolved: false,
-                },
-                true,
-                true,
-            )
-            .get(),
-        )
-        .unwrap();
+        let out: Value =
+            serde_json::from_str(replay_of(&own_type, KeyRule::Explicit, false, true, true).get())
+                .unwrap();
         assert_eq!(out["resultType"], "x-own", "{out}");
 
         // The proxy's own answers.

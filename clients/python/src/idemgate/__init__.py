@@ -31,7 +31,7 @@ Both doors raise the same exceptions, all ``IdemgateError`` subclasses: ``InFlig
 
 from typing import Any, Callable
 
-from . import decorator as _remote_decorator
+from . import gateway_decorator as _gateway_decorator
 from . import engine as _engine
 from . import remote
 from .client import (
@@ -82,12 +82,12 @@ def idempotent(target: Engine | Client | AsyncClient, *args: Any, **kwargs: Any)
     ``key``, ``args``, ``kind``, ``ttl``, ``lease``, ``wait``, ``fallback_window``,
     ``on_unknown``; plain and ``async def`` functions). With a :class:`Client` (plain functions)
     or an :class:`AsyncClient` (``async def``), through the gateway (see
-    :func:`idemgate.decorator.idempotent`: ``tool``, ``key``, ``args``, ``heartbeat_every``,
+    :func:`idemgate.remote.idempotent`: ``tool``, ``key``, ``args``, ``heartbeat_every``,
     ``wait_in_flight``, ``record_retries``).
     """
     if isinstance(target, Engine):
         return _engine.idempotent(target, *args, **kwargs)
-    return _remote_decorator.idempotent(target, *args, **kwargs)
+    return _gateway_decorator.idempotent(target, *args, **kwargs)
 
 
 __all__ = [

@@ -51,7 +51,7 @@ import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, TypeVar, cast
+from typing import Any, TypedDict, TypeVar, Unpack, cast
 
 from . import _native
 from ._native import Policy, Ticket
@@ -62,11 +62,49 @@ from .errors import (
     OutcomeUnknown,
 )
 
-__all__ = ["Engine", "Policy", "Result", "current_key", "idempotent"]
+__all__ = ["Engine", "Policy", "PolicyOptions", "Result", "current_key", "idempotent"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-_POLICY_FIELDS = ("kind", "ttl", "lease", "wait", "fallback_window", "on_unknown")
+
+class PolicyOptions(TypedDict, total=False):
+    """The fields of a tool's :class:`Policy` that a call, ``@idempotent`` or an integration's
+    wrapper overrides as keyword arguments; ``None`` (or leaving one out) keeps the value the
+    engine has for the tool (``Engine.open(tools=..., default=...)``). Durations in seconds.
+
+    - ``kind``: ``"write"`` (gated, the default), ``"read"`` or ``"natural_idempotent"`` (run
+      without a record);
+    - ``ttl``: how long a completed record is kept and replayed (default 24 h);
+    - ``lease``: how long a running call holds its key before it is taken for dead; the engine
+      renews it while the function runs (default 30 s);
+    - ``wait``: how long a duplicate waits for the running call's outcome before ``InFlight``
+      (default 5 s);
+    - ``fallback_window``: an identical call without key (same tool, same arguments, same scope)
+      within it is the same action; the integrations' re-emission window (their default 60 s,
+      ``0`` turns it off);
+    - ``on_unknown``: what a call finding the record unknown does: ``"block"`` (raise
+      ``OutcomeUnknown``, the default), ``"retry"`` (run again) or ``"verify"`` (ask the tool's
+      verifier, see :meth:`Engine.open`).
+    """
+
+    kind: str | None
+    ttl: float | None
+    lease: float | None
+    wait: float | None
+    fallback_window: float | None
+    on_unknown: str | None
+
+
+_POLICY_FIELDS = tuple(PolicyOptions.__annotations__)
+
+
+def given_policy(options: Mapping[str, Any]) -> dict[str, Any]:
+    """The policy fields of ``options`` that are set (not ``None``), checked by name: what a call
+    passes on as overrides (no field set: the tool's policy as it is)."""
+    unknown = set(options) - set(_POLICY_FIELDS)
+    if unknown:
+        raise TypeError(f"unknown policy fields {sorted(unknown)}: expected {_POLICY_FIELDS}")
+    return {k: v for k, v in options.items() if v is not None}
 # How many (tool, overrides) policies an engine keeps built; cleared when full (callers passing
 # ever new override values must not grow it without bound).
 _OVERRIDDEN_MAX = 1024
@@ -305,12 +343,12 @@ class Engine:
         """The tenant whose records this engine reads and writes."""
         return self.native.tenant
 
-    def policy(self, tool: str, **overrides: Any) -> Policy:
-        """The policy of ``tool``, with ``overrides`` (``kind``, ``ttl``, ``lease``, ``wait``,
-        ``fallback_window``, ``on_unknown``; ``None`` keeps the configured value)."""
+    def policy(self, tool: str, **overrides: Unpack[PolicyOptions]) -> Policy:
+        """The policy of ``tool``, with ``overrides`` (:class:`PolicyOptions`; ``None`` keeps the
+        configured value)."""
         return self._policy(tool, overrides)
 
-    def _policy(self, tool: str, overrides: dict[str, Any]) -> Policy:
+    def _policy(self, tool: str, overrides: Mapping[str, Any]) -> Policy:
         base = self.tools.get(tool, self.default)
         if not overrides:
             return base
@@ -324,10 +362,7 @@ class Engine:
             cached = given = None
         if cached is not None and cached[0] is base:
             return cached[1]
-        fields = {k: v for k, v in overrides.items() if v is not None}
-        unknown = set(fields) - set(_POLICY_FIELDS)
-        if unknown:
-            raise TypeError(f"unknown policy fields {sorted(unknown)}: expected {_POLICY_FIELDS}")
+        fields = given_policy(overrides)
         policy = Policy(**({k: getattr(base, k) for k in _POLICY_FIELDS} | fields)) if fields else base
         if given is not None:
             if len(self._overridden) >= _OVERRIDDEN_MAX:
@@ -342,7 +377,7 @@ class Engine:
         args: Any = None,
         *,
         scope: str | None = None,
-        **overrides: Any,
+        **overrides: Unpack[PolicyOptions],
     ) -> dict[str, Any] | None:
         """The record a call would be judged by, exactly as the Rust ``Engine::key_for`` names it
         (``tenant``, ``tool``, ``key``, ``rule``, ``ttl``, ``digest``); ``None`` for reads and
@@ -402,7 +437,7 @@ class Engine:
         /,
         *,
         scope: str | None = None,
-        **overrides: Any,
+        **overrides: Unpack[PolicyOptions],
     ) -> Result:
         """Runs ``fn()`` at most once for ``(tool, key)`` and says what happened.
 
@@ -496,7 +531,7 @@ class Engine:
         /,
         *,
         scope: str | None = None,
-        **overrides: Any,
+        **overrides: Unpack[PolicyOptions],
     ) -> Result:
         """As :meth:`call`, for a coroutine function (or any function returning an awaitable):
         the store is awaited on the engine's runtime, never blocking the event loop. Cancelling
@@ -573,36 +608,23 @@ def idempotent(
     key: Callable[..., str | None] | None = None,
     *,
     args: Callable[..., Any] | None = None,
-    kind: str | None = None,
-    ttl: float | None = None,
-    lease: float | None = None,
-    wait: float | None = None,
-    fallback_window: float | None = None,
-    on_unknown: str | None = None,
+    **policy: Unpack[PolicyOptions],
 ) -> Callable[[F], F]:
     """Makes a function run at most once per idempotency key, in-process.
 
     ``tool`` names it (default: the function's ``__name__``); ``key(*a, **kw)`` names the logical
     action of a call (a tool-call id, ``derive_key(run_id, step)``; ``None`` uses the tool's
     fallback window if it has one, else raises ``KeyRequired``); ``args(*a, **kw)`` gives the JSON
-    arguments that are fingerprinted (default: all of them). ``kind``, ``ttl``, ``lease``,
-    ``wait`` (seconds), ``fallback_window`` and ``on_unknown`` override the engine's policy for
-    the tool. Plain functions return their value (a replay returns the stored one);
+    arguments that are fingerprinted (default: all of them). The keyword arguments of
+    :class:`PolicyOptions` (``kind``, ``ttl``, ``lease``, ``wait``, ``fallback_window``,
+    ``on_unknown``) override the engine's policy for the tool. Plain functions return their value (a replay returns the stored one);
     ``async def`` functions are awaited (see :meth:`Engine.acall`). ``f.result(...)`` (awaited
     for ``async def``) makes the same call and returns the whole :class:`Result`, for a caller
     that must tell a replay from a run (``replayed``, ``executed_at``) without changing what
     ``f(...)`` returns.
     """
-    given = dict(
-        kind=kind,
-        ttl=ttl,
-        lease=lease,
-        wait=wait,
-        fallback_window=fallback_window,
-        on_unknown=on_unknown,
-    )
     # Only the fields set: a call with none passes no overrides and takes the policy as it is.
-    overrides: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
+    overrides = given_policy(policy)
 
     def decorate(fn: F) -> F:
         name = tool or fn.__name__

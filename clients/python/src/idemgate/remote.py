@@ -20,7 +20,7 @@ from .client import (
     Record,
     parse_time,
 )
-from .decorator import idempotent
+from .gateway_decorator import idempotent
 from .errors import GatewayTimeout, GatewayUnreachable, Unauthorized, UpstreamUnreachable
 
 __all__ = [

@@ -18,12 +18,14 @@ running the side effect again. What counts as the same action (``clients/python/
 - :mod:`idemgate.integrations.langgraph`: LangChain / LangGraph tools (``InjectedToolCallId``);
 - :mod:`idemgate.integrations.langchain`: any LangChain ``BaseTool`` (``@tool``, ``StructuredTool``,
   langchain-mcp-adapters' tools), keyed by the ``ToolCall`` id it is invoked with;
+- :mod:`idemgate.integrations.crewai`: any CrewAI ``BaseTool`` (``@tool``...); CrewAI hands a tool
+  no call id, so the window names its actions, within the ``Flow`` or the kickoff;
 - :mod:`idemgate.integrations.fastmcp`: a FastMCP server middleware gating its own write tools.
 
 Each module imports its framework only when used: the package itself has no Python dependencies.
 """
 
-from ._gate import (
+from ._tool_calls import (
     CONVERSATION_META,
     DEFAULT_WINDOW,
     KEY_ARGUMENT,

@@ -52,7 +52,7 @@ from typing import Any, Iterable, Mapping, cast
 
 from ..engine import _POLICY_FIELDS, Engine, Policy, Result
 from ..errors import Failed, IdemgateError, KeyRequired, KeyReused, MaybeApplied, NotApplied
-from ._gate import (
+from ._tool_calls import (
     CONVERSATION_META,
     KEY_ARGUMENT,
     KEY_META,

@@ -42,22 +42,12 @@ exceptions (``OutcomeUnknown``, ``InFlight``, ``KeyReused``...).
 
 from __future__ import annotations
 
-import copy
 import functools
 from contextvars import ContextVar
-from typing import Any, Callable
+from typing import Any, Callable, Unpack
 
-from ..engine import Engine
-from ._gate import (
-    KEY_ARGUMENT,
-    KEY_DESCRIPTION,
-    Namer,
-    call_async,
-    call_sync,
-    jsonable,
-    name_action,
-    policy_overrides,
-)
+from ..engine import Engine, PolicyOptions
+from ._tool_calls import KEY_ARGUMENT, Namer, ToolCalls, jsonable, schema_fields, split_policy
 from .langgraph import graph_scope
 
 __all__ = ["idempotent", "idempotent_tool", "run_scope"]
@@ -77,34 +67,6 @@ def run_scope(config: Any, parent_run_id: Any = None) -> str | None:
     return f"langchain/run:{parent_run_id}" if parent_run_id is not None else None
 
 
-def _fields(schema: Any) -> set[str]:
-    """The argument names of a tool schema (a pydantic model or a JSON schema)."""
-    if schema is None:
-        return set()
-    if isinstance(schema, dict):
-        return set(schema.get("properties") or {})
-    fields = getattr(schema, "model_fields", None)
-    return set(fields if fields is not None else getattr(schema, "__fields__", {}))
-
-
-def _with_key_argument(schema: Any) -> Any:
-    """``schema`` with an optional ``idempotency_key`` argument, described to the model."""
-    if isinstance(schema, dict):
-        out = copy.deepcopy(schema)
-        out.setdefault("properties", {})[KEY_ARGUMENT] = {
-            "type": "string",
-            "description": KEY_DESCRIPTION,
-        }
-        return out
-    from pydantic import Field, create_model
-
-    return create_model(  # type: ignore[call-overload]
-        schema.__name__,
-        __base__=schema,
-        **{KEY_ARGUMENT: (str | None, Field(default=None, description=KEY_DESCRIPTION))},
-    )
-
-
 @functools.lru_cache(maxsize=None)
 def _tool_class() -> type:
     """The ``BaseTool`` subclass wrapping a tool (made on first use: langchain-core is imported
@@ -116,7 +78,7 @@ def _tool_class() -> type:
         """A tool gated by an engine: one execution per action (see the module)."""
 
         inner: BaseTool
-        gate: Any
+        calls: Any
 
         def run(self, tool_input: Any, *args: Any, tool_call_id: str | None = None, **kw: Any) -> Any:
             token = _CALL_ID.set(tool_call_id)
@@ -135,26 +97,20 @@ def _tool_class() -> type:
                 _CALL_ID.reset(token)
 
         def _run(self, *args: Any, run_manager: Any = None, **kwargs: Any) -> Any:
-            g: _Gate = self.gate
+            g: _Calls = self.calls
             call = g.prepare(args, kwargs, ensure_config(), run_manager)
-
-            def run() -> Any:
-                return jsonable(_content(self.inner.invoke(call.input, call.config)))
-
-            out = call_sync(g.engine, g.tool, call.action, call.payload, run, g.given)
-            return out.answer(g.tool, g.model_key)
+            return g.run(
+                call.action, call.payload, lambda: _content(self.inner.invoke(call.input, call.config))
+            )
 
         async def _arun(self, *args: Any, run_manager: Any = None, **kwargs: Any) -> Any:
-            g: _Gate = self.gate
+            g: _Calls = self.calls
             call = g.prepare(args, kwargs, ensure_config(), run_manager)
 
             async def run() -> Any:
                 return _content(await self.inner.ainvoke(call.input, call.config))
 
-            out = await call_async(
-                g.engine, g.tool, call.action, call.payload, run, g.given, g.shield
-            )
-            return out.answer(g.tool, g.model_key)
+            return await g.arun(call.action, call.payload, run)
 
     return IdempotentTool
 
@@ -172,24 +128,16 @@ class _Call:
         self.action, self.payload, self.input, self.config = action, payload, input, config
 
 
-class _Gate:
+class _Calls(ToolCalls):
     """How one wrapped tool names and runs its calls."""
 
-    def __init__(self, engine: Engine, inner: Any, tool: str, opts: dict[str, Any]) -> None:
-        self.engine, self.inner, self.tool = engine, inner, tool
-        self.key: Namer | None = opts["key"]
-        self.scope: Namer | None = opts["scope"]
-        self.model_key: bool = opts["model_key"]
-        self.shield: bool = opts["shield"]
-        self.given = {k: v for k, v in opts["overrides"].items() if v is not None}
-        engine.policy(tool, **self.given)  # refuse bad settings now
-        self.visible = _fields(inner.tool_call_schema)  # what the model sends: fingerprinted
-        self.declared = KEY_ARGUMENT in self.visible
-        self.injected = self.model_key and not self.declared
+    def __init__(self, engine: Engine, inner: Any, tool: str, **options: Any) -> None:
+        self.visible = schema_fields(inner.tool_call_schema)  # what the model sends: fingerprinted
+        super().__init__(engine, inner, tool, self.visible, **options)
 
     def prepare(self, args: tuple[Any, ...], kwargs: dict[str, Any], config: Any, run_manager: Any) -> _Call:
         call_id = _CALL_ID.get()
-        given_key = kwargs.pop(KEY_ARGUMENT, None) if self.injected else kwargs.get(KEY_ARGUMENT)
+        model_key = self.model_key_of(kwargs)
         if args:  # a single string input
             payload: Any = {"input": args[0]}
             args_in: Any = args[0]
@@ -197,14 +145,8 @@ class _Gate:
             payload = {k: v for k, v in kwargs.items() if k in self.visible and k != KEY_ARGUMENT}
             args_in = kwargs
         payload = jsonable(payload)
-        action = name_action(
-            call_id=call_id,
-            scope=self.scope(payload, config)
-            if self.scope is not None
-            else run_scope(config, getattr(run_manager, "parent_run_id", None)),
-            business_key=self.key(payload, config) if self.key is not None else None,
-            model_key=(given_key or None) if self.model_key else None,
-        )
+        parent = getattr(run_manager, "parent_run_id", None)
+        action = self.action(call_id, payload, config, lambda: run_scope(config, parent), model_key)
         # The wrapped tool gets the call as a ToolCall (its injected call id, if it has one).
         tool_input = (
             {"name": self.inner.name, "args": args_in, "id": call_id, "type": "tool_call"}
@@ -223,43 +165,37 @@ def idempotent(
     scope: Namer | None = None,
     model_key: bool = True,
     shield: bool = True,
-    kind: str | None = None,
-    ttl: float | None = None,
-    lease: float | None = None,
-    wait: float | None = None,
-    fallback_window: float | None = None,
-    on_unknown: str | None = None,
+    **policy: Unpack[PolicyOptions],
 ) -> Any:
     """A LangChain tool running ``base_tool`` (any ``BaseTool``) through ``engine``: one action
     per tool-call id within its scope, and per identical call within the window (see the module
     documentation). ``tool`` is the record's tool name (default: the tool's name);
     ``key(args, config)`` names the action by its business identity (not scoped; ``None``: the
     call id); ``scope(args, config)`` replaces the default scope (:func:`run_scope`);
-    ``model_key=False`` leaves the ``idempotency_key`` argument out of the schema; the policy
-    fields override the engine's (``fallback_window`` is the re-emission window)."""
-    name = tool or base_tool.name
-    opts = dict(
+    ``model_key=False`` leaves the ``idempotency_key`` argument out of the schema; the keyword
+    arguments of :class:`~idemgate.engine.PolicyOptions` override the engine's policy
+    (``fallback_window`` is the re-emission window)."""
+    g = _Calls(
+        engine,
+        base_tool,
+        tool or base_tool.name,
         key=key,
         scope=scope,
         model_key=model_key,
         shield=shield,
-        overrides=policy_overrides(kind, ttl, lease, wait, fallback_window, on_unknown),
+        policy=policy,
     )
-    g = _Gate(engine, base_tool, name, opts)
-    schema = base_tool.args_schema
-    if g.injected and schema is not None:
-        schema = _with_key_argument(schema)
     return _tool_class()(
         name=base_tool.name,
         description=base_tool.description,
-        args_schema=schema,
+        args_schema=g.schema(base_tool.args_schema),
         return_direct=base_tool.return_direct,
         handle_tool_error=base_tool.handle_tool_error,
         handle_validation_error=base_tool.handle_validation_error,
         metadata=base_tool.metadata,
         tags=base_tool.tags,
         inner=base_tool,
-        gate=g,
+        calls=g,
     )
 
 
@@ -272,21 +208,19 @@ def idempotent_tool(
     scope: Namer | None = None,
     model_key: bool = True,
     shield: bool = True,
-    kind: str | None = None,
-    ttl: float | None = None,
-    lease: float | None = None,
-    wait: float | None = None,
-    fallback_window: float | None = None,
-    on_unknown: str | None = None,
-    **tool_kwargs: Any,
+    **kwargs: Any,
 ) -> Any:
     """``langchain_core.tools.tool(func, **tool_kwargs)`` gated by ``engine``
-    (:func:`idempotent`). Use bare or with arguments."""
-    options = {k: v for k, v in locals().items() if k not in ("engine", "func", "tool_kwargs")}
+    (:func:`idempotent`): the keyword arguments of :class:`~idemgate.engine.PolicyOptions` go to
+    the gate, the others to ``tool``. Use bare or with arguments."""
+    policy, tool_kwargs = split_policy(kwargs)
 
     def build(fn: Callable[..., Any]) -> Any:
         from langchain_core.tools import tool as make_tool
 
-        return idempotent(engine, make_tool(fn, **tool_kwargs), **options)
+        made = make_tool(fn, **tool_kwargs)
+        return idempotent(
+            engine, made, tool=tool, key=key, scope=scope, model_key=model_key, shield=shield, **policy
+        )
 
     return build(func) if func is not None else build

@@ -50,7 +50,7 @@ from collections import OrderedDict
 from typing import Any, Callable
 
 from ..engine import Engine
-from ._gate import Namer, gate, policy_overrides
+from ._tool_calls import Namer, once_per_action, split_policy
 
 __all__ = ["graph_scope", "idempotent_tool"]
 
@@ -132,13 +132,7 @@ def idempotent_tool(
     scope: Namer | None = None,
     model_key: bool = True,
     shield: bool = True,
-    kind: str | None = None,
-    ttl: float | None = None,
-    lease: float | None = None,
-    wait: float | None = None,
-    fallback_window: float | None = None,
-    on_unknown: str | None = None,
-    **tool_kwargs: Any,
+    **kwargs: Any,
 ) -> Any:
     """A LangChain tool (``langchain_core.tools.tool``) of ``func`` gated by ``engine``: one action
     per ``InjectedToolCallId`` within its scope, and per identical call within the window (see
@@ -146,16 +140,17 @@ def idempotent_tool(
     name); ``key(args, config)`` names the action by its business identity (not scoped;
     ``None``: the call id); ``scope(args, config)`` replaces the default scope
     (:func:`graph_scope`); ``model_key=False`` leaves the ``idempotency_key`` argument out of the
-    schema; the policy fields override the engine's (``fallback_window`` is the re-emission
-    window); ``tool_kwargs`` go to ``langchain_core.tools.tool`` (``description``,
-    ``parse_docstring``...). Use bare or with arguments."""
+    schema; the keyword arguments of :class:`~idemgate.engine.PolicyOptions` override the
+    engine's policy (``fallback_window`` is the re-emission window); the others go to
+    ``langchain_core.tools.tool`` (``description``, ``parse_docstring``...). Use bare or with
+    arguments."""
     from langchain_core.tools import tool as make_tool
 
-    overrides = policy_overrides(kind, ttl, lease, wait, fallback_window, on_unknown)
+    policy, tool_kwargs = split_policy(kwargs)
 
     def build(fn: Callable[..., Any]) -> Any:
         call_id = _call_id_param(fn)
-        gated = gate(
+        gated = once_per_action(
             engine,
             fn,
             tool=tool or fn.__name__,
@@ -164,7 +159,7 @@ def idempotent_tool(
             default_scope=graph_scope,
             exclude={call_id},
             shield=shield,
-            overrides=overrides,
+            policy=policy,
             key=key,
             scope=scope,
             model_key=model_key,

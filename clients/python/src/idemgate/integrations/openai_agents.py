@@ -45,7 +45,7 @@ import uuid
 from typing import Any, Callable
 
 from ..engine import Engine
-from ._gate import KEY_META, Namer, context_param, gate, policy_overrides, scoped_meta
+from ._tool_calls import KEY_META, Namer, context_tool, scoped_meta, split_policy
 
 __all__ = ["KEY_META", "idempotent_function_tool", "run_scope", "tool_meta_resolver"]
 
@@ -84,13 +84,7 @@ def idempotent_function_tool(
     scope: Namer | None = None,
     model_key: bool = True,
     shield: bool = True,
-    kind: str | None = None,
-    ttl: float | None = None,
-    lease: float | None = None,
-    wait: float | None = None,
-    fallback_window: float | None = None,
-    on_unknown: str | None = None,
-    **function_tool_kwargs: Any,
+    **kwargs: Any,
 ) -> Any:
     """``agents.function_tool`` of ``func`` gated by ``engine``: one action per
     ``ToolContext.tool_call_id`` within its scope, and per identical call within the scope's
@@ -99,31 +93,27 @@ def idempotent_function_tool(
     ``tool`` is the record's tool name (default: ``name_override`` or the function's name);
     ``key(args, ctx)`` names the action by its business identity (not scoped; ``None``: the call
     id); ``scope(args, ctx)`` replaces the default scope (:func:`run_scope`); ``model_key=False``
-    leaves the ``idempotency_key`` argument out of the schema. ``kind``, ``ttl``, ``lease``,
-    ``wait``, ``fallback_window`` (the re-emission window), ``on_unknown`` override the engine's
-    policy; the other keyword arguments go to ``function_tool`` (``timeout``, ``name_override``,
+    leaves the ``idempotency_key`` argument out of the schema. The keyword arguments of
+    :class:`~idemgate.engine.PolicyOptions` override the engine's policy (``fallback_window`` is
+    the re-emission window); the others go to ``function_tool`` (``timeout``, ``name_override``,
     ``failure_error_function``...). Use bare or with arguments.
     """
     from agents import function_tool
 
-    overrides = policy_overrides(kind, ttl, lease, wait, fallback_window, on_unknown)
+    policy, function_tool_kwargs = split_policy(kwargs)
 
     def build(fn: Callable[..., Any]) -> Any:
-        ctx = context_param(fn, "ToolContext")
-        name = tool or function_tool_kwargs.get("name_override") or fn.__name__
-        gated = gate(
+        gated = context_tool(
             engine,
             fn,
-            tool=name,
-            call_id_of=lambda b: getattr(b.arguments[ctx], "tool_call_id", None),
-            context_of=lambda b: b.arguments[ctx],
+            what="ToolContext",
+            tool=tool or function_tool_kwargs.get("name_override") or fn.__name__,
             default_scope=run_scope,
-            exclude={ctx},
-            shield=shield,
-            overrides=overrides,
             key=key,
             scope=scope,
             model_key=model_key,
+            shield=shield,
+            policy=policy,
         )
         return function_tool(gated, **function_tool_kwargs)
 

@@ -41,10 +41,10 @@ MCP servers behind ``idemgate mcp`` (or gated by the FastMCP middleware):
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Unpack
 
-from ..engine import Engine
-from ._gate import KEY_META, Namer, context_param, gate, policy_overrides, scoped_meta
+from ..engine import Engine, PolicyOptions
+from ._tool_calls import KEY_META, Namer, context_tool, scoped_meta
 
 __all__ = ["KEY_META", "conversation_scope", "idempotent_tool", "process_tool_call"]
 
@@ -64,12 +64,7 @@ def idempotent_tool(
     scope: Namer | None = None,
     model_key: bool = True,
     shield: bool = True,
-    kind: str | None = None,
-    ttl: float | None = None,
-    lease: float | None = None,
-    wait: float | None = None,
-    fallback_window: float | None = None,
-    on_unknown: str | None = None,
+    **policy: Unpack[PolicyOptions],
 ) -> Any:
     """``func`` (whose first parameter takes the ``RunContext``) gated by ``engine``: one action
     per ``RunContext.tool_call_id`` within its conversation, and per identical call within the
@@ -78,25 +73,22 @@ def idempotent_tool(
     function's name); ``key(args, ctx)`` names the action by its business identity (not scoped;
     ``None``: the call id); ``scope(args, ctx)`` replaces the default scope
     (:func:`conversation_scope`); ``model_key=False`` leaves the ``idempotency_key`` argument out
-    of the schema; the policy fields override the engine's (``fallback_window`` is the
-    re-emission window). Use bare or with arguments."""
-    overrides = policy_overrides(kind, ttl, lease, wait, fallback_window, on_unknown)
+    of the schema; the keyword arguments of :class:`~idemgate.engine.PolicyOptions` override the
+    engine's policy (``fallback_window`` is the re-emission window). Use bare or with
+    arguments."""
 
     def build(fn: Callable[..., Any]) -> Any:
-        ctx = context_param(fn, "RunContext")
-        return gate(
+        return context_tool(
             engine,
             fn,
+            what="RunContext",
             tool=tool or fn.__name__,
-            call_id_of=lambda b: getattr(b.arguments[ctx], "tool_call_id", None),
-            context_of=lambda b: b.arguments[ctx],
             default_scope=conversation_scope,
-            exclude={ctx},
-            shield=shield,
-            overrides=overrides,
             key=key,
             scope=scope,
             model_key=model_key,
+            shield=shield,
+            policy=policy,
         )
 
     return build(func) if func is not None else build

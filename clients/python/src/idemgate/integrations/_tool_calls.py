@@ -1,19 +1,21 @@
-"""What every integration shares: a tool function gated by the in-process engine, once per
-logical action (the framework's tool-call id within its scope, and the re-emission window), with
-the framework's own signature kept intact."""
+"""What every framework integration shares: how a tool call's logical action is named (the
+framework's tool-call id within its scope, the re-emission window, the model's and the program's
+keys) and how a tool function is run once per action through the in-process engine, with the
+framework's own signature kept intact."""
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import functools
 import inspect
 import json
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Awaitable, Callable, TypeVar
+from typing import Any, Awaitable, Callable, Mapping, TypeVar
 
 from .._native import derive_key
-from ..engine import _CURRENT_KEY, Engine, Result
+from ..engine import _CURRENT_KEY, _POLICY_FIELDS, Engine, Result, given_policy
 from ..errors import IdemgateError, LeaseLost, NotApplied, OutcomeNotRecorded
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -335,7 +337,7 @@ async def _akeyed(key: str | None, fn: Callable[[], Any]) -> Any:
 Namer = Callable[[dict[str, Any], Any], "str | None"]
 
 
-def gate(
+def once_per_action(
     engine: Engine,
     fn: F,
     *,
@@ -345,7 +347,7 @@ def gate(
     default_scope: Callable[[Any], str | None],
     exclude: set[str],
     shield: bool,
-    overrides: dict[str, Any],
+    policy: Mapping[str, Any],
     key: Namer | None = None,
     scope: Namer | None = None,
     model_key: bool = True,
@@ -354,7 +356,8 @@ def gate(
     call id is ``call_id_of(bound arguments)``, the framework's context ``context_of(...)``, its
     scope ``scope(args, context)`` or else ``default_scope(context)``; ``key(args, context)``
     names the action by its business identity instead. The fingerprinted arguments are the
-    call's minus ``exclude`` (the framework's context objects) and the model's key.
+    call's minus ``exclude`` (the framework's context objects) and the model's key. ``policy``
+    (:class:`~idemgate.engine.PolicyOptions`) overrides the engine's policy for the tool.
 
     With ``model_key``, the model may pass an ``idempotency_key`` argument to name a new action
     (a deliberate repeat): the wrapper's signature gains it (optional, described to the model)
@@ -362,7 +365,7 @@ def gate(
     ``fn``'s signature, name and docstring (``functools.wraps``), so a framework derives the same
     schema from it."""
     sig = inspect.signature(fn)
-    given = {k: v for k, v in overrides.items() if v is not None}
+    given = given_policy(policy)
     engine.policy(tool, **given)  # refuse bad settings now
     declared = KEY_ARGUMENT in sig.parameters
     injected = model_key and not declared
@@ -438,21 +441,138 @@ def _add_key_parameter(wrapper: Any, sig: inspect.Signature) -> None:
     wrapper.__annotations__ = {**getattr(wrapper, "__annotations__", {}), KEY_ARGUMENT: annotation}
 
 
-def policy_overrides(
-    kind: str | None = None,
-    ttl: float | None = None,
-    lease: float | None = None,
-    wait: float | None = None,
-    fallback_window: float | None = None,
-    on_unknown: str | None = None,
-) -> dict[str, Any]:
-    return dict(
-        kind=kind,
-        ttl=ttl,
-        lease=lease,
-        wait=wait,
-        fallback_window=fallback_window,
-        on_unknown=on_unknown,
+def schema_fields(schema: Any) -> set[str]:
+    """The argument names of a tool schema (a pydantic model or a JSON schema)."""
+    if schema is None:
+        return set()
+    if isinstance(schema, dict):
+        return set(schema.get("properties") or {})
+    fields = getattr(schema, "model_fields", None)
+    return set(fields if fields is not None else getattr(schema, "__fields__", {}))
+
+
+def with_key_argument(schema: Any) -> Any:
+    """``schema`` (a JSON schema or a pydantic model) with an optional ``idempotency_key``
+    argument, described to the model."""
+    if isinstance(schema, dict):
+        out = copy.deepcopy(schema)
+        out.setdefault("properties", {})[KEY_ARGUMENT] = {
+            "type": "string",
+            "description": KEY_DESCRIPTION,
+        }
+        return out
+    from pydantic import Field, create_model
+
+    return create_model(  # type: ignore[call-overload]
+        schema.__name__,
+        __base__=schema,
+        **{KEY_ARGUMENT: (str | None, Field(default=None, description=KEY_DESCRIPTION))},
+    )
+
+
+class ToolCalls:
+    """How a framework's tool object wrapped by an integration (LangChain's and CrewAI's
+    ``idempotent``) names and runs its calls: the wrapper's options, and whether the model's
+    ``idempotency_key`` is an argument of the tool itself (``declared``: passed on) or one the
+    wrapper adds to its schema (``injected``: taken out of the call)."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        inner: Any,
+        tool: str,
+        fields: set[str],
+        *,
+        key: Namer | None,
+        scope: Namer | None,
+        model_key: bool,
+        shield: bool,
+        policy: Mapping[str, Any],
+    ) -> None:
+        self.engine, self.inner, self.tool = engine, inner, tool
+        self.key, self.scope, self.model_key, self.shield = key, scope, model_key, shield
+        self.given = given_policy(policy)
+        engine.policy(tool, **self.given)  # refuse bad settings now
+        self.declared = KEY_ARGUMENT in fields
+        self.injected = model_key and not self.declared
+
+    def schema(self, schema: Any) -> Any:
+        """The wrapper's argument schema: the tool's, with the model's key when it is added."""
+        return with_key_argument(schema) if self.injected and schema is not None else schema
+
+    def model_key_of(self, kwargs: dict[str, Any]) -> str | None:
+        """The model's key of a call (taken out of ``kwargs`` when the wrapper added it)."""
+        given = kwargs.pop(KEY_ARGUMENT, None) if self.injected else kwargs.get(KEY_ARGUMENT)
+        return (given or None) if self.model_key else None
+
+    def action(
+        self,
+        call_id: str | None,
+        payload: Any,
+        ctx: Any,
+        default_scope: Callable[[], str | None],
+        model_key: str | None,
+    ) -> Action:
+        """The action of a call (:func:`name_action`): its scope ``scope(payload, ctx)``, else
+        ``default_scope()``; its business key ``key(payload, ctx)``."""
+        return name_action(
+            call_id=call_id,
+            scope=self.scope(payload, ctx) if self.scope is not None else default_scope(),
+            business_key=self.key(payload, ctx) if self.key is not None else None,
+            model_key=model_key,
+        )
+
+    def run(self, action: Action, payload: Any, fn: Callable[[], Any]) -> Any:
+        """``fn()`` once per action; what the model is handed."""
+        out = call_sync(self.engine, self.tool, action, payload, lambda: jsonable(fn()), self.given)
+        return out.answer(self.tool, self.model_key)
+
+    async def arun(self, action: Action, payload: Any, fn: Callable[[], Any]) -> Any:
+        """As :meth:`run`, awaited (``fn`` may return an awaitable)."""
+        out = await call_async(
+            self.engine, self.tool, action, payload, fn, self.given, self.shield
+        )
+        return out.answer(self.tool, self.model_key)
+
+
+def split_policy(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The keyword arguments of a wrapper that also takes its framework's own: the policy fields
+    (:class:`~idemgate.engine.PolicyOptions`) and the rest, for the framework."""
+    policy = {k: kwargs[k] for k in _POLICY_FIELDS if k in kwargs}
+    return policy, {k: v for k, v in kwargs.items() if k not in policy}
+
+
+def context_tool(
+    engine: Engine,
+    fn: F,
+    *,
+    what: str,
+    tool: str,
+    default_scope: Callable[[Any], str | None],
+    key: Namer | None,
+    scope: Namer | None,
+    model_key: bool,
+    shield: bool,
+    policy: Mapping[str, Any],
+) -> F:
+    """:func:`once_per_action` of ``fn`` whose first parameter takes the framework's context
+    (``what``: its name), which carries the call's ``tool_call_id`` (the OpenAI Agents SDK's
+    ``ToolContext``, Pydantic AI's ``RunContext``): the context is not fingerprinted, and is what
+    ``default_scope``, ``key=`` and ``scope=`` are given."""
+    ctx = context_param(fn, what)
+    return once_per_action(
+        engine,
+        fn,
+        tool=tool,
+        call_id_of=lambda b: getattr(b.arguments[ctx], "tool_call_id", None),
+        context_of=lambda b: b.arguments[ctx],
+        default_scope=default_scope,
+        exclude={ctx},
+        shield=shield,
+        policy=policy,
+        key=key,
+        scope=scope,
+        model_key=model_key,
     )
 
 

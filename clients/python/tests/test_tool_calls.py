@@ -1,4 +1,4 @@
-"""What every framework integration shares (``idemgate.integrations._gate``), without a
+"""What every framework integration shares (``idemgate.integrations._tool_calls``), without a
 framework: a call's action is its call id within its scope, and inside the scope an identical
 call within the window is the same action under any call id, exactly once under races."""
 
@@ -13,7 +13,7 @@ import pytest
 
 from idemgate import Engine, InFlight, Policy, current_key
 from idemgate.integrations import scoped_key
-from idemgate.integrations._gate import Action, call_async, call_sync, gate, name_action
+from idemgate.integrations._tool_calls import Action, call_async, call_sync, name_action, once_per_action
 
 
 @pytest.fixture
@@ -131,7 +131,7 @@ def test_the_model_key_is_added_to_a_tool_and_passed_to_one_declaring_it(engine:
         return order
 
     def gated(fn: object) -> object:
-        return gate(
+        return once_per_action(
             engine,
             fn,  # type: ignore[arg-type]
             tool=fn.__name__,  # type: ignore[attr-defined]
@@ -140,7 +140,7 @@ def test_the_model_key_is_added_to_a_tool_and_passed_to_one_declaring_it(engine:
             default_scope=lambda ctx: "conv",
             exclude={"ctx"},
             shield=True,
-            overrides={},
+            policy={},
         )
 
     d, p = gated(declared), gated(plain)

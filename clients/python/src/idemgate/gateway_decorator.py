@@ -1,5 +1,8 @@
-"""``@idempotent``: run a tool function at most once per key, through the gateway: plain functions
-with a :class:`Client`, ``async def`` functions with an :class:`AsyncClient`."""
+"""The HTTP gateway client's ``@idempotent`` (:func:`idemgate.remote.idempotent`, and
+:func:`idemgate.idempotent` given a client): run a tool function at most once per key through a
+remote gateway (``idemgate serve``), plain functions with a :class:`Client`, ``async def``
+functions with an :class:`AsyncClient`. The in-process engine's decorator is
+:func:`idemgate.engine.idempotent`."""
 
 from __future__ import annotations
 

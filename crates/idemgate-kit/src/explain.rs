@@ -1,0 +1,586 @@
+//! One explanation of a call's answer for every door: the facts (what happened, when, how it was
+//! recorded, what the caller may do next) and the sentences that say them, one for a model and
+//! one for a person. Each door renders an [`Explanation`] into its own wire (an MCP result, a
+//! problem document, lines on stderr, a Python exception), but none words a decision itself: "in
+//! flight" or "outcome unknown" reads the same at every door, and a new decision is a compile
+//! error here, once, rather than in four matches.
+
+use std::time::Duration;
+
+use idemgate_core::{Answer, Decision, EngineError, Fence, KeyRule, Recording, Timestamp, Verdict};
+
+use crate::payload::Payload;
+
+/// How a door names things in its sentences.
+#[derive(Clone, Copy, Debug)]
+pub struct Door<'a> {
+    /// What ran, as the caller knows it: "the command", "the function", "the tool send_mail".
+    pub effect: &'a str,
+    /// The record, as a person names it: "order-1 (tool charge)".
+    pub record: &'a str,
+    /// How an operator resolves a record at this door.
+    pub resolve: Resolve<'a>,
+    /// How the caller names a new action, to do one again on purpose: "call the tool again with
+    /// the argument idempotency_key set to a new value that names the new action".
+    pub repeat: &'a str,
+    /// How the caller sends a key, for a write refused without one.
+    pub add_key: &'a str,
+}
+
+/// How an operator says what happened to an unknown record, at a door.
+#[derive(Clone, Copy, Debug)]
+pub enum Resolve<'a> {
+    /// A command line without the fence and the resolution:
+    /// "idemgate keys resolve order-1 --tool charge --tenant acme".
+    Command(&'a str),
+    /// The gateway's `POST /v1/tools/{tool}/records/{key}/resolve`.
+    Http,
+    /// The Python engine's `Engine.resolve`.
+    Python,
+}
+
+impl Resolve<'_> {
+    /// The instruction for a record at `fence`: how to say it happened, and that it did not.
+    fn instruction(self, fence: Fence) -> String {
+        let (did, did_not) = match self {
+            Resolve::Command(command) => (
+                format!("`{command} --fence {fence} --completed`"),
+                "`--release`".to_owned(),
+            ),
+            Resolve::Http => (
+                format!("`POST /v1/tools/{{tool}}/records/{{key}}/resolve` with `{{\"fence\": {fence}, \"resolution\": \"completed\", \"outcome\": …}}`"),
+                "`\"resolution\": \"release\"`".to_owned(),
+            ),
+            Resolve::Python => (
+                format!("`engine.resolve(tool, key, {fence}, \"completed\", result)` (or `idemgate keys resolve`)"),
+                "`\"release\"`".to_owned(),
+            ),
+        };
+        format!(
+            "{did} (it did) or {did_not} (it did not; the next call with this key runs it again)"
+        )
+    }
+}
+
+/// What a call's answer says, as facts every door shows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Explanation {
+    /// The verdict, from the core's one table.
+    pub verdict: Verdict,
+    /// The rule that named the record, for answers about one.
+    pub rule: Option<KeyRule>,
+    /// What happened.
+    pub what: What,
+    /// What the caller may do next.
+    pub next: Next,
+}
+
+/// What happened to the call.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum What {
+    /// The side effect ran in this call, at `at`; `recording` says whether its outcome is kept.
+    Ran {
+        /// When its outcome was recorded.
+        at: Timestamp,
+        /// How it was recorded.
+        recording: Recording,
+    },
+    /// A duplicate: the stored outcome of an earlier run, not run now.
+    Replayed {
+        /// When the earlier run's outcome was recorded, or when an operator resolved it.
+        at: Timestamp,
+        /// Until when duplicates get it.
+        until: Timestamp,
+        /// The outcome is an operator's resolution, not one the side effect returned.
+        by_operator: bool,
+    },
+    /// Run without a record (a read, a naturally idempotent tool).
+    PassedThrough,
+    /// The side effect ran and reported that nothing happened; the key is free again unless the
+    /// release was lost.
+    NotApplied {
+        /// What the side effect said.
+        why: String,
+        /// How the release was recorded.
+        recording: Recording,
+    },
+    /// Another call holds the record and did not finish within the wait bound.
+    InFlight {
+        /// Since when.
+        since: Timestamp,
+        /// When to ask again.
+        retry_after: Duration,
+    },
+    /// Nobody can tell whether the side effect happened.
+    Unknown {
+        /// Since when.
+        since: Timestamp,
+        /// The record's fence, which a resolution names.
+        fence: Fence,
+        /// This very call ran it (and the side effect said its outcome is ambiguous).
+        ran_here: bool,
+        /// What the side effect or its verifier said.
+        why: Option<String>,
+    },
+    /// Nothing ran: the call was refused, for the reason given.
+    Refused {
+        /// The engine's error, in its words.
+        why: String,
+    },
+}
+
+/// What the caller may do next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Next {
+    /// Nothing: the answer is final until the record expires.
+    Nothing,
+    /// The fallback window took this call for a repeat: a new key runs it again on purpose.
+    RepeatWithNewKey,
+    /// Call again with the same key after this long to get the other call's result.
+    CallAgainAfter(Duration),
+    /// The next call with the same key runs the side effect.
+    NextCallRuns,
+    /// An operator says what happened, naming this fence.
+    Resolve(Fence),
+    /// An operator resolves the record once it reads unknown (its lease ends): its outcome was
+    /// recorded nowhere.
+    ResolveOnceUnknown,
+    /// Look at the record: it holds another call's outcome, not this one.
+    LookAtRecord,
+    /// Call again with a key.
+    AddKey,
+    /// A new key for a new action, the same arguments for a retry.
+    NewKeyOrSameArguments,
+    /// Try again later.
+    TryLater,
+    /// Fix the request.
+    FixRequest,
+}
+
+impl Explanation {
+    /// The explanation of a call's result.
+    pub fn of(result: &Result<Answer, EngineError>) -> Self {
+        match result {
+            Ok(answer) => Self::of_answer(answer),
+            Err(e) => Self::of_error(e),
+        }
+    }
+
+    /// The explanation of an answer.
+    pub fn of_answer(answer: &Answer) -> Self {
+        let verdict = Verdict::of_answer(answer);
+        let rule = answer.rule;
+        let (what, next) = match &answer.decision {
+            Decision::Executed {
+                executed_at,
+                recording,
+                ..
+            } => (
+                What::Ran {
+                    at: *executed_at,
+                    recording: recording.clone(),
+                },
+                match recording {
+                    Recording::Stored | Recording::Journaled => Next::Nothing,
+                    Recording::LeaseLost => Next::LookAtRecord,
+                    Recording::Unrecorded(_) => Next::ResolveOnceUnknown,
+                },
+            ),
+            Decision::Replayed {
+                outcome,
+                executed_at,
+                expires_at,
+                ..
+            } => (
+                What::Replayed {
+                    at: *executed_at,
+                    until: *expires_at,
+                    by_operator: Payload::is_resolution(outcome),
+                },
+                if rule == Some(KeyRule::Fallback) {
+                    Next::RepeatWithNewKey
+                } else {
+                    Next::Nothing
+                },
+            ),
+            Decision::PassedThrough { .. } => (What::PassedThrough, Next::Nothing),
+            Decision::NotApplied {
+                message, recording, ..
+            } => (
+                What::NotApplied {
+                    why: message.clone(),
+                    recording: recording.clone(),
+                },
+                match recording {
+                    Recording::Stored | Recording::Journaled => Next::NextCallRuns,
+                    Recording::LeaseLost => Next::LookAtRecord,
+                    Recording::Unrecorded(_) => Next::ResolveOnceUnknown,
+                },
+            ),
+            Decision::InFlight { since, retry_after } => (
+                What::InFlight {
+                    since: *since,
+                    retry_after: *retry_after,
+                },
+                Next::CallAgainAfter(*retry_after),
+            ),
+            Decision::Unknown {
+                since,
+                fence,
+                ran_here,
+                message,
+                ..
+            } => (
+                What::Unknown {
+                    since: *since,
+                    fence: *fence,
+                    ran_here: *ran_here,
+                    why: message.clone(),
+                },
+                Next::Resolve(*fence),
+            ),
+        };
+        Explanation {
+            verdict,
+            rule,
+            what,
+            next,
+        }
+    }
+
+    /// The explanation of a refusal: nothing ran (or, for a lost lease, what ran is not recorded).
+    pub fn of_error(e: &EngineError) -> Self {
+        let verdict = Verdict::of_error(e);
+        let next = match verdict {
+            Verdict::KeyRequired => Next::AddKey,
+            Verdict::KeyReused => Next::NewKeyOrSameArguments,
+            Verdict::StoreUnavailable | Verdict::JournalFailed => Next::TryLater,
+            Verdict::LeaseLost => Next::LookAtRecord,
+            Verdict::BadRequest
+            | Verdict::NotFound
+            | Verdict::NotResolvable
+            | Verdict::Execute
+            | Verdict::Executed
+            | Verdict::Unrecorded
+            | Verdict::Replayed
+            | Verdict::PassedThrough
+            | Verdict::NotApplied
+            | Verdict::InFlight
+            | Verdict::Unknown
+            | Verdict::QuotaExceeded
+            | Verdict::RateLimited => Next::FixRequest,
+        };
+        let rule = match e {
+            EngineError::KeyReuse { rule, .. } => Some(*rule),
+            _ => None,
+        };
+        Explanation {
+            verdict,
+            rule,
+            what: What::Refused { why: e.to_string() },
+            next,
+        }
+    }
+
+    /// Whether the tool's unknown policy runs an unknown record again on the next call; the
+    /// explanation then says so instead of asking for an operator. Doors call it with the tool's
+    /// policy (`policy.on_unknown == UnknownPolicy::Retry`).
+    #[must_use]
+    pub fn retried_when_unknown(mut self, retry: bool) -> Self {
+        if let (
+            true,
+            What::Unknown {
+                ran_here: false, ..
+            },
+        ) = (retry, &self.what)
+        {
+            self.next = Next::NextCallRuns;
+        }
+        self
+    }
+
+    /// What a person reads (stderr, an exception, a problem's detail): one paragraph that names
+    /// the record and says what happened and what to do.
+    pub fn for_person(&self, door: &Door<'_>) -> String {
+        let Door { effect, record, .. } = *door;
+        let next = self.next_for_person(door);
+        match &self.what {
+            What::Ran { at, recording } => match recording {
+                Recording::Stored => format!("{effect} ran at {at}; its outcome is stored"),
+                Recording::Journaled => format!("{effect} ran at {at}, but the store did not confirm its outcome: it is journaled and is stored when the store takes writes again"),
+                Recording::LeaseLost => format!("{effect} ran, but outlived its lease on {record} and another call took the record over: the record holds that call's outcome, not this one{next}"),
+                Recording::Unrecorded(why) => format!("{effect} ran, but its outcome for {record} was recorded neither in the store nor in the journal ({why}); the record turns unknown when its lease ends, for an operator to resolve"),
+            },
+            What::Replayed {
+                at,
+                until,
+                by_operator,
+            } => {
+                let by = match self.rule {
+                    Some(KeyRule::Fallback) => "the fallback window (an identical call without a key)",
+                    _ => "key",
+                };
+                let when = if *by_operator {
+                    format!("an operator resolved it with `idemgate keys resolve` at {at}; {effect} was not run now")
+                } else {
+                    format!("{effect} ran at {at}, not now")
+                };
+                format!("replayed the outcome of {record} by {by}: {when} (kept until {until}){next}")
+            }
+            What::PassedThrough => format!("{effect} ran without a record (it does not change state)"),
+            What::NotApplied { why, recording } => match recording {
+                Recording::Stored | Recording::Journaled => format!("{why}; the key of {record} is free again{next}"),
+                Recording::LeaseLost => format!("{why}; but the lease on {record} was lost meanwhile and another call holds the record{next}"),
+                Recording::Unrecorded(e) => format!("{why}; but releasing the key of {record} failed in the store and the journal ({e}): it turns unknown when its lease ends"),
+            },
+            What::InFlight { since, .. } => format!("another call holds {record} (since {since}) and did not finish within the wait bound, so this one did not start it again{next}"),
+            What::Unknown { since, fence, ran_here, why } => {
+                let why = why.clone().unwrap_or_else(|| if *ran_here {
+                    "the side effect said its outcome is ambiguous".to_owned()
+                } else {
+                    "an earlier call stopped before its outcome was recorded".to_owned()
+                });
+                format!("the outcome of {record} is unknown since {since} (fence {fence}): {why}{next}")
+            }
+            What::Refused { why } => format!("{why}{next}"),
+        }
+    }
+
+    fn next_for_person(&self, door: &Door<'_>) -> String {
+        match self.next {
+            Next::Nothing
+            | Next::FixRequest
+            | Next::AddKey
+            | Next::NewKeyOrSameArguments
+            | Next::ResolveOnceUnknown => String::new(),
+            Next::RepeatWithNewKey => format!(". To run it again on purpose: {}", door.repeat),
+            Next::CallAgainAfter(after) => format!(
+                "; try again with the same key in {} s to get its result",
+                after.as_secs().max(1)
+            ),
+            Next::NextCallRuns => {
+                "; the next call with the same key runs it again".to_owned()
+            }
+            Next::Resolve(fence) => format!(
+                ". It is not run again: check whether it took effect, then record what happened with {}",
+                door.resolve.instruction(fence)
+            ),
+            Next::LookAtRecord => " (look at the record to see it)".to_owned(),
+            Next::TryLater => "; try again later".to_owned(),
+        }
+    }
+
+    /// What a model reads in the answer to its tool call: what happened to *this action*, in
+    /// words, and what it can do. Replays say it in a note beside the stored result.
+    pub fn for_model(&self, door: &Door<'_>) -> String {
+        let effect = door.effect;
+        match &self.what {
+            What::Replayed {
+                at, by_operator, ..
+            } => {
+                if self.rule == Some(KeyRule::Fallback) {
+                    format!("an identical call of this tool (the same arguments, without an idempotency key) ran at {at} in this conversation, so this one was taken for a repeat of that action and was not run again; the result above is the one it returned then. To do it again on purpose, {}.", door.repeat)
+                } else if *by_operator {
+                    format!("an operator resolved this action with `idemgate keys resolve` at {at}; it was not run now, and the result above is the one the operator recorded.")
+                } else {
+                    format!("this action was already performed at {at} and was not repeated; the result above is the one it returned then.")
+                }
+            }
+            What::InFlight { since, retry_after } => format!(
+                "This action is already running in another call (since {since}); it was not started again. Call again with the same key in about {} s to get its result.",
+                retry_after.as_secs().max(1)
+            ),
+            What::Unknown {
+                since,
+                fence,
+                ran_here,
+                why,
+            } => {
+                let why = why.clone().unwrap_or_else(|| {
+                    "an earlier attempt stopped before its outcome was recorded".to_owned()
+                });
+                let resolve = format!(
+                    "Check whether it took effect; an operator records what happened with {}.",
+                    door.resolve.instruction(*fence)
+                );
+                let next = match (ran_here, self.next) {
+                    (false, Next::NextCallRuns) => {
+                        "The next call with the same key runs it again.".to_owned()
+                    }
+                    (false, _) => {
+                        format!("It was NOT repeated, so that it cannot happen twice. {resolve}")
+                    }
+                    (true, _) => format!("It was sent to {effect} once and calls with the same key will not send it again. {resolve}"),
+                };
+                format!("The outcome of this action is unknown (since {since}): {why}. {next}")
+            }
+            What::NotApplied { why, .. } => {
+                format!("Nothing was done: {why}. The call may be sent again.")
+            }
+            What::Refused { why } => match self.verdict {
+                Verdict::KeyRequired => format!(
+                    "{effect} changes state, so this call needs an idempotency key, and none was sent; nothing was done. {}",
+                    door.add_key
+                ),
+                Verdict::KeyReused => format!(
+                    "This idempotency key was already used for {effect} with other arguments, so nothing was done. Use a new key for a new action, and the same arguments when retrying an action. ({why})"
+                ),
+                Verdict::StoreUnavailable => format!(
+                    "The idempotency store is unavailable, so nothing was done (the call was not sent to {effect}). Try again later. ({why})"
+                ),
+                _ => format!("Nothing was done: {why}."),
+            },
+            What::Ran { .. } | What::PassedThrough => {
+                format!("{}.", capitalized(&self.for_person(door)))
+            }
+        }
+    }
+}
+
+fn capitalized(s: &str) -> String {
+    let mut chars = s.chars();
+    match chars.next() {
+        Some(c) => c.to_uppercase().chain(chars).collect(),
+        None => String::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use idemgate_core::{Answer, Outcome};
+
+    const CLI: Door<'static> = Door {
+        effect: "the command",
+        record: "k (tool t)",
+        resolve: Resolve::Command("idemgate keys resolve k --tool t --tenant a"),
+        repeat: "run it again with a new --key",
+        add_key: "pass --key",
+    };
+
+    fn answer(decision: Decision, rule: Option<KeyRule>) -> Answer {
+        Answer {
+            key: None,
+            rule,
+            decision,
+        }
+    }
+
+    fn at(ms: i64) -> Timestamp {
+        Timestamp::from_millis(ms)
+    }
+
+    #[test]
+    fn an_unknown_outcome_names_the_fence_and_both_resolutions_unless_the_tool_retries() {
+        let unknown = answer(
+            Decision::Unknown {
+                since: at(1_000),
+                fence: 7,
+                ran_here: false,
+                message: None,
+                recording: None,
+            },
+            Some(KeyRule::Explicit),
+        );
+        let told = Explanation::of_answer(&unknown);
+        assert_eq!(told.next, Next::Resolve(7));
+        let person = told.for_person(&CLI);
+        assert!(
+            person.contains("--fence 7 --completed") && person.contains("--release"),
+            "{person}"
+        );
+        let model = told.for_model(&CLI);
+        assert!(model.contains("NOT repeated"), "{model}");
+
+        let retried = Explanation::of_answer(&unknown).retried_when_unknown(true);
+        assert_eq!(retried.next, Next::NextCallRuns);
+        let person = retried.for_person(&CLI);
+        assert!(
+            person.contains("runs it again") && !person.contains("--fence"),
+            "{person}"
+        );
+    }
+
+    #[test]
+    fn a_window_replay_says_it_was_taken_for_a_repeat_and_how_to_repeat_on_purpose() {
+        let replay = |rule, outcome| {
+            Explanation::of_answer(&answer(
+                Decision::Replayed {
+                    outcome,
+                    executed_at: at(1_000),
+                    expires_at: at(9_000),
+                    verified: false,
+                },
+                Some(rule),
+            ))
+        };
+        let window = replay(KeyRule::Fallback, Outcome::success(b"1".to_vec()));
+        assert_eq!(window.next, Next::RepeatWithNewKey);
+        let model = window.for_model(&CLI);
+        assert!(
+            model.contains("taken for a repeat") && model.contains("a new --key"),
+            "{model}"
+        );
+        let keyed = replay(KeyRule::Explicit, Outcome::success(b"1".to_vec()));
+        assert_eq!(keyed.next, Next::Nothing);
+        assert!(keyed.for_model(&CLI).contains("not repeated"));
+        assert!(keyed
+            .for_person(&CLI)
+            .contains("the command ran at 1970-01-01T00:00:01.000Z, not now"));
+        let resolution = Payload::Json(serde_json::value::to_raw_value(&1).unwrap())
+            .into_resolution(idemgate_core::OutcomeKind::Success);
+        let resolved = replay(KeyRule::Explicit, resolution);
+        assert!(matches!(
+            resolved.what,
+            What::Replayed {
+                by_operator: true,
+                ..
+            }
+        ));
+        assert!(resolved.for_model(&CLI).contains("an operator resolved"));
+    }
+
+    #[test]
+    fn an_outcome_recorded_nowhere_is_never_told_as_done() {
+        let lost = Explanation::of_answer(&answer(
+            Decision::Executed {
+                outcome: Outcome::success(Vec::new()),
+                executed_at: at(0),
+                expires_at: at(1),
+                recording: Recording::Unrecorded("disk full".into()),
+            },
+            None,
+        ));
+        assert_eq!(lost.verdict, Verdict::Unrecorded);
+        assert_eq!(lost.next, Next::ResolveOnceUnknown);
+        let person = lost.for_person(&CLI);
+        assert!(
+            person.contains("recorded neither") && person.contains("disk full"),
+            "{person}"
+        );
+    }
+
+    #[test]
+    fn a_refusal_says_nothing_ran_and_what_to_do() {
+        let e = EngineError::KeyRequired {
+            tool: "t".to_owned(),
+        };
+        let told = Explanation::of_error(&e);
+        assert_eq!(
+            (told.verdict, told.next),
+            (Verdict::KeyRequired, Next::AddKey)
+        );
+        assert!(told.for_model(&CLI).contains("pass --key"));
+        let busy = Explanation::of_answer(&answer(
+            Decision::InFlight {
+                since: at(0),
+                retry_after: Duration::from_millis(300),
+            },
+            None,
+        ));
+        assert_eq!(busy.next, Next::CallAgainAfter(Duration::from_millis(300)));
+        assert!(busy
+            .for_person(&CLI)
+            .contains("try again with the same key in 1 s"));
+    }
+}

@@ -1,0 +1,241 @@
+//! What the two halves of a call are made of: the engine's `Call` from Python's arguments, what
+//! `begin` hands back (a `Ticket`, `None` or a replay's `Result`), the `Ticket` itself (its lease
+//! kept by the engine's lease keeper while the function runs) and what `finish` is told. The
+//! halves themselves, sync and async, are methods of `Engine` (engine.rs): PyO3 takes one
+//! `#[pymethods]` block a class (without its `multiple-pymethods` feature), and each is a few
+//! lines over the pieces here.
+
+use std::sync::{Arc, Mutex};
+
+use idemgate::{Begun, Call, Effect, EngineError, IdempotencyKey, Ticket, ToolName};
+use idemgate_kit::Payload;
+use pyo3::exceptions::PyRuntimeError;
+use pyo3::prelude::*;
+
+use crate::answer::{answer_of, engine_error};
+use crate::engine::{Engine, Shared};
+use crate::keys::fingerprint_of;
+
+/// Permission to run one call's side effect: the reserved record and its lease, renewed by the
+/// engine's lease keeper until `finish`.
+#[pyclass(frozen, module = "idemgate._native", name = "Ticket")]
+pub(crate) struct PyTicket {
+    pub(crate) ticket: Ticket,
+    shared: Arc<Shared>,
+    /// The lease kept alive while the function runs; `None` once finished.
+    lease: Mutex<Option<u64>>,
+}
+
+impl PyTicket {
+    fn stop_heartbeat(&self) -> bool {
+        match self.lease.lock().map(|mut l| l.take()) {
+            Ok(Some(id)) => {
+                self.shared.leases.drop_lease(id);
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
+impl Drop for PyTicket {
+    fn drop(&mut self) {
+        self.stop_heartbeat();
+    }
+}
+
+#[pymethods]
+impl PyTicket {
+    /// The idempotency key naming the record (a `fallback-…` key under the fallback window).
+    #[getter]
+    fn key(&self) -> &str {
+        self.ticket.key.key.as_str()
+    }
+    /// `explicit` or `fallback`.
+    #[getter]
+    fn rule(&self) -> String {
+        self.ticket.rule.to_string()
+    }
+    /// The record's fence.
+    #[getter]
+    fn fence(&self) -> u64 {
+        self.ticket.lease.fence
+    }
+    /// The downstream key of the action: the record's 64-hex digest (SHA-256 of tenant, tool and
+    /// key), what `idemgate mcp` fills a tool's `idempotency_key` argument with.
+    #[getter]
+    fn digest(&self) -> String {
+        idemgate::key::hex(&self.ticket.key.digest())
+    }
+    fn __repr__(&self) -> String {
+        format!(
+            "Ticket({}, fence {})",
+            self.ticket.key, self.ticket.lease.fence
+        )
+    }
+}
+
+/// What `begin` gives Python: a ticket, `None` to pass through, or the `Result` of a replay (or its
+/// exception).
+pub(crate) fn begun(
+    py: Python<'_>,
+    shared: &Arc<Shared>,
+    begun: Result<Begun, EngineError>,
+) -> PyResult<Py<PyAny>> {
+    match begun {
+        Err(e) => Err(engine_error(py, &e)),
+        Ok(Begun::PassThrough) => Ok(py.None()),
+        // A replay: its `Result` at once (a stored failure raises `Failed`).
+        Ok(Begun::Answered(answer)) => answer_of(py, answer)?.result_with(py, None),
+        Ok(Begun::Execute(ticket)) => {
+            let lease = shared.leases.hold(&ticket);
+            let t = PyTicket {
+                ticket,
+                shared: Arc::clone(shared),
+                lease: Mutex::new(Some(lease)),
+            };
+            Ok(Py::new(py, t)?.into_any())
+        }
+    }
+}
+
+/// What the function reported, from Python's words; the error is the message of the `ValueError`
+/// it raises.
+pub(crate) fn effect(kind: &str, body: &str) -> Result<Effect, String> {
+    let json = |body: &str| {
+        Payload::json_text(body)
+            .map(|p| p.encode())
+            .map_err(|e| e.to_string())
+    };
+    Ok(match kind {
+        "success" => Effect::Success(json(body)?),
+        "failed" => Effect::Failed(json(body)?),
+        "not_applied" => Effect::not_applied(body),
+        "ambiguous" => Effect::Ambiguous(body.to_owned()),
+        other => {
+            return Err(format!(
+                "unknown effect {other:?}: expected success, failed, not_applied or ambiguous"
+            ))
+        }
+    })
+}
+
+impl Engine {
+    /// The engine's call: `args` (any Python value; `None`: no arguments) fingerprinted as its
+    /// JSON text `json.dumps(args, default=repr)` would be (see [`fingerprint_of`]), made in
+    /// `scope` (`Call::scope`: a call without key is joined by the fallback window only to
+    /// identical calls of the same scope).
+    pub(crate) fn call(
+        &self,
+        py: Python<'_>,
+        tool: &str,
+        key: Option<&str>,
+        args: &Bound<'_, PyAny>,
+        scope: Option<&str>,
+    ) -> PyResult<Call> {
+        // In the order the checks always ran: what `json.dumps` raises, the tool, the key, then
+        // arguments the engine cannot read.
+        let fingerprint = if args.is_none() {
+            None
+        } else {
+            Some(fingerprint_of(args)?)
+        };
+        let call = || -> Result<Call, EngineError> {
+            let mut call = Call::new(self.shared.tenant.clone(), ToolName::new(tool)?);
+            if let Some(key) = key {
+                call = call.key(IdempotencyKey::explicit(key)?);
+            }
+            if let Some(fingerprint) = fingerprint {
+                call = call.fingerprint(fingerprint?);
+            }
+            if let Some(scope) = scope {
+                call = call.scope(scope);
+            }
+            Ok(call)
+        };
+        call().map_err(|e| engine_error(py, &e))
+    }
+
+    /// The ticket of a `finish`, its lease no longer kept; raises if it was finished already.
+    pub(crate) fn ticket<'a>(ticket: &'a Bound<'_, PyTicket>) -> PyResult<&'a PyTicket> {
+        let t = ticket.get();
+        if !t.stop_heartbeat() {
+            return Err(PyRuntimeError::new_err(
+                "this ticket was already finished: report each call's outcome once",
+            ));
+        }
+        Ok(t)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::test_support::{memory_engine, ticket};
+
+    #[test]
+    fn success_and_failed_carry_json() {
+        let body = Payload::json_text(r#"{"n":1}"#).unwrap().encode();
+        assert_eq!(
+            effect("success", r#"{"n":1}"#),
+            Ok(Effect::Success(body.clone()))
+        );
+        assert_eq!(effect("failed", r#"{"n":1}"#), Ok(Effect::Failed(body)));
+        for kind in ["success", "failed"] {
+            let e = effect(kind, "not json").unwrap_err();
+            assert!(e.contains("not JSON"), "{kind}: {e}");
+        }
+    }
+
+    #[test]
+    fn not_applied_and_ambiguous_carry_a_message() {
+        assert_eq!(
+            effect("not_applied", "no such user"),
+            Ok(Effect::not_applied("no such user"))
+        );
+        assert_eq!(
+            effect("ambiguous", "timed out"),
+            Ok(Effect::Ambiguous("timed out".into()))
+        );
+    }
+
+    #[test]
+    fn an_unknown_effect_is_refused() {
+        assert_eq!(
+            effect("succeeded", "1").unwrap_err(),
+            "unknown effect \"succeeded\": expected success, failed, not_applied or ambiguous"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_ticket_lets_its_lease_go_once() {
+        // What makes a second `finish` of one ticket raise, and what stops its heartbeats.
+        let shared = memory_engine().await;
+        let t = ticket(&shared, "k-once", Duration::from_secs(30)).await;
+        let lease = shared.leases.hold(&t);
+        let t = PyTicket {
+            ticket: t,
+            shared: Arc::clone(&shared),
+            lease: Mutex::new(Some(lease)),
+        };
+        assert_eq!(shared.leases.held(), 1);
+        assert!(t.stop_heartbeat());
+        assert_eq!(shared.leases.held(), 0);
+        assert!(!t.stop_heartbeat());
+    }
+
+    #[tokio::test]
+    async fn a_dropped_ticket_lets_its_lease_go() {
+        let shared = memory_engine().await;
+        let t = ticket(&shared, "k-drop", Duration::from_secs(30)).await;
+        let lease = shared.leases.hold(&t);
+        drop(PyTicket {
+            ticket: t,
+            shared: Arc::clone(&shared),
+            lease: Mutex::new(Some(lease)),
+        });
+        assert_eq!(shared.leases.held(), 0);
+    }
+}

@@ -1,0 +1,363 @@
+//! `Engine`: the handle Python holds on one engine over one store, with its runtime, its journal
+//! flusher and its lease keeper; its opening and closing, and every method Python calls on it.
+//! The methods stay in this one `#[pymethods]` block (PyO3 takes one a class without its
+//! `multiple-pymethods` feature) and are thin: the halves of a call are made of call.rs's pieces,
+//! answers in answer.rs, and the runtime's bridging in runtime.rs.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use idemgate::{AnyStore, FileJournal, IdempotencyKey, JournalFlusher, Key, TenantId, ToolName};
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use tokio::runtime::{Handle, Runtime};
+
+use crate::answer::{engine_error, open_error, reply};
+use crate::call::{begun, effect, PyTicket};
+use crate::leases::{keep_leases, Leases};
+use crate::policy::Policy;
+use crate::records::{self, record_view};
+use crate::runtime::stop;
+use crate::verifier::PyVerifier;
+
+/// How often the journal of unconfirmed outcomes is flushed into the store.
+const FLUSH_EVERY: Duration = Duration::from_secs(5);
+
+/// What the engine's tasks share.
+pub(crate) struct Shared {
+    pub(crate) engine: Arc<idemgate::Engine<AnyStore>>,
+    pub(crate) tenant: TenantId,
+    /// The store keeps its records in this process (`memory:`): its futures finish without I/O,
+    /// so a call is first polled on the caller's thread with the GIL held (see `Engine::run`).
+    pub(crate) in_process_store: bool,
+    pub(crate) handle: Handle,
+    pub(crate) leases: Leases,
+}
+
+/// The engine over one store (see `Engine.open`).
+#[pyclass(frozen, weakref, module = "idemgate._native", name = "Engine")]
+pub(crate) struct Engine {
+    pub(crate) shared: Arc<Shared>,
+    url: String,
+    journal: Option<PathBuf>,
+    /// Taken by `close` (or the drop); calls go through `shared.handle` while `closed` is unset.
+    runtime: Mutex<Option<Runtime>>,
+    flusher: Mutex<Option<JournalFlusher>>,
+    pub(crate) closed: AtomicBool,
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+#[pymethods]
+impl Engine {
+    /// Opens the store at `url` (`sqlite:///path`, `postgres://…`, `redis://…`, `memory:`; default:
+    /// the SQLite file every `idemgate` command uses) with a durable journal beside it (`journal`,
+    /// else where the command line keeps it), for `tenant`, on a runtime of `worker_threads`.
+    /// Raises `StoreMisconfigured` for a URL or store set up wrong, `StoreUnavailable` for a store
+    /// that cannot be reached (see [`open_error`]). `verifiers` maps tool names to their
+    /// verifier (see [`PyVerifier`]), asked when a call finds the tool's record unknown under the
+    /// policy `on_unknown = "verify"`.
+    #[staticmethod]
+    #[pyo3(signature = (url = None, *, journal = None, tenant = "default", worker_threads = 2, verifiers = None))]
+    fn open(
+        py: Python<'_>,
+        url: Option<&str>,
+        journal: Option<PathBuf>,
+        tenant: &str,
+        worker_threads: usize,
+        verifiers: Option<std::collections::HashMap<String, Py<PyAny>>>,
+    ) -> PyResult<Self> {
+        let tenant = TenantId::new(tenant).map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let (url, journal_dir) = idemgate::store_and_journal(url, journal.as_deref())
+            .map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+        let runtime = crate::runtime::start(worker_threads)?;
+        let store = py
+            .detach(|| runtime.block_on(AnyStore::connect(&url)))
+            .map_err(|e| open_error(py, &url, &e))?;
+        let mut engine = idemgate::Engine::new(store);
+        for (tool, verify) in verifiers.unwrap_or_default() {
+            engine = engine.with_verifier(tool, Arc::new(PyVerifier(Arc::new(verify))));
+        }
+        let mut journal = None;
+        if engine.store().is_durable() {
+            let file = FileJournal::open(&journal_dir).map_err(|e| {
+                PyRuntimeError::new_err(format!(
+                    "failed to open journal {}: {e}",
+                    journal_dir.display()
+                ))
+            })?;
+            engine = engine.with_journal(Arc::new(file));
+            journal = Some(journal_dir);
+        }
+        let engine = Arc::new(engine);
+        let flusher = {
+            let _in_runtime = runtime.enter();
+            engine.spawn_journal_flusher(FLUSH_EVERY)
+        };
+        let shared = Arc::new(Shared {
+            in_process_store: matches!(engine.store(), AnyStore::Memory(_)),
+            engine,
+            tenant,
+            handle: runtime.handle().clone(),
+            leases: Leases::default(),
+        });
+        runtime.spawn(keep_leases(Arc::downgrade(&shared)));
+        Ok(Engine {
+            shared,
+            url,
+            journal,
+            runtime: Mutex::new(Some(runtime)),
+            flusher: Mutex::new(Some(flusher)),
+            closed: AtomicBool::new(false),
+        })
+    }
+
+    /// Stops the engine's runtime and waits (up to 5 s, with the GIL released) for its threads
+    /// to finish what they are doing, an async answer on its way to Python included (see
+    /// [`stop`]; dropping the engine does the same). Later calls raise `RuntimeError`. The
+    /// package calls it for every engine still open when the interpreter exits, before it starts
+    /// shutting down.
+    fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        drop(self.flusher.lock().ok().and_then(|mut f| f.take()));
+        let runtime = self.runtime.lock().ok().and_then(|mut r| r.take());
+        if let Some(runtime) = runtime {
+            stop(runtime);
+        }
+    }
+
+    /// The store's URL.
+    #[getter]
+    fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The journal directory (`None` for the memory store).
+    #[getter]
+    fn journal(&self) -> Option<PathBuf> {
+        self.journal.clone()
+    }
+
+    /// The tenant whose records these are.
+    #[getter]
+    fn tenant(&self) -> &str {
+        self.shared.tenant.as_str()
+    }
+
+    /// Decides whether a call may run now: a `Ticket` (run the function, then `finish`), `None`
+    /// (a read or naturally idempotent tool: run it, nothing is recorded) or the package's
+    /// `Result` (a replay; a stored failure raises `Failed`); in-flight, unknown, key-reused and
+    /// other refusals raise. Waits up to the policy's
+    /// `wait` for a racing call, with the GIL released. `scope`: where the call was made (a
+    /// conversation); the fallback window joins only identical calls of one scope.
+    #[pyo3(signature = (tool, key, args, policy, *, scope = None))]
+    fn begin(
+        &self,
+        py: Python<'_>,
+        tool: &str,
+        key: Option<&str>,
+        args: &Bound<'_, PyAny>,
+        policy: &Policy,
+        scope: Option<&str>,
+    ) -> PyResult<Py<PyAny>> {
+        let call = self.call(py, tool, key, args, scope)?;
+        let result = self.run(py, self.shared.engine.begin(call, &policy.0))?;
+        begun(py, &self.shared, result)
+    }
+
+    /// Records what the function reported (`success`/`failed` with its JSON text,
+    /// `not_applied`/`ambiguous` with a message) and answers; an outcome that could not be
+    /// recorded or a lost lease raises.
+    fn finish(
+        &self,
+        py: Python<'_>,
+        ticket: &Bound<'_, PyTicket>,
+        effect_kind: &str,
+        body: &str,
+    ) -> PyResult<Py<PyAny>> {
+        let reported = effect(effect_kind, body).map_err(PyValueError::new_err)?;
+        let t = Self::ticket(ticket)?;
+        let answer = self.run(py, self.shared.engine.finish(&t.ticket, reported))?;
+        reply(py, answer)
+    }
+
+    /// As `begin`, on the engine's runtime: calls `done(ok, value)` (from a runtime thread, with
+    /// the GIL) with what `begin` returns or raises.
+    #[pyo3(signature = (tool, key, args, policy, done, *, scope = None))]
+    #[allow(clippy::too_many_arguments)] // Python's signature: each is one of its arguments
+    fn begin_async(
+        &self,
+        py: Python<'_>,
+        tool: &str,
+        key: Option<&str>,
+        args: &Bound<'_, PyAny>,
+        policy: &Policy,
+        done: Py<PyAny>,
+        scope: Option<&str>,
+    ) -> PyResult<()> {
+        let call = self.call(py, tool, key, args, scope)?;
+        let policy = policy.0.clone();
+        let engine = Arc::clone(&self.shared.engine);
+        self.answer_async(
+            py,
+            async move { engine.begin(call, &policy).await },
+            begun,
+            done,
+        )
+    }
+
+    /// As `finish`, on the engine's runtime: calls `done(ok, value)`.
+    fn finish_async(
+        &self,
+        py: Python<'_>,
+        ticket: &Bound<'_, PyTicket>,
+        effect_kind: &str,
+        body: &str,
+        done: Py<PyAny>,
+    ) -> PyResult<()> {
+        let reported = effect(effect_kind, body).map_err(PyValueError::new_err)?;
+        Self::ticket(ticket)?;
+        let ticket = ticket.get().ticket.clone();
+        let engine = Arc::clone(&self.shared.engine);
+        self.answer_async(
+            py,
+            async move { engine.finish(&ticket, reported).await },
+            |py, _, answer| reply(py, answer),
+            done,
+        )
+    }
+
+    /// The record a call is judged by, as `Engine::key_for` names it: a dict with `tenant`,
+    /// `tool`, `key`, `rule`, `ttl` (seconds) and `digest` (hex), or `None` for reads and naturally
+    /// idempotent tools.
+    #[pyo3(signature = (tool, key, args, policy, *, scope = None))]
+    fn key_for<'py>(
+        &self,
+        py: Python<'py>,
+        tool: &str,
+        key: Option<&str>,
+        args: &Bound<'_, PyAny>,
+        policy: &Policy,
+        scope: Option<&str>,
+    ) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let call = self.call(py, tool, key, args, scope)?;
+        let named = self
+            .shared
+            .engine
+            .key_for(&call, &policy.0)
+            .map_err(|e| engine_error(py, &e))?;
+        let Some(named) = named else {
+            return Ok(None);
+        };
+        let d = PyDict::new(py);
+        d.set_item("tenant", named.key.tenant.as_str())?;
+        d.set_item("tool", named.key.tool.as_str())?;
+        d.set_item("key", named.key.key.as_str())?;
+        d.set_item("rule", named.rule.to_string())?;
+        d.set_item("ttl", named.ttl.as_secs_f64())?;
+        d.set_item("digest", idemgate::key::hex(&named.key.digest()))?;
+        Ok(Some(d))
+    }
+
+    /// The record of `(tool, key)` as JSON text (the shape `idemgate keys show --json` prints
+    /// from), or `None`.
+    fn record(&self, py: Python<'_>, tool: &str, key: &str) -> PyResult<Option<String>> {
+        let name = Key::new(
+            self.shared.tenant.clone(),
+            ToolName::new(tool).map_err(|e| PyValueError::new_err(e.to_string()))?,
+            IdempotencyKey::new(key).map_err(|e| PyValueError::new_err(e.to_string()))?,
+        );
+        let record = self
+            .run(py, self.shared.engine.get(&name))?
+            .map_err(|e| engine_error(py, &e))?;
+        record.as_ref().map(record_view).transpose()
+    }
+
+    /// This tenant's records, oldest first, as JSON texts (`record`'s shape): only `tool`'s,
+    /// only those in `state` (`in_flight`, `completed`, `unknown`), at most `limit` (0: all).
+    #[pyo3(signature = (tool = None, state = None, limit = 0))]
+    fn records(
+        &self,
+        py: Python<'_>,
+        tool: Option<&str>,
+        state: Option<&str>,
+        limit: usize,
+    ) -> PyResult<Vec<String>> {
+        let filter = idemgate::ListFilter {
+            tenant: Some(self.shared.tenant.clone()),
+            tool: tool
+                .map(ToolName::new)
+                .transpose()
+                .map_err(|e| PyValueError::new_err(e.to_string()))?,
+            state: state
+                .map(str::parse::<idemgate::State>)
+                .transpose()
+                .map_err(PyValueError::new_err)?,
+            scope: None,
+            limit,
+        };
+        let records = self
+            .run(py, self.shared.engine.list(&filter))?
+            .map_err(|e| engine_error(py, &e))?;
+        records.iter().map(record_view).collect()
+    }
+
+    /// Resolves the unknown record of `(tool, key)` as an operator decided, if its fence is still
+    /// `fence`: `completed` with `result` (JSON text; `failed`: a terminal failure), stored for
+    /// `ttl` seconds and marked as an operator's resolution, or `release` (it did not happen: the
+    /// next call runs). The record after, as `record` shows it (`None` once released); raises
+    /// `NotFound`, `NotResolvable` (not unknown, or its fence moved on) or `StoreUnavailable`.
+    #[pyo3(signature = (tool, key, fence, resolution, result = None, failed = false, ttl = 86400.0))]
+    #[allow(clippy::too_many_arguments)] // Python's signature: each is one of its arguments
+    fn resolve(
+        &self,
+        py: Python<'_>,
+        tool: &str,
+        key: &str,
+        fence: u64,
+        resolution: &str,
+        result: Option<&str>,
+        failed: bool,
+        ttl: f64,
+    ) -> PyResult<Option<String>> {
+        let name = Key::new(
+            self.shared.tenant.clone(),
+            ToolName::new(tool).map_err(|e| PyValueError::new_err(e.to_string()))?,
+            IdempotencyKey::new(key).map_err(|e| PyValueError::new_err(e.to_string()))?,
+        );
+        let resolution =
+            records::resolution(resolution, result, failed, ttl).map_err(PyValueError::new_err)?;
+        let after = self
+            .run(
+                py,
+                self.shared
+                    .engine
+                    .resolve(&name, fence, resolution, None, None),
+            )?
+            .map_err(|e| engine_error(py, &e))?;
+        after.as_ref().map(record_view).transpose()
+    }
+
+    /// Replays journaled outcomes into the store now: `(applied, superseded, pending)`.
+    fn flush_journal(&self, py: Python<'_>) -> PyResult<(usize, usize, usize)> {
+        let report = self
+            .run(py, self.shared.engine.flush_journal())?
+            .map_err(|e| engine_error(py, &e))?;
+        Ok((report.applied, report.superseded, report.pending))
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Engine({:?}, tenant={:?})",
+            self.url,
+            self.shared.tenant.as_str()
+        )
+    }
+}

@@ -1,0 +1,118 @@
+//! The module's functions on keys and fingerprints, and the fingerprint of a call's arguments
+//! read from the Python value itself.
+
+use idemgate::IdempotencyKey;
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
+
+/// A stable key for one step of one run: `IdempotencyKey::derive(run_id, step)`.
+#[pyfunction]
+pub(crate) fn derive_key(run_id: &str, step: &str) -> String {
+    IdempotencyKey::derive(run_id, step).as_str().to_owned()
+}
+
+/// A fresh random key: `IdempotencyKey::mint()`.
+#[pyfunction]
+pub(crate) fn mint_key() -> String {
+    IdempotencyKey::mint().as_str().to_owned()
+}
+
+/// Checks a caller's key (`IdempotencyKey::explicit`); raises `ValueError` with the reason.
+#[pyfunction]
+pub(crate) fn check_key(key: &str) -> PyResult<String> {
+    IdempotencyKey::explicit(key)
+        .map(|k| k.as_str().to_owned())
+        .map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
+/// The fingerprint (hex SHA-256 of the canonical JSON) of JSON text, integers kept exact.
+#[pyfunction]
+pub(crate) fn fingerprint(args: &str) -> PyResult<String> {
+    idemgate::Fingerprint::of_json_text(args.as_bytes())
+        .map(|f| f.to_hex())
+        .map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
+/// The fingerprint of a call's arguments given as a Python value, as the engine takes them: the
+/// one of `json.dumps(args, default=repr)`.
+#[pyfunction]
+pub(crate) fn fingerprint_args(args: &Bound<'_, PyAny>) -> PyResult<String> {
+    fingerprint_of(args)?
+        .map(|f| f.to_hex())
+        .map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
+/// The fingerprint of a call's arguments: the one of their JSON text `json.dumps(args,
+/// default=repr)` (what the package passed before, and what a user can reproduce), read from the
+/// Python value directly when it is made of plain JSON types (exactly `dict` with `str` keys,
+/// `list`, `tuple`, `str`, `int` within 64 bits, finite `float`, `bool`, `None`), which saves
+/// writing and re-parsing that text. Anything else (subclasses, other types, big integers, NaN,
+/// lone surrogates, nesting beyond `MAX_DEPTH`) takes the text path itself, so both paths give
+/// the same fingerprint or the same error.
+pub(crate) fn fingerprint_of(
+    args: &Bound<'_, PyAny>,
+) -> PyResult<Result<idemgate::Fingerprint, idemgate::CanonicalError>> {
+    if let Some(value) = plain_json(args, 0) {
+        return Ok(Ok(idemgate::Fingerprint::of_json(&value)));
+    }
+    static DUMPS: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    let py = args.py();
+    let dumps = DUMPS.get_or_try_init(py, || {
+        py.import("json")?.getattr("dumps").map(Bound::unbind)
+    })?;
+    let kwargs = PyDict::new(py);
+    kwargs.set_item("default", py.import("builtins")?.getattr("repr")?)?;
+    let text = dumps.call(py, (args,), Some(&kwargs))?;
+    let text = text.bind(py).cast::<PyString>()?.to_str()?;
+    Ok(idemgate::Fingerprint::of_json_text(text.as_bytes()))
+}
+
+/// A Python value of plain JSON types as a JSON value, or `None` when it holds anything else
+/// (see [`fingerprint_of`]; exact types only, as `json.dumps` writes subclasses its own way).
+fn plain_json(v: &Bound<'_, PyAny>, depth: usize) -> Option<serde_json::Value> {
+    use serde_json::Value;
+    if depth > idemgate::canonical::MAX_DEPTH {
+        return None;
+    }
+    if v.is_none() {
+        return Some(Value::Null);
+    }
+    if let Ok(s) = v.cast_exact::<PyString>() {
+        return s.to_str().ok().map(|s| Value::String(s.to_owned()));
+    }
+    if let Ok(b) = v.cast_exact::<PyBool>() {
+        return Some(Value::Bool(b.is_true()));
+    }
+    if let Ok(i) = v.cast_exact::<PyInt>() {
+        return match i.extract::<i64>() {
+            Ok(i) => Some(i.into()),
+            Err(_) => i.extract::<u64>().ok().map(Into::into),
+        };
+    }
+    if let Ok(f) = v.cast_exact::<PyFloat>() {
+        return serde_json::Number::from_f64(f.value()).map(Value::Number);
+    }
+    if let Ok(d) = v.cast_exact::<PyDict>() {
+        let mut map = serde_json::Map::new();
+        for (k, item) in d.iter() {
+            let k = k.cast_exact::<PyString>().ok()?.to_str().ok()?;
+            map.insert(k.to_owned(), plain_json(&item, depth + 1)?);
+        }
+        return Some(Value::Object(map));
+    }
+    let array = |items: &mut dyn Iterator<Item = Bound<'_, PyAny>>| {
+        items
+            .map(|item| plain_json(&item, depth + 1))
+            .collect::<Option<_>>()
+            .map(Value::Array)
+    };
+    if let Ok(l) = v.cast_exact::<PyList>() {
+        return array(&mut l.iter());
+    }
+    if let Ok(t) = v.cast_exact::<PyTuple>() {
+        return array(&mut t.iter());
+    }
+    None
+}
