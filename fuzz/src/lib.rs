@@ -104,6 +104,7 @@ pub fn postgres_row(data: &[u8]) {
             expires_at: Arbitrary::arbitrary(&mut u)?,
             outcome_kind: Option::<u8>::arbitrary(&mut u)?.map(|k| i16::from(k % 3)),
             outcome_body: Arbitrary::arbitrary(&mut u)?,
+            scope: Arbitrary::arbitrary(&mut u)?,
             now: Arbitrary::arbitrary(&mut u)?,
         })
     })();
@@ -136,6 +137,7 @@ const REDIS_FIELDS: &[&str] = &[
     "body",
     "completed_at",
     "expires_at",
+    "scope",
 ];
 
 /// The Redis record decoder on any reply: mostly hashes of the record's field names with any

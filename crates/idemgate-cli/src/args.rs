@@ -277,6 +277,10 @@ pub enum KeysCommand {
         /// Only this tool's records.
         #[arg(long)]
         tool: Option<String>,
+        /// Only records reserved in this scope: the conversation or session a call was made in
+        /// (the MCP proxy names them `conversation:ID` or `session:ID`).
+        #[arg(long)]
+        scope: Option<String>,
         /// Records of every tenant, not just --tenant's.
         #[arg(long)]
         all_tenants: bool,
@@ -295,6 +299,10 @@ pub enum KeysCommand {
     /// Resolve an unknown record after checking what really happened (a command, an HTTP call or
     /// an MCP tool call, whichever front door wrote it).
     Resolve(ResolveArgs),
+    /// Reopen a completed or unknown record, so that the next call with its key runs the action
+    /// again.
+    #[command(long_about = REOPEN_ABOUT)]
+    Reopen(ReopenArgs),
     /// Delete completed records whose time is up.
     Purge {
         /// Required: purge records past their TTL (unknown records are never purged).
@@ -337,6 +345,41 @@ pub struct ResolveArgs {
     /// runs the action again.
     #[arg(long)]
     pub release: bool,
+    /// Why, in words, for the audit log (which also records your OS user).
+    #[arg(long)]
+    pub reason: Option<String>,
+}
+
+/// The long help of `keys reopen`.
+const REOPEN_ABOUT: &str = "\
+Reopen a completed or unknown record, so that the next call with its key runs the action again.
+
+Use it when a stored outcome must not be replayed any more (the action has to be done again: a
+charge was refunded, a message bounced), or when an unknown outcome turned out not to have taken
+effect. The record is reopened only if it still stands at the fence you looked at (`keys show`);
+a record in flight is never reopened, since its call may be running the action now: wait until it
+finishes or its lease ends.
+
+The next call with the key runs the action again, here at once. Other processes using the same
+store (gateways, MCP proxies, Python workers) may still replay the old outcome from their memory
+for up to 2 seconds (the engine's replay_cache_fresh), then run it again too. The audit log
+records who (your OS user) reopened it, at which fence, and why.";
+
+/// `keys reopen`.
+#[derive(Debug, Args)]
+pub struct ReopenArgs {
+    /// The key.
+    pub key: String,
+    /// The tool it was used with. Default: whichever tool has a record under the key.
+    #[arg(long)]
+    pub tool: Option<String>,
+    /// The fence you looked at (`keys show`); the record is reopened only if it still stands at
+    /// it.
+    #[arg(long)]
+    pub fence: u64,
+    /// Why, in words, for the audit log.
+    #[arg(long)]
+    pub reason: String,
 }
 
 /// `key ...`.

@@ -7,7 +7,7 @@ use idemgate::{
 };
 use idemgate_kit::Payload;
 
-use crate::args::{KeysCommand, ResolveArgs};
+use crate::args::{KeysCommand, ReopenArgs, ResolveArgs};
 use crate::{exit, out, Context};
 
 pub(crate) async fn run(ctx: &Context, cmd: &KeysCommand) -> Result<u8> {
@@ -15,6 +15,7 @@ pub(crate) async fn run(ctx: &Context, cmd: &KeysCommand) -> Result<u8> {
         KeysCommand::List {
             state,
             tool,
+            scope,
             all_tenants,
             limit,
         } => {
@@ -32,6 +33,7 @@ pub(crate) async fn run(ctx: &Context, cmd: &KeysCommand) -> Result<u8> {
                     .map(str::parse::<State>)
                     .transpose()
                     .map_err(anyhow::Error::msg)?,
+                scope: scope.as_deref().map(Into::into),
                 limit: *limit,
             };
             let records = ctx.store().list(&filter).await?;
@@ -77,6 +79,7 @@ pub(crate) async fn run(ctx: &Context, cmd: &KeysCommand) -> Result<u8> {
             Ok(0)
         }
         KeysCommand::Resolve(args) => resolve(ctx, args).await,
+        KeysCommand::Reopen(args) => reopen(ctx, args).await,
         KeysCommand::Purge { expired } => {
             if !expired {
                 bail!("refusing to purge without --expired");
@@ -122,8 +125,7 @@ async fn find(ctx: &Context, key: &str, tool: Option<&str>) -> Result<Option<Rec
     let filter = ListFilter {
         tenant: ctx.tenant_given.then(|| ctx.tenant.clone()),
         tool,
-        state: None,
-        limit: 0,
+        ..ListFilter::default()
     };
     let mut found: Vec<Record> = ctx
         .store()
@@ -147,13 +149,17 @@ async fn find(ctx: &Context, key: &str, tool: Option<&str>) -> Result<Option<Rec
     }
 }
 
+/// The record an operator settles (resolves or reopens), as [`find`]; says so when there is none.
+async fn find_to_settle(ctx: &Context, key: &str, tool: Option<&str>) -> Result<Option<Record>> {
+    let found = find(ctx, key, tool).await?;
+    if found.is_none() {
+        eprintln!("idemgate: no record for key {key}{}", scope(ctx, tool));
+    }
+    Ok(found)
+}
+
 async fn resolve(ctx: &Context, args: &ResolveArgs) -> Result<u8> {
-    let Some(record) = find(ctx, &args.key, args.tool.as_deref()).await? else {
-        eprintln!(
-            "idemgate: no record for key {}{}",
-            args.key,
-            scope(ctx, args.tool.as_deref())
-        );
+    let Some(record) = find_to_settle(ctx, &args.key, args.tool.as_deref()).await? else {
         return Ok(exit::FAILURE);
     };
     let key = record.key.clone();
@@ -185,7 +191,17 @@ async fn resolve(ctx: &Context, args: &ResolveArgs) -> Result<u8> {
     } else {
         Resolution::Release
     };
-    match ctx.engine.resolve(&key, fence, resolution).await {
+    match ctx
+        .engine
+        .resolve(
+            &key,
+            fence,
+            resolution,
+            operator().as_deref(),
+            args.reason.as_deref(),
+        )
+        .await
+    {
         Ok(after) => {
             if ctx.json {
                 out::line(format_args!(
@@ -211,6 +227,53 @@ async fn resolve(ctx: &Context, args: &ResolveArgs) -> Result<u8> {
             Ok(0)
         }
         Err(e @ (EngineError::NotResolvable { .. } | EngineError::NotFound { .. })) => {
+            eprintln!("idemgate: {e}");
+            Ok(exit::FAILURE)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Who runs an operator's command, for the audit log: the OS user.
+fn operator() -> Option<String> {
+    std::env::var("USER")
+        .or_else(|_| std::env::var("LOGNAME"))
+        .ok()
+        .filter(|u| !u.is_empty())
+}
+
+async fn reopen(ctx: &Context, args: &ReopenArgs) -> Result<u8> {
+    let Some(record) = find_to_settle(ctx, &args.key, args.tool.as_deref()).await? else {
+        return Ok(exit::FAILURE);
+    };
+    let key = record.key;
+    let by = operator();
+    match ctx
+        .engine
+        .reopen(&key, args.fence, by.as_deref(), Some(&args.reason))
+        .await
+    {
+        Ok(was) => {
+            if ctx.json {
+                let said = serde_json::json!({
+                    "reopened": true,
+                    "tenant": key.tenant,
+                    "tool": key.tool,
+                    "key": key.key,
+                    "fence": args.fence,
+                    "was": was,
+                });
+                out::line(format_args!("{said}"));
+            } else {
+                out::line(format_args!(
+                    "reopened: {} was {was}; the next call with key {} (tool {}, tenant {}) runs \
+                     the action again (other processes on this store within 2 s)",
+                    key.key, key.key, key.tool, key.tenant
+                ));
+            }
+            Ok(0)
+        }
+        Err(e @ (EngineError::NotReopenable { .. } | EngineError::NotFound { .. })) => {
             eprintln!("idemgate: {e}");
             Ok(exit::FAILURE)
         }
@@ -257,6 +320,9 @@ fn print_record(r: &Record) {
     out::line(format_args!("fence:        {}", r.fence));
     out::line(format_args!("fingerprint:  {}", r.fingerprint));
     out::line(format_args!("created:      {}", r.created_at));
+    if let Some(scope) = &r.scope {
+        out::line(format_args!("scope:        {scope}"));
+    }
     match &r.state {
         RecordState::InFlight { lease_until } => {
             out::line(format_args!("lease until:  {lease_until}"));
@@ -281,6 +347,10 @@ fn print_record(r: &Record) {
                 ));
             }
             out::line(format_args!("kept until:   {expires_at}"));
+            out::line(format_args!(
+                "reopen with:  idemgate keys reopen {} --tool {} --tenant {} --fence {} --reason TEXT (the next call runs the action again)",
+                r.key.key, r.key.tool, r.key.tenant, r.fence
+            ));
             match Payload::of(outcome) {
                 Ok(Payload::Command {
                     exit_code,

@@ -447,6 +447,95 @@ fn sigkill_mid_command_leaves_unknown_never_a_second_run() {
     assert_eq!(lines(&effect), 1);
 }
 
+/// `keys reopen` makes a completed record's command run again at the next call, only at the fence
+/// the operator looked at; its help says what it does and how soon other processes follow.
+#[test]
+fn keys_reopen_runs_a_completed_command_again() {
+    let sb = Sandbox::new();
+    let effect = sb.path("effect");
+    assert!(sb.exec_append("r-1", &effect, &[]).status.success());
+    assert!(sb.exec_append("r-1", &effect, &[]).status.success());
+    assert_eq!(lines(&effect), 1, "a replay");
+    let shown = sb.run(&["keys", "show", "r-1"]);
+    assert!(
+        text(&shown.stdout).contains("reopen with:  idemgate keys reopen r-1 --tool"),
+        "{}",
+        text(&shown.stdout)
+    );
+    let shown: serde_json::Value =
+        serde_json::from_slice(&sb.run(&["--json", "keys", "show", "r-1"]).stdout).unwrap();
+    let fence = shown["fence"].as_u64().unwrap().to_string();
+
+    let wrong = sb.run(&["keys", "reopen", "r-1", "--fence", "99", "--reason", "redo"]);
+    assert_eq!(wrong.status.code(), Some(1));
+    assert!(
+        text(&wrong.stderr)
+            .contains("only a completed or unknown record at the fence you looked at"),
+        "{}",
+        text(&wrong.stderr)
+    );
+    let no_reason = sb.run(&["keys", "reopen", "r-1", "--fence", &fence]);
+    assert_eq!(no_reason.status.code(), Some(2), "--reason is required");
+    assert!(sb.exec_append("r-1", &effect, &[]).status.success());
+    assert_eq!(lines(&effect), 1, "nothing reopened yet");
+
+    let reopened = sb.run(&[
+        "--json",
+        "keys",
+        "reopen",
+        "r-1",
+        "--fence",
+        &fence,
+        "--reason",
+        "the mail bounced",
+    ]);
+    assert!(reopened.status.success(), "{}", text(&reopened.stderr));
+    let said: serde_json::Value = serde_json::from_slice(&reopened.stdout).unwrap();
+    assert_eq!(said["reopened"], true);
+    assert_eq!(said["was"], "completed");
+    assert!(sb.exec_append("r-1", &effect, &[]).status.success());
+    assert_eq!(lines(&effect), 2, "the command ran again");
+    assert!(sb.exec_append("r-1", &effect, &[]).status.success());
+    assert_eq!(lines(&effect), 2, "and is replayed again");
+    let again = sb.run(&[
+        "keys", "reopen", "r-1", "--fence", &fence, "--reason", "twice",
+    ]);
+    assert_eq!(
+        again.status.code(),
+        Some(1),
+        "a retried reopening leaves the new record alone"
+    );
+
+    let help = text(&sb.run(&["keys", "reopen", "--help"]).stdout);
+    let help = help.split_whitespace().collect::<Vec<_>>().join(" ");
+    for said in [
+        "runs the action again",
+        "fence you looked at",
+        "in flight is never reopened",
+        "up to 2 seconds",
+        "audit log",
+    ] {
+        assert!(help.contains(said), "{said:?} not in {help}");
+    }
+}
+
+/// `keys list --scope` lists the records made in one scope (`exec` names none).
+#[test]
+fn keys_list_filters_by_scope() {
+    let sb = Sandbox::new();
+    assert!(sb
+        .exec_append("s-1", &sb.path("effect"), &[])
+        .status
+        .success());
+    let all = sb.run(&["--json", "keys", "list"]);
+    let all: serde_json::Value = serde_json::from_slice(&all.stdout).unwrap();
+    assert_eq!(all.as_array().unwrap().len(), 1);
+    assert!(all[0].get("scope").is_none(), "{all}");
+    let scoped = sb.run(&["--json", "keys", "list", "--scope", "conversation:1"]);
+    assert!(scoped.status.success(), "{}", text(&scoped.stderr));
+    assert_eq!(text(&scoped.stdout).trim(), "[]");
+}
+
 /// 16 processes fire the same key at once, for 200 keys: the command runs exactly once per key
 /// and every process gets its outcome.
 #[test]

@@ -17,7 +17,8 @@ use std::time::Duration;
 
 use idemgate_core::{
     Claim, Clock, Fingerprint, IdempotencyKey, Key, Lease, ListFilter, ManualClock, Outcome,
-    Record, RecordState, Reservation, State, Store, StoreError, TenantId, Timestamp, ToolName,
+    Record, RecordState, Reopened, Reservation, State, Store, StoreError, TenantId, Timestamp,
+    ToolName,
 };
 
 /// A store under test and a way to move its clock.
@@ -536,7 +537,7 @@ pub async fn list_filters_by_tenant_tool_and_state<S: Store>(fx: &Fixture<S>) {
         tenant: Some(a.tenant.clone()),
         tool: tool.map(|t| ToolName::new(t).unwrap()),
         state,
-        limit: 0,
+        ..ListFilter::default()
     };
     let keys = |v: Vec<Record>| v.into_iter().map(|r| r.key).collect::<Vec<_>>();
     assert_eq!(fx.store.list(&by(None, None)).await.unwrap().len(), 3);
@@ -576,6 +577,198 @@ pub async fn list_filters_by_tenant_tool_and_state<S: Store>(fx: &Fixture<S>) {
         ..by(None, None)
     };
     assert_eq!(fx.store.list(&limited).await.unwrap().len(), 1);
+}
+
+/// What a reopening answered, when it left the record as it was.
+fn kept(r: Result<Reopened, StoreError>) -> Option<Record> {
+    match r.expect("reopen") {
+        Reopened::Kept(rec) => rec,
+        Reopened::Expired => panic!("expected the record to be kept"),
+    }
+}
+
+/// Reopening a completed record at its fence makes it count as absent at once: the next
+/// reservation acquires it at a higher fence (the record expired, as after its TTL), a holder of
+/// the old lease cannot complete the new record, and a reopening retried at the old fence leaves
+/// the new record alone. A wrong fence changes nothing.
+pub async fn reopen_expires_a_completed_record_at_its_fence<S: Store>(fx: &Fixture<S>) {
+    let key = fresh_key("reopen");
+    let old = acquire(&fx.store, &reservation(&key, "a", LONG_LEASE)).await;
+    fx.store
+        .complete(&key, old, &Outcome::success(b"first".to_vec()), LONG_TTL)
+        .await
+        .expect("complete");
+    let wrong = kept(fx.store.reopen(&key, old.fence + 1).await).expect("record");
+    assert_eq!(
+        (wrong.state_name(), wrong.fence),
+        (State::Completed, old.fence)
+    );
+    assert_eq!(
+        fx.store.get(&key).await.expect("get").map(|r| r.fence),
+        Some(old.fence),
+        "a wrong fence changes nothing"
+    );
+
+    assert_eq!(
+        fx.store.reopen(&key, old.fence).await.expect("reopen"),
+        Reopened::Expired
+    );
+    assert!(fx.store.get(&key).await.expect("get").is_none());
+    let filter = ListFilter {
+        tenant: Some(key.tenant.clone()),
+        ..ListFilter::default()
+    };
+    assert!(fx.store.list(&filter).await.expect("list").is_empty());
+    assert_eq!(
+        kept(fx.store.reopen(&key, old.fence).await),
+        None,
+        "reopened already: nothing counts"
+    );
+
+    let new = acquire(&fx.store, &reservation(&key, "b", LONG_LEASE)).await;
+    assert!(
+        new.fence > old.fence,
+        "the next reservation continues the fence, as after an expiry: {new:?} after {old:?}"
+    );
+    let in_flight = kept(fx.store.reopen(&key, old.fence).await).expect("record");
+    assert_eq!(
+        (in_flight.state_name(), in_flight.fence),
+        (State::InFlight, new.fence)
+    );
+    assert_lease_lost(
+        fx.store
+            .complete(&key, old, &Outcome::success(b"zombie".to_vec()), LONG_TTL)
+            .await,
+        "a late completion under the reopened record's lease",
+    );
+    fx.store
+        .complete(&key, new, &Outcome::success(b"second".to_vec()), LONG_TTL)
+        .await
+        .expect("the new holder completes");
+    let retried = kept(fx.store.reopen(&key, old.fence).await).expect("record");
+    assert_eq!(
+        (retried.state_name(), retried.fence),
+        (State::Completed, new.fence),
+        "a reopening retried at the old fence never meets the new record"
+    );
+    let rec = existing(fx.store.reserve(&reservation(&key, "b", LONG_LEASE)).await);
+    assert!(
+        matches!(rec.state, RecordState::Completed { ref outcome, .. } if outcome.body == b"second")
+    );
+}
+
+/// Only completed records are reopened by the store: a record in flight (its call may be running
+/// the action) or unknown (the engine takes it over first), an expired or an absent one is left
+/// as it is, and returned as it stands.
+pub async fn reopen_leaves_other_records_alone<S: Store>(fx: &Fixture<S>) {
+    let key = fresh_key("reopen-other");
+    assert_eq!(kept(fx.store.reopen(&key, 1).await), None, "absent");
+    let lease = acquire(&fx.store, &reservation(&key, "a", LONG_LEASE)).await;
+    let rec = kept(fx.store.reopen(&key, lease.fence).await).expect("record");
+    assert_eq!(rec.state_name(), State::InFlight);
+    fx.store
+        .heartbeat(&key, lease, LONG_LEASE)
+        .await
+        .expect("the holder keeps its lease");
+    fx.store
+        .mark_unknown(&key, lease)
+        .await
+        .expect("mark unknown");
+    let rec = kept(fx.store.reopen(&key, lease.fence).await).expect("record");
+    assert_eq!(rec.state_name(), State::Unknown);
+
+    let expired = Key::new(
+        key.tenant.clone(),
+        key.tool.clone(),
+        IdempotencyKey::new("expired").unwrap(),
+    );
+    let lease = acquire(&fx.store, &reservation(&expired, "a", LONG_LEASE)).await;
+    fx.store
+        .complete(
+            &expired,
+            lease,
+            &Outcome::success(b"x".to_vec()),
+            SHORT_LEASE,
+        )
+        .await
+        .expect("complete");
+    fx.pass(PAST_SHORT_LEASE).await;
+    assert_eq!(kept(fx.store.reopen(&expired, lease.fence).await), None);
+}
+
+/// A record keeps the scope of the reservation that made it, through completion and takeover (a
+/// takeover is the same action, run again), and listing filters by it.
+pub async fn records_keep_their_scope_and_list_by_it<S: Store>(fx: &Fixture<S>) {
+    let a = fresh_key("scoped");
+    let name = |k: &str| {
+        Key::new(
+            a.tenant.clone(),
+            a.tool.clone(),
+            IdempotencyKey::new(k).unwrap(),
+        )
+    };
+    let (b, none) = (name("b"), name("none"));
+    let scoped = |key: &Key, scope: &str, lease_for| {
+        reservation(key, "x", lease_for).with_scope(Some(scope.into()))
+    };
+    let la = acquire(&fx.store, &scoped(&a, "conversation:1", SHORT_LEASE)).await;
+    let lb = acquire(&fx.store, &scoped(&b, "conversation:2", LONG_LEASE)).await;
+    acquire(&fx.store, &reservation(&none, "x", LONG_LEASE)).await;
+    let scope_of = |rec: Option<Record>| rec.expect("record").scope.map(|s| s.to_string());
+    assert_eq!(
+        scope_of(fx.store.get(&a).await.expect("get")),
+        Some("conversation:1".to_owned())
+    );
+    assert_eq!(scope_of(fx.store.get(&none).await.expect("get")), None);
+    fx.store
+        .complete(&b, lb, &Outcome::success(b"x".to_vec()), LONG_TTL)
+        .await
+        .expect("complete");
+    assert_eq!(
+        scope_of(fx.store.get(&b).await.expect("get")),
+        Some("conversation:2".to_owned())
+    );
+    // Taken over from another conversation: still the first one's record.
+    fx.pass(PAST_SHORT_LEASE).await;
+    match fx
+        .store
+        .takeover(&scoped(&a, "conversation:9", LONG_LEASE), la.fence)
+        .await
+        .expect("takeover")
+    {
+        Claim::Acquired(_) => {}
+        Claim::Existing(rec) => panic!("takeover refused: {rec:?}"),
+    }
+    assert_eq!(
+        scope_of(fx.store.get(&a).await.expect("get")),
+        Some("conversation:1".to_owned())
+    );
+    let listed = |scope: &str| {
+        let filter = ListFilter {
+            tenant: Some(a.tenant.clone()),
+            scope: Some(scope.into()),
+            ..ListFilter::default()
+        };
+        async move {
+            fx.store
+                .list(&filter)
+                .await
+                .expect("list")
+                .into_iter()
+                .map(|r| r.key)
+                .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(listed("conversation:1").await, vec![a.clone()]);
+    assert_eq!(listed("conversation:2").await, vec![b.clone()]);
+    assert!(listed("conversation:9").await.is_empty());
+    let completed_in_2 = ListFilter {
+        tenant: Some(a.tenant.clone()),
+        state: Some(State::Completed),
+        scope: Some("conversation:2".into()),
+        ..ListFilter::default()
+    };
+    assert_eq!(fx.store.list(&completed_in_2).await.expect("list").len(), 1);
 }
 
 /// The same key and arguments under two tenants are two records: neither sees the other's outcome.
@@ -682,6 +875,9 @@ macro_rules! store_conformance {
             list_filters_by_tenant_tool_and_state,
             tenants_are_isolated,
             dropped_reservations_leave_consistent_state,
+            reopen_expires_a_completed_record_at_its_fence,
+            reopen_leaves_other_records_alone,
+            records_keep_their_scope_and_list_by_it,
         );
     };
     (@each $setup:expr; $($name:ident),* $(,)?) => {

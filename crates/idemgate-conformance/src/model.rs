@@ -7,8 +7,8 @@
 use std::time::Duration;
 
 use idemgate_core::{
-    Claim, Fence, Fingerprint, Lease, LeaseToken, Outcome, Record, RecordState, Reservation, State,
-    Store, StoreError,
+    Claim, Fence, Fingerprint, Lease, LeaseToken, Outcome, Record, RecordState, Reopened,
+    Reservation, State, Store, StoreError,
 };
 use proptest::prelude::*;
 
@@ -58,6 +58,11 @@ pub enum StoreOp {
         /// Which lease.
         lease: u8,
     },
+    /// Reopen at the model's fence plus `delta` (so sometimes a wrong fence).
+    Reopen {
+        /// Offset from the current fence.
+        delta: i8,
+    },
     /// Let time pass (manual clocks only).
     Advance {
         /// Milliseconds.
@@ -82,6 +87,7 @@ pub fn store_ops(manual_time: bool) -> impl Strategy<Value = Vec<StoreOp>> {
         3 => (any::<u8>(), any::<u8>()).prop_map(|(lease, body)| StoreOp::Complete { lease, body }),
         1 => any::<u8>().prop_map(|lease| StoreOp::Release { lease }),
         1 => any::<u8>().prop_map(|lease| StoreOp::MarkUnknown { lease }),
+        1 => (-1i8..=1).prop_map(|delta| StoreOp::Reopen { delta }),
         2 => (0u64..1000).prop_map(|ms| StoreOp::Advance { ms }),
         1 => Just(StoreOp::Purge),
     ];
@@ -114,6 +120,8 @@ enum Seen {
     Existing(State, Fence, u8),
     Ok,
     LeaseLost,
+    /// A reopening that found no record counting.
+    Absent,
 }
 
 struct Model {
@@ -240,6 +248,24 @@ impl Model {
         }
     }
 
+    fn reopen(&mut self, fence: Fence) -> Seen {
+        let now = self.now;
+        match self.live() {
+            None => Seen::Absent,
+            Some(r) if r.fence == fence && matches!(r.state, MState::Done { .. }) => {
+                if let Some(MRec {
+                    state: MState::Done { expires, .. },
+                    ..
+                }) = self.rec.as_mut()
+                {
+                    *expires = now;
+                }
+                Seen::Ok
+            }
+            Some(_) => self.existing(),
+        }
+    }
+
     fn purge(&mut self) {
         if self.rec.is_some() && self.live().is_none() {
             self.rec = None;
@@ -314,6 +340,7 @@ pub async fn check_against_model<S: Store>(fx: &Fixture<S>, ops: &[StoreOp]) -> 
                     fingerprint: fingerprint(args),
                     token: token(t),
                     lease_for,
+                    scope: None,
                 };
                 let want = m.reserve(args, t, lease_for);
                 let got = seen_claim(store.reserve(&r).await, args_of)?;
@@ -337,6 +364,7 @@ pub async fn check_against_model<S: Store>(fx: &Fixture<S>, ops: &[StoreOp]) -> 
                     fingerprint: fingerprint(args),
                     token: token(t),
                     lease_for: LONG,
+                    scope: None,
                 };
                 let want = m.takeover(args, t, stale);
                 let got = seen_claim(store.takeover(&r, stale).await, args_of)?;
@@ -373,6 +401,23 @@ pub async fn check_against_model<S: Store>(fx: &Fixture<S>, ops: &[StoreOp]) -> 
                     m.mark_unknown(l),
                     seen_unit(store.mark_unknown(&key, lease_of(l)).await)?,
                 )
+            }
+            StoreOp::Reopen { delta } => {
+                let fence = m
+                    .rec
+                    .as_ref()
+                    .map_or(1, |r| r.fence)
+                    .saturating_add_signed(delta.into());
+                let got = match store
+                    .reopen(&key, fence)
+                    .await
+                    .map_err(|e| format!("store error: {e}"))?
+                {
+                    Reopened::Expired => Seen::Ok,
+                    Reopened::Kept(None) => Seen::Absent,
+                    Reopened::Kept(Some(r)) => Seen::Existing(r.state_name(), r.fence, args_of(&r)),
+                };
+                (m.reopen(fence), got)
             }
             StoreOp::Advance { ms } => {
                 match &fx.time {

@@ -16,9 +16,9 @@ use crate::journal::{Journal, JournalEntry, JournalOp, MemoryJournal};
 use crate::key::{IdempotencyKey, Key, KeyRule, TenantId, ToolName};
 use crate::observe::{Event, Observer, Observers};
 use crate::policy::{Policies, ToolKind, ToolPolicy, UnknownPolicy};
-use crate::record::{Fence, Lease, Outcome, Record, RecordState};
+use crate::record::{Fence, Lease, Outcome, Record, RecordState, State};
 use crate::replay::{Completed, ReplayCache};
-use crate::store::{Claim, Completion, ListFilter, Reservation, Store};
+use crate::store::{Claim, Completion, ListFilter, Reopened, Reservation, Store};
 use crate::time::{Clock, SystemClock, Timestamp};
 use crate::verdict::Verdict;
 
@@ -367,8 +367,13 @@ pub struct Settings {
     /// The longest a waiting duplicate goes without looking at the record again.
     pub max_poll: Duration,
     /// How many completed records the engine keeps to answer replays without asking the store
-    /// (a completed record is final until it expires); 0 turns the cache off.
+    /// (a completed record changes only when it expires or is reopened); 0 turns the cache off.
     pub replay_cache: usize,
+    /// How long after it was read from the store a cached completed record answers replays
+    /// (default 2 s); then the store is asked again. This engine's own [`Engine::reopen`] drops
+    /// its copy at once; a record reopened by another process (another proxy or worker on the
+    /// same store) is replayed here for at most this long, then runs again.
+    pub replay_cache_fresh: Duration,
     /// How long a call that finds a record unknown for the first time watches it before judging
     /// it (answering unknown, taking it over, verifying). A holder whose lease ran out while the
     /// store was unreachable may hold the outcome in its journal, acknowledged to its caller; its
@@ -394,6 +399,7 @@ impl Default for Settings {
             finish_backoff: Duration::from_millis(20),
             max_poll: Duration::from_millis(100),
             replay_cache: 4096,
+            replay_cache_fresh: Duration::from_secs(2),
             unknown_settle: Duration::from_secs(2),
             abandon_budget: Duration::from_secs(1),
         }
@@ -447,7 +453,10 @@ impl<S: Store> Engine<S> {
             policies: Policies::new(),
             journal: Arc::new(MemoryJournal::new()),
             verifiers: HashMap::new(),
-            replays: ReplayCache::new(Settings::default().replay_cache),
+            replays: ReplayCache::new(
+                Settings::default().replay_cache,
+                Settings::default().replay_cache_fresh,
+            ),
             settings: Settings::default(),
             clock: Arc::new(SystemClock),
             observers: Observers::new(),
@@ -497,7 +506,7 @@ impl<S: Store> Engine<S> {
 
     /// Sets the engine's retry tuning.
     pub fn with_settings(mut self, settings: Settings) -> Self {
-        self.replays = ReplayCache::new(settings.replay_cache);
+        self.replays = ReplayCache::new(settings.replay_cache, settings.replay_cache_fresh);
         self.settings = settings;
         self
     }
@@ -639,6 +648,7 @@ impl<S: Store> Engine<S> {
     /// The decision of [`Engine::begin`], before the observers hear of it.
     async fn decide(&self, call: Call, policy: &ToolPolicy) -> Result<Begun, EngineError> {
         let fingerprint = call.fingerprint;
+        let scope = call.scope.clone();
         let Some(Named { key, rule, ttl }) = name(call, policy)? else {
             return Ok(Begun::PassThrough);
         };
@@ -658,7 +668,7 @@ impl<S: Store> Engine<S> {
         }
         // The key moves into the reservation and from there into the ticket or the answer: a
         // call clones no name on its way through the engine.
-        let reservation = Reservation::new(key, fingerprint, policy.lease);
+        let reservation = Reservation::new(key, fingerprint, policy.lease).with_scope(scope);
         match self.store.reserve(&reservation).await {
             Ok(Claim::Acquired(lease)) => Ok(executing(reservation, rule, ttl, lease)),
             // A replay, the other common case, also answers without the slow path.
@@ -1268,7 +1278,8 @@ impl<S: Store> Engine<S> {
     }
 
     /// Resolves an unknown record as an operator decided: by taking it over (a compare-and-set on
-    /// `fence`, the fence the operator looked at) and completing or releasing it.
+    /// `fence`, the fence the operator looked at) and completing or releasing it. `by` and
+    /// `reason` say who and why, for the observers (the audit log).
     ///
     /// # Errors
     /// [`EngineError::NotFound`] when no record counts, [`EngineError::NotResolvable`] when it is
@@ -1278,25 +1289,22 @@ impl<S: Store> Engine<S> {
         key: &Key,
         fence: Fence,
         resolution: Resolution,
+        by: Option<&str>,
+        reason: Option<&str>,
     ) -> Result<Option<Record>, EngineError> {
-        let record = self
-            .store
-            .get(key)
-            .await?
-            .ok_or_else(|| EngineError::NotFound { key: key.clone() })?;
         let not_resolvable = |record: &Record| EngineError::NotResolvable {
             key: key.clone(),
             state: record.state_name(),
             fence: record.fence,
         };
+        let record = self.operator_look(key).await?;
         if !matches!(record.state, RecordState::Unknown { .. }) || record.fence != fence {
             return Err(not_resolvable(&record));
         }
-        let r = Reservation::new(key.clone(), record.fingerprint, Duration::from_secs(30));
-        let lease = match self.store.takeover(&r, fence).await? {
-            Claim::Acquired(lease) => lease,
-            Claim::Existing(now) => return Err(not_resolvable(&now)),
-        };
+        let lease = self
+            .take_over_unknown(&record)
+            .await?
+            .map_err(|now| not_resolvable(&now))?;
         let released = matches!(resolution, Resolution::Release);
         match resolution {
             Resolution::Completed { outcome, ttl } => {
@@ -1308,8 +1316,102 @@ impl<S: Store> Engine<S> {
             key,
             fence,
             released,
+            by,
+            reason,
         });
         Ok(self.store.get(key).await?)
+    }
+
+    /// Reopens a completed or unknown record, as an operator (or a program) decided: the record
+    /// counts as absent from now on, so that the next call with its key runs the action again.
+    /// A compare-and-set on `fence`, the fence the caller looked at. Reopening is the one way a
+    /// completed outcome stops being replayed before it expires: this engine forgets its copy at
+    /// once, other processes' engines within [`Settings::replay_cache_fresh`]. A completed record
+    /// is expired now ([`Store::reopen`]); an unknown one is taken over at `fence` and completed
+    /// with an expiry of now. Either way the record keeps its fence, the next call's reservation
+    /// takes a higher one, and a reopening retried at `fence` is refused instead of reopening
+    /// the new record. `by` and `reason` say who and why, for the observers (the audit log).
+    /// Returns the state the record had.
+    ///
+    /// A record in flight is never reopened: its call may be running the action now, and a
+    /// second call would run it concurrently. Once its lease ends it reads unknown.
+    ///
+    /// # Errors
+    /// [`EngineError::NotFound`] when no record counts (an expired one included),
+    /// [`EngineError::NotReopenable`] when it is in flight or its fence moved on,
+    /// [`EngineError::Store`] when the store fails.
+    pub async fn reopen(
+        &self,
+        key: &Key,
+        fence: Fence,
+        by: Option<&str>,
+        reason: Option<&str>,
+    ) -> Result<State, EngineError> {
+        let not_reopenable = |record: &Record| EngineError::NotReopenable {
+            key: key.clone(),
+            state: record.state_name(),
+            fence: record.fence,
+        };
+        let record = self.operator_look(key).await?;
+        if record.fence != fence {
+            return Err(not_reopenable(&record));
+        }
+        let was = record.state_name();
+        match record.state {
+            RecordState::InFlight { .. } => return Err(not_reopenable(&record)),
+            RecordState::Completed { .. } => match self.store.reopen(key, fence).await? {
+                Reopened::Expired => {}
+                Reopened::Kept(Some(now)) => return Err(not_reopenable(&now)),
+                Reopened::Kept(None) => return Err(EngineError::NotFound { key: key.clone() }),
+            },
+            RecordState::Unknown { .. } => {
+                let lease = self
+                    .take_over_unknown(&record)
+                    .await?
+                    .map_err(|now| not_reopenable(&now))?;
+                // As a resolution to "completed" that expires at once, rather than a release: the
+                // record keeps counting its fence up (see `Store::reopen`). Its outcome is never
+                // replayed.
+                let nothing = Outcome::failed(Vec::new());
+                self.store
+                    .complete(key, lease, &nothing, Duration::ZERO)
+                    .await?;
+            }
+        }
+        self.replays.remove(key);
+        self.observers.observe(&Event::Reopened {
+            key,
+            fence,
+            was,
+            by,
+            reason,
+        });
+        Ok(was)
+    }
+
+    /// The record an operator acts on, read from the store (never from the replay cache).
+    async fn operator_look(&self, key: &Key) -> Result<Record, EngineError> {
+        self.store
+            .get(key)
+            .await?
+            .ok_or_else(|| EngineError::NotFound { key: key.clone() })
+    }
+
+    /// Takes the unknown `record` over at its fence for an operator, who then settles it. `Err`
+    /// holds the record as it stands when somebody changed it first.
+    async fn take_over_unknown(
+        &self,
+        record: &Record,
+    ) -> Result<Result<Lease, Record>, EngineError> {
+        let r = Reservation::new(
+            record.key.clone(),
+            record.fingerprint,
+            Duration::from_secs(30),
+        );
+        Ok(match self.store.takeover(&r, record.fence).await? {
+            Claim::Acquired(lease) => Ok(lease),
+            Claim::Existing(now) => Err(now),
+        })
     }
 
     /// Replays journaled writes into the store. Call it at start-up and now and then; entries the

@@ -169,9 +169,30 @@ pub enum EngineError {
         /// Its fence now.
         fence: crate::record::Fence,
     },
+    /// The record is not in a state an operator may reopen (see [`crate::Engine::reopen`]).
+    #[error("record {key} is {state} at fence {fence}; only a completed or unknown record at the fence you looked at can be reopened{}", reopen_hint(*state))]
+    NotReopenable {
+        /// The key.
+        key: Key,
+        /// Its state now.
+        state: crate::record::State,
+        /// Its fence now.
+        fence: crate::record::Fence,
+    },
     /// The local journal of unrecorded completions could not be written or read.
     #[error("failed to use the completion journal: {0}")]
     Journal(String),
+}
+
+/// What an operator can do about a record [`EngineError::NotReopenable`] refused.
+pub(crate) fn reopen_hint(state: crate::record::State) -> &'static str {
+    match state {
+        crate::record::State::InFlight => {
+            ": a call holds it and may be running the action now, so reopening it could run the \
+             action twice; wait until it finishes or its lease ends (it then reads unknown)"
+        }
+        _ => " (look again with `keys show`)",
+    }
 }
 
 /// How long to wait before asking again, for in-flight answers.

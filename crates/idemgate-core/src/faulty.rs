@@ -8,7 +8,7 @@ use crate::change::ChangeMark;
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::record::{Fence, Lease, Outcome, Record};
-use crate::store::{Claim, Completion, ListFilter, Reservation, Result, Store};
+use crate::store::{Claim, Completion, ListFilter, Reopened, Reservation, Result, Store};
 use crate::time::Timestamp;
 
 /// Which operation a fault applies to.
@@ -28,6 +28,8 @@ pub enum Op {
     MarkUnknown,
     /// [`Store::get`].
     Get,
+    /// [`Store::reopen`].
+    Reopen,
 }
 
 /// What goes wrong.
@@ -159,6 +161,9 @@ impl<S: Store> Store for FaultyStore<S> {
     async fn mark_unknown(&self, key: &Key, lease: Lease) -> Result<()> {
         self.run(Op::MarkUnknown, self.inner.mark_unknown(key, lease))
             .await
+    }
+    async fn reopen(&self, key: &Key, fence: Fence) -> Result<Reopened> {
+        self.run(Op::Reopen, self.inner.reopen(key, fence)).await
     }
     async fn get(&self, key: &Key) -> Result<Option<Record>> {
         self.run(Op::Get, self.inner.get(key)).await

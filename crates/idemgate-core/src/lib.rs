@@ -56,6 +56,8 @@ pub use memory::MemoryStore;
 pub use observe::{Event, Observer, Observers};
 pub use policy::{Policies, ToolKind, ToolPolicy, UnknownPolicy};
 pub use record::{Fence, Lease, LeaseToken, Outcome, OutcomeKind, Record, RecordState, State};
-pub use store::{Claim, Completion, ListFilter, Reservation, ReserveHistory, ReservePath, Store};
+pub use store::{
+    Claim, Completion, ListFilter, Reopened, Reservation, ReserveHistory, ReservePath, Store,
+};
 pub use time::{Clock, ManualClock, SystemClock, Timestamp};
 pub use verdict::Verdict;

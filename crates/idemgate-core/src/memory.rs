@@ -8,7 +8,7 @@ use std::time::Duration;
 use crate::change::{ChangeMark, Changes};
 use crate::key::Key;
 use crate::record::{Fence, Lease, Outcome, Record};
-use crate::store::{Claim, Completion, ListFilter, Reservation, Result, Store};
+use crate::store::{Claim, Completion, ListFilter, Reopened, Reservation, Result, Store};
 use crate::time::{Clock, SystemClock, Timestamp};
 use crate::transition::{self, Change, StoredRecord};
 
@@ -337,6 +337,10 @@ impl Store for MemoryStore {
         })
     }
 
+    async fn reopen(&self, key: &Key, fence: Fence) -> Result<Reopened> {
+        self.apply(key, |cur, now| Ok(transition::reopen(cur, fence, now)))
+    }
+
     async fn get(&self, key: &Key) -> Result<Option<Record>> {
         let now = self.inner.clock.now();
         Ok(self.lock().get(key).and_then(|c| c.view(now)))
@@ -392,6 +396,7 @@ mod tests {
             fence: 1,
             token: LeaseToken(1),
             created_at: Timestamp::EPOCH,
+            scope: None,
             state: RecordState::Unknown {
                 since: Timestamp::EPOCH,
             },

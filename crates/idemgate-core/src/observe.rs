@@ -1,13 +1,13 @@
 //! What the engine tells observers (metrics, audit log, logs): every decision it makes, every
-//! operator resolution and every journal flush, so a front door gets all three without writing a
-//! line of them.
+//! operator resolution and reopening, and every journal flush, so a front door gets all three
+//! without writing a line of them.
 
 use std::sync::Arc;
 
 use crate::engine::{Answer, FlushReport};
 use crate::error::EngineError;
 use crate::key::{Key, TenantId, ToolName};
-use crate::record::Fence;
+use crate::record::{Fence, State};
 use crate::verdict::Verdict;
 
 /// One thing the engine (or a front door) did.
@@ -41,6 +41,24 @@ pub enum Event<'a> {
         fence: Fence,
         /// True when it was released (nothing happened), false when completed.
         released: bool,
+        /// Who resolved it (an OS user, a tenant's token), when the front door knows.
+        by: Option<&'a str>,
+        /// Why, in the operator's words.
+        reason: Option<&'a str>,
+    },
+    /// An operator (or a program) reopened a completed or unknown record: it is gone, and the
+    /// next call with its key runs the action again.
+    Reopened {
+        /// The record.
+        key: &'a Key,
+        /// The fence it was reopened at.
+        fence: Fence,
+        /// What it was: completed or unknown.
+        was: State,
+        /// Who reopened it (an OS user, a tenant's token), when the front door knows.
+        by: Option<&'a str>,
+        /// Why, in the operator's words.
+        reason: Option<&'a str>,
     },
     /// A journal flush that found entries, or failed.
     Flushed(&'a Result<FlushReport, EngineError>),

@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -239,6 +240,10 @@ pub struct Record {
     pub fence: Fence,
     /// When the key was first reserved (this incarnation of the record).
     pub created_at: Timestamp,
+    /// Where the call that reserved it was made (a conversation, an MCP session:
+    /// [`crate::Call::scope`]), when it said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<Arc<str>>,
     /// The state and what it holds.
     #[serde(flatten)]
     pub state: RecordState,

@@ -5,6 +5,7 @@
 //! operations and nothing else.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -31,17 +32,28 @@ pub struct Reservation {
     pub token: LeaseToken,
     /// How long the lease lasts without a heartbeat.
     pub lease_for: Duration,
+    /// Where the call was made (a conversation, an MCP session: [`crate::Call::scope`]), kept on
+    /// the record it creates so that operators can find a conversation's records. A takeover
+    /// keeps the scope of the record it takes over.
+    pub scope: Option<Arc<str>>,
 }
 
 impl Reservation {
-    /// A reservation with a fresh token.
+    /// A reservation with a fresh token and no scope.
     pub fn new(key: Key, fingerprint: Fingerprint, lease_for: Duration) -> Self {
         Reservation {
             key,
             fingerprint,
             token: LeaseToken::mint(),
             lease_for,
+            scope: None,
         }
+    }
+
+    /// The same reservation, made in `scope`.
+    pub fn with_scope(mut self, scope: Option<Arc<str>>) -> Self {
+        self.scope = scope;
+        self
     }
 }
 
@@ -63,6 +75,16 @@ pub struct Completion {
     pub expires_at: Timestamp,
 }
 
+/// What [`Store::reopen`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reopened {
+    /// The completed record at the fence expired now: it counts as absent, and the next
+    /// reservation acquires it at the next fence.
+    Expired,
+    /// Nothing changed: this record counts (in another state, or at another fence), or none does.
+    Kept(Option<Record>),
+}
+
 /// Which records an operator lists.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ListFilter {
@@ -72,6 +94,8 @@ pub struct ListFilter {
     pub tool: Option<ToolName>,
     /// Only records in this state (expired leases count as unknown).
     pub state: Option<State>,
+    /// Only records reserved in this scope ([`Reservation::scope`]).
+    pub scope: Option<Arc<str>>,
     /// At most this many (0: no limit).
     pub limit: usize,
 }
@@ -82,6 +106,10 @@ impl ListFilter {
         self.tenant.as_ref().is_none_or(|t| *t == r.key.tenant)
             && self.tool.as_ref().is_none_or(|t| *t == r.key.tool)
             && self.state.is_none_or(|s| s == r.state_name())
+            && self
+                .scope
+                .as_ref()
+                .is_none_or(|s| r.scope.as_ref() == Some(s))
     }
 }
 
@@ -162,6 +190,17 @@ pub trait Store: Send + Sync + 'static {
     /// Marks the record held under `lease` unknown now (the tool said the outcome is ambiguous).
     fn mark_unknown(&self, key: &Key, lease: Lease) -> impl Future<Output = Result<()>> + Send;
 
+    /// Makes the completed record of `key` count as absent now if its fence is `fence` (a
+    /// compare-and-set on the fence an operator looked at), so that the next call runs the action
+    /// again: the record expires now. It is not deleted, so that it keeps its fence: the next
+    /// reservation takes the next fence, as after any expiry, and a reopening retried at this
+    /// fence can never meet the record of the call that ran again. Anything else (a record in
+    /// flight or unknown, another fence, an expired or absent record) is left as it is and
+    /// returned as [`Reopened::Kept`]. Stores with change notifications wake the record's
+    /// waiters, as on a release. (The engine reopens unknown records with a takeover and a
+    /// completion that expires at once: see [`crate::Engine::reopen`].)
+    fn reopen(&self, key: &Key, fence: Fence) -> impl Future<Output = Result<Reopened>> + Send;
+
     /// The record, if one counts.
     fn get(&self, key: &Key) -> impl Future<Output = Result<Option<Record>>> + Send;
 
@@ -213,6 +252,7 @@ pub trait Store: Send + Sync + 'static {
                 fingerprint: Fingerprint::of_bytes(b"idemgate write probe"),
                 token,
                 lease_for: Duration::from_secs(60),
+                scope: None,
             };
             match self.reserve(&r).await? {
                 Claim::Acquired(lease) => self.release(&key, lease).await,
@@ -281,6 +321,9 @@ impl<S: Store> Store for std::sync::Arc<S> {
     }
     fn mark_unknown(&self, key: &Key, lease: Lease) -> impl Future<Output = Result<()>> + Send {
         (**self).mark_unknown(key, lease)
+    }
+    fn reopen(&self, key: &Key, fence: Fence) -> impl Future<Output = Result<Reopened>> + Send {
+        (**self).reopen(key, fence)
     }
     fn get(&self, key: &Key) -> impl Future<Output = Result<Option<Record>>> + Send {
         (**self).get(key)

@@ -5,6 +5,7 @@
 //! apart. Stores that must run the logic on the server (Postgres statements, Redis scripts) mirror
 //! it, and the conformance suite holds them to it.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -13,7 +14,7 @@ use crate::canonical::Fingerprint;
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::record::{Fence, Lease, LeaseToken, Outcome, Record, RecordState};
-use crate::store::{Claim, Completion, Reservation, Result};
+use crate::store::{Claim, Completion, Reopened, Reservation, Result};
 use crate::time::Timestamp;
 
 /// A record as a store keeps it: the public [`Record`] plus the holder's token.
@@ -29,6 +30,9 @@ pub struct StoredRecord {
     pub token: LeaseToken,
     /// When this incarnation was reserved.
     pub created_at: Timestamp,
+    /// Where the reserving call was made, if it said ([`Reservation::scope`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<Arc<str>>,
     /// The state as written (an in-flight record stays in flight when its lease ends; only its view
     /// changes).
     pub state: RecordState,
@@ -76,6 +80,7 @@ impl StoredRecord {
             fingerprint: self.fingerprint,
             fence: self.fence,
             created_at: self.created_at,
+            scope: self.scope.clone(),
             state,
         })
     }
@@ -91,13 +96,20 @@ impl StoredRecord {
         }
     }
 
-    fn fresh(r: &Reservation, fence: Fence, created_at: Timestamp, now: Timestamp) -> Self {
+    fn fresh(
+        r: &Reservation,
+        fence: Fence,
+        created_at: Timestamp,
+        scope: Option<Arc<str>>,
+        now: Timestamp,
+    ) -> Self {
         StoredRecord {
             key: r.key.clone(),
             fingerprint: r.fingerprint,
             fence,
             token: r.token,
             created_at,
+            scope,
             state: RecordState::InFlight {
                 lease_until: now.plus(r.lease_for),
             },
@@ -111,7 +123,7 @@ pub fn reserve(cur: Option<&StoredRecord>, r: &Reservation, now: Timestamp) -> (
         None => {
             // A record replaced after expiry keeps counting its fence up, so fences only grow.
             let fence = cur.map_or(1, |c| c.fence + 1);
-            let rec = StoredRecord::fresh(r, fence, now, now);
+            let rec = StoredRecord::fresh(r, fence, now, r.scope.clone(), now);
             (Claim::Acquired(rec.lease()), Change::Put(rec))
         }
         Some((c, _)) if c.token == r.token && matches!(c.state, RecordState::InFlight { .. }) => {
@@ -137,7 +149,8 @@ pub fn takeover(
     }
     let unknown = matches!(view.state, RecordState::Unknown { .. });
     if unknown && c.fence == stale && c.fingerprint == r.fingerprint {
-        let rec = StoredRecord::fresh(r, stale + 1, c.created_at, now);
+        // The same action, run again: it keeps when and where it was first reserved.
+        let rec = StoredRecord::fresh(r, stale + 1, c.created_at, c.scope.clone(), now);
         return (Claim::Acquired(rec.lease()), Change::Put(rec));
     }
     (Claim::Existing(view), Change::Keep)
@@ -209,6 +222,33 @@ pub fn release(cur: Option<&StoredRecord>, lease: Lease) -> Result<Change> {
             Ok(Change::Delete)
         }
         Some(_) => Err(StoreError::LeaseLost),
+    }
+}
+
+/// See [`crate::Store::reopen`].
+pub fn reopen(cur: Option<&StoredRecord>, fence: Fence, now: Timestamp) -> (Reopened, Change) {
+    match cur.and_then(|c| c.view(now)) {
+        Some(Record {
+            fence: f,
+            state:
+                RecordState::Completed {
+                    outcome,
+                    completed_at,
+                    ..
+                },
+            ..
+        }) if f == fence => {
+            // Expired now rather than deleted: the row keeps its fence, so the next reservation
+            // takes the next one, and a retried reopening at this fence never meets the new
+            // record (which a fence starting over at 1 would let it remove).
+            let state = RecordState::Completed {
+                outcome,
+                completed_at,
+                expires_at: now,
+            };
+            (Reopened::Expired, Change::SetState(state))
+        }
+        view => (Reopened::Kept(view), Change::Keep),
     }
 }
 

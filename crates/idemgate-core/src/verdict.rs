@@ -109,7 +109,9 @@ impl Verdict {
             EngineError::Store(StoreError::LeaseLost) => Verdict::LeaseLost,
             EngineError::Store(_) => Verdict::StoreUnavailable,
             EngineError::NotFound { .. } => Verdict::NotFound,
-            EngineError::NotResolvable { .. } => Verdict::NotResolvable,
+            EngineError::NotResolvable { .. } | EngineError::NotReopenable { .. } => {
+                Verdict::NotResolvable
+            }
             EngineError::Journal(_) => Verdict::JournalFailed,
         }
     }

@@ -997,7 +997,7 @@ async fn operator_resolves_unknown_records() {
     let rec = r.engine.get(&done).await.unwrap().unwrap();
     let err = r
         .engine
-        .resolve(&done, rec.fence + 1, Resolution::Release)
+        .resolve(&done, rec.fence + 1, Resolution::Release, None, None)
         .await
         .unwrap_err();
     assert!(
@@ -1013,6 +1013,8 @@ async fn operator_resolves_unknown_records() {
                 outcome: Outcome::success(b"checked by hand".to_vec()),
                 ttl: Duration::from_secs(60),
             },
+            Some("alice"),
+            Some("the charge is in the ledger"),
         )
         .await
         .unwrap()
@@ -1030,7 +1032,7 @@ async fn operator_resolves_unknown_records() {
     let fence = r.engine.get(&undo).await.unwrap().unwrap().fence;
     assert!(r
         .engine
-        .resolve(&undo, fence, Resolution::Release)
+        .resolve(&undo, fence, Resolution::Release, None, None)
         .await
         .unwrap()
         .is_none());
@@ -1043,7 +1045,7 @@ async fn operator_resolves_unknown_records() {
     assert_eq!(runs.get(), 3);
     let err = r
         .engine
-        .resolve(&done, 1, Resolution::Release)
+        .resolve(&done, 1, Resolution::Release, None, None)
         .await
         .unwrap_err();
     assert!(matches!(
@@ -1177,6 +1179,13 @@ impl Store for HoldInFlightAnswer {
         lease: idemgate_core::Lease,
     ) -> StoreResult<()> {
         self.inner.mark_unknown(key, lease).await
+    }
+    async fn reopen(
+        &self,
+        key: &idemgate_core::Key,
+        fence: idemgate_core::Fence,
+    ) -> StoreResult<idemgate_core::Reopened> {
+        self.inner.reopen(key, fence).await
     }
     async fn get(&self, key: &idemgate_core::Key) -> StoreResult<Option<idemgate_core::Record>> {
         let rec = self.inner.get(key).await?;

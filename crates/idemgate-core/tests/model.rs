@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use idemgate_core::faulty::{Fault, Op};
 use idemgate_core::{
-    Decision, Effect, EngineError, OutcomeKind, Policies, RecordState, State, ToolPolicy,
+    Decision, Effect, EngineError, OutcomeKind, Policies, RecordState, Settings, State, ToolPolicy,
 };
 use proptest::prelude::*;
 use serde_json::json;
@@ -48,14 +48,15 @@ enum Expect {
 
 #[derive(Clone, Debug)]
 enum Rec {
-    /// `cached`: the engine has seen the store replay it, so it answers later replays itself
-    /// (until shortly before expiry) without asking the store.
+    /// `cached`: when the engine saw the store replay it (tokio's clock), so it answers later
+    /// replays itself (until shortly before expiry, and for `replay_cache_fresh` after that)
+    /// without asking the store.
     Done {
         args: u8,
         kind: OutcomeKind,
         body: Vec<u8>,
         expires: u64,
-        cached: bool,
+        cached: Option<tokio::time::Instant>,
     },
     Unknown {
         args: u8,
@@ -85,10 +86,11 @@ impl Model {
             kind,
             body,
             expires,
-            cached: true,
+            cached: Some(cached_at),
         }) = self.live(k)
         {
-            if self.now + 2000 < *expires {
+            let fresh = Settings::default().replay_cache_fresh;
+            if self.now + 2000 < *expires && cached_at.elapsed() < fresh {
                 // Answered from the engine's replay cache: the store is not asked.
                 return if *a == args {
                     Expect::Replayed(*kind, body.clone())
@@ -107,7 +109,7 @@ impl Model {
             }
             Some(Rec::Done { kind, body, .. }) => {
                 if let Some(Rec::Done { cached, .. }) = self.records.get_mut(&k) {
-                    *cached = true;
+                    *cached = Some(tokio::time::Instant::now());
                 }
                 Expect::Replayed(kind, body)
             }
@@ -119,7 +121,7 @@ impl Model {
                     kind,
                     body: vec![b],
                     expires: self.now + TTL.as_millis() as u64,
-                    cached: false,
+                    cached: None,
                 };
                 if matches!(eff, Eff::Success(_) | Eff::Failed(_)) {
                     // Up to two armed faults on the "done" write are absorbed by its retries.

@@ -4,4 +4,5 @@ mod engine;
 mod journal;
 mod journal_model;
 mod model;
+mod reopen;
 mod support;

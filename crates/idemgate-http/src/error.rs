@@ -193,6 +193,19 @@ impl Problem {
             )
             .with("state", json!(state.to_string()))
             .with("fence", json!(fence)),
+            EngineError::NotReopenable { state, fence, .. } => Problem::of(
+                verdict,
+                format!(
+                    "the record is {state} at fence {fence}; only a completed or unknown record at the fence you looked at can be reopened{}",
+                    if *state == idemgate::State::InFlight {
+                        ": its call may be running the action now; wait until it finishes or its lease ends"
+                    } else {
+                        ""
+                    }
+                ),
+            )
+            .with("state", json!(state.to_string()))
+            .with("fence", json!(fence)),
             _ if verdict == Verdict::LeaseLost => Problem::lease_lost(),
             // Store errors after the reservation: their text says what failed, never that
             // nothing ran.

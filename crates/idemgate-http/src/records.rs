@@ -1,4 +1,4 @@
-//! The operator view of a tenant's records: list, show, resolve.
+//! The operator view of a tenant's records: list, show, resolve, reopen.
 
 use axum::body::Body;
 use axum::extract::State;
@@ -20,10 +20,11 @@ const MAX_LIST: usize = 1000;
 pub(crate) struct ListQuery {
     state: Option<String>,
     tool: Option<String>,
+    scope: Option<String>,
     limit: Option<usize>,
 }
 
-/// `GET /v1/records?state=&tool=&limit=`: the caller's records, oldest first.
+/// `GET /v1/records?state=&tool=&scope=&limit=`: the caller's records, oldest first.
 pub(crate) async fn list(
     State(gw): State<Gateway>,
     Caller(tenant): Caller,
@@ -48,6 +49,7 @@ pub(crate) async fn list(
         tenant: Some(tenant.id.clone()),
         tool,
         state,
+        scope: q.scope.map(Into::into),
         limit,
     };
     let records = gw.engine().list(&filter).await.map_err(|e| {
@@ -86,6 +88,14 @@ struct ResolveBody {
     fence: u64,
     resolution: String,
     outcome: Option<OutcomeBody>,
+    /// Why, for the audit log.
+    reason: Option<String>,
+}
+
+/// Who an operator's request at the gateway came from, for the audit log: the tenant whose token
+/// it carried.
+fn operator(tenant: &crate::auth::Tenant) -> String {
+    format!("tenant:{}", tenant.id)
 }
 
 /// `POST /v1/tools/{tool}/records/{key}/resolve`: an operator says what happened to an unknown
@@ -125,13 +135,60 @@ pub(crate) async fn resolve(
             )))
         }
     };
-    match gw.engine().resolve(&key, b.fence, resolution).await {
+    let by = operator(&tenant);
+    let resolved = gw
+        .engine()
+        .resolve(&key, b.fence, resolution, Some(&by), b.reason.as_deref())
+        .await;
+    match resolved {
         Ok(after) => Ok(Json(after.as_ref().map(RecordView::of)).into_response()),
-        Err(e) => {
-            if matches!(e, idemgate::EngineError::Store(_)) {
-                gw.metrics().store_error();
-            }
-            Err(Problem::from_engine(&e))
-        }
+        Err(e) => Err(operator_error(&gw, &e)),
     }
+}
+
+/// The body of `reopen`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReopenBody {
+    fence: u64,
+    reason: String,
+}
+
+/// `POST /v1/tools/{tool}/records/{key}/reopen`: an operator (or a program) reopens a completed
+/// or unknown record at the fence they looked at, so that the next call runs the action again.
+/// Answers `{"reopened": true, "was": STATE, "fence": N}`.
+pub(crate) async fn reopen(
+    State(gw): State<Gateway>,
+    Caller(tenant): Caller,
+    Path((tool, key)): Path<(String, String)>,
+    body: Body,
+) -> Result<Response, Problem> {
+    let key = Key::new(
+        tenant.id.clone(),
+        request::tool_name(&tool)?,
+        request::idempotency_key(&key)?,
+    );
+    let b: ReopenBody = request::json_body(&request::read_body(body).await?)?;
+    let by = operator(&tenant);
+    match gw
+        .engine()
+        .reopen(&key, b.fence, Some(&by), Some(&b.reason))
+        .await
+    {
+        Ok(was) => Ok(Json(serde_json::json!({
+            "reopened": true,
+            "was": was,
+            "fence": b.fence,
+        }))
+        .into_response()),
+        Err(e) => Err(operator_error(&gw, &e)),
+    }
+}
+
+/// The problem of an operator's request the engine refused, counting store errors.
+fn operator_error(gw: &Gateway, e: &idemgate::EngineError) -> Problem {
+    if matches!(e, idemgate::EngineError::Store(_)) {
+        gw.metrics().store_error();
+    }
+    Problem::from_engine(e)
 }

@@ -152,6 +152,8 @@ pub(crate) struct RecordView {
     created_at: Timestamp,
     fingerprint: String,
     #[serde(skip_serializing_if = "Option::is_none")]
+    scope: Option<std::sync::Arc<str>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     lease_until: Option<Timestamp>,
     #[serde(skip_serializing_if = "Option::is_none")]
     since: Option<Timestamp>,
@@ -173,6 +175,7 @@ impl RecordView {
             fence: r.fence,
             created_at: r.created_at,
             fingerprint: r.fingerprint.to_hex(),
+            scope: r.scope.clone(),
             lease_until: None,
             since: None,
             outcome: None,

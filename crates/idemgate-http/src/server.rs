@@ -39,6 +39,7 @@ const ROUTES: &[&str] = &[
     "/v1/tools/{tool}/call",
     "/v1/tools/{tool}/records/{key}",
     "/v1/tools/{tool}/records/{key}/resolve",
+    "/v1/tools/{tool}/records/{key}/reopen",
 ];
 
 /// The gateway's routes with their limits, logging and metrics.
@@ -59,6 +60,10 @@ pub fn router(gateway: Gateway) -> Router {
         .route(
             "/v1/tools/{tool}/records/{key}/resolve",
             post(records::resolve),
+        )
+        .route(
+            "/v1/tools/{tool}/records/{key}/reopen",
+            post(records::reopen),
         )
         // After every route: it applies to the routes added so far. axum adds the `Allow` header.
         .method_not_allowed_fallback(|method: Method| async move {

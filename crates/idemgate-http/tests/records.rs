@@ -120,3 +120,104 @@ async fn resolve_refuses_records_that_are_not_unknown() {
     assert_eq!(res.json::<Value>().await.unwrap(), Value::Null);
     assert_eq!(gw.begin("t", "k", "{}").await.status(), 201);
 }
+
+#[tokio::test]
+async fn reopen_lets_a_completed_call_run_again_and_is_audited() {
+    let gw = start("audit_log = \"AUDIT\"", "").await;
+    let b: Value = gw.begin("t", "k", "{}").await.json().await.unwrap();
+    let reopen = |fence: u64, token| {
+        gw.post("/v1/tools/t/records/k/reopen", token)
+            .json(&json!({"fence": fence, "reason": "the charge bounced"}))
+            .send()
+    };
+    // In flight: its call may be running the action now.
+    let p = problem(reopen(1, ACME).await.unwrap(), 409, "not-resolvable").await;
+    assert_eq!(p["state"], "in_flight");
+    assert!(
+        p["detail"]
+            .as_str()
+            .unwrap()
+            .contains("wait until it finishes"),
+        "{p}"
+    );
+    let res = gw
+        .post("/v1/tools/t/complete", ACME)
+        .json(
+            &json!({"key": "k", "lease": b["lease"], "outcome": {"kind": "success", "result": 1}}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(gw.begin("t", "k", "{}").await.status(), 200, "a replay");
+
+    problem(reopen(1, OTHER).await.unwrap(), 404, "not-found").await;
+    let p = problem(reopen(2, ACME).await.unwrap(), 409, "not-resolvable").await;
+    assert_eq!(
+        (p["state"].as_str(), p["fence"].as_u64()),
+        (Some("completed"), Some(1))
+    );
+    let res = gw
+        .post("/v1/tools/t/records/k/reopen", ACME)
+        .json(&json!({"fence": 1}))
+        .send()
+        .await
+        .unwrap();
+    problem(res, 400, "bad-request").await;
+
+    let res = reopen(1, ACME).await.unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(
+        res.json::<Value>().await.unwrap(),
+        json!({"reopened": true, "was": "completed", "fence": 1})
+    );
+    problem(
+        gw.get("/v1/tools/t/records/k", ACME).send().await.unwrap(),
+        404,
+        "not-found",
+    )
+    .await;
+    let again = gw.begin("t", "k", "{}").await;
+    assert_eq!(again.status(), 201, "the call runs again");
+    let again: Value = again.json().await.unwrap();
+    assert!(
+        again["lease"].as_str().unwrap().starts_with("2."),
+        "at the next fence: {again}"
+    );
+    // A reopening retried at the old fence leaves the new record alone.
+    let p = problem(reopen(1, ACME).await.unwrap(), 409, "not-resolvable").await;
+    assert_eq!(p["fence"], 2);
+
+    let audit = std::fs::read_to_string(gw.dir.path().join("audit.jsonl")).unwrap();
+    let line: Value = audit
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .find(|l| l["event"] == "reopened")
+        .unwrap_or_else(|| panic!("no reopened line in {audit}"));
+    assert_eq!(line["by"], "tenant:acme");
+    assert_eq!(line["reason"], "the charge bounced");
+    assert_eq!(line["was"], "completed");
+    assert_eq!(line["fence"], 1);
+}
+
+#[tokio::test]
+async fn records_list_by_scope() {
+    let gw = start("", "").await;
+    assert_eq!(gw.begin("t", "k", "{}").await.status(), 201);
+    let all: Vec<Value> = gw
+        .get_json("/v1/records", ACME)
+        .await
+        .as_array()
+        .unwrap()
+        .clone();
+    assert_eq!(all.len(), 1);
+    assert!(
+        all[0].get("scope").is_none(),
+        "no scope, no member: {}",
+        all[0]
+    );
+    let scoped = gw
+        .get_json("/v1/records?scope=conversation%3A1", ACME)
+        .await;
+    assert_eq!(scoped, json!([]));
+}

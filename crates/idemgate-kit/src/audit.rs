@@ -1,5 +1,7 @@
 //! The audit log: one JSON line per record state transition, appended to a file. An engine
-//! [`Observer`]: it hears every transition from the engine itself.
+//! [`Observer`]: it hears every transition from the engine itself. An operator's resolution or
+//! reopening also says who (`by`: the OS user at the command line, `tenant:ID` at the gateway) and
+//! why (`reason`), when they were given.
 
 use std::fs::{File, OpenOptions};
 use std::io::Write as _;
@@ -8,7 +10,7 @@ use std::sync::Mutex;
 
 use idemgate_core::key::hex;
 use idemgate_core::{Decision, Event, Fence, Key, Observer, Timestamp, Verdict};
-use serde_json::json;
+use serde_json::{json, Value};
 
 /// Where audit lines go; absent when not configured.
 #[derive(Debug, Default)]
@@ -31,10 +33,11 @@ impl Audit {
         Ok(Audit { file })
     }
 
-    /// Appends one line. The raw key never appears: only its digest, as downstreams see it.
-    fn record(&self, event: &str, key: &Key, fence: Option<Fence>) {
+    /// Appends one line, with `extra` members (those with a null value left out). The raw key
+    /// never appears: only its digest, as downstreams see it.
+    fn record(&self, event: &str, key: &Key, fence: Option<Fence>, extra: &[(&str, Value)]) {
         let Some(file) = &self.file else { return };
-        let line = json!({
+        let mut line = json!({
             "time": Timestamp::now(),
             "event": event,
             "tenant": key.tenant,
@@ -42,6 +45,9 @@ impl Audit {
             "key_digest": hex(&key.digest()),
             "fence": fence,
         });
+        for (name, value) in extra.iter().filter(|(_, v)| !v.is_null()) {
+            line[*name] = value.clone();
+        }
         let mut line = line.to_string();
         line.push('\n');
         // One write of a whole line on an append-mode file: lines never interleave.
@@ -92,11 +98,92 @@ impl Observer for Audit {
                         Some(Decision::Unknown { fence, .. }) => Some(*fence),
                         _ => *fence,
                     };
-                    self.record(name, key, fence);
+                    self.record(name, key, fence, &[]);
                 }
             }
-            Event::Resolved { key, fence, .. } => self.record("resolved", key, Some(*fence)),
+            Event::Resolved {
+                key,
+                fence,
+                released,
+                by,
+                reason,
+            } => self.record(
+                "resolved",
+                key,
+                Some(*fence),
+                &[
+                    ("released", json!(released)),
+                    ("by", json!(by)),
+                    ("reason", json!(reason)),
+                ],
+            ),
+            Event::Reopened {
+                key,
+                fence,
+                was,
+                by,
+                reason,
+            } => self.record(
+                "reopened",
+                key,
+                Some(*fence),
+                &[
+                    ("was", json!(was)),
+                    ("by", json!(by)),
+                    ("reason", json!(reason)),
+                ],
+            ),
             _ => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use idemgate_core::{IdempotencyKey, State, TenantId, ToolName};
+
+    use super::*;
+
+    #[test]
+    fn operator_lines_say_who_and_why_when_given() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.log");
+        let audit = Audit::open(Some(&path)).unwrap();
+        let key = Key::new(
+            TenantId::new("acme").unwrap(),
+            ToolName::new("charge").unwrap(),
+            IdempotencyKey::new("order-1").unwrap(),
+        );
+        audit.observe(&Event::Reopened {
+            key: &key,
+            fence: 3,
+            was: State::Completed,
+            by: Some("alice"),
+            reason: Some("the charge bounced"),
+        });
+        audit.observe(&Event::Resolved {
+            key: &key,
+            fence: 4,
+            released: true,
+            by: None,
+            reason: None,
+        });
+        let text = std::fs::read_to_string(&path).unwrap();
+        let lines: Vec<Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(lines[0]["event"], "reopened");
+        assert_eq!(lines[0]["fence"], 3);
+        assert_eq!(lines[0]["was"], "completed");
+        assert_eq!(lines[0]["by"], "alice");
+        assert_eq!(lines[0]["reason"], "the charge bounced");
+        assert!(
+            !text.contains("order-1"),
+            "the raw key never appears: {text}"
+        );
+        assert_eq!(lines[1]["event"], "resolved");
+        assert_eq!(lines[1]["released"], true);
+        assert!(lines[1].get("by").is_none() && lines[1].get("reason").is_none());
     }
 }

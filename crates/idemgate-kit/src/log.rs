@@ -81,8 +81,21 @@ impl Observer for Log {
                 key,
                 fence,
                 released,
+                by,
+                reason,
             } => tracing::info!(
-                tenant = %key.tenant, tool = %key.tool, key = short(key), fence, released, "resolved"
+                tenant = %key.tenant, tool = %key.tool, key = short(key), fence, released, by,
+                reason, "resolved"
+            ),
+            Event::Reopened {
+                key,
+                fence,
+                was,
+                by,
+                reason,
+            } => tracing::info!(
+                tenant = %key.tenant, tool = %key.tool, key = short(key), fence, was = %was, by,
+                reason, "reopened: the next call runs the action again"
             ),
             Event::Flushed(Ok(r)) if r.superseded > 0 => tracing::warn!(
                 applied = r.applied,

@@ -19,6 +19,7 @@ pub struct RowColumns {
     pub expires_at: Option<i64>,
     pub outcome_kind: Option<i16>,
     pub outcome_body: Option<Vec<u8>>,
+    pub scope: Option<String>,
     pub now: i64,
 }
 
@@ -39,6 +40,7 @@ pub fn decode_columns(key: Key, cols: RowColumns) -> Result<(StoredRecord, Times
         expires_at: cols.expires_at,
         outcome_kind: cols.outcome_kind,
         outcome_body: cols.outcome_body,
+        scope: cols.scope.as_deref(),
         now: cols.now,
     }
     .decode(key)

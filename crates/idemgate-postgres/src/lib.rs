@@ -15,7 +15,7 @@ use deadpool_postgres::{
 };
 use idemgate_core::key::hex;
 use idemgate_core::store::{
-    Claim, Completion, ListFilter, Reservation, ReserveHistory, Result, Store,
+    Claim, Completion, ListFilter, Reopened, Reservation, ReserveHistory, Result, Store,
 };
 use idemgate_core::time::duration_millis;
 use idemgate_core::transition::{self, Change};
@@ -99,6 +99,7 @@ struct Sql {
     completed: String,
     release: String,
     mark_unknown: String,
+    reopen: String,
     get: String,
     list: String,
     purge: String,
@@ -118,6 +119,7 @@ impl Sql {
             completed: fill(include_str!("sql/completed.sql")),
             release: fill(include_str!("sql/release.sql")),
             mark_unknown: fill(include_str!("sql/mark_unknown.sql")),
+            reopen: fill(include_str!("sql/reopen.sql")),
             get: fill(include_str!("sql/get.sql")),
             list: fill(include_str!("sql/list.sql")),
             purge: fill(include_str!("sql/purge.sql")),
@@ -513,13 +515,15 @@ impl PgStore {
         let lease_ms = duration_millis(r.lease_for);
         let (tenant, tool, key) = (k.tenant.as_str(), k.tool.as_str(), k.key.as_str());
         let fingerprint = r.fingerprint.as_bytes().as_slice();
-        let params: [&(dyn ToSql + Sync); 6] = [
+        let scope = r.scope.as_deref();
+        let params: [&(dyn ToSql + Sync); 7] = [
             &tenant,
             &tool,
             &key,
             &fingerprint,
             &token.as_slice(),
             &lease_ms,
+            &scope,
         ];
         let sql = &self.inner.sql;
         // A row this reservation wrote (`insert.sql`, `renew.sql`) holds its token: the fence
@@ -721,6 +725,28 @@ impl Store for PgStore {
         .await
     }
 
+    async fn reopen(&self, key: &Key, fence: Fence) -> Result<Reopened> {
+        // A fence beyond `bigint` is no row's.
+        if let Ok(fence) = i64::try_from(fence) {
+            let rows = self
+                .run(
+                    &self.inner.sql.reopen,
+                    &[
+                        &key.tenant.as_str(),
+                        &key.tool.as_str(),
+                        &key.key.as_str(),
+                        &fence,
+                        &digest_hex(key),
+                    ],
+                )
+                .await?;
+            if !rows.is_empty() {
+                return Ok(Reopened::Expired);
+            }
+        }
+        Ok(Reopened::Kept(self.get(key).await?))
+    }
+
     async fn get(&self, key: &Key) -> Result<Option<Record>> {
         let rows = self
             .run(
@@ -742,8 +768,12 @@ impl Store for PgStore {
         let tool = filter.tool.as_ref().map(ToolName::as_str);
         let state = filter.state.map(state_code);
         let limit = (filter.limit > 0).then(|| i64::try_from(filter.limit).unwrap_or(i64::MAX));
+        let scope = filter.scope.as_deref();
         let rows = self
-            .run(&self.inner.sql.list, &[&tenant, &tool, &state, &limit])
+            .run(
+                &self.inner.sql.list,
+                &[&tenant, &tool, &state, &limit, &scope],
+            )
             .await?;
         let mut out = Vec::with_capacity(rows.len());
         for row in &rows {

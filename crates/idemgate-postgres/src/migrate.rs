@@ -19,10 +19,11 @@ pub(crate) const MIGRATIONS: &[(i32, &str, &str)] = &[
         "lean_reservations",
         include_str!("migrations/0004_lean_reservations.sql"),
     ),
+    (5, "scope", include_str!("migrations/0005_scope.sql")),
 ];
 
 /// The schema version this code writes and reads.
-pub const SCHEMA_VERSION: i32 = 4;
+pub const SCHEMA_VERSION: i32 = 5;
 
 /// First half of the advisory lock key ("idem"); the second is a hash of the schema name.
 const LOCK_CLASS: i32 = 0x6964_656d;

@@ -96,6 +96,7 @@ pub(crate) struct Columns<'a> {
     pub(crate) expires_at: Option<i64>,
     pub(crate) outcome_kind: Option<i16>,
     pub(crate) outcome_body: Option<Vec<u8>>,
+    pub(crate) scope: Option<&'a str>,
     pub(crate) now: i64,
 }
 
@@ -113,6 +114,7 @@ impl<'a> Columns<'a> {
             expires_at: get(row, "expires_at")?,
             outcome_kind: get(row, "outcome_kind")?,
             outcome_body: get(row, "outcome_body")?,
+            scope: get(row, "scope")?,
             now: get(row, "now")?,
         })
     }
@@ -153,6 +155,7 @@ impl<'a> Columns<'a> {
             fence,
             token: LeaseToken(u128::from_be_bytes(token)),
             created_at: Timestamp::from_millis(self.created_at),
+            scope: self.scope.map(Into::into),
             state,
         };
         Ok((rec, Timestamp::from_millis(self.now)))

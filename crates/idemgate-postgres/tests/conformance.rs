@@ -1,15 +1,15 @@
 //! The Postgres store passes the conformance suite against the shared server on loopback
 //! (`IDEMGATE_TEST_POSTGRES_URL`, default `postgres://postgres@127.0.0.1:5432/test`), in schema
-//! `idemgate_test`.
+//! `idemgate_test_vN` (N the schema version, so that checkouts of other versions never meet).
 
-/// The shared test server, in schema `idemgate_test`, reserving by `reserve_path`.
+/// The shared test server, in schema `idemgate_test_vN`, reserving by `reserve_path`.
 async fn fixture(
     reserve_path: idemgate_postgres::ReservePath,
 ) -> idemgate_conformance::Fixture<idemgate_postgres::PgStore> {
     let url = std::env::var("IDEMGATE_TEST_POSTGRES_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
     let options = idemgate_postgres::PgOptions {
-        schema: "idemgate_test".to_owned(),
+        schema: format!("idemgate_test_v{}", idemgate_postgres::SCHEMA_VERSION),
         pool_size: 8,
         reserve_path,
         ..idemgate_postgres::PgOptions::default()

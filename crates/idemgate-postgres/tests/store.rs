@@ -26,14 +26,20 @@ async fn acquire(store: &PgStore, r: &Reservation) -> idemgate_core::Lease {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn migrations_rerun_idempotently_and_concurrently() {
+/// A schema of the test's own on the shared server, and options that name it.
+fn private_schema() -> (String, PgOptions) {
     let schema = fresh_schema("idemgate_mig");
     let opts = PgOptions {
         schema: schema.clone(),
         pool_size: 2,
         ..PgOptions::default()
     };
+    (schema, opts)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrations_rerun_idempotently_and_concurrently() {
+    let (schema, opts) = private_schema();
     let url = support::url();
     // Four gateways starting at once migrate once, under the advisory lock.
     let stores = join_all((0..4).map(|_| PgStore::connect_with(&url, opts.clone()))).await;
@@ -63,12 +69,7 @@ async fn migrations_rerun_idempotently_and_concurrently() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn newer_schema_is_refused() {
-    let schema = fresh_schema("idemgate_mig");
-    let opts = PgOptions {
-        schema: schema.clone(),
-        pool_size: 2,
-        ..PgOptions::default()
-    };
+    let (schema, opts) = private_schema();
     let url = support::url();
     drop(support::connect_with(&url, opts.clone()).await);
     let client = support::raw_client(&url).await;
@@ -87,6 +88,57 @@ async fn newer_schema_is_refused() {
         Err(StoreError::Misconfigured(msg)) => assert!(msg.contains("newer"), "{msg}"),
         other => panic!("expected Misconfigured, got {other:?}"),
     }
+}
+
+/// A schema at version 4 (before records kept their scope) opens upgraded: its records read
+/// without a scope, and new ones keep theirs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_4_schema_opens_upgraded_with_its_records() {
+    let (schema, opts) = private_schema();
+    let url = support::url();
+    drop(support::connect_with(&url, opts.clone()).await);
+    // Back to version 4's table, with a record in it.
+    let client = support::raw_client(&url).await;
+    client
+        .batch_execute(&format!(
+            "ALTER TABLE \"{schema}\".idemgate_records DROP COLUMN scope;
+             DELETE FROM \"{schema}\".idemgate_schema_version WHERE version > 4;
+             INSERT INTO \"{schema}\".idemgate_records
+                 (tenant, tool, key, fingerprint, fence, token, created_at, state, completed_at,
+                  expires_at, outcome_kind, outcome_body)
+             VALUES ('acme', 'send', 'old', decode(repeat('00', 32), 'hex'), 3,
+                     decode(repeat('00', 16), 'hex'), 1000, 1, 2000, 9000000000000000, 0, 'ok');"
+        ))
+        .await
+        .unwrap();
+
+    let store = support::connect_with(&url, opts).await;
+    let old = idemgate_core::Key::new(
+        idemgate_core::TenantId::new("acme").unwrap(),
+        idemgate_core::ToolName::new("send").unwrap(),
+        idemgate_core::IdempotencyKey::new("old").unwrap(),
+    );
+    let rec = store.get(&old).await.unwrap().expect("the old record");
+    assert_eq!((rec.fence, rec.scope), (3, None));
+    let new = fresh_key("mig", "new");
+    let r = Reservation::new(new.clone(), fp("a"), Duration::from_secs(60))
+        .with_scope(Some("conversation:7".into()));
+    acquire(&store, &r).await;
+    let rec = store.get(&new).await.unwrap().unwrap();
+    assert_eq!(rec.scope.as_deref(), Some("conversation:7"));
+    let versions: Vec<i32> = client
+        .query(
+            &format!("SELECT version FROM \"{schema}\".idemgate_schema_version ORDER BY version"),
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    drop(store);
+    support::drop_schema(&schema).await;
+    assert_eq!(versions, (1..=SCHEMA_VERSION).collect::<Vec<_>>());
 }
 
 fn lossy_url() -> String {
@@ -524,7 +576,7 @@ async fn reaper_deletes_expired_rows() {
             .query_one(
                 &format!(
                     "SELECT count(*) FROM {}.idemgate_records WHERE tenant = $1",
-                    support::SCHEMA
+                    support::schema()
                 ),
                 &[&key.tenant.as_str()],
             )
@@ -618,7 +670,7 @@ async fn unreadable_rows_are_corrupt_and_only_for_their_key() {
                 "INSERT INTO {}.idemgate_records (tenant, tool, key, fingerprint, fence, token, \
                  created_at, state, completed_at, expires_at, outcome_kind, outcome_body) \
                  VALUES ($1, $2, $3, $4, 1, $5, 0, 1, 0, 9000000000000, 5, '')",
-                support::SCHEMA
+                support::schema()
             ),
             &[
                 &bad.tenant.as_str(),
@@ -706,7 +758,7 @@ async fn rows_breaking_the_record_rules_are_corrupt_on_read_and_only_for_their_k
                      token, created_at, state, completed_at, expires_at, outcome_kind, \
                      outcome_body, lease_until, since) \
                      VALUES ($1, $2, $3, $4, 1, $5, 0, {state}, NULL, NULL)",
-                    support::SCHEMA
+                    support::schema()
                 ),
                 &[
                     &bad.tenant.as_str(),
@@ -740,7 +792,7 @@ async fn the_primary_key_is_the_records_only_index() {
         .query(
             "SELECT indexname FROM pg_indexes WHERE schemaname = $1 \
              AND tablename = 'idemgate_records' ORDER BY indexname",
-            &[&support::SCHEMA],
+            &[&support::schema()],
         )
         .await
         .unwrap();

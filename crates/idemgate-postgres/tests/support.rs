@@ -13,13 +13,17 @@ pub(crate) fn url() -> String {
 pub(crate) const START_HINT: &str = "start it with: pg_ctlcluster --skip-systemctl-redirect \
      $(ls /etc/postgresql) main start (or point IDEMGATE_TEST_POSTGRES_URL at one)";
 
-/// The schema the shared tests use (keys are under random tenants).
-pub(crate) const SCHEMA: &str = "idemgate_test";
+/// The schema the shared tests use (keys are under random tenants): one per schema version, so
+/// that a checkout with a newer schema never migrates the one an older checkout tests in (which
+/// would then refuse it as newer than it knows).
+pub(crate) fn schema() -> String {
+    format!("idemgate_test_v{}", idemgate_postgres::SCHEMA_VERSION)
+}
 
 /// `options` with the test schema and a small pool.
 pub(crate) fn options() -> PgOptions {
     PgOptions {
-        schema: SCHEMA.to_owned(),
+        schema: schema(),
         pool_size: 8,
         ..PgOptions::default()
     }

@@ -300,6 +300,7 @@ impl Engine {
                 .map(str::parse::<idemgate::State>)
                 .transpose()
                 .map_err(PyValueError::new_err)?,
+            scope: None,
             limit,
         };
         let records = self
@@ -334,7 +335,12 @@ impl Engine {
         let resolution =
             records::resolution(resolution, result, failed, ttl).map_err(PyValueError::new_err)?;
         let after = self
-            .run(py, self.shared.engine.resolve(&name, fence, resolution))?
+            .run(
+                py,
+                self.shared
+                    .engine
+                    .resolve(&name, fence, resolution, None, None),
+            )?
             .map_err(|e| engine_error(py, &e))?;
         after.as_ref().map(record_view).transpose()
     }

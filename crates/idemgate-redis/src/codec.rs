@@ -100,6 +100,10 @@ pub(crate) fn stored_record(flat: &Value) -> Result<Option<StoredRecord>, StoreE
     let fence: Fence = number(field("fence")?)?;
     let token = LeaseToken::from_str(text(field("token")?)?).map_err(|e| bad("token", &e))?;
     let created_at = time("created")?;
+    let scope = match fields.get(b"scope".as_slice()) {
+        Some(v) => Some(text(v)?.into()),
+        None => None,
+    };
     let state = match text(field("state")?)? {
         "i" => RecordState::InFlight {
             lease_until: time("lease_until")?,
@@ -123,6 +127,7 @@ pub(crate) fn stored_record(flat: &Value) -> Result<Option<StoredRecord>, StoreE
         fence,
         token,
         created_at,
+        scope,
         state,
     }))
 }

@@ -1,5 +1,6 @@
 -- Shared by every idemgate script (prepended to each). A record is one hash:
 --   tenant, tool, key, fp, fence, token, created, state ('i' in flight, 'c' completed, 'u' unknown)
+--   scope: where the reserving call was made (absent when it named none)
 --   'i': lease_until        'c': kind, body, completed_at, expires_at        'u': since
 --   waiters: '1' while a duplicate waits for the in-flight record to settle (set by wait.lua)
 -- Times are milliseconds since the epoch by the server's clock (TIME), never the client's.
@@ -43,13 +44,26 @@ local function reads_unknown(r, now)
 end
 
 -- Replaces whatever the key held (fields and expiry) with a fresh in-flight record from the
--- reservation in ARGV[1..6]: tenant, tool, key, fingerprint, token, lease in ms.
-local function put_fresh(k, fence, created, now)
+-- reservation in ARGV[1..6]: tenant, tool, key, fingerprint, token, lease in ms; `scope` is the
+-- record's scope (nil: none).
+local function put_fresh(k, fence, created, now, scope)
   redis.call('DEL', k)
   redis.call('HSET', k,
     'tenant', ARGV[1], 'tool', ARGV[2], 'key', ARGV[3], 'fp', ARGV[4],
     'fence', fmt(fence), 'token', ARGV[5], 'created', fmt(created),
     'state', 'i', 'lease_until', fmt(now + tonumber(ARGV[6])))
+  if scope ~= nil then
+    redis.call('HSET', k, 'scope', scope)
+  end
+end
+
+-- The scope a reservation sends: '' for none, else '=' and the scope (so that an empty scope is
+-- still one).
+local function scope_arg(arg)
+  if arg == nil or arg == '' then
+    return nil
+  end
+  return string.sub(arg, 2)
 end
 
 local function lease_lost()

@@ -20,7 +20,7 @@ use idemgate_core::transition::{self, Change, StoredRecord};
 use idemgate_core::url::UrlQuery;
 use idemgate_core::{
     ChangeMark, Changes, Claim, Completion, Fence, Key, Lease, ListFilter, Outcome, Record,
-    Reservation, ReserveHistory, Store, StoreError, Timestamp,
+    Reopened, Reservation, ReserveHistory, Store, StoreError, Timestamp,
 };
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
@@ -97,6 +97,7 @@ struct Scripts {
     complete: Script,
     release: Script,
     mark_unknown: Script,
+    reopen: Script,
     get: Script,
     purge: Script,
     wait: Script,
@@ -113,6 +114,7 @@ impl Scripts {
             complete: script(include_str!("complete.lua")),
             release: script(include_str!("release.lua")),
             mark_unknown: script(include_str!("mark_unknown.lua")),
+            reopen: script(include_str!("reopen.lua")),
             get: script(include_str!("get.lua")),
             purge: script(include_str!("purge.lua")),
             wait: script(include_str!("wait.lua")),
@@ -740,6 +742,12 @@ impl RedisStore {
         if let Some(stale) = stale {
             inv.arg(stale.to_string());
         }
+        // See scope_arg in common.lua.
+        inv.arg(
+            r.scope
+                .as_deref()
+                .map_or(String::new(), |s| format!("={s}")),
+        );
         let reply = self.write(&name, &inv, what).await?;
         let items = array(&reply)?;
         match items {
@@ -891,6 +899,27 @@ impl Store for RedisStore {
         self.write(&name, &inv, "mark a record unknown")
             .await
             .map(drop)
+    }
+
+    async fn reopen(&self, key: &Key, fence: Fence) -> Result<Reopened> {
+        let name = self.record_key(key);
+        let mut inv = Invocation::new(&self.inner.scripts.reopen);
+        inv.key(&name)
+            .arg(fence.to_string())
+            .arg(ms(self.inner.options.expiry_grace));
+        let reply = self.write(&name, &inv, "reopen a record").await?;
+        match array(&reply)? {
+            [tag] if text(tag)? == "R" => Ok(Reopened::Expired),
+            [tag, now, flat] if text(tag)? == "K" => {
+                let now = Timestamp::from_millis(number(now)?);
+                Ok(Reopened::Kept(
+                    stored_record(flat)?.and_then(|c| c.view(now)),
+                ))
+            }
+            _ => Err(corrupt(format_args!(
+                "reopen script answered {reply:?}, expected whether it reopened the record"
+            ))),
+        }
     }
 
     async fn get(&self, key: &Key) -> Result<Option<Record>> {

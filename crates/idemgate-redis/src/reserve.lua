@@ -1,5 +1,5 @@
 -- Reserve: insert an in-flight record unless one counts. Mirrors idemgate_core::transition::reserve.
--- KEYS[1] record; ARGV tenant, tool, key, fingerprint, token, lease_ms.
+-- KEYS[1] record; ARGV tenant, tool, key, fingerprint, token, lease_ms, scope (see scope_arg).
 -- Returns {'A', fence} when acquired, {'E', now, flat record} when another record stands.
 local k = KEYS[1]
 local now = now_ms()
@@ -16,5 +16,5 @@ local fence = 1
 if r ~= nil then
   fence = tonumber(r.fence) + 1
 end
-put_fresh(k, fence, now, now)
+put_fresh(k, fence, now, now, scope_arg(ARGV[7]))
 return {'A', fmt(fence)}

@@ -1,5 +1,6 @@
 -- Takeover of an unknown record. Mirrors idemgate_core::transition::takeover.
--- KEYS[1] record; ARGV tenant, tool, key, fingerprint, token, lease_ms, stale fence.
+-- KEYS[1] record; ARGV tenant, tool, key, fingerprint, token, lease_ms, stale fence, scope (see
+-- scope_arg; only for an absent record, which is reserved: a takeover keeps the record's scope).
 -- Returns {'A', fence} when acquired, {'E', now, flat record} otherwise.
 local k = KEYS[1]
 local stale = ARGV[7]
@@ -10,7 +11,7 @@ if r == nil or not counts(r, now) then
   if r ~= nil then
     fence = tonumber(r.fence) + 1
   end
-  put_fresh(k, fence, now, now)
+  put_fresh(k, fence, now, now, scope_arg(ARGV[8]))
   return {'A', fmt(fence)}
 end
 if r.token == ARGV[5] and r.state == 'i' then
@@ -21,7 +22,7 @@ if reads_unknown(r, now) and r.fence == stale and r.fp == ARGV[4] then
   local fence = tonumber(stale) + 1
   -- Duplicates that waited for the lapsed lease look again, and find the new holder.
   wake(k, r)
-  put_fresh(k, fence, tonumber(r.created), now)
+  put_fresh(k, fence, tonumber(r.created), now, r.scope)
   return {'A', fmt(fence)}
 end
 return {'E', fmt(now), flat}

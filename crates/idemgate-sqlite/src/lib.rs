@@ -58,7 +58,7 @@ use idemgate_core::transition::{self, Change, StoredRecord};
 use idemgate_core::url::{duration_option, UrlQuery};
 use idemgate_core::{
     ChangeMark, Changes, Claim, Clock, Completion, Fence, Key, Lease, ListFilter, Outcome, Record,
-    Reservation, State, Store, StoreError, SystemClock, Timestamp,
+    Reopened, Reservation, State, Store, StoreError, SystemClock, Timestamp,
 };
 use rusqlite::types::Value;
 use rusqlite::Connection;
@@ -526,6 +526,10 @@ fn list_rows(conn: &Connection, filter: &ListFilter, now: Timestamp) -> Result<V
         conditions.push("tool = ?".to_owned());
         params.push(Value::Text(tool.as_str().to_owned()));
     }
+    if let Some(scope) = &filter.scope {
+        conditions.push("scope = ?".to_owned());
+        params.push(Value::Text(scope.to_string()));
+    }
     let by_state = state_condition(filter.state, now.as_millis());
     let limit_in_sql = by_state.is_some() && filter.limit > 0;
     let limit = i64::try_from(filter.limit).unwrap_or(i64::MAX);
@@ -614,6 +618,11 @@ impl Store for SqliteStore {
             Ok(((), transition::mark_unknown(cur, lease, now)?))
         })
         .await
+    }
+
+    async fn reopen(&self, key: &Key, fence: Fence) -> Result<Reopened> {
+        self.transition(key, move |cur, now| Ok(transition::reopen(cur, fence, now)))
+            .await
     }
 
     async fn get(&self, key: &Key) -> Result<Option<Record>> {
@@ -997,6 +1006,47 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_version_2_database_opens_upgraded_with_its_records_and_keeps_scopes_after() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("idemgate.db");
+        // The file as version 2 left it, with one completed record.
+        let conn = raw(&path);
+        conn.execute_batch(include_str!("schema.sql")).unwrap();
+        conn.execute_batch(include_str!("schema_v2.sql")).unwrap();
+        conn.pragma_update(None, "application_id", APPLICATION_ID)
+            .unwrap();
+        conn.pragma_update(None, "user_version", 2).unwrap();
+        conn.execute(
+            "INSERT INTO idemgate_record (tenant, tool, key, fingerprint, fence, token, created_at, \
+             state, completed_at, expires_at, outcome_kind, outcome_body) \
+             VALUES ('acme', 'send_invoice', 'old', zeroblob(32), 3, zeroblob(16), 1000, 1, 2000, ?1, 0, x'6f6b')",
+            [i64::MAX],
+        )
+        .unwrap();
+        drop(conn);
+
+        let store = SqliteStore::open(&path, manual()).unwrap();
+        let old = store
+            .get(&key("old"))
+            .await
+            .unwrap()
+            .expect("the old record");
+        assert_eq!((old.fence, old.scope), (3, None));
+        let new = key("new");
+        let r = reservation(&new).with_scope(Some("conversation:7".into()));
+        assert!(matches!(
+            store.reserve(&r).await.unwrap(),
+            Claim::Acquired(_)
+        ));
+        let rec = store.get(&new).await.unwrap().unwrap();
+        assert_eq!(rec.scope.as_deref(), Some("conversation:7"));
+        let version: i64 = raw(&path)
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .unwrap();
+        assert_eq!(version, SCHEMA_VERSION);
+    }
+
+    #[tokio::test]
     async fn a_newer_schema_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("idemgate.db");
@@ -1123,6 +1173,7 @@ mod tests {
             fence: 1,
             token: idemgate_core::LeaseToken(7),
             created_at: now,
+            scope: None,
             state: RecordState::Unknown { since: now },
         };
         row::apply(conn, &rec.key.clone(), None, Change::Put(rec))?;

@@ -23,7 +23,7 @@ const FAILED: i64 = 1;
 macro_rules! columns {
     () => {
         "tenant, tool, key, fingerprint, fence, token, created_at, state, lease_until, since, \
-         completed_at, expires_at, outcome_kind, outcome_body"
+         completed_at, expires_at, outcome_kind, outcome_body, scope"
     };
 }
 pub(crate) use columns;
@@ -40,12 +40,12 @@ const SELECT_ONE: &str = concat!(
 const INSERT: &str = concat!(
     "INSERT INTO idemgate_record (",
     columns!(),
-    ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)"
+    ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)"
 );
 
 const UPDATE: &str = "UPDATE idemgate_record SET fingerprint = ?4, fence = ?5, token = ?6, \
      created_at = ?7, state = ?8, lease_until = ?9, since = ?10, completed_at = ?11, \
-     expires_at = ?12, outcome_kind = ?13, outcome_body = ?14 \
+     expires_at = ?12, outcome_kind = ?13, outcome_body = ?14, scope = ?15 \
      WHERE tenant = ?1 AND tool = ?2 AND key = ?3";
 
 const DELETE: &str = "DELETE FROM idemgate_record WHERE tenant = ?1 AND tool = ?2 AND key = ?3";
@@ -147,6 +147,7 @@ fn put(conn: &Connection, rec: &StoredRecord, exists: bool) -> Result<(), StoreE
                 expires_at,
                 kind,
                 body,
+                rec.scope.as_deref(),
             ])
         })
         .during(Stage::Write, what)?;
@@ -219,12 +220,14 @@ pub(crate) fn decode(row: &Row<'_>) -> Result<StoredRecord, StoreError> {
         }
         other => return Err(corrupt(what(), format!("state {other} is unknown"))),
     };
+    let scope: Option<String> = row.get(14).during(Stage::Read, what)?;
     Ok(StoredRecord {
         key,
         fingerprint: Fingerprint::from_bytes(fingerprint),
         fence,
         token: LeaseToken(u128::from_be_bytes(token)),
         created_at: Timestamp::from_millis(created_at),
+        scope: scope.map(Into::into),
         state,
     })
 }

@@ -6,7 +6,7 @@ use idemgate_core::store::Result;
 use idemgate_core::url::UrlQuery;
 use idemgate_core::{
     ChangeMark, Claim, Completion, Fence, Key, Lease, ListFilter, MemoryStore, Outcome, Record,
-    Reservation, Store, StoreError, Timestamp,
+    Reopened, Reservation, Store, StoreError, Timestamp,
 };
 
 /// Any store, chosen by URL: a plain enum rather than a trait object, so every call is a match
@@ -145,6 +145,9 @@ impl Store for AnyStore {
     }
     async fn mark_unknown(&self, key: &Key, lease: Lease) -> Result<()> {
         dispatch!(self, s => s.mark_unknown(key, lease).await)
+    }
+    async fn reopen(&self, key: &Key, fence: Fence) -> Result<Reopened> {
+        dispatch!(self, s => s.reopen(key, fence).await)
     }
     async fn get(&self, key: &Key) -> Result<Option<Record>> {
         dispatch!(self, s => s.get(key).await)

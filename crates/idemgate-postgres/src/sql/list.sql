@@ -1,15 +1,16 @@
 -- Rows that count, oldest first. $1 tenant or NULL, $2 tool or NULL, $3 state or NULL (0 in flight
 -- with a live lease, 1 completed, 2 unknown including in flight with an expired lease), $4 limit
--- or NULL.
+-- or NULL, $5 scope or NULL.
 WITH clock AS (
     SELECT {schema}.idemgate_now_ms() AS now
 )
 SELECT r.tenant, r.tool, r.key,
        r.fingerprint, r.fence, r.token, r.created_at, r.state, r.lease_until, r.since,
-       r.completed_at, r.expires_at, r.outcome_kind, r.outcome_body, c.now
+       r.completed_at, r.expires_at, r.outcome_kind, r.outcome_body, r.scope, c.now
 FROM {schema}.idemgate_records r, clock c
 WHERE ($1::text IS NULL OR r.tenant = $1)
   AND ($2::text IS NULL OR r.tool = $2)
+  AND ($5::text IS NULL OR r.scope = $5)
   AND NOT (r.state = 1 AND r.expires_at <= c.now)
   AND ($3::smallint IS NULL
        OR ($3 = 0 AND r.state = 0 AND r.lease_until > c.now)
