@@ -193,6 +193,61 @@ def test_an_operator_lists_unknown_records_and_resolves_them(engine: Engine) -> 
         engine.records(state="lost")
 
 
+def test_an_operator_reopens_a_completed_action_so_it_runs_again(engine: Engine) -> None:
+    tool = f"refund-{mint_key()[4:16]}"
+    key, args, runs = mint_key(), {"order": 9}, Counter()
+    assert engine.call(tool, key, args, runs.bump).executed
+    record = engine.record(tool, key)
+    assert record is not None and record["state"] == "completed"
+    with pytest.raises(idemgate.NotResolvable):
+        engine.reopen(tool, key, record["fence"] + 1, reason="a stale look")
+    assert engine.call(tool, key, args, runs.bump).replayed and runs.n == 1
+    assert engine.reopen(tool, key, record["fence"], reason="the charge was refunded") == "completed"
+    again = engine.call(tool, key, args, runs.bump)
+    assert again.executed and runs.n == 2, "reopened: the next call runs the action again"
+    # A retried reopen with the fence looked at first never touches the new outcome.
+    with pytest.raises(idemgate.NotResolvable):
+        engine.reopen(tool, key, record["fence"], reason="the same click, twice")
+    assert engine.call(tool, key, args, runs.bump).replayed and runs.n == 2
+    with pytest.raises(idemgate.NotFound):
+        engine.reopen(tool, mint_key(), 1, reason="nothing there")
+
+
+def test_a_call_in_flight_is_never_reopened(engine: Engine) -> None:
+    tool, key = f"mail-{mint_key()[4:16]}", mint_key()
+    started, release = threading.Event(), threading.Event()
+
+    def send() -> int:
+        started.set()
+        assert release.wait(30)
+        return 1
+
+    holder = threading.Thread(target=lambda: engine.call(tool, key, None, send))
+    holder.start()
+    try:
+        assert started.wait(30)
+        record = engine.record(tool, key)
+        assert record is not None and record["state"] == "in_flight"
+        with pytest.raises(idemgate.NotResolvable) as refused:
+            engine.reopen(tool, key, record["fence"], reason="impatient")
+        assert "twice" in str(refused.value), str(refused.value)
+    finally:
+        release.set()
+        holder.join()
+
+
+def test_records_are_found_by_the_conversation_they_were_made_in(engine: Engine) -> None:
+    tool, runs = f"note-{mint_key()[4:16]}", Counter()
+    scope_a, scope_b = f"conv-{mint_key()}", f"conv-{mint_key()}"
+    engine.call(tool, None, {"n": 1}, runs.bump, scope=scope_a, fallback_window=60)
+    engine.call(tool, None, {"n": 2}, runs.bump, scope=scope_a, fallback_window=60)
+    engine.call(tool, mint_key(), {"n": 3}, runs.bump, scope=scope_b)
+    in_a = engine.records(tool=tool, scope=scope_a)
+    assert len(in_a) == 2 and all(r["scope"] == scope_a for r in in_a), in_a
+    assert [r["scope"] for r in engine.records(tool=tool, scope=scope_b)] == [scope_b]
+    assert engine.records(tool=tool, scope=f"conv-{mint_key()}") == []
+
+
 def test_the_function_reads_its_downstream_key(engine: Engine) -> None:
     key, args = mint_key(), {"order": 7}
     digest = engine.key_for("charge", key, args)["digest"]  # type: ignore[index]

@@ -55,6 +55,17 @@ impl Drop for Engine {
     }
 }
 
+impl Engine {
+    /// The record name of `(tool, key)` in this engine's tenant; bad names are `ValueError`s.
+    fn key_named(&self, tool: &str, key: &str) -> PyResult<Key> {
+        Ok(Key::new(
+            self.shared.tenant.clone(),
+            ToolName::new(tool).map_err(|e| PyValueError::new_err(e.to_string()))?,
+            IdempotencyKey::new(key).map_err(|e| PyValueError::new_err(e.to_string()))?,
+        ))
+    }
+}
+
 #[pymethods]
 impl Engine {
     /// Opens the store at `url` (`sqlite:///path`, `postgres://…`, `redis://…`, `memory:`; default:
@@ -269,11 +280,7 @@ impl Engine {
     /// The record of `(tool, key)` as JSON text (the shape `idemgate keys show --json` prints
     /// from), or `None`.
     fn record(&self, py: Python<'_>, tool: &str, key: &str) -> PyResult<Option<String>> {
-        let name = Key::new(
-            self.shared.tenant.clone(),
-            ToolName::new(tool).map_err(|e| PyValueError::new_err(e.to_string()))?,
-            IdempotencyKey::new(key).map_err(|e| PyValueError::new_err(e.to_string()))?,
-        );
+        let name = self.key_named(tool, key)?;
         let record = self
             .run(py, self.shared.engine.get(&name))?
             .map_err(|e| engine_error(py, &e))?;
@@ -281,14 +288,16 @@ impl Engine {
     }
 
     /// This tenant's records, oldest first, as JSON texts (`record`'s shape): only `tool`'s,
-    /// only those in `state` (`in_flight`, `completed`, `unknown`), at most `limit` (0: all).
-    #[pyo3(signature = (tool = None, state = None, limit = 0))]
+    /// only those in `state` (`in_flight`, `completed`, `unknown`), only those made in `scope`,
+    /// at most `limit` (0: all).
+    #[pyo3(signature = (tool = None, state = None, limit = 0, scope = None))]
     fn records(
         &self,
         py: Python<'_>,
         tool: Option<&str>,
         state: Option<&str>,
         limit: usize,
+        scope: Option<&str>,
     ) -> PyResult<Vec<String>> {
         let filter = idemgate::ListFilter {
             tenant: Some(self.shared.tenant.clone()),
@@ -300,7 +309,7 @@ impl Engine {
                 .map(str::parse::<idemgate::State>)
                 .transpose()
                 .map_err(PyValueError::new_err)?,
-            scope: None,
+            scope: scope.map(Into::into),
             limit,
         };
         let records = self
@@ -314,7 +323,8 @@ impl Engine {
     /// `ttl` seconds and marked as an operator's resolution, or `release` (it did not happen: the
     /// next call runs). The record after, as `record` shows it (`None` once released); raises
     /// `NotFound`, `NotResolvable` (not unknown, or its fence moved on) or `StoreUnavailable`.
-    #[pyo3(signature = (tool, key, fence, resolution, result = None, failed = false, ttl = 86400.0))]
+    /// `by` and `reason` go into the audit log.
+    #[pyo3(signature = (tool, key, fence, resolution, result = None, failed = false, ttl = 86400.0, by = None, reason = None))]
     #[allow(clippy::too_many_arguments)] // Python's signature: each is one of its arguments
     fn resolve(
         &self,
@@ -326,12 +336,10 @@ impl Engine {
         result: Option<&str>,
         failed: bool,
         ttl: f64,
+        by: Option<&str>,
+        reason: Option<&str>,
     ) -> PyResult<Option<String>> {
-        let name = Key::new(
-            self.shared.tenant.clone(),
-            ToolName::new(tool).map_err(|e| PyValueError::new_err(e.to_string()))?,
-            IdempotencyKey::new(key).map_err(|e| PyValueError::new_err(e.to_string()))?,
-        );
+        let name = self.key_named(tool, key)?;
         let resolution =
             records::resolution(resolution, result, failed, ttl).map_err(PyValueError::new_err)?;
         let after = self
@@ -339,10 +347,31 @@ impl Engine {
                 py,
                 self.shared
                     .engine
-                    .resolve(&name, fence, resolution, None, None),
+                    .resolve(&name, fence, resolution, by, reason),
             )?
             .map_err(|e| engine_error(py, &e))?;
         after.as_ref().map(record_view).transpose()
+    }
+
+    /// Reopens the completed or unknown record of `(tool, key)` at `fence`, so the next call runs
+    /// the action again; `by` and `reason` go into the audit log. Returns the state it had
+    /// (`completed` or `unknown`); raises `NotFound`, `NotResolvable` (in flight, or its fence
+    /// moved on) or `StoreUnavailable`.
+    #[pyo3(signature = (tool, key, fence, by = None, reason = None))]
+    fn reopen(
+        &self,
+        py: Python<'_>,
+        tool: &str,
+        key: &str,
+        fence: u64,
+        by: Option<&str>,
+        reason: Option<&str>,
+    ) -> PyResult<String> {
+        let name = self.key_named(tool, key)?;
+        let was = self
+            .run(py, self.shared.engine.reopen(&name, fence, by, reason))?
+            .map_err(|e| engine_error(py, &e))?;
+        Ok(was.to_string())
     }
 
     /// Replays journaled outcomes into the store now: `(applied, superseded, pending)`.

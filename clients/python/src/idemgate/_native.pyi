@@ -112,7 +112,11 @@ class Engine:
     ) -> dict[str, Any] | None: ...
     def record(self, tool: str, key: str) -> str | None: ...
     def records(
-        self, tool: str | None = None, state: str | None = None, limit: int = 0
+        self,
+        tool: str | None = None,
+        state: str | None = None,
+        limit: int = 0,
+        scope: str | None = None,
     ) -> list[str]: ...
     def resolve(
         self,
@@ -123,7 +127,17 @@ class Engine:
         result: str | None = None,
         failed: bool = False,
         ttl: float = 86400.0,
+        by: str | None = None,
+        reason: str | None = None,
     ) -> str | None: ...
+    def reopen(
+        self,
+        tool: str,
+        key: str,
+        fence: int,
+        by: str | None = None,
+        reason: str | None = None,
+    ) -> str: ...
     def flush_journal(self) -> tuple[int, int, int]: ...
 
 def derive_key(run_id: str, step: str) -> str: ...

@@ -44,6 +44,7 @@ import asyncio
 import atexit
 import contextvars
 import functools
+import getpass
 import inspect
 import json
 import threading
@@ -164,6 +165,16 @@ def _time_of_ms(ms: int) -> datetime:
 
 _dumps_settings = json.JSONEncoder()  # json.dumps' own
 _make_encoder = json.encoder.c_make_encoder  # type: ignore[attr-defined]
+
+
+def _who(by: str | None) -> str | None:
+    """Who resolves or reopens a record, for the audit log: ``by``, else the OS user."""
+    if by is not None:
+        return by
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no name for this uid (a container's)
+        return None
 
 
 def _json_text(value: Any) -> str:
@@ -390,13 +401,18 @@ class Engine:
         return None if text is None else json.loads(text)
 
     def records(
-        self, state: str | None = None, tool: str | None = None, limit: int = 0
+        self,
+        state: str | None = None,
+        tool: str | None = None,
+        limit: int = 0,
+        scope: str | None = None,
     ) -> list[dict[str, Any]]:
         """This tenant's records, oldest first, each as :meth:`record` shows it: only those in
-        ``state`` (``in_flight``, ``completed``, ``unknown``), only ``tool``'s, at most ``limit``
-        (0: all). The HTTP client's ``records``, in-process; ``records("unknown")`` lists what
-        an operator must resolve."""
-        return [json.loads(r) for r in self.native.records(tool, state, limit)]
+        ``state`` (``in_flight``, ``completed``, ``unknown``), only ``tool``'s, only those made
+        in ``scope`` (the conversation an integration named, shown as the record's ``scope``),
+        at most ``limit`` (0: all). The HTTP client's ``records``, in-process;
+        ``records("unknown")`` lists what an operator must resolve."""
+        return [json.loads(r) for r in self.native.records(tool, state, limit, scope)]
 
     def resolve(
         self,
@@ -406,20 +422,39 @@ class Engine:
         resolution: str,
         result: Any = None,
         failed: bool = False,
+        *,
+        reason: str | None = None,
+        by: str | None = None,
     ) -> dict[str, Any] | None:
         """Resolves an unknown record as an operator decided, if its ``fence`` (from
         :meth:`record` or :meth:`records`) is still the one looked at: ``resolution="completed"``
         with the ``result`` the side effect had (JSON data; ``failed=True``: a terminal failure),
         stored for the tool's TTL and replayed marked as an operator's resolution, or
-        ``"release"`` (it did not happen: the next call runs). Returns the record after
-        (``None`` once released); raises ``NotFound``, ``NotResolvable`` (not unknown, or its
-        fence moved on) or ``StoreUnavailable``. The HTTP client's ``resolve`` (the same
-        arguments) and ``idemgate keys resolve``, in-process."""
+        ``"release"`` (it did not happen: the next call runs). ``reason`` and ``by`` (default:
+        the OS user) go into the audit log. Returns the record after (``None`` once released);
+        raises ``NotFound``, ``NotResolvable`` (not unknown, or its fence moved on) or
+        ``StoreUnavailable``. The HTTP client's ``resolve`` (the same arguments) and
+        ``idemgate keys resolve``, in-process."""
         text = None if resolution == "release" and result is None else _json_text(result)
         after = self.native.resolve(
-            tool, key, fence, resolution, text, failed, self.policy(tool).ttl
+            tool, key, fence, resolution, text, failed, self.policy(tool).ttl,
+            by=_who(by), reason=reason,
         )
         return None if after is None else json.loads(after)
+
+    def reopen(
+        self, tool: str, key: str, fence: int, *, reason: str, by: str | None = None
+    ) -> str:
+        """Reopens a completed or unknown record, if its ``fence`` (from :meth:`record` or
+        :meth:`records`) is still the one looked at, so that the next call with this key runs
+        the action again: the one way a stored outcome stops answering before it expires, for
+        an action that must be done again (the payment was refunded, the mail bounced).
+        ``reason`` and ``by`` (default: the OS user) go into the audit log. Returns the state the
+        record had (``"completed"`` or ``"unknown"``); raises ``NotFound``, ``NotResolvable``
+        (in flight, where reopening could run it twice, or its fence moved on) or
+        ``StoreUnavailable``. Other processes' engines may replay their copy of a completed
+        record for up to 2 s more. ``idemgate keys reopen``, in-process."""
+        return self.native.reopen(tool, key, fence, by=_who(by), reason=reason)
 
     def flush_journal(self) -> tuple[int, int, int]:
         """Replays journaled outcomes into the store now (the engine also does it every few
