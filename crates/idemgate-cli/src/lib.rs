@@ -25,7 +25,25 @@ pub use idemgate_kit::exit;
 
 /// Parses the command line, runs it and returns the exit code.
 pub fn run() -> ExitCode {
-    let cli = Cli::parse();
+    ExitCode::from(run_from(std::env::args_os()))
+}
+
+/// Parses `args` (the program's name first, as `std::env::args_os` gives them), runs the command
+/// and returns its exit code: the binary's `main`, and the `idemgate` command a `pip install` puts
+/// on PATH (the Python package calls it in-process with `sys.argv`).
+pub fn run_from<I, T>(args: I) -> u8
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let cli = match Cli::try_parse_from(args) {
+        Ok(cli) => cli,
+        // `--help` and `--version` print and exit 0; a usage error prints and exits 2.
+        Err(e) => {
+            let _ = e.print();
+            return u8::try_from(e.exit_code()).unwrap_or(exit::FAILURE);
+        }
+    };
     // The gateway serves many connections at once; every other command is one call.
     let runtime = if matches!(cli.command, Command::Serve(_)) {
         tokio::runtime::Builder::new_multi_thread()
@@ -40,14 +58,14 @@ pub fn run() -> ExitCode {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("idemgate: failed to start the runtime: {e}");
-            return ExitCode::from(exit::FAILURE);
+            return exit::FAILURE;
         }
     };
     match runtime.block_on(dispatch(cli)) {
-        Ok(code) => ExitCode::from(code),
+        Ok(code) => code,
         Err(e) => {
             eprintln!("idemgate: {}", error_text(&e));
-            ExitCode::from(exit::FAILURE)
+            exit::FAILURE
         }
     }
 }

@@ -21,12 +21,14 @@
 //! `call` the pieces of a call's two halves (`begin`, `finish`) and the `Ticket`; `answer` answers
 //! and the exceptions they map to; `runtime` the tokio runtime and the bridge to Python threads
 //! and awaitables; `leases` the lease keeper; `policy` `Policy`; `records` the operator's view of
-//! records; `verifier` verifiers written in Python; `keys` keys and fingerprints.
+//! records; `verifier` verifiers written in Python; `keys` keys and fingerprints; `command` the
+//! `idemgate` command line, for the script a `pip install` puts on PATH.
 
 use pyo3::prelude::*;
 
 mod answer;
 mod call;
+mod command;
 mod engine;
 mod keys;
 mod leases;
@@ -39,6 +41,7 @@ mod verifier;
 
 use answer::PyAnswer;
 use call::PyTicket;
+use command::run_command;
 use engine::Engine;
 use keys::{check_key, derive_key, fingerprint, fingerprint_args, mint_key};
 use policy::Policy;
@@ -55,5 +58,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(check_key, m)?)?;
     m.add_function(wrap_pyfunction!(fingerprint, m)?)?;
     m.add_function(wrap_pyfunction!(fingerprint_args, m)?)?;
+    m.add_function(wrap_pyfunction!(run_command, m)?)?;
     Ok(())
 }
