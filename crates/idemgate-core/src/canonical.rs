@@ -14,8 +14,44 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use crate::error::CanonicalError;
 use crate::key::hex;
+
+/// Arguments that are not canonicalizable JSON.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CanonicalError {
+    /// Malformed JSON text.
+    #[error("failed to parse the arguments as JSON: {what} at byte {at}")]
+    Syntax {
+        /// What was wrong.
+        what: &'static str,
+        /// Byte offset.
+        at: usize,
+    },
+    /// Nested deeper than allowed.
+    #[error("failed to parse the arguments as JSON: nested deeper than {max} levels")]
+    TooDeep {
+        /// The limit.
+        max: usize,
+    },
+    /// An object repeated a member name, which leaves its meaning open (RFC 8785 refuses it).
+    #[error(
+        "failed to parse the arguments as JSON: member name {name:?} appears twice in one object"
+    )]
+    DuplicateName {
+        /// The repeated name.
+        name: String,
+    },
+    /// A non-integer number outside the range of a double.
+    #[error("failed to parse the arguments as JSON: number {lexeme} is out of range")]
+    NumberOutOfRange {
+        /// The number as written.
+        lexeme: String,
+    },
+    /// A fingerprint that is not 64 hex digits.
+    #[error("failed to read a fingerprint: expected 64 hex digits")]
+    BadFingerprint,
+}
 
 /// Deepest nesting accepted in raw JSON text, so hostile input cannot exhaust the stack.
 pub const MAX_DEPTH: usize = 128;

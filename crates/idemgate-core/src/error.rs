@@ -2,87 +2,10 @@
 
 use std::time::Duration;
 
+pub use crate::canonical::CanonicalError;
+pub use crate::key::KeyError;
 use crate::key::{Key, KeyRule};
 use crate::time::Timestamp;
-
-/// A name (tenant, tool or key) outside its limits.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum KeyError {
-    /// The name was empty.
-    #[error("{what} is empty")]
-    Empty {
-        /// Which kind of name.
-        what: &'static str,
-    },
-    /// The name was longer than allowed.
-    #[error("{what} is {len} bytes long; at most {max} are allowed")]
-    TooLong {
-        /// Which kind of name.
-        what: &'static str,
-        /// Its length in bytes.
-        len: usize,
-        /// The limit.
-        max: usize,
-    },
-    /// An explicit key used a prefix the engine reserves for the keys it derives itself.
-    #[error("{what} starts with {prefix:?}, which is reserved for keys idemgate derives itself (the fallback window); choose another key")]
-    Reserved {
-        /// Which kind of name.
-        what: &'static str,
-        /// The reserved prefix.
-        prefix: &'static str,
-    },
-    /// The name had a character outside the allowed set.
-    #[error("{what} has {found:?} at position {at}; only {allowed} are allowed")]
-    BadChar {
-        /// Which kind of name.
-        what: &'static str,
-        /// Byte offset of the character.
-        at: usize,
-        /// The character.
-        found: char,
-        /// The allowed set, in words.
-        allowed: &'static str,
-    },
-}
-
-/// Arguments that are not canonicalizable JSON.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum CanonicalError {
-    /// Malformed JSON text.
-    #[error("failed to parse the arguments as JSON: {what} at byte {at}")]
-    Syntax {
-        /// What was wrong.
-        what: &'static str,
-        /// Byte offset.
-        at: usize,
-    },
-    /// Nested deeper than allowed.
-    #[error("failed to parse the arguments as JSON: nested deeper than {max} levels")]
-    TooDeep {
-        /// The limit.
-        max: usize,
-    },
-    /// An object repeated a member name, which leaves its meaning open (RFC 8785 refuses it).
-    #[error(
-        "failed to parse the arguments as JSON: member name {name:?} appears twice in one object"
-    )]
-    DuplicateName {
-        /// The repeated name.
-        name: String,
-    },
-    /// A non-integer number outside the range of a double.
-    #[error("failed to parse the arguments as JSON: number {lexeme} is out of range")]
-    NumberOutOfRange {
-        /// The number as written.
-        lexeme: String,
-    },
-    /// A fingerprint that is not 64 hex digits.
-    #[error("failed to read a fingerprint: expected 64 hex digits")]
-    BadFingerprint,
-}
 
 /// A store operation that did not succeed. What the engine does next depends on whether the write
 /// may have happened, so stores must classify their driver errors carefully.

@@ -122,3 +122,14 @@ impl Journal for MemoryJournal {
         Ok(())
     }
 }
+
+/// The outcome of one journal flush.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FlushReport {
+    /// Entries the store took.
+    pub applied: usize,
+    /// Entries dropped because their lease was no longer current (the record moved on).
+    pub superseded: usize,
+    /// Entries kept for a later flush (the store was still unavailable).
+    pub pending: usize,
+}

@@ -11,7 +11,47 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::error::KeyError;
+/// A name (tenant, tool or key) outside its limits.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum KeyError {
+    /// The name was empty.
+    #[error("{what} is empty")]
+    Empty {
+        /// Which kind of name.
+        what: &'static str,
+    },
+    /// The name was longer than allowed.
+    #[error("{what} is {len} bytes long; at most {max} are allowed")]
+    TooLong {
+        /// Which kind of name.
+        what: &'static str,
+        /// Its length in bytes.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// An explicit key used a prefix the engine reserves for the keys it derives itself.
+    #[error("{what} starts with {prefix:?}, which is reserved for keys idemgate derives itself (the fallback window); choose another key")]
+    Reserved {
+        /// Which kind of name.
+        what: &'static str,
+        /// The reserved prefix.
+        prefix: &'static str,
+    },
+    /// The name had a character outside the allowed set.
+    #[error("{what} has {found:?} at position {at}; only {allowed} are allowed")]
+    BadChar {
+        /// Which kind of name.
+        what: &'static str,
+        /// Byte offset of the character.
+        at: usize,
+        /// The character.
+        found: char,
+        /// The allowed set, in words.
+        allowed: &'static str,
+    },
+}
 
 /// Longest idempotency key accepted, in bytes (the IETF draft leaves it to the server; Stripe uses 255).
 pub const MAX_KEY_LEN: usize = 255;

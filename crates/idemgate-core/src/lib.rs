@@ -25,6 +25,7 @@
 //! # }).unwrap();
 //! ```
 
+pub mod answer;
 pub mod canonical;
 pub mod change;
 pub mod engine;

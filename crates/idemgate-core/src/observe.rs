@@ -4,8 +4,9 @@
 
 use std::sync::Arc;
 
-use crate::engine::{Answer, FlushReport};
+use crate::answer::Answer;
 use crate::error::EngineError;
+use crate::journal::FlushReport;
 use crate::key::{Key, TenantId, ToolName};
 use crate::record::{Fence, State};
 use crate::verdict::Verdict;

@@ -39,8 +39,8 @@ pub(crate) struct Completed {
 
 impl Completed {
     /// The replay answer of this record.
-    pub(crate) fn into_replay(self, verified: bool) -> crate::engine::Decision {
-        crate::engine::Decision::Replayed {
+    pub(crate) fn into_replay(self, verified: bool) -> crate::answer::Decision {
+        crate::answer::Decision::Replayed {
             outcome: self.outcome,
             executed_at: self.completed_at,
             expires_at: self.expires_at,

@@ -10,7 +10,7 @@
 
 use std::fmt;
 
-use crate::engine::{Answer, Decision, Recording};
+use crate::answer::{Answer, Decision, Recording};
 use crate::error::{EngineError, StoreError};
 
 /// How one call ended (or how a `begin` answered), in the words every front door shares.
