@@ -14,6 +14,10 @@
 //! fresh write costs without any transport: the engine in this process on its own SQLite file
 //! (reserve, run a no-op, record: two durable commits), at 1 and 16 concurrent callers.
 //!
+//! The storm: 200 keys, each called by 16 callers released together through the proxy; how late
+//! the losers hear of the winner's outcome (their replay's arrival minus the winner's answer),
+//! p50, p99 and max, and how many keys had a loser later than 15 ms.
+//!
 //! Run with `scripts/bench-mcp [--rounds 5] [--calls 2000]` (or
 //! `cargo bench -p idemgate-cli --bench mcp_proxy -- --rounds 5 --calls 2000`).
 
@@ -30,6 +34,8 @@ use tokio::sync::oneshot;
 
 const IDEMGATE: &str = env!("CARGO_BIN_EXE_idemgate");
 const KEY: &str = "dev.idemgate/idempotency-key";
+/// Keys per storm (each with 16 callers).
+const STORM_KEYS: usize = 200;
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -343,16 +349,7 @@ async fn measure_engine(
             lat
         }));
     }
-    let mut all = Vec::with_capacity(calls);
-    for t in tasks {
-        all.extend(t.await.unwrap());
-    }
-    all.sort_by(f64::total_cmp);
-    let q = |p: f64| all[((all.len() as f64 - 1.0) * p).round() as usize];
-    Lat {
-        p50: q(0.50),
-        p99: q(0.99),
-    }
+    Lat::of(tasks).await
 }
 
 /// p50 and p99 in microseconds.
@@ -360,6 +357,26 @@ async fn measure_engine(
 struct Lat {
     p50: f64,
     p99: f64,
+}
+
+impl Lat {
+    /// The percentiles of every latency the `tasks` measured.
+    async fn of(tasks: Vec<tokio::task::JoinHandle<Vec<f64>>>) -> Lat {
+        let mut all = Vec::new();
+        for t in tasks {
+            all.extend(t.await.unwrap());
+        }
+        all.sort_by(f64::total_cmp);
+        Lat {
+            p50: quantile(&all, 0.50),
+            p99: quantile(&all, 0.99),
+        }
+    }
+}
+
+/// The `p` quantile of `sorted` (nearest rank).
+fn quantile(sorted: &[f64], p: f64) -> f64 {
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
@@ -397,15 +414,68 @@ async fn measure(
             lat
         }));
     }
-    let mut all = Vec::with_capacity(calls);
-    for t in tasks {
-        all.extend(t.await.unwrap());
+    Lat::of(tasks).await
+}
+
+/// How late the losers of a storm heard: `keys` keys, each called by `callers` callers at once
+/// (a barrier before every key); a loser's lateness is when its replay arrived minus when the
+/// winner's own answer did. Checks that each key ran once and every loser got a replay.
+#[derive(Clone, Copy, Debug)]
+struct Storm {
+    p50: f64,
+    p99: f64,
+    max: f64,
+    /// Keys with a loser later than 15 ms.
+    slow_keys: usize,
+}
+
+async fn measure_storm(conn: &Arc<Conn>, keys: usize, callers: usize, tag: &str) -> Storm {
+    let mut late = Vec::with_capacity(keys * (callers - 1));
+    let mut slow_keys = 0;
+    for k in 0..keys {
+        let key = Arc::new(format!("storm-{tag}-{k}"));
+        let barrier = Arc::new(tokio::sync::Barrier::new(callers));
+        let tasks: Vec<_> = (0..callers)
+            .map(|_| {
+                let (conn, key, barrier) =
+                    (Arc::clone(conn), Arc::clone(&key), Arc::clone(&barrier));
+                tokio::spawn(async move {
+                    let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+                    let f = call_frame(id, &key);
+                    barrier.wait().await;
+                    let answer = conn.request(id, &f).await;
+                    let at = Instant::now();
+                    assert!(!answer.contains("isError\":true"), "{answer}");
+                    (answer.contains(r#""dev.idemgate/replayed":true"#), at)
+                })
+            })
+            .collect();
+        let mut answers = Vec::with_capacity(callers);
+        for t in tasks {
+            answers.push(t.await.unwrap());
+        }
+        let winners: Vec<Instant> = answers
+            .iter()
+            .filter(|(r, _)| !r)
+            .map(|&(_, at)| at)
+            .collect();
+        assert_eq!(winners.len(), 1, "key {k}: exactly one call executes");
+        let won = winners[0];
+        let mut slow = false;
+        for &(_, at) in answers.iter().filter(|(r, _)| *r) {
+            // A loser may read the record before the winner's answer has crossed back: 0.
+            let us = at.saturating_duration_since(won).as_secs_f64() * 1e6;
+            slow |= us > 15_000.0;
+            late.push(us);
+        }
+        slow_keys += usize::from(slow);
     }
-    all.sort_by(f64::total_cmp);
-    let q = |p: f64| all[((all.len() as f64 - 1.0) * p).round() as usize];
-    Lat {
-        p50: q(0.50),
-        p99: q(0.99),
+    late.sort_by(f64::total_cmp);
+    Storm {
+        p50: quantile(&late, 0.50),
+        p99: quantile(&late, 0.99),
+        max: late[late.len() - 1],
+        slow_keys,
     }
 }
 
@@ -474,6 +544,7 @@ async fn bench(rounds: usize, calls: usize) {
     measure_engine(&engine, 4, 400, "warm").await;
     // results[(transport, callers, path)] = one Lat per round.
     let mut results: HashMap<(&str, usize, Path), Vec<Lat>> = HashMap::new();
+    let mut storms: HashMap<&str, Vec<Storm>> = HashMap::new();
     for round in 0..rounds {
         for callers in [1usize, 16] {
             let lat = measure_engine(&engine, callers, calls, &format!("{callers}-{round}")).await;
@@ -526,6 +597,10 @@ async fn bench(rounds: usize, calls: usize) {
                     .or_default()
                     .push(lat);
             }
+        }
+        for (name, _, proxied) in &transports {
+            let storm = measure_storm(proxied, STORM_KEYS, 16, &format!("{name}-{round}")).await;
+            storms.entry(*name).or_default().push(storm);
         }
         eprintln!("round {} of {rounds} done", round + 1);
     }
@@ -584,5 +659,25 @@ async fn bench(rounds: usize, calls: usize) {
                 );
             }
         }
+    }
+    println!();
+    println!("Storm through the proxy: {STORM_KEYS} keys, 16 callers per key released together; a loser's lateness is its replay's arrival minus the winner's answer, ms: median over {rounds} rounds [min..max]");
+    println!(
+        "{:<6} {:<26} {:<26} {:<26} {:<18}",
+        "", "loser p50", "loser p99", "loser max", "keys > 15 ms"
+    );
+    for (name, _, _) in &transports {
+        let s = &storms[name];
+        let slow = median_min_max(s.iter().map(|x| x.slow_keys as f64).collect());
+        println!(
+            "{:<6} {:<26} {:<26} {:<26} {:.0} [{:.0}..{:.0}]",
+            name,
+            fmt_ms(median_min_max(s.iter().map(|x| x.p50).collect())),
+            fmt_ms(median_min_max(s.iter().map(|x| x.p99).collect())),
+            fmt_ms(median_min_max(s.iter().map(|x| x.max).collect())),
+            slow.0,
+            slow.1,
+            slow.2
+        );
     }
 }
