@@ -19,23 +19,18 @@ use idemgate_core::{
     Call, Effect, Engine, Event, IdempotencyKey, Store, TenantId, ToolKind, ToolName, ToolPolicy,
     Verdict,
 };
-use idemgate_kit::Payload;
-use serde::Deserialize;
 use serde_json::value::RawValue;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
 
-use crate::answer::{self, CallContext, META_CONVERSATION, META_KEY};
-use crate::catalog::{Catalog, TaskSupport, Tool, KEY_ARGUMENTS};
 use crate::config::{record_tool, Config, KeySource};
-use crate::era;
-use crate::frame::{self, Frame, Object};
-use crate::mirror::ParamHeaders;
-
-/// A key a transport carried beside a frame (the `Idempotency-Key` header of Streamable HTTP),
-/// or why the one it carried is not a key: it keys a `tools/call` before any key in the frame,
-/// and an invalid one refuses the call with an answer the model reads.
-pub type CarriedKey = Option<Result<IdempotencyKey, String>>;
+use crate::gate::answer::{self, CallContext, META_CONVERSATION, META_KEY};
+use crate::gate::catalog::{Catalog, TaskSupport, Tool, KEY_ARGUMENTS};
+use crate::gate::CarriedKey;
+use crate::peer::{Outgoing, Pending, Reply};
+use crate::wire::era;
+use crate::wire::frame::{self, Frame, Object};
+use crate::wire::mirror::ParamHeaders;
 
 /// How long the proxy waits for an answer to its own `tools/list`.
 const LIST_TIMEOUT: Duration = Duration::from_secs(30);
@@ -53,86 +48,6 @@ const INITIALIZE_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long the proxy waits for the answer to a client's own `initialize`: as long as the client
 /// does (a relay sets no deadline of its own; a server that exits ends the wait).
 const CLIENT_INITIALIZE_TIMEOUT: Duration = Duration::from_secs(24 * 60 * 60);
-
-/// A frame for the server, with a way to learn whether it was written.
-#[derive(Debug)]
-pub struct Outgoing {
-    /// The frame, without its newline.
-    pub frame: String,
-    /// Told whether the frame was written, when somebody waits for that.
-    pub sent: Option<oneshot::Sender<std::io::Result<()>>>,
-}
-
-/// What became of a request the proxy sent to the server.
-#[derive(Debug)]
-pub(crate) enum Reply {
-    /// The server answered with this frame.
-    Answer {
-        frame: String,
-        result: Option<Box<RawValue>>,
-        error: Option<Box<RawValue>>,
-    },
-    /// No answer will come: the server closed, or did not answer in time.
-    Closed(String),
-}
-
-impl Reply {
-    /// What the answer says about the side effect.
-    fn effect(&self) -> Effect {
-        #[derive(Deserialize)]
-        struct Shape {
-            #[serde(rename = "isError", default)]
-            is_error: bool,
-            #[serde(rename = "resultType", default)]
-            result_type: Option<String>,
-        }
-        match self {
-            Reply::Answer {
-                result: Some(r), ..
-            } => {
-                let shape = serde_json::from_str::<Shape>(r.get()).ok();
-                // A 2026-era interim answer: the tool asks for input before it acts. It is never
-                // stored; the key is released so that the continuation (the same call with
-                // `inputResponses`/`requestState`, which are not part of the fingerprint) runs
-                // under the same key and its final result is the one stored.
-                if shape
-                    .as_ref()
-                    .and_then(|s| s.result_type.as_deref())
-                    .is_some_and(|t| t == "input_required")
-                {
-                    return Effect::not_applied("the tool asked for input before acting");
-                }
-                let failed = shape.is_some_and(|s| s.is_error);
-                let body = Payload::McpToolResult(r.clone()).encode();
-                if failed {
-                    Effect::Failed(body)
-                } else {
-                    Effect::Success(body)
-                }
-            }
-            // A JSON-RPC error does not prove that nothing happened: servers of the TypeScript
-            // SDK answer some failures after acting, and others raise errors midway (issue 9).
-            Reply::Answer { error: Some(e), .. } => Effect::Ambiguous(format!(
-                "the server answered with a JSON-RPC error {}",
-                e.get()
-            )),
-            Reply::Answer { .. } => {
-                Effect::Ambiguous("the server's answer had neither result nor error".to_owned())
-            }
-            Reply::Closed(why) => Effect::Ambiguous(why.clone()),
-        }
-    }
-}
-
-#[derive(Debug, Default)]
-struct Pending {
-    /// Requests sent to the server, by id, with whom to tell.
-    waiting: HashMap<String, oneshot::Sender<Reply>>,
-    /// Requests answered already without the server (timed out): their late answers are dropped.
-    abandoned: HashSet<String>,
-    /// Why the server is gone, once it is.
-    closed: Option<String>,
-}
 
 /// What the session knows of the protocol eras of its two sides (see [`crate::era`]).
 #[derive(Debug)]

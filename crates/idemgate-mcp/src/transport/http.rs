@@ -61,25 +61,20 @@ use idemgate_kit::tenants::{authenticate, Tenant};
 use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinSet;
 
+use super::pump;
+use super::upstream::Upstream;
 use crate::config::Config;
-use crate::era;
 use crate::error::Error;
-use crate::frame::{self, Frame};
-use crate::mirror::{self, ParamHeaders};
-use crate::session::{CarriedKey, Outputs, Session};
-use crate::stdio;
-use crate::upstream::Upstream;
+use crate::gate::CarriedKey;
+use crate::session::{Outputs, Session};
+use crate::wire::era;
+use crate::wire::frame::{self, Frame};
+use crate::wire::headers::{IDEMPOTENCY_KEY, LAST_EVENT_ID};
+use crate::wire::mirror::{self, ParamHeaders};
 
 /// The endpoint's path.
 pub const ENDPOINT: &str = "/mcp";
-/// The session header.
-pub const SESSION_HEADER: &str = "mcp-session-id";
-/// The protocol version header.
-pub const VERSION_HEADER: &str = "mcp-protocol-version";
-/// The method header of the modern era (MCP 2026-07-28, "Request Metadata").
-pub const METHOD_HEADER: &str = "mcp-method";
-/// The name header of the modern era: the tool's or prompt's name, or the resource's URI.
-pub const NAME_HEADER: &str = "mcp-name";
+pub use crate::wire::headers::{METHOD_HEADER, NAME_HEADER, SESSION_HEADER, VERSION_HEADER};
 /// Protocol versions with Streamable HTTP a client may name besides the one its session agreed.
 const KNOWN_VERSIONS: &[&str] = &["2025-03-26", "2025-06-18", "2025-11-25"];
 /// Server messages kept for a GET stream that is not open yet; older ones are dropped.
@@ -704,7 +699,7 @@ impl<S: Store> Proxy<S> {
         let listener = tokio::net::TcpListener::bind(listen).await?;
         let addr = listener.local_addr()?;
         eprintln!("idemgate: MCP Streamable HTTP endpoint at http://{addr}{ENDPOINT}");
-        self.serve(listener, stdio::shutdown_signal()).await
+        self.serve(listener, pump::shutdown_signal()).await
     }
 
     /// Ends every session (their calls in flight run to their end) and opens no more.
@@ -835,7 +830,7 @@ impl<S: Store> Proxy<S> {
         let task_live = Arc::clone(&live);
         lock(&self.tasks).spawn(async move {
             let live = task_live;
-            let ended = stdio::relay(
+            let ended = pump::relay(
                 session,
                 to_server,
                 client_lines,
@@ -1164,7 +1159,7 @@ async fn post_message<S: Store>(
     }
     // Two keys name no one action (the HTTP gateway refuses them the same way); an invalid one
     // goes to the call, whose answer tells the model (only a `tools/call` uses the key).
-    let mut keys = headers.get_all("idempotency-key").iter();
+    let mut keys = headers.get_all(IDEMPOTENCY_KEY).iter();
     let key: CarriedKey = keys
         .next()
         .map(|v| idemgate_kit::header::idempotency_key(v.as_bytes()));
@@ -1408,7 +1403,7 @@ async fn open_stream<S: Store>(State(proxy): State<Arc<Proxy<S>>>, headers: Head
     };
     let primed = primes(&live, &headers);
     let last = headers
-        .get("last-event-id")
+        .get(LAST_EVENT_ID)
         .map(|v| v.to_str().unwrap_or_default().to_owned());
     let (tx, rx) = mpsc::unbounded_channel();
     let (number, post, head) = {

@@ -8,10 +8,10 @@ use idemgate_kit::{Door, Explanation, Payload, Resolve, VerdictCodes, What};
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
-use crate::catalog::KEY_ARGUMENTS;
-use crate::era;
-use crate::frame::{self, Object};
-use crate::session::Reply;
+use super::catalog::KEY_ARGUMENTS;
+use crate::peer::Reply;
+use crate::wire::era;
+use crate::wire::frame::{self, Object};
 
 /// The `_meta` key a client puts its idempotency key under.
 pub const META_KEY: &str = "dev.idemgate/idempotency-key";

@@ -38,12 +38,12 @@ use tokio::io::{AsyncWrite, DuplexStream};
 use tokio::sync::{mpsc, watch};
 use tokio::task::{JoinHandle, JoinSet};
 
+use super::{child, pump};
 use crate::config::{server_name, Config};
 use crate::error::Error;
-use crate::frame::{self, Frame};
-use crate::http::{SESSION_HEADER, VERSION_HEADER};
-use crate::mirror::ParamHeaders;
-use crate::stdio;
+use crate::wire::frame::{self, Frame};
+use crate::wire::headers::{LAST_EVENT_ID, SESSION_HEADER, VERSION_HEADER};
+use crate::wire::mirror::ParamHeaders;
 
 /// How long the DELETE that ends the upstream session may take.
 const DELETE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -81,10 +81,10 @@ impl Upstream {
     pub(crate) fn start(&self) -> Result<Started, Error> {
         match self {
             Upstream::Command(command) => {
-                let (child, input, output) = stdio::spawn(command)?;
+                let (child, input, output) = child::spawn(command)?;
                 Ok(Started {
                     input: Box::new(input),
-                    lines: stdio::lines(output),
+                    lines: pump::lines(output),
                     end: End::Child(child),
                 })
             }
@@ -111,7 +111,7 @@ impl End {
     /// exit status when it is one.
     pub(crate) async fn wait(self) -> Option<ExitStatus> {
         match self {
-            End::Child(mut child) => stdio::reap(&mut child).await,
+            End::Child(mut child) => child::reap(&mut child).await,
             End::Http(task) => {
                 let _ = tokio::time::timeout(DELETE_TIMEOUT * 2, task).await;
                 None
@@ -513,7 +513,7 @@ impl Link {
             let res = self
                 .request(reqwest::Method::GET)
                 .header(ACCEPT, "text/event-stream")
-                .header("last-event-id", last.as_str())
+                .header(LAST_EVENT_ID, last.as_str())
                 .send()
                 .await;
             match res {
@@ -620,7 +620,7 @@ async fn adapt(
         gone,
         to_core,
     });
-    let mut frames = stdio::lines(from_core);
+    let mut frames = pump::lines(from_core);
     let mut tasks = JoinSet::new();
     let mut listening = false;
     loop {
