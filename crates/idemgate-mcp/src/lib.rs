@@ -21,8 +21,10 @@
 pub mod config;
 mod error;
 mod gate;
+mod handshake;
 mod peer;
 mod session;
+mod sync;
 mod transport;
 mod wire;
 

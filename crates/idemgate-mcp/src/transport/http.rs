@@ -44,7 +44,7 @@ use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
@@ -67,6 +67,7 @@ use crate::config::Config;
 use crate::error::Error;
 use crate::gate::CarriedKey;
 use crate::session::{Outputs, Session};
+use crate::sync::lock;
 use crate::wire::era;
 use crate::wire::frame::{self, Frame};
 use crate::wire::headers::{IDEMPOTENCY_KEY, LAST_EVENT_ID};
@@ -394,11 +395,6 @@ impl Routes {
         }
         Ok((number, post))
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Every change under these locks leaves the maps consistent.
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Live {

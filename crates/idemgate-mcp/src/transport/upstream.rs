@@ -41,6 +41,7 @@ use tokio::task::{JoinHandle, JoinSet};
 use super::{child, pump};
 use crate::config::{server_name, Config};
 use crate::error::Error;
+use crate::sync::lock;
 use crate::wire::frame::{self, Frame};
 use crate::wire::headers::{LAST_EVENT_ID, SESSION_HEADER, VERSION_HEADER};
 use crate::wire::mirror::ParamHeaders;
@@ -228,10 +229,6 @@ struct Link {
     /// Why the upstream is gone, once it is.
     gone: watch::Sender<Option<String>>,
     to_core: mpsc::UnboundedSender<String>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Link {
