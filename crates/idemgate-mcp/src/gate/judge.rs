@@ -279,56 +279,25 @@ impl<S: Store> Judge<S> {
         arguments: &Object,
         carried: CarriedKey,
     ) -> Result<Option<IdempotencyKey>, String> {
-        fn read(
-            value: &RawValue,
-            from: String,
-        ) -> Result<Option<(IdempotencyKey, String)>, String> {
-            if value.get() == "null" {
-                return Ok(None);
-            }
-            let Ok(text) = serde_json::from_str::<String>(value.get()) else {
-                let mut shown: String = value.get().chars().take(40).collect();
-                if shown.len() < value.get().len() {
-                    shown.push('…');
-                }
-                return Err(format!(
-                    "the idempotency key in {from} must be a string, not {shown}"
-                ));
-            };
-            match IdempotencyKey::explicit(text) {
-                Ok(k) => Ok(Some((k, from))),
-                Err(e) => Err(format!("the idempotency key in {from} is invalid: {e}")),
-            }
-        }
         let mut found: Vec<(IdempotencyKey, String)> = Vec::new();
-        if let Some(carried) = carried {
-            let header = "the Idempotency-Key header";
-            let key = carried.map_err(|e| {
-                if e.starts_with(header) {
-                    e
-                } else {
-                    format!("{header} is invalid: {e}")
-                }
-            })?;
-            found.push((key, header.to_owned()));
-        }
+        found.extend(carried_key(carried)?);
         let meta = params.get("_meta").and_then(|m| frame::object(m));
         for source in &self.config.key_sources {
             match source {
                 KeySource::Meta => {
                     if let Some(v) = meta.as_ref().and_then(|m| m.get(META_KEY)) {
-                        found.extend(read(v, format!("_meta[\"{META_KEY}\"]"))?);
+                        found.extend(key_in(v, format!("_meta[\"{META_KEY}\"]"))?);
                     }
                 }
                 KeySource::Params => {
                     if let Some(v) = params.get("idempotencyKey") {
-                        found.extend(read(v, "params.idempotencyKey".to_owned())?);
+                        found.extend(key_in(v, "params.idempotencyKey".to_owned())?);
                     }
                 }
                 KeySource::Argument => {
                     for k in KEY_ARGUMENTS {
                         if let Some(v) = arguments.get(k) {
-                            found.extend(read(v, format!("argument {k}"))?);
+                            found.extend(key_in(v, format!("argument {k}"))?);
                         }
                     }
                 }
@@ -347,6 +316,43 @@ impl<S: Store> Judge<S> {
         }
         Ok(Some(key))
     }
+}
+
+/// The key in `value`, a source of the call named `from` (JSON `null` is none); why not when it
+/// holds something else than a key.
+fn key_in(value: &RawValue, from: String) -> Result<Option<(IdempotencyKey, String)>, String> {
+    if value.get() == "null" {
+        return Ok(None);
+    }
+    let Ok(text) = serde_json::from_str::<String>(value.get()) else {
+        let mut shown: String = value.get().chars().take(40).collect();
+        if shown.len() < value.get().len() {
+            shown.push('…');
+        }
+        return Err(format!(
+            "the idempotency key in {from} must be a string, not {shown}"
+        ));
+    };
+    match IdempotencyKey::explicit(text) {
+        Ok(k) => Ok(Some((k, from))),
+        Err(e) => Err(format!("the idempotency key in {from} is invalid: {e}")),
+    }
+}
+
+/// The key its transport carried beside the call, named for the answer that refuses it.
+fn carried_key(carried: CarriedKey) -> Result<Option<(IdempotencyKey, String)>, String> {
+    let Some(carried) = carried else {
+        return Ok(None);
+    };
+    let header = "the Idempotency-Key header";
+    let key = carried.map_err(|e| {
+        if e.starts_with(header) {
+            e
+        } else {
+            format!("{header} is invalid: {e}")
+        }
+    })?;
+    Ok(Some((key, header.to_owned())))
 }
 
 /// The key is not part of the action: calls that differ only in it are the same action. Takes

@@ -177,41 +177,45 @@ async fn legacy(
             }
             _ => {}
         }
-        match (status.as_str(), task.get("result"), task.get("error")) {
-            ("completed", Some(result), _) => {
-                let mut result = frame::object(result).unwrap_or_default();
-                let mut meta = result
-                    .get("_meta")
-                    .and_then(|m| frame::object(m))
-                    .unwrap_or_default();
-                meta.insert(
-                    "io.modelcontextprotocol/related-task".to_owned(),
-                    frame::raw(&serde_json::json!({ "taskId": &task_id })),
-                );
-                result.insert("_meta".to_owned(), frame::raw(&meta));
-                return frame::response(id, &frame::raw(&result));
-            }
-            (_, _, Some(error)) if ended => {
-                return format!(
-                    r#"{{"jsonrpc":"2.0","id":{},"error":{}}}"#,
-                    id.get(),
-                    error.get()
-                )
-            }
-            _ if ended => {
-                return frame::error_response(
-                    Some(id),
-                    -32602,
-                    &format!("the task ended {status} without a result"),
-                )
-            }
-            _ => {}
+        if ended {
+            return ended_task(id, &task_id, &status, &task);
         }
         let poll = task
             .get("pollIntervalMs")
             .and_then(|p| serde_json::from_str::<u64>(p.get()).ok())
             .unwrap_or(1000);
         tokio::time::sleep(Duration::from_millis(poll.clamp(10, 5000))).await;
+    }
+}
+
+/// The answer to a legacy client's `tasks/result` (request `id`) for the task `task_id`, which
+/// ended with `status` as `task` says: its result, marked with the related task as the legacy
+/// era does, or its error, or why it has neither.
+fn ended_task(id: &RawValue, task_id: &RawValue, status: &str, task: &Object) -> String {
+    match (status, task.get("result"), task.get("error")) {
+        ("completed", Some(result), _) => {
+            let mut result = frame::object(result).unwrap_or_default();
+            let mut meta = result
+                .get("_meta")
+                .and_then(|m| frame::object(m))
+                .unwrap_or_default();
+            meta.insert(
+                "io.modelcontextprotocol/related-task".to_owned(),
+                frame::raw(&serde_json::json!({ "taskId": task_id })),
+            );
+            result.insert("_meta".to_owned(), frame::raw(&meta));
+            frame::response(id, &frame::raw(&result))
+        }
+        (_, _, Some(error)) => format!(
+            r#"{{"jsonrpc":"2.0","id":{},"error":{}}}"#,
+            id.get(),
+            error.get()
+        ),
+        _ => frame::error_response(
+            Some(id),
+            -32602,
+            &format!("the task ended {status} without a result"),
+        ),
     }
 }
 

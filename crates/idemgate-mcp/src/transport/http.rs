@@ -62,7 +62,7 @@ use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinSet;
 
 use super::pump;
-use super::upstream::Upstream;
+use super::upstream::{Started, Upstream};
 use crate::config::Config;
 use crate::error::Error;
 use crate::gate::CarriedKey;
@@ -810,6 +810,21 @@ impl<S: Store> Proxy<S> {
             stop: Notify::new(),
             last_used: Mutex::new(Instant::now()),
         });
+        self.run_session(Arc::clone(&live), session, outputs, client_lines, started);
+        Ok(live)
+    }
+
+    /// Runs a started session as one of the proxy's tasks: its frames for the client go to
+    /// their routes, the pump relays the rest, and once it ends the session is forgotten and its
+    /// server ended.
+    fn run_session(
+        self: &Arc<Self>,
+        live: Arc<Live>,
+        session: Session<S>,
+        outputs: Outputs,
+        client_lines: mpsc::UnboundedReceiver<(String, CarriedKey)>,
+        started: Started,
+    ) {
         let Outputs {
             mut to_client,
             to_server,
@@ -841,7 +856,6 @@ impl<S: Store> Proxy<S> {
             let status = started.end.wait().await;
             tracing::info!(session = %live.id, ?ended, ?status, "session ended");
         });
-        Ok(live)
     }
 
     /// Checks `Origin`, the bearer token and the tenant's rate; returns the caller's tenant.
@@ -1117,70 +1131,23 @@ async fn post_message<S: Store>(
         Ok(t) => t,
         Err(res) => return *res,
     };
-    // A body over `http.max_body_bytes` (413) or cut short: answered as JSON-RPC, as every
-    // refusal of this endpoint is, so that a client reads why.
-    let body = match body {
-        Ok(b) => b,
-        Err(e) => return fail(e.status(), &e.body_text()),
+    let (text, f, key) = match read_message(&headers, body) {
+        Ok(message) => message,
+        Err(res) => return *res,
     };
-    if let Some(ct) = headers.get(header::CONTENT_TYPE) {
-        let json = ct.to_str().is_ok_and(|ct| {
-            ct.split(';')
-                .next()
-                .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json"))
-        });
-        if !json {
-            return fail(
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                "the body must be application/json",
-            );
-        }
-    }
-    let Ok(text) = String::from_utf8(body.to_vec()) else {
-        return fail(StatusCode::BAD_REQUEST, "the body is not UTF-8");
-    };
-    let Some(f) = Frame::parse(&text) else {
-        let message = if text.trim_start().starts_with('[') {
-            "batches are not part of MCP since 2025-06-18: send one message per POST"
-        } else {
-            "the body is not one JSON-RPC message"
-        };
-        return fail(StatusCode::BAD_REQUEST, message);
-    };
-    if f.method.as_deref() == Some("tools/call") && f.id.is_none() {
-        return fail(
-            StatusCode::BAD_REQUEST,
-            "a tools/call needs an id: without one it cannot be answered, judged or replayed; nothing was run",
-        );
-    }
-    // Two keys name no one action (the HTTP gateway refuses them the same way); an invalid one
-    // goes to the call, whose answer tells the model (only a `tools/call` uses the key).
-    let mut keys = headers.get_all(IDEMPOTENCY_KEY).iter();
-    let key: CarriedKey = keys
-        .next()
-        .map(|v| idemgate_kit::header::idempotency_key(v.as_bytes()));
-    if keys.next().is_some() {
-        return fail(
-            StatusCode::BAD_REQUEST,
-            "send one Idempotency-Key header, not several; nothing was run",
-        );
-    }
     let initialize = f.method.as_deref() == Some("initialize") && f.id.is_some();
     if !initialize && headers.get(SESSION_HEADER).is_none() {
         if let Some(version) = era::modern_version_of(f.params.as_deref()) {
             return sessionless(&proxy, tenant, &headers, f, text, key, &version).await;
         }
     }
-    let live = if initialize {
-        match proxy.open(tenant) {
-            Ok(l) => l,
-            Err(res) => return *res,
-        }
-    } else {
-        match proxy.session(&headers, &tenant) {
-            Ok(l) => l,
-            Err(res) => return *res,
-        }
+    let live = match initialize {
+        true => proxy.open(tenant),
+        false => proxy.session(&headers, &tenant),
+    };
+    let live = match live {
+        Ok(l) => l,
+        Err(res) => return *res,
     };
     let (Some(id), Some(_)) = (f.id.as_deref(), f.method.as_deref()) else {
         // A notification or the client's answer to a server request: no answer comes back.
@@ -1189,9 +1156,98 @@ async fn post_message<S: Store>(
         }
         return StatusCode::ACCEPTED.into_response();
     };
-    let primed = primes(&live, &headers);
-    let Some((Inbox(mut rx), waiting)) = live.submit(frame::id_key(id), text, key) else {
-        return fail(StatusCode::NOT_FOUND, "the session has ended");
+    let mut res =
+        match answer_request(&live, &headers, frame::id_key(id), text, key, initialize).await {
+            Ok(res) => res,
+            Err(res) => return res,
+        };
+    if initialize {
+        let v = HeaderValue::from_str(&live.id).expect("hex session ids are valid header values");
+        res.headers_mut()
+            .insert(HeaderName::from_static(SESSION_HEADER), v);
+    }
+    res
+}
+
+/// The message a POST carries: its text, its frame and the key carried beside it; or the
+/// refusal, answered as JSON-RPC, as every refusal of this endpoint is, so that a client reads
+/// why.
+fn read_message(
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(String, Frame, CarriedKey), Refused> {
+    // A body over `http.max_body_bytes` (413) or cut short.
+    let body = body.map_err(|e| refuse(e.status(), &e.body_text()))?;
+    if headers
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|ct| !is_json(ct))
+    {
+        return Err(refuse(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "the body must be application/json",
+        ));
+    }
+    let Ok(text) = String::from_utf8(body.to_vec()) else {
+        return Err(refuse(StatusCode::BAD_REQUEST, "the body is not UTF-8"));
+    };
+    let Some(f) = Frame::parse(&text) else {
+        let message = if text.trim_start().starts_with('[') {
+            "batches are not part of MCP since 2025-06-18: send one message per POST"
+        } else {
+            "the body is not one JSON-RPC message"
+        };
+        return Err(refuse(StatusCode::BAD_REQUEST, message));
+    };
+    if f.method.as_deref() == Some("tools/call") && f.id.is_none() {
+        return Err(refuse(
+            StatusCode::BAD_REQUEST,
+            "a tools/call needs an id: without one it cannot be answered, judged or replayed; nothing was run",
+        ));
+    }
+    let key = carried_key(headers)?;
+    Ok((text, f, key))
+}
+
+/// Whether a `Content-Type` is JSON's.
+fn is_json(content_type: &HeaderValue) -> bool {
+    content_type.to_str().is_ok_and(|ct| {
+        ct.split(';')
+            .next()
+            .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json"))
+    })
+}
+
+/// The `Idempotency-Key` header. Two keys name no one action (the HTTP gateway refuses them
+/// the same way); an invalid one goes to the call, whose answer tells the model (only a
+/// `tools/call` uses the key).
+fn carried_key(headers: &HeaderMap) -> Result<CarriedKey, Refused> {
+    let mut keys = headers.get_all(IDEMPOTENCY_KEY).iter();
+    let key: CarriedKey = keys
+        .next()
+        .map(|v| idemgate_kit::header::idempotency_key(v.as_bytes()));
+    if keys.next().is_some() {
+        return Err(refuse(
+            StatusCode::BAD_REQUEST,
+            "send one Idempotency-Key header, not several; nothing was run",
+        ));
+    }
+    Ok(key)
+}
+
+/// The answer to the request `id` (`text`) of a session: JSON when the server's answer is the
+/// first thing that comes for it (within [`PRIME_AFTER`] for a client that takes a priming
+/// event), else a stream ([`answer_stream`]); `Err` when the session ends first.
+async fn answer_request(
+    live: &Arc<Live>,
+    headers: &HeaderMap,
+    id: String,
+    text: String,
+    key: CarriedKey,
+    initialize: bool,
+) -> Result<Response, Response> {
+    let primed = primes(live, headers);
+    let Some((Inbox(mut rx), waiting)) = live.submit(id, text, key) else {
+        return Err(fail(StatusCode::NOT_FOUND, "the session has ended"));
     };
     // A client that takes a priming event waits for a JSON answer only so long.
     let first = if primed {
@@ -1201,17 +1257,15 @@ async fn post_message<S: Store>(
     };
     let first = match first {
         Some(None) => {
-            return fail(
+            return Err(fail(
                 StatusCode::NOT_FOUND,
                 "the session ended before the server answered",
-            )
+            ))
         }
         Some(Some(event)) => Some(event),
         None => None,
     };
-    let session_header = initialize
-        .then(|| HeaderValue::from_str(&live.id).expect("hex session ids are valid header values"));
-    let mut res = match first {
+    Ok(match first {
         Some((_, answer)) if Frame::parse(&answer).is_some_and(|f| f.is_response()) => {
             if initialize {
                 lock(&live.routes).version = agreed_version(&answer);
@@ -1219,34 +1273,39 @@ async fn post_message<S: Store>(
             drop(waiting);
             json_response(answer)
         }
-        first => {
-            // The server speaks first, or the answer takes a while: it follows on a stream,
-            // which the client may resume once it has an event id of it.
-            waiting.resumable();
-            let number = waiting.number;
-            let mut head = Vec::new();
-            if primed {
-                head.push(sse_event(&live.event_id(number, 0), Some(RETRY), ""));
-            }
-            if let Some((n, frame)) = first {
-                head.push(sse_event(&live.event_id(number, n), None, &frame));
-            }
-            let w = Writer {
-                live: Arc::clone(&live),
-                stream: number,
-                rx,
-                post: true,
-                initialize,
-                _waiting: Some(waiting),
-            };
-            resumable_sse(head, w)
-        }
-    };
-    if let Some(v) = session_header {
-        res.headers_mut()
-            .insert(HeaderName::from_static(SESSION_HEADER), v);
+        first => answer_stream(live, rx, waiting, first, primed, initialize),
+    })
+}
+
+/// The server speaks first, or the answer takes a while: it follows on a stream, which the
+/// client may resume once it has an event id of it. It opens with a priming event when the
+/// client takes one (`primed`), then the `first` event that came, if any.
+fn answer_stream(
+    live: &Arc<Live>,
+    rx: mpsc::UnboundedReceiver<(u64, String)>,
+    waiting: Waiting,
+    first: Option<(u64, String)>,
+    primed: bool,
+    initialize: bool,
+) -> Response {
+    waiting.resumable();
+    let number = waiting.number;
+    let mut head = Vec::new();
+    if primed {
+        head.push(sse_event(&live.event_id(number, 0), Some(RETRY), ""));
     }
-    res
+    if let Some((n, frame)) = first {
+        head.push(sse_event(&live.event_id(number, n), None, &frame));
+    }
+    let w = Writer {
+        live: Arc::clone(live),
+        stream: number,
+        rx,
+        post: true,
+        initialize,
+        _waiting: Some(waiting),
+    };
+    resumable_sse(head, w)
 }
 
 /// The answer to a request whose headers do not mirror its body: 400 with `-32020`
@@ -1271,33 +1330,10 @@ async fn sessionless<S: Store>(
     key: CarriedKey,
     version: &str,
 ) -> Response {
-    // The headers mirror the body for intermediaries; a mismatch is refused (MCP 2026-07-28,
-    // "Server Validation"). Absent ones are not required here: the body decides.
-    let header = |name: &str| headers.get(name).map(|v| v.to_str().unwrap_or_default());
-    let method = f.method.as_deref().unwrap_or_default();
-    let target = f
-        .params
-        .as_deref()
-        .and_then(frame::object)
-        .and_then(|p| mirror::target(method, &p));
-    let mismatch = if header(VERSION_HEADER).is_some_and(|v| v != version) {
-        Some(format!(
-            "the MCP-Protocol-Version header does not match the body's {version}"
-        ))
-    } else if header(METHOD_HEADER).is_some_and(|m| m != method) {
-        Some(format!(
-            "the Mcp-Method header does not match the body's {method}"
-        ))
-    } else {
-        header(NAME_HEADER)
-            .filter(|n| mirror::decoded(n) != target)
-            .map(|name| {
-                format!("the Mcp-Name header {name:?} does not match the name or URI in the body")
-            })
-    };
-    if let Some(message) = mismatch {
+    if let Some(message) = mirrored_mismatch(headers, &f, version) {
         return header_mismatch(f.id.as_deref(), &message);
     }
+    let method = f.method.as_deref().unwrap_or_default();
     let live = match proxy.shared(tenant) {
         Ok(l) => l,
         Err(res) => return *res,
@@ -1333,6 +1369,46 @@ async fn sessionless<S: Store>(
             "the server ended before it answered",
         );
     };
+    sessionless_answer(first, rx, waiting, own_id)
+}
+
+/// The headers of a sessionless request (`f`, of protocol `version`) mirror its body for
+/// intermediaries; a mismatch is refused (MCP 2026-07-28, "Server Validation"), and this says
+/// which. Absent ones are not required here: the body decides.
+fn mirrored_mismatch(headers: &HeaderMap, f: &Frame, version: &str) -> Option<String> {
+    let header = |name: &str| headers.get(name).map(|v| v.to_str().unwrap_or_default());
+    let method = f.method.as_deref().unwrap_or_default();
+    let target = f
+        .params
+        .as_deref()
+        .and_then(frame::object)
+        .and_then(|p| mirror::target(method, &p));
+    if header(VERSION_HEADER).is_some_and(|v| v != version) {
+        Some(format!(
+            "the MCP-Protocol-Version header does not match the body's {version}"
+        ))
+    } else if header(METHOD_HEADER).is_some_and(|m| m != method) {
+        Some(format!(
+            "the Mcp-Method header does not match the body's {method}"
+        ))
+    } else {
+        header(NAME_HEADER)
+            .filter(|n| mirror::decoded(n) != target)
+            .map(|name| {
+                format!("the Mcp-Name header {name:?} does not match the name or URI in the body")
+            })
+    }
+}
+
+/// The answer to a sessionless request, under its own id (`own_id`) again, given the `first`
+/// frame that came for it: JSON when that is the answer, else a stream that carries what came
+/// before the answer, then the answer.
+fn sessionless_answer(
+    first: String,
+    rx: Inbox,
+    waiting: Waiting,
+    own_id: Box<serde_json::value::RawValue>,
+) -> Response {
     let answer = move |frame: String| frame::with_id(&frame, &own_id).unwrap_or(frame);
     if Frame::parse(&first).is_some_and(|f| f.is_response()) {
         drop(waiting);

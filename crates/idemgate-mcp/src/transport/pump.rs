@@ -83,29 +83,13 @@ pub async fn serve<S: Store>(
 /// once either side closes or `stop` completes lets the calls in flight finish.
 pub(crate) async fn relay<S: Store, M: FromClient>(
     session: Session<S>,
-    mut to_server: mpsc::UnboundedReceiver<Outgoing>,
+    to_server: mpsc::UnboundedReceiver<Outgoing>,
     mut client_lines: mpsc::UnboundedReceiver<M>,
     mut server_lines: mpsc::UnboundedReceiver<String>,
     server_in: impl AsyncWrite + Unpin + Send + 'static,
     stop: impl Future<Output = ()>,
 ) -> Ended {
-    let server_writer = tokio::spawn(async move {
-        let mut input = server_in;
-        let mut broken: Option<String> = None;
-        while let Some(out) = to_server.recv().await {
-            let written = match &broken {
-                Some(why) => Err(std::io::Error::other(why.clone())),
-                None => write_line(&mut input, &out.frame).await,
-            };
-            if let Err(e) = &written {
-                broken.get_or_insert_with(|| e.to_string());
-            }
-            if let Some(tx) = out.sent {
-                let _ = tx.send(written);
-            }
-        }
-        // Dropping the writer closes the server's input: it exits once its answers are out.
-    });
+    let server_writer = tokio::spawn(write_to_server(to_server, server_in));
     let mut stop = std::pin::pin!(stop);
     let ended = loop {
         tokio::select! {
@@ -120,30 +104,59 @@ pub(crate) async fn relay<S: Store, M: FromClient>(
             () = &mut stop => break Ended::ClientClosed,
         }
     };
+    finish(&session, &mut server_lines, ended).await;
+    drop(session);
+    let _ = server_writer.await;
+    ended
+}
+
+/// Writes the session's frames for the server into its input, telling whoever waits whether
+/// each was written; once one write failed, later frames fail the same way. Dropping the writer
+/// at the end closes the server's input: it exits once its answers are out.
+async fn write_to_server(
+    mut to_server: mpsc::UnboundedReceiver<Outgoing>,
+    mut input: impl AsyncWrite + Unpin + Send + 'static,
+) {
+    let mut broken: Option<String> = None;
+    while let Some(out) = to_server.recv().await {
+        let written = match &broken {
+            Some(why) => Err(std::io::Error::other(why.clone())),
+            None => write_line(&mut input, &out.frame).await,
+        };
+        if let Err(e) = &written {
+            broken.get_or_insert_with(|| e.to_string());
+        }
+        if let Some(tx) = out.sent {
+            let _ = tx.send(written);
+        }
+    }
+}
+
+/// Once a side `ended` the session: calls in flight run to their end, their answers may still
+/// come from the server (when it was the client that closed).
+async fn finish<S: Store>(
+    session: &Session<S>,
+    server_lines: &mut mpsc::UnboundedReceiver<String>,
+    ended: Ended,
+) {
     let closed = "the server closed its output before answering (it exited or crashed, or the connection to it was lost)";
     if ended == Ended::ServerClosed {
         session.server_closed(closed);
     }
-    // Calls in flight run to their end: their answers may still come from the server.
-    {
-        let mut drain = std::pin::pin!(session.drain());
-        let mut server_open = ended == Ended::ClientClosed;
-        loop {
-            tokio::select! {
-                () = &mut drain => break,
-                line = server_lines.recv(), if server_open => match line {
-                    Some(l) => session.from_server(l),
-                    None => {
-                        server_open = false;
-                        session.server_closed(closed);
-                    }
-                },
-            }
+    let mut drain = std::pin::pin!(session.drain());
+    let mut server_open = ended == Ended::ClientClosed;
+    loop {
+        tokio::select! {
+            () = &mut drain => break,
+            line = server_lines.recv(), if server_open => match line {
+                Some(l) => session.from_server(l),
+                None => {
+                    server_open = false;
+                    session.server_closed(closed);
+                }
+            },
         }
     }
-    drop(session);
-    let _ = server_writer.await;
-    ended
 }
 
 async fn write_line(out: &mut (impl AsyncWrite + Unpin), frame: &str) -> std::io::Result<()> {

@@ -232,6 +232,41 @@ struct Link {
 }
 
 impl Link {
+    /// A link of no session yet to `up`, which tells `gone` why it went, and the core its frames.
+    fn new(
+        up: Arc<HttpUpstream>,
+        gone: watch::Sender<Option<String>>,
+        to_core: mpsc::UnboundedSender<String>,
+    ) -> Self {
+        Link {
+            up,
+            session: Mutex::new(None),
+            sessions: watch::channel(0).0,
+            initialize: Mutex::new(None),
+            renewing: tokio::sync::Mutex::new(()),
+            version: Mutex::new(None),
+            mirror: Mutex::new(ParamHeaders::default()),
+            listing: Mutex::new(HashSet::new()),
+            gone,
+            to_core,
+        }
+    }
+
+    /// Ends the upstream session, if one was started, with a DELETE.
+    async fn end(&self) {
+        if lock(&self.session).is_none() {
+            return;
+        }
+        let ended = self.request(reqwest::Method::DELETE).send();
+        match tokio::time::timeout(DELETE_TIMEOUT, ended).await {
+            Ok(Ok(r)) => tracing::debug!(status = %r.status(), "ended the upstream session"),
+            Ok(Err(e)) => {
+                tracing::debug!(error = %error_chain(&e), "failed to end the upstream session")
+            }
+            Err(_) => tracing::debug!("the upstream did not answer the DELETE in time"),
+        }
+    }
+
     fn request(&self, method: reqwest::Method) -> reqwest::RequestBuilder {
         let mut req = self
             .up
@@ -338,15 +373,11 @@ impl Link {
         result
     }
 
-    /// [`Link::post`] past its bookkeeping.
-    async fn post_frame(
-        &self,
-        text: String,
-        request_id: Option<(String, Box<RawValue>)>,
-        initialize: bool,
-    ) -> Result<(), String> {
+    /// POSTs `text`; when the server no longer knows the session (404), starts a new one and
+    /// POSTs it once more ([`Link::renew`]).
+    async fn post_renewing(&self, text: String) -> Result<reqwest::Response, String> {
         let mut renewed = false;
-        let res = loop {
+        loop {
             let sent_with = lock(&self.session).clone();
             let res = self
                 .post_message(text.clone())
@@ -361,9 +392,19 @@ impl Link {
                     self.renew(&stale).await?;
                     renewed = true;
                 }
-                _ => break res,
+                _ => return Ok(res),
             }
-        };
+        }
+    }
+
+    /// [`Link::post`] past its bookkeeping.
+    async fn post_frame(
+        &self,
+        text: String,
+        request_id: Option<(String, Box<RawValue>)>,
+        initialize: bool,
+    ) -> Result<(), String> {
+        let res = self.post_renewing(text).await?;
         let status = res.status();
         if status.is_server_error() {
             return Err(format!("the upstream answered HTTP {status}"));
@@ -458,41 +499,53 @@ impl Link {
             .get(CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v.trim_start().starts_with("text/event-stream"));
-        let lost = |e: reqwest::Error| {
-            format!(
-                "the connection to the upstream broke before it answered: {}",
-                error_chain(&e)
-            )
-        };
-        let mut answered = false;
         if !sse {
             let body = res.text().await.map_err(lost)?;
-            let body = body.trim();
-            if body.is_empty() {
-                return Ok(false);
-            }
-            if body.starts_with('[') {
-                let batch: Vec<Box<RawValue>> = serde_json::from_str(body)
-                    .map_err(|e| format!("the upstream's JSON answer is invalid: {e}"))?;
-                for m in batch {
-                    answered |= self.deliver(m.get().to_owned(), request);
-                }
-            } else {
-                answered |= self.deliver(body.to_owned(), request);
-            }
-            return Ok(answered);
+            return self.relay_json(body.trim(), request);
         }
+        let mut answered = false;
         let mut events = Sse::default();
-        let mut broken = self
+        let broken = self
             .read_sse(res, &mut events, request, &mut answered)
             .await;
         let Some(request) = request else {
             return broken.map_or(Ok(answered), Err);
         };
-        // A server may end the stream of a request before its answer, after an event id (SSE
-        // polling, MCP 2025-11-25), or the connection may break: the stream is resumed with a
-        // GET carrying Last-Event-ID, after the server's `retry` delay. Without an event id there
-        // is nothing to resume.
+        if answered {
+            return Ok(true);
+        }
+        self.resume(events, request, broken).await
+    }
+
+    /// Relays a JSON response body (one message, or a batch) to the core; whether it answered
+    /// `request`.
+    fn relay_json(&self, body: &str, request: Option<&str>) -> Result<bool, String> {
+        if body.is_empty() {
+            return Ok(false);
+        }
+        if !body.starts_with('[') {
+            return Ok(self.deliver(body.to_owned(), request));
+        }
+        let batch: Vec<Box<RawValue>> = serde_json::from_str(body)
+            .map_err(|e| format!("the upstream's JSON answer is invalid: {e}"))?;
+        let mut answered = false;
+        for m in batch {
+            answered |= self.deliver(m.get().to_owned(), request);
+        }
+        Ok(answered)
+    }
+
+    /// A server may end the stream of a request before its answer, after an event id (SSE
+    /// polling, MCP 2025-11-25), or the connection may break (`broken` says why): the stream is
+    /// resumed with a GET carrying Last-Event-ID, after the server's `retry` delay, until the
+    /// answer to `request` comes. Without an event id there is nothing to resume.
+    async fn resume(
+        &self,
+        mut events: Sse,
+        request: &str,
+        mut broken: Option<String>,
+    ) -> Result<bool, String> {
+        let mut answered = false;
         let mut tries = 0;
         while !answered {
             let Some(last) = events.last_id.clone() else {
@@ -605,18 +658,7 @@ async fn adapt(
     to_core: mpsc::UnboundedSender<String>,
 ) {
     let (gone, mut gone_rx) = watch::channel(None);
-    let link = Arc::new(Link {
-        up,
-        session: Mutex::new(None),
-        sessions: watch::channel(0).0,
-        initialize: Mutex::new(None),
-        renewing: tokio::sync::Mutex::new(()),
-        version: Mutex::new(None),
-        mirror: Mutex::new(ParamHeaders::default()),
-        listing: Mutex::new(HashSet::new()),
-        gone,
-        to_core,
-    });
+    let link = Arc::new(Link::new(up, gone, to_core));
     let mut frames = pump::lines(from_core);
     let mut tasks = JoinSet::new();
     let mut listening = false;
@@ -654,17 +696,17 @@ async fn adapt(
     // Whatever is still running is for a client that is gone, or for an upstream that is.
     tasks.abort_all();
     while tasks.join_next().await.is_some() {}
-    let session = lock(&link.session).clone();
-    if session.is_some() && gone_rx.borrow().is_none() {
-        let ended = link.request(reqwest::Method::DELETE).send();
-        match tokio::time::timeout(DELETE_TIMEOUT, ended).await {
-            Ok(Ok(r)) => tracing::debug!(status = %r.status(), "ended the upstream session"),
-            Ok(Err(e)) => {
-                tracing::debug!(error = %error_chain(&e), "failed to end the upstream session")
-            }
-            Err(_) => tracing::debug!("the upstream did not answer the DELETE in time"),
-        }
+    if gone_rx.borrow().is_none() {
+        link.end().await;
     }
+}
+
+/// Why a request's answer was lost: its connection broke, with `e`.
+fn lost(e: reqwest::Error) -> String {
+    format!(
+        "the connection to the upstream broke before it answered: {}",
+        error_chain(&e)
+    )
 }
 
 /// An error and its causes, on one line (reqwest's own message omits them).
