@@ -3,7 +3,8 @@
 //!
 //! - [`stdio`]: the client on the proxy's own stdin and stdout (`idemgate mcp -- CMD ARGS…`);
 //! - [`http`]: the client over Streamable HTTP (`idemgate mcp --listen ADDR -- CMD ARGS…`),
-//!   one server per session, and sessionless 2026-07-28 requests;
+//!   one server per session, and sessionless 2026-07-28 requests; the endpoint in `http/mod.rs`,
+//!   one open session's routes and resumable streams in `http/live.rs`;
 //! - [`pump`]: the relay both run between a client's lines, a session and a server;
 //! - [`child`]: the server as a child process, started and reaped;
 //! - [`upstream`]: where the server is, a command or a Streamable HTTP URL; the latter an

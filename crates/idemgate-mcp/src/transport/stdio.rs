@@ -2,7 +2,7 @@
 //! newline-delimited JSON-RPC on the proxy's own stdin and stdout, and the server is any
 //! [`Upstream`] (a child process whose stdin and stdout carry the same, or a Streamable HTTP
 //! URL). What is here is the proxy's own stdin and stdout, read and written on the runtime
-//! without blocking when they are pipes or sockets; the frames move in [`super::pump`].
+//! without blocking when they are pipes or sockets; the frames move in the pump (`pump.rs`).
 
 use std::io::BufRead as _;
 use std::sync::Arc;

@@ -11,7 +11,7 @@
 //! later request; once the client has sent `notifications/initialized` a GET stream carries the
 //! server's own messages (a server without one answers 405); the session ends with a DELETE.
 //! A request of the modern era (MCP 2026-07-28: it carries the envelope in `params._meta`) goes
-//! with the headers that mirror its body instead of a session's version (`crate::mirror`), so a
+//! with the headers that mirror its body instead of a session's version (`crate::wire::mirror`), so a
 //! server that speaks only that era is reached too.
 //!
 //! A 404 to a request with a session id means the server no longer knows the session (it
@@ -283,7 +283,7 @@ impl Link {
     }
 
     /// POSTs one JSON-RPC message, taking an answer as JSON or as an SSE stream. A request of
-    /// the modern era goes with the headers that mirror its body (`crate::mirror`).
+    /// the modern era goes with the headers that mirror its body (`crate::wire::mirror`).
     async fn post_message(&self, text: String) -> reqwest::Result<reqwest::Response> {
         // Only while no legacy session was agreed: a modern client before a legacy server has
         // its requests sent with their envelope but under the version the proxy's `initialize`
