@@ -14,7 +14,8 @@
 //! - the peer: the link with the server, its outgoing frames ([`Outgoing`]) and the requests
 //!   that wait for an answer;
 //! - the wire: frames, eras, and the HTTP headers MCP names;
-//! - [`Config`]: the TOML configuration; per-tool policies in the gateway's vocabulary.
+//! - [`Config`]: the TOML configuration; per-tool policies in the gateway's vocabulary;
+//! - [`Error`], and the one lock helper every room uses.
 //!
 //! Both transports feed the same [`Session`] from their own frames.
 
