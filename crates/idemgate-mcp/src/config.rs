@@ -5,11 +5,10 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use idemgate_core::{Fingerprint, TenantId, ToolKind, ToolName, ToolPolicy};
+use idemgate_core::{Fingerprint, TenantId, ToolName, ToolPolicy};
 use idemgate_kit::tenants::TenantConfig;
 use serde::Deserialize;
 
-use crate::catalog::Tool;
 use crate::error::Error;
 
 /// Where a call's idempotency key may come from, in the order they are looked at.
@@ -184,22 +183,6 @@ impl Config {
         Ok(config)
     }
 
-    /// The policy of `tool`, given what the server said about it (if it said anything).
-    pub fn policy(&self, tool: &str, described: Option<&Tool>) -> ToolPolicy {
-        if let Some(p) = self.tools.get(tool) {
-            return p.clone();
-        }
-        let mut policy = self.default.clone();
-        if let (true, Some(t)) = (self.trusted, described) {
-            if t.read_only {
-                policy.kind = ToolKind::Read;
-            } else if t.idempotent {
-                policy.kind = ToolKind::NaturalIdempotent;
-            }
-        }
-        policy
-    }
-
     /// The tenant: the file's, else `fallback`.
     ///
     /// # Errors
@@ -320,6 +303,8 @@ mod duration {
 
 #[cfg(test)]
 mod tests {
+    use idemgate_core::ToolKind;
+
     use super::*;
 
     fn argv(s: &str) -> Vec<String> {
@@ -360,27 +345,6 @@ mod tests {
         let scoped = record_tool("mem", &long);
         assert!(scoped.as_str().starts_with("mem/sha256-"), "{scoped}");
         assert_ne!(record_tool("mem", "a b"), record_tool("mem", "a c"));
-    }
-
-    #[test]
-    fn annotations_count_only_for_trusted_servers() {
-        let hinted = Tool {
-            read_only: true,
-            ..Tool::default()
-        };
-        let idem = Tool {
-            idempotent: true,
-            ..Tool::default()
-        };
-        let untrusted = Config::default();
-        assert_eq!(untrusted.policy("x", Some(&hinted)).kind, ToolKind::Write);
-        let trusted = Config::parse("trusted = true").unwrap();
-        assert_eq!(trusted.policy("x", Some(&hinted)).kind, ToolKind::Read);
-        assert_eq!(
-            trusted.policy("x", Some(&idem)).kind,
-            ToolKind::NaturalIdempotent
-        );
-        assert_eq!(trusted.policy("x", None).kind, ToolKind::Write);
     }
 
     #[test]
@@ -425,12 +389,6 @@ mod tests {
         .unwrap();
         assert_eq!(c.call_timeout, Duration::from_secs(30));
         assert_eq!(c.key_sources, vec![KeySource::Argument]);
-        let read_hint = Tool {
-            read_only: true,
-            ..Tool::default()
-        };
-        // A table is the whole policy: it beats the annotation.
-        assert_eq!(c.policy("send", Some(&read_hint)).kind, ToolKind::Write);
         assert_eq!(
             c.policy("send", None).fallback_window,
             Some(Duration::from_secs(30))

@@ -18,12 +18,10 @@ use base64::Engine as _;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use serde_json::Value;
 
-use crate::era;
-use crate::frame::{self, Frame};
-use crate::http::{METHOD_HEADER, NAME_HEADER, VERSION_HEADER};
+use super::era;
+use super::frame::{self, Frame};
+use super::headers::{METHOD_HEADER, NAME_HEADER, PARAM_PREFIX, VERSION_HEADER};
 
-/// The prefix of a tool parameter's header.
-const PARAM_PREFIX: &str = "mcp-param-";
 /// The schema member that names a parameter's header.
 const X_MCP_HEADER: &str = "x-mcp-header";
 

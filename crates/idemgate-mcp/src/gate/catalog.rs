@@ -3,8 +3,11 @@
 
 use std::collections::HashMap;
 
+use idemgate_core::{ToolKind, ToolPolicy};
 use serde::Deserialize;
 use serde_json::value::RawValue;
+
+use crate::config::Config;
 
 /// The argument names a model or client may use to pass the idempotency key.
 pub const KEY_ARGUMENTS: [&str; 2] = ["idempotency_key", "idempotencyKey"];
@@ -134,6 +137,26 @@ impl Catalog {
     }
 }
 
+/// How a configured policy meets what the server said of a tool: here, with the catalog, so
+/// that the configuration knows nothing of `tools/list`.
+impl Config {
+    /// The policy of `tool`, given what the server said about it (if it said anything).
+    pub fn policy(&self, tool: &str, described: Option<&Tool>) -> ToolPolicy {
+        if let Some(p) = self.tools.get(tool) {
+            return p.clone();
+        }
+        let mut policy = self.default.clone();
+        if let (true, Some(t)) = (self.trusted, described) {
+            if t.read_only {
+                policy.kind = ToolKind::Read;
+            } else if t.idempotent {
+                policy.kind = ToolKind::NaturalIdempotent;
+            }
+        }
+        policy
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -163,5 +186,30 @@ mod tests {
         let last = RawValue::from_string(r#"{"tools":[]}"#.into()).unwrap();
         assert_eq!(c.learn(&last), None);
         assert!(c.is_complete());
+    }
+
+    #[test]
+    fn annotations_count_only_for_trusted_servers() {
+        let hinted = Tool {
+            read_only: true,
+            ..Tool::default()
+        };
+        let idem = Tool {
+            idempotent: true,
+            ..Tool::default()
+        };
+        let untrusted = Config::default();
+        assert_eq!(untrusted.policy("x", Some(&hinted)).kind, ToolKind::Write);
+        let trusted = Config::parse("trusted = true").unwrap();
+        assert_eq!(trusted.policy("x", Some(&hinted)).kind, ToolKind::Read);
+        assert_eq!(
+            trusted.policy("x", Some(&idem)).kind,
+            ToolKind::NaturalIdempotent
+        );
+        assert_eq!(trusted.policy("x", None).kind, ToolKind::Write);
+        // A table is the whole policy: it beats the annotation.
+        let table =
+            Config::parse("trusted = true\n[tools.send]\nfallback_window = \"30s\"").unwrap();
+        assert_eq!(table.policy("send", Some(&hinted)).kind, ToolKind::Write);
     }
 }

@@ -11,7 +11,7 @@
 //! later request; once the client has sent `notifications/initialized` a GET stream carries the
 //! server's own messages (a server without one answers 405); the session ends with a DELETE.
 //! A request of the modern era (MCP 2026-07-28: it carries the envelope in `params._meta`) goes
-//! with the headers that mirror its body instead of a session's version (`crate::mirror`), so a
+//! with the headers that mirror its body instead of a session's version (`crate::wire::mirror`), so a
 //! server that speaks only that era is reached too.
 //!
 //! A 404 to a request with a session id means the server no longer knows the session (it
@@ -38,12 +38,13 @@ use tokio::io::{AsyncWrite, DuplexStream};
 use tokio::sync::{mpsc, watch};
 use tokio::task::{JoinHandle, JoinSet};
 
+use super::{child, pump};
 use crate::config::{server_name, Config};
 use crate::error::Error;
-use crate::frame::{self, Frame};
-use crate::http::{SESSION_HEADER, VERSION_HEADER};
-use crate::mirror::ParamHeaders;
-use crate::stdio;
+use crate::sync::lock;
+use crate::wire::frame::{self, Frame};
+use crate::wire::headers::{LAST_EVENT_ID, SESSION_HEADER, VERSION_HEADER};
+use crate::wire::mirror::ParamHeaders;
 
 /// How long the DELETE that ends the upstream session may take.
 const DELETE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -81,10 +82,10 @@ impl Upstream {
     pub(crate) fn start(&self) -> Result<Started, Error> {
         match self {
             Upstream::Command(command) => {
-                let (child, input, output) = stdio::spawn(command)?;
+                let (child, input, output) = child::spawn(command)?;
                 Ok(Started {
                     input: Box::new(input),
-                    lines: stdio::lines(output),
+                    lines: pump::lines(output),
                     end: End::Child(child),
                 })
             }
@@ -111,7 +112,7 @@ impl End {
     /// exit status when it is one.
     pub(crate) async fn wait(self) -> Option<ExitStatus> {
         match self {
-            End::Child(mut child) => stdio::reap(&mut child).await,
+            End::Child(mut child) => child::reap(&mut child).await,
             End::Http(task) => {
                 let _ = tokio::time::timeout(DELETE_TIMEOUT * 2, task).await;
                 None
@@ -230,11 +231,42 @@ struct Link {
     to_core: mpsc::UnboundedSender<String>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 impl Link {
+    /// A link of no session yet to `up`, which tells `gone` why it went, and the core its frames.
+    fn new(
+        up: Arc<HttpUpstream>,
+        gone: watch::Sender<Option<String>>,
+        to_core: mpsc::UnboundedSender<String>,
+    ) -> Self {
+        Link {
+            up,
+            session: Mutex::new(None),
+            sessions: watch::channel(0).0,
+            initialize: Mutex::new(None),
+            renewing: tokio::sync::Mutex::new(()),
+            version: Mutex::new(None),
+            mirror: Mutex::new(ParamHeaders::default()),
+            listing: Mutex::new(HashSet::new()),
+            gone,
+            to_core,
+        }
+    }
+
+    /// Ends the upstream session, if one was started, with a DELETE.
+    async fn end(&self) {
+        if lock(&self.session).is_none() {
+            return;
+        }
+        let ended = self.request(reqwest::Method::DELETE).send();
+        match tokio::time::timeout(DELETE_TIMEOUT, ended).await {
+            Ok(Ok(r)) => tracing::debug!(status = %r.status(), "ended the upstream session"),
+            Ok(Err(e)) => {
+                tracing::debug!(error = %error_chain(&e), "failed to end the upstream session")
+            }
+            Err(_) => tracing::debug!("the upstream did not answer the DELETE in time"),
+        }
+    }
+
     fn request(&self, method: reqwest::Method) -> reqwest::RequestBuilder {
         let mut req = self
             .up
@@ -251,7 +283,7 @@ impl Link {
     }
 
     /// POSTs one JSON-RPC message, taking an answer as JSON or as an SSE stream. A request of
-    /// the modern era goes with the headers that mirror its body (`crate::mirror`).
+    /// the modern era goes with the headers that mirror its body (`crate::wire::mirror`).
     async fn post_message(&self, text: String) -> reqwest::Result<reqwest::Response> {
         // Only while no legacy session was agreed: a modern client before a legacy server has
         // its requests sent with their envelope but under the version the proxy's `initialize`
@@ -341,15 +373,11 @@ impl Link {
         result
     }
 
-    /// [`Link::post`] past its bookkeeping.
-    async fn post_frame(
-        &self,
-        text: String,
-        request_id: Option<(String, Box<RawValue>)>,
-        initialize: bool,
-    ) -> Result<(), String> {
+    /// POSTs `text`; when the server no longer knows the session (404), starts a new one and
+    /// POSTs it once more ([`Link::renew`]).
+    async fn post_renewing(&self, text: String) -> Result<reqwest::Response, String> {
         let mut renewed = false;
-        let res = loop {
+        loop {
             let sent_with = lock(&self.session).clone();
             let res = self
                 .post_message(text.clone())
@@ -364,9 +392,19 @@ impl Link {
                     self.renew(&stale).await?;
                     renewed = true;
                 }
-                _ => break res,
+                _ => return Ok(res),
             }
-        };
+        }
+    }
+
+    /// [`Link::post`] past its bookkeeping.
+    async fn post_frame(
+        &self,
+        text: String,
+        request_id: Option<(String, Box<RawValue>)>,
+        initialize: bool,
+    ) -> Result<(), String> {
+        let res = self.post_renewing(text).await?;
         let status = res.status();
         if status.is_server_error() {
             return Err(format!("the upstream answered HTTP {status}"));
@@ -461,41 +499,53 @@ impl Link {
             .get(CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v.trim_start().starts_with("text/event-stream"));
-        let lost = |e: reqwest::Error| {
-            format!(
-                "the connection to the upstream broke before it answered: {}",
-                error_chain(&e)
-            )
-        };
-        let mut answered = false;
         if !sse {
             let body = res.text().await.map_err(lost)?;
-            let body = body.trim();
-            if body.is_empty() {
-                return Ok(false);
-            }
-            if body.starts_with('[') {
-                let batch: Vec<Box<RawValue>> = serde_json::from_str(body)
-                    .map_err(|e| format!("the upstream's JSON answer is invalid: {e}"))?;
-                for m in batch {
-                    answered |= self.deliver(m.get().to_owned(), request);
-                }
-            } else {
-                answered |= self.deliver(body.to_owned(), request);
-            }
-            return Ok(answered);
+            return self.relay_json(body.trim(), request);
         }
+        let mut answered = false;
         let mut events = Sse::default();
-        let mut broken = self
+        let broken = self
             .read_sse(res, &mut events, request, &mut answered)
             .await;
         let Some(request) = request else {
             return broken.map_or(Ok(answered), Err);
         };
-        // A server may end the stream of a request before its answer, after an event id (SSE
-        // polling, MCP 2025-11-25), or the connection may break: the stream is resumed with a
-        // GET carrying Last-Event-ID, after the server's `retry` delay. Without an event id there
-        // is nothing to resume.
+        if answered {
+            return Ok(true);
+        }
+        self.resume(events, request, broken).await
+    }
+
+    /// Relays a JSON response body (one message, or a batch) to the core; whether it answered
+    /// `request`.
+    fn relay_json(&self, body: &str, request: Option<&str>) -> Result<bool, String> {
+        if body.is_empty() {
+            return Ok(false);
+        }
+        if !body.starts_with('[') {
+            return Ok(self.deliver(body.to_owned(), request));
+        }
+        let batch: Vec<Box<RawValue>> = serde_json::from_str(body)
+            .map_err(|e| format!("the upstream's JSON answer is invalid: {e}"))?;
+        let mut answered = false;
+        for m in batch {
+            answered |= self.deliver(m.get().to_owned(), request);
+        }
+        Ok(answered)
+    }
+
+    /// A server may end the stream of a request before its answer, after an event id (SSE
+    /// polling, MCP 2025-11-25), or the connection may break (`broken` says why): the stream is
+    /// resumed with a GET carrying Last-Event-ID, after the server's `retry` delay, until the
+    /// answer to `request` comes. Without an event id there is nothing to resume.
+    async fn resume(
+        &self,
+        mut events: Sse,
+        request: &str,
+        mut broken: Option<String>,
+    ) -> Result<bool, String> {
+        let mut answered = false;
         let mut tries = 0;
         while !answered {
             let Some(last) = events.last_id.clone() else {
@@ -513,7 +563,7 @@ impl Link {
             let res = self
                 .request(reqwest::Method::GET)
                 .header(ACCEPT, "text/event-stream")
-                .header("last-event-id", last.as_str())
+                .header(LAST_EVENT_ID, last.as_str())
                 .send()
                 .await;
             match res {
@@ -608,19 +658,8 @@ async fn adapt(
     to_core: mpsc::UnboundedSender<String>,
 ) {
     let (gone, mut gone_rx) = watch::channel(None);
-    let link = Arc::new(Link {
-        up,
-        session: Mutex::new(None),
-        sessions: watch::channel(0).0,
-        initialize: Mutex::new(None),
-        renewing: tokio::sync::Mutex::new(()),
-        version: Mutex::new(None),
-        mirror: Mutex::new(ParamHeaders::default()),
-        listing: Mutex::new(HashSet::new()),
-        gone,
-        to_core,
-    });
-    let mut frames = stdio::lines(from_core);
+    let link = Arc::new(Link::new(up, gone, to_core));
+    let mut frames = pump::lines(from_core);
     let mut tasks = JoinSet::new();
     let mut listening = false;
     loop {
@@ -657,17 +696,17 @@ async fn adapt(
     // Whatever is still running is for a client that is gone, or for an upstream that is.
     tasks.abort_all();
     while tasks.join_next().await.is_some() {}
-    let session = lock(&link.session).clone();
-    if session.is_some() && gone_rx.borrow().is_none() {
-        let ended = link.request(reqwest::Method::DELETE).send();
-        match tokio::time::timeout(DELETE_TIMEOUT, ended).await {
-            Ok(Ok(r)) => tracing::debug!(status = %r.status(), "ended the upstream session"),
-            Ok(Err(e)) => {
-                tracing::debug!(error = %error_chain(&e), "failed to end the upstream session")
-            }
-            Err(_) => tracing::debug!("the upstream did not answer the DELETE in time"),
-        }
+    if gone_rx.borrow().is_none() {
+        link.end().await;
     }
+}
+
+/// Why a request's answer was lost: its connection broke, with `e`.
+fn lost(e: reqwest::Error) -> String {
+    format!(
+        "the connection to the upstream broke before it answered: {}",
+        error_chain(&e)
+    )
 }
 
 /// An error and its causes, on one line (reqwest's own message omits them).

@@ -1,25 +1,22 @@
-//! The stdio transport: the server is a child process whose stdin and stdout carry
-//! newline-delimited JSON-RPC, and the client speaks the same on the proxy's own stdin and
-//! stdout. The server's stderr is the proxy's (the agent logs it).
+//! The client-side stdio transport (`idemgate mcp -- CMD ARGS…`): the client speaks
+//! newline-delimited JSON-RPC on the proxy's own stdin and stdout, and the server is any
+//! [`Upstream`] (a child process whose stdin and stdout carry the same, or a Streamable HTTP
+//! URL). What is here is the proxy's own stdin and stdout, read and written on the runtime
+//! without blocking when they are pipes or sockets; the frames move in the pump (`pump.rs`).
 
-use std::future::Future;
 use std::io::BufRead as _;
-use std::process::Stdio;
 use std::sync::Arc;
-use std::time::Duration;
 
 use idemgate_core::{Engine, Store, TenantId};
-use tokio::io::{AsyncBufReadExt as _, AsyncRead, AsyncWrite, AsyncWriteExt as _, BufReader};
-use tokio::process::{ChildStdin, ChildStdout};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
 
+use super::pump::{frame_text, shutdown_signal};
+pub use super::pump::{lines, serve, Ended};
+use super::upstream::Upstream;
 use crate::config::Config;
 use crate::error::Error;
-use crate::session::{CarriedKey, Outgoing, Outputs, Session};
-use crate::upstream::Upstream;
-
-/// How long the server gets to exit on its own once its input is closed.
-const EXIT_GRACE: Duration = Duration::from_secs(5);
+use crate::session::Session;
 
 /// Runs `command` as the server and proxies the process's own stdin and stdout to it until the
 /// client closes its side (or SIGTERM/SIGINT arrives) or the server exits. Calls in flight at
@@ -71,206 +68,6 @@ pub async fn run_upstream<S: Store>(
         Ended::ServerClosed => status.and_then(|s| s.code()).unwrap_or(1),
         Ended::ClientClosed => 0,
     })
-}
-
-/// Starts `command` as a server with piped stdin and stdout (its stderr is the proxy's).
-///
-/// # Errors
-/// [`Error::Spawn`] when it cannot be started.
-pub(crate) fn spawn(
-    command: &[String],
-) -> Result<(tokio::process::Child, ChildStdin, ChildStdout), Error> {
-    let program = command.first().cloned().unwrap_or_default();
-    let mut child = tokio::process::Command::new(&program)
-        .args(command.iter().skip(1))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|source| Error::Spawn {
-            command: program,
-            source,
-        })?;
-    let (Some(server_in), Some(server_out)) = (child.stdin.take(), child.stdout.take()) else {
-        unreachable!("both pipes were asked for")
-    };
-    Ok((child, server_in, server_out))
-}
-
-/// Waits for a server whose input is closed to exit, killing it after a grace period.
-pub(crate) async fn reap(child: &mut tokio::process::Child) -> Option<std::process::ExitStatus> {
-    match tokio::time::timeout(EXIT_GRACE, child.wait()).await {
-        Ok(status) => status.ok(),
-        Err(_) => {
-            // Our own child, still unreaped: its pid cannot name another process yet.
-            let _ = child.start_kill();
-            child.wait().await.ok()
-        }
-    }
-}
-
-/// What a transport hands the session from the client.
-pub(crate) trait FromClient: Send + 'static {
-    fn deliver<S: Store>(self, session: &Session<S>);
-}
-
-/// A frame.
-impl FromClient for String {
-    fn deliver<S: Store>(self, session: &Session<S>) {
-        session.from_client(self);
-    }
-}
-
-/// A frame and the key its transport carried beside it.
-impl FromClient for (String, CarriedKey) {
-    fn deliver<S: Store>(self, session: &Session<S>) {
-        session.from_client_keyed(self.0, self.1);
-    }
-}
-
-/// Which side ended the session.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Ended {
-    /// The client closed its input (or the proxy was told to stop).
-    ClientClosed,
-    /// The server closed its output.
-    ServerClosed,
-}
-
-/// Relays frames between a client and a server, given as line channels and writers, until
-/// either side closes or `stop` completes; then lets the calls in flight finish (still relaying
-/// the server's frames), and returns once every answer is written.
-pub async fn serve<S: Store>(
-    session: Session<S>,
-    outputs: Outputs,
-    client_lines: mpsc::UnboundedReceiver<String>,
-    client_out: impl AsyncWrite + Unpin + Send + 'static,
-    server_lines: mpsc::UnboundedReceiver<String>,
-    server_in: impl AsyncWrite + Unpin + Send + 'static,
-    stop: impl Future<Output = ()>,
-) -> Ended {
-    let Outputs {
-        mut to_client,
-        to_server,
-    } = outputs;
-    let client_writer = tokio::spawn(async move {
-        let mut out = client_out;
-        while let Some(frame) = to_client.recv().await {
-            // A client that went away must not stop calls from being recorded.
-            let _ = write_line(&mut out, &frame).await;
-        }
-    });
-    let ended = relay(
-        session,
-        to_server,
-        client_lines,
-        server_lines,
-        server_in,
-        stop,
-    )
-    .await;
-    let _ = client_writer.await;
-    ended
-}
-
-/// The heart of [`serve`] for transports that take the frames for the client themselves: feeds
-/// the session from the client's lines and the server's, writes its frames for the server, and
-/// once either side closes or `stop` completes lets the calls in flight finish.
-pub(crate) async fn relay<S: Store, M: FromClient>(
-    session: Session<S>,
-    mut to_server: mpsc::UnboundedReceiver<Outgoing>,
-    mut client_lines: mpsc::UnboundedReceiver<M>,
-    mut server_lines: mpsc::UnboundedReceiver<String>,
-    server_in: impl AsyncWrite + Unpin + Send + 'static,
-    stop: impl Future<Output = ()>,
-) -> Ended {
-    let server_writer = tokio::spawn(async move {
-        let mut input = server_in;
-        let mut broken: Option<String> = None;
-        while let Some(out) = to_server.recv().await {
-            let written = match &broken {
-                Some(why) => Err(std::io::Error::other(why.clone())),
-                None => write_line(&mut input, &out.frame).await,
-            };
-            if let Err(e) = &written {
-                broken.get_or_insert_with(|| e.to_string());
-            }
-            if let Some(tx) = out.sent {
-                let _ = tx.send(written);
-            }
-        }
-        // Dropping the writer closes the server's input: it exits once its answers are out.
-    });
-    let mut stop = std::pin::pin!(stop);
-    let ended = loop {
-        tokio::select! {
-            line = client_lines.recv() => match line {
-                Some(l) => l.deliver(&session),
-                None => break Ended::ClientClosed,
-            },
-            line = server_lines.recv() => match line {
-                Some(l) => session.from_server(l),
-                None => break Ended::ServerClosed,
-            },
-            () = &mut stop => break Ended::ClientClosed,
-        }
-    };
-    let closed = "the server closed its output before answering (it exited or crashed, or the connection to it was lost)";
-    if ended == Ended::ServerClosed {
-        session.server_closed(closed);
-    }
-    // Calls in flight run to their end: their answers may still come from the server.
-    {
-        let mut drain = std::pin::pin!(session.drain());
-        let mut server_open = ended == Ended::ClientClosed;
-        loop {
-            tokio::select! {
-                () = &mut drain => break,
-                line = server_lines.recv(), if server_open => match line {
-                    Some(l) => session.from_server(l),
-                    None => {
-                        server_open = false;
-                        session.server_closed(closed);
-                    }
-                },
-            }
-        }
-    }
-    drop(session);
-    let _ = server_writer.await;
-    ended
-}
-
-async fn write_line(out: &mut (impl AsyncWrite + Unpin), frame: &str) -> std::io::Result<()> {
-    let mut buf = Vec::with_capacity(frame.len() + 1);
-    buf.extend_from_slice(frame.as_bytes());
-    buf.push(b'\n');
-    out.write_all(&buf).await?;
-    out.flush().await
-}
-
-/// The lines of `reader`, without their newline, until it ends.
-pub fn lines(reader: impl AsyncRead + Unpin + Send + 'static) -> mpsc::UnboundedReceiver<String> {
-    let (tx, rx) = mpsc::unbounded_channel();
-    tokio::spawn(async move {
-        let mut reader = BufReader::new(reader);
-        let mut buf = Vec::new();
-        loop {
-            buf.clear();
-            match reader.read_until(b'\n', &mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(_) => {
-                    if let Some(line) = frame_text(&buf) {
-                        if tx.send(line).is_err() {
-                            break;
-                        }
-                    }
-                }
-            }
-        }
-    });
-    rx
 }
 
 /// The process's stdin as lines.
@@ -454,33 +251,5 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Restoring<S> {
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<std::io::Result<()>> {
         std::pin::Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
-    }
-}
-
-/// One frame's text: without the newline; blank lines are no frames.
-fn frame_text(buf: &[u8]) -> Option<String> {
-    let line = buf.strip_suffix(b"\n").unwrap_or(buf);
-    let line = line.strip_suffix(b"\r").unwrap_or(line);
-    if line.iter().all(u8::is_ascii_whitespace) {
-        return None;
-    }
-    Some(String::from_utf8_lossy(line).into_owned())
-}
-
-/// Completes at SIGTERM or SIGINT: the proxy stops reading the client and lets calls in flight
-/// finish, so that their outcomes are recorded.
-pub(crate) async fn shutdown_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    match (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) {
-        (Ok(mut term), Ok(mut int)) => {
-            tokio::select! {
-                _ = term.recv() => {},
-                _ = int.recv() => {},
-            }
-        }
-        _ => std::future::pending().await,
     }
 }

@@ -40,11 +40,11 @@
 //! gets that stream's events after the id, never another stream's, then its later ones (a POST
 //! stream's up to its answer). A session keeps its last 100 ended POST streams (`MAX_ENDED`).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
@@ -61,38 +61,26 @@ use idemgate_kit::tenants::{authenticate, Tenant};
 use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinSet;
 
+mod live;
+
+use self::live::{for_shared, Inbox, Live, Routes, Waiting};
+use super::pump;
+use super::upstream::{Started, Upstream};
 use crate::config::Config;
-use crate::era;
 use crate::error::Error;
-use crate::frame::{self, Frame};
-use crate::mirror::{self, ParamHeaders};
-use crate::session::{CarriedKey, Outputs, Session};
-use crate::stdio;
-use crate::upstream::Upstream;
+use crate::gate::CarriedKey;
+use crate::session::{Outputs, Session};
+use crate::sync::lock;
+use crate::wire::era;
+use crate::wire::frame::{self, Frame};
+use crate::wire::headers::{IDEMPOTENCY_KEY, LAST_EVENT_ID};
+use crate::wire::mirror;
 
 /// The endpoint's path.
 pub const ENDPOINT: &str = "/mcp";
-/// The session header.
-pub const SESSION_HEADER: &str = "mcp-session-id";
-/// The protocol version header.
-pub const VERSION_HEADER: &str = "mcp-protocol-version";
-/// The method header of the modern era (MCP 2026-07-28, "Request Metadata").
-pub const METHOD_HEADER: &str = "mcp-method";
-/// The name header of the modern era: the tool's or prompt's name, or the resource's URI.
-pub const NAME_HEADER: &str = "mcp-name";
+pub use crate::wire::headers::{METHOD_HEADER, NAME_HEADER, SESSION_HEADER, VERSION_HEADER};
 /// Protocol versions with Streamable HTTP a client may name besides the one its session agreed.
 const KNOWN_VERSIONS: &[&str] = &["2025-03-26", "2025-06-18", "2025-11-25"];
-/// Server messages kept for a GET stream that is not open yet; older ones are dropped.
-const MAX_QUEUED: usize = 1000;
-/// Events a stream keeps for a client that resumes it, as many as messages wait for a GET: a
-/// client comes back within its `retry` time, and a stream that sent more meanwhile (a tool's
-/// progress notifications) is one whose client no longer reads it. Older ones are dropped, and a
-/// `Last-Event-ID` before them is refused: replaying the rest would lose some silently.
-const MAX_EVENTS: usize = 1000;
-/// Ended POST streams a session keeps for a client that lost the connection before it read the
-/// answer (it comes back within the `retry` time): enough for a burst of concurrent calls, and a
-/// bound on what a session holds when its client never comes back.
-const MAX_ENDED: usize = 100;
 /// How long a POST waits for its answer as JSON before it turns into a stream with a priming
 /// event: quick answers (replays, most writes) stay `application/json`, and a call that takes
 /// longer, the kind whose connection breaks or whose client times out, becomes resumable.
@@ -119,486 +107,6 @@ pub struct Proxy<S> {
     next_request: AtomicU64,
     tasks: Mutex<JoinSet<()>>,
     stopping: AtomicBool,
-}
-
-/// One open session.
-struct Live {
-    id: String,
-    tenant: TenantId,
-    /// Whether it serves sessionless requests (no stream for the server's own messages).
-    shared: bool,
-    to_session: mpsc::UnboundedSender<(String, CarriedKey)>,
-    /// The session's knowledge of the tool parameters mirrored in headers.
-    params: Arc<Mutex<ParamHeaders>>,
-    routes: Mutex<Routes>,
-    /// The first part of its event ids: random, so that an id of another session names nothing.
-    tag: String,
-    stop: Notify,
-    last_used: Mutex<Instant>,
-}
-
-/// Where frames for the client go.
-#[derive(Default)]
-struct Routes {
-    /// POSTs waiting for the answer to their request, by request id: their streams, oldest first.
-    posts: HashMap<String, VecDeque<u64>>,
-    /// The session's streams by number: the POSTs' in flight, the GET stream, and ended POST
-    /// streams a client may still resume.
-    streams: HashMap<u64, Outbound>,
-    /// The number of the last stream opened.
-    next: u64,
-    /// The GET stream, when there is one (its client may be away, to resume it).
-    get: Option<u64>,
-    /// Ended POST streams kept for a resumption, oldest first (at most [`MAX_ENDED`]).
-    ended: VecDeque<u64>,
-    /// Server messages that found no stream.
-    queued: VecDeque<String>,
-    /// The protocol version `initialize` agreed.
-    version: Option<String>,
-    /// What sessionless requests asked to be told besides their answer, by request id.
-    asks: HashMap<String, Asks>,
-    /// The session has ended: nothing more comes.
-    closed: bool,
-}
-
-/// What a sessionless request asks to be told on its own stream before its answer (MCP
-/// 2026-07-28: no session, so no GET stream; a request's notifications go with its answer):
-/// progress for its `progressToken` (renamed on the way to the shared process, whose requests
-/// come from many clients, to the request's id there), and log messages at or above its
-/// `io.modelcontextprotocol/logLevel`.
-#[derive(Debug, Default)]
-struct Asks {
-    /// The client's own progress token, given back in the notifications routed to it.
-    progress_token: Option<Box<serde_json::value::RawValue>>,
-    /// The least severe log level the request wants.
-    log_level: Option<usize>,
-}
-
-/// The `_meta` member by which a 2026-07-28 request asks for log messages.
-const META_LOG_LEVEL: &str = "io.modelcontextprotocol/logLevel";
-/// Log levels from the least severe (MCP, "Logging", RFC 5424).
-const LOG_LEVELS: &[&str] = &[
-    "debug",
-    "info",
-    "notice",
-    "warning",
-    "error",
-    "critical",
-    "alert",
-    "emergency",
-];
-
-fn log_severity(level: &str) -> Option<usize> {
-    LOG_LEVELS.iter().position(|l| *l == level)
-}
-
-/// A sessionless request for the shared process: its id replaced by `proxy_id`, and its
-/// progress token, if it has one, too (the notifications for it are routed back by it); what it
-/// asks to be told besides its answer.
-fn for_shared(text: &str, proxy_id: &serde_json::value::RawValue) -> Option<(String, Asks)> {
-    let mut message: frame::Object = serde_json::from_str(text).ok()?;
-    message.insert("id".to_owned(), proxy_id.to_owned());
-    let mut asks = Asks::default();
-    let params = message.get("params").and_then(|p| frame::object(p));
-    if let Some(mut params) = params {
-        if let Some(mut meta) = params.get("_meta").and_then(|m| frame::object(m)) {
-            asks.log_level = frame::string(&meta, META_LOG_LEVEL).and_then(|l| log_severity(&l));
-            if let Some(token) = meta.insert("progressToken".to_owned(), proxy_id.to_owned()) {
-                asks.progress_token = Some(token);
-                params.insert("_meta".to_owned(), frame::raw(&meta));
-                message.insert("params".to_owned(), frame::raw(&params));
-            }
-        }
-    }
-    Some((serde_json::to_string(&message).ok()?, asks))
-}
-
-/// What a stream's connection is sent: events, each with its number in the stream.
-type Sender = mpsc::UnboundedSender<(u64, String)>;
-
-/// One stream of events toward the client: a POST's, which ends with the answer to its
-/// request, or the GET stream.
-struct Outbound {
-    /// The connection writing it now (its POST's, or a GET's that resumed it).
-    to: Option<Sender>,
-    /// Its last events, by number (event 0 is a priming event, never kept).
-    events: VecDeque<(u64, String)>,
-    /// The number of its next event.
-    next: u64,
-    /// The number of the last event dropped to keep [`MAX_EVENTS`] (0: none).
-    dropped: u64,
-    /// Whether it ends with an answer (a POST's).
-    post: bool,
-    /// Its client was given an event id of it: it outlives its connection, and an answer that
-    /// finds nobody listening waits in it.
-    resumable: bool,
-    /// The answer is in it: nothing more comes.
-    ended: bool,
-}
-
-impl Outbound {
-    fn new(post: bool, to: Sender) -> Self {
-        Outbound {
-            to: Some(to),
-            events: VecDeque::new(),
-            next: 1,
-            dropped: 0,
-            post,
-            resumable: false,
-            ended: false,
-        }
-    }
-
-    /// Sends `frame` as its next event to the connection writing it, and keeps it; `frame` back
-    /// when no connection takes it (nothing is kept then).
-    fn send(&mut self, frame: String) -> Result<(), String> {
-        let Some(to) = &self.to else {
-            return Err(frame);
-        };
-        if to.send((self.next, frame.clone())).is_err() {
-            self.to = None;
-            return Err(frame);
-        }
-        self.keep(frame);
-        Ok(())
-    }
-
-    /// Keeps `frame` as its next event, for a connection that resumes the stream.
-    fn keep(&mut self, frame: String) {
-        self.events.push_back((self.next, frame));
-        self.next += 1;
-        if self.events.len() > MAX_EVENTS {
-            if let Some((n, _)) = self.events.pop_front() {
-                self.dropped = n;
-            }
-        }
-    }
-}
-
-impl Routes {
-    /// The answer to request `id` goes to the first POST of it still waiting: one whose client
-    /// listens, or that its client may resume (the answer waits in its stream).
-    fn answer(&mut self, id: &str, mut frame: String) {
-        let Some(waiting) = self.posts.get_mut(id) else {
-            return;
-        };
-        while let Some(n) = waiting.pop_front() {
-            let Some(stream) = self.streams.get_mut(&n) else {
-                continue;
-            };
-            match stream.send(frame) {
-                Ok(()) => {}
-                Err(back) if stream.resumable => stream.keep(back),
-                // Its client hung up before it had an id to come back with.
-                Err(back) => {
-                    frame = back;
-                    continue;
-                }
-            }
-            stream.ended = true;
-            if stream.resumable {
-                self.ended.push_back(n);
-                if self.ended.len() > MAX_ENDED {
-                    if let Some(old) = self.ended.pop_front() {
-                        self.streams.remove(&old);
-                    }
-                }
-            }
-            break;
-        }
-        if waiting.is_empty() {
-            self.posts.remove(id);
-            // What a sessionless request asked to be told ends with its answer.
-            self.asks.remove(id);
-        }
-    }
-
-    /// A message of the server's own goes to the GET stream when its client listens, else to a
-    /// POST stream whose client listens, else waits for the next GET: on one stream only.
-    fn server_message(&mut self, mut frame: String) {
-        if let Some(get) = self.get.and_then(|n| self.streams.get_mut(&n)) {
-            match get.send(frame) {
-                Ok(()) => return,
-                Err(back) => frame = back,
-            }
-        }
-        for n in self.posts.values().flatten() {
-            if let Some(post) = self.streams.get_mut(n) {
-                match post.send(frame) {
-                    Ok(()) => return,
-                    Err(back) => frame = back,
-                }
-            }
-        }
-        self.queued.push_back(frame);
-        if self.queued.len() > MAX_QUEUED {
-            self.queued.pop_front();
-        }
-    }
-
-    /// Opens a new GET stream written to `to`, which replaces the GET stream there was (its
-    /// connection ends, and it can no longer be resumed); the messages that waited go to it.
-    /// Its number.
-    fn open_get(&mut self, to: Sender) -> u64 {
-        self.next += 1;
-        let number = self.next;
-        if let Some(old) = self.get.replace(number) {
-            self.streams.remove(&old);
-        }
-        let mut get = Outbound::new(false, to);
-        get.resumable = true;
-        for frame in self.queued.drain(..) {
-            // The receiver is the caller's, alive.
-            let _ = get.send(frame);
-        }
-        self.streams.insert(number, get);
-        number
-    }
-
-    /// Resumes the stream of event `last` (a `Last-Event-ID` of the session tagged `tag`) on the
-    /// connection of `to`: its events after `last`, then its later ones. The stream's number and
-    /// whether it is a POST's; why not, for an id the session does not know or no longer keeps
-    /// what came after.
-    fn resume(&mut self, tag: &str, last: &str, to: Sender) -> Result<(u64, bool), String> {
-        let unknown = || {
-            format!(
-                "Last-Event-ID {last:?} names no event of this session's streams (or one no longer kept); open a GET without it"
-            )
-        };
-        let (number, after) = last
-            .strip_prefix(tag)
-            .and_then(|rest| rest.strip_prefix('-'))
-            .and_then(|rest| rest.split_once('-'))
-            .and_then(|(s, n)| Some((s.parse::<u64>().ok()?, n.parse::<u64>().ok()?)))
-            .ok_or_else(unknown)?;
-        let stream = self
-            .streams
-            .get_mut(&number)
-            .filter(|s| s.resumable && after < s.next)
-            .ok_or_else(unknown)?;
-        if after < stream.dropped {
-            return Err(format!(
-                "the events after Last-Event-ID {last:?} are no longer all kept (a stream keeps its last {MAX_EVENTS}); open a GET without it"
-            ));
-        }
-        for (n, frame) in stream.events.iter().filter(|(n, _)| *n > after) {
-            let _ = to.send((*n, frame.clone()));
-        }
-        let post = stream.post;
-        if post && stream.ended {
-            // Nothing more comes: the connection ends after the replay.
-            return Ok((number, post));
-        }
-        // The connection writing it until now (if any) ends.
-        stream.to = Some(to);
-        if !post {
-            for frame in self.queued.drain(..) {
-                // The receiver is the caller's, alive.
-                let _ = stream.send(frame);
-            }
-        }
-        Ok((number, post))
-    }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Every change under these locks leaves the maps consistent.
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-impl Live {
-    /// Sends a frame from the session to where it belongs.
-    fn route(&self, frame: String) {
-        let parsed = Frame::parse(&frame);
-        let mut r = lock(&self.routes);
-        if let Some(f) = parsed.filter(Frame::is_response) {
-            let id = frame::id_key(f.id.as_deref().expect("responses have ids"));
-            r.answer(&id, frame);
-            // When nobody waits any more (the client hung up before it had an event id to come
-            // back with), the answer is dropped: the outcome is recorded all the same.
-            return;
-        }
-        if self.shared {
-            match Frame::parse(&frame).and_then(|f| f.method.zip(f.params)) {
-                Some((m, params)) if m == "notifications/progress" => {
-                    Self::progress_to_its_request(&mut r, &params);
-                }
-                Some((m, params)) if m == "notifications/message" => {
-                    Self::log_to_requests_that_asked(&mut r, &frame, &params);
-                }
-                _ => {
-                    drop(r);
-                    self.refuse_server_message(&frame);
-                }
-            }
-            return;
-        }
-        r.server_message(frame);
-    }
-
-    /// A progress notification of the shared process: to the request whose (renamed) token it
-    /// names, with the client's own token back; dropped when that request has been answered.
-    fn progress_to_its_request(r: &mut Routes, params: &serde_json::value::RawValue) {
-        let Some(mut params) = frame::object(params) else {
-            return;
-        };
-        let Some(id) = params.get("progressToken").map(|t| frame::id_key(t)) else {
-            return;
-        };
-        let Some(token) = r.asks.get(&id).and_then(|a| a.progress_token.clone()) else {
-            return;
-        };
-        params.insert("progressToken".to_owned(), token);
-        let note = serde_json::json!({"jsonrpc": "2.0", "method": "notifications/progress", "params": params});
-        let post = r.posts.get(&id).and_then(|w| w.front());
-        if let Some(post) = post.and_then(|n| r.streams.get_mut(n)) {
-            let _ = post.send(note.to_string());
-        }
-    }
-
-    /// A log message of the shared process, which says not whose request it concerns: to every
-    /// request in flight that asked for messages of its level (the process is the tenant's own,
-    /// so no other tenant's client hears it).
-    fn log_to_requests_that_asked(
-        r: &mut Routes,
-        frame: &str,
-        params: &serde_json::value::RawValue,
-    ) {
-        let level = frame::object(params)
-            .and_then(|p| frame::string(&p, "level"))
-            .and_then(|l| log_severity(&l));
-        let Some(level) = level else {
-            return;
-        };
-        for (id, asks) in &r.asks {
-            if asks.log_level.is_some_and(|wanted| level >= wanted) {
-                let post = r.posts.get(id).and_then(|w| w.front());
-                if let Some(post) = post.and_then(|n| r.streams.get_mut(n)) {
-                    let _ = post.send(frame.to_owned());
-                }
-            }
-        }
-    }
-
-    /// A message of the server's own in a shared session: no client has a stream for it. A
-    /// request is refused, so that the server does not wait for an answer that cannot come;
-    /// a notification is dropped.
-    fn refuse_server_message(&self, frame: &str) {
-        let Some(Frame {
-            method: Some(method),
-            id: Some(id),
-            ..
-        }) = Frame::parse(frame)
-        else {
-            return;
-        };
-        tracing::info!(%method, "refused a server request: sessionless clients have no stream for it");
-        let refusal = serde_json::json!({
-            "jsonrpc": "2.0",
-            "id": serde_json::from_str::<serde_json::Value>(id.get()).unwrap_or_default(),
-            "error": {"code": -32601, "message": format!("{method}: the client is sessionless (MCP 2026-07-28) and takes no requests from the server")},
-        });
-        let _ = self.to_session.send((refusal.to_string(), None));
-    }
-
-    /// Sends the request `frame`, whose id is `id`, to the session, with a place in the waiting
-    /// list for what comes for it; `None` when the session has ended.
-    fn submit(
-        self: &Arc<Self>,
-        id: String,
-        frame: String,
-        key: CarriedKey,
-    ) -> Option<(Inbox, Waiting)> {
-        let (tx, rx) = mpsc::unbounded_channel();
-        let waiting = {
-            let mut r = lock(&self.routes);
-            if r.closed {
-                return None;
-            }
-            r.next += 1;
-            let number = r.next;
-            r.streams.insert(number, Outbound::new(true, tx));
-            r.posts.entry(id.clone()).or_default().push_back(number);
-            Waiting {
-                live: Arc::clone(self),
-                id,
-                number,
-            }
-        };
-        self.to_session.send((frame, key)).ok()?;
-        Some((Inbox(rx), waiting))
-    }
-
-    /// The session has ended: every stream ends.
-    fn close(&self) {
-        let mut r = lock(&self.routes);
-        r.closed = true;
-        r.posts.clear();
-        r.streams.clear();
-        r.ended.clear();
-        r.get = None;
-    }
-
-    /// The id of event `n` of stream `stream`.
-    fn event_id(&self, stream: u64, n: u64) -> String {
-        format!("{}-{stream}-{n}", self.tag)
-    }
-
-    fn touch(&self) {
-        *lock(&self.last_used) = Instant::now();
-    }
-
-    /// Whether nothing has happened in it for `idle`, with no request in flight.
-    fn idle(&self, idle: Duration) -> bool {
-        lock(&self.last_used).elapsed() >= idle && lock(&self.routes).posts.is_empty()
-    }
-}
-
-/// What a POST receives for its request: the events of its stream.
-struct Inbox(mpsc::UnboundedReceiver<(u64, String)>);
-
-impl Inbox {
-    /// The next frame; `None` when the session has ended.
-    async fn recv(&mut self) -> Option<String> {
-        self.0.recv().await.map(|(_, frame)| frame)
-    }
-}
-
-/// Takes a POST's place in the waiting list off it when the POST ends, answered or not, unless
-/// its client may resume its stream. (It holds no sender: when the session ends, the POST's
-/// channel closes and the POST learns so.)
-struct Waiting {
-    live: Arc<Live>,
-    id: String,
-    number: u64,
-}
-
-impl Waiting {
-    /// The POST turns into a stream whose event ids its client is given: from now on, it
-    /// outlives its connection.
-    fn resumable(&self) {
-        if let Some(stream) = lock(&self.live.routes).streams.get_mut(&self.number) {
-            stream.resumable = true;
-        }
-    }
-}
-
-impl Drop for Waiting {
-    fn drop(&mut self) {
-        let mut r = lock(&self.live.routes);
-        if r.streams.get(&self.number).is_some_and(|s| s.resumable) {
-            // Its answer lands in its stream for a GET with Last-Event-ID.
-            return;
-        }
-        r.streams.remove(&self.number);
-        if let Some(waiting) = r.posts.get_mut(&self.id) {
-            waiting.retain(|n| *n != self.number);
-            if waiting.is_empty() {
-                r.posts.remove(&self.id);
-                r.asks.remove(&self.id);
-            }
-        }
-    }
 }
 
 impl<S: Store> Proxy<S> {
@@ -704,7 +212,7 @@ impl<S: Store> Proxy<S> {
         let listener = tokio::net::TcpListener::bind(listen).await?;
         let addr = listener.local_addr()?;
         eprintln!("idemgate: MCP Streamable HTTP endpoint at http://{addr}{ENDPOINT}");
-        self.serve(listener, stdio::shutdown_signal()).await
+        self.serve(listener, pump::shutdown_signal()).await
     }
 
     /// Ends every session (their calls in flight run to their end) and opens no more.
@@ -819,6 +327,21 @@ impl<S: Store> Proxy<S> {
             stop: Notify::new(),
             last_used: Mutex::new(Instant::now()),
         });
+        self.run_session(Arc::clone(&live), session, outputs, client_lines, started);
+        Ok(live)
+    }
+
+    /// Runs a started session as one of the proxy's tasks: its frames for the client go to
+    /// their routes, the pump relays the rest, and once it ends the session is forgotten and its
+    /// server ended.
+    fn run_session(
+        self: &Arc<Self>,
+        live: Arc<Live>,
+        session: Session<S>,
+        outputs: Outputs,
+        client_lines: mpsc::UnboundedReceiver<(String, CarriedKey)>,
+        started: Started,
+    ) {
         let Outputs {
             mut to_client,
             to_server,
@@ -835,7 +358,7 @@ impl<S: Store> Proxy<S> {
         let task_live = Arc::clone(&live);
         lock(&self.tasks).spawn(async move {
             let live = task_live;
-            let ended = stdio::relay(
+            let ended = pump::relay(
                 session,
                 to_server,
                 client_lines,
@@ -850,7 +373,6 @@ impl<S: Store> Proxy<S> {
             let status = started.end.wait().await;
             tracing::info!(session = %live.id, ?ended, ?status, "session ended");
         });
-        Ok(live)
     }
 
     /// Checks `Origin`, the bearer token and the tenant's rate; returns the caller's tenant.
@@ -1126,70 +648,23 @@ async fn post_message<S: Store>(
         Ok(t) => t,
         Err(res) => return *res,
     };
-    // A body over `http.max_body_bytes` (413) or cut short: answered as JSON-RPC, as every
-    // refusal of this endpoint is, so that a client reads why.
-    let body = match body {
-        Ok(b) => b,
-        Err(e) => return fail(e.status(), &e.body_text()),
+    let (text, f, key) = match read_message(&headers, body) {
+        Ok(message) => message,
+        Err(res) => return *res,
     };
-    if let Some(ct) = headers.get(header::CONTENT_TYPE) {
-        let json = ct.to_str().is_ok_and(|ct| {
-            ct.split(';')
-                .next()
-                .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json"))
-        });
-        if !json {
-            return fail(
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                "the body must be application/json",
-            );
-        }
-    }
-    let Ok(text) = String::from_utf8(body.to_vec()) else {
-        return fail(StatusCode::BAD_REQUEST, "the body is not UTF-8");
-    };
-    let Some(f) = Frame::parse(&text) else {
-        let message = if text.trim_start().starts_with('[') {
-            "batches are not part of MCP since 2025-06-18: send one message per POST"
-        } else {
-            "the body is not one JSON-RPC message"
-        };
-        return fail(StatusCode::BAD_REQUEST, message);
-    };
-    if f.method.as_deref() == Some("tools/call") && f.id.is_none() {
-        return fail(
-            StatusCode::BAD_REQUEST,
-            "a tools/call needs an id: without one it cannot be answered, judged or replayed; nothing was run",
-        );
-    }
-    // Two keys name no one action (the HTTP gateway refuses them the same way); an invalid one
-    // goes to the call, whose answer tells the model (only a `tools/call` uses the key).
-    let mut keys = headers.get_all("idempotency-key").iter();
-    let key: CarriedKey = keys
-        .next()
-        .map(|v| idemgate_kit::header::idempotency_key(v.as_bytes()));
-    if keys.next().is_some() {
-        return fail(
-            StatusCode::BAD_REQUEST,
-            "send one Idempotency-Key header, not several; nothing was run",
-        );
-    }
     let initialize = f.method.as_deref() == Some("initialize") && f.id.is_some();
     if !initialize && headers.get(SESSION_HEADER).is_none() {
         if let Some(version) = era::modern_version_of(f.params.as_deref()) {
             return sessionless(&proxy, tenant, &headers, f, text, key, &version).await;
         }
     }
-    let live = if initialize {
-        match proxy.open(tenant) {
-            Ok(l) => l,
-            Err(res) => return *res,
-        }
-    } else {
-        match proxy.session(&headers, &tenant) {
-            Ok(l) => l,
-            Err(res) => return *res,
-        }
+    let live = match initialize {
+        true => proxy.open(tenant),
+        false => proxy.session(&headers, &tenant),
+    };
+    let live = match live {
+        Ok(l) => l,
+        Err(res) => return *res,
     };
     let (Some(id), Some(_)) = (f.id.as_deref(), f.method.as_deref()) else {
         // A notification or the client's answer to a server request: no answer comes back.
@@ -1198,9 +673,98 @@ async fn post_message<S: Store>(
         }
         return StatusCode::ACCEPTED.into_response();
     };
-    let primed = primes(&live, &headers);
-    let Some((Inbox(mut rx), waiting)) = live.submit(frame::id_key(id), text, key) else {
-        return fail(StatusCode::NOT_FOUND, "the session has ended");
+    let mut res =
+        match answer_request(&live, &headers, frame::id_key(id), text, key, initialize).await {
+            Ok(res) => res,
+            Err(res) => return res,
+        };
+    if initialize {
+        let v = HeaderValue::from_str(&live.id).expect("hex session ids are valid header values");
+        res.headers_mut()
+            .insert(HeaderName::from_static(SESSION_HEADER), v);
+    }
+    res
+}
+
+/// The message a POST carries: its text, its frame and the key carried beside it; or the
+/// refusal, answered as JSON-RPC, as every refusal of this endpoint is, so that a client reads
+/// why.
+fn read_message(
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(String, Frame, CarriedKey), Refused> {
+    // A body over `http.max_body_bytes` (413) or cut short.
+    let body = body.map_err(|e| refuse(e.status(), &e.body_text()))?;
+    if headers
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|ct| !is_json(ct))
+    {
+        return Err(refuse(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "the body must be application/json",
+        ));
+    }
+    let Ok(text) = String::from_utf8(body.to_vec()) else {
+        return Err(refuse(StatusCode::BAD_REQUEST, "the body is not UTF-8"));
+    };
+    let Some(f) = Frame::parse(&text) else {
+        let message = if text.trim_start().starts_with('[') {
+            "batches are not part of MCP since 2025-06-18: send one message per POST"
+        } else {
+            "the body is not one JSON-RPC message"
+        };
+        return Err(refuse(StatusCode::BAD_REQUEST, message));
+    };
+    if f.method.as_deref() == Some("tools/call") && f.id.is_none() {
+        return Err(refuse(
+            StatusCode::BAD_REQUEST,
+            "a tools/call needs an id: without one it cannot be answered, judged or replayed; nothing was run",
+        ));
+    }
+    let key = carried_key(headers)?;
+    Ok((text, f, key))
+}
+
+/// Whether a `Content-Type` is JSON's.
+fn is_json(content_type: &HeaderValue) -> bool {
+    content_type.to_str().is_ok_and(|ct| {
+        ct.split(';')
+            .next()
+            .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json"))
+    })
+}
+
+/// The `Idempotency-Key` header. Two keys name no one action (the HTTP gateway refuses them
+/// the same way); an invalid one goes to the call, whose answer tells the model (only a
+/// `tools/call` uses the key).
+fn carried_key(headers: &HeaderMap) -> Result<CarriedKey, Refused> {
+    let mut keys = headers.get_all(IDEMPOTENCY_KEY).iter();
+    let key: CarriedKey = keys
+        .next()
+        .map(|v| idemgate_kit::header::idempotency_key(v.as_bytes()));
+    if keys.next().is_some() {
+        return Err(refuse(
+            StatusCode::BAD_REQUEST,
+            "send one Idempotency-Key header, not several; nothing was run",
+        ));
+    }
+    Ok(key)
+}
+
+/// The answer to the request `id` (`text`) of a session: JSON when the server's answer is the
+/// first thing that comes for it (within [`PRIME_AFTER`] for a client that takes a priming
+/// event), else a stream ([`answer_stream`]); `Err` when the session ends first.
+async fn answer_request(
+    live: &Arc<Live>,
+    headers: &HeaderMap,
+    id: String,
+    text: String,
+    key: CarriedKey,
+    initialize: bool,
+) -> Result<Response, Response> {
+    let primed = primes(live, headers);
+    let Some((Inbox(mut rx), waiting)) = live.submit(id, text, key) else {
+        return Err(fail(StatusCode::NOT_FOUND, "the session has ended"));
     };
     // A client that takes a priming event waits for a JSON answer only so long.
     let first = if primed {
@@ -1210,17 +774,15 @@ async fn post_message<S: Store>(
     };
     let first = match first {
         Some(None) => {
-            return fail(
+            return Err(fail(
                 StatusCode::NOT_FOUND,
                 "the session ended before the server answered",
-            )
+            ))
         }
         Some(Some(event)) => Some(event),
         None => None,
     };
-    let session_header = initialize
-        .then(|| HeaderValue::from_str(&live.id).expect("hex session ids are valid header values"));
-    let mut res = match first {
+    Ok(match first {
         Some((_, answer)) if Frame::parse(&answer).is_some_and(|f| f.is_response()) => {
             if initialize {
                 lock(&live.routes).version = agreed_version(&answer);
@@ -1228,34 +790,39 @@ async fn post_message<S: Store>(
             drop(waiting);
             json_response(answer)
         }
-        first => {
-            // The server speaks first, or the answer takes a while: it follows on a stream,
-            // which the client may resume once it has an event id of it.
-            waiting.resumable();
-            let number = waiting.number;
-            let mut head = Vec::new();
-            if primed {
-                head.push(sse_event(&live.event_id(number, 0), Some(RETRY), ""));
-            }
-            if let Some((n, frame)) = first {
-                head.push(sse_event(&live.event_id(number, n), None, &frame));
-            }
-            let w = Writer {
-                live: Arc::clone(&live),
-                stream: number,
-                rx,
-                post: true,
-                initialize,
-                _waiting: Some(waiting),
-            };
-            resumable_sse(head, w)
-        }
-    };
-    if let Some(v) = session_header {
-        res.headers_mut()
-            .insert(HeaderName::from_static(SESSION_HEADER), v);
+        first => answer_stream(live, rx, waiting, first, primed, initialize),
+    })
+}
+
+/// The server speaks first, or the answer takes a while: it follows on a stream, which the
+/// client may resume once it has an event id of it. It opens with a priming event when the
+/// client takes one (`primed`), then the `first` event that came, if any.
+fn answer_stream(
+    live: &Arc<Live>,
+    rx: mpsc::UnboundedReceiver<(u64, String)>,
+    waiting: Waiting,
+    first: Option<(u64, String)>,
+    primed: bool,
+    initialize: bool,
+) -> Response {
+    waiting.resumable();
+    let number = waiting.number;
+    let mut head = Vec::new();
+    if primed {
+        head.push(sse_event(&live.event_id(number, 0), Some(RETRY), ""));
     }
-    res
+    if let Some((n, frame)) = first {
+        head.push(sse_event(&live.event_id(number, n), None, &frame));
+    }
+    let w = Writer {
+        live: Arc::clone(live),
+        stream: number,
+        rx,
+        post: true,
+        initialize,
+        _waiting: Some(waiting),
+    };
+    resumable_sse(head, w)
 }
 
 /// The answer to a request whose headers do not mirror its body: 400 with `-32020`
@@ -1280,33 +847,10 @@ async fn sessionless<S: Store>(
     key: CarriedKey,
     version: &str,
 ) -> Response {
-    // The headers mirror the body for intermediaries; a mismatch is refused (MCP 2026-07-28,
-    // "Server Validation"). Absent ones are not required here: the body decides.
-    let header = |name: &str| headers.get(name).map(|v| v.to_str().unwrap_or_default());
-    let method = f.method.as_deref().unwrap_or_default();
-    let target = f
-        .params
-        .as_deref()
-        .and_then(frame::object)
-        .and_then(|p| mirror::target(method, &p));
-    let mismatch = if header(VERSION_HEADER).is_some_and(|v| v != version) {
-        Some(format!(
-            "the MCP-Protocol-Version header does not match the body's {version}"
-        ))
-    } else if header(METHOD_HEADER).is_some_and(|m| m != method) {
-        Some(format!(
-            "the Mcp-Method header does not match the body's {method}"
-        ))
-    } else {
-        header(NAME_HEADER)
-            .filter(|n| mirror::decoded(n) != target)
-            .map(|name| {
-                format!("the Mcp-Name header {name:?} does not match the name or URI in the body")
-            })
-    };
-    if let Some(message) = mismatch {
+    if let Some(message) = mirrored_mismatch(headers, &f, version) {
         return header_mismatch(f.id.as_deref(), &message);
     }
+    let method = f.method.as_deref().unwrap_or_default();
     let live = match proxy.shared(tenant) {
         Ok(l) => l,
         Err(res) => return *res,
@@ -1342,6 +886,46 @@ async fn sessionless<S: Store>(
             "the server ended before it answered",
         );
     };
+    sessionless_answer(first, rx, waiting, own_id)
+}
+
+/// The headers of a sessionless request (`f`, of protocol `version`) mirror its body for
+/// intermediaries; a mismatch is refused (MCP 2026-07-28, "Server Validation"), and this says
+/// which. Absent ones are not required here: the body decides.
+fn mirrored_mismatch(headers: &HeaderMap, f: &Frame, version: &str) -> Option<String> {
+    let header = |name: &str| headers.get(name).map(|v| v.to_str().unwrap_or_default());
+    let method = f.method.as_deref().unwrap_or_default();
+    let target = f
+        .params
+        .as_deref()
+        .and_then(frame::object)
+        .and_then(|p| mirror::target(method, &p));
+    if header(VERSION_HEADER).is_some_and(|v| v != version) {
+        Some(format!(
+            "the MCP-Protocol-Version header does not match the body's {version}"
+        ))
+    } else if header(METHOD_HEADER).is_some_and(|m| m != method) {
+        Some(format!(
+            "the Mcp-Method header does not match the body's {method}"
+        ))
+    } else {
+        header(NAME_HEADER)
+            .filter(|n| mirror::decoded(n) != target)
+            .map(|name| {
+                format!("the Mcp-Name header {name:?} does not match the name or URI in the body")
+            })
+    }
+}
+
+/// The answer to a sessionless request, under its own id (`own_id`) again, given the `first`
+/// frame that came for it: JSON when that is the answer, else a stream that carries what came
+/// before the answer, then the answer.
+fn sessionless_answer(
+    first: String,
+    rx: Inbox,
+    waiting: Waiting,
+    own_id: Box<serde_json::value::RawValue>,
+) -> Response {
     let answer = move |frame: String| frame::with_id(&frame, &own_id).unwrap_or(frame);
     if Frame::parse(&first).is_some_and(|f| f.is_response()) {
         drop(waiting);
@@ -1408,7 +992,7 @@ async fn open_stream<S: Store>(State(proxy): State<Arc<Proxy<S>>>, headers: Head
     };
     let primed = primes(&live, &headers);
     let last = headers
-        .get("last-event-id")
+        .get(LAST_EVENT_ID)
         .map(|v| v.to_str().unwrap_or_default().to_owned());
     let (tx, rx) = mpsc::unbounded_channel();
     let (number, post, head) = {
@@ -1458,70 +1042,7 @@ async fn end_session<S: Store>(State(proxy): State<Arc<Proxy<S>>>, headers: Head
 
 #[cfg(test)]
 mod tests {
-    use super::{same_loopback_origin, Outbound, Routes, MAX_ENDED, MAX_EVENTS};
-    use tokio::sync::mpsc;
-
-    #[test]
-    fn a_stream_resumes_only_after_events_it_still_keeps() {
-        let mut r = Routes::default();
-        let (tx, _listening) = mpsc::unbounded_channel();
-        let get = r.open_get(tx);
-        // Events 1 to MAX_EVENTS + 5: the first five are dropped.
-        for i in 1..=MAX_EVENTS + 5 {
-            r.server_message(format!("m{i}"));
-        }
-        let (tx, _) = mpsc::unbounded_channel();
-        let lost = r.resume("t", &format!("t-{get}-4"), tx).unwrap_err();
-        assert!(lost.contains("no longer all kept"), "{lost}");
-        let (tx, mut rx) = mpsc::unbounded_channel();
-        assert_eq!(r.resume("t", &format!("t-{get}-5"), tx), Ok((get, false)));
-        let replayed: Vec<_> = std::iter::from_fn(|| rx.try_recv().ok()).collect();
-        assert_eq!(replayed.len(), MAX_EVENTS);
-        assert_eq!(replayed[0], (6, "m6".to_owned()));
-        // Later events follow on the resumed connection.
-        r.server_message("later".to_owned());
-        assert_eq!(
-            rx.try_recv(),
-            Ok((MAX_EVENTS as u64 + 6, "later".to_owned()))
-        );
-        // An id beyond what the stream sent, of another tag, or of no stream: refused.
-        for id in [
-            format!("t-{get}-9999"),
-            format!("u-{get}-5"),
-            "t-77-0".to_owned(),
-        ] {
-            let (tx, _) = mpsc::unbounded_channel();
-            assert!(r.resume("t", &id, tx).is_err(), "{id}");
-        }
-    }
-
-    #[test]
-    fn answers_nobody_read_are_kept_for_the_last_ended_streams() {
-        let mut r = Routes::default();
-        let mut streams = Vec::new();
-        for i in 0..=MAX_ENDED {
-            // A resumable POST whose client hung up before its answer came.
-            let (tx, rx) = mpsc::unbounded_channel();
-            drop(rx);
-            r.next += 1;
-            let number = r.next;
-            let mut post = Outbound::new(true, tx);
-            post.resumable = true;
-            r.streams.insert(number, post);
-            r.posts.entry(i.to_string()).or_default().push_back(number);
-            r.answer(&i.to_string(), format!("answer {i}"));
-            streams.push(number);
-        }
-        assert!(r.posts.is_empty());
-        let (tx, _) = mpsc::unbounded_channel();
-        assert!(r.resume("t", &format!("t-{}-0", streams[0]), tx).is_err());
-        let (tx, mut rx) = mpsc::unbounded_channel();
-        let resumed = r.resume("t", &format!("t-{}-0", streams[1]), tx);
-        assert_eq!(resumed, Ok((streams[1], true)));
-        assert_eq!(rx.try_recv(), Ok((1, "answer 1".to_owned())));
-        // Nothing more comes: the connection ends after the answer.
-        assert_eq!(rx.try_recv(), Err(mpsc::error::TryRecvError::Disconnected));
-    }
+    use super::same_loopback_origin;
 
     #[test]
     fn own_loopback_origin_only() {

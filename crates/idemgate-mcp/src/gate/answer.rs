@@ -3,15 +3,17 @@
 //! the [`Verdict`] table; the match on it is exhaustive, so a new verdict is a compile error here
 //! rather than an invented answer.
 
-use idemgate_core::{Answer, Decision, EngineError, KeyRule, ToolPolicy, UnknownPolicy, Verdict};
+use idemgate_core::{
+    Answer, Decision, EngineError, KeyRule, Timestamp, ToolPolicy, UnknownPolicy, Verdict,
+};
 use idemgate_kit::{Door, Explanation, Payload, Resolve, VerdictCodes, What};
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
-use crate::catalog::KEY_ARGUMENTS;
-use crate::era;
-use crate::frame::{self, Object};
-use crate::session::Reply;
+use super::catalog::KEY_ARGUMENTS;
+use crate::peer::Reply;
+use crate::wire::era;
+use crate::wire::frame::{self, Object};
 
 /// The `_meta` key a client puts its idempotency key under.
 pub const META_KEY: &str = "dev.idemgate/idempotency-key";
@@ -120,30 +122,7 @@ pub(crate) fn respond(
             format!("The tool {} did not answer: {why}.", cx.tool),
             Map::new(),
         ),
-        (What::Replayed { at, .. }, _) => match &result {
-            Ok(Answer {
-                decision: Decision::Replayed { outcome, .. },
-                ..
-            }) => match Payload::of(outcome) {
-                Ok(p) => {
-                    let result = replayed(
-                        &p.to_mcp_tool_result(outcome.kind),
-                        &explanation,
-                        replay_notice(&explanation, &text, cx.replay_notice),
-                        cx.result_type,
-                    );
-                    frame::response(cx.id, &result)
-                }
-                Err(e) => own(
-                    cx,
-                    verdict,
-                    format!("This action was already performed at {at} and was not repeated, but its stored result cannot be shown: {e}."),
-                    Map::new(),
-                ),
-            },
-            // `What::Replayed` comes only of a replayed decision.
-            _ => own(cx, verdict, text, Map::new()),
-        },
+        (What::Replayed { at, .. }, _) => replay(cx, &result, &explanation, text, at),
         (What::InFlight { since, retry_after }, _) => own(
             cx,
             verdict,
@@ -163,6 +142,42 @@ pub(crate) fn respond(
             What::Ran { .. } | What::PassedThrough | What::NotApplied { .. } | What::Refused { .. },
             _,
         ) => own(cx, verdict, text, Map::new()),
+    }
+}
+
+/// The answer to a call the engine answered with a stored outcome (replayed `at`): the stored
+/// result, marked as a replay, or why it cannot be shown.
+fn replay(
+    cx: &CallContext<'_>,
+    result: &Result<Answer, EngineError>,
+    explanation: &Explanation,
+    text: String,
+    at: &Timestamp,
+) -> String {
+    let verdict = explanation.verdict;
+    match result {
+        Ok(Answer {
+            decision: Decision::Replayed { outcome, .. },
+            ..
+        }) => match Payload::of(outcome) {
+            Ok(p) => {
+                let result = replayed(
+                    &p.to_mcp_tool_result(outcome.kind),
+                    explanation,
+                    replay_notice(explanation, &text, cx.replay_notice),
+                    cx.result_type,
+                );
+                frame::response(cx.id, &result)
+            }
+            Err(e) => own(
+                cx,
+                verdict,
+                format!("This action was already performed at {at} and was not repeated, but its stored result cannot be shown: {e}."),
+                Map::new(),
+            ),
+        },
+        // `What::Replayed` comes only of a replayed decision.
+        _ => own(cx, verdict, text, Map::new()),
     }
 }
 

@@ -10,7 +10,7 @@
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
-use crate::frame::{self, Object};
+use super::frame::{self, Object};
 
 /// `_meta` of a modern request: the protocol version it speaks.
 pub(crate) const META_PROTOCOL_VERSION: &str = "io.modelcontextprotocol/protocolVersion";

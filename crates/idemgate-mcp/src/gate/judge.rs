@@ -1,0 +1,441 @@
+//! Judging one `tools/call`: reading it, naming its key and policy, taking the key out of the
+//! action (and filling a declared key argument with the record's digest), running it through the
+//! engine at most once, and answering it ([`super::answer`]). What the server's answer means for
+//! the side effect is said here too: the peer only carries it.
+//!
+//! Apart from the rest of the gate because it is the one part that holds the engine: the
+//! catalog and the answers are pure, the judge decides.
+
+use std::sync::Arc;
+
+use idemgate_core::{
+    Call, Effect, Engine, Event, IdempotencyKey, Store, TenantId, ToolKind, ToolName, ToolPolicy,
+    Verdict,
+};
+use idemgate_kit::Payload;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+use super::answer::{self, CallContext, META_CONVERSATION, META_KEY};
+use super::catalog::{Tool, KEY_ARGUMENTS};
+use super::CarriedKey;
+use crate::config::{record_tool, Config, KeySource};
+use crate::peer::{Forwarded, Peer, Reply};
+use crate::wire::frame::{self, Object};
+
+/// What judges a session's calls: the engine, the configuration, and whose calls they are.
+pub(crate) struct Judge<S> {
+    engine: Arc<Engine<S>>,
+    config: Config,
+    /// The server's name in record names.
+    server: String,
+    tenant: TenantId,
+    /// The scope of the session's calls without a key (`Call::scope`): an identical call is
+    /// the same action within the fallback window in this session only, unless the call names
+    /// its conversation (`_meta["dev.idemgate/conversation"]`).
+    scope: Arc<str>,
+}
+
+/// A `tools/call` as the judge reads it.
+pub(crate) struct Request<'a> {
+    /// The client's request id.
+    id: &'a RawValue,
+    params: &'a Object,
+    /// The server's name for the tool.
+    pub(crate) name: String,
+    /// The record scope (`<server>/<tool>`).
+    scope: ToolName,
+    /// Whether the request speaks an era whose results carry `resultType`.
+    pub(crate) result_type: bool,
+}
+
+/// A call judged ready to go: what the engine records, under which policy, and the frame for
+/// the server.
+pub(crate) struct Prepared {
+    call: Call,
+    policy: ToolPolicy,
+    /// The client's frame, the key taken out of its arguments (or a declared key argument
+    /// filled with the record's digest).
+    pub(crate) frame: String,
+}
+
+/// A scope of its own for a session: 128 random bits.
+fn session_scope() -> Arc<str> {
+    let mut bytes = [0u8; 16];
+    getrandom::fill(&mut bytes).expect("failed to read randomness from the operating system");
+    Arc::from(format!("session:{}", idemgate_core::key::hex(&bytes)))
+}
+
+impl<S: Store> Judge<S> {
+    /// The judge of one session of `server` for `tenant`.
+    pub(crate) fn new(
+        engine: Arc<Engine<S>>,
+        config: Config,
+        server: String,
+        tenant: TenantId,
+    ) -> Self {
+        Judge {
+            engine,
+            config,
+            server,
+            tenant,
+            scope: session_scope(),
+        }
+    }
+
+    /// The proxy's configuration.
+    pub(crate) fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// How the answers to `request` name things, under `policy`.
+    fn context<'a>(&'a self, request: &'a Request<'_>, policy: &'a ToolPolicy) -> CallContext<'a> {
+        CallContext {
+            id: request.id,
+            tool: &request.name,
+            scope: request.scope.as_str(),
+            tenant: self.tenant.as_str(),
+            policy,
+            replay_notice: self.config.replay_notice,
+            result_type: request.result_type,
+        }
+    }
+
+    /// Reads the `tools/call` whose request id is `id` and whose params are `params`: the
+    /// request and its arguments, or the answer that refuses it (no name, or arguments that
+    /// are not an object).
+    pub(crate) fn read<'a>(
+        &self,
+        id: &'a RawValue,
+        params: &'a Object,
+    ) -> Result<(Request<'a>, Object), String> {
+        let name = frame::string(params, "name").unwrap_or_default();
+        let scope = record_tool(&self.server, if name.is_empty() { "-" } else { &name });
+        let arguments = match params.get("arguments") {
+            None => Some(Object::new()),
+            Some(a) if a.get() == "null" => Some(Object::new()),
+            Some(a) => frame::object(a),
+        };
+        let request = Request {
+            id,
+            params,
+            name,
+            scope,
+            result_type: answer::wants_result_type(params),
+        };
+        match (request.name.is_empty(), arguments) {
+            (false, Some(arguments)) => Ok((request, arguments)),
+            _ => Err(self.refuse(
+                &request,
+                &ToolPolicy::default(),
+                "tools/call needs params.name and, if any, params.arguments as an object; nothing was done.".to_owned(),
+            )),
+        }
+    }
+
+    /// Judges `request` with its `arguments` (the client's frame `line`), given what the
+    /// server said of its tool: its policy and key, the call the engine records, the frame for
+    /// the server; or the answer that refuses it.
+    pub(crate) fn prepare(
+        &self,
+        request: &Request<'_>,
+        mut arguments: Object,
+        tool: Option<&Tool>,
+        carried: CarriedKey,
+        line: String,
+    ) -> Result<Prepared, String> {
+        let policy = self.config.policy(&request.name, tool);
+        let key = match self.key_of(request.params, &arguments, carried) {
+            Ok(k) => k,
+            Err(e) => return Err(self.refuse(request, &policy, format!("{e}; nothing was done."))),
+        };
+        let declared = tool.and_then(|t| t.key_argument.as_deref());
+        let (stripped, kept) = strip_keys(&mut arguments, declared);
+        let call = match self.call_of(request, &arguments, key) {
+            Ok(c) => c,
+            Err(e) => return Err(self.refuse(request, &policy, e)),
+        };
+        let filled = self.fill_key(&call, &policy, declared, kept, &mut arguments);
+        let frame = if stripped || filled {
+            frame::with_arguments(&line, &arguments).unwrap_or(line)
+        } else {
+            line
+        };
+        Ok(Prepared {
+            call,
+            policy,
+            frame,
+        })
+    }
+
+    /// The call the engine records for `request`: its arguments (the key taken out), its key,
+    /// and the scope of its fallback window; why not when the arguments are not valid JSON.
+    fn call_of(
+        &self,
+        request: &Request<'_>,
+        arguments: &Object,
+        key: Option<IdempotencyKey>,
+    ) -> Result<Call, String> {
+        let mut call = Call::new(self.tenant.clone(), request.scope.clone())
+            .args_text(frame::raw(arguments).get().as_bytes())
+            .map_err(|e| format!("the arguments are not valid JSON: {e}."))?;
+        if let Some(k) = key {
+            call = call.key(k);
+        }
+        // The window joins identical calls of one conversation: the client's, when it names
+        // one, else this session.
+        let conversation = request
+            .params
+            .get("_meta")
+            .and_then(|m| frame::object(m))
+            .and_then(|m| frame::string(&m, META_CONVERSATION));
+        Ok(call.scope(match conversation {
+            Some(c) => Arc::from(format!("conversation:{c}")),
+            None => Arc::clone(&self.scope),
+        }))
+    }
+
+    /// A server that declares a key argument (`declared`) gets the record's digest in it: the
+    /// same logical action always sends the same downstream key, whichever proxy process sends
+    /// it. Reads and natural-idempotent tools have no record: the client's value (`kept`)
+    /// stays. Whether the digest was filled in.
+    fn fill_key(
+        &self,
+        call: &Call,
+        policy: &ToolPolicy,
+        declared: Option<&str>,
+        kept: Option<Box<RawValue>>,
+        arguments: &mut Object,
+    ) -> bool {
+        let Some(param) = declared else {
+            return false;
+        };
+        match self.engine.key_for(call, policy) {
+            Ok(Some(named)) => {
+                let digest = idemgate_core::key::hex(&named.key.digest());
+                arguments.insert(param.to_owned(), frame::raw(&digest));
+                true
+            }
+            _ => {
+                if let Some(v) = kept {
+                    arguments.insert(param.to_owned(), v);
+                }
+                false
+            }
+        }
+    }
+
+    /// Runs a prepared call at most once: the engine decides, and when the call is to run the
+    /// peer forwards it and waits for the server's answer; returns the frame that answers it.
+    pub(crate) async fn run(
+        &self,
+        request: &Request<'_>,
+        prepared: Prepared,
+        peer: &Peer,
+    ) -> String {
+        let Prepared {
+            call,
+            policy,
+            frame,
+        } = prepared;
+        let id = frame::id_key(request.id);
+        let write = policy.kind == ToolKind::Write;
+        let timeout = self.config.call_timeout;
+        let mut relay = None;
+        let result = self
+            .engine
+            .call_with_policy(call, &policy, || async {
+                let (effect, reply) = effect(peer.forward(id, frame, write, timeout).await);
+                relay = reply;
+                effect
+            })
+            .await;
+        answer::respond(&self.context(request, &policy), result, relay)
+    }
+
+    /// The proxy's answer to a call it could not judge (its params or key are invalid), told to
+    /// the observers like every other verdict.
+    fn refuse(&self, request: &Request<'_>, policy: &ToolPolicy, text: String) -> String {
+        self.engine.observe(&Event::Call {
+            tenant: &self.tenant,
+            tool: &request.scope,
+            key: None,
+            verdict: Verdict::BadRequest,
+            fence: None,
+            answer: None,
+            error: None,
+        });
+        answer::refuse(&self.context(request, policy), Verdict::BadRequest, text)
+    }
+
+    /// The call's key: the one its transport carried (`carried`) and those in the sources the
+    /// configuration names. A key is a string of the key's form; a source holding anything else
+    /// is an error, not an absent key (JSON `null` is absent). When several sources hold a key
+    /// they must agree: a call whose keys differ is refused, on every transport, since it does
+    /// not say which action it names.
+    fn key_of(
+        &self,
+        params: &Object,
+        arguments: &Object,
+        carried: CarriedKey,
+    ) -> Result<Option<IdempotencyKey>, String> {
+        let mut found: Vec<(IdempotencyKey, String)> = Vec::new();
+        found.extend(carried_key(carried)?);
+        let meta = params.get("_meta").and_then(|m| frame::object(m));
+        for source in &self.config.key_sources {
+            match source {
+                KeySource::Meta => {
+                    if let Some(v) = meta.as_ref().and_then(|m| m.get(META_KEY)) {
+                        found.extend(key_in(v, format!("_meta[\"{META_KEY}\"]"))?);
+                    }
+                }
+                KeySource::Params => {
+                    if let Some(v) = params.get("idempotencyKey") {
+                        found.extend(key_in(v, "params.idempotencyKey".to_owned())?);
+                    }
+                }
+                KeySource::Argument => {
+                    for k in KEY_ARGUMENTS {
+                        if let Some(v) = arguments.get(k) {
+                            found.extend(key_in(v, format!("argument {k}"))?);
+                        }
+                    }
+                }
+            }
+        }
+        let mut found = found.into_iter();
+        let Some((key, from)) = found.next() else {
+            return Ok(None);
+        };
+        if let Some((other, other_from)) = found.find(|(k, _)| *k != key) {
+            return Err(format!(
+                "the idempotency keys in {from} ({}) and in {other_from} ({}) differ",
+                key.as_str(),
+                other.as_str()
+            ));
+        }
+        Ok(Some(key))
+    }
+}
+
+/// The key in `value`, a source of the call named `from` (JSON `null` is none); why not when it
+/// holds something else than a key.
+fn key_in(value: &RawValue, from: String) -> Result<Option<(IdempotencyKey, String)>, String> {
+    if value.get() == "null" {
+        return Ok(None);
+    }
+    let Ok(text) = serde_json::from_str::<String>(value.get()) else {
+        let mut shown: String = value.get().chars().take(40).collect();
+        if shown.len() < value.get().len() {
+            shown.push('…');
+        }
+        return Err(format!(
+            "the idempotency key in {from} must be a string, not {shown}"
+        ));
+    };
+    match IdempotencyKey::explicit(text) {
+        Ok(k) => Ok(Some((k, from))),
+        Err(e) => Err(format!("the idempotency key in {from} is invalid: {e}")),
+    }
+}
+
+/// The key its transport carried beside the call, named for the answer that refuses it.
+fn carried_key(carried: CarriedKey) -> Result<Option<(IdempotencyKey, String)>, String> {
+    let Some(carried) = carried else {
+        return Ok(None);
+    };
+    let header = "the Idempotency-Key header";
+    let key = carried.map_err(|e| {
+        if e.starts_with(header) {
+            e
+        } else {
+            format!("{header} is invalid: {e}")
+        }
+    })?;
+    Ok(Some((key, header.to_owned())))
+}
+
+/// The key is not part of the action: calls that differ only in it are the same action. Takes
+/// the key arguments out of `arguments` but the one the tool declares (`declared`); whether one
+/// was taken out, and the declared one's value.
+fn strip_keys(arguments: &mut Object, declared: Option<&str>) -> (bool, Option<Box<RawValue>>) {
+    let mut stripped = false;
+    let mut kept = None;
+    for k in KEY_ARGUMENTS {
+        if let Some(v) = arguments.remove(k) {
+            if Some(k) == declared {
+                kept = Some(v);
+            } else {
+                stripped = true;
+            }
+        }
+    }
+    (stripped, kept)
+}
+
+/// What became of a forwarded call says about its side effect, and the server's answer for the
+/// client when it came.
+fn effect(forwarded: Forwarded) -> (Effect, Option<Reply>) {
+    let (reply, refused) = match forwarded {
+        Forwarded::NotSent(why) => return (Effect::not_applied(why), None),
+        Forwarded::Sent { reply, refused } => (reply, refused),
+    };
+    let mut effect = effect_of(&reply);
+    if let Some(method) = refused {
+        // The proxy refused the server's request during this call: a failure may be the
+        // proxy's doing, not the tool's, and is never stored as the tool's outcome. What the
+        // tool did before it asked is not known either: the outcome is unknown.
+        if matches!(effect, Effect::Failed(_)) {
+            effect = Effect::Ambiguous(format!(
+                "the tool failed after the proxy refused the server's {method} request (the client speaks MCP 2026-07-28, which takes no server requests); the failure may be the proxy's doing"
+            ));
+        }
+    }
+    (effect, Some(reply))
+}
+
+/// What the answer says about the side effect.
+fn effect_of(reply: &Reply) -> Effect {
+    #[derive(Deserialize)]
+    struct Shape {
+        #[serde(rename = "isError", default)]
+        is_error: bool,
+        #[serde(rename = "resultType", default)]
+        result_type: Option<String>,
+    }
+    match reply {
+        Reply::Answer {
+            result: Some(r), ..
+        } => {
+            let shape = serde_json::from_str::<Shape>(r.get()).ok();
+            // A 2026-era interim answer: the tool asks for input before it acts. It is never
+            // stored; the key is released so that the continuation (the same call with
+            // `inputResponses`/`requestState`, which are not part of the fingerprint) runs
+            // under the same key and its final result is the one stored.
+            if shape
+                .as_ref()
+                .and_then(|s| s.result_type.as_deref())
+                .is_some_and(|t| t == "input_required")
+            {
+                return Effect::not_applied("the tool asked for input before acting");
+            }
+            let failed = shape.is_some_and(|s| s.is_error);
+            let body = Payload::McpToolResult(r.clone()).encode();
+            if failed {
+                Effect::Failed(body)
+            } else {
+                Effect::Success(body)
+            }
+        }
+        // A JSON-RPC error does not prove that nothing happened: servers of the TypeScript
+        // SDK answer some failures after acting, and others raise errors midway (issue 9).
+        Reply::Answer { error: Some(e), .. } => Effect::Ambiguous(format!(
+            "the server answered with a JSON-RPC error {}",
+            e.get()
+        )),
+        Reply::Answer { .. } => {
+            Effect::Ambiguous("the server's answer had neither result nor error".to_owned())
+        }
+        Reply::Closed(why) => Effect::Ambiguous(why.clone()),
+    }
+}
