@@ -8,7 +8,11 @@
 - ``storm, a barrier per key``: the same 16 threads meet at a barrier before *every* key, so each
   key has one winner and 15 callers that find it in flight and wait; besides the counts, how long
   after the winner's answer each loser got its own (p50, p99, max) and how many keys had a loser
-  later than 15 ms: a wake-up lost between a look and a wait shows there as a polling interval.
+  later than 15 ms: a wake-up lost between a look and a wait shows there as a polling interval;
+- ``decorator fresh`` and ``decorator replay``: ``fresh`` and ``replay`` through each library's own
+  decorator, as an application writes it (idemgate's ``@idempotent`` as its README shows, with a
+  ``key=`` function and the default arguments; exactly-once's ``@once``, Powertools'
+  ``@idempotent_function``, agent-once's ``@Once.tool``, idempotent-tools' ``@idempotent``).
 
 Each workload runs ``--rounds`` times (default 5) per library and store; the table shows the
 median calls/s, the min–max, and idemgate's ratio to the best peer on that row (medians). Stores:
@@ -40,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from idemgate import Engine, Policy, mint_key
+from idemgate import Engine, Policy, idempotent, mint_key
 
 # The side effect of the call in progress on this thread (the peers' decorated functions read it).
 _tl = threading.local()
@@ -62,6 +66,8 @@ class Subject:
     call: Call
     close: Callable[[], None] = lambda: None
     note: str = ""
+    # The same call made through the library's own decorator (None: it has none).
+    decorated: Call | None = None
 
 
 @dataclass
@@ -290,7 +296,25 @@ def idemgate_subject(store: str, s: Stores) -> Subject | Unsupported:
     def call(tool: str, key: str, args: dict[str, Any], effect: Callable[[], Any]) -> Any:
         return engine.call(tool, key, args, effect, wait=30).value
 
-    return Subject("idemgate", call)
+    return Subject("idemgate", call, decorated=idemgate_decorated(engine))
+
+
+def idemgate_decorated(engine: Engine) -> Call:
+    """Calls through ``@idempotent``, one decorated function per tool, as the README writes it."""
+    tools: dict[str, Callable[..., Any]] = {}
+
+    def call(tool: str, key: str, args: dict[str, Any], effect: Callable[[], Any]) -> Any:
+        fn = tools.get(tool)
+        if fn is None:
+
+            @idempotent(engine, tool, key=lambda key, args: key, wait=30)
+            def body(key: str, args: dict[str, Any]) -> Any:
+                return _tl.effect()
+
+            fn = tools[tool] = body
+        return fn(key, args)
+
+    return call
 
 
 def idemgate_normal_subject(store: str, s: Stores) -> Subject | Unsupported:
@@ -310,6 +334,7 @@ def idemgate_normal_subject(store: str, s: Stores) -> Subject | Unsupported:
     return Subject(
         "idemgate (durability=normal)",
         call,
+        decorated=idemgate_decorated(engine),
         note="synchronous=NORMAL, as exactly-once: a power cut may lose the last commits",
     )
 
@@ -350,6 +375,7 @@ def powertools_subject(store: str, s: Stores) -> Subject | Unsupported:
     return Subject(
         "aws-lambda-powertools",
         call,
+        decorated=call,  # its decorator already
         note="a duplicate in flight raises IdempotencyAlreadyInProgressError (no waiting); "
         "payload validation off (3.37.0: its Redis layer drops the payload hash, so every replay "
         "would be refused)",
@@ -383,7 +409,9 @@ def exactly_once_subject(store: str, s: Stores) -> Subject | Unsupported:
         "PostgreSQL": "SERIALIZABLE transactions",
         "Redis": "",
     }[store]
-    return Subject("exactly-once", call, close=getattr(st, "close", lambda: None), note=note)
+    return Subject(
+        "exactly-once", call, close=getattr(st, "close", lambda: None), note=note, decorated=call
+    )
 
 
 def agent_once_subject(store: str, s: Stores) -> Subject | Unsupported:
@@ -404,7 +432,22 @@ def agent_once_subject(store: str, s: Stores) -> Subject | Unsupported:
     def call(tool: str, key: str, args: dict[str, Any], effect: Callable[[], Any]) -> Any:
         return o.execute(tool_fn, key=f"{tool}:{key}", tool_name=tool, **args)
 
-    return Subject("agent-once", call, close=getattr(o.store, "close", lambda: None))
+    tools: dict[str, Callable[..., Any]] = {}
+
+    def decorated(tool: str, key: str, args: dict[str, Any], effect: Callable[[], Any]) -> Any:
+        fn = tools.get(tool)
+        if fn is None:
+
+            def body(k: Any, idempotency_key: str | None = None) -> Any:
+                return _tl.effect()
+
+            fn = tools[tool] = o.tool(name=tool)(body)
+        # The caller's key, as its README passes one: used as the record's key.
+        return fn(idempotency_key=f"{tool}:{key}", **args)
+
+    return Subject(
+        "agent-once", call, close=getattr(o.store, "close", lambda: None), decorated=decorated
+    )
 
 
 def idempotent_tools_subject(store: str, s: Stores) -> Subject | Unsupported:
@@ -447,6 +490,7 @@ def idempotent_tools_subject(store: str, s: Stores) -> Subject | Unsupported:
         "idempotent-tools",
         call,
         close=close,
+        decorated=call,  # its decorator already
         note="no argument fingerprint"
         + ("; a read-then-write claim (not atomic), as its README says" if store == "Redis" else ""),
     )
@@ -498,11 +542,14 @@ def main() -> None:
     # Powertools warns on every call outside Lambda (no remaining-time context) and about its
     # layer's rename; neither changes what is measured.
     warnings.simplefilter("ignore")
-    workloads: list[tuple[str, Callable[[Call], tuple[float, Any]]]] = [
-        ("fresh", lambda c: fresh(c, args.n)),
-        ("replay", lambda c: replay(c, args.n)),
-        ("storm 16x200", storm),
-        ("storm 16x200, a barrier per key", storm_per_key),
+    # (name, the workload, whether it calls through the library's decorator)
+    workloads: list[tuple[str, Callable[[Call], tuple[float, Any]], bool]] = [
+        ("fresh", lambda c: fresh(c, args.n), False),
+        ("replay", lambda c: replay(c, args.n), False),
+        ("storm 16x200", storm, False),
+        ("storm 16x200, a barrier per key", storm_per_key, False),
+        ("decorator fresh", lambda c: fresh(c, args.n), True),
+        ("decorator replay", lambda c: replay(c, args.n), True),
     ]
     workloads = [w for w in workloads if not args.workload or args.workload in w[0]]
     stores = ["memory", "SQLite"]
@@ -521,7 +568,7 @@ def main() -> None:
         with postgres_schema(s) if not args.no_peers else _nothing():
             for store in stores:
                 subs = list(subjects(store, s, not args.no_peers))
-                for workload, run in workloads:
+                for workload, run, through_decorator in workloads:
                     medians: dict[str, float] = {}
                     rows = []
                     for sub in subs:
@@ -530,8 +577,12 @@ def main() -> None:
                                 continue  # a variant of a store this row is not
                             rows.append((sub.library, "—", sub.why))
                             continue
+                        call = sub.decorated if through_decorator else sub.call
+                        if call is None:
+                            rows.append((sub.library, "—", "no decorator"))
+                            continue
                         try:
-                            results = [run(sub.call) for _ in range(args.rounds)]
+                            results = [run(call) for _ in range(args.rounds)]
                         except Exception as e:  # noqa: BLE001 - reported in the table
                             rows.append((sub.library, "failed", f"{type(e).__name__}: {e}"[:200]))
                             continue
