@@ -90,19 +90,7 @@ impl PyAnswer {
         let kit = ResultKit::get(py)?;
         let value = match value {
             Some(v) if !self.failed => v,
-            _ => {
-                let stored = match &self.value_json {
-                    Some(text) => kit.stored_value(py, text)?,
-                    None => py.None(),
-                };
-                if self.failed {
-                    let kwargs = PyDict::new(py);
-                    kwargs.set_item(intern!(py, "replayed"), self.replayed)?;
-                    let e = kit.failed.bind(py).call((stored,), Some(&kwargs))?;
-                    return Err(PyErr::from_value(e));
-                }
-                stored
-            }
+            _ => self.stored(py, kit)?,
         };
         let time = |ms: Option<i64>| -> PyResult<Py<PyAny>> {
             match ms {
@@ -129,6 +117,45 @@ impl PyAnswer {
             .call1(py, (&result, intern!(py, "__dict__"), fields))?;
         Ok(result)
     }
+}
+
+impl PyAnswer {
+    /// The stored value, as `json.loads` reads it (`None` without an outcome); a stored failure
+    /// raises `Failed(value, replayed=...)` instead.
+    fn stored(&self, py: Python<'_>, kit: &ResultKit) -> PyResult<Py<PyAny>> {
+        let stored = match &self.value_json {
+            Some(text) => kit.stored_value(py, text)?,
+            None => py.None(),
+        };
+        if self.failed {
+            let kwargs = PyDict::new(py);
+            kwargs.set_item(intern!(py, "replayed"), self.replayed)?;
+            let e = kit.failed.bind(py).call((stored,), Some(&kwargs))?;
+            return Err(PyErr::from_value(e));
+        }
+        Ok(stored)
+    }
+}
+
+/// The value of an answer that is a result, without its `Result` (what `@idempotent` returns of
+/// a replay): the stored value; a stored failure raises `Failed`, any other ending its exception,
+/// exactly as [`PyAnswer::result_with`] would.
+pub(crate) fn value_of(py: Python<'_>, answer: Answer) -> PyResult<Py<PyAny>> {
+    answer_of(py, answer)?.stored(py, ResultKit::get(py)?)
+}
+
+/// Nothing for an answer that is a result, the exception of any other ending (as [`reply`]
+/// raises it): for a caller that keeps the function's own value and discards the answer (a
+/// decorated function's `finish`), so neither an `Answer` nor its stored JSON is made.
+pub(crate) fn settled(py: Python<'_>, answer: &Answer) -> PyResult<()> {
+    let verdict = Verdict::of_answer(answer);
+    if exception_class(verdict).is_none() {
+        return Ok(());
+    }
+    let key = answer.key.as_ref().map(|k| k.key.as_str().to_owned());
+    let rule = answer.rule.map(|r| r.to_string());
+    let record = answer.key.as_ref().map(Key::to_string).unwrap_or_default();
+    Err(exception_of(py, answer, &record, key, rule))
 }
 
 /// A label of an answer as a Python string: the ones every answer carries are interned, made once.
@@ -315,14 +342,12 @@ pub(crate) fn reply(py: Python<'_>, answer: Answer) -> PyResult<Py<PyAny>> {
 
 /// The answer as Python sees it, or the exception it raises.
 pub(crate) fn answer_of(py: Python<'_>, answer: Answer) -> PyResult<PyAnswer> {
+    settled(py, &answer)?;
     let verdict = Verdict::of_answer(&answer);
     let key = answer.key.as_ref().map(|k| k.key.as_str().to_owned());
     let rule = answer.rule.map(|r| r.to_string());
     // The record's full name, for messages only: not written out for an answer that is a result.
     let record_name = || answer.key.as_ref().map(Key::to_string).unwrap_or_default();
-    if exception_class(verdict).is_some() {
-        return Err(exception_of(py, &answer, &record_name(), key, rule));
-    }
     let mut out = PyAnswer {
         verdict: verdict.label(),
         executed: answer.executed_here(),

@@ -11,8 +11,9 @@ use idemgate::{Begun, Call, Effect, EngineError, IdempotencyKey, Ticket, ToolNam
 use idemgate_kit::Payload;
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
 
-use crate::answer::{answer_of, engine_error};
+use crate::answer::{answer_of, engine_error, value_of};
 use crate::engine::{Engine, Shared};
 use crate::keys::fingerprint_of;
 
@@ -97,6 +98,30 @@ pub(crate) fn begun(
             Ok(Py::new(py, t)?.into_any())
         }
     }
+}
+
+/// What `begin(..., value=True)` gives Python: as [`begun`], but a replay's stored value instead of its
+/// `Result` (a stored failure raises `Failed` all the same), and [`passed_through`] to pass
+/// through (`None` is a value a replay may give).
+pub(crate) fn begun_value(
+    py: Python<'_>,
+    shared: &Arc<Shared>,
+    result: Result<Begun, EngineError>,
+) -> PyResult<Py<PyAny>> {
+    match result {
+        Ok(Begun::PassThrough) => Ok(passed_through(py)?.clone_ref(py)),
+        Ok(Begun::Answered(answer)) => value_of(py, answer),
+        other => begun(py, shared, other),
+    }
+}
+
+/// `idemgate._native.PASSED_THROUGH`: what `begin(..., value=True)` answers for a read or a naturally
+/// idempotent tool (run it, nothing is recorded); an object of its own, made once.
+pub(crate) fn passed_through(py: Python<'_>) -> PyResult<&'static Py<PyAny>> {
+    static PASSED_THROUGH: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    PASSED_THROUGH.get_or_try_init(py, || {
+        Ok(py.import("builtins")?.getattr("object")?.call0()?.unbind())
+    })
 }
 
 /// What the function reported, from Python's words; the error is the message of the `ValueError`
@@ -224,6 +249,31 @@ mod tests {
         assert!(t.stop_heartbeat());
         assert_eq!(shared.leases.held(), 0);
         assert!(!t.stop_heartbeat());
+    }
+
+    #[tokio::test]
+    async fn a_pass_through_is_told_by_an_object_of_its_own() {
+        // `None` is a value a replay may give, so `begin(..., value=True)` cannot say "pass through" by it.
+        let shared = memory_engine().await;
+        Python::initialize();
+        Python::attach(|py| {
+            let first = begun_value(py, &shared, Ok(Begun::PassThrough)).unwrap();
+            let again = begun_value(py, &shared, Ok(Begun::PassThrough)).unwrap();
+            assert!(first.is(&again));
+            assert!(!first.is_none(py));
+        });
+    }
+
+    #[tokio::test]
+    async fn a_recorded_outcome_settles_quietly() {
+        // `finish(..., quiet=True)`: nothing for an answer that is a result (the refusals raise as `finish`'s,
+        // which needs the package's exception classes: the pytest suite covers those).
+        let shared = memory_engine().await;
+        let t = ticket(&shared, "k-quiet", Duration::from_secs(30)).await;
+        let body = Payload::json_text(r#"{"n":1}"#).unwrap().encode();
+        let answer = shared.engine.finish(&t, Effect::Success(body)).await;
+        Python::initialize();
+        Python::attach(|py| assert!(crate::answer::settled(py, &answer).is_ok()));
     }
 
     #[tokio::test]

@@ -15,8 +15,8 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use tokio::runtime::{Handle, Runtime};
 
-use crate::answer::{engine_error, open_error, reply};
-use crate::call::{begun, effect, PyTicket};
+use crate::answer::{engine_error, open_error, reply, settled};
+use crate::call::{begun, begun_value, effect, PyTicket};
 use crate::leases::{keep_leases, Leases};
 use crate::policy::Policy;
 use crate::records::{self, record_view};
@@ -168,7 +168,13 @@ impl Engine {
     /// other refusals raise. Waits up to the policy's
     /// `wait` for a racing call, with the GIL released. `scope`: where the call was made (a
     /// conversation); the fallback window joins only identical calls of one scope.
-    #[pyo3(signature = (tool, key, args, policy, *, scope = None))]
+    ///
+    /// `value=True`, for a caller that returns a replay's value and not its `Result`
+    /// (`@idempotent`): a replay answers its stored value itself and a pass-through
+    /// `PASSED_THROUGH` (`None` is a value a replay may give); the rest is the same. Saves
+    /// building the `Result` (its times, labels and dataclass).
+    #[pyo3(signature = (tool, key, args, policy, *, scope = None, value = false))]
+    #[allow(clippy::too_many_arguments)] // Python's signature: each is one of its arguments
     fn begin(
         &self,
         py: Python<'_>,
@@ -177,26 +183,37 @@ impl Engine {
         args: &Bound<'_, PyAny>,
         policy: &Policy,
         scope: Option<&str>,
+        value: bool,
     ) -> PyResult<Py<PyAny>> {
         let call = self.call(py, tool, key, args, scope)?;
         let result = self.run(py, self.shared.engine.begin(call, &policy.0))?;
-        begun(py, &self.shared, result)
+        match value {
+            true => begun_value(py, &self.shared, result),
+            false => begun(py, &self.shared, result),
+        }
     }
 
     /// Records what the function reported (`success`/`failed` with its JSON text,
     /// `not_applied`/`ambiguous` with a message) and answers; an outcome that could not be
-    /// recorded or a lost lease raises.
+    /// recorded or a lost lease raises. `quiet=True`, for a caller that keeps the function's
+    /// value and discards the answer (`@idempotent`, and the recording of an exception the
+    /// function raised): `None` instead of an `Answer`, the same exceptions.
+    #[pyo3(signature = (ticket, effect_kind, body, *, quiet = false))]
     fn finish(
         &self,
         py: Python<'_>,
         ticket: &Bound<'_, PyTicket>,
         effect_kind: &str,
         body: &str,
+        quiet: bool,
     ) -> PyResult<Py<PyAny>> {
         let reported = effect(effect_kind, body).map_err(PyValueError::new_err)?;
         let t = Self::ticket(ticket)?;
         let answer = self.run(py, self.shared.engine.finish(&t.ticket, reported))?;
-        reply(py, answer)
+        match quiet {
+            true => settled(py, &answer).map(|()| py.None()),
+            false => reply(py, answer),
+        }
     }
 
     /// As `begin`, on the engine's runtime: calls `done(ok, value)` (from a runtime thread, with

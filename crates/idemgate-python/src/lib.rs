@@ -59,5 +59,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(fingerprint, m)?)?;
     m.add_function(wrap_pyfunction!(fingerprint_args, m)?)?;
     m.add_function(wrap_pyfunction!(run_command, m)?)?;
+    m.add(
+        "PASSED_THROUGH",
+        call::passed_through(m.py())?.clone_ref(m.py()),
+    )?;
     Ok(())
 }

@@ -3,9 +3,13 @@
 
 from collections.abc import Callable
 from os import PathLike
-from typing import Any, final
+from typing import Any, Literal, final, overload
 
 from .engine import Result
+
+PASSED_THROUGH: object
+"""What ``Engine.begin(..., value=True)`` returns for a read or naturally idempotent tool: run it, nothing is
+recorded."""
 
 @final
 class Policy:
@@ -92,10 +96,37 @@ class Engine:
     @property
     def tenant(self) -> str: ...
     def close(self) -> None: ...
+    @overload
     def begin(
-        self, tool: str, key: str | None, args: Any, policy: Policy, *, scope: str | None = None
+        self,
+        tool: str,
+        key: str | None,
+        args: Any,
+        policy: Policy,
+        *,
+        scope: str | None = None,
+        value: Literal[False] = False,
     ) -> Ticket | Result | None: ...
-    def finish(self, ticket: Ticket, effect_kind: str, body: str) -> Answer: ...
+    @overload
+    def begin(
+        self,
+        tool: str,
+        key: str | None,
+        args: Any,
+        policy: Policy,
+        *,
+        scope: str | None = None,
+        value: Literal[True],
+    ) -> Any:
+        """A ``Ticket``, ``PASSED_THROUGH`` or a replay's stored value."""
+    @overload
+    def finish(
+        self, ticket: Ticket, effect_kind: str, body: str, *, quiet: Literal[False] = False
+    ) -> Answer: ...
+    @overload
+    def finish(
+        self, ticket: Ticket, effect_kind: str, body: str, *, quiet: bool
+    ) -> Answer | None: ...
     def begin_async(
         self,
         tool: str,
