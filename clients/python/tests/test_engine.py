@@ -289,6 +289,122 @@ def test_a_decorated_functions_result_tells_a_replay_from_a_run(engine: Engine) 
     assert asyncio.run(refund(7, other)) == 2 and runs.n == 2
 
 
+def test_the_decorators_replay_is_the_stored_value_and_its_answer_still_says_replayed(
+    engine: Engine,
+) -> None:
+    runs = Counter()
+
+    @idempotent(engine, key=lambda call_id: call_id)
+    def nothing(call_id: str) -> None:
+        runs.bump()
+        return None  # a stored `null`: a replay's value, never taken for a pass-through
+
+    @idempotent(engine, key=lambda call_id: call_id)
+    def decline(call_id: str) -> None:
+        runs.bump()
+        raise Failed({"code": 7})
+
+    key = mint_key()
+    assert nothing(key) is None and nothing(key) is None and runs.n == 1
+    r = nothing.result(key)  # type: ignore[attr-defined]
+    assert r.replayed and not r.executed and r.value is None and r.verdict == "replayed"
+    other = mint_key()
+    with pytest.raises(Failed) as first:
+        decline(other)
+    assert not first.value.replayed
+    with pytest.raises(Failed) as again:
+        decline(other)
+    assert again.value.replayed and again.value.result == {"code": 7} and runs.n == 2
+
+
+def test_begin_for_a_value_answers_a_ticket_a_pass_through_or_the_stored_value(engine: Engine) -> None:
+    native, policy = engine.native, engine.policy("t")
+    key = mint_key()
+    ticket = native.begin("t", key, {"a": 1}, policy, value=True)
+    assert isinstance(ticket, idemgate._native.Ticket)
+    assert native.finish(ticket, "success", '{"v":[1,2]}', quiet=True) is None
+    assert native.begin("t", key, {"a": 1}, policy, value=True) == {"v": [1, 2]}
+    read = engine.policy("t", kind="read")
+    assert native.begin("t", key, {"a": 1}, read, value=True) is idemgate._native.PASSED_THROUGH
+    with pytest.raises(KeyReused):
+        native.begin("t", key, {"a": 2}, policy, value=True)
+
+
+def test_a_quiet_finish_raises_what_finish_raises(engine: Engine) -> None:
+    native, policy = engine.native, engine.policy("t")
+    key = mint_key()
+    ticket = native.begin("t", key, None, policy, value=True)
+    with pytest.raises(ValueError, match="not JSON"):
+        native.finish(ticket, "success", "not json", quiet=True)
+    with pytest.raises(OutcomeUnknown):  # the answer of a record made unknown, as from `finish`
+        native.finish(ticket, "ambiguous", "it timed out", quiet=True)
+    with pytest.raises(RuntimeError, match="already finished"):
+        native.finish(ticket, "success", "1", quiet=True)
+    freed = native.begin("t", mint_key(), None, policy, value=True)
+    with pytest.raises(NotApplied):  # the answer of a released key, as `finish` raises it
+        native.finish(freed, "not_applied", "nothing was sent", quiet=True)
+
+
+def test_a_decorated_read_runs_every_time(engine: Engine) -> None:
+    runs = Counter()
+
+    @idempotent(engine, key=lambda: None, kind="read")
+    def look() -> None:
+        runs.bump()
+
+    assert look() is None and look() is None and runs.n == 2
+
+
+def test_the_decorator_sees_a_policy_changed_after_it_was_applied(engine: Engine) -> None:
+    runs = Counter()
+
+    @idempotent(engine, tool="later", key=lambda call_id: call_id)
+    def act(call_id: str) -> int:
+        return runs.bump()
+
+    key = mint_key()
+    assert act(key) == 1 and act(key) == 1
+    engine.tools["later"] = Policy(kind="read")
+    assert act(key) == 2 and act(key) == 3
+    del engine.tools["later"]
+    assert act(key) == 1
+
+
+def test_a_decorated_function_may_take_any_keyword(engine: Engine) -> None:
+    # The decorator's own helpers take their arguments by position: a function's keywords are its.
+    @idempotent(engine, key=lambda **kw: kw["key"])
+    def odd(*, tool: str, fn: str, begun: str, quiet: str, key: str, self: str) -> str:
+        return tool + fn + begun + quiet + self
+
+    kw = {"tool": "a", "fn": "b", "begun": "c", "quiet": "d", "key": mint_key(), "self": "e"}
+    assert odd(**kw) == "abcde" and odd(**kw) == "abcde"
+
+
+def test_the_threads_json_encoder_survives_a_failure_and_is_never_shared() -> None:
+    from idemgate.engine import _json_text
+
+    shared = [1, 2]
+    twice = {"a": shared, "b": shared}  # one list twice: no cycle
+    with pytest.raises(ValueError, match="Circular"):
+        _json_text(cycle())
+    with pytest.raises(TypeError):
+        _json_text([shared, object()])  # fails inside `shared`: it stays in a failed encoder
+    assert _json_text(twice) == '{"a": [1, 2], "b": [1, 2]}'
+    big = {"items": [shared] * 2000}
+    texts: list[str] = []
+
+    def write() -> None:
+        for _ in range(20):
+            texts.append(_json_text(big))
+
+    threads = [threading.Thread(target=write) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert texts == [json.dumps(big)] * 160
+
+
 @pytest.mark.parametrize("store", ["memory:", "sqlite"])
 def test_a_verifier_decides_what_an_unknown_record_becomes(tmp_path: Path, store: str) -> None:
     provider: dict[str, dict[str, str]] = {}  # the payments the provider holds, by their key

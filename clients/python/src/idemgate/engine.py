@@ -55,6 +55,7 @@ from datetime import datetime, timezone
 from typing import Any, TypedDict, TypeVar, Unpack, cast
 
 from . import _native
+from ._native import PASSED_THROUGH as _PASSED_THROUGH
 from ._native import Policy, Ticket
 from .errors import (
     Failed,
@@ -177,18 +178,41 @@ def _who(by: str | None) -> str | None:
         return None
 
 
+# This thread's encoder (see `_json_text`).
+_encoders = threading.local()
+
+
+def _encoder() -> Callable[[Any, int], Any]:
+    """A new encoder with `json.dumps`' settings and ``allow_nan=False``: the C encoder it builds,
+    with its own dict of the containers being written (how it finds a cycle)."""
+    s = _dumps_settings
+    return cast(
+        Callable[[Any, int], Any],
+        _make_encoder(
+            {}, s.default, json.encoder.encode_basestring_ascii, None, ": ", ", ", False, False,
+            False,
+        ),
+    )
+
+
 def _json_text(value: Any) -> str:
     """``json.dumps(value, allow_nan=False)``, by the encoder it builds with those settings,
     without its Python-level layers (the same text and the same errors). ``allow_nan=False``:
     ``NaN`` and ``Infinity`` are not JSON, the engine cannot store them, so they fail here, as
-    every other value JSON cannot hold does (``ValueError``)."""
+    every other value JSON cannot hold does (``ValueError``).
+
+    One encoder per thread, kept between values: building one costs as much as writing a small
+    value. Its dict of the containers being written is empty again after a value it wrote, but
+    not after one it failed on (a stale entry would be taken for a cycle), nor while it writes
+    (two threads, or a call nested in one, writing one list at once would see it twice): so it is
+    taken out while it writes and put back only after a success."""
     if _make_encoder is None or isinstance(value, str):
         return json.dumps(value, allow_nan=False)
-    s = _dumps_settings
-    encode = _make_encoder(
-        {}, s.default, json.encoder.encode_basestring_ascii, None, ": ", ", ", False, False, False
-    )
-    return "".join(encode(value, 0))
+    held = _encoders.__dict__
+    encode = held.pop("encode", None) or _encoder()
+    text = "".join(encode(value, 0))
+    held["encode"] = encode
+    return text
 
 
 def _passed_through(value: Any) -> Result:
@@ -196,8 +220,9 @@ def _passed_through(value: Any) -> Result:
 
 
 def _default_args(a: tuple[Any, ...], kw: dict[str, Any]) -> Any:
-    """All arguments of a decorated call, as the HTTP client's decorator takes them."""
-    return {"args": list(a), "kwargs": kw}
+    """All arguments of a decorated call, as the HTTP client's decorator takes them (the tuple
+    itself: its fingerprint is the list's, and copying it costs a list per call)."""
+    return {"args": a, "kwargs": kw}
 
 
 def _report(e: BaseException) -> tuple[str, str]:
@@ -234,12 +259,15 @@ def _not_json(kind: str, e: Exception) -> str:
     return f"the {what} is not JSON: {type(e).__name__}: {e}"[:500]
 
 
-def _finish(native: _native.Engine, begun: Ticket, kind: str, body: str) -> _native.Answer:
-    """``native.finish``; when the engine cannot read ``body`` as JSON (a ``ValueError``, raised
-    before the ticket is used), the record is made unknown at once, since the function ran, and
-    the error re-raised: never left in flight until its lease runs out."""
+def _finish(
+    native: _native.Engine, begun: Ticket, kind: str, body: str, quiet: bool = False
+) -> _native.Answer | None:
+    """``native.finish`` (``quiet``: no answer made, for a caller that discards it); when the
+    engine cannot read ``body`` as JSON (a ``ValueError``, raised before the ticket is used), the
+    record is made unknown at once, since the function ran, and the error re-raised: never left
+    in flight until its lease runs out."""
     try:
-        return native.finish(begun, kind, body)
+        return native.finish(begun, kind, body, quiet=quiet)
     except ValueError as e:
         _finish_unknown(native, begun, _not_json(kind, e))
         raise
@@ -249,7 +277,7 @@ def _finish_unknown(native: _native.Engine, begun: Ticket, why: str) -> None:
     """Marks the record of a function that ran unknown (a journaled or failed write ends the same:
     the record is unknown when its lease runs out, the heartbeat stopped)."""
     try:
-        native.finish(begun, "ambiguous", why)
+        native.finish(begun, "ambiguous", why, quiet=True)
     except Exception:  # noqa: BLE001, S110 - unknown either way
         pass
 
@@ -486,19 +514,27 @@ class Engine:
         ``OutcomeUnknown`` (the first time after up to 2 s, see the module documentation). See the module documentation for what ``fn`` may raise and return
         (JSON types; anything else raises ``TypeError`` and the record is unknown at once).
         """
-        native = self.native
-        begun = native.begin(tool, key, args, self._policy(tool, overrides), scope=scope)
+        begun = self.native.begin(tool, key, args, self._policy(tool, overrides), scope=scope)
         if begun is None:
             return _passed_through(fn())
         if isinstance(begun, Result):
             return begun  # a replay
+        return cast(Result, self._run(tool, begun, False, fn))
+
+    def _run(
+        self, tool: str, begun: Ticket, quiet: bool, fn: Callable[..., Any], /, *a: Any, **kw: Any
+    ) -> Any:
+        """Runs ``fn(*a, **kw)`` under the ticket ``begun`` and records what it did; returns its
+        :class:`Result`, or (``quiet``: a decorated function's call) the value alone, the answer
+        not even made. What :meth:`call` and ``@idempotent`` do once a call may run."""
+        native = self.native
         current = _CURRENT_KEY.set(begun.digest)
         try:
-            value = fn()
+            value = fn(*a, **kw)
         except BaseException as e:
             kind, body = _report(e)
-            try:
-                _finish(native, begun, kind, body)
+            try:  # the answer is discarded: the function's exception is raised
+                _finish(native, begun, kind, body, quiet=True)
             except Exception as recorded:  # noqa: BLE001 - the function's own exception wins
                 _note(e, recorded)
             raise
@@ -510,13 +546,13 @@ class Engine:
             _finish_unknown(native, begun, _not_json("success", e))
             raise _unrecordable(tool, e) from e
         try:
-            answer = _finish(native, begun, "success", text)
+            answer = _finish(native, begun, "success", text, quiet)
         except OutcomeNotRecorded as e:
             e.result = value
             raise
         except ValueError as e:  # the engine could not read the text: the record is unknown now
             raise _unrecordable(tool, e) from e
-        return answer.result(value)
+        return value if answer is None else answer.result(value)
 
     # ---- async ---------------------------------------------------------------------------------
 
@@ -664,6 +700,18 @@ def idempotent(
     def decorate(fn: F) -> F:
         name = tool or fn.__name__
         engine.policy(name, **overrides)  # refuse bad settings at decoration time
+        native = engine.native
+        # The tool's policy with these overrides, resolved once and kept while the engine's policy
+        # for the tool is the same object (a changed `tools`/`default` is seen at the next call).
+        held: list[tuple[Policy | None, Policy]] = [(None, engine.default)]
+
+        def policy_now() -> Policy:
+            base = engine.tools.get(name, engine.default)
+            seen, resolved = held[0]
+            if base is not seen:
+                resolved = engine._policy(name, overrides)
+                held[0] = (base, resolved)
+            return resolved
 
         def prepare(a: tuple[Any, ...], kw: dict[str, Any]) -> tuple[str | None, Any]:
             k = key(*a, **kw) if key is not None else None
@@ -689,7 +737,16 @@ def idempotent(
 
         @functools.wraps(fn)
         def wrapper(*a: Any, **kw: Any) -> Any:
-            return result(*a, **kw).value
+            # `result(...).value`, without the `Result`: a replay's stored value comes from the
+            # native module as it is, and a run's answer is not made (`_run`'s `quiet`).
+            k = key(*a, **kw) if key is not None else None
+            payload = args(*a, **kw) if args is not None else _default_args(a, kw)
+            begun = native.begin(name, k, payload, policy_now(), value=True)
+            if type(begun) is Ticket:
+                return engine._run(name, begun, True, fn, *a, **kw)
+            if begun is _PASSED_THROUGH:
+                return fn(*a, **kw)
+            return begun  # a replay's stored value
 
         wrapper.result = result  # type: ignore[attr-defined]
         return wrapper  # type: ignore[return-value]
