@@ -383,13 +383,14 @@ def test_a_decorated_function_may_take_any_keyword(engine: Engine) -> None:
 def test_the_threads_json_encoder_survives_a_failure_and_is_never_shared() -> None:
     from idemgate.engine import _json_text
 
-    shared = [1, 2]
-    twice = {"a": shared, "b": shared}  # one list twice: no cycle
     with pytest.raises(ValueError, match="Circular"):
         _json_text(cycle())
+    held = [1, object()]
     with pytest.raises(TypeError):
-        _json_text([shared, object()])  # fails inside `shared`: it stays in a failed encoder
-    assert _json_text(twice) == '{"a": [1, 2], "b": [1, 2]}'
+        _json_text(held)  # fails inside `held`: a kept encoder would still have it marked
+    held[1] = 2
+    assert _json_text({"a": held, "b": held}) == '{"a": [1, 2], "b": [1, 2]}'
+    shared = [1, 2]
     big = {"items": [shared] * 2000}
     texts: list[str] = []
 
