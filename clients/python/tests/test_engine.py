@@ -317,6 +317,63 @@ def test_the_decorators_replay_is_the_stored_value_and_its_answer_still_says_rep
     assert again.value.replayed and again.value.result == {"code": 7} and runs.n == 2
 
 
+def test_the_async_decorators_replay_is_the_stored_value_and_reads_pass_through(
+    engine: Engine,
+) -> None:
+    runs = Counter()
+
+    @idempotent(engine, key=lambda call_id: call_id)
+    async def nothing(call_id: str) -> None:
+        runs.bump()
+        return None
+
+    @idempotent(engine, key=lambda call_id: call_id)
+    async def decline(call_id: str) -> None:
+        runs.bump()
+        raise Failed({"code": 7})
+
+    @idempotent(engine, key=lambda: None, kind="read")
+    async def look() -> int:
+        return runs.bump()
+
+    async def main() -> None:
+        key = mint_key()
+        assert await nothing(key) is None and await nothing(key) is None and runs.n == 1
+        r = await nothing.result(key)  # type: ignore[attr-defined]
+        assert r.replayed and r.value is None
+        other = mint_key()
+        with pytest.raises(Failed) as first:
+            await decline(other)
+        assert not first.value.replayed
+        with pytest.raises(Failed) as again:
+            await decline(other)
+        assert again.value.replayed and again.value.result == {"code": 7} and runs.n == 2
+        assert await look() == 3 and await look() == 4
+
+    asyncio.run(main())
+
+
+def test_async_quiet_halves_answer_none_or_the_value(engine: Engine) -> None:
+    native, policy = engine.native, engine.policy("t")
+
+    async def main() -> None:
+        key = mint_key()
+        ticket = await engine._future(
+            lambda done: native.begin_async("t", key, [1], policy, done, value=True)
+        )
+        assert isinstance(ticket, idemgate._native.Ticket)
+        recorded = await engine._future(
+            lambda done: native.finish_async(ticket, "success", '"v"', done, quiet=True)
+        )
+        assert recorded is None
+        replayed = await engine._future(
+            lambda done: native.begin_async("t", key, [1], policy, done, value=True)
+        )
+        assert replayed == "v"
+
+    asyncio.run(main())
+
+
 def test_begin_for_a_value_answers_a_ticket_a_pass_through_or_the_stored_value(engine: Engine) -> None:
     native, policy = engine.native, engine.policy("t")
     key = mint_key()

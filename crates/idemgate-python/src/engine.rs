@@ -9,7 +9,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use idemgate::{AnyStore, FileJournal, IdempotencyKey, JournalFlusher, Key, TenantId, ToolName};
+use idemgate::{
+    Answer, AnyStore, FileJournal, IdempotencyKey, JournalFlusher, Key, TenantId, ToolName,
+};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -20,7 +22,7 @@ use crate::call::{begun, begun_value, effect, PyTicket};
 use crate::leases::{keep_leases, Leases};
 use crate::policy::Policy;
 use crate::records::{self, record_view};
-use crate::runtime::stop;
+use crate::runtime::{stop, ToPython};
 use crate::verifier::PyVerifier;
 
 /// How often the journal of unconfirmed outcomes is flushed into the store.
@@ -52,6 +54,15 @@ pub(crate) struct Engine {
 impl Drop for Engine {
     fn drop(&mut self) {
         self.close();
+    }
+}
+
+/// How a `finish` answers Python: the `Answer`, or (`quiet`) `None` for an answer that is a
+/// result; any other ending raises its exception either way.
+fn answered(quiet: bool) -> ToPython<Answer> {
+    match quiet {
+        true => |py, _, answer| settled(py, &answer).map(|()| py.None()),
+        false => |py, _, answer| reply(py, answer),
     }
 }
 
@@ -210,15 +221,12 @@ impl Engine {
         let reported = effect(effect_kind, body).map_err(PyValueError::new_err)?;
         let t = Self::ticket(ticket)?;
         let answer = self.run(py, self.shared.engine.finish(&t.ticket, reported))?;
-        match quiet {
-            true => settled(py, &answer).map(|()| py.None()),
-            false => reply(py, answer),
-        }
+        answered(quiet)(py, &self.shared, answer)
     }
 
     /// As `begin`, on the engine's runtime: calls `done(ok, value)` (from a runtime thread, with
-    /// the GIL) with what `begin` returns or raises.
-    #[pyo3(signature = (tool, key, args, policy, done, *, scope = None))]
+    /// the GIL) with what `begin` returns or raises (`value=True`: as `begin(..., value=True)`).
+    #[pyo3(signature = (tool, key, args, policy, done, *, scope = None, value = false))]
     #[allow(clippy::too_many_arguments)] // Python's signature: each is one of its arguments
     fn begin_async(
         &self,
@@ -229,6 +237,7 @@ impl Engine {
         policy: &Policy,
         done: Py<PyAny>,
         scope: Option<&str>,
+        value: bool,
     ) -> PyResult<()> {
         let call = self.call(py, tool, key, args, scope)?;
         let policy = policy.0.clone();
@@ -236,12 +245,14 @@ impl Engine {
         self.answer_async(
             py,
             async move { engine.begin(call, &policy).await },
-            begun,
+            if value { begun_value } else { begun },
             done,
         )
     }
 
-    /// As `finish`, on the engine's runtime: calls `done(ok, value)`.
+    /// As `finish`, on the engine's runtime: calls `done(ok, value)` (`quiet=True`: as
+    /// `finish(..., quiet=True)`, `None` for an answer that is a result).
+    #[pyo3(signature = (ticket, effect_kind, body, done, *, quiet = false))]
     fn finish_async(
         &self,
         py: Python<'_>,
@@ -249,6 +260,7 @@ impl Engine {
         effect_kind: &str,
         body: &str,
         done: Py<PyAny>,
+        quiet: bool,
     ) -> PyResult<()> {
         let reported = effect(effect_kind, body).map_err(PyValueError::new_err)?;
         Self::ticket(ticket)?;
@@ -257,7 +269,7 @@ impl Engine {
         self.answer_async(
             py,
             async move { engine.finish(&ticket, reported).await },
-            |py, _, answer| reply(py, answer),
+            answered(quiet),
             done,
         )
     }

@@ -618,15 +618,23 @@ class Engine:
             return _passed_through(await value if inspect.isawaitable(value) else value)
         if isinstance(begun, Result):
             return begun  # a replay
+        return cast(Result, await self._arun(tool, begun, False, fn))
+
+    async def _arun(
+        self, tool: str, begun: Ticket, quiet: bool, fn: Callable[..., Any], /, *a: Any, **kw: Any
+    ) -> Any:
+        """As :meth:`_run`, awaiting ``fn(*a, **kw)`` when it gives an awaitable, and the store
+        on the engine's runtime: what :meth:`acall` and ``@idempotent`` on ``async def`` do once
+        a call may run."""
         current = _CURRENT_KEY.set(begun.digest)
         try:
-            value = fn()
+            value = fn(*a, **kw)
             if inspect.isawaitable(value):
                 value = await value
         except BaseException as e:
             kind, body = _report(e)
-            try:
-                await self._afinish(begun, kind, body)
+            try:  # the answer is discarded: the function's exception is raised
+                await self._afinish(begun, kind, body, quiet=True)
             except Exception as recorded:  # noqa: BLE001 - the function's own exception wins
                 _note(e, recorded)
             raise
@@ -638,20 +646,24 @@ class Engine:
             await self._afinish_unknown(begun, _not_json("success", e))
             raise _unrecordable(tool, e) from e
         try:
-            answer = await self._afinish(begun, "success", out)
+            answer = await self._afinish(begun, "success", out, quiet=quiet)
         except OutcomeNotRecorded as e:
             e.result = value
             raise
         except ValueError as e:  # the engine could not read the text: the record is unknown now
             raise _unrecordable(tool, e) from e
-        return answer.result(value)
+        return value if answer is None else answer.result(value)
 
-    async def _afinish(self, begun: Ticket, kind: str, body: str) -> _native.Answer:
+    async def _afinish(
+        self, begun: Ticket, kind: str, body: str, quiet: bool = False
+    ) -> _native.Answer | None:
         """As :func:`_finish`, on the engine's runtime."""
         native = self.native
         try:
-            answer = await self._future(lambda done: native.finish_async(begun, kind, body, done))
-            return cast(_native.Answer, answer)
+            answer = await self._future(
+                lambda done: native.finish_async(begun, kind, body, done, quiet=quiet)
+            )
+            return cast("_native.Answer | None", answer)
         except ValueError as e:
             await self._afinish_unknown(begun, _not_json(kind, e))
             raise
@@ -661,7 +673,9 @@ class Engine:
         write failed) when this returns, before the caller is answered."""
         native = self.native
         try:
-            await self._future(lambda done: native.finish_async(begun, "ambiguous", why, done))
+            await self._future(
+                lambda done: native.finish_async(begun, "ambiguous", why, done, quiet=True)
+            )
         except Exception:  # noqa: BLE001, S110 - unknown either way
             pass
 
@@ -726,7 +740,18 @@ def idempotent(
 
             @functools.wraps(fn)
             async def awrapper(*a: Any, **kw: Any) -> Any:
-                return (await aresult(*a, **kw)).value
+                # `(await aresult(...)).value`, through the lean halves, as `wrapper` below.
+                k = key(*a, **kw) if key is not None else None
+                payload = args(*a, **kw) if args is not None else _default_args(a, kw)
+                policy = policy_now()
+                begun = await engine._future(
+                    lambda done: native.begin_async(name, k, payload, policy, done, value=True)
+                )
+                if type(begun) is Ticket:
+                    return await engine._arun(name, begun, True, fn, *a, **kw)
+                if begun is _PASSED_THROUGH:
+                    return await fn(*a, **kw)
+                return begun  # a replay's stored value
 
             awrapper.result = aresult  # type: ignore[attr-defined]
             return awrapper  # type: ignore[return-value]
