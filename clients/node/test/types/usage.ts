@@ -1,0 +1,25 @@
+// Checked by `tsc -p test/types` (scripts/test-node): the README's example and the error classes
+// type-check against index.d.ts as a TypeScript agent writes them.
+import { Engine, idempotent, OutcomeUnknown, Failed, type Result } from 'idemgate';
+
+async function main(): Promise<void> {
+  const engine = await Engine.open('memory:', { tenant: 'types' });
+  const charge = idempotent(
+    engine,
+    'charge',
+    async (order: { id: string; amount: number }) => ({ chargeId: `ch-${order.id}`, amount: order.amount }),
+    { key: (order) => order.id, ttl: 3600 },
+  );
+  const receipt: { chargeId: string; amount: number } = await charge({ id: 'o-1', amount: 5 });
+  const result: Result<{ chargeId: string; amount: number }> = await charge.result({ id: 'o-1', amount: 5 });
+  const replayed: boolean = result.replayed;
+  try {
+    await charge({ id: 'o-2', amount: 1 });
+  } catch (e) {
+    if (e instanceof OutcomeUnknown) console.log(e.fence, e.since);
+    if (e instanceof Failed) console.log(e.result, e.replayed);
+  }
+  console.log(receipt, replayed);
+  engine.close();
+}
+void main();
