@@ -303,4 +303,8 @@ function idempotent(engine, tool, fn, options = {}) {
   return wrapper;
 }
 
-module.exports = { Engine, Result, idempotent, currentKey, jsonText, POLICY_FIELDS };
+/** `fn()` seeing `key` as its `currentKey` (an adapter runs a function under the record of the
+ * call's key while a window record is the innermost). */
+const withCurrentKey = (key, fn) => current.run(key, fn);
+
+module.exports = { Engine, Result, idempotent, currentKey, withCurrentKey, jsonText, POLICY_FIELDS };
