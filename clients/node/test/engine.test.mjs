@@ -270,3 +270,16 @@ test('every verdict that is an error has its error class', () => {
     else assert.equal(CLASSES[label], undefined, `${label} is a result, not an error`);
   }
 });
+
+test('the CommonJS and ESM entry points share one engine and one set of error classes', async () => {
+  const cjs = require('idemgate');
+  const esm = await import('idemgate');
+  assert.equal(cjs.Engine, esm.Engine);
+  assert.equal(cjs.OutcomeUnknown, esm.OutcomeUnknown);
+  const engine = await cjs.Engine.open('memory:', { tenant: unique('t') });
+  const f = esm.idempotent(engine, 'mixed', async () => {
+    throw new cjs.MaybeApplied('half done');
+  }, { key: () => 'mixed-1' });
+  await assert.rejects(f(), esm.MaybeApplied);
+  await assert.rejects(f(), OutcomeUnknown);
+});
