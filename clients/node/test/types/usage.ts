@@ -1,6 +1,11 @@
 // Checked by `tsc -p test/types` (scripts/test-node): the README's example and the error classes
 // type-check against index.d.ts as a TypeScript agent writes them.
 import { Engine, idempotent, OutcomeUnknown, Failed, type Result } from 'idemgate';
+import { idempotentTool } from 'idemgate/ai';
+import { gateTools } from 'idemgate/mcp';
+import { tool } from 'ai';
+import { McpServer } from '@modelcontextprotocol/sdk/server/mcp.js';
+import { z } from 'zod';
 
 async function main(): Promise<void> {
   const engine = await Engine.open('memory:', { tenant: 'types' });
@@ -20,6 +25,12 @@ async function main(): Promise<void> {
     if (e instanceof Failed) console.log(e.result, e.replayed);
   }
   console.log(receipt, replayed);
+  const mail = idempotentTool(engine, 'send_email', tool({
+    inputSchema: z.object({ to: z.string() }),
+    execute: async ({ to }) => `sent to ${to}`,
+  }), { scope: 'conversation-1', window: 30 });
+  const server: McpServer = gateTools(engine, new McpServer({ name: 'm', version: '1' }), { tools: { inbox: { kind: 'read' } } });
+  console.log(mail.description, server.isConnected());
   engine.close();
 }
 void main();
