@@ -3,6 +3,8 @@
 import { Engine, idempotent, OutcomeUnknown, Failed, type Result } from 'idemgate';
 import { idempotentTool } from 'idemgate/ai';
 import { gateTools } from 'idemgate/mcp';
+import { idempotentFunctionTool } from 'idemgate/openai-agents';
+import { tool as agentTool } from '@openai/agents-core';
 import { tool } from 'ai';
 import { McpServer } from '@modelcontextprotocol/sdk/server/mcp.js';
 import { z } from 'zod';
@@ -30,7 +32,13 @@ async function main(): Promise<void> {
     execute: async ({ to }) => `sent to ${to}`,
   }), { scope: 'conversation-1', window: 30 });
   const server: McpServer = gateTools(engine, new McpServer({ name: 'm', version: '1' }), { tools: { inbox: { kind: 'read' } } });
-  console.log(mail.description, server.isConnected());
+  const agentMail = idempotentFunctionTool(engine, agentTool({
+    name: 'send_email',
+    description: 'Send an email',
+    parameters: z.object({ to: z.string() }),
+    execute: async ({ to }) => `sent to ${to}`,
+  }), { scope: 'conversation-1' });
+  console.log(mail.description, server.isConnected(), agentMail.name);
   engine.close();
 }
 void main();
