@@ -1,8 +1,7 @@
 'use strict';
 // The Vercel AI SDK adapter (`import { idempotentTool } from 'idemgate/ai'`): a `tool()` whose
 // `execute` runs once per action, keyed by the call's `toolCallId` within the conversation.
-const { POLICY_FIELDS } = require('./engine.cjs');
-const { KEY_ARGUMENT, KEY_DESCRIPTION, nameAction, callOnce, answer, jsonable, splitModelKey } = require('./tool-calls.cjs');
+const { KEY_ARGUMENT, KEY_DESCRIPTION, policyFields, splitModelKey, toolCall } = require('./tool-calls.cjs');
 
 /** `schema` (any schema the SDK takes: zod, `jsonSchema()`, Standard Schema) with an optional
  * `idempotency_key` argument described to the model: its JSON schema gains the property, and a
@@ -41,28 +40,20 @@ function withKeyArgument(schema) {
  * The call's `abortSignal` stops the wait, never the recording. The policy fields (`ttl`,
  * `lease`, `wait`, `window`, `onUnknown`, `kind`) override the engine's for the tool. */
 function idempotentTool(engine, name, def, options = {}) {
-  const { scope, key, modelKey = true } = options;
-  const policy = {};
-  for (const f of [...POLICY_FIELDS, 'window']) if (options[f] !== undefined) policy[f] = options[f];
+  const policy = policyFields(options);
   engine.policy(name, policy);
   const execute = def.execute;
   if (typeof execute !== 'function') throw new TypeError(`idempotentTool: the tool ${name} has no execute`);
   return {
     ...def,
-    inputSchema: modelKey ? withKeyArgument(def.inputSchema) : def.inputSchema,
-    execute: async (input, opts = {}) => {
-      const [given, args] = splitModelKey(input, modelKey);
-      const conversation =
-        typeof scope === 'function' ? scope(args, opts) : (scope ?? opts.context?.conversationId ?? null);
-      const action = nameAction({
-        callId: opts.toolCallId ?? null,
-        scope: conversation ?? null,
-        businessKey: key ? key(args, opts) : null,
-        modelKey: given,
-      });
-      const out = await callOnce(engine, name, action, jsonable(args), () => execute(args, opts), policy, opts.abortSignal);
-      return answer(out);
-    },
+    inputSchema: options.modelKey === false ? def.inputSchema : withKeyArgument(def.inputSchema),
+    execute: (input, opts = {}) =>
+      toolCall(engine, name, input, opts, options, {
+        callId: opts.toolCallId,
+        defaultScope: opts.context?.conversationId,
+        signal: opts.abortSignal,
+        policy,
+      }, (args) => execute(args, opts)),
   };
 }
 

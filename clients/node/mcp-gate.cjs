@@ -3,9 +3,8 @@
 // Python package's FastMCP middleware and `idemgate mcp` gate a server's write tools. Built with
 // the caller's zod (the ESM entry gives the ESM one, the CommonJS entry the CommonJS one), so the
 // schema it extends and the SDK read one zod's registry of descriptions.
-const { POLICY_FIELDS } = require('./engine.cjs');
 const { Failed, IdemgateError, MaybeApplied, NotApplied } = require('./errors.cjs');
-const { KEY_ARGUMENT, KEY_DESCRIPTION, callOnce, jsonable, splitModelKey } = require('./tool-calls.cjs');
+const { KEY_ARGUMENT, KEY_DESCRIPTION, callOnce, jsonable, policyFields, splitModelKey } = require('./tool-calls.cjs');
 
 /** Where MCP requests carry the idempotency key (`params._meta`), as `idemgate mcp` reads it. */
 const KEY_META = 'dev.idemgate/idempotency-key';
@@ -48,8 +47,7 @@ function makeGate(z) {
   return function gateTools(engine, server, { tools = {}, key, scope } = {}) {
     const register = server.registerTool.bind(server);
     server.registerTool = (name, config, cb) => {
-      const given = {};
-      for (const f of [...POLICY_FIELDS, 'window']) if (tools[name]?.[f] !== undefined) given[f] = tools[name][f];
+      const given = policyFields(tools[name]);
       const policy = engine.policy(name, given);
       if ((policy.kind ?? 'write') !== 'write') return register(name, config, cb);
       const shape = config.inputSchema;

@@ -2,8 +2,7 @@
 // The OpenAI Agents SDK for JS adapter (`import { idempotentFunctionTool } from
 // 'idemgate/openai-agents'`): a function tool (what `tool({...})` returns) whose calls run once
 // per action, keyed by the call's `callId` within the conversation.
-const { POLICY_FIELDS } = require('./engine.cjs');
-const { KEY_ARGUMENT, KEY_DESCRIPTION, nameAction, callOnce, answer, jsonable, splitModelKey } = require('./tool-calls.cjs');
+const { KEY_ARGUMENT, KEY_DESCRIPTION, policyFields, toolCall } = require('./tool-calls.cjs');
 
 /** The tool's JSON schema with the model's optional `idempotency_key` (in strict mode every
  * property is required, so it is a nullable string there). */
@@ -26,30 +25,22 @@ function withKeyParameter(parameters, strict) {
  * `runContext.context?.conversationId`); `key(input, runContext)` names the action by its business
  * identity. */
 function idempotentFunctionTool(engine, fnTool, options = {}) {
-  const { scope, key, modelKey = true } = options;
   const name = fnTool.name;
-  const policy = {};
-  for (const f of [...POLICY_FIELDS, 'window']) if (options[f] !== undefined) policy[f] = options[f];
+  const policy = policyFields(options);
   engine.policy(name, policy);
   const declared = KEY_ARGUMENT in (fnTool.parameters?.properties ?? {});
-  const injected = modelKey && !declared;
+  const injected = options.modelKey !== false && !declared;
   return {
     ...fnTool,
     parameters: injected ? withKeyParameter(fnTool.parameters, fnTool.strict) : fnTool.parameters,
-    invoke: async (runContext, input, details) => {
+    invoke: (runContext, input, details) => {
       const parsed = JSON.parse(input || '{}');
-      const [given, rest] = splitModelKey(parsed, modelKey);
-      const passed = injected ? rest : parsed;
-      const conversation =
-        typeof scope === 'function' ? scope(rest, runContext) : (scope ?? runContext?.context?.conversationId ?? null);
-      const action = nameAction({
-        callId: details?.toolCall?.callId ?? null,
-        scope: conversation ?? null,
-        businessKey: key ? key(rest, runContext) : null,
-        modelKey: given,
-      });
-      const run = () => fnTool.invoke(runContext, JSON.stringify(passed), details);
-      return answer(await callOnce(engine, name, action, jsonable(rest), run, policy, details?.signal));
+      return toolCall(engine, name, parsed, runContext, options, {
+        callId: details?.toolCall?.callId,
+        defaultScope: runContext?.context?.conversationId,
+        signal: details?.signal,
+        policy,
+      }, (args) => fnTool.invoke(runContext, JSON.stringify(injected ? args : parsed), details));
     },
   };
 }

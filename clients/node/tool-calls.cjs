@@ -4,7 +4,7 @@
 // re-emission window, the model's and the program's keys) and how a tool function is run once
 // per action through the in-process engine.
 const native = require('./native.cjs');
-const { currentKey, withCurrentKey, jsonText } = require('./engine.cjs');
+const { currentKey, withCurrentKey, jsonText, POLICY_FIELDS } = require('./engine.cjs');
 const { IdemgateError, LeaseLost, NotApplied, OutcomeNotRecorded } = require('./errors.cjs');
 
 /** The tool argument a model sets to name a new action (a deliberate repeat), as `idemgate mcp`
@@ -107,7 +107,32 @@ function splitModelKey(input, modelKey) {
   return [given || null, rest];
 }
 
+/** The policy fields of an adapter's options (`window` included). */
+function policyFields(options) {
+  const policy = {};
+  for (const f of [...POLICY_FIELDS, 'window']) if (options?.[f] !== undefined) policy[f] = options[f];
+  return policy;
+}
+
+/** One call of a framework's tool through an adapter, once per action: the model's key taken out
+ * of `input`, the conversation `options.scope(args, context)` (or a string, else
+ * `defaultScope`), the action named from `callId` (or `options.key(args, context)`), `run(args)`
+ * the tool itself; what the model is handed. */
+async function toolCall(engine, tool, input, context, options, { callId, defaultScope, signal, policy }, run) {
+  const { scope, key, modelKey = true } = options;
+  const [given, args] = splitModelKey(input, modelKey);
+  const conversation = typeof scope === 'function' ? scope(args, context) : (scope ?? defaultScope ?? null);
+  const action = nameAction({
+    callId: callId ?? null,
+    scope: conversation ?? null,
+    businessKey: key ? key(args, context) : null,
+    modelKey: given,
+  });
+  return answer(await callOnce(engine, tool, action, jsonable(args), () => run(args), policy, signal));
+}
+
 module.exports = {
+  toolCall, policyFields,
   KEY_ARGUMENT, KEY_DESCRIPTION, DEFAULT_WINDOW, nameAction, scopedKey, windowOf, callOnce,
   answer, jsonable, splitModelKey,
 };

@@ -5,6 +5,8 @@ import { idempotentTool } from 'idemgate/ai';
 import { gateTools } from 'idemgate/mcp';
 import { idempotentFunctionTool } from 'idemgate/openai-agents';
 import { tool as agentTool } from '@openai/agents-core';
+import { idempotentLangChainTool } from 'idemgate/langchain';
+import { tool as lcTool } from '@langchain/core/tools';
 import { tool } from 'ai';
 import { McpServer } from '@modelcontextprotocol/sdk/server/mcp.js';
 import { z } from 'zod';
@@ -38,7 +40,11 @@ async function main(): Promise<void> {
     parameters: z.object({ to: z.string() }),
     execute: async ({ to }) => `sent to ${to}`,
   }), { scope: 'conversation-1' });
-  console.log(mail.description, server.isConnected(), agentMail.name);
+  const lcMail = idempotentLangChainTool(engine, lcTool(async ({ to }: { to: string }) => `sent to ${to}`, {
+    name: 'send_email',
+    schema: z.object({ to: z.string() }),
+  }));
+  console.log(mail.description, server.isConnected(), agentMail.name, lcMail.name);
   engine.close();
 }
 void main();
