@@ -859,8 +859,14 @@ impl<S: Store> Engine<S> {
         }
     }
 
-    /// Drives `fut` to completion, extending the lease every third of its length meanwhile.
-    async fn with_heartbeat(&self, ticket: &Ticket, fut: impl Future<Output = Effect>) -> Effect {
+    /// Drives `fut` to completion, extending the lease every third of its length meanwhile: for
+    /// a door that runs the side effect itself between [`Engine::begin`] and [`Engine::finish`]
+    /// (the Node addon, whose function reports its effect to a future awaited here).
+    pub async fn with_heartbeat(
+        &self,
+        ticket: &Ticket,
+        fut: impl Future<Output = Effect>,
+    ) -> Effect {
         let mut fut = std::pin::pin!(fut);
         // A side effect that is done at its first poll needs no timer at all.
         let first = std::future::poll_fn(|cx| match fut.as_mut().poll(cx) {

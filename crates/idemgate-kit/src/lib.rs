@@ -35,7 +35,7 @@ pub use explain::{Door, Explanation, Next, Resolve, What};
 pub use limits::{LiveKeys, RateLimit};
 pub use log::Log;
 pub use metrics::Metrics;
-pub use payload::{HttpAnswer, Payload, PayloadError};
+pub use payload::{reported_effect, HttpAnswer, Payload, PayloadError};
 
 /// Metrics, the audit log and logs of one front door.
 #[derive(Clone, Debug)]

@@ -22,7 +22,7 @@
 use std::collections::BTreeMap;
 
 use base64::Engine as _;
-use idemgate_core::{Outcome, OutcomeKind};
+use idemgate_core::{Effect, Outcome, OutcomeKind};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
@@ -444,9 +444,69 @@ fn raw_object(
     RawValue::from_string(text).expect("serialized JSON is JSON")
 }
 
+/// What a function run in-process reported, in the words of the in-process doors (the Python and
+/// Node packages): `success`/`failed` with the JSON text of its value (stored as
+/// [`Payload::Json`]), `not_applied`/`ambiguous` with a message. The error says what is wrong
+/// with the words (a body that is not JSON, an unknown kind).
+pub fn reported_effect(kind: &str, body: &str) -> Result<Effect, String> {
+    let json = |body: &str| {
+        Payload::json_text(body)
+            .map(|p| p.encode())
+            .map_err(|e| e.to_string())
+    };
+    Ok(match kind {
+        "success" => Effect::Success(json(body)?),
+        "failed" => Effect::Failed(json(body)?),
+        "not_applied" => Effect::not_applied(body),
+        "ambiguous" => Effect::Ambiguous(body.to_owned()),
+        other => {
+            return Err(format!(
+                "unknown effect {other:?}: expected success, failed, not_applied or ambiguous"
+            ))
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_reported_success_or_failure_carries_json() {
+        let body = Payload::json_text(r#"{"n":1}"#).unwrap().encode();
+        assert_eq!(
+            reported_effect("success", r#"{"n":1}"#),
+            Ok(Effect::Success(body.clone()))
+        );
+        assert_eq!(
+            reported_effect("failed", r#"{"n":1}"#),
+            Ok(Effect::Failed(body))
+        );
+        for kind in ["success", "failed"] {
+            let e = reported_effect(kind, "not json").unwrap_err();
+            assert!(e.contains("not JSON"), "{kind}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_reported_not_applied_or_ambiguous_carries_a_message() {
+        assert_eq!(
+            reported_effect("not_applied", "no such user"),
+            Ok(Effect::not_applied("no such user"))
+        );
+        assert_eq!(
+            reported_effect("ambiguous", "timed out"),
+            Ok(Effect::Ambiguous("timed out".into()))
+        );
+    }
+
+    #[test]
+    fn an_unknown_reported_effect_is_refused() {
+        assert_eq!(
+            reported_effect("succeeded", "1").unwrap_err(),
+            "unknown effect \"succeeded\": expected success, failed, not_applied or ambiguous"
+        );
+    }
 
     fn round_trip(p: &Payload) -> Payload {
         Payload::decode(&p.encode()).unwrap()

@@ -7,8 +7,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use idemgate::{Begun, Call, Effect, EngineError, IdempotencyKey, Ticket, ToolName};
-use idemgate_kit::Payload;
+use idemgate::{Begun, Call, EngineError, IdempotencyKey, Ticket, ToolName};
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -124,26 +123,9 @@ pub(crate) fn passed_through(py: Python<'_>) -> PyResult<&'static Py<PyAny>> {
     })
 }
 
-/// What the function reported, from Python's words; the error is the message of the `ValueError`
-/// it raises.
-pub(crate) fn effect(kind: &str, body: &str) -> Result<Effect, String> {
-    let json = |body: &str| {
-        Payload::json_text(body)
-            .map(|p| p.encode())
-            .map_err(|e| e.to_string())
-    };
-    Ok(match kind {
-        "success" => Effect::Success(json(body)?),
-        "failed" => Effect::Failed(json(body)?),
-        "not_applied" => Effect::not_applied(body),
-        "ambiguous" => Effect::Ambiguous(body.to_owned()),
-        other => {
-            return Err(format!(
-                "unknown effect {other:?}: expected success, failed, not_applied or ambiguous"
-            ))
-        }
-    })
-}
+/// What the function reported, from Python's words; the error is the message of the
+/// `ValueError` it raises.
+pub(crate) use idemgate_kit::reported_effect as effect;
 
 impl Engine {
     /// The engine's call: `args` (any Python value; `None`: no arguments) fingerprinted as its
@@ -198,41 +180,9 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use idemgate::Effect;
+    use idemgate_kit::Payload;
     use crate::test_support::{memory_engine, ticket};
-
-    #[test]
-    fn success_and_failed_carry_json() {
-        let body = Payload::json_text(r#"{"n":1}"#).unwrap().encode();
-        assert_eq!(
-            effect("success", r#"{"n":1}"#),
-            Ok(Effect::Success(body.clone()))
-        );
-        assert_eq!(effect("failed", r#"{"n":1}"#), Ok(Effect::Failed(body)));
-        for kind in ["success", "failed"] {
-            let e = effect(kind, "not json").unwrap_err();
-            assert!(e.contains("not JSON"), "{kind}: {e}");
-        }
-    }
-
-    #[test]
-    fn not_applied_and_ambiguous_carry_a_message() {
-        assert_eq!(
-            effect("not_applied", "no such user"),
-            Ok(Effect::not_applied("no such user"))
-        );
-        assert_eq!(
-            effect("ambiguous", "timed out"),
-            Ok(Effect::Ambiguous("timed out".into()))
-        );
-    }
-
-    #[test]
-    fn an_unknown_effect_is_refused() {
-        assert_eq!(
-            effect("succeeded", "1").unwrap_err(),
-            "unknown effect \"succeeded\": expected success, failed, not_applied or ambiguous"
-        );
-    }
 
     #[tokio::test]
     async fn a_ticket_lets_its_lease_go_once() {

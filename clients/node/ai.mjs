@@ -1,0 +1,4 @@
+import ai from './ai.cjs';
+
+export const { idempotentTool, withKeyArgument } = ai;
+export default ai;

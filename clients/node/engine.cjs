@@ -1,0 +1,310 @@
+'use strict';
+// The idemgate engine in-process: at-most-once calls of a function, the same engine, store
+// formats and rules as the Python package and the `idemgate` command (see README.md).
+const { AsyncLocalStorage } = require('node:async_hooks');
+const native = require('./native.cjs');
+const { errorOf, Failed, NotApplied, OutcomeNotRecorded, OutcomeUnknown } = require('./errors.cjs');
+
+/** The downstream key of the call whose function runs in this async context (see `currentKey`). */
+const current = new AsyncLocalStorage();
+
+/** The downstream key of the action whose function is running: the 64-hex digest of its record
+ * (SHA-256 of tenant, tool and key), the same on every attempt of the action, in every process
+ * and every language, as `idemgate mcp` fills a tool's `idempotency_key` argument. Throws
+ * outside a function idemgate runs. */
+function currentKey() {
+  const key = current.getStore();
+  if (key === undefined) throw new Error('currentKey() is only known inside a function idemgate runs');
+  return key;
+}
+
+/** The answer to a call that ended with a result: `value` (the function's, or the stored one of
+ * a replay), `executed` (this call ran the function), `replayed` (the stored outcome of an earlier
+ * call), `executedAt`/`expiresAt` (Dates), `rule` (`explicit` or `fallback`), `key`, `verdict`
+ * (`executed`, `replayed`, `pass_through`), `content` (`json`, `command`...), `recording`
+ * (`stored` or `journaled`), `explanation` (for a person) and `forModel` (for a model). */
+class Result {
+  constructor(fields) {
+    Object.assign(this, fields);
+    Object.freeze(this);
+  }
+}
+
+const time = (ms) => (ms === null || ms === undefined ? null : new Date(ms));
+
+/** The Result of a native answer reply, with `value` (what the function returned) or else the
+ * stored value; a stored failure throws `Failed`. */
+function resultOf(reply, value, useStored) {
+  const stored = reply.value_json === undefined ? null : JSON.parse(reply.value_json);
+  if (reply.failed) throw new Failed(stored, { replayed: reply.replayed });
+  return new Result({
+    value: useStored ? stored : value,
+    executed: reply.executed,
+    replayed: reply.replayed,
+    executedAt: time(reply.executed_at_ms),
+    expiresAt: time(reply.expires_at_ms),
+    rule: reply.rule ?? null,
+    key: reply.key ?? null,
+    verdict: reply.verdict,
+    content: reply.content ?? null,
+    recording: reply.recording ?? null,
+    explanation: reply.explanation ?? null,
+    forModel: reply.for_model ?? null,
+  });
+}
+
+/** A reply's JSON as a value, or its error thrown. */
+function parsed(text) {
+  const reply = JSON.parse(text);
+  if (reply !== null && typeof reply === 'object' && typeof reply.error === 'string') throw errorOf(reply);
+  return reply;
+}
+
+/** `JSON.stringify(value)` as the Python package's `json.dumps(value, allow_nan=False)`: NaN and
+ * the infinities are not JSON and throw (JSON.stringify would write them as null), as do
+ * BigInts and cycles; `undefined` is stored as null. */
+function jsonText(value) {
+  const text = JSON.stringify(value, (_, v) => {
+    if (typeof v === 'number' && !Number.isFinite(v)) throw new TypeError(`${v} is not JSON`);
+    return v;
+  });
+  return text === undefined ? 'null' : text;
+}
+
+/** What a function's exception tells the engine (the Python package's `_report`). */
+function report(e) {
+  if (e instanceof NotApplied) return ['not_applied', e.message || 'not applied'];
+  if (e instanceof Failed) {
+    try {
+      return ['failed', jsonText(e.result)];
+    } catch {
+      return ['failed', JSON.stringify(String(e.result))];
+    }
+  }
+  // MaybeApplied, and every other exception: the function may have done its work first.
+  const name = e?.constructor?.name ?? typeof e;
+  return ['ambiguous', `${name}: ${e?.message ?? String(e)}`.slice(0, 500)];
+}
+
+/** The policy fields a call or a wrapper overrides, by the engine's names; `window` is
+ * `fallbackWindow`. */
+const POLICY_FIELDS = ['kind', 'ttl', 'lease', 'wait', 'fallbackWindow', 'onUnknown'];
+
+function policyOf(options) {
+  const p = {};
+  for (const f of POLICY_FIELDS) if (options[f] !== undefined && options[f] !== null) p[f] = options[f];
+  if (options.window !== undefined && options.window !== null) p.fallbackWindow = options.window;
+  return p;
+}
+
+/** A call as the addon takes it (its optional fields absent, never null). */
+const callInit = (tool, key, argsJson, policy, scope) => ({
+  tool,
+  key: key ?? undefined,
+  argsJson: argsJson ?? undefined,
+  policy,
+  scope: scope ?? undefined,
+});
+
+/** Rejects with the signal's reason when it aborts first; `work` goes on, its outcome recorded. */
+function untilAborted(work, signal) {
+  if (!signal) return work;
+  work.catch(() => {}); // the caller may stop waiting: its rejection is recorded, not unhandled
+  return new Promise((resolve, reject) => {
+    const abort = () => reject(signal.reason);
+    signal.addEventListener('abort', abort, { once: true });
+    work.then(
+      (v) => {
+        signal.removeEventListener('abort', abort);
+        resolve(v);
+      },
+      (e) => {
+        signal.removeEventListener('abort', abort);
+        reject(e);
+      },
+    );
+  });
+}
+
+class Engine {
+  #native;
+  #tools;
+  #default;
+
+  constructor(nativeEngine, { tools = {}, default: defaultPolicy = {} } = {}) {
+    this.#native = nativeEngine;
+    this.#tools = new Map(Object.entries(tools));
+    this.#default = defaultPolicy;
+  }
+
+  /** Opens the store at `url`: `memory:`, `sqlite:///path`, `postgres://…`, `redis://…`; none:
+   * the SQLite file every `idemgate` command uses. `journal`: the directory of outcomes the
+   * store did not confirm (else beside the SQLite file, as the command line keeps it);
+   * `tenant` (default `default`); `tools`: policies by tool name; `default`: the others'.
+   * Rejects with `StoreMisconfigured` or `StoreUnavailable`. */
+  static async open(url, { journal, tenant = 'default', tools, default: defaultPolicy } = {}) {
+    let n;
+    try {
+      n = await native.openEngine(url ?? null, journal ?? null, tenant);
+    } catch (e) {
+      let reply;
+      try {
+        reply = JSON.parse(e.message);
+      } catch {
+        throw e;
+      }
+      throw errorOf(reply);
+    }
+    return new Engine(n, { tools, default: defaultPolicy });
+  }
+
+  get url() {
+    return this.#native.url;
+  }
+  get tenant() {
+    return this.#native.tenant;
+  }
+  get journal() {
+    return this.#native.journal ?? null;
+  }
+
+  /** The policy of `tool`'s calls: the engine's for it, with `overrides`. */
+  policy(tool, overrides = {}) {
+    return { ...this.#default, ...(this.#tools.get(tool) ?? {}), ...policyOf(overrides) };
+  }
+
+  /** The record a call would be judged by (`tenant`, `tool`, `key`, `rule`, `ttl`, `digest`);
+   * null for reads and naturally idempotent tools. Throws `KeyRequired` for a write without key
+   * or window. */
+  keyFor(tool, key, args, { scope, ...overrides } = {}) {
+    const argsJson = args === undefined ? null : jsonText(args);
+    return parsed(this.#native.keyFor(callInit(tool, key, argsJson, this.policy(tool, overrides), scope)));
+  }
+
+  /** The state of the record of `(tool, key)`: `{state, fence}` or null. */
+  async recordState(tool, key) {
+    return parsed(await this.#native.recordState(tool, key));
+  }
+
+  /** Runs `fn()` at most once for `(tool, key)` and says what happened (a `Result`).
+   *
+   * `args` (JSON data) are fingerprinted: the same key with other arguments throws `KeyReused`.
+   * A replay returns the stored value without calling `fn`; a racing call waits up to the
+   * policy's `wait`, then throws `InFlight`; an unknown outcome throws `OutcomeUnknown`. `scope`
+   * names where the call was made (a conversation): a call without key is joined by the
+   * fallback window only to identical calls of the same scope. `signal` (an AbortSignal): when
+   * it aborts, the caller stops waiting (the promise rejects with its reason) but a function
+   * already running finishes and its outcome is recorded; aborted before the function starts,
+   * the key is released and the function never runs. */
+  call(tool, key, args, fn, { scope, signal, ...overrides } = {}) {
+    if (signal?.aborted) return Promise.reject(signal.reason);
+    return untilAborted(this.#call(tool, key ?? null, args, fn, scope ?? null, overrides, signal), signal);
+  }
+
+  async #call(tool, key, args, fn, scope, overrides, signal) {
+    const n = this.#native;
+    const argsJson = args === undefined ? null : jsonText(args);
+    const begun = parsed(await n.begin(callInit(tool, key, argsJson, this.policy(tool, overrides), scope)));
+    if (begun.pass_through) {
+      const value = await fn();
+      return new Result({
+        value, executed: true, replayed: false, executedAt: null, expiresAt: null, rule: null,
+        key: null, verdict: 'pass_through', content: null, recording: null, explanation: null, forModel: null,
+      });
+    }
+    if (begun.execute === undefined) return resultOf(begun, undefined, true); // a replay
+    const ticket = begun.execute;
+    if (signal?.aborted) {
+      // The caller went away before the function ran: free the key at once.
+      await n.finish(ticket, 'not_applied', 'the caller was cancelled before it ran');
+      throw signal.reason;
+    }
+    let value;
+    try {
+      value = await current.run(begun.digest, fn);
+    } catch (e) {
+      const [kind, body] = report(e);
+      try {
+        parsed(await n.finish(ticket, kind, body));
+      } catch (recorded) {
+        if (!(recorded instanceof NotApplied || recorded instanceof OutcomeUnknown || recorded instanceof Failed)
+            && e !== null && typeof e === 'object') {
+          e.idemgateRecordingError = recorded; // the function's own exception wins
+        }
+      }
+      throw e;
+    }
+    let text;
+    try {
+      text = jsonText(value);
+    } catch (e) {
+      await n.finish(ticket, 'ambiguous', `the return value is not JSON: ${e.name}: ${e.message}`.slice(0, 500)).catch(() => {});
+      throw new TypeError(
+        `${tool}: the function ran, but its return value cannot be stored as JSON, so the record ` +
+          `is now unknown (resolve it with \`idemgate keys resolve\`): ${e.name}: ${e.message}`,
+      );
+    }
+    let reply;
+    try {
+      reply = parsed(await n.finish(ticket, 'success', text));
+    } catch (e) {
+      if (e instanceof OutcomeNotRecorded) e.result = value;
+      throw e;
+    }
+    return resultOf(reply, value, false);
+  }
+
+  /** Stops the engine's journal flusher; later calls reject. Calls running now are recorded. */
+  close() {
+    this.#native.close();
+  }
+
+  toString() {
+    return `Engine(${this.url}, tenant=${this.tenant})`;
+  }
+}
+
+/** The arguments of a wrapped call that are fingerprinted when `args` is not given: the Python
+ * decorator's `{"args": [...], "kwargs": {}}`, so the same call from Python and from Node is
+ * the same action. */
+const defaultArgs = (a) => ({ args: a, kwargs: {} });
+
+/** `fn` run at most once per idempotency key, in-process. `tool` names it; `options.key(...args)`
+ * names the logical action of a call (a tool-call id, `deriveKey(runId, step)`; null or
+ * undefined: the tool's fallback window, if it has one, else `KeyRequired`); `options.args(...a)`
+ * the JSON arguments that are fingerprinted (default: all of them, as the Python decorator);
+ * `options.scope` a string or a function of the arguments (where the call was made);
+ * `options.signal(...a)` the AbortSignal of a call; the policy fields (`kind`, `ttl`, `lease`,
+ * `wait`, `window`/`fallbackWindow`, `onUnknown`) override the engine's for the tool.
+ * The wrapper returns a promise of the value (a replay: the stored one); `wrapper.result(...a)`
+ * makes the same call and resolves to the whole `Result`, to tell a replay from a run. */
+function idempotent(engine, tool, fn, options = {}) {
+  if (typeof tool !== 'string') throw new TypeError('idempotent(engine, tool, fn, options): tool must be a string');
+  if (typeof fn !== 'function') throw new TypeError('idempotent(engine, tool, fn, options): fn must be a function');
+  const { key, args, scope, signal, ...policy } = options;
+  const result = (...a) => {
+    let k;
+    let payload;
+    let s;
+    let sig;
+    try {
+      k = typeof key === 'function' ? key(...a) : key;
+      payload = args ? args(...a) : defaultArgs(a);
+      s = typeof scope === 'function' ? scope(...a) : scope;
+      sig = typeof signal === 'function' ? signal(...a) : signal;
+    } catch (e) {
+      return Promise.reject(e);
+    }
+    return engine.call(tool, k, payload, () => fn(...a), { ...policy, scope: s, signal: sig });
+  };
+  const wrapper = async (...a) => (await result(...a)).value;
+  Object.defineProperty(wrapper, 'name', { value: fn.name || tool });
+  wrapper.result = result;
+  return wrapper;
+}
+
+/** `fn()` seeing `key` as its `currentKey` (an adapter runs a function under the record of the
+ * call's key while a window record is the innermost). */
+const withCurrentKey = (key, fn) => current.run(key, fn);
+
+module.exports = { Engine, Result, idempotent, currentKey, withCurrentKey, jsonText, POLICY_FIELDS };

@@ -1,0 +1,181 @@
+// Types of the `idemgate` package (the same for its ESM and CommonJS entry points).
+
+/** The fields of a tool's policy a call, `idempotent` or an adapter overrides; left out: the
+ * engine's value for the tool. Durations in seconds. */
+export interface PolicyOptions {
+  /** `write` (gated, the default), `read` or `natural_idempotent` (run without a record). */
+  kind?: 'write' | 'read' | 'natural_idempotent';
+  /** How long a completed record is kept and replayed (default 24 h). */
+  ttl?: number;
+  /** How long a running call holds its key before it is taken for dead (default 30 s). */
+  lease?: number;
+  /** How long a duplicate waits for the running call's outcome before `InFlight` (default 5 s). */
+  wait?: number;
+  /** An identical call without key (same tool, arguments and scope) within it is the same action. */
+  fallbackWindow?: number;
+  /** Same as `fallbackWindow`. */
+  window?: number;
+  /** What a call finding the record unknown does: `block` (the default), `retry` or `verify`. */
+  onUnknown?: 'block' | 'retry' | 'verify';
+}
+
+export interface OpenOptions {
+  /** The directory of outcomes the store did not confirm (default: beside the SQLite file). */
+  journal?: string;
+  /** Whose records these are (default `default`). */
+  tenant?: string;
+  /** Policies by tool name. */
+  tools?: Record<string, PolicyOptions>;
+  /** The policy of the other tools. */
+  default?: PolicyOptions;
+}
+
+export interface CallOptions extends PolicyOptions {
+  /** Where the call was made (a conversation): the fallback window joins only calls of one scope. */
+  scope?: string | null;
+  /** When it aborts the caller stops waiting; a function already running finishes and is recorded. */
+  signal?: AbortSignal | null;
+}
+
+/** The answer to a call that ended with a result. */
+export declare class Result<T = unknown> {
+  readonly value: T;
+  /** This call ran the function. */
+  readonly executed: boolean;
+  /** The stored outcome of an earlier call, replayed without running the function. */
+  readonly replayed: boolean;
+  readonly executedAt: Date | null;
+  readonly expiresAt: Date | null;
+  /** `explicit` (the caller's key) or `fallback` (the tool's fallback window). */
+  readonly rule: 'explicit' | 'fallback' | null;
+  readonly key: string | null;
+  /** `executed`, `replayed` or `pass_through`. */
+  readonly verdict: string;
+  /** The stored outcome's kind: `json` (Node, Python), `command` (`idemgate exec`)... */
+  readonly content: string | null;
+  /** `stored` or `journaled` when this call recorded an outcome. */
+  readonly recording: string | null;
+  /** What happened, for a person. */
+  readonly explanation: string | null;
+  /** What happened, for a model. */
+  readonly forModel: string | null;
+}
+
+export interface RecordName {
+  tenant: string;
+  tool: string;
+  key: string;
+  rule: 'explicit' | 'fallback';
+  ttl: number;
+  digest: string;
+}
+
+export declare class Engine {
+  /** Opens the store at `url`: `memory:`, `sqlite:///path`, `postgres://…`, `redis://…`; none: the
+   * SQLite file every `idemgate` command uses. Rejects with `StoreMisconfigured` or
+   * `StoreUnavailable`. */
+  static open(url?: string | null, options?: OpenOptions): Promise<Engine>;
+  readonly url: string;
+  readonly tenant: string;
+  readonly journal: string | null;
+  /** The policy of `tool`'s calls, with `overrides`. */
+  policy(tool: string, overrides?: PolicyOptions): PolicyOptions;
+  /** The record a call would be judged by; null for reads. */
+  keyFor(tool: string, key: string | null | undefined, args: unknown, options?: CallOptions): RecordName | null;
+  /** The state of the record of `(tool, key)`, or null when there is none. */
+  recordState(tool: string, key: string): Promise<{ state: 'in_flight' | 'completed' | 'unknown'; fence: number } | null>;
+  /** Runs `fn()` at most once for `(tool, key)`; `args` (JSON data) are fingerprinted. */
+  call<T>(
+    tool: string,
+    key: string | null | undefined,
+    args: unknown,
+    fn: () => T | Promise<T>,
+    options?: CallOptions,
+  ): Promise<Result<T>>;
+  /** Stops the journal flusher; later calls reject. */
+  close(): void;
+}
+
+export interface IdempotentOptions<A extends unknown[]> extends PolicyOptions {
+  /** The idempotency key of a call (null or undefined: the fallback window, else `KeyRequired`). */
+  key?: ((...args: A) => string | null | undefined) | string;
+  /** The JSON arguments fingerprinted (default `{args: [...], kwargs: {}}`, as the Python decorator). */
+  args?: (...args: A) => unknown;
+  /** Where a call was made (a conversation). */
+  scope?: ((...args: A) => string | null | undefined) | string;
+  /** The AbortSignal of a call. */
+  signal?: ((...args: A) => AbortSignal | null | undefined) | AbortSignal;
+}
+
+export interface Idempotent<A extends unknown[], T> {
+  (...args: A): Promise<T>;
+  /** The same call, resolving to the whole `Result` (a replay or a run). */
+  result(...args: A): Promise<Result<T>>;
+}
+
+/** `fn` run at most once per idempotency key. */
+export declare function idempotent<A extends unknown[], T>(
+  engine: Engine,
+  tool: string,
+  fn: (...args: A) => T | Promise<T>,
+  options?: IdempotentOptions<A>,
+): Idempotent<A, Awaited<T>>;
+
+/** The downstream key (64-hex record digest) of the action whose function is running. */
+export declare function currentKey(): string;
+/** A stable key for one step of one run (the Python package's `derive_key`). */
+export declare function deriveKey(runId: string, step: string): string;
+/** A fresh random key. */
+export declare function mintKey(): string;
+/** A caller's key as the engine takes it; throws with the reason. */
+export declare function checkKey(key: string): string;
+/** The fingerprint of a call's arguments given as JSON text. */
+export declare function fingerprint(argsJson: string): string;
+
+export interface Problem {
+  type?: string;
+  title?: string;
+  status?: number;
+  detail?: string;
+  verdict?: string;
+  [member: string]: unknown;
+}
+
+export declare class IdemgateError extends Error {
+  readonly status: number | null;
+  readonly problem: Problem;
+  readonly verdict: string | null;
+  readonly forModel: string | null;
+}
+export declare class BadRequest extends IdemgateError {}
+export declare class KeyRequired extends BadRequest {}
+export declare class NotFound extends IdemgateError {}
+export declare class KeyReused extends IdemgateError {}
+export declare class Conflict extends IdemgateError {}
+export declare class InFlight extends Conflict {
+  readonly retryAfter: number | null;
+}
+export declare class OutcomeUnknown extends Conflict {
+  readonly since: string | null;
+  readonly fence: number | null;
+}
+export declare class LeaseLost extends Conflict {}
+export declare class NotResolvable extends Conflict {}
+export declare class RateLimited extends IdemgateError {}
+export declare class QuotaExceeded extends IdemgateError {}
+export declare class StoreUnavailable extends IdemgateError {}
+export declare class OutcomeNotRecorded extends IdemgateError {
+  result: unknown;
+}
+export declare class StoreMisconfigured extends Error {}
+export declare class NotApplied extends Error {
+  constructor(message?: string);
+}
+export declare class Failed extends Error {
+  constructor(result?: unknown, options?: { replayed?: boolean });
+  readonly result: unknown;
+  readonly replayed: boolean;
+}
+export declare class MaybeApplied extends Error {
+  constructor(message?: string);
+}

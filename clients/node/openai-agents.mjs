@@ -1,0 +1,4 @@
+import agents from './openai-agents.cjs';
+
+export const { idempotentFunctionTool } = agents;
+export default agents;

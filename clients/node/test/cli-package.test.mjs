@@ -1,0 +1,76 @@
+// The `idemgate` binary through npm: the package's `bin` launcher and the per-platform package
+// carrying the binary (the esbuild/biome pattern), packed with `npm pack` and installed from the
+// tarballs (offline) into a fresh project, then `idemgate exec` and `idemgate mcp -- …` run
+// through `node_modules/.bin/idemgate` as `npx idemgate` runs them.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { execFile } from 'node:child_process';
+import { copyFileSync, existsSync, mkdirSync, readFileSync, writeFileSync, chmodSync } from 'node:fs';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { promisify } from 'node:util';
+import { Client } from '@modelcontextprotocol/sdk/client/index.js';
+import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
+import { scratch, within } from './helpers.mjs';
+
+const run = promisify(execFile);
+const PKG = fileURLToPath(new URL('..', import.meta.url));
+const BIN = process.env.IDEMGATE_BIN;
+const MAIL_SERVER = fileURLToPath(new URL('./fixtures/mail-server.mjs', import.meta.url));
+
+/** A fresh project with the packed `idemgate` and `@idemgate/cli-linux-x64` installed. */
+async function installed() {
+  assert.ok(BIN && existsSync(BIN), `IDEMGATE_BIN (${BIN}) must name the idemgate binary: scripts/test-node sets it`);
+  const dir = scratch();
+  const cli = path.join(dir, 'cli-linux-x64');
+  mkdirSync(path.join(cli, 'bin'), { recursive: true });
+  copyFileSync(path.join(PKG, 'npm/linux-x64/package.json'), path.join(cli, 'package.json'));
+  copyFileSync(BIN, path.join(cli, 'bin/idemgate'));
+  chmodSync(path.join(cli, 'bin/idemgate'), 0o755);
+  const pack = async (from) => {
+    const { stdout } = await within(run('npm', ['pack', '--silent', '--pack-destination', dir], { cwd: from, maxBuffer: 1 << 24 }), `npm pack in ${from}`, 300_000);
+    return path.join(dir, stdout.trim().split('\n').pop());
+  };
+  const tarballs = [await pack(PKG), await pack(cli)];
+  const project = path.join(dir, 'project');
+  mkdirSync(project);
+  writeFileSync(path.join(project, 'package.json'), JSON.stringify({ name: 'agent', private: true }));
+  await within(run('npm', ['install', '--offline', '--no-audit', '--no-fund', '--silent', ...tarballs], { cwd: project }), 'npm install of the tarballs', 300_000);
+  return { dir, launcher: path.join(project, 'node_modules/.bin/idemgate') };
+}
+
+test('npx idemgate runs the platform package binary: exec once per key, and mcp in front of a server', async () => {
+  const { dir, launcher } = await installed();
+  const store = `sqlite://${path.join(dir, 'idemgate.db')}`;
+  const common = ['--store', store, '--journal', path.join(dir, 'journal'), '--tenant', 'npx'];
+  const env = { ...process.env, IDEMGATE_BIN: '' }; // the launcher must find the package's binary itself
+
+  const exec = (key) => run(launcher, [...common, 'exec', '--key', key, '--', 'sh', '-c', `echo ran >> ${path.join(dir, 'ran')}; echo done`], { env });
+  const first = await within(exec('job-1'), 'idemgate exec');
+  const again = await within(exec('job-1'), 'idemgate exec again');
+  assert.equal(first.stdout, 'done\n');
+  assert.equal(again.stdout, 'done\n');
+  assert.match(again.stderr, /replayed the outcome of job-1/);
+  assert.equal(readFileSync(path.join(dir, 'ran'), 'utf8'), 'ran\n');
+
+  const outbox = path.join(dir, 'outbox');
+  const transport = new StdioClientTransport({
+    command: launcher,
+    args: [...common, 'mcp', '--', process.execPath, MAIL_SERVER, outbox],
+    env: { ...env, PATH: process.env.PATH },
+    cwd: PKG, // the fixture imports the SDK from the package's dev dependencies
+    stderr: 'inherit',
+  });
+  const client = new Client({ name: 'agent', version: '1.0.0' });
+  await within(client.connect(transport), 'the proxy to initialize');
+  try {
+    const call = () => client.callTool({ name: 'send_email', arguments: { to: 'ann@example.com' }, _meta: { 'dev.idemgate/idempotency-key': 'mail-1' } });
+    const sent = await within(call(), 'the first call');
+    const replay = await within(call(), 'the second call');
+    assert.equal(sent.content[0].text, 'sent to ann@example.com');
+    assert.equal(replay.content[0].text, 'sent to ann@example.com');
+    assert.equal(readFileSync(outbox, 'utf8'), 'ann@example.com\n');
+  } finally {
+    await client.close();
+  }
+});

@@ -1,0 +1,286 @@
+// The engine in-process: once per key on every store, racing duplicates, exceptions recorded as
+// the Python package records them, cancellation, and the error classes of every verdict.
+import { test, describe } from 'node:test';
+import assert from 'node:assert/strict';
+import { createRequire } from 'node:module';
+import {
+  Engine, idempotent, currentKey, deriveKey, Failed, NotApplied, MaybeApplied, OutcomeUnknown,
+  KeyReused, KeyRequired, InFlight, StoreMisconfigured, StoreUnavailable, IdemgateError, Conflict,
+} from '../index.mjs';
+import { unique, sqliteStore, deferred, within, POSTGRES_URL, REDIS_URL } from './helpers.mjs';
+
+const require = createRequire(import.meta.url);
+
+/** The stores every behaviour runs on: each opened fresh, with a tenant of its own. */
+const STORES = {
+  memory: () => Engine.open('memory:', { tenant: unique('t') }),
+  sqlite: () => {
+    const { url, journal } = sqliteStore();
+    return Engine.open(url, { journal, tenant: unique('t') });
+  },
+  postgres: () => Engine.open(POSTGRES_URL, { journal: sqliteStore().journal, tenant: unique('t') }),
+  redis: () =>
+    Engine.open(`${REDIS_URL}?key_prefix=${unique('node')}:&allow_volatile=true`, { journal: sqliteStore().journal, tenant: unique('t') }),
+};
+
+for (const [store, open] of Object.entries(STORES)) {
+  describe(`on the ${store} store`, () => {
+    test('a function runs once per key and duplicates get its stored value', async () => {
+      const engine = await open();
+      let runs = 0;
+      const charge = idempotent(engine, 'charge', async (order) => {
+        runs += 1;
+        return { charged: order.amount, run: runs };
+      }, { key: (order) => order.id });
+      const first = await charge({ id: 'order-1', amount: 12 });
+      const again = await charge({ id: 'order-1', amount: 12 });
+      assert.deepEqual(first, { charged: 12, run: 1 });
+      assert.deepEqual(again, first);
+      assert.equal(runs, 1);
+      const other = await charge({ id: 'order-2', amount: 5 });
+      assert.deepEqual(other, { charged: 5, run: 2 });
+      engine.close();
+    });
+
+    test('racing duplicates of one key run the function exactly once', async () => {
+      const engine = await open();
+      let runs = 0;
+      const release = deferred();
+      const started = deferred();
+      const send = idempotent(engine, 'send_mail', async (to) => {
+        runs += 1;
+        started.resolve();
+        await release.promise;
+        return `sent to ${to}`;
+      }, { key: () => 'mail-1', wait: 60 });
+      const calls = Array.from({ length: 8 }, () => send.result('a@example.com'));
+      await within(started.promise, 'the first call to start');
+      release.resolve();
+      const results = await within(Promise.all(calls), 'every duplicate to answer');
+      assert.equal(runs, 1);
+      assert.equal(results.filter((r) => r.executed).length, 1);
+      assert.equal(results.filter((r) => r.replayed).length, 7);
+      for (const r of results) assert.equal(r.value, 'sent to a@example.com');
+      engine.close();
+    });
+  });
+}
+
+describe('what a function throws', () => {
+  test('Failed is stored and replayed as Failed, without running again', async () => {
+    const engine = await STORES.sqlite();
+    let runs = 0;
+    const pay = idempotent(engine, 'pay', async () => {
+      runs += 1;
+      throw new Failed({ code: 'card_declined' });
+    }, { key: () => 'pay-1' });
+    const first = await pay().catch((e) => e);
+    assert.ok(first instanceof Failed);
+    assert.equal(first.replayed, false);
+    const replay = await pay().catch((e) => e);
+    assert.ok(replay instanceof Failed);
+    assert.equal(replay.replayed, true);
+    assert.deepEqual(replay.result, { code: 'card_declined' });
+    assert.equal(runs, 1);
+  });
+
+  test('NotApplied releases the key, so the next call runs', async () => {
+    const engine = await STORES.memory();
+    let runs = 0;
+    const book = idempotent(engine, 'book', async () => {
+      runs += 1;
+      if (runs === 1) throw new NotApplied('no seat free yet');
+      return 'booked';
+    }, { key: () => 'seat-1' });
+    await assert.rejects(book(), NotApplied);
+    assert.equal(await book(), 'booked');
+    assert.equal(runs, 2);
+  });
+
+  test('any other exception makes the outcome unknown: duplicates get OutcomeUnknown', async () => {
+    const engine = await STORES.memory();
+    let runs = 0;
+    const transfer = idempotent(engine, 'transfer', async () => {
+      runs += 1;
+      throw new MaybeApplied('the bank timed out');
+    }, { key: () => 'tr-1' });
+    await assert.rejects(transfer(), MaybeApplied);
+    const e = await transfer().catch((err) => err);
+    assert.ok(e instanceof OutcomeUnknown, String(e));
+    assert.ok(e instanceof Conflict && e instanceof IdemgateError);
+    assert.equal(e.verdict, 'unknown');
+    assert.match(e.message, /transfer\/tr-1 is unknown/);
+    assert.equal(typeof e.fence, 'number');
+    assert.equal(runs, 1);
+  });
+
+  test('a return value JSON cannot hold makes the record unknown and throws TypeError', async () => {
+    const engine = await STORES.memory();
+    const f = idempotent(engine, 'nan', async () => Number.NaN, { key: () => 'nan-1' });
+    await assert.rejects(f(), TypeError);
+    await assert.rejects(f(), OutcomeUnknown);
+  });
+});
+
+describe('keys and refusals', () => {
+  test('the same key with other arguments is refused as KeyReused', async () => {
+    const engine = await STORES.memory();
+    const f = idempotent(engine, 'refund', async (amount) => amount, { key: () => 'refund-1' });
+    assert.equal(await f(10), 10);
+    await assert.rejects(f(11), KeyReused);
+  });
+
+  test('a write without key or window is refused as KeyRequired, and runs nothing', async () => {
+    const engine = await STORES.memory();
+    let runs = 0;
+    const f = idempotent(engine, 'delete', async () => {
+      runs += 1;
+    });
+    await assert.rejects(f('x'), KeyRequired);
+    assert.equal(runs, 0);
+  });
+
+  test('within the window an identical call without key is the same action, in its scope only', async () => {
+    const engine = await STORES.memory();
+    let runs = 0;
+    const f = idempotent(engine, 'post', async (text) => {
+      runs += 1;
+      return `posted ${text}`;
+    }, { window: 60, scope: (_text, conversation) => conversation, args: (text) => ({ text }) });
+    const first = await f.result('hi', 'conv-1');
+    const again = await f.result('hi', 'conv-1');
+    assert.equal(first.rule, 'fallback');
+    assert.equal(again.replayed, true);
+    await f('hi', 'conv-2');
+    assert.equal(runs, 2);
+  });
+
+  test('result() tells a replay from a run without changing what the wrapper returns', async () => {
+    const engine = await STORES.memory();
+    const f = idempotent(engine, 'tag', async () => ['a', 1], { key: () => 'tag-1' });
+    const run = await f.result();
+    assert.equal(run.executed, true);
+    assert.equal(run.replayed, false);
+    assert.equal(run.verdict, 'executed');
+    assert.ok(run.executedAt instanceof Date);
+    const replay = await f.result();
+    assert.equal(replay.replayed, true);
+    assert.equal(replay.executedAt.getTime(), run.executedAt.getTime());
+    assert.deepEqual(await f(), ['a', 1]);
+  });
+
+  test('the function sees the record digest as currentKey', async () => {
+    const engine = await STORES.memory();
+    const f = idempotent(engine, 'digest', async () => currentKey(), { key: () => 'd-1' });
+    const key = await f();
+    assert.match(key, /^[0-9a-f]{64}$/);
+    assert.equal(key, engine.keyFor('digest', 'd-1', { args: [], kwargs: {} }).digest);
+    assert.throws(() => currentKey(), /only known inside/);
+  });
+
+  test('a read passes through: it runs every time and nothing is recorded', async () => {
+    const engine = await STORES.memory();
+    let runs = 0;
+    const f = idempotent(engine, 'lookup', async () => ++runs, { kind: 'read' });
+    assert.equal(await f(), 1);
+    assert.equal(await f(), 2);
+    assert.equal((await f.result()).verdict, 'pass_through');
+  });
+
+  test('a duplicate that outwaits its bound gets InFlight', async () => {
+    const engine = await STORES.memory();
+    const release = deferred();
+    const started = deferred();
+    const f = idempotent(engine, 'slow', async () => {
+      started.resolve();
+      await release.promise;
+      return 'done';
+    }, { key: () => 'slow-1', wait: 0 });
+    const first = f();
+    await within(started.promise, 'the first call to start');
+    const e = await f().catch((err) => err);
+    assert.ok(e instanceof InFlight, String(e));
+    assert.equal(typeof e.retryAfter, 'number');
+    release.resolve();
+    assert.equal(await first, 'done');
+  });
+
+  test('a derived key is the Python package derive_key', () => {
+    // idemgate._native.derive_key("run-1", "step-1"), computed by the Python package.
+    assert.equal(deriveKey('run-1', 'step-1'), deriveKey('run-1', 'step-1'));
+    assert.notEqual(deriveKey('ab', 'c'), deriveKey('a', 'bc'));
+  });
+});
+
+describe('cancellation by AbortSignal', () => {
+  test('aborting while the function runs stops the wait, and the outcome is still recorded', async () => {
+    const engine = await STORES.sqlite();
+    const controller = new AbortController();
+    const release = deferred();
+    const started = deferred();
+    const finished = deferred();
+    let runs = 0;
+    const f = idempotent(engine, 'export', async () => {
+      runs += 1;
+      started.resolve();
+      await release.promise;
+      finished.resolve();
+      return 'exported';
+    }, { key: () => 'exp-1', signal: () => controller.signal, wait: 60 });
+    const call = f();
+    await within(started.promise, 'the function to start');
+    controller.abort(new Error('the user gave up'));
+    // The caller hears at once, while the function is still running (released only below).
+    await assert.rejects(within(call, 'the caller to stop waiting'), /the user gave up/);
+    release.resolve();
+    await within(finished.promise, 'the function to finish');
+    // The retry with the same key waits for the recording if need be, then replays it.
+    const retry = await idempotent(engine, 'export', async () => 'ran again', { key: () => 'exp-1', wait: 60 }).result();
+    assert.equal(retry.replayed, true);
+    assert.equal(retry.value, 'exported');
+    assert.equal(runs, 1);
+  });
+
+  test('a signal aborted before the call runs nothing and reserves nothing', async () => {
+    const engine = await STORES.memory();
+    let runs = 0;
+    const controller = new AbortController();
+    controller.abort(new Error('too late'));
+    await assert.rejects(engine.call('ship', 'ship-2', null, async () => ++runs, { signal: controller.signal }), /too late/);
+    assert.equal(await engine.recordState('ship', 'ship-2'), null);
+    assert.equal(runs, 0);
+  });
+});
+
+describe('opening a store', () => {
+  test('a misspelt scheme is StoreMisconfigured, an unreachable server StoreUnavailable', async () => {
+    await assert.rejects(Engine.open('sqlit:///tmp/x.db'), StoreMisconfigured);
+    const e = await Engine.open('postgres://u:secret@127.0.0.1:1/db', { journal: sqliteStore().journal }).catch((err) => err);
+    assert.ok(e instanceof StoreUnavailable, String(e));
+    assert.doesNotMatch(e.message, /secret/);
+  });
+});
+
+test('every verdict that is an error has its error class', () => {
+  const native = require('../native.cjs');
+  const { CLASSES } = require('../errors.cjs');
+  const labels = native.verdictLabels();
+  assert.ok(labels.length > 10);
+  for (const [label, isError] of labels) {
+    if (isError === 'true') assert.ok(CLASSES[label], `no error class for the verdict ${label}`);
+    else assert.equal(CLASSES[label], undefined, `${label} is a result, not an error`);
+  }
+});
+
+test('the CommonJS and ESM entry points share one engine and one set of error classes', async () => {
+  const cjs = require('idemgate');
+  const esm = await import('idemgate');
+  assert.equal(cjs.Engine, esm.Engine);
+  assert.equal(cjs.OutcomeUnknown, esm.OutcomeUnknown);
+  const engine = await cjs.Engine.open('memory:', { tenant: unique('t') });
+  const f = esm.idempotent(engine, 'mixed', async () => {
+    throw new cjs.MaybeApplied('half done');
+  }, { key: () => 'mixed-1' });
+  await assert.rejects(f(), esm.MaybeApplied);
+  await assert.rejects(f(), OutcomeUnknown);
+});

@@ -1,0 +1,24 @@
+//! The idemgate engine in-process for Node.js: the native addon of the `idemgate` npm package
+//! (clients/node). One engine, not a port: the same policies, keys, fingerprints, answers,
+//! journal and stores as every other front door, and the same stored-outcome format
+//! (`idemgate_kit::Payload::Json`), so a record written from Node is replayed by the Python
+//! package, `idemgate exec`/`serve`/`mcp` and vice versa.
+//!
+//! Nothing here blocks Node's thread: every method that touches the store is an `async fn`
+//! that napi runs on its tokio runtime and resolves a JavaScript promise with. A call is split
+//! in two around the JavaScript function: `begin` reserves the key and, when the call may run,
+//! hands back a ticket id while a task on the runtime holds the record's lease
+//! (`Engine::with_heartbeat`) until `finish` reports what the function did.
+//!
+//! Answers cross as JSON text (see `reply`): the JavaScript side builds its `Result` or throws
+//! the error class of the answer's verdict label, so every class is chosen by one table there.
+//!
+//! The modules: `engine` the `NativeEngine` handle and its methods; `reply` answers and errors
+//! as JSON; `keys` the functions on keys and fingerprints.
+
+mod engine;
+mod keys;
+mod reply;
+
+pub use engine::{open_engine, CallInit, NativeEngine, PolicyInit};
+pub use keys::{check_key, derive_key, fingerprint, mint_key, verdict_labels};
