@@ -1,0 +1,17 @@
+//! The memory store, sealed, passes the conformance suite: sealing changes how records are kept,
+//! never what the store answers.
+
+use idemgate_core::MemoryStore;
+use idemgate_seal::{testing, Sealed};
+
+async fn fixture() -> idemgate_conformance::Fixture<Sealed<MemoryStore>> {
+    let seal = testing::seal(&["k1"]);
+    let names = seal.clone();
+    idemgate_conformance::Fixture::manual(MemoryStore::with_clock)
+        .map(|store| Sealed::new(store, seal))
+        .listing_keys_as(move |key| names.stored_name(key))
+}
+
+idemgate_conformance::store_conformance!(fixture());
+
+idemgate_conformance::store_model_test!(fixture(), cases = 256);
