@@ -57,3 +57,67 @@ pub fn reveals(dump: &[u8], secret: &str) -> bool {
         .iter()
         .any(|form| dump.windows(form.len()).any(|w| w == form.as_bytes()))
 }
+
+/// `store`, sealed by the test keyring `k1` ([`seal`]).
+pub fn sealed<S>(store: S) -> crate::Sealed<S> {
+    crate::Sealed::new(store, seal(&["k1"]))
+}
+
+/// How [`sealed`] stores name the record of `key`.
+pub fn stored_name(key: &idemgate_core::Key) -> idemgate_core::Key {
+    seal(&["k1"]).stored_name(key)
+}
+
+/// The key a dump test writes: no store may hold it in clear once sealed.
+pub const SECRET_KEY: &str = "order-7f3a-confidential-key";
+/// The result a dump test writes.
+pub const SECRET_RESULT: &str = "wire transfer 4410-secret-result";
+
+/// Reserves [`SECRET_KEY`] under `tenant` on `store` and completes it with [`SECRET_RESULT`],
+/// then reads it back (through the seal, when `store` is sealed): the record the dump tests look
+/// for.
+///
+/// # Panics
+/// When the store does not take or give back the record.
+pub async fn write_secret_record<S: idemgate_core::Store>(store: &S, tenant: &str) {
+    use idemgate_core::{Claim, Fingerprint, IdempotencyKey, Key, Outcome, RecordState};
+    use idemgate_core::{Reservation, TenantId, ToolName};
+    let key = Key::new(
+        TenantId::new(tenant).expect("a tenant id"),
+        ToolName::new("payments/transfer").expect("a tool name"),
+        IdempotencyKey::new(SECRET_KEY).expect("a key"),
+    );
+    let hour = std::time::Duration::from_secs(3600);
+    let r = Reservation::new(key.clone(), Fingerprint::of_bytes(b"args"), hour);
+    let Claim::Acquired(lease) = store.reserve(&r).await.expect("reserve") else {
+        panic!("expected to acquire {key}");
+    };
+    store
+        .complete(&key, lease, &Outcome::success(SECRET_RESULT), hour)
+        .await
+        .expect("complete");
+    let rec = store.get(&key).await.expect("get").expect("the record");
+    assert!(
+        matches!(&rec.state, RecordState::Completed { outcome, .. } if outcome.body == SECRET_RESULT.as_bytes()),
+        "{rec:?}"
+    );
+}
+
+/// Checks that the dump of a store written in clear shows [`SECRET_KEY`] and [`SECRET_RESULT`]
+/// (so the search can find them) and the dump of one written sealed shows neither.
+///
+/// # Panics
+/// When either dump says otherwise.
+pub fn assert_dump_hides_secrets(plain: &[u8], sealed: &[u8]) {
+    for secret in [SECRET_KEY, SECRET_RESULT] {
+        assert!(
+            reveals(plain, secret),
+            "the dump of the store written in clear should show {secret:?}: the search is broken"
+        );
+        assert!(
+            !reveals(sealed, secret),
+            "the dump of the sealed store shows {secret:?}: {}",
+            String::from_utf8_lossy(sealed)
+        );
+    }
+}

@@ -5,11 +5,9 @@ use idemgate_core::MemoryStore;
 use idemgate_seal::{testing, Sealed};
 
 async fn fixture() -> idemgate_conformance::Fixture<Sealed<MemoryStore>> {
-    let seal = testing::seal(&["k1"]);
-    let names = seal.clone();
     idemgate_conformance::Fixture::manual(MemoryStore::with_clock)
-        .map(|store| Sealed::new(store, seal))
-        .listing_keys_as(move |key| names.stored_name(key))
+        .map(testing::sealed)
+        .listing_keys_as(testing::stored_name)
 }
 
 idemgate_conformance::store_conformance!(fixture());
