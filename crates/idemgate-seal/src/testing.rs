@@ -39,7 +39,7 @@ pub fn seal(ids: &[&str]) -> Seal {
 }
 
 /// The forms in which a store may hold `secret`: as it is, in hex (PostgreSQL prints `bytea` so),
-/// and as the decimal byte list that `Debug` prints for a `Vec<u8>`.
+/// and as the decimal byte lists that `Debug` and JSON make of a `Vec<u8>`.
 pub fn forms(secret: &str) -> Vec<String> {
     let bytes = secret.as_bytes();
     let debug = format!("{bytes:?}");
@@ -48,6 +48,7 @@ pub fn forms(secret: &str) -> Vec<String> {
         hex(bytes),
         hex(bytes).to_uppercase(),
         debug[1..debug.len() - 1].to_owned(),
+        debug[1..debug.len() - 1].replace(' ', ""),
     ]
 }
 

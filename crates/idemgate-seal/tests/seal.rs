@@ -275,6 +275,14 @@ fn the_keyring_and_the_secret_come_from_variables_or_files() {
     .unwrap()
     .unwrap();
     assert_eq!(from_values.keyring().current_id(), "k2");
+    let shown = format!("{from_values:?}");
+    assert!(shown.contains("k2"), "{shown}");
+    for secret in [testing::key_b64("k2"), testing::secret_b64()] {
+        assert!(
+            !shown.contains(&secret),
+            "Debug shows no key material: {shown}"
+        );
+    }
     // The same secret names records the same way wherever it was read from.
     assert_eq!(
         from_files.stored_name(&key("x")),
