@@ -6,7 +6,7 @@ use std::process::Output;
 use base64::Engine as _;
 use idemgate_seal::testing::{self, SECRET_KEY, SECRET_RESULT};
 
-use crate::cli::{lines, text, Sandbox};
+use crate::cli::{http, lines, serve_on_a_free_port, text, Sandbox};
 
 /// The sealing variables for the test keyring `ids` (the first current).
 fn seal_env(ids: &[&str]) -> [(&'static str, String); 2] {
@@ -154,11 +154,50 @@ fn a_short_key_is_refused_before_anything_runs() {
             (idemgate_seal::SECRET_VAR, testing::secret_b64()),
         ],
     );
-    assert!(!out.status.success());
+    assert_eq!(
+        out.status.code(),
+        Some(69),
+        "the store's exit code: nothing ran"
+    );
     assert!(
         text(&out.stderr).contains("exactly 32 random bytes"),
         "{}",
         text(&out.stderr)
     );
     assert_eq!(lines(&sb.path("effect")), 0);
+}
+
+#[test]
+fn the_gateway_seals_and_finds_its_records_by_key() {
+    let sb = Sandbox::new();
+    let token = "test-token-0123456789abcdef";
+    let mut serve = sb.idemgate();
+    serve.env("IDEMGATE_TOKEN", token);
+    for (name, value) in seal_env(&["k1"]) {
+        serve.env(name, value);
+    }
+    let (mut child, addr) = serve_on_a_free_port(serve);
+    let request = |method: &str, path: &str, headers: &str| {
+        http(
+            &addr,
+            &format!(
+                "{method} {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n\
+                 {headers}Content-Length: 2\r\nConnection: close\r\n\r\n{{}}"
+            ),
+        )
+    };
+    let begin = request(
+        "POST",
+        "/v1/tools/t/begin",
+        &format!("Idempotency-Key: {SECRET_KEY}\r\n"),
+    );
+    assert!(begin.starts_with("HTTP/1.1 201"), "{begin}");
+    let by_key = request("GET", &format!("/v1/tools/t/records/{SECRET_KEY}"), "");
+    assert!(by_key.starts_with("HTTP/1.1 200"), "{by_key}");
+    let listed = request("GET", "/v1/records", "");
+    assert!(listed.contains("\"hmac-"), "{listed}");
+    assert!(!listed.contains(SECRET_KEY), "{listed}");
+    assert!(!testing::reveals(&dump(&sb), SECRET_KEY));
+    let _ = child.kill();
+    let _ = child.wait();
 }
