@@ -228,3 +228,19 @@ pub fn http_key_header(data: &[u8]) {
     );
     assert_eq!(IdempotencyKey::explicit(key.as_str()).as_ref(), Ok(&key));
 }
+
+/// Sealed outcomes (`idemgate-seal`): opening any bytes never panics, whatever is sealed opens
+/// again as it was for its own record and fence, and never for another fence.
+pub fn sealed_outcome(data: &[u8]) {
+    static SEAL: std::sync::OnceLock<idemgate_seal::Seal> = std::sync::OnceLock::new();
+    let seal = SEAL.get_or_init(|| idemgate_seal::testing::seal(&["k1", "k2"]));
+    let key = Key::new(
+        TenantId::new("t").expect("a tenant"),
+        ToolName::new("x").expect("a tool"),
+        IdempotencyKey::new("k").expect("a key"),
+    );
+    let _ = seal.open_outcome(&key, 1, data);
+    let sealed = seal.seal_outcome(&key, 1, data);
+    assert_eq!(seal.open_outcome(&key, 1, &sealed).as_deref(), Ok(data));
+    assert!(seal.open_outcome(&key, 2, &sealed).is_err());
+}

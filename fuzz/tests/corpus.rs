@@ -10,7 +10,7 @@ type Target = fn(&[u8]);
 
 #[test]
 fn the_committed_corpus_passes_every_target() {
-    let targets: [(&str, Target); 7] = [
+    let targets: [(&str, Target); 8] = [
         ("key_parser", idemgate_fuzz::key_parser),
         ("canonical_json", idemgate_fuzz::canonical_json),
         ("sqlite_row", idemgate_fuzz::sqlite_row),
@@ -18,6 +18,7 @@ fn the_committed_corpus_passes_every_target() {
         ("redis_record", idemgate_fuzz::redis_record),
         ("payload", idemgate_fuzz::payload),
         ("http_key_header", idemgate_fuzz::http_key_header),
+        ("sealed_outcome", idemgate_fuzz::sealed_outcome),
     ];
     for (name, target) in targets {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR"))

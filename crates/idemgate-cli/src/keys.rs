@@ -111,7 +111,8 @@ fn scope(ctx: &Context, tool: Option<&str>) -> String {
 
 /// The record of `key`: under `--tenant` and `--tool` when given, else wherever exactly one
 /// record has that key (an operator who copies a key from a log need not know which front door
-/// or tenant wrote it).
+/// or tenant wrote it). On a sealed store `key` is the caller's key or the stored name a listing
+/// shows.
 async fn find(ctx: &Context, key: &str, tool: Option<&str>) -> Result<Option<Record>> {
     let key = idemgate::IdempotencyKey::new(key).context("invalid key")?;
     let tool = tool
@@ -127,12 +128,21 @@ async fn find(ctx: &Context, key: &str, tool: Option<&str>) -> Result<Option<Rec
         tool,
         ..ListFilter::default()
     };
+    // A sealed store lists records under the HMAC of their name (`AnyStore::stored_name`): the
+    // operator's key finds its record by that, and the record is shown under the key again.
     let mut found: Vec<Record> = ctx
         .store()
         .list(&filter)
         .await?
         .into_iter()
-        .filter(|r| r.key.key == key)
+        .filter_map(|mut r| {
+            let named = Key::new(r.key.tenant.clone(), r.key.tool.clone(), key.clone());
+            if r.key != named && r.key != ctx.store().stored_name(&named) {
+                return None;
+            }
+            r.key = named;
+            Some(r)
+        })
         .collect();
     match found.len() {
         0 | 1 => Ok(found.pop()),

@@ -54,6 +54,38 @@ impl Sandbox {
     }
 }
 
+/// `idemgate serve` on a free loopback port, run by `command` (with its environment), and the
+/// address it listens on.
+pub(crate) fn serve_on_a_free_port(mut command: Command) -> (std::process::Child, String) {
+    use std::io::BufRead as _;
+    let mut child = command
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .trim()
+        .strip_prefix("idemgate: listening on http://")
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .to_owned();
+    (child, addr)
+}
+
+/// The whole answer to one raw HTTP/1.1 request (which should say `Connection: close`).
+pub(crate) fn http(addr: &str, request: &str) -> String {
+    use std::io::{Read as _, Write as _};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.write_all(request.as_bytes()).unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
+}
+
 pub(crate) fn lines(file: &Path) -> usize {
     fs::read_to_string(file)
         .map(|s| s.lines().count())
@@ -658,33 +690,12 @@ fn serve_refuses_to_start_without_a_tenant() {
 
 #[test]
 fn serve_answers_and_stops_cleanly_on_sigterm() {
-    use std::io::{BufRead as _, BufReader, Read as _, Write as _};
     let sb = Sandbox::new();
     let token = "test-token-0123456789abcdef";
-    let mut child = sb
-        .idemgate()
-        .env("IDEMGATE_TOKEN", token)
-        .args(["serve", "--listen", "127.0.0.1:0"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let addr = line
-        .trim()
-        .strip_prefix("idemgate: listening on http://")
-        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-        .to_owned();
-    let request = |req: String| {
-        let mut s = std::net::TcpStream::connect(&addr).unwrap();
-        s.write_all(req.as_bytes()).unwrap();
-        let mut out = String::new();
-        s.read_to_string(&mut out).unwrap();
-        out
-    };
+    let mut serve = sb.idemgate();
+    serve.env("IDEMGATE_TOKEN", token);
+    let (mut child, addr) = serve_on_a_free_port(serve);
+    let request = |req: String| http(&addr, &req);
     let begin = request(format!(
         "POST /v1/tools/t/begin HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n\
          Idempotency-Key: k\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{{}}"

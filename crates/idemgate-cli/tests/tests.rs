@@ -13,6 +13,7 @@ mod mcp_real;
 mod mcp_ts;
 mod mcp_upstream;
 mod regressions;
+mod sealed;
 
 /// Tests that load both cores (process storms, crash tests) take this lock so that they run one
 /// after the other: together they would starve each other of the time their deadlines assume.

@@ -28,6 +28,25 @@ pub struct Fixture<S> {
     pub store: S,
     /// How time passes for it.
     pub time: TimeTravel,
+    /// How the store lists a record reserved under a key: as that key, unless the store keeps
+    /// keys in another form (a sealed store lists their HMACs).
+    pub listed_as: ListedAs,
+}
+
+/// How a store lists the key of a record ([`Fixture::listing_keys_as`]).
+#[derive(Clone)]
+pub struct ListedAs(Arc<dyn Fn(&Key) -> Key + Send + Sync>);
+
+impl Default for ListedAs {
+    fn default() -> Self {
+        ListedAs(Arc::new(Key::clone))
+    }
+}
+
+impl std::fmt::Debug for ListedAs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ListedAs(…)")
+    }
 }
 
 /// How the suite makes time pass.
@@ -48,6 +67,7 @@ impl<S: Store> Fixture<S> {
         Fixture {
             store,
             time: TimeTravel::Manual(clock),
+            listed_as: ListedAs::default(),
         }
     }
 
@@ -56,7 +76,28 @@ impl<S: Store> Fixture<S> {
         Fixture {
             store,
             time: TimeTravel::Real,
+            listed_as: ListedAs::default(),
         }
+    }
+
+    /// The same store under another wrapper (a sealed store over it), keeping the clock.
+    pub fn map<T: Store>(self, wrap: impl FnOnce(S) -> T) -> Fixture<T> {
+        Fixture {
+            store: wrap(self.store),
+            time: self.time,
+            listed_as: self.listed_as,
+        }
+    }
+
+    /// The same fixture, for a store that lists the record of `key` as `listed(key)`.
+    pub fn listing_keys_as(mut self, listed: impl Fn(&Key) -> Key + Send + Sync + 'static) -> Self {
+        self.listed_as = ListedAs(Arc::new(listed));
+        self
+    }
+
+    /// How the store lists the record reserved under `key`.
+    pub fn listed(&self, key: &Key) -> Key {
+        (self.listed_as.0)(key)
     }
 
     /// Lets `d` pass for the store.
@@ -552,7 +593,7 @@ pub async fn list_filters_by_tenant_tool_and_state<S: Store>(fx: &Fixture<S>) {
                 .await
                 .unwrap()
         ),
-        vec![c.clone()]
+        vec![fx.listed(&c)]
     );
     assert_eq!(
         keys(
@@ -561,7 +602,7 @@ pub async fn list_filters_by_tenant_tool_and_state<S: Store>(fx: &Fixture<S>) {
                 .await
                 .unwrap()
         ),
-        vec![b.clone()]
+        vec![fx.listed(&b)]
     );
     assert_eq!(
         keys(
@@ -570,7 +611,7 @@ pub async fn list_filters_by_tenant_tool_and_state<S: Store>(fx: &Fixture<S>) {
                 .await
                 .unwrap()
         ),
-        vec![a.clone()]
+        vec![fx.listed(&a)]
     );
     let limited = ListFilter {
         limit: 1,
@@ -759,8 +800,8 @@ pub async fn records_keep_their_scope_and_list_by_it<S: Store>(fx: &Fixture<S>) 
                 .collect::<Vec<_>>()
         }
     };
-    assert_eq!(listed("conversation:1").await, vec![a.clone()]);
-    assert_eq!(listed("conversation:2").await, vec![b.clone()]);
+    assert_eq!(listed("conversation:1").await, vec![fx.listed(&a)]);
+    assert_eq!(listed("conversation:2").await, vec![fx.listed(&b)]);
     assert!(listed("conversation:9").await.is_empty());
     let completed_in_2 = ListFilter {
         tenant: Some(a.tenant.clone()),

@@ -195,7 +195,7 @@ fn journal_dir(config: &Config, store: &AnyStore) -> Result<Option<PathBuf>, Err
     if let Some(dir) = &config.server.journal {
         return Ok(Some(dir.clone()));
     }
-    match store {
+    match store.unsealed() {
         AnyStore::Memory(_) => Ok(None),
         AnyStore::Sqlite(s) => {
             let mut dir = s.path().as_os_str().to_owned();

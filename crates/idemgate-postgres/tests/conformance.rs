@@ -43,3 +43,15 @@ mod read_first {
     idemgate_conformance::store_conformance!(super::fixture(ReadFirst));
     idemgate_conformance::store_model_test!(super::fixture(ReadFirst), cases = 64);
 }
+
+// Sealed (keys stored as HMACs, outcomes encrypted), the store answers the same.
+mod sealed {
+    use idemgate_postgres::ReservePath::Adaptive;
+    use idemgate_seal::testing;
+    idemgate_conformance::store_conformance!(async {
+        super::fixture(Adaptive)
+            .await
+            .map(testing::sealed)
+            .listing_keys_as(testing::stored_name)
+    });
+}

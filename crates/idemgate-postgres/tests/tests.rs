@@ -3,6 +3,7 @@
 //! crash test, a private instance started in a temporary directory.
 
 mod crash;
+mod sealed;
 mod store;
 mod storm;
 mod support;

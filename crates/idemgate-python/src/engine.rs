@@ -124,7 +124,7 @@ impl Engine {
             engine.spawn_journal_flusher(FLUSH_EVERY)
         };
         let shared = Arc::new(Shared {
-            in_process_store: matches!(engine.store(), AnyStore::Memory(_)),
+            in_process_store: matches!(engine.store().unsealed(), AnyStore::Memory(_)),
             engine,
             tenant,
             handle: runtime.handle().clone(),

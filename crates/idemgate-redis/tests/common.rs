@@ -54,9 +54,12 @@ pub(crate) async fn raw(url: &str) -> redis::aio::MultiplexedConnection {
         .unwrap_or_else(|e| panic!("failed to reach redis at {url} ({e}); {START_HINT}"))
 }
 
-/// Deletes every key under `prefix` (only this run's own keys; never a flush).
-pub(crate) async fn delete_prefix(url: &str, prefix: &str) {
-    let mut conn = raw(url).await;
+/// The names of every key under `prefix` on `conn`.
+pub(crate) async fn names_under(
+    conn: &mut redis::aio::MultiplexedConnection,
+    prefix: &str,
+) -> Vec<String> {
+    let mut all = Vec::new();
     let mut cursor: u64 = 0;
     loop {
         let (next, names): (u64, Vec<String>) = redis::cmd("SCAN")
@@ -65,20 +68,27 @@ pub(crate) async fn delete_prefix(url: &str, prefix: &str) {
             .arg(format!("{prefix}*"))
             .arg("COUNT")
             .arg(1000)
-            .query_async(&mut conn)
+            .query_async(conn)
             .await
             .expect("scan");
-        if !names.is_empty() {
-            let _: i64 = redis::cmd("UNLINK")
-                .arg(&names)
-                .query_async(&mut conn)
-                .await
-                .expect("unlink");
-        }
+        all.extend(names);
         if next == 0 {
-            return;
+            return all;
         }
         cursor = next;
+    }
+}
+
+/// Deletes every key under `prefix` (only this run's own keys; never a flush).
+pub(crate) async fn delete_prefix(url: &str, prefix: &str) {
+    let mut conn = raw(url).await;
+    let names = names_under(&mut conn, prefix).await;
+    for chunk in names.chunks(1000) {
+        let _: i64 = redis::cmd("UNLINK")
+            .arg(chunk)
+            .query_async(&mut conn)
+            .await
+            .expect("unlink");
     }
 }
 

@@ -54,3 +54,14 @@ on_path!(adaptive, ReservePath::Adaptive, "");
 on_path!(insert_first, ReservePath::InsertFirst, "");
 on_path!(read_first, ReservePath::ReadFirst, "");
 on_path!(read_first_resp3, ReservePath::ReadFirst, "?protocol=resp3");
+
+// Sealed (keys stored as HMACs, outcomes encrypted), the store answers the same.
+mod sealed {
+    use super::*;
+    use idemgate_seal::testing;
+    idemgate_conformance::store_conformance!(async {
+        idemgate_conformance::Fixture::real(shared_store(ReservePath::Adaptive, "").await)
+            .map(testing::sealed)
+            .listing_keys_as(testing::stored_name)
+    });
+}

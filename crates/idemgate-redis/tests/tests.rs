@@ -8,6 +8,7 @@ mod keys;
 mod noscript;
 mod persistence;
 mod replicas;
+mod sealed;
 mod sentinel_auth;
 mod storm;
 mod url;

@@ -1,6 +1,6 @@
-//! The SQLite store passes the conformance suite, each behaviour on a fresh file under Cargo's
-//! scratch directory for integration tests (kept, since the store outlives the setup; `cargo clean`
-//! removes them).
+//! The SQLite store passes the conformance suite, in clear and sealed, each behaviour on a fresh
+//! file under Cargo's scratch directory for integration tests (kept, since the store outlives the
+//! setup; `cargo clean` removes them).
 
 /// A fresh store on a manual clock, in a directory of its own.
 async fn fixture() -> idemgate_conformance::Fixture<idemgate_sqlite::SqliteStore> {
@@ -21,3 +21,13 @@ async fn fixture() -> idemgate_conformance::Fixture<idemgate_sqlite::SqliteStore
 idemgate_conformance::store_conformance!(fixture());
 
 idemgate_conformance::store_model_test!(fixture(), cases = 256);
+
+/// Sealed (keys stored as HMACs, outcomes encrypted), the store answers the same.
+mod sealed {
+    idemgate_conformance::store_conformance!(async {
+        super::fixture()
+            .await
+            .map(idemgate_seal::testing::sealed)
+            .listing_keys_as(idemgate_seal::testing::stored_name)
+    });
+}

@@ -1,5 +1,8 @@
 //! Store choice at run time, by URL.
 
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use idemgate_core::store::Result;
@@ -8,6 +11,7 @@ use idemgate_core::{
     ChangeMark, Claim, Completion, Fence, Key, Lease, ListFilter, MemoryStore, Outcome, Record,
     Reopened, Reservation, Store, StoreError, Timestamp,
 };
+use idemgate_seal::{Seal, Sealed};
 
 /// Any store, chosen by URL: a plain enum rather than a trait object, so every call is a match
 /// and the async methods stay `Send` without boxing.
@@ -26,6 +30,9 @@ pub enum AnyStore {
     /// Redis Sentinel names (`redis+sentinel://host:port,host:port/service…`).
     #[cfg(feature = "redis")]
     Redis(idemgate_redis::RedisStore),
+    /// One of the others, its records sealed: keys stored as HMACs, outcomes encrypted
+    /// (`IDEMGATE_SEAL_KEYS` and `IDEMGATE_KEY_SECRET`, `docs/OPERATIONS.md`).
+    Sealed(SealedStore),
 }
 
 impl AnyStore {
@@ -34,45 +41,98 @@ impl AnyStore {
     /// `redis+cluster://…` for a Redis Cluster, `redis+sentinel://…` behind Redis Sentinel). `docs/STORES.md` lists the query options
     /// each kind takes.
     ///
+    /// Records are sealed when the environment configures a seal ([`idemgate_seal::from_env`]:
+    /// `IDEMGATE_SEAL_KEYS` or `IDEMGATE_SEAL_KEYS_FILE`, and `IDEMGATE_KEY_SECRET` or
+    /// `IDEMGATE_KEY_SECRET_FILE`), so every front door that opens its store here seals alike;
+    /// without them, records are stored in clear, as before.
+    ///
     /// # Errors
     /// [`StoreError::Misconfigured`] for a URL of no known (or no compiled-in) kind or with a query
-    /// option its store does not know, and whatever the store reports when it cannot open.
+    /// option its store does not know, or a seal configured wrongly, and whatever the store
+    /// reports when it cannot open.
     pub async fn connect(url: &str) -> Result<Self> {
-        let scheme = url.split(':').next().unwrap_or_default();
-        match scheme {
-            "memory" => {
-                // Takes no options and names nothing: anything after `memory:` is a mistake.
-                let rest = UrlQuery::parse(url, "memory", &[])?.base;
-                if !matches!(rest, "memory:" | "memory://") {
-                    return Err(StoreError::Misconfigured(format!(
-                        "failed to parse the memory URL {url:?}: it is just memory:"
-                    )));
+        let seal = idemgate_seal::from_env()
+            .map_err(|e| StoreError::Misconfigured(format!("failed to set up sealing: {e}")))?;
+        Self::connect_sealed(url, seal).await
+    }
+
+    /// As [`AnyStore::connect`], sealed by `seal` when given (and never by the environment).
+    ///
+    /// # Errors
+    /// As [`AnyStore::connect`].
+    pub async fn connect_sealed(url: &str, seal: Option<Seal>) -> Result<Self> {
+        let store = Self::connect_unsealed(url).await?;
+        Ok(match seal {
+            Some(seal) => AnyStore::Sealed(SealedStore::new(store, seal)),
+            None => store,
+        })
+    }
+
+    /// Boxed: opening a store is once per process, and a boxed future keeps the types of the
+    /// futures that await it (a door's start-up, a test) from nesting every store's connect.
+    fn connect_unsealed(url: &str) -> Pin<Box<dyn Future<Output = Result<Self>> + Send + '_>> {
+        Box::pin(async move {
+            let scheme = url.split(':').next().unwrap_or_default();
+            match scheme {
+                "memory" => {
+                    // Takes no options and names nothing: anything after `memory:` is a mistake.
+                    let rest = UrlQuery::parse(url, "memory", &[])?.base;
+                    if !matches!(rest, "memory:" | "memory://") {
+                        return Err(StoreError::Misconfigured(format!(
+                            "failed to parse the memory URL {url:?}: it is just memory:"
+                        )));
+                    }
+                    Ok(AnyStore::Memory(MemoryStore::new()))
                 }
-                Ok(AnyStore::Memory(MemoryStore::new()))
+                #[cfg(feature = "sqlite")]
+                "sqlite" => Ok(AnyStore::Sqlite(idemgate_sqlite::SqliteStore::connect(
+                    url,
+                )?)),
+                #[cfg(feature = "postgres")]
+                "postgres" | "postgresql" => Ok(AnyStore::Postgres(
+                    idemgate_postgres::PgStore::connect(url).await?,
+                )),
+                #[cfg(feature = "redis")]
+                "redis" | "redis+cluster" | "redis+sentinel" => Ok(AnyStore::Redis(
+                    idemgate_redis::RedisStore::connect(url).await?,
+                )),
+                // Not the URL itself: a misspelt `postgress://user:password@…` carries a password.
+                _ => Err(StoreError::Misconfigured(format!(
+                    "no store has the scheme {scheme:?}: expected a URL starting with {}",
+                    SCHEMES.join(", ")
+                ))),
             }
-            #[cfg(feature = "sqlite")]
-            "sqlite" => Ok(AnyStore::Sqlite(idemgate_sqlite::SqliteStore::connect(
-                url,
-            )?)),
-            #[cfg(feature = "postgres")]
-            "postgres" | "postgresql" => Ok(AnyStore::Postgres(
-                idemgate_postgres::PgStore::connect(url).await?,
-            )),
-            #[cfg(feature = "redis")]
-            "redis" | "redis+cluster" | "redis+sentinel" => Ok(AnyStore::Redis(
-                idemgate_redis::RedisStore::connect(url).await?,
-            )),
-            // Not the URL itself: a misspelt `postgress://user:password@…` carries a password.
-            _ => Err(StoreError::Misconfigured(format!(
-                "no store has the scheme {scheme:?}: expected a URL starting with {}",
-                SCHEMES.join(", ")
-            ))),
-        }
+        })
     }
 
     /// Whether the store keeps records across restarts of this process.
     pub fn is_durable(&self) -> bool {
-        !matches!(self, AnyStore::Memory(_))
+        !matches!(self.unsealed(), AnyStore::Memory(_))
+    }
+
+    /// The store that holds the records: this one, or the one under the seal.
+    pub fn unsealed(&self) -> &AnyStore {
+        match self {
+            AnyStore::Sealed(s) => s.0.inner().unsealed(),
+            other => other,
+        }
+    }
+
+    /// The seal, when records are sealed.
+    pub fn seal(&self) -> Option<&Seal> {
+        match self {
+            AnyStore::Sealed(s) => Some(s.0.seal()),
+            _ => None,
+        }
+    }
+
+    /// The name under which the store keeps the record of `key`: `key` itself, or its HMAC when
+    /// records are sealed ([`Seal::stored_name`]). Listings show records under it.
+    pub fn stored_name(&self, key: &Key) -> Key {
+        match self.seal() {
+            Some(seal) => seal.stored_name(key),
+            None => key.clone(),
+        }
     }
 }
 
@@ -105,9 +165,24 @@ pub const SCHEMES: &[&str] = &[
     "redis+sentinel://",
 ];
 
-/// Forwards a method to whichever store this is.
+/// Forwards a method to whichever store this is: `sync` for a plain call, else awaited. The
+/// futures of the network stores (and of the sealed one) are boxed: an allocation is nothing
+/// beside a round trip, and it keeps every caller's future (the engine's, a door's) from nesting
+/// theirs, which are deep enough to overflow the compiler's limit on laying out futures.
 macro_rules! dispatch {
-    ($self:ident, $s:ident => $call:expr) => {
+    ($self:ident, $method:ident($($arg:ident),*)) => {
+        match $self {
+            AnyStore::Memory(s) => s.$method($($arg),*).await,
+            #[cfg(feature = "sqlite")]
+            AnyStore::Sqlite(s) => s.$method($($arg),*).await,
+            #[cfg(feature = "postgres")]
+            AnyStore::Postgres(s) => boxed(s.$method($($arg),*)).await,
+            #[cfg(feature = "redis")]
+            AnyStore::Redis(s) => boxed(s.$method($($arg),*)).await,
+            AnyStore::Sealed(s) => s.0.$method($($arg),*).await,
+        }
+    };
+    (sync $self:ident, $s:ident => $call:expr) => {
         match $self {
             AnyStore::Memory($s) => $call,
             #[cfg(feature = "sqlite")]
@@ -116,19 +191,92 @@ macro_rules! dispatch {
             AnyStore::Postgres($s) => $call,
             #[cfg(feature = "redis")]
             AnyStore::Redis($s) => $call,
+            AnyStore::Sealed(sealed) => {
+                let $s = &*sealed.0;
+                $call
+            }
         }
     };
 }
 
+/// `future`, boxed (see [`dispatch`]).
+#[cfg_attr(not(any(feature = "postgres", feature = "redis")), allow(dead_code))]
+fn boxed<'a, T>(future: impl Future<Output = T> + Send + 'a) -> Boxed<'a, T> {
+    Box::pin(future)
+}
+
+/// A store of [`AnyStore`] under a seal. Its operations are boxed behind a trait object: its
+/// futures hold the futures of the store under it, which this store's own cannot name without a
+/// cycle, and its type holds that store, which this one cannot hold by value.
+#[derive(Clone, Debug)]
+pub struct SealedStore(Arc<dyn Erased>);
+
+impl SealedStore {
+    /// `store`, sealed by `seal`.
+    pub fn new(store: AnyStore, seal: Seal) -> Self {
+        SealedStore(Arc::new(Sealed::new(store, seal)))
+    }
+}
+
+type Boxed<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+macro_rules! erased {
+    ($($method:ident($($arg:ident: $ty:ty),*) -> $out:ty;)*) => {
+        /// [`Store`] for [`Sealed<AnyStore>`], its futures boxed.
+        trait Erased: std::fmt::Debug + Send + Sync {
+            fn inner(&self) -> &AnyStore;
+            fn seal(&self) -> &Seal;
+            fn change_mark(&self, key: &Key) -> ChangeMark;
+            $(fn $method<'a>(&'a self, $($arg: $ty),*) -> Boxed<'a, $out>;)*
+        }
+
+        impl Erased for Sealed<AnyStore> {
+            fn inner(&self) -> &AnyStore {
+                Sealed::inner(self)
+            }
+            fn seal(&self) -> &Seal {
+                Sealed::seal(self)
+            }
+            fn change_mark(&self, key: &Key) -> ChangeMark {
+                Store::change_mark(self, key)
+            }
+            $(fn $method<'a>(&'a self, $($arg: $ty),*) -> Boxed<'a, $out> {
+                Box::pin(Store::$method(self, $($arg),*))
+            })*
+        }
+    };
+}
+
+erased! {
+    reserve(r: &'a Reservation) -> Result<Claim>;
+    takeover(r: &'a Reservation, stale: Fence) -> Result<Claim>;
+    heartbeat(key: &'a Key, lease: Lease, lease_for: Duration) -> Result<Timestamp>;
+    complete_at(
+        key: &'a Key,
+        lease: Lease,
+        outcome: &'a Outcome,
+        ttl: Duration,
+        executed_at: Option<Timestamp>
+    ) -> Result<Completion>;
+    release(key: &'a Key, lease: Lease) -> Result<()>;
+    mark_unknown(key: &'a Key, lease: Lease) -> Result<()>;
+    reopen(key: &'a Key, fence: Fence) -> Result<Reopened>;
+    get(key: &'a Key) -> Result<Option<Record>>;
+    list(filter: &'a ListFilter) -> Result<Vec<Record>>;
+    purge_expired() -> Result<u64>;
+    wait_changed(key: &'a Key, since: ChangeMark, timeout: Duration) -> ();
+    probe_write() -> Result<()>;
+}
+
 impl Store for AnyStore {
     async fn reserve(&self, r: &Reservation) -> Result<Claim> {
-        dispatch!(self, s => s.reserve(r).await)
+        dispatch!(self, reserve(r))
     }
     async fn takeover(&self, r: &Reservation, stale: Fence) -> Result<Claim> {
-        dispatch!(self, s => s.takeover(r, stale).await)
+        dispatch!(self, takeover(r, stale))
     }
     async fn heartbeat(&self, key: &Key, lease: Lease, lease_for: Duration) -> Result<Timestamp> {
-        dispatch!(self, s => s.heartbeat(key, lease, lease_for).await)
+        dispatch!(self, heartbeat(key, lease, lease_for))
     }
     async fn complete_at(
         &self,
@@ -138,34 +286,34 @@ impl Store for AnyStore {
         ttl: Duration,
         executed_at: Option<Timestamp>,
     ) -> Result<Completion> {
-        dispatch!(self, s => s.complete_at(key, lease, outcome, ttl, executed_at).await)
+        dispatch!(self, complete_at(key, lease, outcome, ttl, executed_at))
     }
     async fn release(&self, key: &Key, lease: Lease) -> Result<()> {
-        dispatch!(self, s => s.release(key, lease).await)
+        dispatch!(self, release(key, lease))
     }
     async fn mark_unknown(&self, key: &Key, lease: Lease) -> Result<()> {
-        dispatch!(self, s => s.mark_unknown(key, lease).await)
+        dispatch!(self, mark_unknown(key, lease))
     }
     async fn reopen(&self, key: &Key, fence: Fence) -> Result<Reopened> {
-        dispatch!(self, s => s.reopen(key, fence).await)
+        dispatch!(self, reopen(key, fence))
     }
     async fn get(&self, key: &Key) -> Result<Option<Record>> {
-        dispatch!(self, s => s.get(key).await)
+        dispatch!(self, get(key))
     }
     async fn list(&self, filter: &ListFilter) -> Result<Vec<Record>> {
-        dispatch!(self, s => s.list(filter).await)
+        dispatch!(self, list(filter))
     }
     async fn purge_expired(&self) -> Result<u64> {
-        dispatch!(self, s => s.purge_expired().await)
+        dispatch!(self, purge_expired())
     }
     fn change_mark(&self, key: &Key) -> ChangeMark {
-        dispatch!(self, s => s.change_mark(key))
+        dispatch!(sync self, s => s.change_mark(key))
     }
     async fn wait_changed(&self, key: &Key, since: ChangeMark, timeout: Duration) {
-        dispatch!(self, s => s.wait_changed(key, since, timeout).await)
+        dispatch!(self, wait_changed(key, since, timeout))
     }
     async fn probe_write(&self) -> Result<()> {
-        dispatch!(self, s => s.probe_write().await)
+        dispatch!(self, probe_write())
     }
 }
 

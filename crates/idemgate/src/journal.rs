@@ -13,13 +13,21 @@
 //! or none is left; each is claimed by an atomic rename, so two processes never count the same one.
 //! Spare files given up are made again when entries are removed (flushed into the store), and at
 //! the next open, which fails if it cannot make them.
+//!
+//! # Sealed entries
+//! When records are sealed (`docs/OPERATIONS.md`), so are the journal's entries: each file holds
+//! its entry sealed under the keyring's current key (bound to the file's name) and is named by an
+//! HMAC of the record's name, so the disk shows neither the outcome nor the key either. Entries
+//! written in clear before sealing was turned on are still read and flushed.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{ErrorKind, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use idemgate_core::key::hex;
 use idemgate_core::{Journal, JournalEntry};
+use idemgate_seal::Seal;
 
 /// How much room a [`FileJournal`] keeps for itself.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -46,6 +54,7 @@ impl Default for Reserve {
 pub struct FileJournal {
     dir: PathBuf,
     reserve: Reserve,
+    seal: Option<Seal>,
 }
 
 impl FileJournal {
@@ -57,15 +66,37 @@ impl FileJournal {
         Self::open_with_reserve(dir, Reserve::default())
     }
 
-    /// Opens (and creates, if needed) the journal directory, and makes its reserve complete.
+    /// Opens (and creates, if needed) the journal directory, and makes its reserve complete. Its
+    /// entries are sealed when the environment configures a seal, as the store's records are
+    /// ([`idemgate_seal::from_env`]).
     ///
     /// # Errors
     /// When the directory cannot be created, or the reserve cannot be made: better to refuse to
-    /// start than to run side effects whose outcomes might find no room anywhere.
+    /// start than to run side effects whose outcomes might find no room anywhere. When the seal is
+    /// configured wrongly.
     pub fn open_with_reserve(dir: impl Into<PathBuf>, reserve: Reserve) -> std::io::Result<Self> {
+        let seal = idemgate_seal::from_env().map_err(|e| {
+            std::io::Error::new(
+                ErrorKind::InvalidInput,
+                format!("failed to set up sealing: {e}"),
+            )
+        })?;
+        Self::open_sealed(dir, reserve, seal)
+    }
+
+    /// As [`FileJournal::open_with_reserve`], its entries sealed by `seal` when given (and never
+    /// by the environment).
+    ///
+    /// # Errors
+    /// As [`FileJournal::open_with_reserve`].
+    pub fn open_sealed(
+        dir: impl Into<PathBuf>,
+        reserve: Reserve,
+        seal: Option<Seal>,
+    ) -> std::io::Result<Self> {
         let dir = dir.into();
         fs::create_dir_all(&dir)?;
-        let journal = FileJournal { dir, reserve };
+        let journal = FileJournal { dir, reserve, seal };
         journal.remove_stray_claims();
         journal.replenish().map_err(|e| {
             std::io::Error::new(
@@ -85,8 +116,50 @@ impl FileJournal {
         &self.dir
     }
 
+    /// The name of `entry`'s file, without its extension: its id, or when sealed an HMAC of
+    /// the record's name (the id shows a plain digest of the key) and the lease's token.
+    fn stem(&self, entry: &JournalEntry) -> String {
+        match &self.seal {
+            None => entry.id(),
+            Some(seal) => {
+                let k = &entry.key;
+                let digest = seal.digest(&[
+                    b"idemgate journal entry v1",
+                    k.tenant.as_str().as_bytes(),
+                    k.tool.as_str().as_bytes(),
+                    k.key.as_str().as_bytes(),
+                ]);
+                format!("{}-{}", hex(&digest[..16]), entry.lease.token.to_hex())
+            }
+        }
+    }
+
     fn path_of(&self, entry: &JournalEntry) -> PathBuf {
-        self.dir.join(format!("{}.json", entry.id()))
+        self.dir.join(format!("{}.json", self.stem(entry)))
+    }
+
+    /// What an entry's file holds: its JSON, sealed for that file when sealing is on.
+    fn encode(&self, stem: &str, entry: &JournalEntry) -> Result<Vec<u8>, String> {
+        let json = serde_json::to_vec(entry)
+            .map_err(|e| format!("failed to encode journal entry: {e}"))?;
+        Ok(match &self.seal {
+            None => json,
+            Some(seal) => seal.seal(&journal_context(stem), &json),
+        })
+    }
+
+    /// The entry a file holds; `None` for one this process cannot read (sealed under a key it
+    /// does not hold, or not an entry), which stays on disk for an operator.
+    fn decode(&self, stem: &str, bytes: &[u8]) -> Option<JournalEntry> {
+        let json = if bytes.starts_with(idemgate_seal::SEALED_MAGIC) {
+            self.seal
+                .as_ref()?
+                .open(&journal_context(stem), bytes)
+                .ok()?
+        } else {
+            bytes.to_vec()
+        };
+        serde_json::from_slice(&json).ok()
     }
 
     fn sync_dir(&self) -> std::io::Result<()> {
@@ -175,6 +248,11 @@ impl FileJournal {
     }
 }
 
+/// What a sealed entry is bound to: its file's name, so that it cannot pass for another.
+fn journal_context(stem: &str) -> [&[u8]; 2] {
+    [b"idemgate journal v1", stem.as_bytes()]
+}
+
 /// Writes a file of `len` zero bytes and syncs it: allocated on disk, unlike a sparse file.
 fn write_zeros(path: &Path, len: u64) -> std::io::Result<()> {
     let mut f = OpenOptions::new()
@@ -205,11 +283,9 @@ impl Journal for FileJournal {
                 self.dir.display()
             )
         };
-        let body = serde_json::to_vec(entry)
-            .map_err(|e| format!("failed to encode journal entry: {e}"))?;
-        let tmp = self
-            .dir
-            .join(format!(".{}.{}.tmp", entry.id(), std::process::id()));
+        let stem = self.stem(entry);
+        let body = self.encode(&stem, entry)?;
+        let tmp = self.dir.join(format!(".{stem}.{}.tmp", std::process::id()));
         let path = self.path_of(entry);
         loop {
             match self.write_entry(&tmp, &path, &body) {
@@ -240,7 +316,8 @@ impl Journal for FileJournal {
             };
             // An entry this version cannot read stays on disk for an operator; it must not stop
             // the others from flushing.
-            if let Ok(entry) = serde_json::from_slice::<JournalEntry>(&bytes) {
+            let stem = path.file_stem().unwrap_or_default().to_string_lossy();
+            if let Some(entry) = self.decode(&stem, &bytes) {
                 entries.push(entry);
             }
         }
@@ -249,7 +326,16 @@ impl Journal for FileJournal {
     }
 
     fn remove(&self, entry: &JournalEntry) -> Result<(), String> {
-        match fs::remove_file(self.path_of(entry)) {
+        let mut removed = fs::remove_file(self.path_of(entry));
+        if self.seal.is_some()
+            && removed
+                .as_ref()
+                .is_err_and(|e| e.kind() == ErrorKind::NotFound)
+        {
+            // An entry journaled in clear before sealing was turned on.
+            removed = fs::remove_file(self.dir.join(format!("{}.json", entry.id())));
+        }
+        match removed {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
             Err(e) => return Err(format!("failed to remove journal entry: {e}")),
@@ -308,6 +394,66 @@ mod tests {
             j.dir().join("garbage.json").exists(),
             "unreadable entries are kept"
         );
+    }
+
+    /// Every byte of every file in `dir`, names included.
+    fn disk(dir: &Path) -> Vec<u8> {
+        let mut bytes = Vec::new();
+        for item in fs::read_dir(dir).unwrap() {
+            let item = item.unwrap();
+            bytes.extend(item.file_name().as_encoded_bytes());
+            bytes.extend(fs::read(item.path()).unwrap());
+        }
+        bytes
+    }
+
+    fn secret_entry() -> JournalEntry {
+        let mut e = entry(idemgate_seal::testing::SECRET_KEY, 1);
+        e.op = JournalOp::complete(
+            Outcome::success(idemgate_seal::testing::SECRET_RESULT.as_bytes().to_vec()),
+            Duration::from_secs(5),
+        );
+        e
+    }
+
+    #[test]
+    fn sealed_entries_show_neither_the_outcome_nor_the_key_on_disk() {
+        let dir = tempfile::tempdir().unwrap();
+        let (plain_dir, sealed_dir) = (dir.path().join("plain"), dir.path().join("sealed"));
+        let plain = FileJournal::open_sealed(&plain_dir, Reserve::default(), None).unwrap();
+        let seal = idemgate_seal::testing::seal(&["k1"]);
+        let sealed = FileJournal::open_sealed(&sealed_dir, Reserve::default(), Some(seal)).unwrap();
+        // Before sealing was on, an entry was journaled in clear: it still flushes and goes.
+        let (e, old) = (secret_entry(), entry("journaled-in-clear", 0));
+        plain.append(&e).unwrap();
+        fs::write(
+            sealed_dir.join(format!("{}.json", old.id())),
+            serde_json::to_vec(&old).unwrap(),
+        )
+        .unwrap();
+        sealed.append(&e).unwrap();
+        idemgate_seal::testing::assert_dump_hides_secrets(&disk(&plain_dir), &disk(&sealed_dir));
+        assert!(
+            !fs::read_dir(&sealed_dir).unwrap().any(|f| f
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .starts_with(&e.id())),
+            "the file is not named by the plain digest of the key"
+        );
+        assert_eq!(sealed.pending().unwrap(), vec![old.clone(), e.clone()]);
+        // A journal without the key that sealed an entry leaves it on disk for an operator.
+        let other = FileJournal::open_sealed(
+            &sealed_dir,
+            Reserve::default(),
+            Some(idemgate_seal::testing::seal(&["k2"])),
+        )
+        .unwrap();
+        assert_eq!(other.pending().unwrap(), vec![old.clone()]);
+        sealed.remove(&e).unwrap();
+        sealed.remove(&old).unwrap();
+        assert_eq!(sealed.pending().unwrap(), vec![]);
+        assert!(!disk(&sealed_dir).windows(5).any(|w| w == b".json"));
     }
 
     /// About 20 kB on disk: bodies are written as JSON arrays of numbers.

@@ -4,7 +4,7 @@ mod any;
 pub mod defaults;
 pub mod journal;
 
-pub use any::{redact_url, AnyStore, SCHEMES};
+pub use any::{redact_url, AnyStore, SealedStore, SCHEMES};
 pub use defaults::store_and_journal;
 pub use idemgate_core::*;
 pub use journal::FileJournal;

@@ -1,0 +1,172 @@
+//! A store whose records are sealed: every key is stored as its HMAC and every outcome sealed.
+
+use std::time::Duration;
+
+use idemgate_core::store::Result;
+use idemgate_core::{
+    ChangeMark, Claim, Completion, Fence, Key, Lease, ListFilter, Outcome, Record, RecordState,
+    Reopened, Reservation, Store, StoreError, Timestamp,
+};
+
+use crate::seal::{Seal, SealError};
+
+/// A store of sealed records: `S` keeps each record under [`Seal::stored_name`] of its key, with
+/// its outcome's body sealed for that record and fence ([`Seal::seal_outcome`]); this wrapper
+/// names, seals and opens on every operation, so the engine above sees the store as if nothing
+/// were sealed. Tenants, tools, scopes, fingerprints, fences, states and times stay in clear.
+///
+/// A record found by its key comes back under that key; a listed record under its stored name
+/// (the store cannot say which key it was named from), which operators pass back as it is
+/// ([`crate::is_stored_name`]). An outcome that does not open (sealed under a key the keyring
+/// no longer holds, altered, copied from another record, or never sealed) is
+/// [`StoreError::Corrupt`] naming the record and why.
+#[derive(Clone, Debug)]
+pub struct Sealed<S> {
+    inner: S,
+    seal: Seal,
+}
+
+impl<S> Sealed<S> {
+    /// `inner`, sealed by `seal`.
+    pub fn new(inner: S, seal: Seal) -> Self {
+        Sealed { inner, seal }
+    }
+
+    /// The store underneath.
+    pub fn inner(&self) -> &S {
+        &self.inner
+    }
+
+    /// The seal.
+    pub fn seal(&self) -> &Seal {
+        &self.seal
+    }
+
+    fn name(&self, key: &Key) -> Key {
+        self.seal.stored_name(key)
+    }
+
+    fn reservation(&self, r: &Reservation) -> Reservation {
+        Reservation {
+            key: self.name(&r.key),
+            ..r.clone()
+        }
+    }
+
+    /// `rec` as the engine sees it: its outcome opened, and named `key` when the caller named it.
+    fn open(&self, mut rec: Record, key: Option<&Key>) -> Result<Record> {
+        if let RecordState::Completed { outcome, .. } = &mut rec.state {
+            outcome.body = self
+                .seal
+                .open_outcome(&rec.key, rec.fence, &outcome.body)
+                .map_err(|e| corrupt(&rec.key, key, &e))?;
+        }
+        if let Some(key) = key {
+            rec.key = key.clone();
+        }
+        Ok(rec)
+    }
+
+    fn claim(&self, claim: Claim, key: &Key) -> Result<Claim> {
+        Ok(match claim {
+            Claim::Acquired(lease) => Claim::Acquired(lease),
+            Claim::Existing(rec) => Claim::Existing(self.open(rec, Some(key))?),
+        })
+    }
+}
+
+fn corrupt(stored: &Key, key: Option<&Key>, e: &SealError) -> StoreError {
+    let name = match key {
+        Some(k) if k.key != stored.key => format!("{k} (stored as {})", stored.key),
+        _ => stored.to_string(),
+    };
+    StoreError::Corrupt(format!("record {name}: {e}"))
+}
+
+impl<S: Store> Store for Sealed<S> {
+    async fn reserve(&self, r: &Reservation) -> Result<Claim> {
+        let claim = self.inner.reserve(&self.reservation(r)).await?;
+        self.claim(claim, &r.key)
+    }
+
+    async fn takeover(&self, r: &Reservation, stale: Fence) -> Result<Claim> {
+        let claim = self.inner.takeover(&self.reservation(r), stale).await?;
+        self.claim(claim, &r.key)
+    }
+
+    async fn heartbeat(&self, key: &Key, lease: Lease, lease_for: Duration) -> Result<Timestamp> {
+        self.inner
+            .heartbeat(&self.name(key), lease, lease_for)
+            .await
+    }
+
+    async fn complete_at(
+        &self,
+        key: &Key,
+        lease: Lease,
+        outcome: &Outcome,
+        ttl: Duration,
+        executed_at: Option<Timestamp>,
+    ) -> Result<Completion> {
+        let name = self.name(key);
+        let sealed = Outcome {
+            kind: outcome.kind,
+            body: self.seal.seal_outcome(&name, lease.fence, &outcome.body),
+        };
+        self.inner
+            .complete_at(&name, lease, &sealed, ttl, executed_at)
+            .await
+    }
+
+    async fn release(&self, key: &Key, lease: Lease) -> Result<()> {
+        self.inner.release(&self.name(key), lease).await
+    }
+
+    async fn mark_unknown(&self, key: &Key, lease: Lease) -> Result<()> {
+        self.inner.mark_unknown(&self.name(key), lease).await
+    }
+
+    async fn reopen(&self, key: &Key, fence: Fence) -> Result<Reopened> {
+        Ok(match self.inner.reopen(&self.name(key), fence).await? {
+            Reopened::Expired => Reopened::Expired,
+            Reopened::Kept(rec) => {
+                Reopened::Kept(rec.map(|r| self.open(r, Some(key))).transpose()?)
+            }
+        })
+    }
+
+    async fn get(&self, key: &Key) -> Result<Option<Record>> {
+        self.inner
+            .get(&self.name(key))
+            .await?
+            .map(|r| self.open(r, Some(key)))
+            .transpose()
+    }
+
+    async fn list(&self, filter: &ListFilter) -> Result<Vec<Record>> {
+        self.inner
+            .list(filter)
+            .await?
+            .into_iter()
+            .map(|r| self.open(r, None))
+            .collect()
+    }
+
+    async fn purge_expired(&self) -> Result<u64> {
+        self.inner.purge_expired().await
+    }
+
+    fn change_mark(&self, key: &Key) -> ChangeMark {
+        self.inner.change_mark(&self.name(key))
+    }
+
+    async fn wait_changed(&self, key: &Key, since: ChangeMark, timeout: Duration) {
+        self.inner
+            .wait_changed(&self.name(key), since, timeout)
+            .await;
+    }
+
+    async fn probe_write(&self) -> Result<()> {
+        self.inner.probe_write().await
+    }
+}
