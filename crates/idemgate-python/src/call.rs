@@ -180,9 +180,9 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use crate::test_support::{memory_engine, ticket};
     use idemgate::Effect;
     use idemgate_kit::Payload;
-    use crate::test_support::{memory_engine, ticket};
 
     #[tokio::test]
     async fn a_ticket_lets_its_lease_go_once() {
