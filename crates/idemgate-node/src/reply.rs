@@ -5,7 +5,7 @@
 //! problem document, as the Python exceptions carry it).
 
 use idemgate::{Answer, Decision, EngineError, Key, OutcomeKind, StoreError, Verdict};
-use idemgate_kit::{Door, Explanation, Payload, Resolve, VerdictCodes, What};
+use idemgate_kit::{problem_members, Door, Explanation, Payload, Resolve, VerdictCodes, What};
 use serde_json::{json, Map, Value};
 
 /// The problem type URIs, as the HTTP gateway names them.
@@ -34,17 +34,10 @@ pub(crate) fn error(verdict: Verdict, message: String, problem: Map<String, Valu
 
 /// The error reply of an engine error (a refusal before anything ran, or a store failure).
 pub(crate) fn engine_error(e: &EngineError) -> Value {
-    let mut problem = Map::new();
-    if let EngineError::KeyReuse {
-        key,
-        rule,
-        first_seen,
-    } = e
-    {
-        problem.insert("key".into(), key.key.as_str().into());
-        problem.insert("rule".into(), rule.to_string().into());
-        problem.insert("first_seen".into(), first_seen.to_string().into());
-    }
+    let problem = problem_members(e)
+        .into_iter()
+        .map(|(name, value)| (name.to_owned(), value.into()))
+        .collect();
     error(Verdict::of_error(e), e.to_string(), problem)
 }
 

@@ -3,7 +3,7 @@
 //! `idemgate.errors`, shared with the HTTP client) chosen by one exhaustive match on [`Verdict`].
 
 use idemgate::{Answer, Decision, EngineError, Key, OutcomeKind, StoreError, Verdict};
-use idemgate_kit::{Door, Explanation, Payload, Resolve, VerdictCodes, What};
+use idemgate_kit::{problem_members, Door, Explanation, Payload, Resolve, VerdictCodes, What};
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -304,20 +304,10 @@ fn exception(
 }
 
 pub(crate) fn engine_error(py: Python<'_>, e: &EngineError) -> PyErr {
-    let mut problem = Vec::new();
-    if let EngineError::KeyReuse {
-        key,
-        rule,
-        first_seen,
-    } = e
-    {
-        problem.push(("key", key.key.as_str().into_pyobject_or_none(py)));
-        problem.push(("rule", rule.to_string().into_pyobject_or_none(py)));
-        problem.push((
-            "first_seen",
-            first_seen.to_string().into_pyobject_or_none(py),
-        ));
-    }
+    let problem = problem_members(e)
+        .into_iter()
+        .map(|(name, value)| (name, value.into_pyobject_or_none(py)))
+        .collect();
     exception(py, Verdict::of_error(e), e.to_string(), problem)
 }
 
