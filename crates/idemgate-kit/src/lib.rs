@@ -1,12 +1,14 @@
 //! The front-door kit: what every way into idemgate (the command line, the HTTP gateway, the MCP
-//! proxy, the Python package) shares, so that none of them writes it again.
+//! proxy, the Python and Node packages) shares, so that none of them writes it again.
 //!
 //! - [`payload`]: the one stored-outcome format, tagged by content, so a record written by one
 //!   door is replayed by another;
 //! - [`Metrics`], [`Audit`] and [`Log`]: engine observers, attached in one call by
 //!   [`Instruments::attach`];
 //! - [`limits`]: per-tenant request rate and keys in flight;
-//! - [`tenants`]: `[[tenants]]`, bearer tokens and who a request's token names.
+//! - [`tenants`]: `[[tenants]]`, bearer tokens and who a request's token names;
+//! - [`leases`] and [`records`]: what the in-process doors (the Python and Node packages) share:
+//!   the lease keeper of functions running outside the runtime, and the operator's record view.
 //!
 //! - [`Explanation`]: what a call's answer means, as facts and as the sentences for a model and
 //!   for a person, which every door renders;
@@ -18,10 +20,12 @@ pub mod audit;
 pub mod codes;
 pub mod explain;
 pub mod header;
+pub mod leases;
 pub mod limits;
 pub mod log;
 pub mod metrics;
 pub mod payload;
+pub mod records;
 pub mod tenants;
 
 use std::path::Path;

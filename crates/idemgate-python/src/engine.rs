@@ -12,6 +12,8 @@ use std::time::Duration;
 use idemgate::{
     Answer, AnyStore, FileJournal, IdempotencyKey, JournalFlusher, Key, TenantId, ToolName,
 };
+use idemgate_kit::leases::{keep_leases, Leases};
+use idemgate_kit::records::record_view;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -19,9 +21,7 @@ use tokio::runtime::{Handle, Runtime};
 
 use crate::answer::{engine_error, open_error, reply, settled};
 use crate::call::{begun, begun_value, effect, PyTicket};
-use crate::leases::{keep_leases, Leases};
 use crate::policy::Policy;
-use crate::records::{self, record_view};
 use crate::runtime::{stop, ToPython};
 use crate::verifier::PyVerifier;
 
@@ -36,7 +36,14 @@ pub(crate) struct Shared {
     /// so a call is first polled on the caller's thread with the GIL held (see `Engine::run`).
     pub(crate) in_process_store: bool,
     pub(crate) handle: Handle,
-    pub(crate) leases: Leases,
+    pub(crate) leases: Arc<Leases>,
+}
+
+/// A record as JSON text (see [`record_view`]).
+fn view(record: &idemgate::Record) -> PyResult<String> {
+    record_view(record)
+        .map(|v| v.to_string())
+        .map_err(|e| PyValueError::new_err(e.to_string()))
 }
 
 /// The engine over one store (see `Engine.open`).
@@ -128,9 +135,16 @@ impl Engine {
             engine,
             tenant,
             handle: runtime.handle().clone(),
-            leases: Leases::default(),
+            leases: Arc::default(),
         });
-        runtime.spawn(keep_leases(Arc::downgrade(&shared)));
+        let engine = Arc::downgrade(&shared.engine);
+        runtime.spawn(keep_leases(Arc::downgrade(&shared.leases), move |ticket| {
+            if let Some(engine) = engine.upgrade() {
+                tokio::spawn(async move {
+                    let _ = engine.heartbeat(&ticket).await;
+                });
+            }
+        }));
         Ok(Engine {
             shared,
             url,
@@ -313,7 +327,7 @@ impl Engine {
         let record = self
             .run(py, self.shared.engine.get(&name))?
             .map_err(|e| engine_error(py, &e))?;
-        record.as_ref().map(record_view).transpose()
+        record.as_ref().map(view).transpose()
     }
 
     /// This tenant's records, oldest first, as JSON texts (`record`'s shape): only `tool`'s,
@@ -344,7 +358,7 @@ impl Engine {
         let records = self
             .run(py, self.shared.engine.list(&filter))?
             .map_err(|e| engine_error(py, &e))?;
-        records.iter().map(record_view).collect()
+        records.iter().map(view).collect()
     }
 
     /// Resolves the unknown record of `(tool, key)` as an operator decided, if its fence is still
@@ -369,8 +383,8 @@ impl Engine {
         reason: Option<&str>,
     ) -> PyResult<Option<String>> {
         let name = self.key_named(tool, key)?;
-        let resolution =
-            records::resolution(resolution, result, failed, ttl).map_err(PyValueError::new_err)?;
+        let resolution = idemgate_kit::records::resolution(resolution, result, failed, ttl)
+            .map_err(PyValueError::new_err)?;
         let after = self
             .run(
                 py,
@@ -379,7 +393,7 @@ impl Engine {
                     .resolve(&name, fence, resolution, by, reason),
             )?
             .map_err(|e| engine_error(py, &e))?;
-        after.as_ref().map(record_view).transpose()
+        after.as_ref().map(view).transpose()
     }
 
     /// Reopens the completed or unknown record of `(tool, key)` at `fence`, so the next call runs

@@ -20,9 +20,10 @@
 //! The modules, one concern each: `engine` the `Engine` handle, its opening and its methods;
 //! `call` the pieces of a call's two halves (`begin`, `finish`) and the `Ticket`; `answer` answers
 //! and the exceptions they map to; `runtime` the tokio runtime and the bridge to Python threads
-//! and awaitables; `leases` the lease keeper; `policy` `Policy`; `records` the operator's view of
-//! records; `verifier` verifiers written in Python; `keys` keys and fingerprints; `command` the
-//! `idemgate` command line, for the script a `pip install` puts on PATH.
+//! and awaitables; `policy` `Policy`; `verifier` verifiers written in Python; `keys` keys and
+//! fingerprints; `command` the `idemgate` command line, for the script a `pip install` puts on
+//! PATH. The lease keeper and the operator's view of records are the kit's
+//! (`idemgate_kit::leases`, `idemgate_kit::records`), shared with the Node package.
 
 use pyo3::prelude::*;
 
@@ -31,9 +32,7 @@ mod call;
 mod command;
 mod engine;
 mod keys;
-mod leases;
 mod policy;
-mod records;
 mod runtime;
 #[cfg(test)]
 mod test_support;

@@ -1,8 +1,7 @@
 //! `Policy`: how one tool's calls are treated, as Python gives it (durations in seconds).
 
-use std::time::Duration;
-
 use idemgate::{ToolKind, ToolPolicy, UnknownPolicy};
+use idemgate_kit::records::seconds;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
@@ -95,14 +94,10 @@ fn tool_policy(
     })
 }
 
-/// A duration Python gave in seconds (`what` names it in the error, a `ValueError`'s message).
-pub(crate) fn seconds(what: &str, s: f64) -> Result<Duration, String> {
-    Duration::try_from_secs_f64(s)
-        .map_err(|e| format!("{what} must be a number of seconds >= 0: {e}"))
-}
-
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     #[test]

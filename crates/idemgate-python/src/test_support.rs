@@ -8,7 +8,6 @@ use idemgate::{AnyStore, Begun, Call, IdempotencyKey, TenantId, Ticket, ToolName
 use tokio::runtime::Handle;
 
 use crate::engine::Shared;
-use crate::leases::Leases;
 
 /// An engine over a fresh memory store, on the current runtime.
 pub(crate) async fn memory_engine() -> Arc<Shared> {
@@ -18,7 +17,7 @@ pub(crate) async fn memory_engine() -> Arc<Shared> {
         tenant: TenantId::new("default").unwrap(),
         in_process_store: true,
         handle: Handle::current(),
-        leases: Leases::default(),
+        leases: Default::default(),
     })
 }
 

@@ -1,41 +1,46 @@
-//! Records as an operator sees and resolves them (`Engine.record`, `records`, `resolve`): the JSON
-//! view every door shows, and a resolution from Python's words.
+//! Records as an operator sees and resolves them from an in-process door (the Python and Node
+//! packages' `record`, `records`, `resolve`): the JSON view every door shows, and a resolution
+//! from the words those packages take.
 
-use idemgate::OutcomeKind;
-use idemgate_kit::Payload;
-use pyo3::exceptions::PyValueError;
-use pyo3::prelude::*;
+use std::time::Duration;
 
-use crate::policy::seconds;
+use idemgate_core::{OutcomeKind, Record, RecordState, Resolution};
+use serde_json::Value;
 
-/// A record as JSON text, the shape `idemgate keys show --json` prints from, with the outcome as
-/// every door shows it: its kind and its content as JSON, not raw bytes.
-pub(crate) fn record_view(record: &idemgate::Record) -> PyResult<String> {
-    let mut view =
-        serde_json::to_value(record).map_err(|e| PyValueError::new_err(e.to_string()))?;
-    if let (idemgate::RecordState::Completed { outcome, .. }, Some(o)) =
+use crate::Payload;
+
+/// A duration a caller gave in seconds (`what` names it in the error).
+pub fn seconds(what: &str, s: f64) -> Result<Duration, String> {
+    Duration::try_from_secs_f64(s)
+        .map_err(|e| format!("{what} must be a number of seconds >= 0: {e}"))
+}
+
+/// A record as JSON, the shape `idemgate keys show --json` prints from, with the outcome as every
+/// door shows it: its kind and its content as JSON, not raw bytes.
+pub fn record_view(record: &Record) -> Result<Value, serde_json::Error> {
+    let mut view = serde_json::to_value(record)?;
+    if let (RecordState::Completed { outcome, .. }, Some(o)) =
         (&record.state, view.get_mut("outcome"))
     {
         if let Ok(payload) = Payload::of(outcome) {
             o["content"] = payload.content().into();
-            o["body"] =
-                serde_json::from_str(payload.to_json().get()).unwrap_or(serde_json::Value::Null);
+            o["body"] = serde_json::from_str(payload.to_json().get()).unwrap_or(Value::Null);
         }
     }
-    Ok(view.to_string())
+    Ok(view)
 }
 
-/// How an operator resolves an unknown record, from `Engine.resolve`'s words (`resolution`, and
-/// `result`, `failed` and `ttl` for `completed`); the error is the message of the `ValueError` it
-/// raises.
-pub(crate) fn resolution(
+/// How an operator resolves an unknown record, from a package's words (`resolution`, and
+/// `result` as JSON text, `failed` and `ttl` in seconds for `completed`); the error says what is
+/// wrong in the caller's terms.
+pub fn resolution(
     resolution: &str,
     result: Option<&str>,
     failed: bool,
     ttl: f64,
-) -> Result<idemgate::Resolution, String> {
+) -> Result<Resolution, String> {
     Ok(match (resolution, result) {
-        ("completed", Some(text)) => idemgate::Resolution::Completed {
+        ("completed", Some(text)) => Resolution::Completed {
             // Marked, so that replays say an operator resolved it then, not that it ran then.
             outcome: Payload::json_text(text)
                 .map_err(|e| format!("invalid result: {e}"))?
@@ -49,7 +54,7 @@ pub(crate) fn resolution(
         ("completed", None) => {
             return Err("resolution \"completed\" needs the result the side effect had".to_owned())
         }
-        ("release", None) => idemgate::Resolution::Release,
+        ("release", None) => Resolution::Release,
         ("release", Some(_)) => {
             return Err("resolution \"release\" takes no result: nothing happened".to_owned())
         }
@@ -63,12 +68,10 @@ pub(crate) fn resolution(
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
-    use idemgate::{Effect, Key, Resolution};
+    use idemgate_core::{Begun, Call, Effect, Engine, IdempotencyKey, MemoryStore, TenantId};
+    use idemgate_core::{ToolName, ToolPolicy};
 
     use super::*;
-    use crate::test_support::{memory_engine, ticket};
 
     #[test]
     fn completed_stores_the_result_marked_as_an_operators() {
@@ -99,7 +102,7 @@ mod tests {
     }
 
     #[test]
-    fn a_resolution_python_spelled_wrong_is_refused() {
+    fn a_resolution_spelled_wrong_is_refused() {
         assert_eq!(
             resolution("completed", None, false, 1.0).unwrap_err(),
             "resolution \"completed\" needs the result the side effect had"
@@ -108,7 +111,7 @@ mod tests {
             resolution("done", None, false, 1.0).unwrap_err(),
             "unknown resolution \"done\": expected \"completed\" or \"release\""
         );
-        // The result is read before the ttl, as `resolve` always checked them.
+        // The result is read before the ttl.
         let e = resolution("completed", Some("{nope"), false, -1.0).unwrap_err();
         assert!(e.starts_with("invalid result: "), "{e}");
         let e = resolution("completed", Some("1"), false, -1.0).unwrap_err();
@@ -120,13 +123,16 @@ mod tests {
 
     #[tokio::test]
     async fn a_completed_record_shows_its_content_as_json() {
-        let shared = memory_engine().await;
-        let t = ticket(&shared, "k-view", Duration::from_secs(30)).await;
+        let engine = Engine::new(MemoryStore::new());
+        let call = Call::new(TenantId::new("t").unwrap(), ToolName::new("send").unwrap())
+            .key(IdempotencyKey::explicit("k-view").unwrap());
+        let Begun::Execute(t) = engine.begin(call, &ToolPolicy::default()).await.unwrap() else {
+            panic!("a fresh key executes");
+        };
         let body = Payload::json_text(r#"{"sent":true}"#).unwrap().encode();
-        shared.engine.finish(&t, Effect::Success(body)).await;
-        let key: &Key = &t.key;
-        let record = shared.engine.get(key).await.unwrap().unwrap();
-        let view: serde_json::Value = serde_json::from_str(&record_view(&record).unwrap()).unwrap();
+        engine.finish(&t, Effect::Success(body)).await;
+        let record = engine.get(&t.key).await.unwrap().unwrap();
+        let view = record_view(&record).unwrap();
         assert_eq!(view["key"]["key"], "k-view", "{view}");
         assert_eq!(view["outcome"]["content"], "json", "{view}");
         assert_eq!(
