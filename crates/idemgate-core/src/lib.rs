@@ -26,6 +26,7 @@
 //! ```
 
 pub mod answer;
+pub mod caller;
 pub mod canonical;
 pub mod change;
 pub mod engine;

@@ -870,6 +870,58 @@ mod tests {
         assert!(matches!(e, StoreError::Misconfigured(_)), "{e}");
     }
 
+    /// Node's thread polls a call's future once, inside the runtime's context but on no worker,
+    /// before handing it to the runtime: a lone write that would run inline there (a commit
+    /// waiting on the disk) is queued for the writer's thread instead.
+    #[test]
+    fn a_caller_that_must_not_block_never_writes_inline() {
+        use std::task::{Context, Poll, Waker};
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let store = rt
+            .block_on(async { SqliteStore::open(dir.path().join("db"), SqliteOptions::default()) })
+            .unwrap();
+        let _in_runtime = rt.enter();
+        let first_poll = |name: &str, must_not_block: bool| {
+            let r = reservation(&key(name));
+            let mut reserve = Box::pin(store.reserve(&r));
+            let mut poll = || {
+                reserve
+                    .as_mut()
+                    .poll(&mut Context::from_waker(Waker::noop()))
+            };
+            let ready = if must_not_block {
+                idemgate_core::caller::without_blocking(poll)
+            } else {
+                poll()
+            };
+            let claim = match ready {
+                Poll::Ready(claim) => Some(claim),
+                Poll::Pending => None,
+            };
+            let done = claim.is_some();
+            let claim = claim.unwrap_or_else(|| rt.block_on(reserve));
+            assert!(matches!(claim, Ok(Claim::Acquired(_))), "{claim:?}");
+            done
+        };
+        // Unmarked, an idle writer's write runs on the caller's thread in its first poll (the
+        // writer's thread may be busy a moment after opening: tried until it is idle).
+        assert!(
+            (0..200).any(|i| first_poll(&format!("inline-{i}"), false)),
+            "an idle writer never ran a write inline"
+        );
+        for i in 0..20 {
+            assert!(
+                !first_poll(&format!("queued-{i}"), true),
+                "a caller that must not block wrote inline"
+            );
+        }
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn purge_deletes_expired_completions_across_many_ranges_and_keeps_the_rest() {
         let dir = tempfile::tempdir().unwrap();

@@ -374,7 +374,8 @@ impl Shared {
     /// On a worker of a multi-threaded tokio runtime the batch runs inside `block_in_place`, so
     /// that a commit waiting on the disk or on another process's lock (up to the busy timeout)
     /// does not hold up the tasks of that worker. On a current-thread runtime, whose one thread
-    /// runs every task, it never runs inline.
+    /// runs every task, it never runs inline, nor on a thread that must not block
+    /// (`idemgate_core::caller::without_blocking`).
     pub(crate) fn run_inline(
         &self,
         task: Box<dyn Task>,
@@ -387,7 +388,12 @@ impl Shared {
         }
         let multi_thread = Handle::try_current()
             .is_ok_and(|h| matches!(h.runtime_flavor(), RuntimeFlavor::MultiThread));
-        if !multi_thread || queued || self.thread_busy.load(Ordering::SeqCst) {
+        // A caller that must not block (an event loop's thread polling first) queues instead.
+        if !multi_thread
+            || !idemgate_core::caller::may_block()
+            || queued
+            || self.thread_busy.load(Ordering::SeqCst)
+        {
             return Err(task);
         }
         let Ok(mut core) = self.core.try_lock() else {
