@@ -2,6 +2,7 @@
 // The idemgate engine in-process: at-most-once calls of a function, the same engine, store
 // formats and rules as the Python package and the `idemgate` command (see README.md).
 const { AsyncLocalStorage } = require('node:async_hooks');
+const os = require('node:os');
 const native = require('./native.cjs');
 const { errorOf, Failed, NotApplied, OutcomeNotRecorded, OutcomeUnknown } = require('./errors.cjs');
 
@@ -51,6 +52,16 @@ function resultOf(reply, value, useStored) {
     explanation: reply.explanation ?? null,
     forModel: reply.for_model ?? null,
   });
+}
+
+/** Who an operator's change is by: `by`, else the OS user (as `idemgate keys` records it). */
+function who(by) {
+  if (by !== undefined && by !== null) return String(by);
+  try {
+    return os.userInfo().username;
+  } catch {
+    return null;
+  }
 }
 
 /** A reply's JSON as a value, or its error thrown. */
@@ -186,6 +197,49 @@ class Engine {
     return parsed(await this.#native.recordState(tool, key));
   }
 
+  /** The record of `(tool, key)` (`state`, `fence`, `outcome` with its `content` and `body`...),
+   * or null. */
+  async record(tool, key) {
+    return parsed(await this.#native.record(tool, key));
+  }
+
+  /** This tenant's records, oldest first, each as `record` shows it: only those in `state`
+   * (`in_flight`, `completed`, `unknown`), only `tool`'s, only those made in `scope` (the
+   * conversation an adapter named), at most `limit` (0: all). `records({ state: 'unknown' })`
+   * lists what an operator must resolve. */
+  async records({ state, tool, scope, limit = 0 } = {}) {
+    return parsed(await this.#native.records(tool ?? null, state ?? null, scope ?? null, limit));
+  }
+
+  /** Resolves an unknown record as an operator decided, if its `fence` (from `record` or
+   * `records`) is still the one looked at: `resolution` `'completed'` with the `result` the side
+   * effect had (JSON data; `failed: true`: a terminal failure), stored for the tool's TTL and
+   * replayed marked as an operator's resolution, or `'release'` (it did not happen: the next call
+   * runs). `reason` and `by` (default: the OS user) go into the audit log. Resolves to the record
+   * after (null once released); rejects with `NotFound`, `NotResolvable` (not unknown, or its
+   * fence moved on) or `StoreUnavailable`. `idemgate keys resolve`, in-process. */
+  async resolve(tool, key, fence, resolution, { result, failed = false, reason, by } = {}) {
+    const text = resolution === 'release' && result === undefined ? null : jsonText(result);
+    const ttl = this.policy(tool).ttl ?? null;
+    return parsed(
+      await this.#native.resolve(tool, key, fence, resolution, text, failed, ttl, who(by), reason ?? null),
+    );
+  }
+
+  /** Reopens a completed or unknown record, if its `fence` is still the one looked at, so that
+   * the next call with this key runs the action again (the payment was refunded, the mail
+   * bounced). `reason` is required; it and `by` (default: the OS user) go into the audit log.
+   * Resolves to the state the record had (`'completed'` or `'unknown'`); rejects with
+   * `NotFound`, `NotResolvable` (in flight, where reopening could run it twice, or its fence
+   * moved on) or `StoreUnavailable`. Other processes' engines may replay their copy of a
+   * completed record for up to 2 s more. `idemgate keys reopen`, in-process. */
+  async reopen(tool, key, fence, { reason, by } = {}) {
+    if (typeof reason !== 'string' || reason === '') {
+      throw new TypeError('reopen(tool, key, fence, { reason }): say why the action must run again');
+    }
+    return parsed(await this.#native.reopen(tool, key, fence, who(by), reason)).was;
+  }
+
   /** Runs `fn()` at most once for `(tool, key)` and says what happened (a `Result`).
    *
    * `args` (JSON data) are fingerprinted: the same key with other arguments throws `KeyReused`.
@@ -238,7 +292,11 @@ class Engine {
     try {
       text = jsonText(value);
     } catch (e) {
-      await n.finish(ticket, 'ambiguous', `the return value is not JSON: ${e.name}: ${e.message}`.slice(0, 500)).catch(() => {});
+      try {
+        await n.finish(ticket, 'ambiguous', `the return value is not JSON: ${e.name}: ${e.message}`.slice(0, 500));
+      } catch {
+        // The TypeError below says the record is unknown; the store's own failure adds nothing.
+      }
       throw new TypeError(
         `${tool}: the function ran, but its return value cannot be stored as JSON, so the record ` +
           `is now unknown (resolve it with \`idemgate keys resolve\`): ${e.name}: ${e.message}`,

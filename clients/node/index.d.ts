@@ -70,6 +70,29 @@ export interface RecordName {
   digest: string;
 }
 
+/** A record as an operator sees it (`idemgate keys show --json`'s shape). */
+export interface StoredRecord {
+  key: { tenant: string; tool: string; key: string };
+  state: 'in_flight' | 'completed' | 'unknown';
+  fence: number;
+  fingerprint?: string;
+  scope?: string;
+  created_at: string;
+  completed_at?: string;
+  expires_at?: string;
+  /** A completed record's outcome: its kind, and its content as JSON. */
+  outcome?: { kind: 'success' | 'failed'; content: string; body: unknown };
+  [field: string]: unknown;
+}
+
+export interface RecordsFilter {
+  state?: 'in_flight' | 'completed' | 'unknown';
+  tool?: string;
+  scope?: string;
+  /** At most this many (0: all). */
+  limit?: number;
+}
+
 export declare class Engine {
   /** Opens the store at `url`: `memory:`, `sqlite:///path`, `postgres://…`, `redis://…`; none: the
    * SQLite file every `idemgate` command uses. Rejects with `StoreMisconfigured` or
@@ -84,6 +107,29 @@ export declare class Engine {
   keyFor(tool: string, key: string | null | undefined, args: unknown, options?: CallOptions): RecordName | null;
   /** The state of the record of `(tool, key)`, or null when there is none. */
   recordState(tool: string, key: string): Promise<{ state: 'in_flight' | 'completed' | 'unknown'; fence: number } | null>;
+  /** The record of `(tool, key)` as `idemgate keys show --json` shows it, or null. */
+  record(tool: string, key: string): Promise<StoredRecord | null>;
+  /** This tenant's records, oldest first; `records({ state: 'unknown' })` lists what an operator
+   * must resolve. */
+  records(filter?: RecordsFilter): Promise<StoredRecord[]>;
+  /** Resolves an unknown record at `fence` as an operator decided: `completed` with the `result`
+   * the side effect had, or `release` (it did not happen). The record after, null once released;
+   * rejects with `NotFound` or `NotResolvable`. */
+  resolve(
+    tool: string,
+    key: string,
+    fence: number,
+    resolution: 'completed' | 'release',
+    options?: { result?: unknown; failed?: boolean; reason?: string; by?: string },
+  ): Promise<StoredRecord | null>;
+  /** Reopens a completed or unknown record at `fence` so that the next call runs the action
+   * again; the state it had. Rejects with `NotFound` or `NotResolvable`. */
+  reopen(
+    tool: string,
+    key: string,
+    fence: number,
+    options: { reason: string; by?: string },
+  ): Promise<'completed' | 'unknown'>;
   /** Runs `fn()` at most once for `(tool, key)`; `args` (JSON data) are fingerprinted. */
   call<T>(
     tool: string,

@@ -6,6 +6,7 @@ import { createRequire } from 'node:module';
 import {
   Engine, idempotent, currentKey, deriveKey, Failed, NotApplied, MaybeApplied, OutcomeUnknown,
   KeyReused, KeyRequired, InFlight, StoreMisconfigured, StoreUnavailable, IdemgateError, Conflict,
+  NotFound, NotResolvable,
 } from '../index.mjs';
 import { unique, sqliteStore, deferred, within, POSTGRES_URL, REDIS_URL } from './helpers.mjs';
 
@@ -63,8 +64,99 @@ for (const [store, open] of Object.entries(STORES)) {
       for (const r of results) assert.equal(r.value, 'sent to a@example.com');
       engine.close();
     });
+
+    test('a function that outlives its lease keeps it: the record stays in flight, never unknown', async () => {
+      const engine = await open();
+      const release = deferred();
+      const started = deferred();
+      let runs = 0;
+      const slow = idempotent(engine, 'slow', async () => {
+        runs += 1;
+        started.resolve();
+        await release.promise;
+        return 'done';
+      }, { key: () => 'slow-1', lease: 1, wait: 0 });
+      const first = slow.result();
+      await within(started.promise, 'the call to start');
+      const { fence } = await engine.recordState('slow', 'slow-1');
+      // Two and a half leases later (a crashed caller's record would be unknown by now, as
+      // crash.test.mjs shows), the heartbeats have kept it in flight at the same fence.
+      await new Promise((r) => setTimeout(r, 2500));
+      assert.deepEqual(await engine.recordState('slow', 'slow-1'), { state: 'in_flight', fence });
+      await assert.rejects(slow(), InFlight);
+      release.resolve();
+      assert.equal((await first).executed, true);
+      assert.equal(await slow(), 'done');
+      assert.equal(runs, 1);
+      engine.close();
+    });
+
+    test('an operator lists an unknown record, resolves it, and later reopens it', async () => {
+      const engine = await open();
+      let runs = 0;
+      const refund = idempotent(engine, 'refund', async (id) => {
+        runs += 1;
+        if (runs === 1) throw new MaybeApplied('the bank timed out');
+        return { refunded: id, run: runs };
+      }, { key: (id) => id });
+      await assert.rejects(refund('r-1'), MaybeApplied);
+      await assert.rejects(refund('r-1'), OutcomeUnknown);
+      const unknown = await engine.records({ state: 'unknown', tool: 'refund' });
+      assert.equal(unknown.length, 1);
+      const [rec] = unknown;
+      assert.deepEqual(rec.key, { tenant: engine.tenant, tool: 'refund', key: 'r-1' });
+      assert.equal(rec.state, 'unknown');
+      assert.deepEqual(await engine.records({ state: 'completed', tool: 'refund' }), []);
+      await assert.rejects(
+        engine.resolve('refund', 'r-1', rec.fence + 1, 'completed', { result: { refunded: 'r-1' } }),
+        NotResolvable,
+      );
+      const after = await engine.resolve('refund', 'r-1', rec.fence, 'completed', {
+        result: { refunded: 'r-1', by: 'the bank' },
+        reason: 'the bank statement shows it',
+        by: 'ops@example.com',
+      });
+      assert.equal(after.state, 'completed');
+      assert.deepEqual(after.outcome.body, { refunded: 'r-1', by: 'the bank' });
+      const replay = await refund.result('r-1');
+      assert.equal(replay.replayed, true);
+      assert.deepEqual(replay.value, { refunded: 'r-1', by: 'the bank' });
+      assert.match(replay.explanation, /operator/);
+      assert.equal(runs, 1);
+      await assert.rejects(engine.reopen('refund', 'r-1', after.fence, {}), TypeError);
+      assert.equal(await engine.reopen('refund', 'r-1', after.fence, { reason: 'refunded twice by mistake' }), 'completed');
+      assert.deepEqual(await refund('r-1'), { refunded: 'r-1', run: 2 });
+      assert.equal(await engine.record('refund', 'missing'), null);
+      await assert.rejects(engine.reopen('refund', 'missing', 1, { reason: 'x' }), NotFound);
+      engine.close();
+    });
   });
 }
+
+describe('the addon answers at once when no I/O is needed', () => {
+  test('on the memory store begin and finish return their reply, not a promise; on SQLite a promise', async () => {
+    const native = require('../native.cjs');
+    const call = { tool: 'fast', key: 'f-1', argsJson: '{}', policy: {} };
+    const memory = await native.openEngine('memory:', null, unique('t'));
+    const begun = memory.begin(call);
+    assert.equal(typeof begun, 'string', 'a fresh reservation in memory needs no runtime hop');
+    const { execute } = JSON.parse(begun);
+    assert.equal(typeof memory.finish(execute, 'success', '1'), 'string');
+    assert.equal(JSON.parse(memory.begin(call)).verdict, 'replayed');
+    memory.close();
+    const { url, journal } = sqliteStore();
+    const disk = await native.openEngine(url, journal, unique('t'));
+    const pending = disk.begin(call);
+    assert.ok(pending instanceof Promise, 'a SQLite write goes through the runtime');
+    const ticket = JSON.parse(await pending).execute;
+    assert.equal(typeof ticket, 'number');
+    assert.equal(JSON.parse(await disk.finish(ticket, 'success', '1')).verdict, 'executed');
+    // A replay the engine read a moment ago comes from its cache: no store round trip.
+    assert.equal(JSON.parse(await disk.begin(call)).verdict, 'replayed');
+    assert.equal(typeof disk.begin(call), 'string');
+    disk.close();
+  });
+});
 
 describe('what a function throws', () => {
   test('Failed is stored and replayed as Failed, without running again', async () => {

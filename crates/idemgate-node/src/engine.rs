@@ -1,32 +1,37 @@
 //! `NativeEngine`: the handle JavaScript holds on one engine over one store; its opening, the two
-//! halves of a call and the operator's view of records. Each method that touches the store is
-//! an `async fn` (a promise on Node's side) resolving to a reply's JSON text (see `reply`).
+//! halves of a call and the operator's view of records. Each method that touches the store
+//! returns a reply's JSON text (see `reply`), at once when the engine's work needed no I/O, else
+//! a promise of it (see `now_or_later`).
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
+use idemgate::caller::without_blocking;
 use idemgate::{
-    Answer, AnyStore, Begun, Call, Effect, FileJournal, IdempotencyKey, JournalFlusher, TenantId,
-    ToolKind, ToolName, ToolPolicy, UnknownPolicy,
+    AnyStore, Begun, Call, Effect, FileJournal, IdempotencyKey, JournalFlusher, Key, ListFilter,
+    TenantId, Ticket, ToolKind, ToolName, ToolPolicy, UnknownPolicy,
 };
+use idemgate_kit::leases::{keep_leases, Leases};
+use idemgate_kit::records::{record_view, resolution, seconds as seconds_of};
 use idemgate_kit::reported_effect as effect;
-use napi::{Error, Result};
+use napi::bindgen_prelude::{within_runtime_if_available, Either, PromiseRaw};
+use napi::{Env, Error, Result};
 use napi_derive::napi;
 use serde_json::{json, Value};
-use tokio::sync::oneshot;
 
 use crate::reply;
 
 /// How often the journal of unconfirmed outcomes is flushed into the store.
 const FLUSH_EVERY: Duration = Duration::from_secs(5);
 
-/// What a running call's function reports, awaited by the task holding its lease, and the
-/// answer that task sends back once the outcome is recorded.
+/// A call whose function runs now: its ticket, and its lease as the lease keeper holds it.
 struct Running {
-    report: oneshot::Sender<Effect>,
-    answer: oneshot::Receiver<Answer>,
+    ticket: Ticket,
+    lease: u64,
 }
 
 /// What the engine's calls share.
@@ -35,9 +40,41 @@ struct Shared {
     tenant: TenantId,
     /// The calls whose function runs now, by ticket id.
     running: Mutex<HashMap<u32, Running>>,
+    /// Their leases, renewed by one keeper task while the JavaScript functions run.
+    leases: Arc<Leases>,
     next_ticket: AtomicU64,
     closed: AtomicBool,
     flusher: Mutex<Option<JournalFlusher>>,
+}
+
+/// A fence as JavaScript gives it (a safe integer).
+fn fence_of(fence: i64) -> Result<u64> {
+    u64::try_from(fence)
+        .map_err(|_| Error::from_reason(format!("fence must be an integer >= 0, not {fence}")))
+}
+
+/// A reply's JSON text now, or a promise of it.
+pub(crate) type Reply<'env> = Either<String, PromiseRaw<'env, String>>;
+
+/// Runs `work` to a reply: first polled here, on Node's thread (in the runtime's context), where
+/// it finishes at once when it needs no I/O (the memory store; a replay from the engine's cache),
+/// so the reply is returned without a round trip through the runtime's threads and back, which
+/// costs more than the engine's work; otherwise it goes on on the runtime and the promise
+/// resolves when it is done. Nothing blocks Node's thread: the poll is marked `without_blocking`
+/// (SQLite's writer then queues a write it would have run on the caller's thread), and the other
+/// stores' first poll only sends.
+fn now_or_later<F>(env: &Env, work: F) -> Result<Reply<'_>>
+where
+    F: Future<Output = Result<String>> + Send + 'static,
+{
+    let mut work = Box::pin(work);
+    let polled = within_runtime_if_available(|| {
+        without_blocking(|| work.as_mut().poll(&mut Context::from_waker(Waker::noop())))
+    });
+    match polled {
+        Poll::Ready(reply) => reply.map(Either::A),
+        Poll::Pending => env.spawn_future(work).map(Either::B),
+    }
 }
 
 /// The engine over one store (see `openEngine`).
@@ -84,8 +121,7 @@ pub struct CallInit {
 
 /// A duration given in seconds; `what` names it in the error.
 fn seconds(what: &str, s: f64) -> Result<Duration> {
-    Duration::try_from_secs_f64(s)
-        .map_err(|e| Error::from_reason(format!("{what} must be a number of seconds >= 0: {e}")))
+    seconds_of(what, s).map_err(Error::from_reason)
 }
 
 impl PolicyInit {
@@ -147,11 +183,21 @@ pub async fn open_engine(
     }
     let engine = Arc::new(engine);
     let flusher = engine.spawn_journal_flusher(FLUSH_EVERY);
+    let leases = Arc::new(Leases::default());
+    let beating = Arc::downgrade(&engine);
+    napi::bindgen_prelude::spawn(keep_leases(Arc::downgrade(&leases), move |ticket| {
+        if let Some(engine) = beating.upgrade() {
+            napi::bindgen_prelude::spawn(async move {
+                let _ = engine.heartbeat(&ticket).await;
+            });
+        }
+    }));
     Ok(NativeEngine {
         shared: Arc::new(Shared {
             engine,
             tenant,
             running: Mutex::new(HashMap::new()),
+            leases,
             next_ticket: AtomicU64::new(1),
             closed: AtomicBool::new(false),
             flusher: Mutex::new(Some(flusher)),
@@ -190,31 +236,36 @@ impl Shared {
             .map_err(|e| reply::engine_error(&e)))
     }
 
-    /// Holds the lease of a call allowed to run until its function reports (`finish`), records
-    /// that, and hands the answer over; the ticket id `finish` names it by.
-    fn run(self: &Arc<Self>, ticket: idemgate::Ticket) -> u32 {
-        let (report, reported) = oneshot::channel::<Effect>();
-        let (answered, answer) = oneshot::channel::<Answer>();
-        let engine = Arc::clone(&self.engine);
-        napi::bindgen_prelude::spawn(async move {
-            let reported = engine
-                .with_heartbeat(&ticket, async {
-                    // A ticket dropped unfinished (the engine closed under it): the function may
-                    // have run, so its outcome is unknown, never released.
-                    reported.await.unwrap_or_else(|_| {
-                        Effect::Ambiguous("the call was abandoned before it reported".into())
-                    })
-                })
-                .await;
-            let _ = answered.send(engine.finish(&ticket, reported).await);
-        });
+    /// Keeps the lease of a call allowed to run until its function reports (`finish`); the
+    /// ticket id `finish` names it by.
+    fn hold(&self, ticket: Ticket) -> u32 {
+        let lease = self.leases.hold(&ticket);
         // Ticket ids wrap past u32 (JavaScript numbers); a ticket lives for one call only.
         let id = self.next_ticket.fetch_add(1, Ordering::Relaxed) as u32;
         if let Ok(mut running) = self.running.lock() {
-            running.insert(id, Running { report, answer });
+            running.insert(id, Running { ticket, lease });
         }
         id
     }
+
+    /// The record of `(tool, key)` of this engine's tenant.
+    fn key(&self, tool: &str, key: &str) -> std::result::Result<Key, Value> {
+        (|| {
+            Ok::<_, idemgate::EngineError>(Key::new(
+                self.tenant.clone(),
+                ToolName::new(tool)?,
+                IdempotencyKey::new(key)?,
+            ))
+        })()
+        .map_err(|e| reply::engine_error(&e))
+    }
+}
+
+/// A record as the package shows it (`record_view`), or `null`.
+fn view(record: Option<&idemgate::Record>) -> Value {
+    record
+        .and_then(|r| record_view(r).ok())
+        .unwrap_or(Value::Null)
 }
 
 #[napi]
@@ -241,46 +292,53 @@ impl NativeEngine {
     /// `{"execute": id, "key", "rule", "fence", "digest"}` (run the function, then `finish(id,
     /// …)`), `{"pass_through": true}` (a read: run it, nothing is recorded), an answer (a replay)
     /// or an error (in flight, unknown, key reused, refused...).
-    #[napi]
-    pub async fn begin(&self, call: CallInit) -> Result<String> {
+    #[napi(ts_return_type = "string | Promise<string>")]
+    pub fn begin<'env>(&self, env: &'env Env, call: CallInit) -> Result<Reply<'env>> {
         self.shared.check_open()?;
         let (call, policy) = match self.shared.call(call)? {
             Ok(call) => call,
-            Err(refused) => return Ok(refused.to_string()),
+            Err(refused) => return Ok(Either::A(refused.to_string())),
         };
-        let out = match self.shared.engine.begin(call, &policy).await {
-            Err(e) => reply::engine_error(&e),
-            Ok(Begun::PassThrough) => json!({ "pass_through": true }),
-            Ok(Begun::Answered(answer)) => reply::answer(&answer),
-            Ok(Begun::Execute(ticket)) => {
-                let facts = json!({
-                    "key": ticket.key.key.as_str(),
-                    "rule": ticket.rule.to_string(),
-                    "fence": ticket.lease.fence,
-                    "digest": idemgate::key::hex(&ticket.key.digest()),
-                });
-                let id = self.shared.run(ticket);
-                let mut facts = facts;
-                facts["execute"] = id.into();
-                facts
-            }
-        };
-        Ok(out.to_string())
+        let shared = Arc::clone(&self.shared);
+        now_or_later(env, async move {
+            let out = match shared.engine.begin(call, &policy).await {
+                Err(e) => reply::engine_error(&e),
+                Ok(Begun::PassThrough) => json!({ "pass_through": true }),
+                Ok(Begun::Answered(answer)) => reply::answer(&answer),
+                Ok(Begun::Execute(ticket)) => {
+                    let mut facts = json!({
+                        "key": ticket.key.key.as_str(),
+                        "rule": ticket.rule.to_string(),
+                        "fence": ticket.lease.fence,
+                        "digest": idemgate::key::hex(&ticket.key.digest()),
+                    });
+                    facts["execute"] = shared.hold(ticket).into();
+                    facts
+                }
+            };
+            Ok(out.to_string())
+        })
     }
 
     /// Records what the function of ticket `id` reported (`success`/`failed` with its JSON
     /// text, `not_applied`/`ambiguous` with a message) and answers. A body the engine cannot
     /// read as JSON makes the record unknown at once (the function ran) and answers the error
     /// `not_json`.
-    #[napi]
-    pub async fn finish(&self, id: u32, kind: String, body: String) -> Result<String> {
+    #[napi(ts_return_type = "string | Promise<string>")]
+    pub fn finish<'env>(
+        &self,
+        env: &'env Env,
+        id: u32,
+        kind: String,
+        body: String,
+    ) -> Result<Reply<'env>> {
         let running = self
             .shared
             .running
             .lock()
             .ok()
             .and_then(|mut r| r.remove(&id));
-        let Some(Running { report, answer }) = running else {
+        let Some(Running { ticket, lease }) = running else {
             return Err(Error::from_reason(
                 "this ticket was already finished: report each call's outcome once",
             ));
@@ -291,16 +349,26 @@ impl NativeEngine {
                 Effect::Ambiguous(format!("the function's {kind} value is not JSON: {why}")),
                 Some(why),
             ),
-            Err(why) => return Err(Error::from_reason(why)),
+            Err(why) => {
+                // Nothing is recorded for a report the package spelt wrong; the lease keeps
+                // being renewed until one it can record arrives.
+                if let Ok(mut r) = self.shared.running.lock() {
+                    r.insert(id, Running { ticket, lease });
+                }
+                return Err(Error::from_reason(why));
+            }
         };
-        let _ = report.send(reported);
-        let answer = answer.await.map_err(|_| {
-            Error::from_reason("the engine stopped before the outcome was recorded")
-        })?;
-        if let Some(why) = not_json {
-            return Ok(json!({ "error": "not_json", "message": why }).to_string());
-        }
-        Ok(reply::answer(&answer).to_string())
+        // The lease has at least two thirds of its time left: finishing needs no more beats.
+        self.shared.leases.drop_lease(lease);
+        let shared = Arc::clone(&self.shared);
+        now_or_later(env, async move {
+            let answer = shared.engine.finish(&ticket, reported).await;
+            Ok(match not_json {
+                Some(why) => json!({ "error": "not_json", "message": why }),
+                None => reply::answer(&answer),
+            }
+            .to_string())
+        })
     }
 
     /// The record a call is judged by, as `Engine::key_for` names it: `{tenant, tool, key, rule,
@@ -330,28 +398,167 @@ impl NativeEngine {
 
     /// The state of the record of `(tool, key)`: `{state, fence}` (`in_flight`, `completed`,
     /// `unknown`), `null` when there is none, or an error.
-    #[napi]
-    pub async fn record_state(&self, tool: String, key: String) -> Result<String> {
+    #[napi(ts_return_type = "string | Promise<string>")]
+    pub fn record_state<'env>(
+        &self,
+        env: &'env Env,
+        tool: String,
+        key: String,
+    ) -> Result<Reply<'env>> {
         self.shared.check_open()?;
-        let name = (|| {
-            Ok::<_, idemgate::EngineError>(idemgate::Key::new(
-                self.shared.tenant.clone(),
-                ToolName::new(&tool)?,
-                IdempotencyKey::new(&key)?,
-            ))
-        })();
-        let out = match name {
-            Err(e) => reply::engine_error(&e),
-            Ok(name) => match self.shared.engine.get(&name).await {
+        let name = match self.shared.key(&tool, &key) {
+            Ok(name) => name,
+            Err(refused) => return Ok(Either::A(refused.to_string())),
+        };
+        let shared = Arc::clone(&self.shared);
+        now_or_later(env, async move {
+            Ok(match shared.engine.get(&name).await {
                 Err(e) => reply::engine_error(&e),
                 Ok(None) => Value::Null,
                 Ok(Some(record)) => json!({
                     "state": record.state_name().to_string(),
                     "fence": record.fence,
                 }),
-            },
+            }
+            .to_string())
+        })
+    }
+
+    /// The record of `(tool, key)` as `idemgate keys show --json` shows it (the outcome's
+    /// content and body as JSON), `null` when there is none, or an error.
+    #[napi(ts_return_type = "string | Promise<string>")]
+    pub fn record<'env>(&self, env: &'env Env, tool: String, key: String) -> Result<Reply<'env>> {
+        self.shared.check_open()?;
+        let name = match self.shared.key(&tool, &key) {
+            Ok(name) => name,
+            Err(refused) => return Ok(Either::A(refused.to_string())),
         };
-        Ok(out.to_string())
+        let shared = Arc::clone(&self.shared);
+        now_or_later(env, async move {
+            Ok(match shared.engine.get(&name).await {
+                Err(e) => reply::engine_error(&e),
+                Ok(record) => view(record.as_ref()),
+            }
+            .to_string())
+        })
+    }
+
+    /// This tenant's records, oldest first, as a JSON array of `record`'s shape: only `tool`'s,
+    /// only those in `state` (`in_flight`, `completed`, `unknown`), only those made in `scope`,
+    /// at most `limit` (0: all); or an error.
+    #[napi(ts_return_type = "string | Promise<string>")]
+    pub fn records<'env>(
+        &self,
+        env: &'env Env,
+        tool: Option<String>,
+        state: Option<String>,
+        scope: Option<String>,
+        limit: Option<u32>,
+    ) -> Result<Reply<'env>> {
+        self.shared.check_open()?;
+        let filter = ListFilter {
+            tenant: Some(self.shared.tenant.clone()),
+            tool: tool
+                .as_deref()
+                .map(ToolName::new)
+                .transpose()
+                .map_err(|e| Error::from_reason(e.to_string()))?,
+            state: state
+                .as_deref()
+                .map(str::parse::<idemgate::State>)
+                .transpose()
+                .map_err(Error::from_reason)?,
+            scope: scope.map(Into::into),
+            limit: limit.unwrap_or(0) as usize,
+        };
+        let shared = Arc::clone(&self.shared);
+        now_or_later(env, async move {
+            Ok(match shared.engine.list(&filter).await {
+                Err(e) => reply::engine_error(&e),
+                Ok(records) => records.iter().map(|r| view(Some(r))).collect(),
+            }
+            .to_string())
+        })
+    }
+
+    /// Resolves the unknown record of `(tool, key)` as an operator decided, if its fence is still
+    /// `fence`: `completed` with `result` (JSON text; `failed`: a terminal failure), stored for
+    /// `ttl` seconds (default: the engine's default TTL) and marked as an operator's resolution, or `release` (it did
+    /// not happen: the next call runs). `by` and `reason` go into the audit log. The record after
+    /// (`null` once released), or an error (`not_found`, `not_resolvable`...).
+    #[napi(ts_return_type = "string | Promise<string>")]
+    #[allow(clippy::too_many_arguments)] // the package's options, each one argument
+    pub fn resolve<'env>(
+        &self,
+        env: &'env Env,
+        tool: String,
+        key: String,
+        fence: i64,
+        how: String,
+        result: Option<String>,
+        failed: Option<bool>,
+        ttl: Option<f64>,
+        by: Option<String>,
+        reason: Option<String>,
+    ) -> Result<Reply<'env>> {
+        self.shared.check_open()?;
+        let fence = fence_of(fence)?;
+        let how = resolution(
+            &how,
+            result.as_deref(),
+            failed.unwrap_or(false),
+            ttl.unwrap_or_else(|| ToolPolicy::default().ttl.as_secs_f64()),
+        )
+        .map_err(Error::from_reason)?;
+        let name = match self.shared.key(&tool, &key) {
+            Ok(name) => name,
+            Err(refused) => return Ok(Either::A(refused.to_string())),
+        };
+        let shared = Arc::clone(&self.shared);
+        now_or_later(env, async move {
+            let after = shared
+                .engine
+                .resolve(&name, fence, how, by.as_deref(), reason.as_deref())
+                .await;
+            Ok(match after {
+                Err(e) => reply::engine_error(&e),
+                Ok(record) => view(record.as_ref()),
+            }
+            .to_string())
+        })
+    }
+
+    /// Reopens the completed or unknown record of `(tool, key)` at `fence`, so the next call runs
+    /// the action again; `by` and `reason` go into the audit log. `{"was": "completed"}` (or
+    /// `unknown`), or an error (`not_found`, `not_resolvable`: in flight, or its fence moved on).
+    #[napi(ts_return_type = "string | Promise<string>")]
+    pub fn reopen<'env>(
+        &self,
+        env: &'env Env,
+        tool: String,
+        key: String,
+        fence: i64,
+        by: Option<String>,
+        reason: Option<String>,
+    ) -> Result<Reply<'env>> {
+        self.shared.check_open()?;
+        let fence = fence_of(fence)?;
+        let name = match self.shared.key(&tool, &key) {
+            Ok(name) => name,
+            Err(refused) => return Ok(Either::A(refused.to_string())),
+        };
+        let shared = Arc::clone(&self.shared);
+        now_or_later(env, async move {
+            let was = shared
+                .engine
+                .reopen(&name, fence, by.as_deref(), reason.as_deref())
+                .await;
+            Ok(match was {
+                Err(e) => reply::engine_error(&e),
+                Ok(was) => json!({ "was": was.to_string() }),
+            }
+            .to_string())
+        })
     }
 
     /// Stops the journal flusher; later calls reject. Calls still running finish and are

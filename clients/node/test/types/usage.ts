@@ -22,6 +22,17 @@ async function main(): Promise<void> {
   const receipt: { chargeId: string; amount: number } = await charge({ id: 'o-1', amount: 5 });
   const result: Result<{ chargeId: string; amount: number }> = await charge.result({ id: 'o-1', amount: 5 });
   const replayed: boolean = result.replayed;
+  for (const r of await engine.records({ state: 'unknown', tool: 'charge' })) {
+    const after = await engine.resolve(r.key.tool, r.key.key, r.fence, 'completed', {
+      result: { chargeId: 'ch-o-2' },
+      reason: 'the provider shows the charge',
+    });
+    if (after !== null) console.log(after.state, after.outcome?.body);
+  }
+  const was: 'completed' | 'unknown' = await engine.reopen('charge', 'o-1', result.replayed ? 1 : 2, {
+    reason: 'refunded',
+  });
+  console.log(was);
   try {
     await charge({ id: 'o-2', amount: 1 });
   } catch (e) {
