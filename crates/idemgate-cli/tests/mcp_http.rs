@@ -165,7 +165,6 @@ impl Listening {
     }
 }
 
-
 /// Sends one HTTP/1.1 request to `addr` on a connection of its own; the connection.
 pub(crate) fn send_to(
     addr: &str,

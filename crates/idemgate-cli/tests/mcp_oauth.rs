@@ -145,7 +145,11 @@ token_sha256 = "{hash}"
         issuer = auth.issuer,
         hash = idemgate_http::token_sha256(STATIC_TOKEN),
     );
-    let p = sb.listen_at(&format!("127.0.0.1:{port}"), &config, &["--", "python3", FIXTURE]);
+    let p = sb.listen_at(
+        &format!("127.0.0.1:{port}"),
+        &config,
+        &["--", "python3", FIXTURE],
+    );
     (p, resource)
 }
 
@@ -382,10 +386,7 @@ fn mcp_oauth_python_sdk_client_authorizes_and_calls_through_the_proxy() {
     assert_eq!(seen["registered"], true, "{seen}");
     assert_eq!(seen["scope"], "mcp:tools", "{seen}");
     assert!(
-        seen["tools"]
-            .as_array()
-            .unwrap()
-            .contains(&json!("count")),
+        seen["tools"].as_array().unwrap().contains(&json!("count")),
         "{seen}"
     );
     assert!(!replayed(&seen["first"]), "{seen}");

@@ -192,7 +192,9 @@ impl OAuthConfig {
             .required_scopes
             .iter()
             .chain(&self.scopes_supported)
-            .find(|s| s.is_empty() || s.contains(|c: char| c.is_whitespace() || c == '"' || c == '\\'))
+            .find(|s| {
+                s.is_empty() || s.contains(|c: char| c.is_whitespace() || c == '"' || c == '\\')
+            })
         {
             return Err(format!(
                 "oauth scope {s:?}: a scope is a non-empty word without spaces, quotes or backslashes"
@@ -574,5 +576,34 @@ mod tests {
         assert_eq!(c.policy("other", None).ttl, Duration::from_secs(3600));
         assert!(Config::parse("[tools.x]\nkind = \"sometimes\"").is_err());
         assert!(Config::parse("replay_notise = false").is_err());
+    }
+
+    #[test]
+    fn oauth_needs_a_resource_and_an_authorization_server_and_says_what_is_wrong() {
+        let ok = "[oauth]\nresource = \"https://mcp.example.com/mcp\"\nauthorization_servers = [\"https://auth.example.com\"]\nrequired_scopes = [\"mcp:tools\"]\n[oauth.tenants]\nalice = \"team-a\"\n";
+        let c = Config::parse(ok).unwrap();
+        let o = c.oauth.unwrap();
+        assert_eq!(o.resource(), "https://mcp.example.com/mcp");
+        assert_eq!(o.tenant_claim, "sub");
+        assert_eq!(o.scopes(), ["mcp:tools"]);
+        assert_eq!(o.tenants["alice"].as_str(), "team-a");
+        assert_eq!(o.leeway, Duration::from_secs(60));
+        for (bad, says) in [
+            ("[oauth]\nauthorization_servers = [\"https://a.example\"]\n", "oauth.resource is required"),
+            ("[oauth]\nresource = \"https://m.example/mcp\"\n", "oauth.authorization_servers is required"),
+            ("[oauth]\nresource = \"mcp\"\nauthorization_servers = [\"https://a.example\"]\n", "not a URL"),
+            ("[oauth]\nresource = \"https://m.example/mcp#x\"\nauthorization_servers = [\"https://a.example\"]\n", "fragment"),
+            ("[oauth]\nresource = \"https://m.example/mcp\"\nauthorization_servers = [\"http://a.example\"]\n", "https"),
+            ("[oauth]\nresource = \"https://m.example/mcp\"\nauthorization_servers = [\"https://a.example\", \"https://b.example\"]\njwks_uri = \"https://a.example/jwks\"\n", "jwks_uri"),
+            ("[oauth]\nresource = \"https://m.example/mcp\"\nauthorization_servers = [\"https://a.example\"]\nrequired_scopes = [\"x\"]\nscopes_supported = [\"y\"]\n", "scopes_supported does not list"),
+            ("[oauth]\nresource = \"https://m.example/mcp\"\nauthorization_servers = [\"https://a.example\"]\nleeway = \"1h\"\n", "oauth.leeway"),
+            ("[oauth]\nresource = \"https://m.example/mcp\"\nauthorization_servers = [\"https://a.example\"]\naudience = \"x\"\n", "audience"),
+            ("[oauth]\nresource = \"https://m.example/mcp\"\nauthorization_servers = [\"https://a.example\"]\n[oauth.tenants]\nalice = \"a b\"\n", "tenant"),
+        ] {
+            let e = Config::parse(bad).unwrap_err().to_string();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+        // An authorization server on loopback may be plain http (OAuth 2.1, 1.5).
+        assert!(Config::parse("[oauth]\nresource = \"http://127.0.0.1:8765/mcp\"\nauthorization_servers = [\"http://localhost:9000\"]\n").is_ok());
     }
 }

@@ -438,7 +438,9 @@ impl<S: Store> Proxy<S> {
             (Err(why), Some(oauth)) => {
                 let checked = match why {
                     AuthError::Missing => Err(Rejection::Missing),
-                    AuthError::Empty => Err(Rejection::Invalid("the bearer token is empty".to_owned())),
+                    AuthError::Empty => {
+                        Err(Rejection::Invalid("the bearer token is empty".to_owned()))
+                    }
                     AuthError::Invalid => {
                         let token = authorization.and_then(bearer).unwrap_or_default();
                         oauth.check(token).await

@@ -85,9 +85,15 @@ struct Jwk {
 }
 
 enum PublicKey {
-    Rsa { n: Vec<u8>, e: Vec<u8> },
+    Rsa {
+        n: Vec<u8>,
+        e: Vec<u8>,
+    },
     /// An uncompressed point (0x04, x, y) and its curve.
-    Ec { crv: String, point: Vec<u8> },
+    Ec {
+        crv: String,
+        point: Vec<u8>,
+    },
 }
 
 /// The JWS algorithms taken, each with its key type, curve and `ring` check.
@@ -211,10 +217,7 @@ impl OAuth {
             .expect("oauth.resource was checked when the configuration was read");
         let path = resource.path().trim_end_matches('/');
         let metadata_path = format!("{METADATA_PATH}{path}");
-        let metadata_url = format!(
-            "{}{metadata_path}",
-            resource.origin().ascii_serialization()
-        );
+        let metadata_url = format!("{}{metadata_path}", resource.origin().ascii_serialization());
         let http = reqwest::Client::builder()
             // The authorization server is configured: a proxy from the environment must not
             // reroute the fetch of the keys that decide who gets in, nor a redirect.
@@ -296,7 +299,9 @@ impl OAuth {
         let (Some(h), Some(p), Some(s), None) =
             (parts.next(), parts.next(), parts.next(), parts.next())
         else {
-            return Err(invalid("the token is not a JWT (nor a configured static token)"));
+            return Err(invalid(
+                "the token is not a JWT (nor a configured static token)",
+            ));
         };
         let header: Value = b64(h)
             .and_then(|b| serde_json::from_slice(&b).ok())
@@ -434,7 +439,10 @@ impl OAuth {
         if !res.status().is_success() {
             return Err(format!("GET {url}: {}", res.status()));
         }
-        if res.content_length().is_some_and(|n| n > MAX_DOCUMENT as u64) {
+        if res
+            .content_length()
+            .is_some_and(|n| n > MAX_DOCUMENT as u64)
+        {
             return Err(format!("GET {url}: larger than {MAX_DOCUMENT} bytes"));
         }
         let body = res.bytes().await.map_err(|e| format!("GET {url}: {e}"))?;
@@ -470,7 +478,9 @@ impl OAuth {
             return Err(Rejection::Invalid("the token has expired".to_owned()));
         }
         if claims["nbf"].as_f64().is_some_and(|nbf| now + leeway < nbf) {
-            return Err(Rejection::Invalid("the token is not valid yet (nbf)".to_owned()));
+            return Err(Rejection::Invalid(
+                "the token is not valid yet (nbf)".to_owned(),
+            ));
         }
         let granted: Vec<&str> = match (&claims["scope"], &claims["scp"]) {
             (Value::String(s), _) => s.split_whitespace().collect(),
@@ -529,4 +539,159 @@ fn quotable(text: &str) -> String {
             _ => '?',
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    fn oauth(extra: &str) -> OAuth {
+        let c = Config::parse(&format!(
+            "[oauth]\nresource = \"https://mcp.example.com/tools/mcp\"\nauthorization_servers = [\"https://auth.example.com\"]\nrequired_scopes = [\"mcp:tools\"]\n{extra}"
+        ))
+        .unwrap();
+        OAuth::new(c.oauth.unwrap())
+    }
+
+    fn claims(extra: Value) -> Value {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        let mut c = json!({
+            "iss": "https://auth.example.com", "sub": "alice",
+            "aud": ["other", "https://mcp.example.com/tools/mcp"],
+            "exp": now + 60, "scope": "mcp:tools",
+        });
+        c.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        c
+    }
+
+    #[test]
+    fn the_metadata_lives_under_the_resources_path_and_challenges_name_it() {
+        let o = oauth("");
+        assert_eq!(
+            o.metadata_paths(),
+            [
+                "/.well-known/oauth-protected-resource/tools/mcp",
+                "/.well-known/oauth-protected-resource"
+            ]
+        );
+        assert_eq!(
+            o.challenge(&Rejection::Missing),
+            "Bearer resource_metadata=\"https://mcp.example.com/.well-known/oauth-protected-resource/tools/mcp\", scope=\"mcp:tools\""
+        );
+        let c = o.challenge(&Rejection::Invalid("a \"quoted\" \\ reason\n".to_owned()));
+        assert!(
+            c.contains("error=\"invalid_token\", error_description=\"a 'quoted' / reason?\""),
+            "{c}"
+        );
+        let c = o.challenge(&Rejection::InsufficientScope("x".to_owned()));
+        assert!(c.contains("error=\"insufficient_scope\""), "{c}");
+        assert_eq!(o.metadata()["scopes_supported"], json!(["mcp:tools"]));
+    }
+
+    #[test]
+    fn claims_name_the_audience_times_scopes_and_tenant() {
+        let o = oauth("");
+        assert_eq!(
+            o.check_claims(&claims(json!({}))).unwrap().tenant.as_str(),
+            "alice"
+        );
+        let refused = |o: &OAuth, extra: Value| o.check_claims(&claims(extra)).unwrap_err();
+        assert!(
+            matches!(refused(&o, json!({"aud": "https://mcp.example.com/tools"})), Rejection::Invalid(m) if m.contains("audience"))
+        );
+        assert!(matches!(
+            refused(&o, json!({"aud": null})),
+            Rejection::Invalid(_)
+        ));
+        assert!(
+            matches!(refused(&o, json!({"exp": null})), Rejection::Invalid(m) if m.contains("exp"))
+        );
+        assert!(
+            matches!(refused(&o, json!({"exp": 1000})), Rejection::Invalid(m) if m.contains("expired"))
+        );
+        assert!(
+            matches!(refused(&o, json!({"nbf": 1e12})), Rejection::Invalid(m) if m.contains("nbf"))
+        );
+        assert!(matches!(
+            refused(&o, json!({"scope": "mcp:toolsx"})),
+            Rejection::InsufficientScope(_)
+        ));
+        // `scp` as an array is read when there is no `scope`.
+        assert!(o
+            .check_claims(&claims(json!({"scope": null, "scp": ["mcp:tools"]})))
+            .is_ok());
+        assert!(matches!(
+            refused(&o, json!({"sub": "a b"})),
+            Rejection::NoTenant(_)
+        ));
+        // Within the leeway, an expired token still counts.
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        assert!(o.check_claims(&claims(json!({"exp": now - 30}))).is_ok());
+
+        let mapped = oauth("tenant_claim = \"org\"\n[oauth.tenants]\nacme = \"team-a\"\n");
+        assert_eq!(
+            mapped
+                .check_claims(&claims(json!({"org": "acme"})))
+                .unwrap()
+                .tenant
+                .as_str(),
+            "team-a"
+        );
+        assert!(
+            matches!(refused(&mapped, json!({"org": "other"})), Rejection::NoTenant(m) if m.contains("other"))
+        );
+        assert!(matches!(refused(&mapped, json!({})), Rejection::Invalid(m) if m.contains("org")));
+    }
+
+    #[tokio::test]
+    async fn tokens_of_no_trusted_issuer_or_algorithm_are_refused_before_any_fetch() {
+        let o = oauth("");
+        let enc = |v: Value| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v.to_string());
+        let token = |header: Value, claims: Value| format!("{}.{}.c2ln", enc(header), enc(claims));
+        let why = |r: Result<Grant, Rejection>| match r {
+            Err(Rejection::Invalid(m)) => m,
+            other => panic!("{other:?}"),
+        };
+        assert!(why(o.check("abc").await).contains("not a JWT"));
+        let none = token(json!({"alg": "none"}), claims(json!({})));
+        assert!(why(o.check(&none).await).contains("algorithm"));
+        let hmac = token(json!({"alg": "HS256"}), claims(json!({})));
+        assert!(why(o.check(&hmac).await).contains("algorithm"));
+        let other = token(
+            json!({"alg": "RS256"}),
+            claims(json!({"iss": "https://evil.example"})),
+        );
+        assert!(why(o.check(&other).await).contains("issuer"));
+    }
+
+    #[test]
+    fn jwks_keys_of_other_types_or_uses_are_left_out() {
+        let ec = json!({"kty": "EC", "crv": "P-256", "kid": "e",
+            "x": "ZPbitrRpHhsm0vDKFiwyHkX3lIBUFxd6uWLtKvsMFMg",
+            "y": "etE1WtefjeUDhGE9OO4joutetCQAuF8eoh9-a_WqB4k"});
+        let k = Jwk::parse(&ec).unwrap();
+        assert!(k.fits("ES256", Some("e")) && k.fits("ES256", None));
+        assert!(
+            !k.fits("ES256", Some("f")) && !k.fits("RS256", Some("e")) && !k.fits("ES384", None)
+        );
+        let rsa = json!({"kty": "RSA", "n": "AQAB", "e": "AQAB", "alg": "RS256"});
+        let k = Jwk::parse(&rsa).unwrap();
+        assert!(k.fits("RS256", None) && !k.fits("PS256", None));
+        assert!(Jwk::parse(&json!({"kty": "oct", "k": "AQAB"})).is_none());
+        assert!(
+            Jwk::parse(&json!({"kty": "RSA", "n": "AQAB", "e": "AQAB", "use": "enc"})).is_none()
+        );
+        assert!(
+            Jwk::parse(&json!({"kty": "EC", "crv": "P-521", "x": "AQAB", "y": "AQAB"})).is_none()
+        );
+    }
 }
