@@ -335,8 +335,8 @@ impl OAuth {
     }
 
     /// Whether a key of `issuer` for `alg` and `kid` signed `message`; the keys are fetched
-    /// when there are none, when they are old, and when none has the key id (at most once per
-    /// `jwks_refetch_interval`).
+    /// when there are none, when they are old (a failure then keeps the old ones), and when none
+    /// has the key id (at most once per `jwks_refetch_interval`).
     async fn signed(
         &self,
         issuer: &Issuer,
@@ -350,7 +350,19 @@ impl OAuth {
             .fetched
             .is_none_or(|at| at.elapsed() >= self.config.jwks_max_age);
         if stale {
-            self.fetch(issuer, &mut set).await?;
+            if let Err(e) = self.fetch(issuer, &mut set).await {
+                if set.keys.is_empty() {
+                    return Err(e);
+                }
+                // The keys held still check tokens while the authorization server is out of
+                // reach; the fetch is tried again after `jwks_refetch_interval`.
+                let config = &self.config;
+                set.fetched = Instant::now().checked_sub(
+                    config
+                        .jwks_max_age
+                        .saturating_sub(config.jwks_refetch_interval),
+                );
+            }
         }
         if !set.keys.iter().any(|k| k.fits(alg, kid)) {
             let may = set
