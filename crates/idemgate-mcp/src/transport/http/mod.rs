@@ -57,7 +57,7 @@ use axum::routing::{get, post};
 use axum::Router;
 use futures_util::stream::{self, Stream, StreamExt as _};
 use idemgate_core::{Engine, Store, TenantId};
-use idemgate_kit::tenants::{authenticate, AuthError, Tenant};
+use idemgate_kit::tenants::{authenticate, bearer, AuthError, Tenant};
 use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinSet;
 
@@ -525,14 +525,6 @@ fn oauth_refusal(oauth: &OAuth, rejection: &Rejection) -> Refused {
         }
     }
     res
-}
-
-/// The token of an `Authorization: Bearer <token>` header value.
-fn bearer(authorization: &str) -> Option<&str> {
-    let (scheme, token) = authorization.split_once(' ')?;
-    scheme
-        .eq_ignore_ascii_case("bearer")
-        .then_some(token.trim())
 }
 
 /// Whether `origin` is the proxy's own origin on loopback: `http://` and the request's `Host`,
