@@ -376,11 +376,50 @@ fn mcp_oauth_fetches_rotated_keys_once_for_an_unknown_kid() {
 
 #[test]
 fn mcp_oauth_python_sdk_client_authorizes_and_calls_through_the_proxy() {
+    sdk_client_through_oauth("2025");
+}
+
+#[test]
+fn mcp_oauth_python_sdk_client_authorizes_and_calls_sessionless_in_the_2026_era() {
+    sdk_client_through_oauth("2026");
+}
+
+#[test]
+fn mcp_oauth_an_unreachable_authorization_server_is_an_outage_not_a_bad_token() {
+    let sb = Sandbox::new();
+    // An issuer on a port nobody listens on: its keys cannot be fetched.
+    let issuer = format!("http://127.0.0.1:{}", free_port());
+    let port = free_port();
+    let resource = format!("http://127.0.0.1:{port}/mcp");
+    let config =
+        format!("[oauth]\nresource = \"{resource}\"\nauthorization_servers = [\"{issuer}\"]\n");
+    let p = sb.listen_at(
+        &format!("127.0.0.1:{port}"),
+        &config,
+        &["--", "python3", FIXTURE],
+    );
+    let auth = AuthServer::start("alice");
+    // Well signed, but by a server the proxy cannot reach to learn its keys.
+    let token = auth.mint(json!({"iss": issuer, "aud": resource}), json!({}));
+    let a = init_with(&p, &token);
+    assert_eq!(a.status, 503, "{}", a.body);
+    assert!(a.body.contains("could not be fetched"), "{}", a.body);
+    assert_eq!(
+        a.header("www-authenticate"),
+        "",
+        "no challenge: the token is not at fault"
+    );
+    assert!(sb.executed().is_empty());
+}
+
+/// The Python SDK's OAuth client in `era` through the whole flow against the proxy and the
+/// test's authorization server; a keyed call and its replay.
+fn sdk_client_through_oauth(era: &str) {
     let auth = AuthServer::start("alice");
     let sb = Sandbox::new();
     let (p, _resource) = oauth_proxy(&sb, &auth);
     let mut client = sb.python_client("mcp_oauth_client.py");
-    client.arg(&p.url);
+    client.arg(&p.url).env("MCP_ERA", era);
     let seen = sb.client_saw(client);
     assert_eq!(seen["authorize"], json!(["/authorize"]), "{seen}");
     assert_eq!(seen["registered"], true, "{seen}");
