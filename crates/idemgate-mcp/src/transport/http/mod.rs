@@ -518,6 +518,14 @@ fn oauth_refusal(oauth: &OAuth, rejection: &Rejection) -> Refused {
         }
         Rejection::Unavailable(why) => (StatusCode::SERVICE_UNAVAILABLE, why.as_str()),
     };
+    // Why a token was refused, never the token: what an operator setting up OAuth looks for.
+    if !matches!(rejection, Rejection::Missing | Rejection::Unavailable(_)) {
+        tracing::info!(
+            status = status.as_u16(),
+            reason = message,
+            "refused a bearer token"
+        );
+    }
     let mut res = refuse(status, message);
     if !matches!(rejection, Rejection::Unavailable(_)) {
         if let Ok(v) = HeaderValue::from_str(&oauth.challenge(rejection)) {
