@@ -124,6 +124,11 @@ fn free_port() -> u16 {
 /// A proxy in front of the fixture whose `[oauth]` trusts `auth`, maps alice to team-a and bob
 /// to team-b, requires the scope `mcp:tools`, and keeps one static tenant; and its resource.
 fn oauth_proxy(sb: &Sandbox, auth: &AuthServer) -> (Listening, String) {
+    oauth_proxy_with(sb, auth, "")
+}
+
+/// [`oauth_proxy`] with `extra` at the end of its configuration.
+fn oauth_proxy_with(sb: &Sandbox, auth: &AuthServer, extra: &str) -> (Listening, String) {
     let port = free_port();
     let resource = format!("http://127.0.0.1:{port}/mcp");
     let config = format!(
@@ -141,7 +146,7 @@ bob = "team-b"
 [[tenants]]
 id = "ops"
 token_sha256 = "{hash}"
-"#,
+{extra}"#,
         issuer = auth.issuer,
         hash = idemgate_http::token_sha256(STATIC_TOKEN),
     );
@@ -372,6 +377,29 @@ fn mcp_oauth_fetches_rotated_keys_once_for_an_unknown_kid() {
     let a = init_with(&p, &before);
     assert_eq!(a.status, 401, "{}", a.body);
     assert_eq!(auth.jwks_fetches(), 2, "bounded: no fetch per unknown kid");
+}
+
+#[test]
+fn mcp_oauth_a_mapped_tenant_of_tenants_shares_its_rate_limit_with_its_static_token() {
+    let auth = AuthServer::start("alice");
+    let sb = Sandbox::new();
+    // One request, then none for 100 s.
+    let extra = format!(
+        "[[tenants]]\nid = \"team-a\"\ntoken_sha256 = \"{}\"\nrate_limit_per_second = 0.01\n",
+        idemgate_http::token_sha256("static-token-of-team-a")
+    );
+    let (p, resource) = oauth_proxy_with(&sb, &auth, &extra);
+    let alice = auth.mint(json!({"aud": resource, "scope": "mcp:tools"}), json!({}));
+    assert_eq!(init_with(&p, &alice).status, 200);
+    let again = init_with(&p, "static-token-of-team-a");
+    assert_eq!(again.status, 429, "{}", again.body);
+    assert_eq!(init_with(&p, &alice).status, 429);
+    // Bob's tenant has no limit.
+    let bob = auth.mint(
+        json!({"sub": "bob", "aud": resource, "scope": "mcp:tools"}),
+        json!({}),
+    );
+    assert_eq!(init_with(&p, &bob).status, 200);
 }
 
 #[test]
