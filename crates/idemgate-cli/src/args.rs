@@ -156,8 +156,11 @@ The server's stderr is passed through; idemgate's own logs are JSON lines on std
 
 With --listen ADDR the agent side is MCP Streamable HTTP instead, at http://ADDR/mcp: every
 session (initialize) gets its own CMD process. The `Idempotency-Key` header keys a tools/call.
-Bearer tokens name tenants as the HTTP gateway's [[tenants]] do; without them only a loopback
-address is served. Requests with an Origin header not in [http] allowed_origins get 403.
+Bearer tokens name tenants as the HTTP gateway's [[tenants]] do; with [oauth] the endpoint is also
+an OAuth 2.1 resource server (Protected Resource Metadata at /.well-known/oauth-protected-resource,
+JWT access tokens of its authorization servers mapped to tenants: docs/OPERATIONS.md); without
+either only a loopback address is served. Requests with an Origin header not in [http]
+allowed_origins get 403.
 
 With --upstream-url URL instead of a command the MCP server is a remote one, reached over
 Streamable HTTP at URL (POST per message, JSON or SSE answers, Mcp-Session-Id, DELETE at the end);

@@ -27,9 +27,9 @@ pub(crate) async fn run(cli: &Cli, args: &McpArgs) -> Result<u8> {
         None => Config::default(),
     };
     if let Some(listen) = args.listen {
-        if !listen.ip().is_loopback() && config.tenants.is_empty() {
+        if !listen.ip().is_loopback() && config.tenants.is_empty() && config.oauth.is_none() {
             anyhow::bail!(
-                "refusing to serve MCP on {listen} without authentication: a non-loopback address needs [[tenants]] with bearer tokens in --config (docs/MCP.md)"
+                "refusing to serve MCP on {listen} without authentication: a non-loopback address needs [[tenants]] with bearer tokens or [oauth] in --config (docs/MCP.md)"
             );
         }
     }

@@ -41,7 +41,7 @@ pub(crate) struct Listening {
     /// `http://127.0.0.1:PORT/mcp`.
     pub(crate) url: String,
     /// `127.0.0.1:PORT`.
-    addr: String,
+    pub(crate) addr: String,
     stderr: PathBuf,
 }
 
@@ -54,6 +54,11 @@ impl Sandbox {
 
     /// A proxy listening on a free loopback port, with `args` after its `--config`.
     pub(crate) fn listen_with(&self, config: &str, args: &[&str]) -> Listening {
+        self.listen_at("127.0.0.1:0", config, args)
+    }
+
+    /// A proxy listening on `addr`, with `args` after its `--config`.
+    pub(crate) fn listen_at(&self, addr: &str, config: &str, args: &[&str]) -> Listening {
         let cfg = self.path("mcp.toml");
         fs::write(&cfg, config).unwrap();
         let stderr = self.path("stderr");
@@ -63,7 +68,7 @@ impl Sandbox {
             .env("FIXTURE_LOG", self.path("executed"))
             .env("FIXTURE_RELEASE", self.path("release"))
             .env("MEMORY_FILE_PATH", self.path("memory.jsonl"))
-            .args(["mcp", "--listen", "127.0.0.1:0", "--config"])
+            .args(["mcp", "--listen", addr, "--config"])
             .arg(&cfg)
             .args(args)
             .stdout(Stdio::null())
@@ -131,47 +136,17 @@ impl Listening {
 
     /// Sends one HTTP/1.1 request on a connection of its own; the connection.
     fn send(&self, method: &str, headers: &[(&str, &str)], body: &str) -> TcpStream {
-        let mut s = TcpStream::connect(&self.addr).unwrap();
-        s.set_read_timeout(Some(DEADLINE)).unwrap();
-        let mut req = format!(
-            "{method} /mcp HTTP/1.1\r\nhost: {}\r\nconnection: close\r\ncontent-length: {}\r\n",
-            self.addr,
-            body.len()
-        );
-        if !body.is_empty() {
-            req.push_str("content-type: application/json\r\n");
-        }
-        for (k, v) in headers {
-            req.push_str(&format!("{k}: {v}\r\n"));
-        }
-        req.push_str("\r\n");
-        req.push_str(body);
-        s.write_all(req.as_bytes()).unwrap();
-        s
+        send_to(&self.addr, method, "/mcp", headers, body)
     }
 
     /// One HTTP/1.1 request on a connection of its own; status, headers (lower-case names) and
     /// body.
-    fn http(&self, method: &str, headers: &[(&str, &str)], body: &str) -> Answer {
-        let mut s = self.send(method, headers, body);
-        let mut raw = String::new();
-        s.read_to_string(&mut raw).unwrap();
-        let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
-        let mut lines = head.lines();
-        let status = lines.next().unwrap()[9..12].parse().unwrap();
-        let headers = lines
-            .filter_map(|l| l.split_once(':'))
-            .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
-            .collect();
-        Answer {
-            status,
-            headers,
-            body: body.to_owned(),
-        }
+    pub(crate) fn http(&self, method: &str, headers: &[(&str, &str)], body: &str) -> Answer {
+        http_to(&self.addr, method, "/mcp", headers, body)
     }
 
     /// `initialize` and `notifications/initialized` as `token`'s tenant; the session id.
-    fn session(&self, token: &str) -> String {
+    pub(crate) fn session(&self, token: &str) -> String {
         let auth = format!("Bearer {token}");
         let init = self.http(
             "POST",
@@ -190,21 +165,73 @@ impl Listening {
     }
 }
 
-struct Answer {
-    status: u16,
-    headers: Vec<(String, String)>,
-    body: String,
+/// Sends one HTTP/1.1 request to `addr` on a connection of its own; the connection.
+pub(crate) fn send_to(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> TcpStream {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(DEADLINE)).unwrap();
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\ncontent-length: {}\r\n",
+        body.len()
+    );
+    if !body.is_empty() {
+        req.push_str("content-type: application/json\r\n");
+    }
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    req.push_str(body);
+    s.write_all(req.as_bytes()).unwrap();
+    s
+}
+
+/// One HTTP/1.1 request to `addr` on a connection of its own; status, headers (lower-case
+/// names) and body.
+pub(crate) fn http_to(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> Answer {
+    let mut s = send_to(addr, method, path, headers, body);
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).unwrap();
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
+    let mut lines = head.lines();
+    let status = lines.next().unwrap()[9..12].parse().unwrap();
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    Answer {
+        status,
+        headers,
+        body: body.to_owned(),
+    }
+}
+
+pub(crate) struct Answer {
+    pub(crate) status: u16,
+    pub(crate) headers: Vec<(String, String)>,
+    pub(crate) body: String,
 }
 
 impl Answer {
-    fn header(&self, name: &str) -> &str {
+    pub(crate) fn header(&self, name: &str) -> &str {
         self.headers
             .iter()
             .find(|(k, _)| k == name)
             .map_or("", |(_, v)| v.as_str())
     }
 
-    fn json(&self) -> Value {
+    pub(crate) fn json(&self) -> Value {
         serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("{e}: {}", self.body))
     }
 }

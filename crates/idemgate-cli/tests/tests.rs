@@ -9,6 +9,7 @@ mod cluster_support;
 mod gateway;
 mod mcp;
 mod mcp_http;
+mod mcp_oauth;
 mod mcp_real;
 mod mcp_ts;
 mod mcp_upstream;

@@ -151,7 +151,7 @@ impl AuthError {
 
 /// The token of an `Authorization: Bearer <token>` header value, trimmed (maybe empty); `None`
 /// for another scheme.
-fn bearer(authorization: &str) -> Option<&str> {
+pub fn bearer(authorization: &str) -> Option<&str> {
     // A header of the scheme alone ("Bearer") carries an empty token.
     let (scheme, token) = authorization.split_once(' ').unwrap_or((authorization, ""));
     scheme

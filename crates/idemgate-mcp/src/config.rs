@@ -66,6 +66,181 @@ pub struct Config {
     pub tenants: Vec<TenantConfig>,
     /// The Streamable HTTP transport (`--listen`).
     pub http: HttpConfig,
+    /// OAuth 2.1 at the Streamable HTTP endpoint (`--listen`): bearer JWTs of an authorization
+    /// server, mapped to tenants, beside the static tokens of `tenants`. None: static tokens only.
+    pub oauth: Option<OAuthConfig>,
+}
+
+/// `[oauth]`: the proxy as an OAuth 2.1 resource server (MCP authorization, 2025-06-18 and
+/// later): its Protected Resource Metadata (RFC 9728), and the bearer JWTs it takes, checked
+/// against the authorization servers' JWKS. `docs/OPERATIONS.md`, "OAuth at the MCP HTTP door".
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OAuthConfig {
+    /// This endpoint's URL as clients reach it (`https://mcp.example.com/mcp`): the resource
+    /// identifier of the metadata, and the audience every token must name. Required.
+    pub resource: Option<String>,
+    /// The issuers whose tokens are taken (each an authorization server's `issuer`, whose
+    /// metadata names its JWKS). Required, at least one.
+    #[serde(default)]
+    pub authorization_servers: Vec<String>,
+    /// The JWKS URL, instead of the one the authorization server's metadata names (only with
+    /// one authorization server).
+    pub jwks_uri: Option<String>,
+    /// The scopes every token must carry (`scope`, space-separated, or `scp`); a token without
+    /// one of them gets 403 `insufficient_scope`.
+    #[serde(default)]
+    pub required_scopes: Vec<String>,
+    /// The scopes the metadata lists (`scopes_supported`). Default: `required_scopes`.
+    #[serde(default)]
+    pub scopes_supported: Vec<String>,
+    /// The claim that names a token's tenant. Default: `sub`.
+    #[serde(default = "default_tenant_claim")]
+    pub tenant_claim: String,
+    /// The claim's values and the tenant each is mapped to; a value not listed is refused (403).
+    /// Empty: the claim's value is the tenant id itself.
+    #[serde(default)]
+    pub tenants: BTreeMap<String, TenantId>,
+    /// How far `exp` and `nbf` may be off the proxy's clock.
+    #[serde(default = "default_leeway", with = "duration")]
+    pub leeway: Duration,
+    /// How long fetched keys are used before they are fetched again.
+    #[serde(default = "default_jwks_max_age", with = "duration")]
+    pub jwks_max_age: Duration,
+    /// A token signed by a key the proxy does not hold fetches the keys again (the authorization
+    /// server rotated them), at most once in this long per authorization server.
+    #[serde(default = "default_jwks_refetch", with = "duration")]
+    pub jwks_refetch_interval: Duration,
+}
+
+fn default_tenant_claim() -> String {
+    "sub".to_owned()
+}
+
+fn default_leeway() -> Duration {
+    Duration::from_secs(60)
+}
+
+fn default_jwks_max_age() -> Duration {
+    Duration::from_secs(3600)
+}
+
+fn default_jwks_refetch() -> Duration {
+    Duration::from_secs(10)
+}
+
+/// The longest clock leeway taken: more lets expired tokens in.
+const MAX_LEEWAY: Duration = Duration::from_secs(300);
+
+impl OAuthConfig {
+    /// The resource identifier (checked when the configuration was read).
+    pub fn resource(&self) -> &str {
+        self.resource.as_deref().unwrap_or_default()
+    }
+
+    /// The scopes the metadata lists.
+    pub fn scopes(&self) -> &[String] {
+        if self.scopes_supported.is_empty() {
+            &self.required_scopes
+        } else {
+            &self.scopes_supported
+        }
+    }
+
+    /// Checks what serde cannot, naming the field at fault and what to write there.
+    fn validate(&self) -> Result<(), String> {
+        let Some(resource) = self.resource.as_deref() else {
+            return Err("oauth.resource is required: this endpoint's URL as clients reach it (\"https://mcp.example.com/mcp\"), the audience every token must name".to_owned());
+        };
+        let url = reqwest::Url::parse(resource)
+            .map_err(|e| format!("oauth.resource {resource:?} is not a URL: {e}"))?;
+        secure_url("oauth.resource", &url)?;
+        if url.fragment().is_some() {
+            return Err(format!(
+                "oauth.resource {resource:?} may not have a fragment (RFC 8707)"
+            ));
+        }
+        if self.authorization_servers.is_empty() {
+            return Err("oauth.authorization_servers is required: the issuer URL of at least one authorization server".to_owned());
+        }
+        for (i, issuer) in self.authorization_servers.iter().enumerate() {
+            let at = format!("oauth.authorization_servers[{i}]");
+            let url = reqwest::Url::parse(issuer)
+                .map_err(|e| format!("{at} {issuer:?} is not a URL: {e}"))?;
+            secure_url(&at, &url)?;
+            if url.query().is_some() || url.fragment().is_some() {
+                return Err(format!(
+                    "{at} {issuer:?}: an issuer has no query or fragment (RFC 8414)"
+                ));
+            }
+            if self.authorization_servers[..i].contains(issuer) {
+                return Err(format!("{at} {issuer:?} is listed twice"));
+            }
+        }
+        if let Some(jwks) = &self.jwks_uri {
+            if self.authorization_servers.len() > 1 {
+                return Err("oauth.jwks_uri names the keys of one authorization server: with several, each one's metadata names its own".to_owned());
+            }
+            let url = reqwest::Url::parse(jwks)
+                .map_err(|e| format!("oauth.jwks_uri {jwks:?} is not a URL: {e}"))?;
+            secure_url("oauth.jwks_uri", &url)?;
+        }
+        if self.tenant_claim.is_empty() {
+            return Err("oauth.tenant_claim may not be empty".to_owned());
+        }
+        if let Some(s) = self
+            .required_scopes
+            .iter()
+            .chain(&self.scopes_supported)
+            .find(|s| {
+                s.is_empty() || s.contains(|c: char| c.is_whitespace() || c == '"' || c == '\\')
+            })
+        {
+            return Err(format!(
+                "oauth scope {s:?}: a scope is a non-empty word without spaces, quotes or backslashes"
+            ));
+        }
+        if !self.scopes_supported.is_empty() {
+            if let Some(s) = self
+                .required_scopes
+                .iter()
+                .find(|s| !self.scopes_supported.contains(s))
+            {
+                return Err(format!(
+                    "oauth.required_scopes has {s:?}, which oauth.scopes_supported does not list"
+                ));
+            }
+        }
+        if self.leeway > MAX_LEEWAY {
+            return Err(format!(
+                "oauth.leeway may be at most {}",
+                humantime::format_duration(MAX_LEEWAY)
+            ));
+        }
+        if self.jwks_max_age.is_zero() {
+            return Err("oauth.jwks_max_age must be positive".to_owned());
+        }
+        Ok(())
+    }
+}
+
+/// An authorization server's URLs are `https`, or `http` on a loopback host (OAuth 2.1, 1.5).
+fn secure_url(at: &str, url: &reqwest::Url) -> Result<(), String> {
+    let host = url.host_str().unwrap_or_default();
+    let loopback = host.eq_ignore_ascii_case("localhost")
+        || host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    match url.scheme() {
+        "https" if !host.is_empty() => Ok(()),
+        "http" if loopback => Ok(()),
+        _ => Err(format!(
+            "{at} {:?} must be an https URL (http only on a loopback host)",
+            url.as_str()
+        )),
+    }
 }
 
 /// `[http]`: the Streamable HTTP transport.
@@ -112,6 +287,7 @@ impl Default for Config {
             tools: BTreeMap::new(),
             tenants: Vec::new(),
             http: HttpConfig::default(),
+            oauth: None,
         }
     }
 }
@@ -169,6 +345,9 @@ impl Config {
             return Err(Error::Config(format!(
                 "tenants[{i}].max_live_keys: not supported by the MCP proxy (only by the HTTP gateway)"
             )));
+        }
+        if let Some(oauth) = &config.oauth {
+            oauth.validate().map_err(Error::Config)?;
         }
         if config.http.max_sessions == 0 || config.http.max_body_bytes == 0 {
             return Err(Error::Config(
@@ -397,5 +576,34 @@ mod tests {
         assert_eq!(c.policy("other", None).ttl, Duration::from_secs(3600));
         assert!(Config::parse("[tools.x]\nkind = \"sometimes\"").is_err());
         assert!(Config::parse("replay_notise = false").is_err());
+    }
+
+    #[test]
+    fn oauth_needs_a_resource_and_an_authorization_server_and_says_what_is_wrong() {
+        let ok = "[oauth]\nresource = \"https://mcp.example.com/mcp\"\nauthorization_servers = [\"https://auth.example.com\"]\nrequired_scopes = [\"mcp:tools\"]\n[oauth.tenants]\nalice = \"team-a\"\n";
+        let c = Config::parse(ok).unwrap();
+        let o = c.oauth.unwrap();
+        assert_eq!(o.resource(), "https://mcp.example.com/mcp");
+        assert_eq!(o.tenant_claim, "sub");
+        assert_eq!(o.scopes(), ["mcp:tools"]);
+        assert_eq!(o.tenants["alice"].as_str(), "team-a");
+        assert_eq!(o.leeway, Duration::from_secs(60));
+        for (bad, says) in [
+            ("[oauth]\nauthorization_servers = [\"https://a.example\"]\n", "oauth.resource is required"),
+            ("[oauth]\nresource = \"https://m.example/mcp\"\n", "oauth.authorization_servers is required"),
+            ("[oauth]\nresource = \"mcp\"\nauthorization_servers = [\"https://a.example\"]\n", "not a URL"),
+            ("[oauth]\nresource = \"https://m.example/mcp#x\"\nauthorization_servers = [\"https://a.example\"]\n", "fragment"),
+            ("[oauth]\nresource = \"https://m.example/mcp\"\nauthorization_servers = [\"http://a.example\"]\n", "https"),
+            ("[oauth]\nresource = \"https://m.example/mcp\"\nauthorization_servers = [\"https://a.example\", \"https://b.example\"]\njwks_uri = \"https://a.example/jwks\"\n", "jwks_uri"),
+            ("[oauth]\nresource = \"https://m.example/mcp\"\nauthorization_servers = [\"https://a.example\"]\nrequired_scopes = [\"x\"]\nscopes_supported = [\"y\"]\n", "scopes_supported does not list"),
+            ("[oauth]\nresource = \"https://m.example/mcp\"\nauthorization_servers = [\"https://a.example\"]\nleeway = \"1h\"\n", "oauth.leeway"),
+            ("[oauth]\nresource = \"https://m.example/mcp\"\nauthorization_servers = [\"https://a.example\"]\naudience = \"x\"\n", "audience"),
+            ("[oauth]\nresource = \"https://m.example/mcp\"\nauthorization_servers = [\"https://a.example\"]\n[oauth.tenants]\nalice = \"a b\"\n", "tenant"),
+        ] {
+            let e = Config::parse(bad).unwrap_err().to_string();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+        // An authorization server on loopback may be plain http (OAuth 2.1, 1.5).
+        assert!(Config::parse("[oauth]\nresource = \"http://127.0.0.1:8765/mcp\"\nauthorization_servers = [\"http://localhost:9000\"]\n").is_ok());
     }
 }

@@ -29,7 +29,7 @@ mod sync;
 mod transport;
 mod wire;
 
-pub use config::{Config, HttpConfig, KeySource};
+pub use config::{Config, HttpConfig, KeySource, OAuthConfig};
 pub use error::Error;
 pub use gate::answer::{
     META_CONVERSATION, META_EXECUTED_AT, META_FENCE, META_KEY, META_PROBLEM, META_REPLAYED,

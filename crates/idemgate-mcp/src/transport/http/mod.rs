@@ -53,17 +53,19 @@ use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
+use axum::routing::{get, post};
 use axum::Router;
 use futures_util::stream::{self, Stream, StreamExt as _};
 use idemgate_core::{Engine, Store, TenantId};
-use idemgate_kit::tenants::{authenticate, Tenant};
+use idemgate_kit::tenants::{authenticate, bearer, AuthError, Tenant};
 use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinSet;
 
 mod live;
+mod oauth;
 
 use self::live::{for_shared, Inbox, Live, Routes, Waiting};
+use self::oauth::{OAuth, Rejection};
 use super::pump;
 use super::upstream::{Started, Upstream};
 use crate::config::Config;
@@ -99,6 +101,8 @@ pub struct Proxy<S> {
     server: String,
     upstream: Upstream,
     tenants: Vec<Arc<Tenant>>,
+    /// The resource server's side of OAuth, when `[oauth]` is configured.
+    oauth: Option<Arc<OAuth>>,
     tenant: TenantId,
     sessions: Mutex<HashMap<String, Arc<Live>>>,
     /// The child each tenant's sessionless requests share.
@@ -135,12 +139,14 @@ impl<S: Store> Proxy<S> {
             .iter()
             .map(|t| Arc::new(Tenant::new(t)))
             .collect();
+        let oauth = config.oauth.clone().map(|o| Arc::new(OAuth::new(o)));
         Arc::new(Proxy {
             engine,
             config,
             server,
             upstream,
             tenants,
+            oauth,
             tenant,
             sessions: Mutex::new(HashMap::new()),
             shared: Mutex::new(HashMap::new()),
@@ -152,13 +158,29 @@ impl<S: Store> Proxy<S> {
 
     /// The axum router of the endpoint.
     pub fn router(self: &Arc<Self>) -> Router {
-        Router::new()
-            .route(
-                ENDPOINT,
-                post(post_message::<S>)
-                    .get(open_stream::<S>)
-                    .delete(end_session::<S>),
-            )
+        let mut router = Router::new().route(
+            ENDPOINT,
+            post(post_message::<S>)
+                .get(open_stream::<S>)
+                .delete(end_session::<S>),
+        );
+        if let Some(oauth) = &self.oauth {
+            // Public, as RFC 9728 has it: a client reads it before it has a token.
+            let document = Arc::new(oauth.metadata());
+            for path in oauth.metadata_paths() {
+                let document = Arc::clone(&document);
+                router = router.route(
+                    &path,
+                    get(move || async move {
+                        (
+                            [(header::ACCESS_CONTROL_ALLOW_ORIGIN, "*")],
+                            axum::Json((*document).clone()),
+                        )
+                    }),
+                );
+            }
+        }
+        router
             .layer(DefaultBodyLimit::max(self.config.http.max_body_bytes))
             .with_state(Arc::clone(self))
     }
@@ -375,8 +397,9 @@ impl<S: Store> Proxy<S> {
         });
     }
 
-    /// Checks `Origin`, the bearer token and the tenant's rate; returns the caller's tenant.
-    fn admit(&self, headers: &HeaderMap) -> Result<TenantId, Refused> {
+    /// Checks `Origin`, the bearer token (a static tenant's, else an OAuth access token) and the
+    /// tenant's rate; returns the caller's tenant.
+    async fn admit(&self, headers: &HeaderMap) -> Result<TenantId, Refused> {
         if let Some(origin) = headers.get(header::ORIGIN) {
             let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
             let allowed = origin.to_str().is_ok_and(|o| {
@@ -396,20 +419,42 @@ impl<S: Store> Proxy<S> {
                 ));
             }
         }
-        if self.tenants.is_empty() {
+        if self.tenants.is_empty() && self.oauth.is_none() {
             return Ok(self.tenant.clone());
         }
         let authorization = headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok());
-        let tenant = authenticate(&self.tenants, authorization).map_err(|why| {
-            let mut res = refuse(StatusCode::UNAUTHORIZED, why.detail());
-            res.headers_mut().insert(
-                header::WWW_AUTHENTICATE,
-                HeaderValue::from_static(why.challenge()),
-            );
-            res
-        })?;
+        let tenant = match (authenticate(&self.tenants, authorization), &self.oauth) {
+            (Ok(tenant), _) => tenant,
+            (Err(why), None) => {
+                let mut res = refuse(StatusCode::UNAUTHORIZED, why.detail());
+                res.headers_mut().insert(
+                    header::WWW_AUTHENTICATE,
+                    HeaderValue::from_static(why.challenge()),
+                );
+                return Err(res);
+            }
+            (Err(why), Some(oauth)) => {
+                let checked = match why {
+                    AuthError::Missing => Err(Rejection::Missing),
+                    AuthError::Empty => {
+                        Err(Rejection::Invalid("the bearer token is empty".to_owned()))
+                    }
+                    AuthError::Invalid => {
+                        let token = authorization.and_then(bearer).unwrap_or_default();
+                        oauth.check(token).await
+                    }
+                };
+                let grant = checked.map_err(|r| oauth_refusal(oauth, &r))?;
+                tracing::debug!(tenant = %grant.tenant, "admitted an OAuth access token");
+                // A tenant of `[[tenants]]` keeps its rate limit with either kind of token.
+                match self.tenants.iter().find(|t| t.id == grant.tenant) {
+                    Some(tenant) => Arc::clone(tenant),
+                    None => return Ok(grant.tenant),
+                }
+            }
+        };
         tenant.admit().map_err(|after| {
             let mut res = refuse(
                 StatusCode::TOO_MANY_REQUESTS,
@@ -456,6 +501,38 @@ impl<S: Store> Proxy<S> {
         live.touch();
         Ok(live)
     }
+}
+
+/// The answer to a request whose bearer token was not taken: 401 with a challenge that names
+/// the Protected Resource Metadata, 403 for a missing scope or an unmapped tenant, 503 when the
+/// keys could not be fetched.
+fn oauth_refusal(oauth: &OAuth, rejection: &Rejection) -> Refused {
+    let (status, message) = match rejection {
+        Rejection::Missing => (
+            StatusCode::UNAUTHORIZED,
+            "an `Authorization: Bearer <token>` header is required: an access token of the authorization server the resource metadata names",
+        ),
+        Rejection::Invalid(why) => (StatusCode::UNAUTHORIZED, why.as_str()),
+        Rejection::InsufficientScope(why) | Rejection::NoTenant(why) => {
+            (StatusCode::FORBIDDEN, why.as_str())
+        }
+        Rejection::Unavailable(why) => (StatusCode::SERVICE_UNAVAILABLE, why.as_str()),
+    };
+    // Why a token was refused, never the token: what an operator setting up OAuth looks for.
+    if !matches!(rejection, Rejection::Missing | Rejection::Unavailable(_)) {
+        tracing::info!(
+            status = status.as_u16(),
+            reason = message,
+            "refused a bearer token"
+        );
+    }
+    let mut res = refuse(status, message);
+    if !matches!(rejection, Rejection::Unavailable(_)) {
+        if let Ok(v) = HeaderValue::from_str(&oauth.challenge(rejection)) {
+            res.headers_mut().insert(header::WWW_AUTHENTICATE, v);
+        }
+    }
+    res
 }
 
 /// Whether `origin` is the proxy's own origin on loopback: `http://` and the request's `Host`,
@@ -644,7 +721,7 @@ async fn post_message<S: Store>(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let tenant = match proxy.admit(&headers) {
+    let tenant = match proxy.admit(&headers).await {
         Ok(t) => t,
         Err(res) => return *res,
     };
@@ -976,7 +1053,7 @@ fn agreed_version(answer: &str) -> Option<String> {
 
 /// `GET /mcp`: the stream of the server's own requests and notifications.
 async fn open_stream<S: Store>(State(proxy): State<Arc<Proxy<S>>>, headers: HeaderMap) -> Response {
-    let tenant = match proxy.admit(&headers) {
+    let tenant = match proxy.admit(&headers).await {
         Ok(t) => t,
         Err(res) => return *res,
     };
@@ -1027,7 +1104,7 @@ async fn open_stream<S: Store>(State(proxy): State<Arc<Proxy<S>>>, headers: Head
 
 /// `DELETE /mcp`: the client ends its session. Its calls in flight run to their end.
 async fn end_session<S: Store>(State(proxy): State<Arc<Proxy<S>>>, headers: HeaderMap) -> Response {
-    let tenant = match proxy.admit(&headers) {
+    let tenant = match proxy.admit(&headers).await {
         Ok(t) => t,
         Err(res) => return *res,
     };
