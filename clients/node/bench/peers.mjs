@@ -1,0 +1,164 @@
+// idemgate beside the Node peers, each on the store it is made for, in one run: Powertools for
+// TypeScript's idempotency utility (`@aws-lambda-powertools/idempotency` with its cache
+// persistence layer) on Redis, and `@node-idempotency/core` with its in-memory adapter; idemgate
+// on the same Redis and in memory (equal durability), SQLite as an extra row. Never a test.
+//
+// - fresh and replay: µs per call of a function made idempotent, calls one after another, for a
+//   first call (a fresh key: reserve, run, record) and for a duplicate (the stored result);
+// - storm: a barrier before every key: CALLERS calls of one key start at once while its function
+//   runs (1 ms), KEYS keys one after another; calls/s, how many of the losers got the winner's
+//   result (the rest were refused or failed), executions beyond one per key, and how long after
+//   the winner's answer each loser got its own (p50/p99/max over all rounds).
+// Medians over ROUNDS rounds with min–max, the libraries interleaved within each round.
+//
+// Usage (from clients/node, after scripts/test-node --build-only; time it with a release addon:
+// `cargo build --release -p idemgate-node`, then IDEMGATE_NODE_ADDON=<a copy of
+// target/release/libidemgate_node.so named *.node>):
+//   node bench/peers.mjs [calls per round, default 300] [rounds, default 5] [storm keys, default 100]
+//   IDEMGATE_TEST_REDIS_URL (default redis://127.0.0.1:6379); keys have a prefix of their own.
+import { mkdtempSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import { randomBytes } from 'node:crypto';
+import { performance } from 'node:perf_hooks';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { createClient } from '@redis/client';
+import { makeIdempotent, IdempotencyConfig } from '@aws-lambda-powertools/idempotency';
+import { CachePersistenceLayer } from '@aws-lambda-powertools/idempotency/cache';
+import { Idempotency } from '@node-idempotency/core';
+import { MemoryStorageAdapter } from '@node-idempotency/storage-adapter-memory';
+import { Engine, idempotent } from '../index.mjs';
+
+const CALLS = Number(process.argv[2] ?? 300);
+const ROUNDS = Number(process.argv[3] ?? 5);
+const KEYS = Number(process.argv[4] ?? 100);
+const CALLERS = 16;
+const REDIS = process.env.IDEMGATE_TEST_REDIS_URL ?? 'redis://127.0.0.1:6379';
+const run = randomBytes(4).toString('hex');
+
+const work = async (order) => ({ charged: order.amount, order: order.id });
+
+/** `fn` made idempotent with @node-idempotency/core (keyed by the order id, fingerprinted by the
+ * order), duplicates in flight waiting for the first (its `wait` strategy, polling). */
+function nodeIdempotency(fn) {
+  const gate = new Idempotency(new MemoryStorageAdapter(), { inProgressStrategy: { wait: true, maxWaitMs: 60_000 } });
+  return async (order) => {
+    const req = { headers: { 'idempotency-key': order.id }, path: '/charge', method: 'POST', body: order };
+    const stored = await gate.onRequest(req);
+    if (stored) {
+      if (stored.error) throw stored.error;
+      return stored.body;
+    }
+    try {
+      const body = await fn(order);
+      await gate.onResponse(req, { body });
+      return body;
+    } catch (error) {
+      await gate.onResponse(req, { error: String(error) });
+      throw error;
+    }
+  };
+}
+
+const redis = await createClient({ url: REDIS }).connect();
+const dir = mkdtempSync(path.join(tmpdir(), 'idemgate-bench-'));
+const tenant = `bench-${run}`;
+const engines = {
+  memory: await Engine.open('memory:', { tenant }),
+  sqlite: await Engine.open(`sqlite://${path.join(dir, 'db')}`, { journal: path.join(dir, 'journal'), tenant }),
+  redis: await Engine.open(`${REDIS}?key_prefix=bench-${run}:&allow_volatile=true`, { journal: path.join(dir, 'journal-r'), tenant }),
+};
+// Outside Lambda there is no invocation deadline: a context that has ample time left, as a
+// Lambda's would, so Powertools does not warn on every call.
+const powertoolsConfig = new IdempotencyConfig({ eventKeyJmesPath: 'id' });
+powertoolsConfig.registerLambdaContext({ getRemainingTimeInMillis: () => 900_000 });
+const powertools = (fn) => makeIdempotent(fn, {
+  persistenceStore: new CachePersistenceLayer({ client: redis, keyPrefix: `bench-${run}-pt` }),
+  config: powertoolsConfig,
+});
+const ours = (engine) => (fn) => idempotent(engine, 'charge', fn, { key: (o) => o.id, args: (o) => o, wait: 60 });
+
+/** Each system: how it wraps a function, and the store it is compared on. */
+const systems = {
+  'baseline (the bare function)': { wrap: (fn) => fn, store: '-' },
+  '@node-idempotency/core, memory': { wrap: nodeIdempotency, store: 'memory' },
+  'idemgate, memory': { wrap: ours(engines.memory), store: 'memory' },
+  'powertools idempotency, Redis': { wrap: powertools, store: 'Redis' },
+  'idemgate, Redis': { wrap: ours(engines.redis), store: 'Redis' },
+  'idemgate, SQLite': { wrap: ours(engines.sqlite), store: 'SQLite' },
+};
+
+/** µs per call of `f` over `CALLS` fresh orders, then over the same orders again. */
+async function freshAndReplay(f, label) {
+  const orders = Array.from({ length: CALLS }, (_, i) => ({ id: `${run}-${label}-${i}`, amount: i }));
+  const t0 = performance.now();
+  for (const o of orders) await f(o);
+  const fresh = ((performance.now() - t0) * 1000) / CALLS;
+  const t1 = performance.now();
+  for (const o of orders) await f(o);
+  return { fresh, replay: ((performance.now() - t1) * 1000) / CALLS };
+}
+
+/** The storm on `wrap`: calls/s, losers with the winner's result, extra executions, lateness. */
+async function storm(wrap, label) {
+  const runs = new Map();
+  const f = wrap(async (order) => {
+    runs.set(order.id, (runs.get(order.id) ?? 0) + 1);
+    await sleep(1);
+    return { charged: order.amount, order: order.id };
+  });
+  let answered = 0;
+  const late = [];
+  const t0 = performance.now();
+  for (let k = 0; k < KEYS; k++) {
+    const order = { id: `${run}-${label}-${k}`, amount: k };
+    const done = await Promise.all(Array.from({ length: CALLERS }, () => f(order).then(
+      (v) => ({ ok: v?.order === order.id, at: performance.now() }),
+      () => ({ ok: false, at: performance.now() }),
+    )));
+    const first = Math.min(...done.map((d) => d.at));
+    for (const d of done) {
+      if (d.ok) answered += 1;
+      if (d.at !== first) late.push(d.at - first);
+    }
+  }
+  const seconds = (performance.now() - t0) / 1000;
+  const extra = [...runs.values()].reduce((n, r) => n + r - 1, 0);
+  return { perSecond: (KEYS * CALLERS) / seconds, losersAnswered: answered - KEYS, extra, late };
+}
+
+const median = (xs) => {
+  const s = [...xs].sort((a, b) => a - b);
+  return s.length % 2 ? s[(s.length - 1) / 2] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2;
+};
+const pct = (xs, p) => [...xs].sort((a, b) => a - b)[Math.min(xs.length - 1, Math.floor((p / 100) * xs.length))] ?? 0;
+const show = (xs, d = 1) => `${median(xs).toFixed(d)} (${Math.min(...xs).toFixed(d)}–${Math.max(...xs).toFixed(d)})`;
+
+const results = Object.fromEntries(Object.keys(systems).map((k) => [k, { fresh: [], replay: [], storm: [], answered: [], extra: [], late: [] }]));
+for (let r = 0; r < ROUNDS; r++) {
+  for (const [name, { wrap }] of Object.entries(systems)) {
+    const label = `${name.replace(/\W+/g, '_')}-${r}`;
+    const { fresh, replay } = await freshAndReplay(wrap(work), label);
+    const s = await storm(wrap, `${label}-storm`);
+    const out = results[name];
+    out.fresh.push(fresh);
+    out.replay.push(replay);
+    out.storm.push(s.perSecond);
+    out.answered.push(s.losersAnswered);
+    out.extra.push(s.extra);
+    out.late.push(...s.late);
+  }
+}
+const losers = KEYS * (CALLERS - 1);
+console.log(`node ${process.version}; ${CALLS} calls a round for fresh and replay; storm: ${KEYS} keys × ${CALLERS} callers ` +
+  `(1 ms function); ${ROUNDS} rounds; medians (min–max)`);
+console.log('| system | store | fresh µs/call | replay µs/call | storm calls/s | losers with the result (of ' +
+  `${losers}) | extra runs | losers late p50 / p99 / max ms |`);
+console.log('|---|---|---:|---:|---:|---:|---:|---|');
+for (const [name, r] of Object.entries(results)) {
+  const l = r.late;
+  console.log(`| ${name} | ${systems[name].store} | ${show(r.fresh)} | ${show(r.replay)} | ${show(r.storm, 0)} | ` +
+    `${show(r.answered, 0)} | ${show(r.extra, 0)} | ${pct(l, 50).toFixed(2)} / ${pct(l, 99).toFixed(2)} / ${Math.max(0, ...l).toFixed(2)} |`);
+}
+for (const e of Object.values(engines)) e.close();
+await redis.quit();
