@@ -34,7 +34,10 @@ pub(crate) async fn run(cli: &Cli, args: &ConsoleArgs) -> Result<u8> {
         .with_context(|| {
             format!(
                 "failed to open the audit log {}",
-                args.audit_log.as_deref().unwrap_or(std::path::Path::new("")).display()
+                args.audit_log
+                    .as_deref()
+                    .unwrap_or(std::path::Path::new(""))
+                    .display()
             )
         })?;
     let console = Console::new(Settings {

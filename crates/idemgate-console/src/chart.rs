@@ -82,7 +82,7 @@ pub(crate) fn count(
     tools
 }
 
-/// One tool's chart: a line per series over the hours, the y axis up to the largest count.
+/// One tool's chart: per hour, a bar for each series; the y axis up to the largest count.
 pub(crate) fn svg(id: &str, tool: &str, counts: &Counts, hours: usize) -> String {
     const W: f64 = 560.0;
     const H: f64 = 180.0;
@@ -99,8 +99,10 @@ pub(crate) fn svg(id: &str, tool: &str, counts: &Counts, hours: usize) -> String
         .max(1);
     let plot_w = W - LEFT - 10.0;
     let plot_h = H - BOTTOM - TOP;
-    let x = |i: usize| LEFT + plot_w * (i as f64) / ((hours.max(2) - 1) as f64);
-    let y = |n: u64| TOP + plot_h - plot_h * (n as f64) / (max as f64);
+    // Each hour a group of four bars, one per series, side by side.
+    let slot_w = plot_w / (hours.max(1) as f64);
+    let bar_w = (slot_w - 2.0) / (SERIES.len() as f64);
+    let h_of = |n: u64| plot_h * (n as f64) / (max as f64);
     let summary = SERIES
         .iter()
         .enumerate()
@@ -122,16 +124,21 @@ pub(crate) fn svg(id: &str, tool: &str, counts: &Counts, hours: usize) -> String
         lb = H - 6.0,
     );
     for (s, name) in SERIES.iter().enumerate() {
-        let points: Vec<String> = counts.per_hour[s]
+        for (i, n) in counts.per_hour[s]
             .iter()
             .enumerate()
-            .map(|(i, n)| format!("{:.1},{:.1}", x(i), y(*n)))
-            .collect();
-        let _ = write!(
-            out,
-            r#"<polyline class="s-{name}" fill="none" points="{}"/>"#,
-            points.join(" ")
-        );
+            .filter(|(_, n)| **n > 0)
+        {
+            let h = h_of(*n);
+            let _ = write!(
+                out,
+                r#"<rect class="s-{name}" x="{:.1}" y="{:.1}" width="{:.1}" height="{:.1}"/>"#,
+                LEFT + 1.0 + slot_w * (i as f64) + bar_w * (s as f64),
+                TOP + plot_h - h,
+                bar_w,
+                h
+            );
+        }
     }
     out.push_str("</svg>");
     out
@@ -181,6 +188,7 @@ mod tests {
         assert!(!only_b.contains_key("mail"));
         let drawn = svg("c0", "charge", charge, 24);
         assert!(drawn.contains("2 executed, 1 replayed, 0 refused, 1 unknown"));
-        assert_eq!(drawn.matches("<polyline").count(), 4);
+        // A bar for each hour and series with calls: 2 executed, 1 replayed, 1 unknown.
+        assert_eq!(drawn.matches("<rect").count(), 4);
     }
 }

@@ -186,7 +186,8 @@ impl Config {
             {
                 return fail(
                     "console.operator_token_sha256".to_owned(),
-                    "the operator's token is also a tenant's: give the operator a token of its own".to_owned(),
+                    "the operator's token is also a tenant's: give the operator a token of its own"
+                        .to_owned(),
                 );
             }
         }
