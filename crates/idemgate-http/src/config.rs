@@ -368,6 +368,31 @@ ttl = "1h"
     }
 
     #[test]
+    fn the_console_section_is_checked() {
+        let tenant = format!("[[tenants]]\nid = \"a\"\ntoken_sha256 = \"{HASH}\"\n");
+        let c = Config::parse(&tenant).unwrap();
+        assert_eq!(c.console, ConsoleConfig::default());
+        let other = "0".repeat(64);
+        let c = Config::parse(&format!(
+            "{tenant}[console]\noperator_token_sha256 = \"{other}\"\nsecure_cookie = true\n"
+        ))
+        .unwrap();
+        assert!(c.console.secure_cookie);
+        let err = |text: &str| Config::parse(text).unwrap_err().to_string();
+        let e = err(&format!(
+            "{tenant}[console]\noperator_token_sha256 = \"abc\"\n"
+        ));
+        assert!(e.contains("console.operator_token_sha256"), "{e}");
+        // The operator's token must not be a tenant's: the console could not tell who signed in.
+        let e = err(&format!(
+            "{tenant}[console]\noperator_token_sha256 = \"{HASH}\"\n"
+        ));
+        assert!(e.contains("also a tenant's"), "{e}");
+        let e = err(&format!("{tenant}[console]\nenabled = true\n"));
+        assert!(e.contains("enabled"), "{e}");
+    }
+
+    #[test]
     fn errors_name_the_field() {
         let tenant = format!("[[tenants]]\nid = \"a\"\ntoken_sha256 = \"{HASH}\"\n");
         let err = |text: &str| Config::parse(text).unwrap_err().to_string();
