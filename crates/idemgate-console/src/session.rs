@@ -30,12 +30,15 @@ pub enum Role {
 impl Role {
     /// The tenant a request may look at: a tenant's own, whatever it asked for (`Err` when it
     /// asked for another: the caller answers 404, so that another tenant's records are never
-    /// confirmed to exist); the operator's choice (`None`: every tenant).
+    /// confirmed to exist); the operator's choice (`None`: every tenant; `Err` for a name that
+    /// is no tenant's).
     pub(crate) fn scope(&self, asked: Option<&str>) -> Result<Option<TenantId>, ()> {
         match self {
-            Role::Operator => Ok(asked
+            // A name no tenant can have names nothing: not every tenant.
+            Role::Operator => asked
                 .filter(|t| !t.is_empty())
-                .and_then(|t| TenantId::new(t).ok())),
+                .map(|t| TenantId::new(t).map_err(|_| ()))
+                .transpose(),
             Role::Tenant(own) => match asked.filter(|t| !t.is_empty()) {
                 Some(t) if t != own.as_str() => Err(()),
                 _ => Ok(Some(own.clone())),
@@ -173,6 +176,8 @@ mod tests {
         assert_eq!(acme.scope(Some("acme")).unwrap().unwrap().as_str(), "acme");
         assert!(acme.scope(Some("globex")).is_err());
         assert_eq!(Role::Operator.scope(None).unwrap(), None);
+        assert_eq!(Role::Operator.scope(Some("")).unwrap(), None);
+        assert!(Role::Operator.scope(Some("no such/tenant")).is_err());
         assert_eq!(
             Role::Operator
                 .scope(Some("globex"))
