@@ -3,28 +3,20 @@
 use std::io::Write as _;
 use std::sync::Arc;
 
-use anyhow::{bail, Context as _, Result};
+use anyhow::{Context as _, Result};
 use idemgate_console::{Console, Settings};
 use idemgate_kit::Instruments;
 
 use crate::args::{Cli, ConsoleArgs};
 
-/// Shortest operator token accepted: short secrets are guessable.
-const MIN_TOKEN_LEN: usize = 16;
-
 /// Serves the console until SIGTERM or Ctrl-C.
 pub(crate) async fn run(cli: &Cli, args: &ConsoleArgs) -> Result<u8> {
     idemgate_http::logging::init();
-    let var = &args.token_env;
-    let token = match std::env::var(var) {
-        Ok(t) if !t.trim().is_empty() => t.trim().to_owned(),
-        _ => bail!(
-            "failed to find the operator's token: set {var} to one (`idemgate token new` makes one); the console never serves without sign-in"
-        ),
-    };
-    if token.len() < MIN_TOKEN_LEN {
-        bail!("failed to accept the token in {var}: it has {} characters, at least {MIN_TOKEN_LEN} are required (`idemgate token new` makes one)", token.len());
-    }
+    let token = crate::serve::token_from_env(
+        &args.token_env,
+        "the operator's token",
+        "one (`idemgate token new` makes one); the console never serves without sign-in",
+    )?;
     let ctx = match crate::Context::open(cli, "local").await? {
         Ok(ctx) => ctx,
         Err(code) => return Ok(code),

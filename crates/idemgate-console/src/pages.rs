@@ -462,12 +462,19 @@ fn named_key(
     Ok(Key::new(tenant, tool, key))
 }
 
-/// The record a request names, or the page to answer instead.
-async fn find(console: &Console, s: &Session, key: &Key) -> Result<Record, Response> {
-    match console.0.engine.get(key).await {
-        Ok(Some(r)) => Ok(r),
-        Ok(None) => Err(not_found(s)),
-        Err(e) => Err(engine_error(s, &e)),
+/// The session of a page request and the record its query names, or the page to answer
+/// instead (sign in, 400, 404).
+async fn shown(
+    console: &Console,
+    headers: &HeaderMap,
+    q: &RecordQuery,
+) -> Result<(Session, Record), Response> {
+    let s = viewer(console, headers)?;
+    let key = named_key(&s, q.tenant.as_deref(), q.tool.as_deref(), q.key.as_deref())?;
+    match console.0.engine.get(&key).await {
+        Ok(Some(r)) => Ok((s, r)),
+        Ok(None) => Err(not_found(&s)),
+        Err(e) => Err(engine_error(&s, &e)),
     }
 }
 
@@ -506,16 +513,8 @@ async fn record(
     headers: HeaderMap,
     Query(q): Query<RecordQuery>,
 ) -> Response {
-    let s = match viewer(&console, &headers) {
-        Ok(s) => s,
-        Err(res) => return res,
-    };
-    let key = match named_key(&s, q.tenant.as_deref(), q.tool.as_deref(), q.key.as_deref()) {
-        Ok(k) => k,
-        Err(res) => return res,
-    };
-    let r = match find(&console, &s, &key).await {
-        Ok(r) => r,
+    let (s, r) = match shown(&console, &headers, &q).await {
+        Ok(v) => v,
         Err(res) => return res,
     };
     let mut body = facts(&r);
@@ -605,16 +604,8 @@ async fn resolve_form(
     headers: HeaderMap,
     Query(q): Query<RecordQuery>,
 ) -> Response {
-    let s = match viewer(&console, &headers) {
-        Ok(s) => s,
-        Err(res) => return res,
-    };
-    let key = match named_key(&s, q.tenant.as_deref(), q.tool.as_deref(), q.key.as_deref()) {
-        Ok(k) => k,
-        Err(res) => return res,
-    };
-    let r = match find(&console, &s, &key).await {
-        Ok(r) => r,
+    let (s, r) = match shown(&console, &headers, &q).await {
+        Ok(v) => v,
         Err(res) => return res,
     };
     let mut body = facts(&r);
@@ -743,16 +734,8 @@ async fn reopen_form(
     headers: HeaderMap,
     Query(q): Query<RecordQuery>,
 ) -> Response {
-    let s = match viewer(&console, &headers) {
-        Ok(s) => s,
-        Err(res) => return res,
-    };
-    let key = match named_key(&s, q.tenant.as_deref(), q.tool.as_deref(), q.key.as_deref()) {
-        Ok(k) => k,
-        Err(res) => return res,
-    };
-    let r = match find(&console, &s, &key).await {
-        Ok(r) => r,
+    let (s, r) = match shown(&console, &headers, &q).await {
+        Ok(v) => v,
         Err(res) => return res,
     };
     let mut body = facts(&r);
