@@ -739,6 +739,10 @@ async fn reopen_form(
         Err(res) => return res,
     };
     let mut body = facts(&r);
+    if matches!(r.state, RecordState::InFlight { .. }) {
+        body.push_str("<p>A record in flight is never reopened: its call may be running the action now. Once its lease ends it reads unknown.</p>");
+        return page(StatusCode::CONFLICT, "Reopen", Some(header_of(&s)), &body);
+    }
     let _ = write!(
         body,
         r#"<p class="warning">Reopening forgets this record: the next call with its key <strong>runs the action again</strong>. Do it only when you know the action did not take effect, or must be repeated.</p>

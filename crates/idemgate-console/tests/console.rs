@@ -477,6 +477,25 @@ async fn reopen_forgets_a_record_and_says_who() {
         .is_none());
     let audit = std::fs::read_to_string(&r.audit).unwrap();
     assert!(audit.contains(r#""by":"console:operator""#), "{audit}");
+    // A record in flight is not offered for reopening: its call may be running.
+    let call = Call::new(
+        TenantId::new("acme").unwrap(),
+        ToolName::new("charge").unwrap(),
+    )
+    .key(IdempotencyKey::new("order-4").unwrap())
+    .args(&serde_json::json!({}));
+    let policy = r.engine.policies().get("charge").clone();
+    assert!(matches!(
+        r.engine.begin(call, &policy).await.unwrap(),
+        idemgate::Begun::Execute(_)
+    ));
+    let res = get(
+        &r.app,
+        "/ui/reopen?tenant=acme&tool=charge&key=order-4",
+        Some(&op),
+    )
+    .await;
+    assert_eq!(res.status(), StatusCode::CONFLICT);
     // The operator must name the tenant of a record.
     let res = get(&r.app, "/ui/record?tool=charge&key=order-3", Some(&op)).await;
     assert_eq!(res.status(), StatusCode::BAD_REQUEST);
