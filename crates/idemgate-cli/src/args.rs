@@ -143,9 +143,9 @@ pub struct ServeArgs {
 
 const CONSOLE_ABOUT: &str = "\
 Serve the web console (docs/OPERATIONS.md) at http://ADDR/ui over the store of --store, where no
-gateway runs (`idemgate serve` serves it too, at /ui). Records by state, unknown first, each with its
-timeline from the audit log (--audit-log); resolve and reopen with a reason, written to that audit
-log with who did it; per-tool charts from the audit log.
+gateway runs (`idemgate serve` serves it too, at /ui). Records by state, unknown first, each with
+its timeline from the audit log (--audit-log); resolve and reopen with a reason, written to that
+audit log with who did it; per-tool charts from the audit log.
 
 One operator signs in, with the token in the environment variable named by --token-env
 (IDEMGATE_OPERATOR_TOKEN unless changed; at least 16 characters) and sees every tenant's records.
