@@ -89,6 +89,9 @@ pub enum Command {
     /// Run the HTTP gateway (docs/HTTP.md).
     #[command(long_about = SERVE_ABOUT, after_long_help = SERVE_EXAMPLES)]
     Serve(ServeArgs),
+    /// Serve the web console over a store, where no gateway runs (docs/OPERATIONS.md).
+    #[command(long_about = CONSOLE_ABOUT)]
+    Console(ConsoleArgs),
     /// Put idemgate in front of an MCP server, on stdio or Streamable HTTP (docs/MCP.md).
     #[command(long_about = MCP_ABOUT, after_long_help = MCP_EXAMPLES)]
     Mcp(McpArgs),
@@ -136,6 +139,42 @@ pub struct ServeArgs {
     /// Without --config: the address to listen on.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8080")]
     pub listen: std::net::SocketAddr,
+}
+
+const CONSOLE_ABOUT: &str = "\
+Serve the web console (docs/OPERATIONS.md) at http://ADDR/ui over the store of --store, where no
+gateway runs (`idemgate serve` serves it too, at /ui). Records by state, unknown first, each with
+its timeline from the audit log (--audit-log); resolve and reopen with a reason, written to that
+audit log with who did it; per-tool charts from the audit log.
+
+One operator signs in, with the token in the environment variable named by --token-env
+(IDEMGATE_OPERATOR_TOKEN unless changed; at least 16 characters) and sees every tenant's records.
+It never starts without one. It listens on loopback unless told otherwise: put a TLS-terminating
+proxy in front (and pass --secure-cookie) before exposing it.
+
+Example:
+  IDEMGATE_OPERATOR_TOKEN=$(idemgate token new | head -1) \\
+    idemgate --store sqlite://./idemgate.db console --audit-log ./audit.jsonl";
+
+/// `console`.
+#[derive(Debug, Args)]
+pub struct ConsoleArgs {
+    /// The address to listen on; port 0 picks a free one (the URL is printed on stdout).
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8081")]
+    pub listen: std::net::SocketAddr,
+
+    /// The environment variable holding the operator's token.
+    #[arg(long, value_name = "VAR", default_value = "IDEMGATE_OPERATOR_TOKEN")]
+    pub token_env: String,
+
+    /// The audit log to read timelines and charts from, and to append resolutions and
+    /// reopenings to (the gateway's server.audit_log).
+    #[arg(long, value_name = "PATH")]
+    pub audit_log: Option<PathBuf>,
+
+    /// Mark the session cookie Secure (the console is reached over HTTPS through a proxy).
+    #[arg(long)]
+    pub secure_cookie: bool,
 }
 
 const MCP_ABOUT: &str = "\

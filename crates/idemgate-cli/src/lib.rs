@@ -2,6 +2,7 @@
 //! operator see and resolve every record, unknown ones first of all.
 
 mod args;
+mod console;
 mod exec;
 mod keys;
 mod mcp;
@@ -44,8 +45,8 @@ where
             return u8::try_from(e.exit_code()).unwrap_or(exit::FAILURE);
         }
     };
-    // The gateway serves many connections at once; every other command is one call.
-    let runtime = if matches!(cli.command, Command::Serve(_)) {
+    // The gateway and the console serve many connections at once; every other command is one call.
+    let runtime = if matches!(cli.command, Command::Serve(_) | Command::Console(_)) {
         tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .build()
@@ -114,6 +115,7 @@ async fn dispatch(cli: Cli) -> Result<u8> {
             keys::run(&ctx, cmd).await
         }
         Command::Serve(args) => serve::run(&cli, args).await,
+        Command::Console(args) => console::run(&cli, args).await,
         Command::Mcp(args) => mcp::run(&cli, args).await,
         Command::Token(TokenCommand::Hash { token }) => {
             out::line(format_args!("{}", idemgate_http::token_sha256(token)));

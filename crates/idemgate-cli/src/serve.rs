@@ -10,6 +10,19 @@ use crate::args::{Cli, ServeArgs};
 /// Shortest bearer token accepted from the environment: short secrets are guessable.
 const MIN_TOKEN_LEN: usize = 16;
 
+/// The token in the environment variable `var`, trimmed, at least [`MIN_TOKEN_LEN`] long; else
+/// an error saying to set it (`what` it names, `how` to get one).
+pub(crate) fn token_from_env(var: &str, what: &str, how: &str) -> Result<String> {
+    let token = match std::env::var(var) {
+        Ok(t) if !t.trim().is_empty() => t.trim().to_owned(),
+        _ => bail!("failed to find {what}: set {var} to {how}"),
+    };
+    if token.len() < MIN_TOKEN_LEN {
+        bail!("failed to accept the token in {var}: it has {} characters, at least {MIN_TOKEN_LEN} are required (`idemgate token new` makes one)", token.len());
+    }
+    Ok(token)
+}
+
 /// Runs the gateway until SIGTERM or Ctrl-C.
 pub(crate) async fn run(cli: &Cli, args: &ServeArgs) -> Result<u8> {
     idemgate_http::logging::init();
@@ -62,16 +75,11 @@ pub(crate) async fn run(cli: &Cli, args: &ServeArgs) -> Result<u8> {
 
 /// The configuration without a file: one tenant, "default", whose token is in the environment.
 fn env_config(args: &ServeArgs, tenant: &str) -> Result<Config> {
-    let var = &args.token_env;
-    let token = match std::env::var(var) {
-        Ok(t) if !t.trim().is_empty() => t.trim().to_owned(),
-        _ => bail!(
-            "failed to find a tenant: set {var} to a bearer token (`idemgate token new` makes one) or pass --config PATH; the gateway never serves without authentication"
-        ),
-    };
-    if token.len() < MIN_TOKEN_LEN {
-        bail!("failed to accept the token in {var}: it has {} characters, at least {MIN_TOKEN_LEN} are required (`idemgate token new` makes one)", token.len());
-    }
+    let token = token_from_env(
+        &args.token_env,
+        "a tenant",
+        "a bearer token (`idemgate token new` makes one) or pass --config PATH; the gateway never serves without authentication",
+    )?;
     let mut config = Config::default();
     config.server.listen = args.listen;
     config.tenants.push(TenantConfig {

@@ -772,3 +772,126 @@ fn exec_and_keys_work_on_a_redis_cluster() {
         );
     }
 }
+
+/// The value of `name="NAME" value="..."` in a page.
+fn form_value(page: &str, name: &str) -> String {
+    let marker = format!(r#"name="{name}" value=""#);
+    let at = page
+        .find(&marker)
+        .unwrap_or_else(|| panic!("no {name} in {page}"))
+        + marker.len();
+    page[at..at + page[at..].find('"').unwrap()].to_owned()
+}
+
+/// The "name=value" of the cookie `name` a raw answer sets.
+fn set_cookie(answer: &str, name: &str) -> String {
+    answer
+        .lines()
+        .filter_map(|l| l.strip_prefix("set-cookie: "))
+        .find(|c| c.starts_with(&format!("{name}=")))
+        .map(|c| c.split(';').next().unwrap().to_owned())
+        .unwrap_or_else(|| panic!("no cookie {name} in {answer}"))
+}
+
+#[test]
+fn console_serves_the_operator_over_a_store_without_a_gateway() {
+    use std::io::BufRead as _;
+    let sb = Sandbox::new();
+    let refused = sb
+        .idemgate()
+        .env_remove("IDEMGATE_OPERATOR_TOKEN")
+        .args(["console", "--listen", "127.0.0.1:0"])
+        .output()
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(text(&refused.stderr).contains("IDEMGATE_OPERATOR_TOKEN"));
+
+    let effect = sb.path("effect");
+    let out = sb.exec_append("order-1", &effect, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let token = "operator-token-0123456789abcdef";
+    let audit = sb.path("audit.jsonl");
+    let mut child = sb
+        .idemgate()
+        .env("IDEMGATE_OPERATOR_TOKEN", token)
+        .args(["console", "--listen", "127.0.0.1:0", "--audit-log"])
+        .arg(&audit)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .trim()
+        .strip_prefix("idemgate: console on http://")
+        .and_then(|a| a.strip_suffix("/ui"))
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .to_owned();
+    let get = |path: &str, cookie: &str| {
+        http(
+            &addr,
+            &format!(
+                "GET {path} HTTP/1.1\r\nHost: x\r\nCookie: {cookie}\r\nConnection: close\r\n\r\n"
+            ),
+        )
+    };
+    let post = |path: &str, cookie: &str, body: &str| {
+        http(
+            &addr,
+            &format!(
+                "POST {path} HTTP/1.1\r\nHost: x\r\nCookie: {cookie}\r\n\
+                 Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n\
+                 Connection: close\r\n\r\n{body}",
+                body.len()
+            ),
+        )
+    };
+    let login = get("/ui/login", "");
+    let csrf = form_value(&login, "csrf");
+    let answer = post(
+        "/ui/login",
+        &set_cookie(&login, "idemgate_console_login"),
+        &format!("csrf={csrf}&token={token}"),
+    );
+    assert!(answer.starts_with("HTTP/1.1 303"), "{answer}");
+    let session = set_cookie(&answer, "idemgate_console");
+    // exec's record, under its tenant "local".
+    let list = get("/ui", &session);
+    assert!(list.contains("order-1") && list.contains("local"), "{list}");
+    let csrf = form_value(&list, "csrf");
+    let confirm = get("/ui/reopen?tenant=local&tool=exec&key=order-1", &session);
+    let fence = form_value(&confirm, "fence");
+    let answer = post(
+        "/ui/reopen",
+        &session,
+        &format!(
+            "csrf={csrf}&tenant=local&tool=exec&key=order-1&fence={fence}&reason=run+it+again"
+        ),
+    );
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let log = fs::read_to_string(&audit).unwrap();
+    assert!(
+        log.contains(r#""event":"reopened""#) && log.contains(r#""by":"console:operator""#),
+        "{log}"
+    );
+    // The next exec with the key runs again.
+    let again = sb.exec_append("order-1", &effect, &[]);
+    assert_eq!(again.status.code(), Some(0), "{}", text(&again.stderr));
+    assert_eq!(lines(&effect), 2);
+    Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            assert_eq!(s.code(), Some(0));
+            break;
+        }
+        assert!(Instant::now() < deadline, "console did not stop on SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

@@ -8,6 +8,8 @@ use std::time::Duration;
 use idemgate::{ToolKind, ToolPolicy, UnknownPolicy};
 use serde::{Deserialize, Deserializer};
 
+pub use idemgate_console::ConsoleConfig;
+
 use crate::error::Error;
 
 /// The whole configuration file.
@@ -24,6 +26,10 @@ pub struct Config {
     /// policy.
     #[serde(default)]
     pub tools: BTreeMap<String, ToolConfig>,
+    /// The web console at `/ui` (docs/OPERATIONS.md): the operator's token, the cookie's
+    /// `Secure` flag, or none at all.
+    #[serde(default)]
+    pub console: ConsoleConfig,
 }
 
 /// `[server]`.
@@ -165,6 +171,25 @@ impl Config {
         }
         if let Err((field, message)) = idemgate_kit::tenants::validate(&self.tenants) {
             return fail(field, message);
+        }
+        if let Some(h) = &self.console.operator_token_sha256 {
+            if h.len() != 64 || !h.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return fail(
+                    "console.operator_token_sha256".to_owned(),
+                    "expected 64 hex digits (`idemgate token hash TOKEN` prints them)".to_owned(),
+                );
+            }
+            if self
+                .tenants
+                .iter()
+                .any(|t| t.token_sha256.eq_ignore_ascii_case(h))
+            {
+                return fail(
+                    "console.operator_token_sha256".to_owned(),
+                    "the operator's token is also a tenant's: give the operator a token of its own"
+                        .to_owned(),
+                );
+            }
         }
         if self.server.max_body_bytes == 0 {
             return fail(
@@ -340,6 +365,31 @@ ttl = "1h"
         );
         assert_eq!(c.policy("create_ticket").ttl, Duration::from_secs(3600));
         assert_eq!(c.policy("anything").kind, ToolKind::Write);
+    }
+
+    #[test]
+    fn the_console_section_is_checked() {
+        let tenant = format!("[[tenants]]\nid = \"a\"\ntoken_sha256 = \"{HASH}\"\n");
+        let c = Config::parse(&tenant).unwrap();
+        assert_eq!(c.console, ConsoleConfig::default());
+        let other = "0".repeat(64);
+        let c = Config::parse(&format!(
+            "{tenant}[console]\noperator_token_sha256 = \"{other}\"\nsecure_cookie = true\n"
+        ))
+        .unwrap();
+        assert!(c.console.secure_cookie);
+        let err = |text: &str| Config::parse(text).unwrap_err().to_string();
+        let e = err(&format!(
+            "{tenant}[console]\noperator_token_sha256 = \"abc\"\n"
+        ));
+        assert!(e.contains("console.operator_token_sha256"), "{e}");
+        // The operator's token must not be a tenant's: the console could not tell who signed in.
+        let e = err(&format!(
+            "{tenant}[console]\noperator_token_sha256 = \"{HASH}\"\n"
+        ));
+        assert!(e.contains("also a tenant's"), "{e}");
+        let e = err(&format!("{tenant}[console]\nenabled = true\n"));
+        assert!(e.contains("enabled"), "{e}");
     }
 
     #[test]

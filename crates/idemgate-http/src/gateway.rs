@@ -9,6 +9,7 @@ use idemgate::{
     AnyStore, Engine, FileJournal, Journal, JournalFlusher, MemoryJournal, Policies, Settings,
     Store as _,
 };
+use idemgate_console::{Console, Tally};
 use idemgate_kit::{Instruments, Metrics};
 
 use crate::auth::Tenant;
@@ -30,6 +31,7 @@ struct Inner {
     tenants: Vec<Arc<Tenant>>,
     client: reqwest::Client,
     instruments: Instruments,
+    console: Option<Console>,
 }
 
 impl Gateway {
@@ -117,17 +119,37 @@ impl Gateway {
                 engine = engine.with_verifier(name.clone(), Arc::new(verifier));
             }
         }
-        let tenants = config
+        let tenants: Vec<Arc<Tenant>> = config
             .tenants
             .iter()
             .map(|t| Arc::new(Tenant::new(t)))
             .collect();
+        // The console counts refused calls itself: they leave no line in the audit log.
+        let tally = Arc::new(Tally::default());
+        let engine = Arc::new(engine.with_observer(tally.clone()));
+        let console = if config.console.disabled {
+            None
+        } else {
+            let settings = idemgate_console::Settings {
+                engine: engine.clone(),
+                tenants: tenants.clone(),
+                operator_token_sha256: config.console.operator_token_sha256.clone(),
+                audit_log: config.server.audit_log.clone(),
+                tally: Some(tally),
+                secure_cookie: config.console.secure_cookie,
+            };
+            Some(Console::new(settings).map_err(|message| Error::Config {
+                origin: "configuration".to_owned(),
+                message,
+            })?)
+        };
         Ok(Gateway(Arc::new(Inner {
             config,
-            engine: Arc::new(engine),
+            engine,
             tenants,
             client,
             instruments,
+            console,
         })))
     }
 
@@ -155,6 +177,11 @@ impl Gateway {
     /// answers lookups may still refuse every reservation (read-only files, a full disk).
     pub async fn ready(&self) -> bool {
         self.0.engine.store().probe_write().await.is_ok()
+    }
+
+    /// The web console it serves at `/ui`, unless the configuration turned it off.
+    pub fn console(&self) -> Option<&Console> {
+        self.0.console.as_ref()
     }
 
     pub(crate) fn tenants(&self) -> &[Arc<Tenant>] {

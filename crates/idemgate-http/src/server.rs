@@ -44,7 +44,11 @@ const ROUTES: &[&str] = &[
 
 /// The gateway's routes with their limits, logging and metrics.
 pub fn router(gateway: Gateway) -> Router {
-    Router::new()
+    let mut routes = Router::new();
+    if let Some(console) = gateway.console() {
+        routes = routes.merge(idemgate_console::router(console.clone()));
+    }
+    routes
         .route("/healthz", get(ops::healthz))
         .route("/readyz", get(ops::readyz))
         .route("/metrics", get(ops::metrics))

@@ -255,3 +255,89 @@ async fn shutdown_finishes_the_request_in_flight() {
         .await
         .is_err());
 }
+
+/// The value of `name="NAME" value="..."` in a page.
+fn form_value(page: &str, name: &str) -> String {
+    let marker = format!(r#"name="{name}" value=""#);
+    let at = page.find(&marker).expect("the field") + marker.len();
+    page[at..at + page[at..].find('"').unwrap()].to_owned()
+}
+
+/// The "name=value" of the cookie `name` an answer sets.
+fn cookie(res: &reqwest::Response, name: &str) -> String {
+    res.headers()
+        .get_all("set-cookie")
+        .iter()
+        .map(|v| v.to_str().unwrap())
+        .find(|c| c.starts_with(&format!("{name}=")))
+        .map(|c| c.split(';').next().unwrap().to_owned())
+        .expect("the cookie")
+}
+
+#[tokio::test]
+async fn the_console_is_served_at_ui_and_counts_refusals_for_its_charts() {
+    let gw = start("", "").await;
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .tls_certs_only([])
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let res = http.get(format!("{}/ui", gw.url)).send().await.unwrap();
+    assert_eq!(res.status(), 303);
+    let res = http
+        .get(format!("{}/ui/login", gw.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    let csp = res.headers()["content-security-policy"].to_str().unwrap();
+    assert!(csp.starts_with("default-src 'none'"), "{csp}");
+    let login = cookie(&res, "idemgate_console_login");
+    let csrf = form_value(&res.text().await.unwrap(), "csrf");
+    // A tenant of the gateway signs in with its bearer token.
+    let res = http
+        .post(format!("{}/ui/login", gw.url))
+        .header("cookie", &login)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(format!("csrf={csrf}&token={ACME}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 303);
+    let session = cookie(&res, "idemgate_console");
+    // A write without a key is refused; the charts count it (the audit log cannot).
+    let res = gw
+        .post("/v1/tools/charge/begin", ACME)
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 400);
+    let page = http
+        .get(format!("{}/ui/charts", gw.url))
+        .header("cookie", &session)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(page.contains("<h2>charge</h2>"), "{page}");
+    assert!(
+        page.contains("0 executed, 0 replayed, 1 refused, 0 unknown"),
+        "{page}"
+    );
+}
+
+#[tokio::test]
+async fn the_console_can_be_turned_off() {
+    let gw = start("", "[console]\ndisabled = true\n").await;
+    let res = gw
+        .http
+        .get(format!("{}/ui/login", gw.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 404);
+}

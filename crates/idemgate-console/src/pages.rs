@@ -1,0 +1,878 @@
+//! The console's pages and forms.
+
+// A check that fails answers with the page to show instead: a whole `Response`, once per request,
+// which is no cost worth boxing.
+#![allow(clippy::result_large_err)]
+
+use std::fmt::Write as _;
+
+use axum::extract::{Query, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::Response;
+use axum::routing::{get, post};
+use axum::{Form, Router};
+use idemgate::{
+    EngineError, IdempotencyKey, Key, ListFilter, OutcomeKind, Record, RecordState, Resolution,
+    State as RecordStateName, TenantId, Timestamp, ToolName,
+};
+use idemgate_kit::Payload;
+use serde::Deserialize;
+
+use crate::html::{self, esc, page, query, see_other, Header};
+use crate::session::{self, Role, Session};
+use crate::{audit, chart, Console};
+
+/// The script and stylesheet, embedded: the console needs nothing from the network.
+const SCRIPT: &str = include_str!("../assets/console.js");
+const STYLE: &str = include_str!("../assets/console.css");
+
+/// Most records one list shows.
+const MAX_LIST: usize = 500;
+
+pub(crate) fn routes() -> Router<Console> {
+    Router::new()
+        .route("/ui", get(records))
+        .route("/ui/", get(records))
+        .route("/ui/login", get(login_form).post(login))
+        .route("/ui/logout", post(logout))
+        .route("/ui/record", get(record))
+        .route("/ui/resolve", get(resolve_form).post(resolve))
+        .route("/ui/reopen", get(reopen_form).post(reopen))
+        .route("/ui/charts", get(charts))
+        .route("/ui/assets/console.js", get(script))
+        .route("/ui/assets/console.css", get(style))
+}
+
+async fn script() -> Response {
+    html::with_headers(
+        StatusCode::OK,
+        "text/javascript; charset=utf-8",
+        SCRIPT.as_bytes().to_vec(),
+    )
+}
+
+async fn style() -> Response {
+    html::with_headers(
+        StatusCode::OK,
+        "text/css; charset=utf-8",
+        STYLE.as_bytes().to_vec(),
+    )
+}
+
+/// The page header of a session.
+fn header_of(s: &Session) -> Header<'_> {
+    Header {
+        who: s.role.label(),
+        csrf: &s.csrf,
+    }
+}
+
+/// The session of a page request, or the way to the sign-in page.
+fn viewer(console: &Console, headers: &HeaderMap) -> Result<Session, Response> {
+    console
+        .0
+        .sessions
+        .find(headers)
+        .ok_or_else(|| see_other("/ui/login"))
+}
+
+/// The session of a form post whose CSRF token matches it; 403 otherwise (no session included:
+/// a post is never redirected to sign in, so nothing it asked for happens later by surprise).
+fn actor(console: &Console, headers: &HeaderMap, csrf: Option<&str>) -> Result<Session, Response> {
+    match console.0.sessions.find(headers) {
+        Some(s) if s.csrf_matches(csrf) => Ok(s),
+        Some(s) => Err(page(
+            StatusCode::FORBIDDEN,
+            "Refused",
+            Some(header_of(&s)),
+            "<p>The form's CSRF token is missing or does not belong to this session; nothing was changed. Open the page again and resubmit.</p>",
+        )),
+        None => Err(page(
+            StatusCode::FORBIDDEN,
+            "Refused",
+            None,
+            r#"<p>You are not signed in (or your session ended); nothing was changed. <a href="/ui/login">Sign in</a>.</p>"#,
+        )),
+    }
+}
+
+fn not_found(s: &Session) -> Response {
+    page(
+        StatusCode::NOT_FOUND,
+        "No such record",
+        Some(header_of(s)),
+        r#"<p>There is no record under this tenant, tool and key that you may see. <a href="/ui">Back to the records</a>.</p>"#,
+    )
+}
+
+fn bad_request(s: &Session, why: &str) -> Response {
+    page(
+        StatusCode::BAD_REQUEST,
+        "Bad request",
+        Some(header_of(s)),
+        &format!("<p>{}</p>", esc(why)),
+    )
+}
+
+/// The page of an engine error.
+fn engine_error(s: &Session, e: &EngineError) -> Response {
+    let (status, title) = match e {
+        EngineError::NotFound { .. } => return not_found(s),
+        EngineError::NotResolvable { .. } | EngineError::NotReopenable { .. } => {
+            (StatusCode::CONFLICT, "Not changed")
+        }
+        EngineError::Store(_) | EngineError::ReserveFailed(_) => {
+            (StatusCode::SERVICE_UNAVAILABLE, "Store unavailable")
+        }
+        _ => (StatusCode::BAD_REQUEST, "Refused"),
+    };
+    page(
+        status,
+        title,
+        Some(header_of(s)),
+        &format!(
+            r#"<p>{}</p><p><a href="/ui">Back to the records</a></p>"#,
+            esc(&e.to_string())
+        ),
+    )
+}
+
+// ---- sign in and out ----
+
+#[derive(Debug, Deserialize)]
+struct LoginForm {
+    token: Option<String>,
+    csrf: Option<String>,
+}
+
+async fn login_form(State(console): State<Console>) -> Response {
+    login_page(&console, StatusCode::OK, "")
+}
+
+/// The sign-in page, with a fresh CSRF token in the form and in its cookie.
+fn login_page(console: &Console, status: StatusCode, error: &str) -> Response {
+    let csrf = session::random_hex();
+    let error = if error.is_empty() {
+        String::new()
+    } else {
+        format!(r#"<p class="error" role="alert">{}</p>"#, esc(error))
+    };
+    let mut res = page(
+        status,
+        "Sign in",
+        None,
+        &format!(
+            r#"{error}<form method="post" action="/ui/login">
+<input type="hidden" name="csrf" value="{csrf}">
+<p><label for="token">Token</label><br><input id="token" name="token" type="password" autocomplete="current-password" required size="70"></p>
+<p class="hint">A tenant's bearer token shows that tenant's records; the operator's token shows every tenant's.</p>
+<p><button type="submit">Sign in</button></p>
+</form>"#
+        ),
+    );
+    if let Ok(v) = HeaderValue::from_str(&session::set_cookie(
+        session::LOGIN_COOKIE,
+        &csrf,
+        600,
+        console.0.secure_cookie,
+    )) {
+        res.headers_mut().append(header::SET_COOKIE, v);
+    }
+    res
+}
+
+async fn login(
+    State(console): State<Console>,
+    headers: HeaderMap,
+    Form(f): Form<LoginForm>,
+) -> Response {
+    let expected = session::cookie(&headers, session::LOGIN_COOKIE);
+    let csrf_ok = match (expected, f.csrf.as_deref()) {
+        (Some(e), Some(p)) => !e.is_empty() && session::same(e, p),
+        _ => false,
+    };
+    if !csrf_ok {
+        return login_page(
+            &console,
+            StatusCode::FORBIDDEN,
+            "The sign-in form expired or was not sent from this page; try again.",
+        );
+    }
+    let Some(role) = f
+        .token
+        .as_deref()
+        .map(str::trim)
+        .and_then(|t| console.sign_in(t))
+    else {
+        tracing::warn!(
+            "console sign-in refused: the token names no tenant and is not the operator's"
+        );
+        return login_page(
+            &console,
+            StatusCode::UNAUTHORIZED,
+            "That token is not valid here.",
+        );
+    };
+    tracing::info!(who = %role.by(), "console sign-in");
+    let (id, _) = console.0.sessions.open(role);
+    let secure = console.0.secure_cookie;
+    let mut res = see_other("/ui");
+    for c in [
+        session::set_cookie(
+            session::COOKIE,
+            &id,
+            crate::SESSION_LIFETIME.as_secs(),
+            secure,
+        ),
+        session::set_cookie(session::LOGIN_COOKIE, "", 0, secure),
+    ] {
+        if let Ok(v) = HeaderValue::from_str(&c) {
+            res.headers_mut().append(header::SET_COOKIE, v);
+        }
+    }
+    res
+}
+
+#[derive(Debug, Deserialize)]
+struct CsrfOnly {
+    csrf: Option<String>,
+}
+
+async fn logout(
+    State(console): State<Console>,
+    headers: HeaderMap,
+    Form(f): Form<CsrfOnly>,
+) -> Response {
+    if let Err(res) = actor(&console, &headers, f.csrf.as_deref()) {
+        return res;
+    }
+    console.0.sessions.close(&headers);
+    let mut res = see_other("/ui/login");
+    if let Ok(v) = HeaderValue::from_str(&session::set_cookie(
+        session::COOKIE,
+        "",
+        0,
+        console.0.secure_cookie,
+    )) {
+        res.headers_mut().append(header::SET_COOKIE, v);
+    }
+    res
+}
+
+// ---- records ----
+
+#[derive(Debug, Default, Deserialize)]
+struct ListQuery {
+    tenant: Option<String>,
+    tool: Option<String>,
+    state: Option<String>,
+    /// Only records created in the last this many hours.
+    hours: Option<String>,
+}
+
+/// A query value, trimmed, unless it is empty.
+fn nonempty(v: &Option<String>) -> Option<&str> {
+    v.as_deref().map(str::trim).filter(|v| !v.is_empty())
+}
+
+/// Unknown first (what needs an operator), then in flight, then completed; oldest first within.
+fn rank(r: &Record) -> u8 {
+    match r.state {
+        RecordState::Unknown { .. } => 0,
+        RecordState::InFlight { .. } => 1,
+        RecordState::Completed { .. } => 2,
+    }
+}
+
+async fn records(
+    State(console): State<Console>,
+    headers: HeaderMap,
+    Query(q): Query<ListQuery>,
+) -> Response {
+    let s = match viewer(&console, &headers) {
+        Ok(s) => s,
+        Err(res) => return res,
+    };
+    let Ok(tenant) = s.role.scope(q.tenant.as_deref()) else {
+        // Another tenant's list: as empty as one that does not exist.
+        return not_found(&s);
+    };
+    let tool = match nonempty(&q.tool).map(ToolName::new).transpose() {
+        Ok(t) => t,
+        Err(e) => return bad_request(&s, &format!("tool: {e}")),
+    };
+    let state = match nonempty(&q.state)
+        .map(str::parse::<RecordStateName>)
+        .transpose()
+    {
+        Ok(st) => st,
+        Err(e) => return bad_request(&s, &format!("state: {e}")),
+    };
+    let hours = match nonempty(&q.hours).map(str::parse::<u32>).transpose() {
+        Ok(h) => h,
+        Err(_) => return bad_request(&s, "hours: expected a whole number of hours"),
+    };
+    let filter = ListFilter {
+        tenant: tenant.clone(),
+        tool,
+        state,
+        scope: None,
+        limit: 0,
+    };
+    let mut list = match console.0.engine.list(&filter).await {
+        Ok(l) => l,
+        Err(e) => return engine_error(&s, &e),
+    };
+    if let Some(h) = hours {
+        let since = Timestamp::now().as_millis() - i64::from(h) * 3_600_000;
+        list.retain(|r| r.created_at.as_millis() >= since);
+    }
+    list.sort_by_key(|r| (rank(r), r.created_at));
+    let total = list.len();
+    list.truncate(MAX_LIST);
+
+    let mut body = String::new();
+    let unknown = list.iter().filter(|r| rank(r) == 0).count();
+    let _ = write!(
+        body,
+        r#"<form method="get" action="/ui" class="filters" aria-label="Filter records">"#
+    );
+    if s.role == Role::Operator {
+        let _ = write!(
+            body,
+            r#"<label for="f-tenant">Tenant</label> <input id="f-tenant" name="tenant" value="{}" size="12"> "#,
+            esc(q.tenant.as_deref().unwrap_or(""))
+        );
+    }
+    let _ = write!(
+        body,
+        r#"<label for="f-tool">Tool</label> <input id="f-tool" name="tool" value="{}" size="14">
+<label for="f-state">State</label> <select id="f-state" name="state">"#,
+        esc(q.tool.as_deref().unwrap_or(""))
+    );
+    for (value, label) in [
+        ("", "any"),
+        ("unknown", "unknown"),
+        ("in_flight", "in flight"),
+        ("completed", "completed"),
+    ] {
+        let selected = if q.state.as_deref().unwrap_or("") == value {
+            " selected"
+        } else {
+            ""
+        };
+        let _ = write!(
+            body,
+            r#"<option value="{value}"{selected}>{label}</option>"#
+        );
+    }
+    let _ = write!(
+        body,
+        r#"</select>
+<label for="f-hours">Created in the last (hours)</label> <input id="f-hours" name="hours" value="{}" size="4" inputmode="numeric">
+<button type="submit">Filter</button></form>
+<p class="summary">{unknown} unknown of {total} record(s){}.</p>"#,
+        esc(q.hours.as_deref().unwrap_or("")),
+        if total > MAX_LIST {
+            format!("; the first {MAX_LIST} are shown")
+        } else {
+            String::new()
+        }
+    );
+    if list.is_empty() {
+        body.push_str("<p>No records match.</p>");
+    } else {
+        body.push_str(
+            r#"<table><caption>Records, unknown first</caption><thead><tr><th scope="col">State</th><th scope="col">Tenant</th><th scope="col">Tool</th><th scope="col">Key</th><th scope="col">Fence</th><th scope="col">Created</th><th scope="col">Detail</th></tr></thead><tbody>"#,
+        );
+        for r in &list {
+            let state = r.state_name().to_string();
+            let _ = write!(
+                body,
+                r#"<tr class="row-{state}"><td><span class="state state-{state}">{state}</span></td><td>{}</td><td>{}</td><td><a href="/ui/record?{}">{}</a></td><td>{}</td><td>{}</td><td>{}</td></tr>"#,
+                esc(r.key.tenant.as_str()),
+                esc(r.key.tool.as_str()),
+                record_query(&r.key),
+                esc(r.key.key.as_str()),
+                r.fence,
+                r.created_at,
+                esc(&detail(r)),
+            );
+        }
+        body.push_str("</tbody></table>");
+    }
+    page(StatusCode::OK, "Records", Some(header_of(&s)), &body)
+}
+
+/// The query string naming one record.
+fn record_query(key: &Key) -> String {
+    query(&[
+        ("tenant", key.tenant.as_str()),
+        ("tool", key.tool.as_str()),
+        ("key", key.key.as_str()),
+    ])
+}
+
+/// One line about a record's state.
+fn detail(r: &Record) -> String {
+    match &r.state {
+        RecordState::InFlight { lease_until } => format!("lease until {lease_until}"),
+        RecordState::Completed {
+            outcome,
+            completed_at,
+            expires_at,
+        } => {
+            let by = if Payload::is_resolution(outcome) {
+                ", resolved by an operator"
+            } else {
+                ""
+            };
+            format!(
+                "{} at {completed_at}{by}; kept until {expires_at}",
+                outcome.kind
+            )
+        }
+        RecordState::Unknown { since } => format!("outcome unknown since {since}"),
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct RecordQuery {
+    tenant: Option<String>,
+    tool: Option<String>,
+    key: Option<String>,
+}
+
+/// The key a request names, within what the session may see: `Err` is the answer to give.
+fn named_key(
+    s: &Session,
+    tenant: Option<&str>,
+    tool: Option<&str>,
+    key: Option<&str>,
+) -> Result<Key, Response> {
+    let tenant = match s.role.scope(tenant) {
+        Ok(Some(t)) => t,
+        Ok(None) => return Err(bad_request(s, "tenant: required")),
+        Err(()) => return Err(not_found(s)),
+    };
+    let tool =
+        ToolName::new(tool.unwrap_or("")).map_err(|e| bad_request(s, &format!("tool: {e}")))?;
+    let key =
+        IdempotencyKey::new(key.unwrap_or("")).map_err(|e| bad_request(s, &format!("key: {e}")))?;
+    Ok(Key::new(tenant, tool, key))
+}
+
+/// The session of a page request and the record its query names, or the page to answer
+/// instead (sign in, 400, 404).
+async fn shown(
+    console: &Console,
+    headers: &HeaderMap,
+    q: &RecordQuery,
+) -> Result<(Session, Record), Response> {
+    let s = viewer(console, headers)?;
+    let key = named_key(&s, q.tenant.as_deref(), q.tool.as_deref(), q.key.as_deref())?;
+    match console.0.engine.get(&key).await {
+        Ok(Some(r)) => Ok((s, r)),
+        Ok(None) => Err(not_found(&s)),
+        Err(e) => Err(engine_error(&s, &e)),
+    }
+}
+
+/// The record's facts as a definition list.
+fn facts(r: &Record) -> String {
+    let state = r.state_name().to_string();
+    let mut out = format!(
+        r#"<dl class="facts"><dt>State</dt><dd><span class="state state-{state}">{state}</span></dd><dt>Tenant</dt><dd>{}</dd><dt>Tool</dt><dd>{}</dd><dt>Key</dt><dd><code>{}</code></dd><dt>Fence</dt><dd>{}</dd><dt>Reserved</dt><dd>{}</dd>"#,
+        esc(r.key.tenant.as_str()),
+        esc(r.key.tool.as_str()),
+        esc(r.key.key.as_str()),
+        r.fence,
+        r.created_at
+    );
+    if let Some(scope) = &r.scope {
+        let _ = write!(out, "<dt>Scope</dt><dd>{}</dd>", esc(scope));
+    }
+    let _ = write!(out, "<dt>Detail</dt><dd>{}</dd>", esc(&detail(r)));
+    if let RecordState::Completed { outcome, .. } = &r.state {
+        let shown = match Payload::of(outcome) {
+            Ok(p) => p.to_json().get().to_owned(),
+            Err(e) => format!("(unreadable: {e})"),
+        };
+        let _ = write!(
+            out,
+            r#"<dt>Outcome</dt><dd><pre class="outcome">{}</pre></dd>"#,
+            esc(&shown)
+        );
+    }
+    out.push_str("</dl>");
+    out
+}
+
+async fn record(
+    State(console): State<Console>,
+    headers: HeaderMap,
+    Query(q): Query<RecordQuery>,
+) -> Response {
+    let (s, r) = match shown(&console, &headers, &q).await {
+        Ok(v) => v,
+        Err(res) => return res,
+    };
+    let mut body = facts(&r);
+    let q = record_query(&r.key);
+    body.push_str(r#"<p class="actions">"#);
+    if matches!(r.state, RecordState::Unknown { .. }) {
+        let _ = write!(
+            body,
+            r#"<a class="button" href="/ui/resolve?{q}">Resolve…</a> "#
+        );
+    }
+    if !matches!(r.state, RecordState::InFlight { .. }) {
+        let _ = write!(
+            body,
+            r#"<a class="button" href="/ui/reopen?{q}">Reopen…</a>"#
+        );
+    }
+    body.push_str("</p>");
+    body.push_str(&timeline(&console, &r));
+    page(StatusCode::OK, "Record", Some(header_of(&s)), &body)
+}
+
+/// The record's timeline from the audit log.
+fn timeline(console: &Console, r: &Record) -> String {
+    let mut out = String::from("<h2>Timeline</h2>");
+    let Some(path) = &console.0.audit_log else {
+        out.push_str("<p>No audit log is configured (<code>server.audit_log</code>, or <code>--audit-log</code> for <code>idemgate console</code>), so there is no timeline: the record's own times are above.</p>");
+        return out;
+    };
+    let log = match audit::read(path) {
+        Ok(l) => l,
+        Err(e) => {
+            let _ = write!(
+                out,
+                "<p class=\"error\">Failed to read the audit log {}: {}</p>",
+                esc(&path.display().to_string()),
+                esc(&e.to_string())
+            );
+            return out;
+        }
+    };
+    let lines = log.of(&r.key);
+    if lines.is_empty() {
+        out.push_str("<p>The audit log has no lines about this record.</p>");
+    } else {
+        out.push_str(r#"<ol class="timeline">"#);
+        for l in lines {
+            let mut what = esc(&l.event);
+            if let Some(f) = l.fence {
+                let _ = write!(what, " at fence {f}");
+            }
+            match (l.event.as_str(), l.released) {
+                ("resolved", Some(true)) => what.push_str(": not applied (released)"),
+                ("resolved", Some(false)) => what.push_str(": completed with a result"),
+                _ => {}
+            }
+            if let Some(was) = &l.was {
+                let _ = write!(what, " (was {})", esc(was));
+            }
+            if let Some(by) = &l.by {
+                let _ = write!(what, " by <strong>{}</strong>", esc(by));
+            }
+            if let Some(reason) = &l.reason {
+                let _ = write!(what, ": “{}”", esc(reason));
+            }
+            let _ = write!(
+                out,
+                r#"<li><time datetime="{t}">{t}</time> <span class="event event-{e}">{what}</span></li>"#,
+                t = l.time,
+                e = esc(&l.event),
+            );
+        }
+        out.push_str("</ol>");
+    }
+    if log.truncated {
+        out.push_str(
+            "<p class=\"hint\">The audit log is long: only its most recent 16 MiB were read.</p>",
+        );
+    }
+    out
+}
+
+// ---- resolve and reopen ----
+
+async fn resolve_form(
+    State(console): State<Console>,
+    headers: HeaderMap,
+    Query(q): Query<RecordQuery>,
+) -> Response {
+    let (s, r) = match shown(&console, &headers, &q).await {
+        Ok(v) => v,
+        Err(res) => return res,
+    };
+    let mut body = facts(&r);
+    if !matches!(r.state, RecordState::Unknown { .. }) {
+        body.push_str("<p>Only an unknown record can be resolved; this one is not.</p>");
+        return page(StatusCode::CONFLICT, "Resolve", Some(header_of(&s)), &body);
+    }
+    let _ = write!(
+        body,
+        r#"<form method="post" action="/ui/resolve" class="confirm">
+{hidden}
+<fieldset><legend>What happened?</legend>
+<p><input type="radio" id="r-completed" name="resolution" value="completed" required> <label for="r-completed">It happened: completed with this result (replayed to every retry)</label></p>
+<p class="result-field"><label for="result">Result (JSON)</label><br><textarea id="result" name="result" rows="4" cols="60">null</textarea></p>
+<p><input type="radio" id="r-release" name="resolution" value="release"> <label for="r-release">It did not happen: not applied (the next call runs it)</label></p>
+</fieldset>
+<p><label for="reason">Reason (written to the audit log with your name)</label><br><textarea id="reason" name="reason" rows="2" cols="60" required></textarea></p>
+<p><button type="submit">Confirm resolution</button> <a href="/ui/record?{q}">Cancel</a></p>
+</form>"#,
+        hidden = hidden_fields(&s, &r),
+        q = record_query(&r.key),
+    );
+    page(
+        StatusCode::OK,
+        "Resolve this record?",
+        Some(header_of(&s)),
+        &body,
+    )
+}
+
+/// The hidden fields of a form that acts on a record at the fence shown.
+fn hidden_fields(s: &Session, r: &Record) -> String {
+    format!(
+        r#"<input type="hidden" name="csrf" value="{}"><input type="hidden" name="tenant" value="{}"><input type="hidden" name="tool" value="{}"><input type="hidden" name="key" value="{}"><input type="hidden" name="fence" value="{}">"#,
+        esc(&s.csrf),
+        esc(r.key.tenant.as_str()),
+        esc(r.key.tool.as_str()),
+        esc(r.key.key.as_str()),
+        r.fence
+    )
+}
+
+#[derive(Debug, Deserialize)]
+struct ActForm {
+    csrf: Option<String>,
+    tenant: Option<String>,
+    tool: Option<String>,
+    key: Option<String>,
+    fence: Option<String>,
+    resolution: Option<String>,
+    result: Option<String>,
+    reason: Option<String>,
+}
+
+impl ActForm {
+    /// The session, the record's key, the fence and the reason, or the answer to give.
+    fn check(
+        &self,
+        console: &Console,
+        headers: &HeaderMap,
+    ) -> Result<(Session, Key, u64, String), Response> {
+        let s = actor(console, headers, self.csrf.as_deref())?;
+        let key = named_key(
+            &s,
+            self.tenant.as_deref(),
+            self.tool.as_deref(),
+            self.key.as_deref(),
+        )?;
+        let fence = self
+            .fence
+            .as_deref()
+            .and_then(|f| f.parse::<u64>().ok())
+            .ok_or_else(|| bad_request(&s, "fence: expected the record's fence"))?;
+        let reason = self.reason.as_deref().unwrap_or("").trim().to_owned();
+        if reason.is_empty() {
+            return Err(bad_request(&s, "reason: say why, for the audit log"));
+        }
+        Ok((s, key, fence, reason))
+    }
+}
+
+async fn resolve(
+    State(console): State<Console>,
+    headers: HeaderMap,
+    Form(f): Form<ActForm>,
+) -> Response {
+    let (s, key, fence, reason) = match f.check(&console, &headers) {
+        Ok(v) => v,
+        Err(res) => return res,
+    };
+    let resolution = match f.resolution.as_deref() {
+        Some("completed") => {
+            let text = f.result.as_deref().unwrap_or("null").trim();
+            let text = if text.is_empty() { "null" } else { text };
+            match Payload::json_text(text) {
+                Ok(p) => Resolution::Completed {
+                    outcome: p.into_resolution(OutcomeKind::Success),
+                    ttl: console.0.engine.policies().get(key.tool.as_str()).ttl,
+                },
+                Err(e) => return bad_request(&s, &format!("result: not JSON: {e}")),
+            }
+        }
+        Some("release") => Resolution::Release,
+        _ => return bad_request(&s, "resolution: choose completed or not applied"),
+    };
+    let by = s.role.by();
+    match console
+        .0
+        .engine
+        .resolve(&key, fence, resolution, Some(&by), Some(&reason))
+        .await
+    {
+        Ok(Some(r)) => see_other(&format!("/ui/record?{}", record_query(&r.key))),
+        Ok(None) => page(
+            StatusCode::OK,
+            "Resolved",
+            Some(header_of(&s)),
+            r#"<p>Resolved as not applied: the record is released, and the next call with its key runs. <a href="/ui">Back to the records</a>.</p>"#,
+        ),
+        Err(e) => engine_error(&s, &e),
+    }
+}
+
+async fn reopen_form(
+    State(console): State<Console>,
+    headers: HeaderMap,
+    Query(q): Query<RecordQuery>,
+) -> Response {
+    let (s, r) = match shown(&console, &headers, &q).await {
+        Ok(v) => v,
+        Err(res) => return res,
+    };
+    let mut body = facts(&r);
+    if matches!(r.state, RecordState::InFlight { .. }) {
+        body.push_str("<p>A record in flight is never reopened: its call may be running the action now. Once its lease ends it reads unknown.</p>");
+        return page(StatusCode::CONFLICT, "Reopen", Some(header_of(&s)), &body);
+    }
+    let _ = write!(
+        body,
+        r#"<p class="warning">Reopening forgets this record: the next call with its key <strong>runs the action again</strong>. Do it only when you know the action did not take effect, or must be repeated.</p>
+<form method="post" action="/ui/reopen" class="confirm">
+{hidden}
+<p><label for="reason">Reason (written to the audit log with your name)</label><br><textarea id="reason" name="reason" rows="2" cols="60" required></textarea></p>
+<p><button type="submit">Confirm reopening</button> <a href="/ui/record?{q}">Cancel</a></p>
+</form>"#,
+        hidden = hidden_fields(&s, &r),
+        q = record_query(&r.key),
+    );
+    page(
+        StatusCode::OK,
+        "Reopen this record?",
+        Some(header_of(&s)),
+        &body,
+    )
+}
+
+async fn reopen(
+    State(console): State<Console>,
+    headers: HeaderMap,
+    Form(f): Form<ActForm>,
+) -> Response {
+    let (s, key, fence, reason) = match f.check(&console, &headers) {
+        Ok(v) => v,
+        Err(res) => return res,
+    };
+    let by = s.role.by();
+    match console
+        .0
+        .engine
+        .reopen(&key, fence, Some(&by), Some(&reason))
+        .await
+    {
+        Ok(was) => page(
+            StatusCode::OK,
+            "Reopened",
+            Some(header_of(&s)),
+            &format!(
+                r#"<p>The record (was {was}) is reopened: the next call with its key runs the action again. <a href="/ui">Back to the records</a>.</p>"#
+            ),
+        ),
+        Err(e) => engine_error(&s, &e),
+    }
+}
+
+// ---- charts ----
+
+#[derive(Debug, Default, Deserialize)]
+struct ChartQuery {
+    hours: Option<String>,
+}
+
+async fn charts(
+    State(console): State<Console>,
+    headers: HeaderMap,
+    Query(q): Query<ChartQuery>,
+) -> Response {
+    let s = match viewer(&console, &headers) {
+        Ok(s) => s,
+        Err(res) => return res,
+    };
+    let hours = q
+        .hours
+        .as_deref()
+        .and_then(|h| h.parse::<usize>().ok())
+        .filter(|h| (2..=48).contains(h))
+        .unwrap_or(24);
+    let mut body = format!(
+        r#"<p>Calls per tool and hour over the last {hours} hours. <strong>Executed</strong>, <strong>replayed</strong> and <strong>unknown</strong> (records that turned unknown) come from the audit log, so they survive restarts and include every process that writes it. <strong>Refused</strong> calls (key missing or reused, in flight, over quota) change no record and are not in the audit log: they are counted by this process only, since it started{}.</p>
+<ul class="legend">{}</ul>"#,
+        if console.0.tally.is_none() {
+            " (this process serves no calls, so there are none)"
+        } else {
+            ""
+        },
+        chart::SERIES
+            .iter()
+            .map(|n| format!(r#"<li><span class="swatch s-{n}"></span>{n}</li>"#))
+            .collect::<String>()
+    );
+    let log = match &console.0.audit_log {
+        Some(path) => match audit::read(path) {
+            Ok(l) => l,
+            Err(e) => {
+                let _ = write!(
+                    body,
+                    "<p class=\"error\">Failed to read the audit log: {}</p>",
+                    esc(&e.to_string())
+                );
+                audit::Log::default()
+            }
+        },
+        None => {
+            body.push_str(
+                "<p class=\"error\">No audit log is configured: only refusals are counted.</p>",
+            );
+            audit::Log::default()
+        }
+    };
+    let refused = console
+        .0
+        .tally
+        .as_ref()
+        .map(|t| t.snapshot())
+        .unwrap_or_default();
+    let own: Option<TenantId> = match &s.role {
+        Role::Operator => None,
+        Role::Tenant(t) => Some(t.clone()),
+    };
+    let visible = |tenant: &str| own.as_ref().is_none_or(|t| t.as_str() == tenant);
+    let tools = chart::count(&log, &refused, visible, Timestamp::now(), hours);
+    if tools.is_empty() {
+        body.push_str("<p>No calls in this window.</p>");
+    }
+    for (i, (tool, counts)) in tools.iter().enumerate() {
+        let _ = write!(
+            body,
+            r#"<section class="tool"><h2>{}</h2>{}<table class="totals"><caption>Totals</caption><tr>{}</tr><tr>{}</tr></table></section>"#,
+            esc(tool),
+            chart::svg(&format!("c{i}"), tool, counts, hours),
+            chart::SERIES
+                .iter()
+                .map(|n| format!(r#"<th scope="col">{n}</th>"#))
+                .collect::<String>(),
+            (0..chart::SERIES.len())
+                .map(|n| format!("<td>{}</td>", counts.total(n)))
+                .collect::<String>(),
+        );
+    }
+    page(StatusCode::OK, "Charts", Some(header_of(&s)), &body)
+}

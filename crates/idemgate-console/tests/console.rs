@@ -1,0 +1,502 @@
+//! The console's sessions, CSRF checks and tenant isolation, through its router, without a
+//! browser (scripts/test-console drives a real one).
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::{header, Request, Response, StatusCode};
+use axum::Router;
+use http_body_util::BodyExt as _;
+use idemgate::{
+    AnyStore, Call, Effect, Engine, IdempotencyKey, Key, RecordState, TenantId, ToolName,
+};
+use idemgate_console::{Console, Settings};
+use idemgate_kit::tenants::{token_sha256, Tenant, TenantConfig};
+use idemgate_kit::Instruments;
+use tower::ServiceExt as _;
+
+const ACME: &str = "acme-token-0123456789";
+const GLOBEX: &str = "globex-token-0123456789";
+const OPERATOR: &str = "operator-token-0123456789";
+
+struct Rig {
+    app: Router,
+    engine: Arc<Engine<AnyStore>>,
+    audit: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+async fn rig() -> Rig {
+    let dir = tempfile::tempdir().unwrap();
+    let audit = dir.path().join("audit.jsonl");
+    let store = AnyStore::connect("memory:").await.unwrap();
+    let instruments = Instruments::open(Some(&audit), Vec::<String>::new()).unwrap();
+    let engine = Arc::new(instruments.attach(Engine::new(store)));
+    let tenants = [("acme", ACME), ("globex", GLOBEX)]
+        .iter()
+        .map(|(id, token)| {
+            Arc::new(Tenant::new(&TenantConfig {
+                id: TenantId::new(*id).unwrap(),
+                token_sha256: token_sha256(token),
+                rate_limit_per_second: None,
+                max_live_keys: None,
+            }))
+        })
+        .collect();
+    let console = Console::new(Settings {
+        engine: engine.clone(),
+        tenants,
+        operator_token_sha256: Some(token_sha256(OPERATOR)),
+        audit_log: Some(audit.clone()),
+        tally: None,
+        secure_cookie: false,
+    })
+    .unwrap();
+    Rig {
+        app: idemgate_console::router(console),
+        engine,
+        audit,
+        _dir: dir,
+    }
+}
+
+fn key(tenant: &str, k: &str) -> Key {
+    Key::new(
+        TenantId::new(tenant).unwrap(),
+        ToolName::new("charge").unwrap(),
+        IdempotencyKey::new(k).unwrap(),
+    )
+}
+
+/// A record of `tenant`'s whose outcome is unknown (the tool reported an ambiguous outcome).
+async fn unknown_record(engine: &Engine<AnyStore>, tenant: &str, k: &str) {
+    let call = Call::new(
+        TenantId::new(tenant).unwrap(),
+        ToolName::new("charge").unwrap(),
+    )
+    .key(IdempotencyKey::new(k).unwrap())
+    .args(&serde_json::json!({"amount": 5}));
+    let _ = engine
+        .call(call, || async {
+            Effect::Ambiguous("timed out after sending".into())
+        })
+        .await;
+    let r = engine.get(&key(tenant, k)).await.unwrap().unwrap();
+    assert!(matches!(r.state, RecordState::Unknown { .. }), "{r:?}");
+}
+
+async fn text(res: Response<Body>) -> String {
+    String::from_utf8(res.into_body().collect().await.unwrap().to_bytes().to_vec()).unwrap()
+}
+
+fn set_cookies(res: &Response<Body>) -> Vec<String> {
+    res.headers()
+        .get_all(header::SET_COOKIE)
+        .iter()
+        .map(|v| v.to_str().unwrap().to_owned())
+        .collect()
+}
+
+/// The value of `name="..." value="..."` in a page.
+fn field(page: &str, name: &str) -> String {
+    let at = page
+        .find(&format!(r#"name="{name}" value=""#))
+        .unwrap_or_else(|| panic!("no field {name} in {page}"));
+    let rest = &page[at + name.len() + 15..];
+    rest[..rest.find('"').unwrap()].to_owned()
+}
+
+async fn get(app: &Router, uri: &str, cookie: Option<&str>) -> Response<Body> {
+    let mut req = Request::get(uri);
+    if let Some(c) = cookie {
+        req = req.header(header::COOKIE, c);
+    }
+    app.clone()
+        .oneshot(req.body(Body::empty()).unwrap())
+        .await
+        .unwrap()
+}
+
+async fn post(
+    app: &Router,
+    uri: &str,
+    cookie: Option<&str>,
+    form: &[(&str, &str)],
+) -> Response<Body> {
+    let body: Vec<String> = form
+        .iter()
+        .map(|(k, v)| format!("{k}={}", enc(v)))
+        .collect();
+    let mut req =
+        Request::post(uri).header(header::CONTENT_TYPE, "application/x-www-form-urlencoded");
+    if let Some(c) = cookie {
+        req = req.header(header::COOKIE, c);
+    }
+    app.clone()
+        .oneshot(req.body(Body::from(body.join("&"))).unwrap())
+        .await
+        .unwrap()
+}
+
+fn enc(s: &str) -> String {
+    s.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() {
+                char::from(b).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+/// Signs in with `token`: the session cookie ("name=value") and the session's CSRF token.
+async fn sign_in(app: &Router, token: &str) -> (String, String) {
+    let res = get(app, "/ui/login", None).await;
+    let login_cookie = set_cookies(&res)[0].split(';').next().unwrap().to_owned();
+    let csrf = field(&text(res).await, "csrf");
+    let res = post(
+        app,
+        "/ui/login",
+        Some(&login_cookie),
+        &[("csrf", &csrf), ("token", token)],
+    )
+    .await;
+    assert_eq!(res.status(), StatusCode::SEE_OTHER, "{token}");
+    let session = set_cookies(&res)
+        .into_iter()
+        .find(|c| c.starts_with("idemgate_console="))
+        .unwrap();
+    let cookie = session.split(';').next().unwrap().to_owned();
+    let page = text(get(app, "/ui", Some(&cookie)).await).await;
+    (cookie, field(&page, "csrf"))
+}
+
+#[tokio::test]
+async fn pages_need_a_session_and_carry_a_strict_policy() {
+    let r = rig().await;
+    let res = get(&r.app, "/ui", None).await;
+    assert_eq!(res.status(), StatusCode::SEE_OTHER);
+    assert_eq!(res.headers()[header::LOCATION], "/ui/login");
+    let res = get(&r.app, "/ui/login", None).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    let csp = res.headers()[header::CONTENT_SECURITY_POLICY]
+        .to_str()
+        .unwrap();
+    assert!(
+        csp.contains("default-src 'none'") && csp.contains("script-src 'self'"),
+        "{csp}"
+    );
+    assert!(csp.contains("frame-ancestors 'none'"), "{csp}");
+    let page = text(res).await;
+    assert!(
+        !page.contains("<script>") && !page.contains("style="),
+        "{page}"
+    );
+    let res = get(&r.app, "/ui/assets/console.js", None).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    assert!(res.headers()[header::CONTENT_TYPE]
+        .to_str()
+        .unwrap()
+        .starts_with("text/javascript"));
+}
+
+#[tokio::test]
+async fn sign_in_needs_a_valid_token_and_the_forms_csrf_token() {
+    let r = rig().await;
+    let res = get(&r.app, "/ui/login", None).await;
+    let login_cookie = set_cookies(&res)[0].split(';').next().unwrap().to_owned();
+    let csrf = field(&text(res).await, "csrf");
+    // Without the cookie's token (a form posted from elsewhere).
+    let res = post(
+        &r.app,
+        "/ui/login",
+        None,
+        &[("csrf", &csrf), ("token", ACME)],
+    )
+    .await;
+    assert_eq!(res.status(), StatusCode::FORBIDDEN);
+    let res = post(&r.app, "/ui/login", Some(&login_cookie), &[("token", ACME)]).await;
+    assert_eq!(res.status(), StatusCode::FORBIDDEN);
+    // A wrong token.
+    let res = post(
+        &r.app,
+        "/ui/login",
+        Some(&login_cookie),
+        &[("csrf", &csrf), ("token", "nope-nope-nope-nope")],
+    )
+    .await;
+    assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+    assert!(set_cookies(&res)
+        .iter()
+        .all(|c| !c.starts_with("idemgate_console=")));
+    // The right one: an HttpOnly, SameSite=Strict session cookie.
+    let res = post(
+        &r.app,
+        "/ui/login",
+        Some(&login_cookie),
+        &[("csrf", &csrf), ("token", ACME)],
+    )
+    .await;
+    assert_eq!(res.status(), StatusCode::SEE_OTHER);
+    let session = set_cookies(&res)
+        .into_iter()
+        .find(|c| c.starts_with("idemgate_console="))
+        .unwrap();
+    assert!(
+        session.contains("HttpOnly") && session.contains("SameSite=Strict"),
+        "{session}"
+    );
+    assert!(session.contains("Path=/ui"), "{session}");
+}
+
+#[tokio::test]
+async fn a_tenant_sees_and_resolves_only_its_own_records() {
+    let r = rig().await;
+    unknown_record(&r.engine, "acme", "order-1").await;
+    unknown_record(&r.engine, "globex", "order-9").await;
+    let (acme, acme_csrf) = sign_in(&r.app, ACME).await;
+    let (globex, globex_csrf) = sign_in(&r.app, GLOBEX).await;
+
+    let list = text(get(&r.app, "/ui", Some(&acme)).await).await;
+    assert!(
+        list.contains("order-1") && !list.contains("order-9"),
+        "{list}"
+    );
+    let list = text(get(&r.app, "/ui", Some(&globex)).await).await;
+    assert!(
+        list.contains("order-9") && !list.contains("order-1"),
+        "{list}"
+    );
+    // Asking for the other tenant's list or record: 404, as for one that does not exist.
+    let res = get(&r.app, "/ui?tenant=acme", Some(&globex)).await;
+    assert_eq!(res.status(), StatusCode::NOT_FOUND);
+    let res = get(
+        &r.app,
+        "/ui/record?tenant=acme&tool=charge&key=order-1",
+        Some(&globex),
+    )
+    .await;
+    assert_eq!(res.status(), StatusCode::NOT_FOUND);
+    let res = get(
+        &r.app,
+        "/ui/resolve?tenant=acme&tool=charge&key=order-1",
+        Some(&globex),
+    )
+    .await;
+    assert_eq!(res.status(), StatusCode::NOT_FOUND);
+    // Posting the resolution with its own session and CSRF token: 404, and nothing changes.
+    let res = post(
+        &r.app,
+        "/ui/resolve",
+        Some(&globex),
+        &[
+            ("csrf", &globex_csrf),
+            ("tenant", "acme"),
+            ("tool", "charge"),
+            ("key", "order-1"),
+            ("fence", "1"),
+            ("resolution", "release"),
+            ("reason", "not mine"),
+        ],
+    )
+    .await;
+    assert_eq!(res.status(), StatusCode::NOT_FOUND);
+    let rec = r
+        .engine
+        .get(&key("acme", "order-1"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(matches!(rec.state, RecordState::Unknown { .. }));
+
+    // Its own tenant resolves it, with a reason that the audit log keeps with who.
+    let page = text(
+        get(
+            &r.app,
+            "/ui/resolve?tenant=acme&tool=charge&key=order-1",
+            Some(&acme),
+        )
+        .await,
+    )
+    .await;
+    let fence = field(&page, "fence");
+    let res = post(
+        &r.app,
+        "/ui/resolve",
+        Some(&acme),
+        &[
+            ("csrf", &acme_csrf),
+            ("tenant", "acme"),
+            ("tool", "charge"),
+            ("key", "order-1"),
+            ("fence", &fence),
+            ("resolution", "completed"),
+            ("result", r#"{"charged": true}"#),
+            ("reason", "the bank shows the charge"),
+        ],
+    )
+    .await;
+    assert_eq!(res.status(), StatusCode::SEE_OTHER, "{}", text(res).await);
+    let rec = r
+        .engine
+        .get(&key("acme", "order-1"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        matches!(rec.state, RecordState::Completed { .. }),
+        "{rec:?}"
+    );
+    let audit = std::fs::read_to_string(&r.audit).unwrap();
+    let resolved = audit
+        .lines()
+        .find(|l| l.contains(r#""event":"resolved""#))
+        .unwrap();
+    assert!(
+        resolved.contains(r#""by":"console:tenant:acme""#),
+        "{resolved}"
+    );
+    assert!(resolved.contains("the bank shows the charge"), "{resolved}");
+    // The record's timeline shows it.
+    let page = text(
+        get(
+            &r.app,
+            "/ui/record?tenant=acme&tool=charge&key=order-1",
+            Some(&acme),
+        )
+        .await,
+    )
+    .await;
+    assert!(
+        page.contains("resolved at fence") && page.contains("the bank shows the charge"),
+        "{page}"
+    );
+
+    // The operator sees both tenants', and may narrow to one.
+    let (op, _) = sign_in(&r.app, OPERATOR).await;
+    let list = text(get(&r.app, "/ui", Some(&op)).await).await;
+    assert!(
+        list.contains("order-1") && list.contains("order-9"),
+        "{list}"
+    );
+    let list = text(get(&r.app, "/ui?tenant=globex", Some(&op)).await).await;
+    assert!(
+        !list.contains("order-1") && list.contains("order-9"),
+        "{list}"
+    );
+}
+
+#[tokio::test]
+async fn a_change_without_the_sessions_csrf_token_is_refused() {
+    let r = rig().await;
+    unknown_record(&r.engine, "acme", "order-2").await;
+    let (acme, csrf) = sign_in(&r.app, ACME).await;
+    let (_, other_csrf) = sign_in(&r.app, ACME).await;
+    let form = |token: &'static str| {
+        vec![
+            ("csrf", token),
+            ("tenant", "acme"),
+            ("tool", "charge"),
+            ("key", "order-2"),
+            ("fence", "1"),
+            ("resolution", "release"),
+            ("reason", "test"),
+        ]
+    };
+    let mut without = form("");
+    without.remove(0);
+    for (what, fields) in [("none", without), ("empty", form(""))] {
+        let res = post(&r.app, "/ui/resolve", Some(&acme), &fields).await;
+        assert_eq!(res.status(), StatusCode::FORBIDDEN, "{what}");
+    }
+    // Another session's token.
+    let mut fields = form("");
+    fields[0].1 = &other_csrf;
+    let res = post(&r.app, "/ui/resolve", Some(&acme), &fields).await;
+    assert_eq!(res.status(), StatusCode::FORBIDDEN);
+    // No session at all.
+    fields[0].1 = &csrf;
+    let res = post(&r.app, "/ui/reopen", None, &fields).await;
+    assert_eq!(res.status(), StatusCode::FORBIDDEN);
+    let rec = r
+        .engine
+        .get(&key("acme", "order-2"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(matches!(rec.state, RecordState::Unknown { .. }));
+    // Sign-out needs it too, and ends the session.
+    let res = post(&r.app, "/ui/logout", Some(&acme), &[]).await;
+    assert_eq!(res.status(), StatusCode::FORBIDDEN);
+    let res = post(&r.app, "/ui/logout", Some(&acme), &[("csrf", &csrf)]).await;
+    assert_eq!(res.status(), StatusCode::SEE_OTHER);
+    let res = get(&r.app, "/ui", Some(&acme)).await;
+    assert_eq!(res.headers()[header::LOCATION], "/ui/login");
+    // And with the session gone, its token changes nothing.
+    let res = post(&r.app, "/ui/resolve", Some(&acme), &fields).await;
+    assert_eq!(res.status(), StatusCode::FORBIDDEN);
+}
+
+#[tokio::test]
+async fn reopen_forgets_a_record_and_says_who() {
+    let r = rig().await;
+    unknown_record(&r.engine, "acme", "order-3").await;
+    let (op, csrf) = sign_in(&r.app, OPERATOR).await;
+    let page = text(
+        get(
+            &r.app,
+            "/ui/reopen?tenant=acme&tool=charge&key=order-3",
+            Some(&op),
+        )
+        .await,
+    )
+    .await;
+    assert!(page.contains("runs the action again"), "{page}");
+    let fence = field(&page, "fence");
+    let res = post(
+        &r.app,
+        "/ui/reopen",
+        Some(&op),
+        &[
+            ("csrf", &csrf),
+            ("tenant", "acme"),
+            ("tool", "charge"),
+            ("key", "order-3"),
+            ("fence", &fence),
+            ("reason", "customer asked again"),
+        ],
+    )
+    .await;
+    assert_eq!(res.status(), StatusCode::OK);
+    assert!(r
+        .engine
+        .get(&key("acme", "order-3"))
+        .await
+        .unwrap()
+        .is_none());
+    let audit = std::fs::read_to_string(&r.audit).unwrap();
+    assert!(audit.contains(r#""by":"console:operator""#), "{audit}");
+    // A record in flight is not offered for reopening: its call may be running.
+    let call = Call::new(
+        TenantId::new("acme").unwrap(),
+        ToolName::new("charge").unwrap(),
+    )
+    .key(IdempotencyKey::new("order-4").unwrap())
+    .args(&serde_json::json!({}));
+    let policy = r.engine.policies().get("charge").clone();
+    assert!(matches!(
+        r.engine.begin(call, &policy).await.unwrap(),
+        idemgate::Begun::Execute(_)
+    ));
+    let res = get(
+        &r.app,
+        "/ui/reopen?tenant=acme&tool=charge&key=order-4",
+        Some(&op),
+    )
+    .await;
+    assert_eq!(res.status(), StatusCode::CONFLICT);
+    // The operator must name the tenant of a record.
+    let res = get(&r.app, "/ui/record?tool=charge&key=order-3", Some(&op)).await;
+    assert_eq!(res.status(), StatusCode::BAD_REQUEST);
+}
