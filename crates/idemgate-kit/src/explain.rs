@@ -37,6 +37,8 @@ pub enum Resolve<'a> {
     Http,
     /// The Python engine's `Engine.resolve`.
     Python,
+    /// The Node engine's `Engine.resolve`.
+    Node,
 }
 
 impl Resolve<'_> {
@@ -54,6 +56,10 @@ impl Resolve<'_> {
             Resolve::Python => (
                 format!("`engine.resolve(tool, key, {fence}, \"completed\", result)` (or `idemgate keys resolve`)"),
                 "`\"release\"`".to_owned(),
+            ),
+            Resolve::Node => (
+                format!("`await engine.resolve(tool, key, {fence}, 'completed', {{ result }})` (or `idemgate keys resolve`)"),
+                "`'release'`".to_owned(),
             ),
         };
         format!(

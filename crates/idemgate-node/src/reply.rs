@@ -51,13 +51,13 @@ pub(crate) fn open_error(url: &str, e: &StoreError) -> Value {
     error(Verdict::StoreUnavailable, message, Map::new())
 }
 
-/// How the package's errors name things: the record, and the command an operator resolves it
-/// with (the package has no resolve method of its own yet).
-fn door<'a>(record: &'a str, resolve: &'a str, repeat: &'a str) -> Door<'a> {
+/// How the package's errors name things: the record, and how an operator resolves it
+/// (`Engine.resolve`).
+fn door<'a>(record: &'a str, repeat: &'a str) -> Door<'a> {
     Door {
         effect: "the function",
         record,
-        resolve: Resolve::Command(resolve),
+        resolve: Resolve::Node,
         repeat,
         add_key: "pass a key",
     }
@@ -68,21 +68,8 @@ pub(crate) fn answer(answer: &Answer) -> Value {
     let verdict = Verdict::of_answer(answer);
     let explanation = Explanation::of_answer(answer);
     let record = answer.key.as_ref().map(Key::to_string).unwrap_or_default();
-    let resolve = answer
-        .key
-        .as_ref()
-        .map(|k| {
-            format!(
-                "idemgate keys resolve {} --tool {} --tenant {}",
-                k.key.as_str(),
-                k.tool.as_str(),
-                k.tenant.as_str()
-            )
-        })
-        .unwrap_or_default();
-    let for_person =
-        explanation.for_person(&door(&record, &resolve, "call it again with a new key"));
-    let for_model = explanation.for_model(&door(&record, &resolve, MODEL_REPEAT));
+    let for_person = explanation.for_person(&door(&record, "call it again with a new key"));
+    let for_model = explanation.for_model(&door(&record, MODEL_REPEAT));
     let key = answer.key.as_ref().map(|k| k.key.as_str().to_owned());
     let rule = answer.rule.map(|r| r.to_string());
     if verdict.is_error() {
