@@ -268,6 +268,35 @@ fn view(record: Option<&idemgate::Record>) -> Value {
         .unwrap_or(Value::Null)
 }
 
+impl NativeEngine {
+    /// Runs `work` on this tenant's record of `(tool, key)` to a reply (see `now_or_later`): its
+    /// value, or its engine error; a name that is no record's is refused at once.
+    fn on_record<'env, F, Fut>(
+        &self,
+        env: &'env Env,
+        tool: &str,
+        key: &str,
+        work: F,
+    ) -> Result<Reply<'env>>
+    where
+        F: FnOnce(Arc<Shared>, Key) -> Fut,
+        Fut: Future<Output = std::result::Result<Value, idemgate::EngineError>> + Send + 'static,
+    {
+        self.shared.check_open()?;
+        let name = match self.shared.key(tool, key) {
+            Ok(name) => name,
+            Err(refused) => return Ok(Either::A(refused.to_string())),
+        };
+        let work = work(Arc::clone(&self.shared), name);
+        now_or_later(env, async move {
+            Ok(work
+                .await
+                .unwrap_or_else(|e| reply::engine_error(&e))
+                .to_string())
+        })
+    }
+}
+
 #[napi]
 impl NativeEngine {
     /// The store's URL.
@@ -405,22 +434,14 @@ impl NativeEngine {
         tool: String,
         key: String,
     ) -> Result<Reply<'env>> {
-        self.shared.check_open()?;
-        let name = match self.shared.key(&tool, &key) {
-            Ok(name) => name,
-            Err(refused) => return Ok(Either::A(refused.to_string())),
-        };
-        let shared = Arc::clone(&self.shared);
-        now_or_later(env, async move {
-            Ok(match shared.engine.get(&name).await {
-                Err(e) => reply::engine_error(&e),
-                Ok(None) => Value::Null,
-                Ok(Some(record)) => json!({
+        self.on_record(env, &tool, &key, |shared, name| async move {
+            Ok(match shared.engine.get(&name).await? {
+                None => Value::Null,
+                Some(record) => json!({
                     "state": record.state_name().to_string(),
                     "fence": record.fence,
                 }),
-            }
-            .to_string())
+            })
         })
     }
 
@@ -428,18 +449,8 @@ impl NativeEngine {
     /// content and body as JSON), `null` when there is none, or an error.
     #[napi(ts_return_type = "string | Promise<string>")]
     pub fn record<'env>(&self, env: &'env Env, tool: String, key: String) -> Result<Reply<'env>> {
-        self.shared.check_open()?;
-        let name = match self.shared.key(&tool, &key) {
-            Ok(name) => name,
-            Err(refused) => return Ok(Either::A(refused.to_string())),
-        };
-        let shared = Arc::clone(&self.shared);
-        now_or_later(env, async move {
-            Ok(match shared.engine.get(&name).await {
-                Err(e) => reply::engine_error(&e),
-                Ok(record) => view(record.as_ref()),
-            }
-            .to_string())
+        self.on_record(env, &tool, &key, |shared, name| async move {
+            Ok(view(shared.engine.get(&name).await?.as_ref()))
         })
     }
 
@@ -501,7 +512,6 @@ impl NativeEngine {
         by: Option<String>,
         reason: Option<String>,
     ) -> Result<Reply<'env>> {
-        self.shared.check_open()?;
         let fence = fence_of(fence)?;
         let how = resolution(
             &how,
@@ -510,21 +520,12 @@ impl NativeEngine {
             ttl.unwrap_or_else(|| ToolPolicy::default().ttl.as_secs_f64()),
         )
         .map_err(Error::from_reason)?;
-        let name = match self.shared.key(&tool, &key) {
-            Ok(name) => name,
-            Err(refused) => return Ok(Either::A(refused.to_string())),
-        };
-        let shared = Arc::clone(&self.shared);
-        now_or_later(env, async move {
+        self.on_record(env, &tool, &key, |shared, name| async move {
             let after = shared
                 .engine
                 .resolve(&name, fence, how, by.as_deref(), reason.as_deref())
-                .await;
-            Ok(match after {
-                Err(e) => reply::engine_error(&e),
-                Ok(record) => view(record.as_ref()),
-            }
-            .to_string())
+                .await?;
+            Ok(view(after.as_ref()))
         })
     }
 
@@ -541,23 +542,13 @@ impl NativeEngine {
         by: Option<String>,
         reason: Option<String>,
     ) -> Result<Reply<'env>> {
-        self.shared.check_open()?;
         let fence = fence_of(fence)?;
-        let name = match self.shared.key(&tool, &key) {
-            Ok(name) => name,
-            Err(refused) => return Ok(Either::A(refused.to_string())),
-        };
-        let shared = Arc::clone(&self.shared);
-        now_or_later(env, async move {
+        self.on_record(env, &tool, &key, |shared, name| async move {
             let was = shared
                 .engine
                 .reopen(&name, fence, by.as_deref(), reason.as_deref())
-                .await;
-            Ok(match was {
-                Err(e) => reply::engine_error(&e),
-                Ok(was) => json!({ "was": was.to_string() }),
-            }
-            .to_string())
+                .await?;
+            Ok(json!({ "was": was.to_string() }))
         })
     }
 
