@@ -74,3 +74,33 @@ test('npx idemgate runs the platform package binary: exec once per key, and mcp 
     await client.close();
   }
 });
+
+test("the README's example in a fresh project that installed the packed package, on a SQLite file, from two processes", async () => {
+  const { dir, launcher } = await installed();
+  const project = path.dirname(path.dirname(path.dirname(launcher)));
+  const readme = readFileSync(path.join(PKG, 'README.md'), 'utf8');
+  const db = path.join(dir, 'example.db');
+  const example = readme.match(/```js\n([\s\S]*?)```/)[1]
+    .replace("Engine.open('memory:')", `Engine.open('sqlite://${db}', { journal: '${path.join(dir, 'journal')}' })`);
+  assert.ok(example.includes(db), 'the example opens the engine with Engine.open(\'memory:\')');
+  const file = path.join(project, 'example.mjs');
+  writeFileSync(file, example);
+  const once = async () => (await within(run(process.execPath, [file], { cwd: project }), 'the example to run')).stdout.trim().split('\n');
+  const first = await once();
+  assert.deepEqual(first, [
+    "{ chargeId: 'ch-order-1', amount: 12 }",
+    "{ chargeId: 'ch-order-1', amount: 12 }",
+    'true true 1',
+    'the bank timed out',
+    'true',
+  ]);
+  // Another process on the same file: nothing runs again; the unknown outcome stays unknown.
+  const second = await once();
+  assert.deepEqual(second.slice(0, 3), [
+    "{ chargeId: 'ch-order-1', amount: 12 }",
+    "{ chargeId: 'ch-order-1', amount: 12 }",
+    'true true 0',
+  ]);
+  assert.match(second[3], /wire\/w-1 is unknown/);
+  assert.equal(second[4], 'true');
+});
