@@ -6,6 +6,7 @@ pub mod fuzzing;
 mod listen;
 mod migrate;
 mod row;
+mod shared_read;
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -159,6 +160,8 @@ struct Inner {
     _listener: Option<oneshot::Sender<()>>,
     /// What recent reservations found, for [`ReservePath::Adaptive`].
     found: ReserveHistory,
+    /// Reads of a record that callers asking at once share (`get`).
+    reads: shared_read::SharedReads,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -293,6 +296,7 @@ impl PgStore {
                 listening,
                 _listener: listener,
                 found: ReserveHistory::default(),
+                reads: shared_read::SharedReads::default(),
             }),
         })
     }
@@ -748,19 +752,26 @@ impl Store for PgStore {
     }
 
     async fn get(&self, key: &Key) -> Result<Option<Record>> {
-        let rows = self
-            .run(
-                &self.inner.sql.get,
-                &[&key.tenant.as_str(), &key.tool.as_str(), &key.key.as_str()],
-            )
-            .await?;
-        match rows.first() {
-            None => Ok(None),
-            Some(row) => {
-                let (rec, now) = decode(key.clone(), row)?;
-                Ok(rec.view(now))
-            }
-        }
+        // The duplicates a notification wakes together all look at the record: one read
+        // started after each of them asked answers them all (see `shared_read`).
+        self.inner
+            .reads
+            .read(key, || async {
+                let rows = self
+                    .run(
+                        &self.inner.sql.get,
+                        &[&key.tenant.as_str(), &key.tool.as_str(), &key.key.as_str()],
+                    )
+                    .await?;
+                match rows.first() {
+                    None => Ok(None),
+                    Some(row) => {
+                        let (rec, now) = decode(key.clone(), row)?;
+                        Ok(rec.view(now))
+                    }
+                }
+            })
+            .await
     }
 
     async fn list(&self, filter: &ListFilter) -> Result<Vec<Record>> {
