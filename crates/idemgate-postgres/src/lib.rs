@@ -504,6 +504,25 @@ fn digest_hex(key: &Key) -> String {
 }
 
 impl PgStore {
+    /// The stored row of `key` and the server's clock at the read (`get.sql`). The duplicates
+    /// of a storm look at the record together (their reservations that found it standing, their
+    /// looks after a notification): one read started after each of them asked answers them all
+    /// (see `shared_read`).
+    async fn read_row(&self, key: &Key) -> shared_read::Answer {
+        self.inner
+            .reads
+            .read(key, || async {
+                let rows = self
+                    .run(
+                        &self.inner.sql.get,
+                        &[&key.tenant.as_str(), &key.tool.as_str(), &key.key.as_str()],
+                    )
+                    .await?;
+                rows.first().map(|row| decode(key.clone(), row)).transpose()
+            })
+            .await
+    }
+
     /// The reservation and its retries (also the absent-record arm of a takeover).
     ///
     /// Two ways, both exact, that differ only in cost. While reservations mostly find no row
@@ -548,8 +567,7 @@ impl PgStore {
                     return acquired(row);
                 }
             }
-            let standing = self.run(&sql.get, &params[..3]).await?;
-            let Some(row) = standing.first() else {
+            let Some((rec, now)) = self.read_row(k).await? else {
                 if !read_first {
                     // The row the insert met went away since (released, or purged).
                     continue;
@@ -561,7 +579,6 @@ impl PgStore {
                 }
             };
             self.inner.found.record(true);
-            let (rec, now) = decode(k.clone(), row)?;
             // The core's judgement: a record that counts is the answer as it stands (ours,
             // retried after a lost answer, or another's); one past its expiry is renewed.
             match transition::reserve(Some(&rec), r, now) {
@@ -752,26 +769,10 @@ impl Store for PgStore {
     }
 
     async fn get(&self, key: &Key) -> Result<Option<Record>> {
-        // The duplicates a notification wakes together all look at the record: one read
-        // started after each of them asked answers them all (see `shared_read`).
-        self.inner
-            .reads
-            .read(key, || async {
-                let rows = self
-                    .run(
-                        &self.inner.sql.get,
-                        &[&key.tenant.as_str(), &key.tool.as_str(), &key.key.as_str()],
-                    )
-                    .await?;
-                match rows.first() {
-                    None => Ok(None),
-                    Some(row) => {
-                        let (rec, now) = decode(key.clone(), row)?;
-                        Ok(rec.view(now))
-                    }
-                }
-            })
-            .await
+        Ok(self
+            .read_row(key)
+            .await?
+            .and_then(|(rec, now)| rec.view(now)))
     }
 
     async fn list(&self, filter: &ListFilter) -> Result<Vec<Record>> {

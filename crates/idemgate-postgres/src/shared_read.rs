@@ -10,10 +10,12 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Mutex;
 
-use idemgate_core::{Key, Record, StoreError};
+use idemgate_core::transition::StoredRecord;
+use idemgate_core::{Key, StoreError, Timestamp};
 use tokio::sync::oneshot;
 
-type Answer = Result<Option<Record>, StoreError>;
+/// A read of a record: the row as stored, with the server's clock at the read, or none.
+pub(crate) type Answer = Result<Option<(StoredRecord, Timestamp)>, StoreError>;
 
 /// What a waiting caller is handed.
 enum Turn {
