@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use idemgate_core::transition::StoredRecord;
 use idemgate_core::{Key, StoreError, Timestamp};
@@ -17,18 +17,22 @@ use tokio::sync::oneshot;
 /// A read of a record: the row as stored, with the server's clock at the read, or none.
 pub(crate) type Answer = Result<Option<(StoredRecord, Timestamp)>, StoreError>;
 
+/// Callers waiting for the next read of a record.
+type Waiting = Vec<oneshot::Sender<Turn>>;
+type Records = Arc<Mutex<HashMap<Key, Waiting>>>;
+
 /// What a waiting caller is handed.
 enum Turn {
     /// The answer of a read that started after it asked.
     Answer(Answer),
-    /// It reads next, for itself and these callers, who asked before that read starts.
-    Lead(Vec<oneshot::Sender<Turn>>),
+    /// It reads next, for itself and the callers in it, who asked before that read starts.
+    Lead(Leading),
 }
 
 /// The records being read now, and the callers waiting for the next read of each.
 #[derive(Default)]
 pub(crate) struct SharedReads {
-    records: Mutex<HashMap<Key, Vec<oneshot::Sender<Turn>>>>,
+    records: Records,
 }
 
 impl SharedReads {
@@ -40,7 +44,7 @@ impl SharedReads {
         Fut: Future<Output = Answer>,
     {
         let waiting = {
-            let mut records = self.lock();
+            let mut records = lock(&self.records);
             match records.get_mut(key) {
                 None => {
                     records.insert(key.clone(), Vec::new());
@@ -53,19 +57,19 @@ impl SharedReads {
                 }
             }
         };
-        let followers = match waiting {
-            None => Vec::new(),
+        let mut lead = match waiting {
+            None => Leading {
+                records: Arc::clone(&self.records),
+                key: key.clone(),
+                followers: Vec::new(),
+                handed_on: false,
+            },
             Some(rx) => match rx.await {
                 Ok(Turn::Answer(answer)) => return answer,
-                Ok(Turn::Lead(followers)) => followers,
-                // Not handed on (cannot happen while every leader has its guard): read alone.
+                Ok(Turn::Lead(lead)) => lead,
+                // Not handed on (a lead is handed on even when dropped): read alone.
                 Err(_) => return read().await,
             },
-        };
-        let mut lead = Leading {
-            reads: self,
-            key,
-            followers,
         };
         let answer = read().await;
         for follower in std::mem::take(&mut lead.followers) {
@@ -73,50 +77,72 @@ impl SharedReads {
         }
         answer
     }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Vec<oneshot::Sender<Turn>>>> {
-        self.records.lock().unwrap_or_else(|p| p.into_inner())
-    }
 }
 
-/// The caller reading a record now. When its read ends (or its future is dropped), the callers
-/// still owed a read get one: its followers, whose read did not end, or else those that asked
-/// while it ran. The first of them whose call still waits leads it.
-struct Leading<'a> {
-    reads: &'a SharedReads,
-    key: &'a Key,
-    followers: Vec<oneshot::Sender<Turn>>,
+fn lock(records: &Records) -> std::sync::MutexGuard<'_, HashMap<Key, Waiting>> {
+    records.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-impl Drop for Leading<'_> {
+/// The right to read a record next, for the caller that holds it and its followers. When it is
+/// dropped (its read ended, or its caller went away, even before it took the lead over), the
+/// callers still owed a read get one: its followers, whose read did not end, or else those that
+/// asked meanwhile. The first of them whose call still waits leads it; with nobody left, the
+/// record is no longer being read.
+struct Leading {
+    records: Records,
+    key: Key,
+    followers: Waiting,
+    /// Passed on as a whole (its followers moved to another lead): nothing left to do.
+    handed_on: bool,
+}
+
+impl Drop for Leading {
     fn drop(&mut self) {
-        let mut records = self.reads.lock();
-        let mut owed = std::mem::take(&mut self.followers);
-        if owed.is_empty() {
-            owed = records
-                .get_mut(self.key)
-                .map(std::mem::take)
-                .unwrap_or_default();
+        if self.handed_on {
+            return;
         }
-        while !owed.is_empty() {
-            let next = owed.remove(0);
-            match next.send(Turn::Lead(owed)) {
-                Ok(()) => return,
-                // That caller went away: the next one leads.
-                Err(Turn::Lead(rest)) => owed = rest,
-                Err(Turn::Answer(_)) => unreachable!("a lead was sent"),
+        let mut owed = std::mem::take(&mut self.followers);
+        loop {
+            if owed.is_empty() {
+                let mut records = lock(&self.records);
+                owed = records
+                    .get_mut(&self.key)
+                    .map(std::mem::take)
+                    .unwrap_or_default();
+                if owed.is_empty() {
+                    records.remove(&self.key);
+                    return;
+                }
+            }
+            // No lock held while handing on: a lead that comes back is dropped here.
+            while !owed.is_empty() {
+                let next = owed.remove(0);
+                let lead = Leading {
+                    records: Arc::clone(&self.records),
+                    key: self.key.clone(),
+                    followers: std::mem::take(&mut owed),
+                    handed_on: false,
+                };
+                match next.send(Turn::Lead(lead)) {
+                    Ok(()) => return,
+                    // That caller went away: the next one leads.
+                    Err(Turn::Lead(mut lead)) => {
+                        owed = std::mem::take(&mut lead.followers);
+                        lead.handed_on = true;
+                    }
+                    Err(Turn::Answer(_)) => unreachable!("a lead was sent"),
+                }
             }
         }
-        records.remove(self.key);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Arc;
 
     use idemgate_core::{TenantId, ToolName};
+    use std::future::Future as _;
     use tokio::sync::Notify;
 
     use super::*;
@@ -165,7 +191,7 @@ mod tests {
             .collect();
         // The five are queued behind the first read before it is let go.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        while reads.lock().get(&key()).map_or(0, Vec::len) < 5 {
+        while lock(&reads.records).get(&key()).map_or(0, Vec::len) < 5 {
             assert!(
                 std::time::Instant::now() < deadline,
                 "the callers never queued"
@@ -185,7 +211,7 @@ mod tests {
             assert!(text(t.await.unwrap()).contains("read 2"));
         }
         assert_eq!(started.load(Ordering::SeqCst), 2, "one read for the five");
-        assert!(reads.lock().is_empty(), "nothing is left behind");
+        assert!(lock(&reads.records).is_empty(), "nothing is left behind");
     }
 
     #[tokio::test]
@@ -198,7 +224,7 @@ mod tests {
             tokio::spawn(async move { reads.read(&key(), never).await })
         };
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        while reads.lock().get(&key()).is_none() {
+        while lock(&reads.records).get(&key()).is_none() {
             assert!(
                 std::time::Instant::now() < deadline,
                 "the leader never started"
@@ -209,7 +235,7 @@ mod tests {
             let reads = reads.clone();
             tokio::spawn(async move { reads.read(&key(), || async { Ok(None) }).await })
         };
-        while reads.lock().get(&key()).map_or(0, Vec::len) < 1 {
+        while lock(&reads.records).get(&key()).map_or(0, Vec::len) < 1 {
             assert!(
                 std::time::Instant::now() < deadline,
                 "the follower never queued"
@@ -222,6 +248,58 @@ mod tests {
             .expect("the follower was left waiting")
             .unwrap();
         assert!(matches!(answer, Ok(None)));
-        assert!(reads.lock().is_empty(), "nothing is left behind");
+        assert!(lock(&reads.records).is_empty(), "nothing is left behind");
+    }
+
+    #[tokio::test]
+    async fn a_lead_handed_to_a_caller_that_then_goes_away_passes_to_the_next() {
+        let reads = Arc::new(SharedReads::default());
+        let release = Arc::new(Notify::new());
+        let leader = {
+            let (reads, release) = (reads.clone(), release.clone());
+            tokio::spawn(async move {
+                let read = || {
+                    let release = release.clone();
+                    async move {
+                        release.notified().await;
+                        Ok(None)
+                    }
+                };
+                reads.read(&key(), read).await
+            })
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while lock(&reads.records).get(&key()).is_none() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the leader never started"
+            );
+            tokio::task::yield_now().await;
+        }
+        // Queued, then never polled again: it is handed the lead and goes away holding it.
+        let k = key();
+        let mut gone = Box::pin(reads.read(&k, || async { Ok(None) }));
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        assert!(gone.as_mut().poll(&mut cx).is_pending());
+        let next = {
+            let reads = reads.clone();
+            tokio::spawn(async move { reads.read(&key(), || async { Ok(None) }).await })
+        };
+        while lock(&reads.records).get(&key()).map_or(0, Vec::len) < 2 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the callers never queued"
+            );
+            tokio::task::yield_now().await;
+        }
+        release.notify_one();
+        assert!(matches!(leader.await.unwrap(), Ok(None)));
+        drop(gone);
+        let answer = tokio::time::timeout(std::time::Duration::from_secs(30), next)
+            .await
+            .expect("the next caller was left waiting")
+            .unwrap();
+        assert!(matches!(answer, Ok(None)));
+        assert!(lock(&reads.records).is_empty(), "nothing is left behind");
     }
 }
