@@ -14,8 +14,9 @@
   ``key=`` function and the default arguments; exactly-once's ``@once``, Powertools'
   ``@idempotent_function``, agent-once's ``@Once.tool``, idempotent-tools' ``@idempotent``).
 
-Each workload runs ``--rounds`` times (default 5) per library and store; the table shows the
-median calls/s, the min–max, and idemgate's ratio to the best peer on that row (medians). Stores:
+Each workload runs ``--rounds`` times (default 5) per library and store, the libraries taking
+turns round by round; the table shows the median calls/s, the min–max, and idemgate's ratio to
+the best peer on that row (medians). Stores:
 ``memory``, a temporary SQLite file, and PostgreSQL / Redis when ``IDEMGATE_TEST_POSTGRES_URL`` /
 ``IDEMGATE_TEST_REDIS_URL`` are set. Fresh keys each round, records kept 2 minutes where the
 library can expire them; the peers' PostgreSQL tables live in a schema of this run, dropped at
@@ -268,6 +269,8 @@ class Stores:
     postgres: str | None
     redis: str | None
     run: str = field(default_factory=lambda: mint_key().replace("-", "_")[:24].lower())
+    # More idemgate rows on SQLite at durability=normal, one per write-ahead log bound (`4MiB`).
+    wal_limits: list[str] = field(default_factory=list)
 
     @property
     def pg_schema(self) -> str:
@@ -317,14 +320,17 @@ def idemgate_decorated(engine: Engine) -> Call:
     return call
 
 
-def idemgate_normal_subject(store: str, s: Stores) -> Subject | Unsupported:
-    """idemgate on SQLite at the durability exactly-once runs at (synchronous=NORMAL)."""
+def idemgate_normal_subject(store: str, s: Stores, wal_limit: str | None = None) -> Subject | Unsupported:
+    """idemgate on SQLite at the durability exactly-once runs at (synchronous=NORMAL), with the
+    store's default ``wal_limit`` or the one given."""
+    name = "idemgate (durability=normal" + (f", wal_limit={wal_limit})" if wal_limit else ")")
     if store != "SQLite":
-        return Unsupported("idemgate (durability=normal)", "an option of the SQLite store only")
+        return Unsupported(name, "an option of the SQLite store only")
+    file = f"idemgate-normal-{wal_limit}.db" if wal_limit else "idemgate-normal.db"
     engine = Engine.open(
-        f"sqlite://{s.tmp / 'idemgate-normal.db'}?durability=normal",
+        f"sqlite://{s.tmp / file}?durability=normal" + (f"&wal_limit={wal_limit}" if wal_limit else ""),
         tenant=f"bench-{s.run}",
-        journal=str(s.tmp / "journal-SQLite-normal"),
+        journal=str(s.tmp / f"journal-{file}"),
         default=Policy(ttl=120),
     )
 
@@ -332,7 +338,7 @@ def idemgate_normal_subject(store: str, s: Stores) -> Subject | Unsupported:
         return engine.call(tool, key, args, effect, wait=30).value
 
     return Subject(
-        "idemgate (durability=normal)",
+        name,
         call,
         decorated=idemgate_decorated(engine),
         note="synchronous=NORMAL, as exactly-once: a power cut may lose the last commits",
@@ -512,6 +518,9 @@ def subjects(store: str, s: Stores, peers: bool) -> Iterator[Subject | Unsupport
             yield make(store, s)
         except Exception as e:  # noqa: BLE001 - a peer that does not start is reported, not fatal
             yield Unsupported(make.__name__.removesuffix("_subject").replace("_", "-"), f"{type(e).__name__}: {e}")
+        if make is idemgate_normal_subject:
+            for limit in s.wal_limits:
+                yield idemgate_normal_subject(store, s, limit)
 
 
 @contextmanager
@@ -538,6 +547,12 @@ def main() -> None:
     ap.add_argument("--only", help="run only stores whose name contains this")
     ap.add_argument("--no-peers", action="store_true", help="idemgate only")
     ap.add_argument("--workload", help="run only workloads whose name contains this")
+    ap.add_argument(
+        "--wal-limit",
+        action="append",
+        default=[],
+        help="also idemgate on SQLite at durability=normal with this wal_limit (4MiB; repeatable)",
+    )
     args = ap.parse_args()
     # Powertools warns on every call outside Lambda (no remaining-time context) and about its
     # layer's rename; neither changes what is measured.
@@ -564,32 +579,48 @@ def main() -> None:
     )
     print("|---|---|---|---:|---:|---|")
     with tempfile.TemporaryDirectory() as tmp:
-        s = Stores(Path(tmp), postgres, redis)
+        s = Stores(Path(tmp), postgres, redis, wal_limits=args.wal_limit)
         with postgres_schema(s) if not args.no_peers else _nothing():
             for store in stores:
                 subs = list(subjects(store, s, not args.no_peers))
                 for workload, run, through_decorator in workloads:
                     medians: dict[str, float] = {}
                     rows = []
+                    # The libraries take turns round by round, so that a change in the machine's
+                    # load during the run falls on all of them alike.
+                    calls: dict[str, Call] = {}
+                    failed: dict[str, str] = {}
+                    results: dict[str, list[tuple[float, Any]]] = {}
+                    for sub in subs:
+                        if isinstance(sub, Subject):
+                            call = sub.decorated if through_decorator else sub.call
+                            if call is not None:
+                                calls[sub.library] = call
+                                results[sub.library] = []
+                    for _ in range(args.rounds):
+                        for library, call in calls.items():
+                            if library in failed:
+                                continue
+                            try:
+                                results[library].append(run(call))
+                            except Exception as e:  # noqa: BLE001 - reported in the table
+                                failed[library] = f"{type(e).__name__}: {e}"[:200]
                     for sub in subs:
                         if isinstance(sub, Unsupported):
                             if sub.library.startswith("idemgate ("):
                                 continue  # a variant of a store this row is not
                             rows.append((sub.library, "—", sub.why))
                             continue
-                        call = sub.decorated if through_decorator else sub.call
-                        if call is None:
+                        if sub.library not in calls:
                             rows.append((sub.library, "—", "no decorator"))
                             continue
-                        try:
-                            results = [run(call) for _ in range(args.rounds)]
-                        except Exception as e:  # noqa: BLE001 - reported in the table
-                            rows.append((sub.library, "failed", f"{type(e).__name__}: {e}"[:200]))
+                        if sub.library in failed:
+                            rows.append((sub.library, "failed", failed[sub.library]))
                             continue
-                        rates = [r for r, _ in results]
-                        storms = [n for _, n in results if isinstance(n, Storm)]
+                        rates = [r for r, _ in results[sub.library]]
+                        storms = [n for _, n in results[sub.library] if isinstance(n, Storm)]
                         notes = [storm_note(storms)] if storms else []
-                        notes += sorted({n for _, n in results if n and isinstance(n, str)})
+                        notes += sorted({n for _, n in results[sub.library] if n and isinstance(n, str)})
                         notes += [sub.note] if sub.note else []
                         medians[sub.library] = statistics.median(rates)
                         rows.append(

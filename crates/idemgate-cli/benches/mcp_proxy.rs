@@ -427,11 +427,14 @@ struct Storm {
     max: f64,
     /// Keys with a loser later than 15 ms.
     slow_keys: usize,
+    /// Calls answered per second over the whole storm (every caller of every key).
+    calls_per_s: f64,
 }
 
 async fn measure_storm(conn: &Arc<Conn>, keys: usize, callers: usize, tag: &str) -> Storm {
     let mut late = Vec::with_capacity(keys * (callers - 1));
     let mut slow_keys = 0;
+    let start = Instant::now();
     for k in 0..keys {
         let key = Arc::new(format!("storm-{tag}-{k}"));
         let barrier = Arc::new(tokio::sync::Barrier::new(callers));
@@ -470,12 +473,14 @@ async fn measure_storm(conn: &Arc<Conn>, keys: usize, callers: usize, tag: &str)
         }
         slow_keys += usize::from(slow);
     }
+    let calls_per_s = (keys * callers) as f64 / start.elapsed().as_secs_f64();
     late.sort_by(f64::total_cmp);
     Storm {
         p50: quantile(&late, 0.50),
         p99: quantile(&late, 0.99),
         max: late[late.len() - 1],
         slow_keys,
+        calls_per_s,
     }
 }
 
@@ -663,21 +668,23 @@ async fn bench(rounds: usize, calls: usize) {
     println!();
     println!("Storm through the proxy: {STORM_KEYS} keys, 16 callers per key released together; a loser's lateness is its replay's arrival minus the winner's answer, ms: median over {rounds} rounds [min..max]");
     println!(
-        "{:<6} {:<26} {:<26} {:<26} {:<18}",
-        "", "loser p50", "loser p99", "loser max", "keys > 15 ms"
+        "{:<6} {:<26} {:<26} {:<26} {:<18} {:<24}",
+        "", "loser p50", "loser p99", "loser max", "keys > 15 ms", "calls/s"
     );
     for (name, _, _) in &transports {
         let s = &storms[name];
         let slow = median_min_max(s.iter().map(|x| x.slow_keys as f64).collect());
+        let rate = median_min_max(s.iter().map(|x| x.calls_per_s).collect());
         println!(
-            "{:<6} {:<26} {:<26} {:<26} {:.0} [{:.0}..{:.0}]",
+            "{:<6} {:<26} {:<26} {:<26} {:<18} {:.0} [{:.0}..{:.0}]",
             name,
             fmt_ms(median_min_max(s.iter().map(|x| x.p50).collect())),
             fmt_ms(median_min_max(s.iter().map(|x| x.p99).collect())),
             fmt_ms(median_min_max(s.iter().map(|x| x.max).collect())),
-            slow.0,
-            slow.1,
-            slow.2
+            format!("{:.0} [{:.0}..{:.0}]", slow.0, slow.1, slow.2),
+            rate.0,
+            rate.1,
+            rate.2
         );
     }
 }

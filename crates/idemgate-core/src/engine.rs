@@ -616,15 +616,18 @@ impl<S: Store> Engine<S> {
                 }
                 RecordState::InFlight { lease_until } => {
                     let deadline = *deadline.get_or_insert_with(|| Instant::now() + policy.wait);
-                    if !Box::pin(self.wait_while_in_flight(&reservation.key, deadline)).await? {
-                        let retry_after = retry_after(self.clock.now().until(lease_until));
-                        return Ok(answer(
-                            reservation,
-                            Decision::InFlight {
-                                since: record.created_at,
-                                retry_after,
-                            },
-                        ));
+                    match Box::pin(self.wait_while_in_flight(&reservation.key, deadline)).await? {
+                        Waited::Left(seen) => first = seen.map(|r| Ok(Claim::Existing(r))),
+                        Waited::TimedOut => {
+                            let retry_after = retry_after(self.clock.now().until(lease_until));
+                            return Ok(answer(
+                                reservation,
+                                Decision::InFlight {
+                                    since: record.created_at,
+                                    retry_after,
+                                },
+                            ));
+                        }
                     }
                 }
                 RecordState::Unknown { since } => {
@@ -634,8 +637,11 @@ impl<S: Store> Engine<S> {
                         let until = Instant::now() + left;
                         let still_unknown =
                             |s: &RecordState| matches!(s, RecordState::Unknown { .. });
-                        if Box::pin(self.wait_while(&reservation.key, until, still_unknown)).await?
+                        if let Waited::Left(seen) =
+                            Box::pin(self.wait_while(&reservation.key, until, still_unknown))
+                                .await?
                         {
+                            first = seen.map(|r| Ok(Claim::Existing(r)));
                             continue;
                         }
                     }
@@ -1023,24 +1029,23 @@ impl<S: Store> Engine<S> {
         }
     }
 
-    /// Waits until the record is no longer in flight (true) or the deadline passed (false).
+    /// Waits until the record is no longer in flight or the deadline passed.
     async fn wait_while_in_flight(
         &self,
         key: &Key,
         deadline: Instant,
-    ) -> Result<bool, EngineError> {
+    ) -> Result<Waited, EngineError> {
         self.wait_while(key, deadline, |s| matches!(s, RecordState::InFlight { .. }))
             .await
     }
 
-    /// Waits until the record's state no longer satisfies `still` (true) or the deadline passed
-    /// (false).
+    /// Waits until the record's state no longer satisfies `still` or the deadline passed.
     async fn wait_while(
         &self,
         key: &Key,
         deadline: Instant,
         still: impl Fn(&RecordState) -> bool,
-    ) -> Result<bool, EngineError> {
+    ) -> Result<Waited, EngineError> {
         // Looks before each wait, the first included, and takes the change mark before each
         // look: a change that lands between the look and the wait has moved the mark on, so the
         // wait ends at once instead of sleeping a whole slice past it (issue 20).
@@ -1048,11 +1053,11 @@ impl<S: Store> Engine<S> {
             let mark = self.store.change_mark(key);
             match self.store.get(key).await? {
                 Some(Record { state, .. }) if still(&state) => {}
-                _ => return Ok(true),
+                seen => return Ok(Waited::Left(seen)),
             }
             let now = Instant::now();
             if now >= deadline {
-                return Ok(false);
+                return Ok(Waited::TimedOut);
             }
             let slice = (deadline - now).min(self.settings.max_poll);
             self.store.wait_changed(key, mark, slice).await;
@@ -1332,6 +1337,18 @@ fn name(call: Call, policy: &ToolPolicy) -> Result<Option<Named>, EngineError> {
         }
     };
     Ok(Some(named))
+}
+
+/// How a wait for a record to leave a state ended.
+enum Waited {
+    /// The record left it: what the wait's last look found (`None`: no record, or one expired).
+    /// The caller judges that record as a reservation's answer, rather than reserving again
+    /// only to read it anew: after a storm's winner completes, each waiting duplicate then makes
+    /// one read instead of a read and a reservation (on Postgres, a read and an insert that
+    /// conflicts, then a read). Only an absent record is reserved again.
+    Left(Option<Record>),
+    /// The deadline passed first.
+    TimedOut,
 }
 
 fn answered(r: Reservation, rule: KeyRule, decision: Decision) -> Begun {

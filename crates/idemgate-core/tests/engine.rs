@@ -1115,6 +1115,8 @@ struct HoldInFlightAnswer {
     /// Holds the answer of the next `get` that finds the record in flight instead: the look a
     /// waiting duplicate takes before each wait.
     armed_get: Armed,
+    /// Reservations made.
+    reserves: std::sync::atomic::AtomicUsize,
 }
 
 type Armed = std::sync::Mutex<Option<(tokio::sync::oneshot::Sender<()>, Arc<Notify>)>>;
@@ -1133,6 +1135,8 @@ async fn hold_if_armed(armed: &Armed, rec: Option<&idemgate_core::Record>) {
 
 impl Store for HoldInFlightAnswer {
     async fn reserve(&self, r: &idemgate_core::Reservation) -> StoreResult<idemgate_core::Claim> {
+        self.reserves
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let claim = self.inner.reserve(r).await?;
         if let idemgate_core::Claim::Existing(rec) = &claim {
             hold_if_armed(&self.armed, Some(rec)).await;
@@ -1228,16 +1232,30 @@ async fn a_completion_between_a_waiters_look_and_its_wait_wakes_it() {
     the_duplicate_answers_a_completion_while_it_is_held(|store| &store.armed_get).await;
 }
 
+#[tokio::test]
+async fn a_waiting_duplicate_replays_the_record_its_last_look_found_without_reserving_again() {
+    // The look that ends the wait read the completed record: reserving again would only read it
+    // anew (on Postgres an insert that conflicts and a read), once per waiting duplicate.
+    let reserves =
+        the_duplicate_answers_a_completion_while_it_is_held(|store| &store.armed_get).await;
+    assert_eq!(
+        reserves, 2,
+        "the first call's reservation and the duplicate's"
+    );
+}
+
 /// A duplicate of a call in flight is held where `hold` says, right after it found the call in
 /// flight; the call completes; the duplicate, let go, must answer with the replay. Waits and
-/// polls far longer than the test allows: a wake-up lost in between would cost a minute.
+/// polls far longer than the test allows: a wake-up lost in between would cost a minute. Returns
+/// how many reservations the two calls made.
 async fn the_duplicate_answers_a_completion_while_it_is_held(
     hold: fn(&HoldInFlightAnswer) -> &Armed,
-) {
+) -> usize {
     let store = Arc::new(HoldInFlightAnswer {
         inner: idemgate_core::MemoryStore::new(),
         armed: std::sync::Mutex::new(None),
         armed_get: std::sync::Mutex::new(None),
+        reserves: std::sync::atomic::AtomicUsize::new(0),
     });
     let policy = ToolPolicy {
         lease: LEASE,
@@ -1277,6 +1295,7 @@ async fn the_duplicate_answers_a_completion_while_it_is_held(
         "{:?}",
         answer.decision
     );
+    store.reserves.load(std::sync::atomic::Ordering::SeqCst)
 }
 
 #[test]

@@ -6,6 +6,7 @@ pub mod fuzzing;
 mod listen;
 mod migrate;
 mod row;
+mod shared_read;
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -159,6 +160,8 @@ struct Inner {
     _listener: Option<oneshot::Sender<()>>,
     /// What recent reservations found, for [`ReservePath::Adaptive`].
     found: ReserveHistory,
+    /// Reads of a record that callers asking at once share (`get`).
+    reads: shared_read::SharedReads,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -293,6 +296,7 @@ impl PgStore {
                 listening,
                 _listener: listener,
                 found: ReserveHistory::default(),
+                reads: shared_read::SharedReads::default(),
             }),
         })
     }
@@ -500,6 +504,25 @@ fn digest_hex(key: &Key) -> String {
 }
 
 impl PgStore {
+    /// The stored row of `key` and the server's clock at the read (`get.sql`). The duplicates
+    /// of a storm look at the record together (their reservations that found it standing, their
+    /// looks after a notification): one read started after each of them asked answers them all
+    /// (see `shared_read`).
+    async fn read_row(&self, key: &Key) -> shared_read::Answer {
+        self.inner
+            .reads
+            .read(key, || async {
+                let rows = self
+                    .run(
+                        &self.inner.sql.get,
+                        &[&key.tenant.as_str(), &key.tool.as_str(), &key.key.as_str()],
+                    )
+                    .await?;
+                rows.first().map(|row| decode(key.clone(), row)).transpose()
+            })
+            .await
+    }
+
     /// The reservation and its retries (also the absent-record arm of a takeover).
     ///
     /// Two ways, both exact, that differ only in cost. While reservations mostly find no row
@@ -544,8 +567,7 @@ impl PgStore {
                     return acquired(row);
                 }
             }
-            let standing = self.run(&sql.get, &params[..3]).await?;
-            let Some(row) = standing.first() else {
+            let Some((rec, now)) = self.read_row(k).await? else {
                 if !read_first {
                     // The row the insert met went away since (released, or purged).
                     continue;
@@ -557,7 +579,6 @@ impl PgStore {
                 }
             };
             self.inner.found.record(true);
-            let (rec, now) = decode(k.clone(), row)?;
             // The core's judgement: a record that counts is the answer as it stands (ours,
             // retried after a lost answer, or another's); one past its expiry is renewed.
             match transition::reserve(Some(&rec), r, now) {
@@ -748,19 +769,10 @@ impl Store for PgStore {
     }
 
     async fn get(&self, key: &Key) -> Result<Option<Record>> {
-        let rows = self
-            .run(
-                &self.inner.sql.get,
-                &[&key.tenant.as_str(), &key.tool.as_str(), &key.key.as_str()],
-            )
-            .await?;
-        match rows.first() {
-            None => Ok(None),
-            Some(row) => {
-                let (rec, now) = decode(key.clone(), row)?;
-                Ok(rec.view(now))
-            }
-        }
+        Ok(self
+            .read_row(key)
+            .await?
+            .and_then(|(rec, now)| rec.view(now)))
     }
 
     async fn list(&self, filter: &ListFilter) -> Result<Vec<Record>> {
