@@ -155,6 +155,14 @@ mod tests {
         )
     }
 
+    /// Yields to the other tasks until `ready()` holds; fails naming `what` past `deadline`.
+    async fn until(deadline: std::time::Instant, what: &str, mut ready: impl FnMut() -> bool) {
+        while !ready() {
+            assert!(std::time::Instant::now() < deadline, "{what}");
+            tokio::task::yield_now().await;
+        }
+    }
+
     #[tokio::test]
     async fn callers_that_ask_during_a_read_share_the_next_one_not_that_one() {
         let reads = Arc::new(SharedReads::default());
@@ -191,21 +199,18 @@ mod tests {
             .collect();
         // The five are queued behind the first read before it is let go.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        while lock(&reads.records).get(&key()).map_or(0, Vec::len) < 5 {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the callers never queued"
-            );
-            tokio::task::yield_now().await;
-        }
+        until(deadline, "the callers never queued", || {
+            lock(&reads.records).get(&key()).map_or(0, Vec::len) >= 5
+        })
+        .await;
         release.notify_one();
         let text = |a: Answer| a.unwrap_err().to_string();
         assert!(text(first.await.unwrap()).contains("read 1"));
         // The second read starts once the first ended; let it go when it has.
-        while started.load(Ordering::SeqCst) < 2 {
-            assert!(std::time::Instant::now() < deadline, "no second read");
-            tokio::task::yield_now().await;
-        }
+        until(deadline, "no second read", || {
+            started.load(Ordering::SeqCst) >= 2
+        })
+        .await;
         release.notify_one();
         for t in later {
             assert!(text(t.await.unwrap()).contains("read 2"));
@@ -224,24 +229,18 @@ mod tests {
             tokio::spawn(async move { reads.read(&key(), never).await })
         };
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        while lock(&reads.records).get(&key()).is_none() {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the leader never started"
-            );
-            tokio::task::yield_now().await;
-        }
+        until(deadline, "the leader never started", || {
+            lock(&reads.records).contains_key(&key())
+        })
+        .await;
         let follower = {
             let reads = reads.clone();
             tokio::spawn(async move { reads.read(&key(), || async { Ok(None) }).await })
         };
-        while lock(&reads.records).get(&key()).map_or(0, Vec::len) < 1 {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the follower never queued"
-            );
-            tokio::task::yield_now().await;
-        }
+        until(deadline, "the follower never queued", || {
+            lock(&reads.records).get(&key()).map_or(0, Vec::len) >= 1
+        })
+        .await;
         leader.abort();
         let answer = tokio::time::timeout(std::time::Duration::from_secs(30), follower)
             .await
@@ -269,13 +268,10 @@ mod tests {
             })
         };
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        while lock(&reads.records).get(&key()).is_none() {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the leader never started"
-            );
-            tokio::task::yield_now().await;
-        }
+        until(deadline, "the leader never started", || {
+            lock(&reads.records).contains_key(&key())
+        })
+        .await;
         // Queued, then never polled again: it is handed the lead and goes away holding it.
         let k = key();
         let mut gone = Box::pin(reads.read(&k, || async { Ok(None) }));
@@ -285,13 +281,10 @@ mod tests {
             let reads = reads.clone();
             tokio::spawn(async move { reads.read(&key(), || async { Ok(None) }).await })
         };
-        while lock(&reads.records).get(&key()).map_or(0, Vec::len) < 2 {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the callers never queued"
-            );
-            tokio::task::yield_now().await;
-        }
+        until(deadline, "the callers never queued", || {
+            lock(&reads.records).get(&key()).map_or(0, Vec::len) >= 2
+        })
+        .await;
         release.notify_one();
         assert!(matches!(leader.await.unwrap(), Ok(None)));
         drop(gone);
