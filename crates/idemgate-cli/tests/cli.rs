@@ -57,23 +57,28 @@ impl Sandbox {
 /// `idemgate serve` on a free loopback port, run by `command` (with its environment), and the
 /// address it listens on.
 pub(crate) fn serve_on_a_free_port(mut command: Command) -> (std::process::Child, String) {
-    use std::io::BufRead as _;
     let mut child = command
         .args(["serve", "--listen", "127.0.0.1:0"])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
+    let addr = announced(&mut child, "idemgate: listening on http://");
+    (child, addr)
+}
+
+/// What follows `prefix` on the first line `child` prints (its address, as `serve` and
+/// `console` announce it on stdout).
+pub(crate) fn announced(child: &mut std::process::Child, prefix: &str) -> String {
+    use std::io::BufRead as _;
     let mut line = String::new();
     std::io::BufReader::new(child.stdout.take().unwrap())
         .read_line(&mut line)
         .unwrap();
-    let addr = line
-        .trim()
-        .strip_prefix("idemgate: listening on http://")
+    line.trim()
+        .strip_prefix(prefix)
         .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-        .to_owned();
-    (child, addr)
+        .to_owned()
 }
 
 /// The whole answer to one raw HTTP/1.1 request (which should say `Connection: close`).
@@ -795,7 +800,6 @@ fn set_cookie(answer: &str, name: &str) -> String {
 
 #[test]
 fn console_serves_the_operator_over_a_store_without_a_gateway() {
-    use std::io::BufRead as _;
     let sb = Sandbox::new();
     let refused = sb
         .idemgate()
@@ -820,15 +824,10 @@ fn console_serves_the_operator_over_a_store_without_a_gateway() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let mut line = String::new();
-    std::io::BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let addr = line
-        .trim()
-        .strip_prefix("idemgate: console on http://")
-        .and_then(|a| a.strip_suffix("/ui"))
-        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+    let announced = announced(&mut child, "idemgate: console on http://");
+    let addr = announced
+        .strip_suffix("/ui")
+        .unwrap_or_else(|| panic!("the console's address {announced:?} does not end in /ui"))
         .to_owned();
     let get = |path: &str, cookie: &str| {
         http(
