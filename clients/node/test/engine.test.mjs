@@ -78,11 +78,17 @@ for (const [store, open] of Object.entries(STORES)) {
       }, { key: () => 'slow-1', lease: 1, wait: 0 });
       const first = slow.result();
       await within(started.promise, 'the call to start');
-      const { fence } = await engine.recordState('slow', 'slow-1');
-      // Two and a half leases later (a crashed caller's record would be unknown by now, as
+      const taken = await engine.record('slow', 'slow-1');
+      const firstExpiry = Date.parse(taken.lease_until);
+      // Once the first lease has run out (a crashed caller's record is unknown then, as
       // crash.test.mjs shows), the heartbeats have kept it in flight at the same fence.
-      await new Promise((r) => setTimeout(r, 2500));
-      assert.deepEqual(await engine.recordState('slow', 'slow-1'), { state: 'in_flight', fence });
+      await within((async () => {
+        while (Date.now() <= firstExpiry + 100) await new Promise((r) => setTimeout(r, 50));
+      })(), 'the first lease to run out');
+      const kept = await engine.record('slow', 'slow-1');
+      assert.equal(kept.state, 'in_flight');
+      assert.equal(kept.fence, taken.fence);
+      assert.ok(Date.parse(kept.lease_until) > firstExpiry, `renewed: ${kept.lease_until}`);
       await assert.rejects(slow(), InFlight);
       release.resolve();
       assert.equal((await first).executed, true);
