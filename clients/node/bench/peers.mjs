@@ -15,7 +15,9 @@
 // `cargo build --release -p idemgate-node`, then IDEMGATE_NODE_ADDON=<a copy of
 // target/release/libidemgate_node.so named *.node>):
 //   node bench/peers.mjs [calls per round, default 300] [rounds, default 5] [storm keys, default 100]
-//   IDEMGATE_TEST_REDIS_URL (default redis://127.0.0.1:6379); keys have a prefix of their own.
+//   IDEMGATE_TEST_REDIS_URL (default redis://127.0.0.1:6379); keys have a prefix of their own;
+//   BENCH_ONLY=<regex> times only the systems whose name matches (the baseline always runs).
+//   IDEMGATE_NODE_WORKER_THREADS sets the addon's runtime workers (default 1).
 import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
@@ -87,6 +89,11 @@ const systems = {
   'idemgate, Redis': { wrap: ours(engines.redis), store: 'Redis' },
   'idemgate, SQLite': { wrap: ours(engines.sqlite), store: 'SQLite' },
 };
+
+const only = process.env.BENCH_ONLY ? new RegExp(process.env.BENCH_ONLY) : null;
+for (const name of Object.keys(systems)) {
+  if (only && !name.startsWith('baseline') && !only.test(name)) delete systems[name];
+}
 
 /** µs per call of `f` over `CALLS` fresh orders, then over the same orders again. */
 async function freshAndReplay(f, label) {

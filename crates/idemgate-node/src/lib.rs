@@ -28,9 +28,9 @@ pub use keys::{check_key, derive_key, fingerprint, mint_key, verdict_labels};
 /// The runtime the addon's store calls run on: one worker thread unless
 /// `IDEMGATE_NODE_WORKER_THREADS` says more. One, because what runs there is waiting on a store,
 /// not work: with one worker a store's connection and the calls waiting on it share a thread, so
-/// a reply is not handed from one worker to another (a Redis call measured about 1.5× slower
-/// with napi's default of a worker per core, `bench/peers.mjs`). Built at module load, before any
-/// call.
+/// a reply is not handed from one worker to another (fresh Redis calls measured about 1.2×
+/// slower with napi's default of a worker per core: clients/node/README.md, "Beside the Node
+/// peers"). Built at module load, before any call.
 #[napi_derive::module_init]
 fn init() {
     let workers = std::env::var("IDEMGATE_NODE_WORKER_THREADS")
