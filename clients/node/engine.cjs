@@ -109,12 +109,40 @@ function policyOf(options) {
 }
 
 /** A call as the addon takes it (its optional fields absent, never null). */
-const callInit = (tool, key, argsJson, policy, scope) => ({
+// Whether idemgate's spans are exported: the OTEL_* variables point at a collector (read by the
+// native engine when the first engine opens). Only then is the caller's active span looked at.
+let tracing = false;
+// `@opentelemetry/api`, when the program has it (undefined: not looked for yet; null: absent).
+let otelApi;
+
+/** The W3C context of the active OpenTelemetry span, when spans are exported and the program
+ * uses `@opentelemetry/api`: idemgate's spans for the call are then its children. */
+function callerTrace() {
+  if (!tracing) return undefined;
+  if (otelApi === undefined) {
+    try {
+      otelApi = require('@opentelemetry/api');
+    } catch {
+      otelApi = null;
+    }
+  }
+  const context = otelApi?.trace.getActiveSpan()?.spanContext();
+  if (!context || !otelApi.isSpanContextValid(context)) return undefined;
+  const flags = (context.traceFlags & 0xff).toString(16).padStart(2, '0');
+  return {
+    traceparent: `00-${context.traceId}-${context.spanId}-${flags}`,
+    tracestate: context.traceState?.serialize() || undefined,
+  };
+}
+
+const callInit = (tool, key, argsJson, policy, scope, callId) => ({
   tool,
   key: key ?? undefined,
   argsJson: argsJson ?? undefined,
   policy,
   scope: scope ?? undefined,
+  callId: callId ?? undefined,
+  ...callerTrace(),
 });
 
 /** Rejects with the signal's reason when it aborts first; `work` goes on, its outcome recorded. */
@@ -165,6 +193,11 @@ class Engine {
         throw e;
       }
       throw errorOf(reply);
+    }
+    if (!tracing && native.tracing()) {
+      tracing = true;
+      // A pipeline of the process's own is never dropped: send what is left as Node exits.
+      process.once('exit', () => native.flushTraces());
     }
     return new Engine(n, { tools, default: defaultPolicy });
   }
@@ -250,15 +283,17 @@ class Engine {
    * it aborts, the caller stops waiting (the promise rejects with its reason) but a function
    * already running finishes and its outcome is recorded; aborted before the function starts,
    * the key is released and the function never runs. */
-  call(tool, key, args, fn, { scope, signal, ...overrides } = {}) {
+  call(tool, key, args, fn, { scope, signal, callId, ...overrides } = {}) {
     if (signal?.aborted) return Promise.reject(signal.reason);
-    return untilAborted(this.#call(tool, key ?? null, args, fn, scope ?? null, overrides, signal), signal);
+    const work = this.#call(tool, key ?? null, args, fn, scope ?? null, overrides, signal, callId);
+    return untilAborted(work, signal);
   }
 
-  async #call(tool, key, args, fn, scope, overrides, signal) {
+  async #call(tool, key, args, fn, scope, overrides, signal, callId) {
     const n = this.#native;
     const argsJson = args === undefined ? null : jsonText(args);
-    const begun = parsed(await n.begin(callInit(tool, key, argsJson, this.policy(tool, overrides), scope)));
+    const init = callInit(tool, key, argsJson, this.policy(tool, overrides), scope, callId);
+    const begun = parsed(await n.begin(init));
     if (begun.pass_through) {
       const value = await fn();
       return new Result({

@@ -11,7 +11,7 @@ use crate::args::{Cli, ConsoleArgs};
 
 /// Serves the console until SIGTERM or Ctrl-C.
 pub(crate) async fn run(cli: &Cli, args: &ConsoleArgs) -> Result<u8> {
-    idemgate_http::logging::init();
+    let _traces = idemgate_http::logging::init()?;
     let token = crate::serve::token_from_env(
         &args.token_env,
         "the operator's token",

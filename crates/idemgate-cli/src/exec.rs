@@ -8,13 +8,17 @@ use idemgate::{
     Verdict,
 };
 use idemgate_kit::{exit, Door, Explanation, Payload, Resolve, VerdictCodes};
+use idemgate_trace::TraceContext;
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
+use tracing::Instrument as _;
 
 use crate::args::ExecArgs;
 use crate::{out, Context};
 
 pub(crate) async fn run(ctx: &Context, args: &ExecArgs) -> Result<u8> {
     let key = ctx.key(&args.tool, &args.key)?;
+    // Exported when the OTEL_* variables ask; dropped (and so sent) when this call is done.
+    let traces = idemgate_trace::install("idemgate")?;
     // Outcomes an earlier run could not record go in first, so this call sees them.
     let _ = ctx.engine.flush_journal().await;
 
@@ -37,12 +41,34 @@ pub(crate) async fn run(ctx: &Context, args: &ExecArgs) -> Result<u8> {
         .fingerprint(Fingerprint::of_json(&argv));
     let stream = !ctx.json;
     let mut started = false;
+    // The caller's trace, as the environment carries it to a command (`TRACEPARENT`).
+    let caller = TraceContext::parse(
+        &std::env::var("TRACEPARENT").unwrap_or_default(),
+        std::env::var("TRACESTATE").ok().as_deref(),
+    );
+    let span = idemgate_trace::call_span(
+        idemgate_trace::Door::Exec,
+        key.tenant.as_str(),
+        key.tool.as_str(),
+        None,
+        caller.as_ref(),
+    );
     let answer = ctx
         .engine
         .call_with_policy(call, &policy, || {
-            run_command(&args.command, &args.not_applied, stream, &mut started)
+            run_command(
+                &args.command,
+                &args.not_applied,
+                stream,
+                &mut started,
+                caller.as_ref(),
+            )
         })
+        .instrument(span.clone())
         .await;
+    idemgate_trace::record(&span, &answer);
+    drop(span);
+    drop(traces);
     report(ctx, args, &policy, answer, started)
 }
 
@@ -55,8 +81,17 @@ async fn run_command(
     not_applied: &[i32],
     stream: bool,
     started: &mut bool,
+    caller: Option<&TraceContext>,
 ) -> Effect {
     let mut cmd = tokio::process::Command::new(&argv[0]);
+    // Inside the engine's `idemgate.effect`: the command's own spans are its children.
+    if let Some(trace) = idemgate_trace::outgoing(caller) {
+        cmd.env("TRACEPARENT", trace.traceparent());
+        match trace.tracestate() {
+            Some(state) => cmd.env("TRACESTATE", state),
+            None => cmd.env_remove("TRACESTATE"),
+        };
+    }
     cmd.args(&argv[1..])
         .stdin(Stdio::inherit())
         .stdout(Stdio::piped())

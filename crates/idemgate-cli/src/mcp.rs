@@ -20,7 +20,7 @@ const JOURNAL_FLUSH_EVERY: Duration = Duration::from_secs(30);
 /// exited by itself.
 pub(crate) async fn run(cli: &Cli, args: &McpArgs) -> Result<u8> {
     // Logs go to stderr as JSON lines: stdout carries the protocol.
-    idemgate_http::logging::init();
+    let _traces = idemgate_http::logging::init()?;
     let upstream = upstream(args)?;
     let mut config = match &args.config {
         Some(path) => Config::load(path)?,

@@ -25,7 +25,7 @@ pub(crate) fn token_from_env(var: &str, what: &str, how: &str) -> Result<String>
 
 /// Runs the gateway until SIGTERM or Ctrl-C.
 pub(crate) async fn run(cli: &Cli, args: &ServeArgs) -> Result<u8> {
-    idemgate_http::logging::init();
+    let _traces = idemgate_http::logging::init()?;
     let mut config = match &args.config {
         Some(_) if cli.tenant.is_some() => bail!(
             "--tenant names the one tenant of a gateway without --config; with a config file, the file's [[tenants]] say who may call"

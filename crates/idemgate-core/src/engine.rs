@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 use tokio::time::Instant;
+use tracing::Instrument as _;
 
 use crate::canonical::Fingerprint;
 use crate::error::{retry_after, CanonicalError, EngineError, StoreError};
@@ -20,6 +21,7 @@ use crate::replay::{Completed, ReplayCache};
 use crate::store::{Claim, Completion, ListFilter, Reopened, Reservation, Store};
 use crate::time::{Clock, SystemClock, Timestamp};
 use crate::verdict::Verdict;
+use crate::TRACE_TARGET;
 
 pub use crate::answer::{Answer, Decision, Effect, Recording};
 pub use crate::journal::FlushReport;
@@ -399,11 +401,13 @@ impl<S: Store> Engine<S> {
                 key: None,
                 rule: None,
                 decision: Decision::PassedThrough {
-                    effect: effect().await,
+                    effect: effect().instrument(effect_span()).await,
                 },
             }),
             Begun::Execute(ticket) => {
-                let reported = self.with_heartbeat(&ticket, effect()).await;
+                let reported = self
+                    .with_heartbeat(&ticket, effect().instrument(effect_span()))
+                    .await;
                 Ok(self.finish(&ticket, reported).await)
             }
         }
@@ -421,12 +425,28 @@ impl<S: Store> Engine<S> {
     /// # Errors
     /// As [`Engine::call`].
     pub async fn begin(&self, call: Call, policy: &ToolPolicy) -> Result<Begun, EngineError> {
-        if self.observers.is_empty() {
-            return self.decide(call, policy).await;
+        let span = tracing::info_span!(
+            target: TRACE_TARGET,
+            "idemgate.reserve",
+            idemgate.decision = tracing::field::Empty,
+        );
+        let begun = if self.observers.is_empty() {
+            self.decide(call, policy).instrument(span.clone()).await
+        } else {
+            let (tenant, tool) = (call.tenant.clone(), call.tool.clone());
+            let begun = self.decide(call, policy).instrument(span.clone()).await;
+            self.observe_begun(&tenant, &tool, &begun);
+            begun
+        };
+        if !span.is_disabled() {
+            let decision = match &begun {
+                Ok(Begun::Execute(_)) => Verdict::Execute,
+                Ok(Begun::PassThrough) => Verdict::PassedThrough,
+                Ok(Begun::Answered(a)) => Verdict::of_answer(a),
+                Err(e) => Verdict::of_error(e),
+            };
+            span.record("idemgate.decision", decision.label());
         }
-        let (tenant, tool) = (call.tenant.clone(), call.tool.clone());
-        let begun = self.decide(call, policy).await;
-        self.observe_begun(&tenant, &tool, &begun);
         begun
     }
 
@@ -482,6 +502,7 @@ impl<S: Store> Engine<S> {
                     first_seen: done.created_at,
                 });
             }
+            replay_span(done.completed_at);
             return Ok(Begun::Answered(Answer {
                 key: Some(key),
                 rule: Some(rule),
@@ -553,6 +574,7 @@ impl<S: Store> Engine<S> {
         else {
             unreachable!("only completed records are replayed")
         };
+        replay_span(completed_at);
         let done = Completed {
             fingerprint: record.fingerprint,
             created_at: record.created_at,
@@ -616,7 +638,10 @@ impl<S: Store> Engine<S> {
                 }
                 RecordState::InFlight { lease_until } => {
                     let deadline = *deadline.get_or_insert_with(|| Instant::now() + policy.wait);
-                    match Box::pin(self.wait_while_in_flight(&reservation.key, deadline)).await? {
+                    let waiting = self
+                        .wait_while_in_flight(&reservation.key, deadline)
+                        .instrument(tracing::info_span!(target: TRACE_TARGET, "idemgate.wait"));
+                    match Box::pin(waiting).await? {
                         Waited::Left(seen) => first = seen.map(|r| Ok(Claim::Existing(r))),
                         Waited::TimedOut => {
                             let retry_after = retry_after(self.clock.now().until(lease_until));
@@ -748,6 +773,32 @@ impl<S: Store> Engine<S> {
     /// settled, never half written; an outcome already journaled is flushed later. It never lets
     /// the side effect run again.
     pub async fn finish(&self, ticket: &Ticket, reported: Effect) -> Answer {
+        let span = tracing::info_span!(
+            target: TRACE_TARGET,
+            "idemgate.complete",
+            idemgate.recording = tracing::field::Empty,
+        );
+        let answer = self
+            .settle_outcome(ticket, reported)
+            .instrument(span.clone())
+            .await;
+        if !span.is_disabled() {
+            let recording = match &answer.decision {
+                Decision::Executed { recording, .. } | Decision::NotApplied { recording, .. } => {
+                    Some(recording)
+                }
+                Decision::Unknown { recording, .. } => recording.as_ref(),
+                _ => None,
+            };
+            if let Some(recording) = recording {
+                span.record("idemgate.recording", recording.name());
+            }
+        }
+        answer
+    }
+
+    /// What [`Engine::finish`] does, inside its span.
+    async fn settle_outcome(&self, ticket: &Ticket, reported: Effect) -> Answer {
         let (key, lease, ttl) = (&ticket.key, ticket.lease, ticket.ttl);
         let decision = match reported {
             Effect::Success(body) => {
@@ -959,6 +1010,7 @@ impl<S: Store> Engine<S> {
         // A durable journal fsyncs: on a blocking thread, so the async workers keep serving.
         let journal = Arc::clone(&self.journal);
         let appended = tokio::task::spawn_blocking(move || journal.append(&entry))
+            .instrument(tracing::info_span!(target: TRACE_TARGET, "idemgate.journal"))
             .await
             .unwrap_or_else(|e| Err(format!("the journal writer failed: {e}")));
         match appended {
@@ -1286,8 +1338,29 @@ impl<S: Store> Engine<S> {
     }
 
     async fn flush_journal_entries(&self) -> Result<FlushReport, EngineError> {
+        let entries = self.journal.pending().map_err(EngineError::Journal)?;
+        if entries.is_empty() {
+            return Ok(FlushReport::default());
+        }
+        // A span only for a flush that has something to send: the flusher looks every 30 s.
+        let span = tracing::info_span!(
+            target: TRACE_TARGET,
+            "idemgate.flush",
+            idemgate.entries = entries.len(),
+            idemgate.applied = tracing::field::Empty,
+            idemgate.pending = tracing::field::Empty,
+        );
+        let flushed = self.apply_entries(entries).instrument(span.clone()).await;
+        if let Ok(report) = &flushed {
+            span.record("idemgate.applied", report.applied);
+            span.record("idemgate.pending", report.pending);
+        }
+        flushed
+    }
+
+    async fn apply_entries(&self, entries: Vec<JournalEntry>) -> Result<FlushReport, EngineError> {
         let mut report = FlushReport::default();
-        for entry in self.journal.pending().map_err(EngineError::Journal)? {
+        for entry in entries {
             match self
                 .apply(&entry.key, entry.lease, &entry.op, Some(entry.journaled_at))
                 .await
@@ -1367,4 +1440,22 @@ fn executing(r: Reservation, rule: KeyRule, ttl: Duration, lease: Lease) -> Begu
         ttl,
         lease_for: r.lease_for,
     })
+}
+
+/// The span of a side effect run between `begin` and `finish`: the context a door hands to the
+/// tool (an upstream's `traceparent`), so the tool's own spans are its children.
+pub fn effect_span() -> tracing::Span {
+    tracing::info_span!(target: TRACE_TARGET, "idemgate.effect")
+}
+
+/// A replay, marked where it is decided (a moment, not a phase: its time is the reservation's).
+fn replay_span(executed_at: Timestamp) {
+    let span = tracing::info_span!(
+        target: TRACE_TARGET,
+        "idemgate.replay",
+        idemgate.executed_at = tracing::field::Empty,
+    );
+    if !span.is_disabled() {
+        span.record("idemgate.executed_at", tracing::field::display(executed_at));
+    }
 }

@@ -63,3 +63,8 @@ pub use store::{
 };
 pub use time::{Clock, ManualClock, SystemClock, Timestamp};
 pub use verdict::Verdict;
+
+/// The `tracing` target of the spans that mark each phase of a call (`idemgate.reserve`,
+/// `idemgate.wait`, `idemgate.replay`, `idemgate.effect`, `idemgate.complete`,
+/// `idemgate.journal`, `idemgate.flush`): what `idemgate-trace` exports, and nothing else.
+pub const TRACE_TARGET: &str = "idemgate.trace";

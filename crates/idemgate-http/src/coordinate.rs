@@ -7,9 +7,11 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use idemgate::{Begun, Effect, Lease, StoreError, Ticket, Timestamp, ToolPolicy, Verdict};
+use idemgate::{TenantId, ToolName};
 use serde::Deserialize;
 use serde_json::json;
 use tokio::time::Instant;
+use tracing::Instrument as _;
 
 use crate::answer::{respond, Shape};
 use crate::auth::{Caller, Tenant};
@@ -30,11 +32,9 @@ pub(crate) async fn begin(
     let bytes = request::read_body(body).await?;
     let call = request::call(&tenant.id, &tool, &headers, &bytes)?;
     let policy = gw.config().policy(tool.as_str());
-    let begun = gw
-        .engine()
-        .begin(call, &policy)
-        .await
-        .map_err(|e| Problem::from_engine(&e))?;
+    let span = call_span(&headers, &tenant.id, &tool);
+    let begun = gw.engine().begin(call, &policy).instrument(span).await;
+    let begun = begun.map_err(|e| Problem::from_engine(&e))?;
     let ticket = match begun {
         Begun::Execute(ticket) => ticket,
         Begun::PassThrough => return Ok(Json(json!({"decision": "pass_through"})).into_response()),
@@ -61,6 +61,20 @@ pub(crate) async fn begin(
     let mut res = (StatusCode::CREATED, Json(body)).into_response();
     set_record_headers(res.headers_mut(), false, ticket.rule, None, None);
     Ok(res)
+}
+
+/// The span of a coordination request, under the caller's trace context: the reservation of a
+/// call (`begin`, whose `idemgate.reserve` says what was decided) or the recording of its outcome
+/// (`complete`, `release`, `ambiguous`, with the answer's attributes).
+fn call_span(headers: &HeaderMap, tenant: &TenantId, tool: &ToolName) -> tracing::Span {
+    let caller = crate::headers::trace_context(headers);
+    idemgate_trace::call_span(
+        idemgate_trace::Door::Http,
+        tenant.as_str(),
+        tool.as_str(),
+        None,
+        caller.as_ref(),
+    )
 }
 
 /// The body of `heartbeat`.
@@ -160,6 +174,7 @@ pub(crate) async fn complete(
     State(gw): State<Gateway>,
     Caller(tenant): Caller,
     Path(tool): Path<String>,
+    headers: HeaderMap,
     body: Body,
 ) -> Result<Response, Problem> {
     let (b, policy, ticket) = held_request::<CompleteBody>(&gw, &tenant.id, &tool, body).await?;
@@ -168,7 +183,7 @@ pub(crate) async fn complete(
         idemgate::OutcomeKind::Success => Effect::Success(outcome.body),
         idemgate::OutcomeKind::Failed => Effect::Failed(outcome.body),
     };
-    report(&gw, &tenant, &policy, &ticket, effect).await
+    report(&gw, &tenant, &policy, &ticket, effect, &headers).await
 }
 
 /// `POST /v1/tools/{tool}/release`.
@@ -176,11 +191,12 @@ pub(crate) async fn release(
     State(gw): State<Gateway>,
     Caller(tenant): Caller,
     Path(tool): Path<String>,
+    headers: HeaderMap,
     body: Body,
 ) -> Result<Response, Problem> {
     let (b, policy, ticket) = held_request::<ReasonBody>(&gw, &tenant.id, &tool, body).await?;
     let effect = Effect::not_applied(b.reason.unwrap_or_default());
-    report(&gw, &tenant, &policy, &ticket, effect).await
+    report(&gw, &tenant, &policy, &ticket, effect, &headers).await
 }
 
 /// `POST /v1/tools/{tool}/ambiguous`.
@@ -188,11 +204,12 @@ pub(crate) async fn ambiguous(
     State(gw): State<Gateway>,
     Caller(tenant): Caller,
     Path(tool): Path<String>,
+    headers: HeaderMap,
     body: Body,
 ) -> Result<Response, Problem> {
     let (b, policy, ticket) = held_request::<ReasonBody>(&gw, &tenant.id, &tool, body).await?;
     let effect = Effect::Ambiguous(b.reason.unwrap_or_default());
-    report(&gw, &tenant, &policy, &ticket, effect).await
+    report(&gw, &tenant, &policy, &ticket, effect, &headers).await
 }
 
 /// Records what the caller reported under its lease and answers. The write runs in a task of its
@@ -203,16 +220,22 @@ async fn report(
     policy: &ToolPolicy,
     ticket: &Ticket,
     effect: Effect,
+    headers: &HeaderMap,
 ) -> Result<Response, Problem> {
-    let (gw2, t2) = (gw.clone(), ticket.clone());
-    let answer = tokio::spawn(async move { gw2.engine().finish(&t2, effect).await })
-        .await
-        .map_err(|e| {
-            Problem::of(
-                Verdict::Unrecorded,
-                format!("failed to record the outcome: {e}"),
-            )
-        })?;
+    // The caller ran the side effect (under its own span); this span is the recording of it.
+    let span = call_span(headers, &ticket.key.tenant, &ticket.key.tool);
+    let (gw2, t2, recorded) = (gw.clone(), ticket.clone(), span.clone());
+    let finished = async move {
+        let answer = gw2.engine().finish(&t2, effect).await;
+        idemgate_trace::record_answer(&recorded, &answer);
+        answer
+    };
+    let answer = tokio::spawn(finished.instrument(span)).await.map_err(|e| {
+        Problem::of(
+            Verdict::Unrecorded,
+            format!("failed to record the outcome: {e}"),
+        )
+    })?;
     tenant.live.release(&ticket.key.digest());
     respond(answer, Shape::Coordination, policy)
 }

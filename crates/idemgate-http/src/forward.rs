@@ -11,7 +11,9 @@ use bytes::Bytes;
 use idemgate::key::hex;
 use idemgate::{Call, Effect, ToolPolicy};
 use idemgate_kit::Payload;
+use idemgate_trace::{Door, TraceContext};
 use tokio::time::Instant;
+use tracing::Instrument as _;
 
 use crate::answer::{respond, Shape};
 use crate::auth::{Caller, Tenant};
@@ -72,9 +74,18 @@ pub(crate) async fn call(
     let bytes = request::read_body(body).await?;
     let call = request::call(&tenant.id, &tool, &headers, &bytes)?;
     let policy = gw.config().policy(tool.as_str());
+    let caller = crate::headers::trace_context(&headers);
+    let span = idemgate_trace::call_span(
+        Door::Http,
+        tenant.id.as_str(),
+        tool.as_str(),
+        None,
+        caller.as_ref(),
+    );
     // Runs in a task of its own: a caller that hangs up must not cut the side effect off between
     // sending it upstream and recording what came back.
-    let task = tokio::spawn(forward(gw, tenant, call, policy, upstream, bytes));
+    let forwarded = forward(gw, tenant, call, policy, upstream, bytes, caller);
+    let task = tokio::spawn(forwarded.instrument(span));
     task.await.unwrap_or_else(|e| {
         Err(Problem::store_unavailable(format!(
             "failed to finish the call: {e}"
@@ -89,6 +100,7 @@ async fn forward(
     policy: ToolPolicy,
     upstream: String,
     body: Bytes,
+    caller: Option<TraceContext>,
 ) -> Result<Response, Problem> {
     let deadline = upstream_deadline(gw.config().server.request_timeout);
     // The record's name, known before the engine reserves it, so the downstream key can be sent.
@@ -102,7 +114,8 @@ async fn forward(
             .begin(call, &policy)
             .await
             .map_err(|e| Problem::from_engine(&e))?;
-        return match send(&gw, &upstream, None, body, deadline).await {
+        let trace = idemgate_trace::outgoing(caller.as_ref());
+        return match send(&gw, &upstream, None, trace, body, deadline).await {
             Ok(up) => Ok(up.into_response()),
             Err(e) => Err(unreachable(&e)),
         };
@@ -120,16 +133,16 @@ async fn forward(
                 *refused = true;
                 return Effect::not_applied("quota exceeded");
             }
-            let sent = send(&gw, &upstream, Some(hex(&digest)), body, deadline).await;
+            // Inside the engine's `idemgate.effect`: the upstream's spans are its children.
+            let trace = idemgate_trace::outgoing(caller.as_ref());
+            let sent = send(&gw, &upstream, Some(hex(&digest)), trace, body, deadline).await;
             tenant.live.release(&digest);
             classify(sent)
         }
     };
-    let answer = gw
-        .engine()
-        .call_with_policy(call, &policy, effect)
-        .await
-        .map_err(|e| Problem::from_engine(&e))?;
+    let result = gw.engine().call_with_policy(call, &policy, effect).await;
+    idemgate_trace::record(&tracing::Span::current(), &result);
+    let answer = result.map_err(|e| Problem::from_engine(&e))?;
     if quota_exceeded {
         gw.quota_exceeded(&named.key);
         return Err(Problem::quota_exceeded(tenant.live.max()));
@@ -181,6 +194,7 @@ async fn send(
     gw: &Gateway,
     url: &str,
     key: Option<String>,
+    trace: Option<TraceContext>,
     body: Bytes,
     timeout: Duration,
 ) -> Result<Upstream, reqwest::Error> {
@@ -192,6 +206,12 @@ async fn send(
         .timeout(timeout);
     if let Some(k) = key {
         req = req.header(IDEMPOTENCY_KEY, k);
+    }
+    if let Some(trace) = trace {
+        req = req.header("traceparent", trace.traceparent());
+        if let Some(state) = trace.tracestate() {
+            req = req.header("tracestate", state);
+        }
     }
     let res = req.send().await?;
     let status = res.status();

@@ -44,3 +44,8 @@ pub(crate) fn set_record_headers(
         }
     }
 }
+
+/// The caller's W3C trace context (`traceparent`, `tracestate`), when it sent a valid one.
+pub(crate) fn trace_context(headers: &HeaderMap) -> Option<idemgate_trace::TraceContext> {
+    idemgate_trace::TraceContext::from_carrier(|name| headers.get(name)?.to_str().ok())
+}

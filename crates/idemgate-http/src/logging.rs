@@ -22,8 +22,29 @@ where
         .finish()
 }
 
-/// Installs the JSON subscriber on standard error for the whole process; a no-op when one is
-/// installed already (tests, embedding programs).
-pub fn init() {
-    let _ = tracing::subscriber::set_global_default(subscriber(std::io::stderr));
+/// Installs, for the whole process, the JSON logs on standard error and, when the standard
+/// `OTEL_EXPORTER_OTLP_*` variables point at a collector, the export of idemgate's spans
+/// (`idemgate-trace`). Keep the returned pipeline until the process ends: dropping it sends the
+/// spans not sent yet. Logs are a no-op when a subscriber is installed already (tests, embedding
+/// programs).
+///
+/// # Errors
+/// When the OpenTelemetry variables ask for what idemgate cannot do (`http/json`, an exporter
+/// other than OTLP) or name a malformed endpoint.
+pub fn init() -> Result<Option<idemgate_trace::Tracing>, idemgate_trace::TraceError> {
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::Layer as _;
+    let traces = idemgate_trace::Tracing::from_env("idemgate")?;
+    let filter = EnvFilter::try_from_env(LOG_ENV).unwrap_or_else(|_| EnvFilter::new("info"));
+    let logs = tracing_subscriber::fmt::layer()
+        .json()
+        .with_current_span(false)
+        .with_span_list(false)
+        .with_writer(std::io::stderr)
+        .with_filter(filter);
+    let subscriber = tracing_subscriber::registry()
+        .with(logs)
+        .with(traces.as_ref().map(|t| t.layer()));
+    let _ = tracing::subscriber::set_global_default(subscriber);
+    Ok(traces)
 }

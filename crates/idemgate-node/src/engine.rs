@@ -7,8 +7,11 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+
+use idemgate_trace::{Door, SplitCall, TraceContext};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
+use tracing::Instrument as _;
 
 use idemgate::caller::without_blocking;
 use idemgate::{
@@ -32,6 +35,8 @@ const FLUSH_EVERY: Duration = Duration::from_secs(5);
 struct Running {
     ticket: Ticket,
     lease: u64,
+    /// The call's spans, ended by `finish`.
+    trace: Arc<SplitCall>,
 }
 
 /// What the engine's calls share.
@@ -117,6 +122,12 @@ pub struct CallInit {
     pub policy: PolicyInit,
     /// Where the call was made (a conversation): the fallback window joins only its calls.
     pub scope: Option<String>,
+    /// The caller's W3C `traceparent` (the package passes its active OpenTelemetry span's).
+    pub traceparent: Option<String>,
+    /// The caller's W3C `tracestate`.
+    pub tracestate: Option<String>,
+    /// The model's tool call id, for the call's span (`gen_ai.tool.call.id`).
+    pub call_id: Option<String>,
 }
 
 /// A duration given in seconds; `what` names it in the error.
@@ -163,6 +174,8 @@ pub async fn open_engine(
     let refused = |reply: Value| Error::from_reason(reply.to_string());
     let bad = |message: String| refused(json!({ "error": "misconfigured", "message": message }));
     let tenant = TenantId::new(&tenant).map_err(|e| bad(e.to_string()))?;
+    // Traces, when the OTEL_* variables ask: set up (or refused, by name) before any call.
+    idemgate_trace::install_for_process("idemgate").map_err(bad)?;
     let journal_dir = journal.map(std::path::PathBuf::from);
     let (url, journal_dir) = idemgate::store_and_journal(url.as_deref(), journal_dir.as_deref())
         .map_err(|e| bad(e.to_string()))?;
@@ -238,12 +251,19 @@ impl Shared {
 
     /// Keeps the lease of a call allowed to run until its function reports (`finish`); the
     /// ticket id `finish` names it by.
-    fn hold(&self, ticket: Ticket) -> u32 {
+    fn hold(&self, ticket: Ticket, trace: Arc<SplitCall>) -> u32 {
         let lease = self.leases.hold(&ticket);
         // Ticket ids wrap past u32 (JavaScript numbers); a ticket lives for one call only.
         let id = self.next_ticket.fetch_add(1, Ordering::Relaxed) as u32;
         if let Ok(mut running) = self.running.lock() {
-            running.insert(id, Running { ticket, lease });
+            running.insert(
+                id,
+                Running {
+                    ticket,
+                    lease,
+                    trace,
+                },
+            );
         }
         id
     }
@@ -324,13 +344,30 @@ impl NativeEngine {
     #[napi(ts_return_type = "string | Promise<string>")]
     pub fn begin<'env>(&self, env: &'env Env, call: CallInit) -> Result<Reply<'env>> {
         self.shared.check_open()?;
+        let caller = call
+            .traceparent
+            .as_deref()
+            .and_then(|tp| TraceContext::parse(tp, call.tracestate.as_deref()));
+        let trace = Arc::new(SplitCall::start(
+            Door::Node,
+            self.shared.tenant.as_str(),
+            &call.tool,
+            call.call_id.as_deref(),
+            caller.as_ref(),
+        ));
         let (call, policy) = match self.shared.call(call)? {
             Ok(call) => call,
             Err(refused) => return Ok(Either::A(refused.to_string())),
         };
         let shared = Arc::clone(&self.shared);
         now_or_later(env, async move {
-            let out = match shared.engine.begin(call, &policy).await {
+            let begun = shared
+                .engine
+                .begin(call, &policy)
+                .instrument(trace.span())
+                .await;
+            trace.begun(&begun);
+            let out = match begun {
                 Err(e) => reply::engine_error(&e),
                 Ok(Begun::PassThrough) => json!({ "pass_through": true }),
                 Ok(Begun::Answered(answer)) => reply::answer(&answer),
@@ -341,7 +378,11 @@ impl NativeEngine {
                         "fence": ticket.lease.fence,
                         "digest": idemgate::key::hex(&ticket.key.digest()),
                     });
-                    facts["execute"] = shared.hold(ticket).into();
+                    // What the function hands on: the side effect's span, or the caller's.
+                    if let Some(out) = trace.outgoing(caller.as_ref()) {
+                        facts["traceparent"] = out.traceparent().into();
+                    }
+                    facts["execute"] = shared.hold(ticket, trace).into();
                     facts
                 }
             };
@@ -367,7 +408,12 @@ impl NativeEngine {
             .lock()
             .ok()
             .and_then(|mut r| r.remove(&id));
-        let Some(Running { ticket, lease }) = running else {
+        let Some(Running {
+            ticket,
+            lease,
+            trace,
+        }) = running
+        else {
             return Err(Error::from_reason(
                 "this ticket was already finished: report each call's outcome once",
             ));
@@ -382,7 +428,14 @@ impl NativeEngine {
                 // Nothing is recorded for a report the package spelt wrong; the lease keeps
                 // being renewed until one it can record arrives.
                 if let Ok(mut r) = self.shared.running.lock() {
-                    r.insert(id, Running { ticket, lease });
+                    r.insert(
+                        id,
+                        Running {
+                            ticket,
+                            lease,
+                            trace,
+                        },
+                    );
                 }
                 return Err(Error::from_reason(why));
             }
@@ -390,8 +443,14 @@ impl NativeEngine {
         // The lease has at least two thirds of its time left: finishing needs no more beats.
         self.shared.leases.drop_lease(lease);
         let shared = Arc::clone(&self.shared);
+        trace.effect_done();
         now_or_later(env, async move {
-            let answer = shared.engine.finish(&ticket, reported).await;
+            let answer = shared
+                .engine
+                .finish(&ticket, reported)
+                .instrument(trace.span())
+                .await;
+            trace.finished(&answer);
             Ok(match not_json {
                 Some(why) => json!({ "error": "not_json", "message": why }),
                 None => reply::answer(&answer),
@@ -559,4 +618,18 @@ impl NativeEngine {
         self.shared.closed.store(true, Ordering::Release);
         drop(self.shared.flusher.lock().ok().and_then(|mut f| f.take()));
     }
+}
+
+/// Whether this process exports idemgate's spans (the OTEL_* variables point at a collector):
+/// the package then passes its active span's context with each call. Throws when the variables
+/// ask for what idemgate cannot do.
+#[napi]
+pub fn tracing() -> Result<bool> {
+    idemgate_trace::install_for_process("idemgate").map_err(Error::from_reason)
+}
+
+/// Sends the spans ended so far to the collector (the package calls it at exit).
+#[napi]
+pub fn flush_traces() {
+    idemgate_trace::flush_process();
 }

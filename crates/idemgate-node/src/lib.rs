@@ -22,7 +22,7 @@ mod engine;
 mod keys;
 mod reply;
 
-pub use engine::{open_engine, CallInit, NativeEngine, PolicyInit};
+pub use engine::{flush_traces, open_engine, tracing, CallInit, NativeEngine, PolicyInit};
 pub use keys::{check_key, derive_key, fingerprint, mint_key, verdict_labels};
 
 /// The runtime the addon's store calls run on: one worker thread unless

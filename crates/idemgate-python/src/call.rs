@@ -24,6 +24,10 @@ pub(crate) struct PyTicket {
     shared: Arc<Shared>,
     /// The lease kept alive while the function runs; `None` once finished.
     lease: Mutex<Option<u64>>,
+    /// The call's spans (exported when the OTEL_* variables ask), ended by `finish`.
+    pub(crate) trace: Arc<idemgate_trace::SplitCall>,
+    /// The caller's trace context, for `traceparent` when spans are not exported.
+    caller: Option<idemgate_trace::TraceContext>,
 }
 
 impl PyTicket {
@@ -61,6 +65,13 @@ impl PyTicket {
     fn fence(&self) -> u64 {
         self.ticket.lease.fence
     }
+    /// The W3C `traceparent` to hand to what the function calls: idemgate's `idemgate.effect`
+    /// span when traces are exported, else the caller's own context; `None` without either.
+    #[getter]
+    fn traceparent(&self) -> Option<String> {
+        let trace = self.trace.outgoing(self.caller.as_ref())?;
+        Some(trace.traceparent().to_owned())
+    }
     /// The downstream key of the action: the record's 64-hex digest (SHA-256 of tenant, tool and
     /// key), what `idemgate mcp` fills a tool's `idempotency_key` argument with.
     #[getter]
@@ -80,8 +91,9 @@ impl PyTicket {
 pub(crate) fn begun(
     py: Python<'_>,
     shared: &Arc<Shared>,
-    begun: Result<Begun, EngineError>,
+    (begun, trace): Traced<Begun>,
 ) -> PyResult<Py<PyAny>> {
+    trace.0.begun(&begun);
     match begun {
         Err(e) => Err(engine_error(py, &e)),
         Ok(Begun::PassThrough) => Ok(py.None()),
@@ -93,6 +105,8 @@ pub(crate) fn begun(
                 ticket,
                 shared: Arc::clone(shared),
                 lease: Mutex::new(Some(lease)),
+                trace: trace.0,
+                caller: trace.1,
             };
             Ok(Py::new(py, t)?.into_any())
         }
@@ -105,14 +119,29 @@ pub(crate) fn begun(
 pub(crate) fn begun_value(
     py: Python<'_>,
     shared: &Arc<Shared>,
-    result: Result<Begun, EngineError>,
+    (result, trace): Traced<Begun>,
 ) -> PyResult<Py<PyAny>> {
     match result {
-        Ok(Begun::PassThrough) => Ok(passed_through(py)?.clone_ref(py)),
-        Ok(Begun::Answered(answer)) => value_of(py, answer),
-        other => begun(py, shared, other),
+        Ok(Begun::PassThrough) => {
+            trace.0.begun(&result);
+            Ok(passed_through(py)?.clone_ref(py))
+        }
+        Ok(Begun::Answered(answer)) => {
+            trace.0.finished(&answer);
+            value_of(py, answer)
+        }
+        other => begun(py, shared, (other, trace)),
     }
 }
+
+/// A result of `begin` with the call's spans and the caller's trace context.
+pub(crate) type Traced<T> = (
+    Result<T, EngineError>,
+    (
+        Arc<idemgate_trace::SplitCall>,
+        Option<idemgate_trace::TraceContext>,
+    ),
+);
 
 /// `idemgate._native.PASSED_THROUGH`: what `begin(..., value=True)` answers for a read or a naturally
 /// idempotent tool (run it, nothing is recorded); an object of its own, made once.
@@ -184,6 +213,14 @@ mod tests {
     use idemgate::Effect;
     use idemgate_kit::Payload;
 
+    /// The spans of a call made where no pipeline is installed (disabled).
+    fn untraced() -> Arc<idemgate_trace::SplitCall> {
+        let door = idemgate_trace::Door::Python;
+        Arc::new(idemgate_trace::SplitCall::start(
+            door, "t", "tool", None, None,
+        ))
+    }
+
     #[tokio::test]
     async fn a_ticket_lets_its_lease_go_once() {
         // What makes a second `finish` of one ticket raise, and what stops its heartbeats.
@@ -194,6 +231,8 @@ mod tests {
             ticket: t,
             shared: Arc::clone(&shared),
             lease: Mutex::new(Some(lease)),
+            trace: untraced(),
+            caller: None,
         };
         assert_eq!(shared.leases.held(), 1);
         assert!(t.stop_heartbeat());
@@ -207,8 +246,9 @@ mod tests {
         let shared = memory_engine().await;
         Python::initialize();
         Python::attach(|py| {
-            let first = begun_value(py, &shared, Ok(Begun::PassThrough)).unwrap();
-            let again = begun_value(py, &shared, Ok(Begun::PassThrough)).unwrap();
+            let pass = || (Ok(Begun::PassThrough), (untraced(), None));
+            let first = begun_value(py, &shared, pass()).unwrap();
+            let again = begun_value(py, &shared, pass()).unwrap();
             assert!(first.is(&again));
             assert!(!first.is_none(py));
         });
@@ -235,6 +275,8 @@ mod tests {
             ticket: t,
             shared: Arc::clone(&shared),
             lease: Mutex::new(Some(lease)),
+            trace: untraced(),
+            caller: None,
         });
         assert_eq!(shared.leases.held(), 0);
     }

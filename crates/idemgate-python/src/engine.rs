@@ -18,6 +18,7 @@ use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use tokio::runtime::{Handle, Runtime};
+use tracing::Instrument as _;
 
 use crate::answer::{engine_error, open_error, reply, settled};
 use crate::call::{begun, begun_value, effect, PyTicket};
@@ -74,6 +75,28 @@ fn answered(quiet: bool) -> ToPython<Answer> {
 }
 
 impl Engine {
+    /// A call's spans, under the caller's context when it sent a valid one.
+    fn trace(
+        &self,
+        tool: &str,
+        call_id: Option<&str>,
+        traceparent: Option<&str>,
+        tracestate: Option<&str>,
+    ) -> (
+        Arc<idemgate_trace::SplitCall>,
+        Option<idemgate_trace::TraceContext>,
+    ) {
+        let caller = traceparent.and_then(|tp| idemgate_trace::TraceContext::parse(tp, tracestate));
+        let split = idemgate_trace::SplitCall::start(
+            idemgate_trace::Door::Python,
+            self.shared.tenant.as_str(),
+            tool,
+            call_id,
+            caller.as_ref(),
+        );
+        (Arc::new(split), caller)
+    }
+
     /// The record name of `(tool, key)` in this engine's tenant; bad names are `ValueError`s.
     fn key_named(&self, tool: &str, key: &str) -> PyResult<Key> {
         Ok(Key::new(
@@ -104,6 +127,8 @@ impl Engine {
         verifiers: Option<std::collections::HashMap<String, Py<PyAny>>>,
     ) -> PyResult<Self> {
         let tenant = TenantId::new(tenant).map_err(|e| PyValueError::new_err(e.to_string()))?;
+        // Traces, when the OTEL_* variables ask: set up (or refused, by name) before any call.
+        idemgate_trace::install_for_process("idemgate").map_err(PyRuntimeError::new_err)?;
         let (url, journal_dir) = idemgate::store_and_journal(url, journal.as_deref())
             .map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
         let runtime = crate::runtime::start(worker_threads)?;
@@ -169,6 +194,19 @@ impl Engine {
         }
     }
 
+    /// Whether this process exports idemgate's spans (the OTEL_* variables point at a
+    /// collector): the package then passes its current span's context to `begin`.
+    #[staticmethod]
+    fn tracing() -> PyResult<bool> {
+        idemgate_trace::install_for_process("idemgate").map_err(PyRuntimeError::new_err)
+    }
+
+    /// Sends the spans ended so far to the collector (the package calls it at exit).
+    #[staticmethod]
+    fn flush_traces(py: Python<'_>) {
+        py.detach(idemgate_trace::flush_process);
+    }
+
     /// The store's URL.
     #[getter]
     fn url(&self) -> &str {
@@ -198,7 +236,10 @@ impl Engine {
     /// (`@idempotent`): a replay answers its stored value itself and a pass-through
     /// `PASSED_THROUGH` (`None` is a value a replay may give); the rest is the same. Saves
     /// building the `Result` (its times, labels and dataclass).
-    #[pyo3(signature = (tool, key, args, policy, *, scope = None, value = false))]
+    ///
+    /// `traceparent`/`tracestate`: the caller's W3C trace context (the package passes its
+    /// OpenTelemetry current span's); `call_id`: the model's tool call id, for the call's span.
+    #[pyo3(signature = (tool, key, args, policy, *, scope = None, value = false, traceparent = None, tracestate = None, call_id = None))]
     #[allow(clippy::too_many_arguments)] // Python's signature: each is one of its arguments
     fn begin(
         &self,
@@ -209,12 +250,17 @@ impl Engine {
         policy: &Policy,
         scope: Option<&str>,
         value: bool,
+        traceparent: Option<&str>,
+        tracestate: Option<&str>,
+        call_id: Option<&str>,
     ) -> PyResult<Py<PyAny>> {
         let call = self.call(py, tool, key, args, scope)?;
-        let result = self.run(py, self.shared.engine.begin(call, &policy.0))?;
+        let trace = self.trace(tool, call_id, traceparent, tracestate);
+        let begin = self.shared.engine.begin(call, &policy.0);
+        let result = self.run(py, begin.instrument(trace.0.span()))?;
         match value {
-            true => begun_value(py, &self.shared, result),
-            false => begun(py, &self.shared, result),
+            true => begun_value(py, &self.shared, (result, trace)),
+            false => begun(py, &self.shared, (result, trace)),
         }
     }
 
@@ -234,13 +280,16 @@ impl Engine {
     ) -> PyResult<Py<PyAny>> {
         let reported = effect(effect_kind, body).map_err(PyValueError::new_err)?;
         let t = Self::ticket(ticket)?;
-        let answer = self.run(py, self.shared.engine.finish(&t.ticket, reported))?;
+        t.trace.effect_done();
+        let finish = self.shared.engine.finish(&t.ticket, reported);
+        let answer = self.run(py, finish.instrument(t.trace.span()))?;
+        t.trace.finished(&answer);
         answered(quiet)(py, &self.shared, answer)
     }
 
     /// As `begin`, on the engine's runtime: calls `done(ok, value)` (from a runtime thread, with
     /// the GIL) with what `begin` returns or raises (`value=True`: as `begin(..., value=True)`).
-    #[pyo3(signature = (tool, key, args, policy, done, *, scope = None, value = false))]
+    #[pyo3(signature = (tool, key, args, policy, done, *, scope = None, value = false, traceparent = None, tracestate = None, call_id = None))]
     #[allow(clippy::too_many_arguments)] // Python's signature: each is one of its arguments
     fn begin_async(
         &self,
@@ -252,13 +301,20 @@ impl Engine {
         done: Py<PyAny>,
         scope: Option<&str>,
         value: bool,
+        traceparent: Option<&str>,
+        tracestate: Option<&str>,
+        call_id: Option<&str>,
     ) -> PyResult<()> {
         let call = self.call(py, tool, key, args, scope)?;
         let policy = policy.0.clone();
         let engine = Arc::clone(&self.shared.engine);
+        let trace = self.trace(tool, call_id, traceparent, tracestate);
         self.answer_async(
             py,
-            async move { engine.begin(call, &policy).await },
+            async move {
+                let span = trace.0.span();
+                (engine.begin(call, &policy).instrument(span).await, trace)
+            },
             if value { begun_value } else { begun },
             done,
         )
@@ -278,11 +334,19 @@ impl Engine {
     ) -> PyResult<()> {
         let reported = effect(effect_kind, body).map_err(PyValueError::new_err)?;
         Self::ticket(ticket)?;
-        let ticket = ticket.get().ticket.clone();
+        let (trace, ticket) = (Arc::clone(&ticket.get().trace), ticket.get().ticket.clone());
+        trace.effect_done();
         let engine = Arc::clone(&self.shared.engine);
         self.answer_async(
             py,
-            async move { engine.finish(&ticket, reported).await },
+            async move {
+                let answer = engine
+                    .finish(&ticket, reported)
+                    .instrument(trace.span())
+                    .await;
+                trace.finished(&answer);
+                answer
+            },
             answered(quiet),
             done,
         )

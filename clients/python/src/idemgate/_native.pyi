@@ -49,6 +49,9 @@ class Ticket:
     def fence(self) -> int: ...
     @property
     def digest(self) -> str: ...
+    @property
+    def traceparent(self) -> str | None:
+        """The W3C ``traceparent`` to hand to what the function calls."""
 
 @final
 class Answer:
@@ -96,6 +99,10 @@ class Engine:
     @property
     def tenant(self) -> str: ...
     def close(self) -> None: ...
+    @staticmethod
+    def tracing() -> bool: ...
+    @staticmethod
+    def flush_traces() -> None: ...
     @overload
     def begin(
         self,
@@ -106,6 +113,9 @@ class Engine:
         *,
         scope: str | None = None,
         value: Literal[False] = False,
+        traceparent: str | None = None,
+        tracestate: str | None = None,
+        call_id: str | None = None,
     ) -> Ticket | Result | None: ...
     @overload
     def begin(
@@ -117,6 +127,9 @@ class Engine:
         *,
         scope: str | None = None,
         value: Literal[True],
+        traceparent: str | None = None,
+        tracestate: str | None = None,
+        call_id: str | None = None,
     ) -> Any:
         """A ``Ticket``, ``PASSED_THROUGH`` or a replay's stored value."""
     @overload
@@ -137,6 +150,9 @@ class Engine:
         *,
         scope: str | None = None,
         value: bool = False,
+        traceparent: str | None = None,
+        tracestate: str | None = None,
+        call_id: str | None = None,
     ) -> None: ...
     def finish_async(
         self, ticket: Ticket, effect_kind: str, body: str, done: Done, *, quiet: bool = False

@@ -45,6 +45,7 @@ import atexit
 import contextvars
 import functools
 import getpass
+import importlib
 import inspect
 import json
 import threading
@@ -294,6 +295,30 @@ _OPEN: weakref.WeakSet[_native.Engine] = weakref.WeakSet()
 def _close_open_engines() -> None:
     for engine in list(_OPEN):
         engine.close()
+    if _TRACING:
+        _native.Engine.flush_traces()
+
+
+# Whether idemgate's spans are exported (the OTEL_* variables point at a collector; read when the
+# first engine opens). Only then is the caller's current span read for each call.
+_TRACING = False
+_NO_TRACE: tuple[str | None, str | None] = (None, None)
+
+
+def _caller_trace() -> tuple[str | None, str | None]:
+    """The W3C ``traceparent`` and ``tracestate`` of OpenTelemetry's current span, when the
+    ``opentelemetry-api`` package is installed and a valid span is current: idemgate's spans for
+    the call are then its children."""
+    try:
+        trace = importlib.import_module("opentelemetry.trace")
+    except ImportError:
+        return _NO_TRACE
+    context = trace.get_current_span().get_span_context()
+    if not context.is_valid:
+        return _NO_TRACE
+    state = context.trace_state.to_header() if context.trace_state else ""
+    parent = f"00-{context.trace_id:032x}-{context.span_id:016x}-{int(context.trace_flags):02x}"
+    return parent, state or None
 
 
 class Engine:
@@ -317,6 +342,8 @@ class Engine:
         }
         self._overridden: dict[tuple[str, tuple[tuple[str, Any], ...]], tuple[Policy, Policy]] = {}
         _OPEN.add(native)
+        global _TRACING
+        _TRACING = _native.Engine.tracing()
 
     def close(self) -> None:
         """Stops the engine's runtime, waiting (up to 5 s) for what its threads are doing;
@@ -514,7 +541,16 @@ class Engine:
         ``OutcomeUnknown`` (the first time after up to 2 s, see the module documentation). See the module documentation for what ``fn`` may raise and return
         (JSON types; anything else raises ``TypeError`` and the record is unknown at once).
         """
-        begun = self.native.begin(tool, key, args, self._policy(tool, overrides), scope=scope)
+        parent, state = _caller_trace() if _TRACING else _NO_TRACE
+        begun = self.native.begin(
+            tool,
+            key,
+            args,
+            self._policy(tool, overrides),
+            scope=scope,
+            traceparent=parent,
+            tracestate=state,
+        )
         if begun is None:
             return _passed_through(fn())
         if isinstance(begun, Result):
@@ -610,8 +646,11 @@ class Engine:
         cancelling it while the key is being reserved frees the key."""
         native = self.native
         policy = self._policy(tool, overrides)
+        parent, state = _caller_trace() if _TRACING else _NO_TRACE
         begun = await self._future(
-            lambda done: native.begin_async(tool, key, args, policy, done, scope=scope)
+            lambda done: native.begin_async(
+                tool, key, args, policy, done, scope=scope, traceparent=parent, tracestate=state
+            )
         )
         if begun is None:
             value = fn()
@@ -744,8 +783,18 @@ def idempotent(
                 k = key(*a, **kw) if key is not None else None
                 payload = args(*a, **kw) if args is not None else _default_args(a, kw)
                 policy = policy_now()
+                parent, state = _caller_trace() if _TRACING else _NO_TRACE
                 begun = await engine._future(
-                    lambda done: native.begin_async(name, k, payload, policy, done, value=True)
+                    lambda done: native.begin_async(
+                        name,
+                        k,
+                        payload,
+                        policy,
+                        done,
+                        value=True,
+                        traceparent=parent,
+                        tracestate=state,
+                    )
                 )
                 if type(begun) is Ticket:
                     return await engine._arun(name, begun, True, fn, *a, **kw)
@@ -766,7 +815,19 @@ def idempotent(
             # native module as it is, and a run's answer is not made (`_run`'s `quiet`).
             k = key(*a, **kw) if key is not None else None
             payload = args(*a, **kw) if args is not None else _default_args(a, kw)
-            begun = native.begin(name, k, payload, policy_now(), value=True)
+            if _TRACING:
+                parent, state = _caller_trace()
+                begun = native.begin(
+                    name,
+                    k,
+                    payload,
+                    policy_now(),
+                    value=True,
+                    traceparent=parent,
+                    tracestate=state,
+                )
+            else:
+                begun = native.begin(name, k, payload, policy_now(), value=True)
             if type(begun) is Ticket:
                 return engine._run(name, begun, True, fn, *a, **kw)
             if begun is _PASSED_THROUGH:

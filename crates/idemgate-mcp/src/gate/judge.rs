@@ -15,6 +15,7 @@ use idemgate_core::{
 use idemgate_kit::Payload;
 use serde::Deserialize;
 use serde_json::value::RawValue;
+use tracing::Instrument as _;
 
 use super::answer::{self, CallContext, META_CONVERSATION, META_KEY};
 use super::catalog::{Tool, KEY_ARGUMENTS};
@@ -242,14 +243,44 @@ impl<S: Store> Judge<S> {
         let write = policy.kind == ToolKind::Write;
         let timeout = self.config.call_timeout;
         let mut relay = None;
+        // The client's trace context, as MCP carries it: in the request's `_meta`.
+        let meta = request.params.get("_meta").and_then(|m| frame::object(m));
+        let caller = meta.as_ref().and_then(|m| {
+            idemgate_trace::TraceContext::from_carrier(|name| {
+                m.get(name)
+                    .and_then(|v| serde_json::from_str::<&str>(v.get()).ok())
+            })
+        });
+        let span = idemgate_trace::call_span(
+            idemgate_trace::Door::Mcp,
+            self.tenant.as_str(),
+            &request.name,
+            None,
+            caller.as_ref(),
+        );
+        if !span.is_disabled() {
+            use idemgate_trace::SpanExt as _;
+            span.set_attribute("mcp.method.name", "tools/call");
+            span.set_attribute("jsonrpc.request.id", id.clone());
+            span.set_attribute("idemgate.record_tool", request.scope.to_string());
+        }
         let result = self
             .engine
             .call_with_policy(call, &policy, || async {
+                // Inside the engine's `idemgate.effect`: the server's spans are its children.
+                let frame = match idemgate_trace::outgoing(caller.as_ref()) {
+                    Some(ours) if Some(&ours) != caller.as_ref() => {
+                        frame::with_trace(&frame, &ours).unwrap_or(frame)
+                    }
+                    _ => frame,
+                };
                 let (effect, reply) = effect(peer.forward(id, frame, write, timeout).await);
                 relay = reply;
                 effect
             })
+            .instrument(span.clone())
             .await;
+        idemgate_trace::record(&span, &result);
         answer::respond(&self.context(request, &policy), result, relay)
     }
 

@@ -132,6 +132,22 @@ pub(crate) fn with_param(line: &str, name: &str, value: &RawValue) -> Option<Str
     serde_json::to_string(&frame).ok()
 }
 
+/// `line` with the W3C trace context in `params._meta` (`traceparent`, and `tracestate` when
+/// there is one; a stale one removed), every other member kept as it was.
+pub(crate) fn with_trace(line: &str, trace: &idemgate_trace::TraceContext) -> Option<String> {
+    let frame: Object = serde_json::from_str(line).ok()?;
+    let mut meta = object(frame.get("params")?)?
+        .get("_meta")
+        .and_then(|m| object(m))
+        .unwrap_or_default();
+    meta.insert("traceparent".to_owned(), raw(&trace.traceparent()));
+    match trace.tracestate() {
+        Some(state) => meta.insert("tracestate".to_owned(), raw(&state)),
+        None => meta.remove("tracestate"),
+    };
+    with_param(line, "_meta", &raw(&meta))
+}
+
 /// `line` with `params.arguments` replaced (every other member kept as it was).
 pub(crate) fn with_arguments(line: &str, arguments: &Object) -> Option<String> {
     with_param(line, "arguments", &raw(arguments))

@@ -1,0 +1,211 @@
+"""`idemgate serve` (a `traceparent` header in, to the upstream) and `idemgate mcp` (the request's
+`_meta` in, to the MCP server's `_meta`)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import (
+    CALLER,
+    PROTOCOLS,
+    ROOT,
+    assert_call,
+    assert_secret_absent,
+    children,
+    door_env,
+    of_service,
+)
+from otlp_receiver import OtlpReceiver
+
+KEY = "invoice-889-secret"
+TOKEN = "trace-test-token-0123456789abcdef"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_gateway_forwards_its_effect_span_to_the_upstream(
+    receiver: OtlpReceiver, binary: Path, tmp_path: Path, protocol: str
+) -> None:
+    headers_seen: list[dict[str, str]] = []
+
+    class Upstream(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802
+            self.rfile.read(int(self.headers.get("content-length", "0")))
+            headers_seen.append({k.lower(): v for k, v in self.headers.items()})
+            body = b'{"charged": true}'
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    up = ThreadingHTTPServer(("127.0.0.1", 0), Upstream)
+    threading.Thread(target=up.serve_forever, daemon=True).start()
+    port = free_port()
+    config = tmp_path / "idemgate.toml"
+    config.write_text(
+        f'[server]\nlisten = "127.0.0.1:{port}"\nstore = "sqlite://{tmp_path / "r.db"}"\n'
+        f'journal = "{tmp_path / "journal"}"\n\n'
+        f'[[tenants]]\nid = "acme"\ntoken_sha256 = "{hashlib.sha256(TOKEN.encode()).hexdigest()}"\n\n'
+        f'[tools.charge]\nupstream = "http://127.0.0.1:{up.server_address[1]}/charge"\n'
+    )
+    service = f"serve-{protocol}"
+    log = open(tmp_path / "serve.log", "wb")
+    proc = subprocess.Popen(
+        [str(binary), "serve", "--config", str(config)],
+        env=door_env(receiver, protocol, service),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(f"{base}/healthz", timeout=2)
+                break
+            except OSError:
+                assert proc.poll() is None, (tmp_path / "serve.log").read_text()
+                assert time.monotonic() < deadline, "the gateway never answered /healthz"
+                time.sleep(0.05)
+        for _ in range(2):
+            req = urllib.request.Request(
+                f"{base}/v1/tools/charge/call",
+                data=b'{"amount": 4242}',
+                headers={
+                    "content-type": "application/json",
+                    "authorization": f"Bearer {TOKEN}",
+                    "idempotency-key": KEY,
+                    "traceparent": CALLER,
+                    "tracestate": "vendor=1",
+                },
+            )
+            with urllib.request.urlopen(req, timeout=30) as res:
+                assert res.status == 200
+        spans = of_service(
+            receiver.wait_for(
+                lambda s: [x["name"] for x in of_service(s, service)].count("execute_tool charge") == 2
+            ),
+            service,
+        )
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        up.shutdown()
+    ran = assert_call(spans, "charge", "http", "executed")
+    effect = children(spans, ran)["idemgate.effect"]
+    assert len(headers_seen) == 1, headers_seen
+    assert headers_seen[0]["traceparent"] == f"00-{ran['trace_id']}-{effect['span_id']}-01"
+    assert headers_seen[0]["tracestate"] == "vendor=1"
+    assert_call(spans, "charge", "http", "replayed")
+    assert_secret_absent(spans, KEY, "4242")
+
+
+def mcp_exchange(proc: subprocess.Popen[str], message: dict[str, Any]) -> dict[str, Any]:
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(json.dumps(message) + "\n")
+    proc.stdin.flush()
+    while True:
+        line = proc.stdout.readline()
+        assert line, "the proxy closed its output"
+        frame = json.loads(line)
+        if frame.get("id") == message["id"]:
+            return frame
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_mcp_proxy_takes_and_hands_on_meta_trace_context(
+    receiver: OtlpReceiver, binary: Path, tmp_path: Path, protocol: str
+) -> None:
+    service = f"mcp-{protocol}"
+    meta_log = tmp_path / "meta.jsonl"
+    server = ROOT / "crates" / "idemgate-cli" / "tests" / "fixtures" / "mcp_server.py"
+    env = door_env(
+        receiver,
+        protocol,
+        service,
+        FIXTURE_LOG=str(tmp_path / "fixture.log"),
+        FIXTURE_META=str(meta_log),
+    )
+    proc = subprocess.Popen(
+        [str(binary), "--store", f"sqlite://{tmp_path / 'r.db'}", "mcp", "--", sys.executable, str(server)],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=open(tmp_path / "mcp.log", "wb"),
+        text=True,
+    )
+    try:
+        init = mcp_exchange(
+            proc,
+            {
+                "jsonrpc": "2.0",
+                "id": 1,
+                "method": "initialize",
+                "params": {
+                    "protocolVersion": "2025-06-18",
+                    "capabilities": {},
+                    "clientInfo": {"name": "trace-test", "version": "1"},
+                },
+            },
+        )
+        assert "result" in init, init
+        proc.stdin.write(json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}) + "\n")  # type: ignore[union-attr]
+        for n in range(2):
+            answer = mcp_exchange(
+                proc,
+                {
+                    "jsonrpc": "2.0",
+                    "id": 10 + n,
+                    "method": "tools/call",
+                    "params": {
+                        "name": "count",
+                        "arguments": {"label": "a"},
+                        "_meta": {
+                            "dev.idemgate/idempotency-key": KEY,
+                            "traceparent": CALLER,
+                            "tracestate": "vendor=1",
+                        },
+                    },
+                },
+            )
+            assert "result" in answer, answer
+        spans = of_service(
+            receiver.wait_for(
+                lambda s: [x["name"] for x in of_service(s, service)].count("execute_tool count") == 2
+            ),
+            service,
+        )
+    finally:
+        assert proc.stdin is not None
+        proc.stdin.close()
+        proc.wait(timeout=30)
+    ran = assert_call(spans, "count", "mcp", "executed")
+    assert ran["attributes"]["mcp.method.name"] == "tools/call"
+    effect = children(spans, ran)["idemgate.effect"]
+    metas = [json.loads(line) for line in meta_log.read_text().splitlines()]
+    assert len(metas) == 1, metas
+    assert metas[0]["traceparent"] == f"00-{ran['trace_id']}-{effect['span_id']}-01"
+    assert metas[0]["tracestate"] == "vendor=1"
+    assert_call(spans, "count", "mcp", "replayed")
+    assert_secret_absent(spans, KEY)
