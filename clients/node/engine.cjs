@@ -108,7 +108,6 @@ function policyOf(options) {
   return p;
 }
 
-/** A call as the addon takes it (its optional fields absent, never null). */
 // Whether idemgate's spans are exported: the OTEL_* variables point at a collector (read by the
 // native engine when the first engine opens). Only then is the caller's active span looked at.
 let tracing = false;
@@ -135,6 +134,19 @@ function callerTrace() {
   };
 }
 
+/** Runs `fn` with `traceparent` (idemgate.effect's context, from `begin`) as the active span of
+ * `@opentelemetry/api`, so the spans the function makes (its HTTP client's, its own) are the
+ * effect's children. */
+function inEffect(traceparent, fn) {
+  if (!tracing || !traceparent || !otelApi) return fn();
+  const [, traceId, spanId, flags] = traceparent.split('-');
+  const effect = otelApi.trace.setSpanContext(otelApi.context.active(), {
+    traceId, spanId, traceFlags: parseInt(flags, 16), isRemote: false,
+  });
+  return otelApi.context.with(effect, fn);
+}
+
+/** A call as the addon takes it (its optional fields absent, never null). */
 const callInit = (tool, key, argsJson, policy, scope, callId) => ({
   tool,
   key: key ?? undefined,
@@ -310,7 +322,7 @@ class Engine {
     }
     let value;
     try {
-      value = await current.run(begun.digest, fn);
+      value = await current.run(begun.digest, () => inEffect(begun.traceparent, fn));
     } catch (e) {
       const [kind, body] = report(e);
       try {

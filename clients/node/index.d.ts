@@ -35,6 +35,8 @@ export interface CallOptions extends PolicyOptions {
   scope?: string | null;
   /** When it aborts the caller stops waiting; a function already running finishes and is recorded. */
   signal?: AbortSignal | null;
+  /** The model's tool call id, for the call's span (`gen_ai.tool.call.id`) when traces are exported. */
+  callId?: string | null;
 }
 
 /** The answer to a call that ended with a result. */

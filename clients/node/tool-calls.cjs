@@ -31,10 +31,13 @@ const scopedKey = (scope, callId) => (scope != null ? native.deriveKey(scope, ca
  * - else the framework's `callId`, scoped (the same id in another conversation is another
  *   action), with the window joining a re-emission of the action under a new id. */
 function nameAction({ callId = null, scope = null, businessKey = null, modelKey = null }) {
-  if (businessKey != null) return { key: businessKey, scope: null, window: false };
-  if (modelKey != null) return { key: scopedKey(scope, `${KEY_ARGUMENT}:${modelKey}`), scope, window: false };
-  if (scope == null) return { key: callId, scope: null, window: false };
-  return { key: callId != null ? scopedKey(scope, callId) : null, scope, window: true };
+  // `callId` is kept beside the action for the call's span (gen_ai.tool.call.id).
+  if (businessKey != null) return { key: businessKey, scope: null, window: false, callId };
+  if (modelKey != null) {
+    return { key: scopedKey(scope, `${KEY_ARGUMENT}:${modelKey}`), scope, window: false, callId };
+  }
+  if (scope == null) return { key: callId, scope: null, window: false, callId };
+  return { key: callId != null ? scopedKey(scope, callId) : null, scope, window: true, callId };
 }
 
 /** The re-emission window of a call in seconds (0: none): never without a scope. */
@@ -52,7 +55,8 @@ const jsonable = (value) => JSON.parse(jsonText(value));
  * tool, arguments), always in that order. Resolves to `{result, repeatOf}`: the answer of the
  * action's record, and the window's replay when the call was taken for a repeat of an earlier
  * identical call. `signal`: the caller stops waiting; the call is recorded all the same. */
-async function callOnce(engine, tool, action, args, fn, overrides, signal) {
+async function callOnce(engine, tool, action, args, fn, policy, signal) {
+  const overrides = { ...policy, callId: action.callId ?? undefined };
   const run = async () => jsonable(await fn());
   const window = windowOf(engine, tool, overrides, action);
   if (!window) {

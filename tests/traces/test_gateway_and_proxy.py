@@ -209,3 +209,96 @@ def test_mcp_proxy_takes_and_hands_on_meta_trace_context(
     assert metas[0]["tracestate"] == "vendor=1"
     assert_call(spans, "count", "mcp", "replayed")
     assert_secret_absent(spans, KEY)
+
+
+def mcp_post(url: str, message: dict[str, Any], headers: dict[str, str]) -> tuple[dict[str, Any] | None, dict[str, str]]:
+    """One Streamable HTTP POST: the JSON-RPC answer (from JSON or an SSE stream) and the headers."""
+    req = urllib.request.Request(
+        url,
+        data=json.dumps(message).encode(),
+        headers={
+            "content-type": "application/json",
+            "accept": "application/json, text/event-stream",
+            "mcp-protocol-version": "2025-06-18",
+            **headers,
+        },
+    )
+    with urllib.request.urlopen(req, timeout=30) as res:
+        got = {k.lower(): v for k, v in res.headers.items()}
+        body = res.read().decode()
+    if res.status == 202 or not body.strip():
+        return None, got
+    if got.get("content-type", "").startswith("text/event-stream"):
+        for line in body.splitlines():
+            if line.startswith("data:"):
+                frame = json.loads(line[5:])
+                if frame.get("id") == message.get("id"):
+                    return frame, got
+        raise AssertionError(f"no answer in the stream: {body}")
+    return json.loads(body), got
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_mcp_http_takes_the_traceparent_header(
+    receiver: OtlpReceiver, binary: Path, tmp_path: Path, protocol: str
+) -> None:
+    service = f"mcp-http-{protocol}"
+    meta_log = tmp_path / "meta.jsonl"
+    server = ROOT / "crates" / "idemgate-cli" / "tests" / "fixtures" / "mcp_server.py"
+    port = free_port()
+    env = door_env(
+        receiver, protocol, service, FIXTURE_LOG=str(tmp_path / "fixture.log"), FIXTURE_META=str(meta_log)
+    )
+    proc = subprocess.Popen(
+        [
+            str(binary), "--store", f"sqlite://{tmp_path / 'r.db'}", "mcp",
+            "--listen", f"127.0.0.1:{port}", "--", sys.executable, str(server),
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=open(tmp_path / "mcp.log", "wb"),
+    )
+    url = f"http://127.0.0.1:{port}/mcp"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                init, got = mcp_post(
+                    url,
+                    {
+                        "jsonrpc": "2.0",
+                        "id": 1,
+                        "method": "initialize",
+                        "params": {
+                            "protocolVersion": "2025-06-18",
+                            "capabilities": {},
+                            "clientInfo": {"name": "trace-test", "version": "1"},
+                        },
+                    },
+                    {},
+                )
+                break
+            except OSError:
+                assert proc.poll() is None, (tmp_path / "mcp.log").read_text()
+                assert time.monotonic() < deadline, "the proxy never answered"
+                time.sleep(0.05)
+        session = {"mcp-session-id": got["mcp-session-id"]}
+        mcp_post(url, {"jsonrpc": "2.0", "method": "notifications/initialized"}, session)
+        answer, _ = mcp_post(
+            url,
+            {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "count", "arguments": {"label": "h"}}},
+            {**session, "idempotency-key": KEY, "traceparent": CALLER},
+        )
+        assert answer is not None and "result" in answer, answer
+        spans = of_service(
+            receiver.wait_for(lambda s: [x["name"] for x in of_service(s, service)].count("execute_tool count") == 1),
+            service,
+        )
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    ran = assert_call(spans, "count", "mcp", "executed")
+    effect = children(spans, ran)["idemgate.effect"]
+    metas = [json.loads(line) for line in meta_log.read_text().splitlines()]
+    assert [m.get("traceparent") for m in metas] == [f"00-{ran['trace_id']}-{effect['span_id']}-01"]
+    assert_secret_absent(spans, KEY)

@@ -33,10 +33,15 @@ from idemgate import Engine, idempotent
 
 engine = Engine.open(sys.argv[1])
 ran = []
+inside = []
+
+def current_span_id():
+    return format(trace.get_current_span().get_span_context().span_id, "016x")
 
 @idempotent(engine, "refund", key=lambda amount: {KEY!r})
 def refund(amount):
     ran.append(amount)
+    inside.append(current_span_id())
     return {{"refunded": amount}}
 
 caller = NonRecordingSpan(SpanContext(
@@ -45,9 +50,8 @@ with trace.use_span(caller):
     refund(7070)
     refund(7070)
     # Engine.call, in the same current span.
-    seen = []
-    engine.call("note", "note-1", {{"n": 1}}, lambda: seen.append(1) or "ok")
-print(json.dumps({{"ran": ran}}))
+    engine.call("note", "note-1", {{"n": 1}}, lambda: "ok", call_id="call_4711")
+print(json.dumps({{"ran": ran, "inside": inside}}))
 """
 
 NODE_DOOR = f"""
@@ -59,25 +63,55 @@ api.context.setGlobalContextManager(new AsyncHooksContextManager().enable());
 (async () => {{
   const engine = await Engine.open(process.argv[2]);
   const ran = [];
-  const refund = idempotent(engine, 'refund', async (amount) => {{ ran.push(amount); return {{ refunded: amount }}; }},
-    {{ key: () => {KEY!r} }});
+  const inside = [];
+  const refund = idempotent(engine, 'refund', async (amount) => {{
+    ran.push(amount);
+    inside.push(api.trace.getActiveSpan()?.spanContext().spanId);
+    return {{ refunded: amount }};
+  }}, {{ key: () => {KEY!r} }});
   const caller = api.trace.wrapSpanContext({{
     traceId: '{CALLER_TRACE}', spanId: '{CALLER_SPAN}', traceFlags: 1, isRemote: true }});
   await api.context.with(api.trace.setSpan(api.context.active(), caller), async () => {{
     await refund(7070);
     await refund(7070);
+    await engine.call('note', 'note-1', {{ n: 1 }}, async () => 'ok', {{ callId: 'call_4711' }});
   }});
-  console.log(JSON.stringify({{ ran }}));
+  console.log(JSON.stringify({{ ran, inside }}));
 }})().catch((e) => {{ console.error(e); process.exit(1); }});
 """
 
 
-def check(spans: list, door: str) -> None:
+def calls(spans: list, service: str) -> int:
+    return len([s for s in of_service(spans, service) if s["name"].startswith("execute_tool")])
+
+
+def run_door(receiver: OtlpReceiver, protocol: str, door: str, argv: list[str], **env: str) -> None:
+    """Runs a package's door script exporting over `protocol`, then checks what arrived."""
+    service = f"{door}-{protocol}"
+    done = subprocess.run(
+        argv,
+        env=door_env(receiver, protocol, service, **env),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout.splitlines()[-1])
+    spans = of_service(receiver.wait_for(lambda s: calls(s, service) == 3), service)
+    check(spans, door, out)
+
+
+def check(spans: list, door: str, out: dict) -> None:
+    assert out["ran"] == [7070]
     ran = assert_call(spans, "refund", door, "executed")
     phases = children(spans, ran)
     assert set(phases) >= {"idemgate.reserve", "idemgate.effect", "idemgate.complete"}, phases.keys()
     assert phases["idemgate.effect"]["end"] <= phases["idemgate.complete"]["start"]
+    # While the function ran, idemgate.effect was the current span: its own spans are children.
+    assert out["inside"] == [phases["idemgate.effect"]["span_id"]]
     assert_call(spans, "refund", door, "replayed")
+    note = assert_call(spans, "note", door, "executed")
+    assert note["attributes"]["gen_ai.tool.call.id"] == "call_4711"
     assert_secret_absent(spans, KEY, "7070")
 
 
@@ -86,43 +120,13 @@ def test_python_package(receiver: OtlpReceiver, tmp_path: Path, protocol: str) -
     python = os.environ.get("IDEMGATE_TEST_PYTHON")
     if not python:
         pytest.fail("set IDEMGATE_TEST_PYTHON to a Python with the idemgate package (scripts/test-traces does)")
-    service = f"python-{protocol}"
-    done = subprocess.run(
-        [python, "-c", PYTHON_DOOR, f"sqlite://{tmp_path / 'r.db'}"],
-        env=door_env(receiver, protocol, service),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout.splitlines()[-1]) == {"ran": [7070]}
-    spans = of_service(
-        receiver.wait_for(lambda s: len([x for x in of_service(s, service) if x["name"].startswith("execute_tool")]) == 3),
-        service,
-    )
-    check(spans, "python")
-    # Engine.call (not the decorator) in the same current span: the same trace.
-    note = assert_call(spans, "note", "python", "executed")
-    assert note["trace_id"] == CALLER_TRACE
+    argv = [python, "-c", PYTHON_DOOR, f"sqlite://{tmp_path / 'r.db'}"]
+    run_door(receiver, protocol, "python", argv)
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_node_package(receiver: OtlpReceiver, node: Path, tmp_path: Path, protocol: str) -> None:
-    service = f"node-{protocol}"
     script = tmp_path / "door.cjs"
     script.write_text(NODE_DOOR)
-    env = door_env(receiver, protocol, service, NODE_PATH=str(ROOT / "clients" / "node" / "node_modules"))
-    done = subprocess.run(
-        [str(node), str(script), f"sqlite://{tmp_path / 'r.db'}"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout.splitlines()[-1]) == {"ran": [7070]}
-    spans = of_service(
-        receiver.wait_for(lambda s: len([x for x in of_service(s, service) if x["name"] == "execute_tool refund"]) == 2),
-        service,
-    )
-    check(spans, "node")
+    argv = [str(node), str(script), f"sqlite://{tmp_path / 'r.db'}"]
+    run_door(receiver, protocol, "node", argv, NODE_PATH=str(ROOT / "clients" / "node" / "node_modules"))

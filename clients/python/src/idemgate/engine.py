@@ -321,6 +321,35 @@ def _caller_trace() -> tuple[str | None, str | None]:
     return parent, state or None
 
 
+def _enter_effect(begun: Ticket) -> Any:
+    """Makes the ticket's ``idemgate.effect`` span OpenTelemetry's current span while the
+    function runs, so the spans it makes (its HTTP client's, its own, a nested idemgate call's)
+    are the effect's children; a token for :func:`_leave_effect`, or ``None``."""
+    parent = begun.traceparent
+    if parent is None:
+        return None
+    try:
+        trace = importlib.import_module("opentelemetry.trace")
+        context = importlib.import_module("opentelemetry.context")
+    except ImportError:
+        return None
+    _, trace_id, span_id, flags = parent.split("-")
+    effect = trace.NonRecordingSpan(
+        trace.SpanContext(
+            int(trace_id, 16),
+            int(span_id, 16),
+            is_remote=False,
+            trace_flags=trace.TraceFlags(int(flags, 16)),
+        )
+    )
+    return context.attach(trace.set_span_in_context(effect))
+
+
+def _leave_effect(token: Any) -> None:
+    if token is not None:
+        importlib.import_module("opentelemetry.context").detach(token)
+
+
 class Engine:
     """The idemgate engine over one store, in this process.
 
@@ -527,6 +556,7 @@ class Engine:
         /,
         *,
         scope: str | None = None,
+        call_id: str | None = None,
         **overrides: Unpack[PolicyOptions],
     ) -> Result:
         """Runs ``fn()`` at most once for ``(tool, key)`` and says what happened.
@@ -534,6 +564,8 @@ class Engine:
         ``scope`` names where the call was made (a conversation, a thread): a call without key
         is joined by the tool's ``fallback_window`` only to identical calls of the same scope,
         never to another conversation's. A key is not scoped: it names the action everywhere.
+        ``call_id``: the model's tool call id, for the call's span (``gen_ai.tool.call.id``) when
+        traces are exported (docs/OPERATIONS.md).
 
         ``args`` (JSON) are fingerprinted: the same key with other arguments raises ``KeyReused``.
         A replay returns the stored value without calling ``fn``; a racing call waits up to the
@@ -550,6 +582,7 @@ class Engine:
             scope=scope,
             traceparent=parent,
             tracestate=state,
+            call_id=call_id,
         )
         if begun is None:
             return _passed_through(fn())
@@ -565,6 +598,7 @@ class Engine:
         not even made. What :meth:`call` and ``@idempotent`` do once a call may run."""
         native = self.native
         current = _CURRENT_KEY.set(begun.digest)
+        effect = _enter_effect(begun) if _TRACING else None
         try:
             value = fn(*a, **kw)
         except BaseException as e:
@@ -575,6 +609,7 @@ class Engine:
                 _note(e, recorded)
             raise
         finally:
+            _leave_effect(effect)
             _CURRENT_KEY.reset(current)
         try:
             text = _json_text(value)
@@ -638,6 +673,7 @@ class Engine:
         /,
         *,
         scope: str | None = None,
+        call_id: str | None = None,
         **overrides: Unpack[PolicyOptions],
     ) -> Result:
         """As :meth:`call`, for a coroutine function (or any function returning an awaitable):
@@ -649,7 +685,15 @@ class Engine:
         parent, state = _caller_trace() if _TRACING else _NO_TRACE
         begun = await self._future(
             lambda done: native.begin_async(
-                tool, key, args, policy, done, scope=scope, traceparent=parent, tracestate=state
+                tool,
+                key,
+                args,
+                policy,
+                done,
+                scope=scope,
+                traceparent=parent,
+                tracestate=state,
+                call_id=call_id,
             )
         )
         if begun is None:
@@ -666,6 +710,7 @@ class Engine:
         on the engine's runtime: what :meth:`acall` and ``@idempotent`` on ``async def`` do once
         a call may run."""
         current = _CURRENT_KEY.set(begun.digest)
+        effect = _enter_effect(begun) if _TRACING else None
         try:
             value = fn(*a, **kw)
             if inspect.isawaitable(value):
@@ -678,6 +723,7 @@ class Engine:
                 _note(e, recorded)
             raise
         finally:
+            _leave_effect(effect)
             _CURRENT_KEY.reset(current)
         try:
             out = _json_text(value)

@@ -74,6 +74,8 @@ class Action:
     key: str | None
     scope: str | None
     window: bool
+    # The framework's id of the model's tool call, for the call's span (gen_ai.tool.call.id).
+    call_id: str | None = None
 
 
 def name_action(
@@ -95,12 +97,13 @@ def name_action(
       action; the window joins a re-emission of the same action under a new id.
     """
     if business_key is not None:
-        return Action(business_key, None, False)
+        return Action(business_key, None, False, call_id)
     if model_key is not None:
-        return Action(scoped_key(scope, f"{KEY_ARGUMENT}:{model_key}"), scope, False)
+        return Action(scoped_key(scope, f"{KEY_ARGUMENT}:{model_key}"), scope, False, call_id)
     if scope is None:  # nothing to scope by: the call id as it is, and no window (see window_of)
-        return Action(call_id, None, False)
-    return Action(scoped_key(scope, call_id) if call_id is not None else None, scope, True)
+        return Action(call_id, None, False, call_id)
+    key = scoped_key(scope, call_id) if call_id is not None else None
+    return Action(key, scope, True, call_id)
 
 
 def scoped_key(scope: str | None, call_id: str) -> str:
@@ -231,12 +234,16 @@ def call_sync(
     the window's record of ``(scope, tool, arguments)``."""
     window = window_of(engine, tool, overrides, action)
     if not window:
-        return Outcome(engine.call(tool, action.key, args, fn, **overrides), None)
+        return Outcome(
+            engine.call(tool, action.key, args, fn, call_id=action.call_id, **overrides), None
+        )
     in_window = dict(overrides, fallback_window=window)
     w = _Window()
 
     def windowed(run: Callable[[], Any]) -> Result:
-        return engine.call(tool, None, args, run, scope=action.scope, **in_window)
+        return engine.call(
+            tool, None, args, run, scope=action.scope, call_id=action.call_id, **in_window
+        )
 
     if action.key is None:  # the window alone names the action
         r = w.result = windowed(fn)
@@ -248,7 +255,7 @@ def call_sync(
         return w.run(lambda: windowed(functools.partial(_keyed, _CURRENT_KEY.get(), fn)))
 
     try:
-        r = engine.call(tool, action.key, args, in_key, **overrides)
+        r = engine.call(tool, action.key, args, in_key, call_id=action.call_id, **overrides)
     except NotApplied:
         if w.refused is None:
             raise  # the function's own: nothing happened
@@ -275,7 +282,9 @@ async def call_async(
     w = _Window()
 
     def windowed(run: Callable[[], Awaitable[Any]]) -> Awaitable[Result]:
-        return engine.acall(tool, None, args, run, scope=action.scope, **in_window)
+        return engine.acall(
+            tool, None, args, run, scope=action.scope, call_id=action.call_id, **in_window
+        )
 
     def in_key() -> Awaitable[Any]:
         # As in call_sync: the function sees the key's downstream key.
@@ -285,13 +294,18 @@ async def call_async(
     async def call() -> Outcome:
         if not window:
             return Outcome(
-                await engine.acall(tool, action.key, args, lambda: _awaited(fn), **overrides), None
+                await engine.acall(
+                    tool, action.key, args, lambda: _awaited(fn), call_id=action.call_id, **overrides
+                ),
+                None,
             )
         if action.key is None:  # the window alone names the action
             r = w.result = await windowed(lambda: _awaited(fn))
             return w.outcome(r)
         try:
-            r = await engine.acall(tool, action.key, args, in_key, **overrides)
+            r = await engine.acall(
+                tool, action.key, args, in_key, call_id=action.call_id, **overrides
+            )
         except NotApplied:
             if w.refused is None:
                 raise  # the function's own: nothing happened

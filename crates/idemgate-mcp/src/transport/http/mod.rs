@@ -799,7 +799,30 @@ fn read_message(
         ));
     }
     let key = carried_key(headers)?;
+    let text = match f.method.as_deref() {
+        Some("tools/call") => with_header_trace(headers, &f, text),
+        _ => text,
+    };
     Ok((text, f, key))
+}
+
+/// A `tools/call` whose HTTP request carries a W3C `traceparent` header and whose `_meta` has
+/// none: the header's context goes into `_meta`, where the judge (and the MCP server behind the
+/// proxy) read a call's trace context on every transport.
+fn with_header_trace(headers: &HeaderMap, f: &Frame, text: String) -> String {
+    let Some(trace) =
+        idemgate_trace::TraceContext::from_carrier(|name| headers.get(name)?.to_str().ok())
+    else {
+        return text;
+    };
+    let has_own = (f.params.as_deref())
+        .and_then(crate::wire::frame::object)
+        .and_then(|params| crate::wire::frame::object(params.get("_meta")?))
+        .is_some_and(|meta| meta.contains_key("traceparent"));
+    if has_own {
+        return text;
+    }
+    crate::wire::frame::with_trace(&text, &trace).unwrap_or(text)
 }
 
 /// Whether a `Content-Type` is JSON's.
