@@ -55,11 +55,11 @@ print(json.dumps({{"ran": ran, "inside": inside}}))
 """
 
 NODE_DOOR = f"""
-const {{ AsyncHooksContextManager }} = require('@opentelemetry/context-async-hooks');
+const {{ AsyncLocalStorageContextManager }} = require('@opentelemetry/context-async-hooks');
 const api = require('@opentelemetry/api');
 const {{ Engine, idempotent }} = require({str(ROOT / 'clients' / 'node' / 'index.cjs')!r});
 
-api.context.setGlobalContextManager(new AsyncHooksContextManager().enable());
+api.context.setGlobalContextManager(new AsyncLocalStorageContextManager().enable());
 (async () => {{
   const engine = await Engine.open(process.argv[2]);
   const ran = [];
