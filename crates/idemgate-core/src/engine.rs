@@ -405,9 +405,14 @@ impl<S: Store> Engine<S> {
                 },
             }),
             Begun::Execute(ticket) => {
-                let reported = self
-                    .with_heartbeat(&ticket, effect().instrument(effect_span()))
-                    .await;
+                // The span only when it is exported: an untraced call's effect is polled bare,
+                // and its future holds no span.
+                let reported = if !traced() {
+                    self.with_heartbeat(&ticket, effect()).await
+                } else {
+                    let traced = effect().instrument(effect_span());
+                    Box::pin(self.with_heartbeat(&ticket, traced)).await
+                };
                 Ok(self.finish(&ticket, reported).await)
             }
         }
@@ -425,28 +430,48 @@ impl<S: Store> Engine<S> {
     /// # Errors
     /// As [`Engine::call`].
     pub async fn begin(&self, call: Call, policy: &ToolPolicy) -> Result<Begun, EngineError> {
+        if traced() {
+            // Boxed, and apart: an untraced call's future is what it was before spans.
+            return Box::pin(self.begin_traced(call, policy)).await;
+        }
+        if self.observers.is_empty() {
+            return self.decide(call, policy).await;
+        }
+        let (tenant, tool) = (call.tenant.clone(), call.tool.clone());
+        let begun = self.decide(call, policy).await;
+        self.observe_begun(&tenant, &tool, &begun);
+        begun
+    }
+
+    /// [`Engine::begin`] inside its span, which then says what was decided.
+    async fn begin_traced(&self, call: Call, policy: &ToolPolicy) -> Result<Begun, EngineError> {
         let span = tracing::info_span!(
             target: TRACE_TARGET,
             "idemgate.reserve",
             idemgate.decision = tracing::field::Empty,
         );
-        let begun = if self.observers.is_empty() {
-            self.decide(call, policy).instrument(span.clone()).await
-        } else {
-            let (tenant, tool) = (call.tenant.clone(), call.tool.clone());
-            let begun = self.decide(call, policy).instrument(span.clone()).await;
-            self.observe_begun(&tenant, &tool, &begun);
-            begun
+        let begun = self
+            .begin_observed(call, policy)
+            .instrument(span.clone())
+            .await;
+        let decision = match &begun {
+            Ok(Begun::Execute(_)) => Verdict::Execute,
+            Ok(Begun::PassThrough) => Verdict::PassedThrough,
+            Ok(Begun::Answered(a)) => Verdict::of_answer(a),
+            Err(e) => Verdict::of_error(e),
         };
-        if !span.is_disabled() {
-            let decision = match &begun {
-                Ok(Begun::Execute(_)) => Verdict::Execute,
-                Ok(Begun::PassThrough) => Verdict::PassedThrough,
-                Ok(Begun::Answered(a)) => Verdict::of_answer(a),
-                Err(e) => Verdict::of_error(e),
-            };
-            span.record("idemgate.decision", decision.label());
+        span.record("idemgate.decision", decision.label());
+        begun
+    }
+
+    /// What [`Engine::begin`] decides, told to the observers (the traced path's).
+    async fn begin_observed(&self, call: Call, policy: &ToolPolicy) -> Result<Begun, EngineError> {
+        if self.observers.is_empty() {
+            return self.decide(call, policy).await;
         }
+        let (tenant, tool) = (call.tenant.clone(), call.tool.clone());
+        let begun = self.decide(call, policy).await;
+        self.observe_begun(&tenant, &tool, &begun);
         begun
     }
 
@@ -773,26 +798,29 @@ impl<S: Store> Engine<S> {
     /// settled, never half written; an outcome already journaled is flushed later. It never lets
     /// the side effect run again.
     pub async fn finish(&self, ticket: &Ticket, reported: Effect) -> Answer {
+        if !traced() {
+            return self.settle_outcome(ticket, reported).await;
+        }
         let span = tracing::info_span!(
             target: TRACE_TARGET,
             "idemgate.complete",
             idemgate.recording = tracing::field::Empty,
         );
-        let answer = self
-            .settle_outcome(ticket, reported)
-            .instrument(span.clone())
-            .await;
-        if !span.is_disabled() {
-            let recording = match &answer.decision {
-                Decision::Executed { recording, .. } | Decision::NotApplied { recording, .. } => {
-                    Some(recording)
-                }
-                Decision::Unknown { recording, .. } => recording.as_ref(),
-                _ => None,
-            };
-            if let Some(recording) = recording {
-                span.record("idemgate.recording", recording.name());
+        // Boxed, as in `begin`: only a traced call pays for the span in its future.
+        let answer = Box::pin(
+            self.settle_outcome(ticket, reported)
+                .instrument(span.clone()),
+        )
+        .await;
+        let recording = match &answer.decision {
+            Decision::Executed { recording, .. } | Decision::NotApplied { recording, .. } => {
+                Some(recording)
             }
+            Decision::Unknown { recording, .. } => recording.as_ref(),
+            _ => None,
+        };
+        if let Some(recording) = recording {
+            span.record("idemgate.recording", recording.name());
         }
         answer
     }
@@ -1440,6 +1468,12 @@ fn executing(r: Reservation, rule: KeyRule, ttl: Duration, lease: Lease) -> Begu
         ttl,
         lease_for: r.lease_for,
     })
+}
+
+/// Whether the phases' spans go anywhere: a layer listens to [`TRACE_TARGET`]. One check of a
+/// cached interest, so that an untraced call neither makes spans nor carries them.
+fn traced() -> bool {
+    tracing::span_enabled!(target: TRACE_TARGET, tracing::Level::INFO)
 }
 
 /// The span of a side effect run between `begin` and `finish`: the context a door hands to the

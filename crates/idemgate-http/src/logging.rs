@@ -32,16 +32,21 @@ where
 /// When the OpenTelemetry variables ask for what idemgate cannot do (`http/json`, an exporter
 /// other than OTLP) or name a malformed endpoint.
 pub fn init() -> Result<Option<idemgate_trace::Tracing>, idemgate_trace::TraceError> {
+    use tracing_subscriber::filter::FilterExt as _;
     use tracing_subscriber::layer::SubscriberExt as _;
     use tracing_subscriber::Layer as _;
     let traces = idemgate_trace::Tracing::from_env("idemgate")?;
     let filter = EnvFilter::try_from_env(LOG_ENV).unwrap_or_else(|_| EnvFilter::new("info"));
+    // The engine's phase spans are for the trace layer alone: logs neither show nor keep them,
+    // so without traces an engine call makes no span at all.
+    let not_phases =
+        tracing_subscriber::filter::filter_fn(|m| m.target() != idemgate_trace::TARGET);
     let logs = tracing_subscriber::fmt::layer()
         .json()
         .with_current_span(false)
         .with_span_list(false)
         .with_writer(std::io::stderr)
-        .with_filter(filter);
+        .with_filter(filter.and(not_phases));
     let subscriber = tracing_subscriber::registry()
         .with(logs)
         .with(traces.as_ref().map(|t| t.layer()));
