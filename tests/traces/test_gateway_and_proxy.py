@@ -121,6 +121,19 @@ def test_gateway_forwards_its_effect_span_to_the_upstream(
     assert_secret_absent(spans, KEY, "4242")
 
 
+def fixture_server(
+    receiver: OtlpReceiver, protocol: str, service: str, tmp_path: Path
+) -> tuple[Path, Path, dict[str, str]]:
+    """The fixture MCP server behind the proxy, the file where it writes each call's `_meta`, and
+    the proxy's environment (exporting to `receiver` over `protocol`)."""
+    meta_log = tmp_path / "meta.jsonl"
+    server = ROOT / "crates" / "idemgate-cli" / "tests" / "fixtures" / "mcp_server.py"
+    env = door_env(
+        receiver, protocol, service, FIXTURE_LOG=str(tmp_path / "fixture.log"), FIXTURE_META=str(meta_log)
+    )
+    return server, meta_log, env
+
+
 def mcp_exchange(proc: subprocess.Popen[str], message: dict[str, Any]) -> dict[str, Any]:
     assert proc.stdin is not None and proc.stdout is not None
     proc.stdin.write(json.dumps(message) + "\n")
@@ -138,15 +151,7 @@ def test_mcp_proxy_takes_and_hands_on_meta_trace_context(
     receiver: OtlpReceiver, binary: Path, tmp_path: Path, protocol: str
 ) -> None:
     service = f"mcp-{protocol}"
-    meta_log = tmp_path / "meta.jsonl"
-    server = ROOT / "crates" / "idemgate-cli" / "tests" / "fixtures" / "mcp_server.py"
-    env = door_env(
-        receiver,
-        protocol,
-        service,
-        FIXTURE_LOG=str(tmp_path / "fixture.log"),
-        FIXTURE_META=str(meta_log),
-    )
+    server, meta_log, env = fixture_server(receiver, protocol, service, tmp_path)
     proc = subprocess.Popen(
         [str(binary), "--store", f"sqlite://{tmp_path / 'r.db'}", "mcp", "--", sys.executable, str(server)],
         env=env,
@@ -243,12 +248,8 @@ def test_mcp_http_takes_the_traceparent_header(
     receiver: OtlpReceiver, binary: Path, tmp_path: Path, protocol: str
 ) -> None:
     service = f"mcp-http-{protocol}"
-    meta_log = tmp_path / "meta.jsonl"
-    server = ROOT / "crates" / "idemgate-cli" / "tests" / "fixtures" / "mcp_server.py"
+    server, meta_log, env = fixture_server(receiver, protocol, service, tmp_path)
     port = free_port()
-    env = door_env(
-        receiver, protocol, service, FIXTURE_LOG=str(tmp_path / "fixture.log"), FIXTURE_META=str(meta_log)
-    )
     proc = subprocess.Popen(
         [
             str(binary), "--store", f"sqlite://{tmp_path / 'r.db'}", "mcp",

@@ -464,7 +464,8 @@ impl<S: Store> Engine<S> {
         begun
     }
 
-    /// What [`Engine::begin`] decides, told to the observers (the traced path's).
+    /// What [`Engine::begin`] decides, told to the observers: the traced path's. The untraced
+    /// path spells the same lines in `begin` itself, so that its future has no layer more.
     async fn begin_observed(&self, call: Call, policy: &ToolPolicy) -> Result<Begun, EngineError> {
         if self.observers.is_empty() {
             return self.decide(call, policy).await;
