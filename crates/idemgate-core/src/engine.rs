@@ -1472,8 +1472,9 @@ fn executing(r: Reservation, rule: KeyRule, ttl: Duration, lease: Lease) -> Begu
 }
 
 /// Whether the phases' spans go anywhere: a layer listens to [`TRACE_TARGET`]. One check of a
-/// cached interest, so that an untraced call neither makes spans nor carries them.
-fn traced() -> bool {
+/// cached interest, so that an untraced call neither makes spans nor carries them (nor a door
+/// reads a trace context only spans would use).
+pub fn traced() -> bool {
     tracing::span_enabled!(target: TRACE_TARGET, tracing::Level::INFO)
 }
 

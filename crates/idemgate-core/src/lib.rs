@@ -47,6 +47,7 @@ pub mod verdict;
 
 pub use canonical::Fingerprint;
 pub use change::{ChangeMark, Changes};
+pub use engine::traced;
 pub use engine::{
     Answer, Begun, Call, Decision, Effect, Engine, FlushReport, JournalFlusher, Named, Probe,
     ProbeFuture, Recording, Resolution, Settings, Ticket, Verifier, FLUSH_RETRY,

@@ -7,7 +7,6 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use idemgate::{Begun, Effect, Lease, StoreError, Ticket, Timestamp, ToolPolicy, Verdict};
-use idemgate::{TenantId, ToolName};
 use serde::Deserialize;
 use serde_json::json;
 use tokio::time::Instant;
@@ -17,7 +16,7 @@ use crate::answer::{respond, Shape};
 use crate::auth::{Caller, Tenant};
 use crate::error::Problem;
 use crate::gateway::Gateway;
-use crate::headers::set_record_headers;
+use crate::headers::{call_span, set_record_headers};
 use crate::request::{self, OutcomeBody, Path};
 
 /// `POST /v1/tools/{tool}/begin`.
@@ -32,7 +31,8 @@ pub(crate) async fn begin(
     let bytes = request::read_body(body).await?;
     let call = request::call(&tenant.id, &tool, &headers, &bytes)?;
     let policy = gw.config().policy(tool.as_str());
-    let span = call_span(&headers, &tenant.id, &tool);
+    // The reservation of a call the caller runs itself; `idemgate.reserve` says what was decided.
+    let (_, span) = call_span(&headers, &tenant.id, &tool);
     let begun = gw.engine().begin(call, &policy).instrument(span).await;
     let begun = begun.map_err(|e| Problem::from_engine(&e))?;
     let ticket = match begun {
@@ -61,20 +61,6 @@ pub(crate) async fn begin(
     let mut res = (StatusCode::CREATED, Json(body)).into_response();
     set_record_headers(res.headers_mut(), false, ticket.rule, None, None);
     Ok(res)
-}
-
-/// The span of a coordination request, under the caller's trace context: the reservation of a
-/// call (`begin`, whose `idemgate.reserve` says what was decided) or the recording of its outcome
-/// (`complete`, `release`, `ambiguous`, with the answer's attributes).
-fn call_span(headers: &HeaderMap, tenant: &TenantId, tool: &ToolName) -> tracing::Span {
-    let caller = crate::headers::trace_context(headers);
-    idemgate_trace::call_span(
-        idemgate_trace::Door::Http,
-        tenant.as_str(),
-        tool.as_str(),
-        None,
-        caller.as_ref(),
-    )
 }
 
 /// The body of `heartbeat`.
@@ -223,7 +209,7 @@ async fn report(
     headers: &HeaderMap,
 ) -> Result<Response, Problem> {
     // The caller ran the side effect (under its own span); this span is the recording of it.
-    let span = call_span(headers, &ticket.key.tenant, &ticket.key.tool);
+    let (_, span) = call_span(headers, &ticket.key.tenant, &ticket.key.tool);
     let (gw2, t2, recorded) = (gw.clone(), ticket.clone(), span.clone());
     let finished = async move {
         let answer = gw2.engine().finish(&t2, effect).await;

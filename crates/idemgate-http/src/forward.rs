@@ -11,7 +11,7 @@ use bytes::Bytes;
 use idemgate::key::hex;
 use idemgate::{Call, Effect, ToolPolicy};
 use idemgate_kit::Payload;
-use idemgate_trace::{Door, TraceContext};
+use idemgate_trace::TraceContext;
 use tokio::time::Instant;
 use tracing::Instrument as _;
 
@@ -74,14 +74,7 @@ pub(crate) async fn call(
     let bytes = request::read_body(body).await?;
     let call = request::call(&tenant.id, &tool, &headers, &bytes)?;
     let policy = gw.config().policy(tool.as_str());
-    let caller = crate::headers::trace_context(&headers);
-    let span = idemgate_trace::call_span(
-        Door::Http,
-        tenant.id.as_str(),
-        tool.as_str(),
-        None,
-        caller.as_ref(),
-    );
+    let (caller, span) = crate::headers::call_span(&headers, &tenant.id, &tool);
     // Runs in a task of its own: a caller that hangs up must not cut the side effect off between
     // sending it upstream and recording what came back.
     let forwarded = forward(gw, tenant, call, policy, upstream, bytes, caller);

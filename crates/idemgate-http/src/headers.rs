@@ -45,7 +45,21 @@ pub(crate) fn set_record_headers(
     }
 }
 
-/// The caller's W3C trace context (`traceparent`, `tracestate`), when it sent a valid one.
-pub(crate) fn trace_context(headers: &HeaderMap) -> Option<idemgate_trace::TraceContext> {
-    idemgate_trace::TraceContext::from_carrier(|name| headers.get(name)?.to_str().ok())
+/// The caller's W3C trace context (`traceparent`, `tracestate`), when it sent a valid one, and
+/// the span of its call of `tool` under it.
+pub(crate) fn call_span(
+    headers: &HeaderMap,
+    tenant: &idemgate::TenantId,
+    tool: &idemgate::ToolName,
+) -> (Option<idemgate_trace::TraceContext>, tracing::Span) {
+    let caller =
+        idemgate_trace::TraceContext::from_carrier(|name| headers.get(name)?.to_str().ok());
+    let span = idemgate_trace::call_span(
+        idemgate_trace::Door::Http,
+        tenant.as_str(),
+        tool.as_str(),
+        None,
+        caller.as_ref(),
+    );
+    (caller, span)
 }

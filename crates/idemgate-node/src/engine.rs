@@ -7,11 +7,8 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-
-use idemgate_trace::{Door, SplitCall, TraceContext};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
-use tracing::Instrument as _;
 
 use idemgate::caller::without_blocking;
 use idemgate::{
@@ -21,10 +18,12 @@ use idemgate::{
 use idemgate_kit::leases::{keep_leases, Leases};
 use idemgate_kit::records::{record_view, resolution, seconds as seconds_of};
 use idemgate_kit::reported_effect as effect;
+use idemgate_trace::{Door, SplitCall};
 use napi::bindgen_prelude::{within_runtime_if_available, Either, PromiseRaw};
 use napi::{Env, Error, Result};
 use napi_derive::napi;
 use serde_json::{json, Value};
+use tracing::Instrument as _;
 
 use crate::reply;
 
@@ -344,16 +343,13 @@ impl NativeEngine {
     #[napi(ts_return_type = "string | Promise<string>")]
     pub fn begin<'env>(&self, env: &'env Env, call: CallInit) -> Result<Reply<'env>> {
         self.shared.check_open()?;
-        let caller = call
-            .traceparent
-            .as_deref()
-            .and_then(|tp| TraceContext::parse(tp, call.tracestate.as_deref()));
         let trace = Arc::new(SplitCall::start(
             Door::Node,
             self.shared.tenant.as_str(),
             &call.tool,
             call.call_id.as_deref(),
-            caller.as_ref(),
+            call.traceparent.as_deref(),
+            call.tracestate.as_deref(),
         ));
         let (call, policy) = match self.shared.call(call)? {
             Ok(call) => call,
@@ -379,7 +375,7 @@ impl NativeEngine {
                         "digest": idemgate::key::hex(&ticket.key.digest()),
                     });
                     // What the function hands on: the side effect's span, or the caller's.
-                    if let Some(out) = trace.outgoing(caller.as_ref()) {
+                    if let Some(out) = trace.outgoing() {
                         facts["traceparent"] = out.traceparent().into();
                     }
                     facts["execute"] = shared.hold(ticket, trace).into();

@@ -26,8 +26,6 @@ pub(crate) struct PyTicket {
     lease: Mutex<Option<u64>>,
     /// The call's spans (exported when the OTEL_* variables ask), ended by `finish`.
     pub(crate) trace: Arc<idemgate_trace::SplitCall>,
-    /// The caller's trace context, for `traceparent` when spans are not exported.
-    caller: Option<idemgate_trace::TraceContext>,
 }
 
 impl PyTicket {
@@ -69,7 +67,7 @@ impl PyTicket {
     /// span when traces are exported, else the caller's own context; `None` without either.
     #[getter]
     fn traceparent(&self) -> Option<String> {
-        let trace = self.trace.outgoing(self.caller.as_ref())?;
+        let trace = self.trace.outgoing()?;
         Some(trace.traceparent().to_owned())
     }
     /// The downstream key of the action: the record's 64-hex digest (SHA-256 of tenant, tool and
@@ -93,7 +91,7 @@ pub(crate) fn begun(
     shared: &Arc<Shared>,
     (begun, trace): Traced<Begun>,
 ) -> PyResult<Py<PyAny>> {
-    trace.0.begun(&begun);
+    trace.begun(&begun);
     match begun {
         Err(e) => Err(engine_error(py, &e)),
         Ok(Begun::PassThrough) => Ok(py.None()),
@@ -105,8 +103,7 @@ pub(crate) fn begun(
                 ticket,
                 shared: Arc::clone(shared),
                 lease: Mutex::new(Some(lease)),
-                trace: trace.0,
-                caller: trace.1,
+                trace,
             };
             Ok(Py::new(py, t)?.into_any())
         }
@@ -123,25 +120,19 @@ pub(crate) fn begun_value(
 ) -> PyResult<Py<PyAny>> {
     match result {
         Ok(Begun::PassThrough) => {
-            trace.0.begun(&result);
+            trace.begun(&result);
             Ok(passed_through(py)?.clone_ref(py))
         }
         Ok(Begun::Answered(answer)) => {
-            trace.0.finished(&answer);
+            trace.finished(&answer);
             value_of(py, answer)
         }
         other => begun(py, shared, (other, trace)),
     }
 }
 
-/// A result of `begin` with the call's spans and the caller's trace context.
-pub(crate) type Traced<T> = (
-    Result<T, EngineError>,
-    (
-        Arc<idemgate_trace::SplitCall>,
-        Option<idemgate_trace::TraceContext>,
-    ),
-);
+/// A result of `begin` with the call's spans.
+pub(crate) type Traced<T> = (Result<T, EngineError>, Arc<idemgate_trace::SplitCall>);
 
 /// `idemgate._native.PASSED_THROUGH`: what `begin(..., value=True)` answers for a read or a naturally
 /// idempotent tool (run it, nothing is recorded); an object of its own, made once.
@@ -217,7 +208,7 @@ mod tests {
     fn untraced() -> Arc<idemgate_trace::SplitCall> {
         let door = idemgate_trace::Door::Python;
         Arc::new(idemgate_trace::SplitCall::start(
-            door, "t", "tool", None, None,
+            door, "t", "tool", None, None, None,
         ))
     }
 
@@ -232,7 +223,6 @@ mod tests {
             shared: Arc::clone(&shared),
             lease: Mutex::new(Some(lease)),
             trace: untraced(),
-            caller: None,
         };
         assert_eq!(shared.leases.held(), 1);
         assert!(t.stop_heartbeat());
@@ -246,7 +236,7 @@ mod tests {
         let shared = memory_engine().await;
         Python::initialize();
         Python::attach(|py| {
-            let pass = || (Ok(Begun::PassThrough), (untraced(), None));
+            let pass = || (Ok(Begun::PassThrough), untraced());
             let first = begun_value(py, &shared, pass()).unwrap();
             let again = begun_value(py, &shared, pass()).unwrap();
             assert!(first.is(&again));
@@ -276,7 +266,6 @@ mod tests {
             shared: Arc::clone(&shared),
             lease: Mutex::new(Some(lease)),
             trace: untraced(),
-            caller: None,
         });
         assert_eq!(shared.leases.held(), 0);
     }

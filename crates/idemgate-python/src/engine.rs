@@ -82,19 +82,12 @@ impl Engine {
         call_id: Option<&str>,
         traceparent: Option<&str>,
         tracestate: Option<&str>,
-    ) -> (
-        Arc<idemgate_trace::SplitCall>,
-        Option<idemgate_trace::TraceContext>,
-    ) {
-        let caller = traceparent.and_then(|tp| idemgate_trace::TraceContext::parse(tp, tracestate));
-        let split = idemgate_trace::SplitCall::start(
-            idemgate_trace::Door::Python,
-            self.shared.tenant.as_str(),
-            tool,
-            call_id,
-            caller.as_ref(),
-        );
-        (Arc::new(split), caller)
+    ) -> Arc<idemgate_trace::SplitCall> {
+        let door = idemgate_trace::Door::Python;
+        let tenant = self.shared.tenant.as_str();
+        let split =
+            idemgate_trace::SplitCall::start(door, tenant, tool, call_id, traceparent, tracestate);
+        Arc::new(split)
     }
 
     /// The record name of `(tool, key)` in this engine's tenant; bad names are `ValueError`s.
@@ -257,7 +250,7 @@ impl Engine {
         let call = self.call(py, tool, key, args, scope)?;
         let trace = self.trace(tool, call_id, traceparent, tracestate);
         let begin = self.shared.engine.begin(call, &policy.0);
-        let result = self.run(py, begin.instrument(trace.0.span()))?;
+        let result = self.run(py, begin.instrument(trace.span()))?;
         match value {
             true => begun_value(py, &self.shared, (result, trace)),
             false => begun(py, &self.shared, (result, trace)),
@@ -312,7 +305,7 @@ impl Engine {
         self.answer_async(
             py,
             async move {
-                let span = trace.0.span();
+                let span = trace.span();
                 (engine.begin(call, &policy).instrument(span).await, trace)
             },
             if value { begun_value } else { begun },

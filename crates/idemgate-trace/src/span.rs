@@ -1,6 +1,6 @@
 //! The call's own span, what its answer records on it, and the context handed to the side effect.
 
-use idemgate_core::{Answer, Begun, EngineError, Key};
+use idemgate_core::{Answer, Begun, EngineError, Key, Verdict};
 use idemgate_kit::{Explanation, What};
 use opentelemetry::trace::Status;
 use std::sync::Mutex;
@@ -81,12 +81,19 @@ pub fn record(span: &Span, result: &Result<Answer, EngineError>) {
     if span.is_disabled() {
         return;
     }
-    let key: Option<&Key> = match result {
+    let key = match result {
         Ok(answer) => answer.key.as_ref(),
-        Err(EngineError::KeyReuse { key, .. }) => Some(key),
-        Err(_) => None,
+        Err(e) => refused_key(e),
     };
     record_facts(span, &Explanation::of(result), key);
+}
+
+/// The record a refusal names, when it names one (a key used with other arguments).
+fn refused_key(e: &EngineError) -> Option<&Key> {
+    match e {
+        EngineError::KeyReuse { key, .. } => Some(key),
+        _ => None,
+    }
 }
 
 /// As [`record`], for an answer (a door's `finish`).
@@ -158,6 +165,8 @@ pub fn outgoing(caller: Option<&TraceContext>) -> Option<TraceContext> {
 pub struct SplitCall {
     call: Mutex<Option<Span>>,
     effect: Mutex<Option<Span>>,
+    /// The caller's context, handed on as it is when spans are not exported.
+    caller: Option<TraceContext>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -165,17 +174,27 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl SplitCall {
-    /// The call's span (see [`call_span`]); `begin` runs inside it.
+    /// The call's span (see [`call_span`]) under the caller's W3C context, when its
+    /// `traceparent` is a valid one; `begin` runs inside it.
     pub fn start(
         door: Door,
         tenant: &str,
         tool: &str,
         call_id: Option<&str>,
-        caller: Option<&TraceContext>,
+        traceparent: Option<&str>,
+        tracestate: Option<&str>,
     ) -> Self {
+        let caller = traceparent.and_then(|tp| TraceContext::parse(tp, tracestate));
         SplitCall {
-            call: Mutex::new(Some(call_span(door, tenant, tool, call_id, caller))),
+            call: Mutex::new(Some(call_span(
+                door,
+                tenant,
+                tool,
+                call_id,
+                caller.as_ref(),
+            ))),
             effect: Mutex::new(None),
+            caller,
         }
     }
 
@@ -197,28 +216,22 @@ impl SplitCall {
                 *lock(&self.effect) = Some(effect);
                 return;
             }
-            Ok(Begun::PassThrough) => span.set_attribute("idemgate.verdict", "passed_through"),
-            Ok(Begun::Answered(answer)) => {
-                record_facts(span, &Explanation::of_answer(answer), answer.key.as_ref());
+            Ok(Begun::PassThrough) => {
+                span.set_attribute("idemgate.verdict", Verdict::PassedThrough.label());
             }
-            Err(e) => {
-                let key = match e {
-                    EngineError::KeyReuse { key, .. } => Some(key),
-                    _ => None,
-                };
-                record_facts(span, &Explanation::of_error(e), key);
-            }
+            Ok(Begun::Answered(answer)) => record_answer(span, answer),
+            Err(e) => record_facts(span, &Explanation::of_error(e), refused_key(e)),
         }
         *call = None;
     }
 
     /// The context to hand to the caller's function: the side effect's span when spans are
     /// exported, else the caller's own.
-    pub fn outgoing(&self, caller: Option<&TraceContext>) -> Option<TraceContext> {
-        match lock(&self.effect).as_ref() {
-            Some(span) => TraceContext::of_otel(&span.context()).or_else(|| caller.cloned()),
-            None => caller.cloned(),
-        }
+    pub fn outgoing(&self) -> Option<TraceContext> {
+        let ours = lock(&self.effect)
+            .as_ref()
+            .and_then(|span| TraceContext::of_otel(&span.context()));
+        ours.or_else(|| self.caller.clone())
     }
 
     /// The function returned (before `finish` records it): ends the side effect's span.

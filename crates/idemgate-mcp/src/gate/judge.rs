@@ -243,8 +243,11 @@ impl<S: Store> Judge<S> {
         let write = policy.kind == ToolKind::Write;
         let timeout = self.config.call_timeout;
         let mut relay = None;
-        // The client's trace context, as MCP carries it: in the request's `_meta`.
-        let meta = request.params.get("_meta").and_then(|m| frame::object(m));
+        // The client's trace context, as MCP carries it: in the request's `_meta`. Read only for
+        // spans: without them the frame carries it on to the server as it came.
+        let meta = (idemgate_core::traced())
+            .then(|| request.params.get("_meta").and_then(|m| frame::object(m)))
+            .flatten();
         let caller = meta.as_ref().and_then(|m| {
             idemgate_trace::TraceContext::from_carrier(|name| {
                 m.get(name)
