@@ -96,7 +96,11 @@ async fn dispatch(cli: Cli) -> Result<u8> {
             Ok(0)
         }
         Command::Key(KeyCommand::Derive { run, step }) => {
-            let key = idemgate::IdempotencyKey::derive(run, step);
+            // An unset `$RUN_ID` arrives as "": every run would share its keys and replay the
+            // first run's steps, so it is refused rather than derived.
+            let key = idemgate::IdempotencyKey::derive(run, step).map_err(|e| {
+                anyhow::anyhow!("{e}: `key derive` needs the run id and the step that name this step of this run (an unset variable passes an empty one); nothing was derived")
+            })?;
             print_key(&cli, key.as_str());
             Ok(0)
         }

@@ -646,6 +646,21 @@ fn help_teaches_and_bad_input_says_what_to_do() {
         sb.run(&["key", "derive", "--run", "r", "--step", "1"])
             .stdout
     );
+    // `--run "$RUN_ID"` with the variable unset: refused, not one key shared by every run.
+    for (run, step, says) in [("", "1", "run id is empty"), ("r", " ", "step is empty")] {
+        let refused = sb
+            .idemgate()
+            .args(["key", "derive", "--run", run, "--step", step])
+            .output()
+            .unwrap();
+        assert_ne!(refused.status.code(), Some(0), "{run:?} {step:?}");
+        assert!(refused.stdout.is_empty(), "{}", text(&refused.stdout));
+        assert!(
+            text(&refused.stderr).contains(says),
+            "{}",
+            text(&refused.stderr)
+        );
+    }
 }
 
 #[test]

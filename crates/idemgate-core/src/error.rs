@@ -48,7 +48,7 @@ impl StoreError {
 #[non_exhaustive]
 pub enum EngineError {
     /// A write tool was called without a key and has no fallback window.
-    #[error("tool {tool} changes state and needs an idempotency key; pass one (derive it from the run id and step) or configure a fallback window for the tool")]
+    #[error("tool {tool} is treated as a write (it is not known to be read-only) and needs an idempotency key; pass one (derive it from the run id and step), configure a fallback window for the tool, or mark it read-only if it is")]
     KeyRequired {
         /// The tool.
         tool: String,

@@ -199,14 +199,27 @@ impl IdempotencyKey {
     ///
     /// Use the run id of the agent run and a step id that names the logical action (a tool-call id,
     /// or a step number that the orchestrator does not renumber on retry).
-    pub fn derive(run_id: &str, step: &str) -> Self {
+    ///
+    /// # Errors
+    /// [`KeyError::Empty`] when the run id or the step is empty or only whitespace: a run id read
+    /// from an unset variable would give every run the same keys, and every run after the first
+    /// would replay its steps instead of running them.
+    pub fn derive(run_id: &str, step: &str) -> Result<Self, KeyError> {
+        if run_id.trim().is_empty() {
+            return Err(KeyError::Empty { what: "run id" });
+        }
+        if step.trim().is_empty() {
+            return Err(KeyError::Empty { what: "step" });
+        }
         // Length-prefix both parts so ("ab", "c") and ("a", "bc") differ.
         let mut h = Sha256::new();
         h.update((run_id.len() as u64).to_be_bytes());
         h.update(run_id.as_bytes());
         h.update((step.len() as u64).to_be_bytes());
         h.update(step.as_bytes());
-        IdempotencyKey(format!("run-{}", hex(&h.finalize()[..16])).into())
+        Ok(IdempotencyKey(
+            format!("run-{}", hex(&h.finalize()[..16])).into(),
+        ))
     }
 
     /// Checks a key that a caller supplied: as [`IdempotencyKey::new`], and it must not start
@@ -358,14 +371,21 @@ mod tests {
 
     #[test]
     fn derived_keys_are_stable_and_distinct() {
-        let a = IdempotencyKey::derive("run-1", "call-7");
-        assert_eq!(a, IdempotencyKey::derive("run-1", "call-7"));
-        assert_ne!(a, IdempotencyKey::derive("run-1", "call-8"));
-        assert_ne!(
-            IdempotencyKey::derive("ab", "c"),
-            IdempotencyKey::derive("a", "bc")
-        );
+        let d = |r, s| IdempotencyKey::derive(r, s).unwrap();
+        let a = d("run-1", "call-7");
+        assert_eq!(a, d("run-1", "call-7"));
+        assert_ne!(a, d("run-1", "call-8"));
+        assert_ne!(d("ab", "c"), d("a", "bc"));
         assert!(IdempotencyKey::new(a.as_str()).is_ok());
+    }
+
+    #[test]
+    fn derived_keys_need_a_run_and_a_step() {
+        // `--run "$RUN_ID"` with the variable unset must not give every run one key.
+        let e = IdempotencyKey::derive("", "3").unwrap_err();
+        assert_eq!(e.to_string(), "run id is empty");
+        let e = IdempotencyKey::derive("run-1", " ").unwrap_err();
+        assert_eq!(e.to_string(), "step is empty");
     }
 
     #[test]

@@ -11,7 +11,7 @@
 //! # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
 //! let engine = Engine::new(MemoryStore::new());
 //! let call = Call::new(TenantId::new("acme")?, ToolName::new("send_invoice")?)
-//!     .key(IdempotencyKey::derive("run-17", "tool-call-3"))
+//!     .key(IdempotencyKey::derive("run-17", "tool-call-3")?)
 //!     .args(&serde_json::json!({"customer": 42, "amount_cents": 1999}));
 //!
 //! let first = engine.call(call.clone(), || async { Effect::Success(b"invoice 9".to_vec()) }).await?;

@@ -405,8 +405,12 @@ impl Explanation {
                 let why = why.clone().unwrap_or_else(|| {
                     "an earlier attempt stopped before its outcome was recorded".to_owned()
                 });
+                // The model cannot resolve a record (it has no operator's tools), and a retry under
+                // a new key could do the action twice: it is told to stop and to tell the user,
+                // and the person who reads that is told which record and how.
                 let resolve = format!(
-                    "Check whether it took effect; an operator records what happened with {}.",
+                    "You cannot resolve this yourself, and calling again under a new key could do it twice: tell the user that a person must check whether it took effect and record what happened for {} with {}.",
+                    door.record,
                     door.resolve.instruction(*fence)
                 );
                 let next = match (ran_here, self.next) {
@@ -425,7 +429,7 @@ impl Explanation {
             }
             What::Refused { why } => match self.verdict {
                 Verdict::KeyRequired => format!(
-                    "{effect} changes state, so this call needs an idempotency key, and none was sent; nothing was done. {}",
+                    "{effect} is treated as a write (it is not known to be read-only), so this call needs an idempotency key, and none was sent; nothing was done. {}",
                     door.add_key
                 ),
                 Verdict::KeyReused => format!(
@@ -497,6 +501,15 @@ mod tests {
         );
         let model = told.for_model(&CLI);
         assert!(model.contains("NOT repeated"), "{model}");
+        // What the model can do: nothing itself; the person it tells learns which record and
+        // how to resolve it.
+        assert!(
+            model.contains("You cannot resolve this yourself")
+                && model.contains("tell the user")
+                && model.contains(CLI.record)
+                && model.contains("--fence 7"),
+            "{model}"
+        );
 
         let retried = Explanation::of_answer(&unknown).retried_when_unknown(true);
         assert_eq!(retried.next, Next::NextCallRuns);

@@ -10,6 +10,8 @@
 //! - [`leases`] and [`records`]: what the in-process doors (the Python and Node packages) share:
 //!   the lease keeper of functions running outside the runtime, and the operator's record view.
 //!
+//! - [`identity`]: what counts as the same action: the one function that names a call's record
+//!   (key, scope, rule, window) from what its door knows;
 //! - [`Explanation`]: what a call's answer means, as facts and as the sentences for a model and
 //!   for a person, which every door renders;
 //! - [`codes`]: what each door sends for a verdict (an HTTP status, a problem name, an exit
@@ -20,6 +22,7 @@ pub mod audit;
 pub mod codes;
 pub mod explain;
 pub mod header;
+pub mod identity;
 pub mod leases;
 pub mod limits;
 pub mod log;

@@ -23,7 +23,10 @@ mod keys;
 mod reply;
 
 pub use engine::{flush_traces, open_engine, tracing, CallInit, NativeEngine, PolicyInit};
-pub use keys::{check_key, derive_key, fingerprint, mint_key, verdict_labels};
+pub use keys::{
+    check_key, derive_key, fingerprint, invocation_scope, mint_key, name_action, verdict_labels,
+    ActionFacts, ActionName,
+};
 
 /// The runtime the addon's store calls run on: one worker thread unless
 /// `IDEMGATE_NODE_WORKER_THREADS` says more. One, because what runs there is waiting on a store,

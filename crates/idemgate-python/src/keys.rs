@@ -9,8 +9,14 @@ use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 
 /// A stable key for one step of one run: `IdempotencyKey::derive(run_id, step)`.
 #[pyfunction]
-pub(crate) fn derive_key(run_id: &str, step: &str) -> String {
-    IdempotencyKey::derive(run_id, step).as_str().to_owned()
+pub(crate) fn derive_key(run_id: &str, step: &str) -> PyResult<String> {
+    IdempotencyKey::derive(run_id, step)
+        .map(|k| k.as_str().to_owned())
+        .map_err(|e| {
+            PyValueError::new_err(format!(
+                "{e}: derive_key needs the run id and the step that name this step of this run"
+            ))
+        })
 }
 
 /// A fresh random key: `IdempotencyKey::mint()`.
@@ -115,4 +121,39 @@ fn plain_json(v: &Bound<'_, PyAny>, depth: usize) -> Option<serde_json::Value> {
         return array(&mut t.iter());
     }
     None
+}
+
+/// Names a call's action from what its integration knows: `(key, scope, rule, window)` by the
+/// one rule of every door (`idemgate_kit::identity`); raises `ValueError` when a key is invalid,
+/// or the program's keys differ; a call without a scope is its own invocation
+/// (`identify_or_invocation`), never global.
+#[pyfunction]
+#[pyo3(signature = (*, scope=None, orchestration_key=None, business_key=None, model_key=None, call_id=None))]
+pub(crate) fn name_action(
+    scope: Option<&str>,
+    orchestration_key: Option<&str>,
+    business_key: Option<&str>,
+    model_key: Option<&str>,
+    call_id: Option<&str>,
+) -> PyResult<(Option<String>, Option<String>, &'static str, bool)> {
+    let i = idemgate_kit::identity::identify_or_invocation(&idemgate_kit::identity::Facts {
+        scope,
+        orchestration_key,
+        business_key,
+        model_key,
+        call_id,
+    })
+    .map_err(|e| PyValueError::new_err(e.to_string()))?;
+    Ok((
+        i.key.map(|k| k.as_str().to_owned()),
+        i.scope.map(|s| s.to_string()),
+        i.rule.as_str(),
+        i.window,
+    ))
+}
+
+/// A scope of its own for one invocation of a tool whose framework names no conversation.
+#[pyfunction]
+pub(crate) fn invocation_scope() -> String {
+    idemgate_kit::identity::Scope::invocation()
 }

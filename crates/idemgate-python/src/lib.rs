@@ -42,7 +42,9 @@ use answer::PyAnswer;
 use call::PyTicket;
 use command::run_command;
 use engine::Engine;
-use keys::{check_key, derive_key, fingerprint, fingerprint_args, mint_key};
+use keys::{
+    check_key, derive_key, fingerprint, fingerprint_args, invocation_scope, mint_key, name_action,
+};
 use policy::Policy;
 
 /// The native half of the `idemgate` package.
@@ -53,6 +55,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyTicket>()?;
     m.add_class::<PyAnswer>()?;
     m.add_function(wrap_pyfunction!(derive_key, m)?)?;
+    m.add_function(wrap_pyfunction!(name_action, m)?)?;
+    m.add_function(wrap_pyfunction!(invocation_scope, m)?)?;
     m.add_function(wrap_pyfunction!(mint_key, m)?)?;
     m.add_function(wrap_pyfunction!(check_key, m)?)?;
     m.add_function(wrap_pyfunction!(fingerprint, m)?)?;

@@ -28,7 +28,7 @@
 //! let store = SqliteStore::open(dir.path().join("idemgate.db"), SqliteOptions::default())?;
 //! let engine = Engine::new(store);
 //! let call = Call::new(TenantId::new("acme")?, ToolName::new("send_invoice")?)
-//!     .key(IdempotencyKey::derive("run-17", "tool-call-3"))
+//!     .key(IdempotencyKey::derive("run-17", "tool-call-3")?)
 //!     .args(&serde_json::json!({"customer": 42}));
 //!
 //! let first = engine.call(call.clone(), || async { Effect::Success(b"invoice 9".to_vec()) }).await?;
