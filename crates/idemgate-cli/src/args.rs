@@ -245,6 +245,12 @@ pub struct McpArgs {
     #[arg(long, value_name = "HEADER")]
     pub upstream_header: Vec<String>,
 
+    /// Believe the server's `readOnlyHint` and `idempotentHint` annotations (`trusted = true` in
+    /// the configuration): its read-only tools pass without a key. Only for a server you trust to
+    /// mark them truly; without it, every tool not named in [tools] is a write.
+    #[arg(long)]
+    pub trust_annotations: bool,
+
     /// The MCP server's command and its arguments (after `--`).
     #[arg(last = true, value_name = "CMD")]
     pub command: Vec<String>,

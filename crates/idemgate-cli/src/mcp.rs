@@ -26,6 +26,9 @@ pub(crate) async fn run(cli: &Cli, args: &McpArgs) -> Result<u8> {
         Some(path) => Config::load(path)?,
         None => Config::default(),
     };
+    if args.trust_annotations {
+        config.trusted = true;
+    }
     if let Some(listen) = args.listen {
         if !listen.ip().is_loopback() && config.tenants.is_empty() && config.oauth.is_none() {
             anyhow::bail!(

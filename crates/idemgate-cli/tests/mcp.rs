@@ -296,12 +296,21 @@ fn mcp_relays_frames_and_replays_a_keyed_write() {
     let init = p.initialize();
     assert_eq!(init["result"]["x-fixture"], true, "{init}");
     let (_, listing) = p.request_raw("tools/list", json!({}));
+    // Members the proxy does not know keep their text; write tools are offered the model's key.
     assert!(
-        listing.contains(r#""x-fixture-unknown": {"kept": [1, 2, 3]}"#),
+        listing.contains(r#""x-fixture-unknown":{"kept": [1, 2, 3]}"#),
         "{listing}"
     );
     assert!(
         listing.contains(r#""taskSupport": "forbidden""#),
+        "{listing}"
+    );
+    let listed: Value = serde_json::from_str(&listing).unwrap();
+    let count = &listed["result"]["tools"][0];
+    assert_eq!(count["name"], "count");
+    assert_eq!(
+        count["inputSchema"]["properties"]["idempotency_key"]["type"],
+        json!(["string", "null"]),
         "{listing}"
     );
     assert_eq!(p.request("ping", json!({}))["result"], json!({}));
@@ -321,13 +330,22 @@ fn mcp_relays_frames_and_replays_a_keyed_write() {
     assert!(again["result"]["_meta"]["dev.idemgate/executed_at"].is_string());
     assert!(text(&again, 1).contains("not repeated"), "{again}");
     assert_eq!(again["result"]["isError"], false);
-    // The key as an argument names the same record: the key is not part of the arguments.
-    let by_arg = p.call(
-        "count",
-        json!({"label": "a", "idempotency_key": "order-1"}),
-        None,
+    // The same text as the model's argument is the model's key, which names an action only
+    // within this session (contract rule 2: a model's key is advisory): another action, run
+    // once, and not part of the arguments.
+    let by_arg = || json!({"label": "a", "idempotency_key": "order-1"});
+    let model_first = p.call("count", by_arg(), None);
+    assert_eq!(text(&model_first, 0), "counted 2", "{model_first}");
+    let model_again = p.call("count", by_arg(), None);
+    assert_eq!(
+        model_again["result"]["_meta"]["dev.idemgate/replayed"],
+        true
     );
-    assert_eq!(by_arg["result"]["_meta"]["dev.idemgate/replayed"], true);
+    assert_eq!(
+        model_again["result"]["_meta"]["dev.idemgate/named_by"], "model_key",
+        "{model_again}"
+    );
+    assert_eq!(sb.executed(), ["count a", "count a"]);
     drop(p);
 
     // A new proxy process (a client that starts one per call) replays from the store.
@@ -340,7 +358,10 @@ fn mcp_relays_frames_and_replays_a_keyed_write() {
     let later = p.call("count", json!({"label": "a"}), Some("order-1"));
     assert_eq!(later["result"]["_meta"]["dev.idemgate/replayed"], true);
     assert_eq!(later["result"]["content"].as_array().unwrap().len(), 1);
-    assert_eq!(sb.executed(), ["count a"]);
+    // The model's key of the session before is not this session's: it runs.
+    let model_elsewhere = p.call("count", by_arg(), None);
+    assert_eq!(text(&model_elsewhere, 0), "counted 3", "{model_elsewhere}");
+    assert_eq!(sb.executed(), ["count a", "count a", "count a"]);
     let audit = fs::read_to_string(&audit).unwrap();
     assert!(audit.contains(r#""event":"replayed""#), "{audit}");
     assert!(audit.contains(r#""tool":"mcp_server/count""#), "{audit}");
@@ -484,21 +505,26 @@ fn mcp_a_key_that_is_not_a_string_or_that_disagrees_is_refused_with_a_reason() {
         text(&number, 0).contains("argument idempotency_key must be a string"),
         "{number}"
     );
-    // Keys in _meta and in the argument must agree: one rule on stdio and over HTTP.
-    let differ = p.call(
+    // The orchestration layer's key (_meta) names the action; the model's argument is advisory
+    // (the kit's one rule, `idemgate_kit::identity`): the program's name wins, on stdio and
+    // over HTTP, and a second call under it is a replay the model is told about.
+    let first = p.call(
         "count",
         json!({"label": "a", "idempotency_key": "k-arg"}),
         Some("k-meta"),
     );
-    assert_eq!(verdict(&differ), "bad_request", "{differ}");
-    assert!(text(&differ, 0).contains("differ"), "{differ}");
-    // The same key in both is one key.
-    let agree = p.call(
+    assert_eq!(text(&first, 0), "counted 1", "{first}");
+    let again = p.call(
         "count",
-        json!({"label": "a", "idempotency_key": "k-1"}),
-        Some("k-1"),
+        json!({"label": "a", "idempotency_key": "k-other"}),
+        Some("k-meta"),
     );
-    assert_eq!(text(&agree, 0), "counted 1", "{agree}");
+    assert_eq!(text(&again, 0), "counted 1", "{again}");
+    assert_eq!(
+        again["result"]["_meta"]["dev.idemgate/replayed"], true,
+        "{again}"
+    );
+    assert!(text(&again, 1).contains("already performed"), "{again}");
     assert_eq!(sb.executed(), ["count a"]);
 }
 
@@ -624,6 +650,14 @@ fn mcp_what_counts_as_the_same_action_without_a_key() {
         told.contains("taken for a repeat") && told.contains("idempotency_key"),
         "{again}"
     );
+    // The model may have meant a new action, and clients that show it only structured content
+    // (Pydantic AI's) would hide the notice: the replay is an error whose text says it all.
+    assert_eq!(again["result"]["isError"], true, "{again}");
+    assert!(
+        again["result"].get("structuredContent").is_none(),
+        "{again}"
+    );
+    assert_eq!(again["result"]["_meta"]["dev.idemgate/named_by"], "window");
     assert_eq!(sb.executed().len(), 1);
     // (c) The same arguments in another conversation (named by the client) are another action,
     // and so are they in another session (a new proxy process on the same store).
@@ -682,6 +716,16 @@ fn mcp_reads_pass_unkeyed_only_for_trusted_servers() {
     let (sb, mut p) = started(PLAIN);
     let untrusted = p.call("read", json!({}), None);
     assert_eq!(verdict(&untrusted), "key_required", "{untrusted}");
+    // The refusal tells the truth (the tool is not known to be read-only, not "it changes
+    // state") and how to let a read-only tool's calls pass.
+    let told = text(&untrusted, 0);
+    assert!(
+        told.contains("not known to be read-only")
+            && !told.contains("changes state")
+            && told.contains("kind = \"read\"")
+            && told.contains("trusted = true"),
+        "{untrusted}"
+    );
     drop(p);
     let mut p = sb.initialized("trusted = true\n");
     for _ in 0..2 {
@@ -689,6 +733,22 @@ fn mcp_reads_pass_unkeyed_only_for_trusted_servers() {
         assert_eq!(text(&read, 0), "lines 0", "{read}");
         assert!(read["result"]["_meta"].is_null());
     }
+    drop(p);
+    // The same in one line of an agent's configuration: `mcp --trust-annotations -- CMD`.
+    let mut command = sb.idemgate();
+    command.env("FIXTURE_LOG", sb.path("executed")).args([
+        "mcp",
+        "--trust-annotations",
+        "--",
+        "python3",
+        FIXTURE,
+    ]);
+    let mut p = Proxy::spawn(command, &sb);
+    p.initialize();
+    let read = p.call("read", json!({}), None);
+    assert_eq!(text(&read, 0), "lines 0", "{read}");
+    let write = p.call("count", json!({"label": "w"}), None);
+    assert_eq!(verdict(&write), "key_required", "{write}");
     let out = sb
         .idemgate()
         .args(["--json", "keys", "list"])
@@ -790,13 +850,18 @@ fn mcp_fills_a_declared_key_argument_with_the_record_digest() {
     let (sb, mut p) = started(PLAIN);
     // The client never listed the tools: the proxy lists them itself (both pages).
     let r = p.call("keyed", json!({"x": 1, "idempotencyKey": "abc"}), None);
-    let key = idemgate::Key::new(
-        idemgate::TenantId::new("local").unwrap(),
-        idemgate::ToolName::new("mcp_server/keyed").unwrap(),
-        idemgate::IdempotencyKey::new("abc").unwrap(),
+    // The model's "abc" names an action within this session; the server gets the digest of
+    // its record, the same on every retry of it (and never the model's text).
+    let sent = text(&r, 0).to_owned();
+    let digest = sent.strip_prefix("key ").expect("a digest").to_owned();
+    assert!(
+        digest.len() == 64 && digest.bytes().all(|b| b.is_ascii_hexdigit()),
+        "{r}"
     );
-    let digest = idemgate::key::hex(&key.digest());
-    assert_eq!(text(&r, 0), format!("key {digest}"), "{r}");
+    let keys = sb.run(&["--json", "keys", "list", "--tool", "mcp_server/keyed"]);
+    let rows: Value = serde_json::from_slice(&keys.stdout).unwrap();
+    let key: idemgate::Key = serde_json::from_value(rows[0]["key"].clone()).unwrap();
+    assert_eq!(idemgate::key::hex(&key.digest()), digest, "{rows}");
     // An undeclared key argument never reaches a server (count would log it otherwise).
     let c = p.call("count", json!({"label": "z", "idempotencyKey": "k9"}), None);
     assert_eq!(text(&c, 0), "counted 2", "{c}");

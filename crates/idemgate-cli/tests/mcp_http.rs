@@ -147,17 +147,27 @@ impl Listening {
 
     /// `initialize` and `notifications/initialized` as `token`'s tenant; the session id.
     pub(crate) fn session(&self, token: &str) -> String {
-        let auth = format!("Bearer {token}");
+        self.session_with(&[("authorization", &format!("Bearer {token}"))])
+    }
+
+    /// `initialize` and `notifications/initialized` on a proxy without tenants; the session id.
+    pub(crate) fn session_open(&self) -> String {
+        self.session_with(&[])
+    }
+
+    fn session_with(&self, auth: &[(&str, &str)]) -> String {
         let init = self.http(
             "POST",
-            &[("authorization", &auth)],
+            auth,
             r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#,
         );
         assert_eq!(init.status, 200, "{}", init.body);
         let sid = init.header("mcp-session-id").to_owned();
+        let mut headers = auth.to_vec();
+        headers.push(("mcp-session-id", &sid));
         let note = self.http(
             "POST",
-            &[("authorization", &auth), ("mcp-session-id", &sid)],
+            &headers,
             r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
         );
         assert_eq!(note.status, 202, "{}", note.body);
@@ -233,6 +243,17 @@ impl Answer {
 
     pub(crate) fn json(&self) -> Value {
         serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("{e}: {}", self.body))
+    }
+
+    /// The response to request `id`: the body itself, or the SSE event that carries it.
+    pub(crate) fn message(&self, id: u64) -> Value {
+        if self.header("content-type").starts_with("text/event-stream") {
+            return sse_messages(&self.body)
+                .into_iter()
+                .find(|m| m["id"] == json!(id) && m.get("method").is_none())
+                .unwrap_or_else(|| panic!("no response to {id} in {}", self.body));
+        }
+        self.json()
     }
 }
 
@@ -672,8 +693,9 @@ fn mcp_http_bad_inputs_are_answered_in_json_rpc_and_bad_keys_reach_the_model() {
         "{}",
         invalid.body
     );
-    // A header key that differs from the call's own is refused the same way.
-    let keyed = r#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"count","arguments":{"label":"x","idempotency_key":"k-arg"}}}"#;
+    // A header key that differs from the call's own `_meta` key is refused the same way (two
+    // keys of the orchestration layer that do not say which action they name).
+    let keyed = r#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"count","arguments":{"label":"x"},"_meta":{"dev.idemgate/idempotency-key":"k-meta"}}}"#;
     let differ = post(&[("idempotency-key", "k-header")], keyed);
     assert_eq!(
         differ.json()["result"]["_meta"]["dev.idemgate/verdict"],

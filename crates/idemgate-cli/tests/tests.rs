@@ -14,6 +14,7 @@ mod mcp_real;
 mod mcp_ts;
 mod mcp_upstream;
 mod regressions;
+mod same_action;
 mod sealed;
 
 /// Tests that load both cores (process storms, crash tests) take this lock so that they run one

@@ -10,6 +10,7 @@ use http_body_util::BodyExt as _;
 use idemgate::{
     Call, IdempotencyKey, Outcome, OutcomeKind, Record, RecordState, TenantId, Timestamp, ToolName,
 };
+use idemgate_kit::identity::{identify, Facts};
 use idemgate_kit::Payload;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -105,9 +106,19 @@ pub(crate) fn call(
             "only one Idempotency-Key header is allowed; this request has several",
         ));
     }
-    if let Some(v) = first {
-        let key =
-            idemgate_kit::header::idempotency_key(v.as_bytes()).map_err(Problem::bad_request)?;
+    let header = first
+        .map(|v| idemgate_kit::header::idempotency_key(v.as_bytes()))
+        .transpose()
+        .map_err(Problem::bad_request)?;
+    // The header is the orchestration layer's key: it names the action for the tenant, in every
+    // request (the kit's one rule). Without it the call is the tool's window, tenant-wide: a
+    // program's client has no conversation to scope it by.
+    let identity = identify(&Facts {
+        orchestration_key: header.as_ref().map(IdempotencyKey::as_str),
+        ..Facts::default()
+    })
+    .map_err(|e| Problem::bad_request(e.to_string()))?;
+    if let Some(key) = identity.key {
         call = call.key(key);
     }
     Ok(call)

@@ -6,6 +6,7 @@
 use idemgate_core::{
     Answer, Decision, EngineError, KeyRule, Timestamp, ToolPolicy, UnknownPolicy, Verdict,
 };
+use idemgate_kit::identity::Rule;
 use idemgate_kit::{Door, Explanation, Payload, Resolve, VerdictCodes, What};
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
@@ -26,6 +27,12 @@ pub const META_REPLAYED: &str = "dev.idemgate/replayed";
 pub const META_EXECUTED_AT: &str = "dev.idemgate/executed_at";
 /// `_meta` of a replay: which rule named the record, `explicit` (a key) or `fallback`.
 pub const META_RULE: &str = "dev.idemgate/rule";
+/// `_meta` of a replay: the rule of `idemgate_kit::identity` that named the action
+/// (`orchestration_key`, `model_key`, `window`).
+pub const META_NAMED_BY: &str = "dev.idemgate/named_by";
+/// The member of a replay's `structuredContent` that carries the notice, for clients that show
+/// the model only that channel (when the tool's output schema allows another member).
+pub const STRUCTURED_NOTICE: &str = "idemgate_notice";
 /// `_meta` of a replay of an operator's resolution (`idemgate keys resolve`): `operator`; its
 /// `executed_at` is then when the operator resolved it.
 pub const META_RESOLVED_BY: &str = "dev.idemgate/resolved_by";
@@ -62,14 +69,37 @@ pub(crate) struct CallContext<'a> {
     pub(crate) replay_notice: bool,
     /// Whether the request speaks an era whose results carry `resultType` ([`wants_result_type`]).
     pub(crate) result_type: bool,
+    /// What the call's judging found that its answers tell.
+    pub(crate) named: Named,
+}
+
+/// What judging a call found that its answers tell: by which rule its action was named, and
+/// what the server said of the tool.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Named {
+    /// The rule that named the call's action (`idemgate_kit::identity`); `None` when the call
+    /// was refused before it was named.
+    pub(crate) rule: Option<Rule>,
+    /// The server marks the tool read-only though its annotations are not trusted: a refusal
+    /// for a missing key then says how to let its reads pass.
+    pub(crate) hinted_read_only: bool,
+    /// The tool's structured output takes a member its schema does not name
+    /// ([`super::catalog::Tool::open_output`]).
+    pub(crate) open_output: bool,
 }
 
 impl CallContext<'_> {
     /// How the explanations of this call name things.
-    fn door<'d>(&self, effect: &'d str, resolve: &'d str, add_key: &'d str) -> Door<'d> {
+    fn door<'d>(
+        &self,
+        effect: &'d str,
+        record: &'d str,
+        resolve: &'d str,
+        add_key: &'d str,
+    ) -> Door<'d> {
         Door {
             effect,
-            record: effect,
+            record,
             resolve: Resolve::Command(resolve),
             repeat: REPEAT,
             add_key,
@@ -93,16 +123,28 @@ pub(crate) fn respond(
         Explanation::of(&result).retried_when_unknown(cx.policy.on_unknown == UnknownPolicy::Retry);
     let verdict = explanation.verdict;
     let effect = format!("the tool {}", cx.tool);
+    // The record as a person finds it: its key when the engine named one.
+    let key = match &result {
+        Ok(Answer { key: Some(k), .. }) => k.key.as_str().to_owned(),
+        _ => "KEY".to_owned(),
+    };
+    let record = format!("record {key} (tool {}, tenant {})", cx.scope, cx.tenant);
     let resolve = format!(
-        "idemgate keys resolve KEY --tool {} --tenant {}",
+        "idemgate keys resolve {key} --tool {} --tenant {}",
         cx.scope, cx.tenant
     );
-    let add_key = format!(
+    let mut add_key = format!(
         "To the model: call {tool} again with the argument \"{arg}\" set to a value that names this one action (the same value on every retry of it, a new value for a new action). To the developer: put a stable key (for example the tool call id) in params._meta[\"{META_KEY}\"], or give the tool a fallback_window in the idemgate MCP configuration (docs/MCP.md).",
         tool = cx.tool,
         arg = KEY_ARGUMENTS[0],
     );
-    let door = cx.door(&effect, &resolve, &add_key);
+    if cx.named.hinted_read_only {
+        add_key.push_str(&format!(
+            " The server marks {tool} read-only, but its annotations are not trusted: if it only reads, mark it kind = \"read\" under [tools.{tool}], or set trusted = true for this server, in the idemgate MCP configuration (docs/MCP.md).",
+            tool = cx.tool,
+        ));
+    }
+    let door = cx.door(&effect, &record, &resolve, &add_key);
     let text = explanation.for_model(&door);
     let server_answer = match relay {
         Some(Reply::Answer { frame, .. }) => Ok(frame),
@@ -166,6 +208,7 @@ fn replay(
                     explanation,
                     replay_notice(explanation, &text, cx.replay_notice),
                     cx.result_type,
+                    cx.named,
                 );
                 frame::response(cx.id, &result)
             }
@@ -241,11 +284,20 @@ fn replay_notice<'t>(explanation: &Explanation, text: &'t str, wanted: bool) -> 
 /// A stored result marked as a replay in `_meta` (when it ran, by which rule, whether an
 /// operator resolved it), with the `notice` text block for the model when given, and
 /// `resultType` when `result_type` and the result (stored from an earlier era) has none.
+///
+/// Some clients show the model only `structuredContent` when a result has it (Pydantic AI's
+/// MCP client, the OpenAI Agents SDK's with `use_structured_content`), so a notice in a text
+/// block never reaches it. Where the model may have meant a new action (the window joined an
+/// identical call, or the model reused its own key), the replay is answered as an error whose
+/// text carries the notice and the stored result, which every client shows the model (the
+/// record is untouched: a later identical call is still a replay). Otherwise the notice also
+/// goes into `structuredContent` when the tool's output schema allows another member.
 fn replayed(
     result: &RawValue,
     explanation: &Explanation,
     notice: Option<&str>,
     result_type: bool,
+    named: Named,
 ) -> Box<RawValue> {
     let Some(mut obj) = frame::object(result) else {
         return result.to_owned();
@@ -268,6 +320,9 @@ fn replayed(
         META_RULE.to_owned(),
         frame::raw(&explanation.rule.unwrap_or(KeyRule::Explicit)),
     );
+    if let Some(rule) = named.rule {
+        meta.insert(META_NAMED_BY.to_owned(), frame::raw(&rule.as_str()));
+    }
     obj.insert("_meta".to_owned(), frame::raw(&meta));
     // A task handle has no content to add the notice to; its `_meta` says it is a replay.
     let task = obj.contains_key("task")
@@ -279,9 +334,41 @@ fn replayed(
             .get("content")
             .and_then(|c| serde_json::from_str(c.get()).ok())
             .unwrap_or_default();
-        content.push(frame::raw(
-            &json!({"type": "text", "text": format!("idemgate: {notice}")}),
-        ));
+        let structured = obj
+            .get("structuredContent")
+            .filter(|s| s.get() != "null")
+            .map(|s| s.to_owned());
+        let advisory = matches!(named.rule, Some(Rule::Window | Rule::ModelKey))
+            || explanation.rule == Some(KeyRule::Fallback);
+        match structured {
+            Some(stored) if advisory => {
+                // The stored blocks (the structured result in words when there are none), then
+                // the notice, which speaks of "the result above".
+                if content.is_empty() {
+                    content.push(frame::raw(&json!({"type": "text", "text": stored.get()})));
+                }
+                content.push(frame::raw(
+                    &json!({"type": "text", "text": format!("idemgate: {notice}")}),
+                ));
+                obj.remove("structuredContent");
+                obj.insert("isError".to_owned(), frame::raw(&true));
+            }
+            Some(stored) if named.open_output => {
+                if let Some(mut members) = frame::object(&stored) {
+                    members.insert(
+                        STRUCTURED_NOTICE.to_owned(),
+                        frame::raw(&format!("idemgate: {notice}")),
+                    );
+                    obj.insert("structuredContent".to_owned(), frame::raw(&members));
+                }
+                content.push(frame::raw(
+                    &json!({"type": "text", "text": format!("idemgate: {notice}")}),
+                ));
+            }
+            _ => content.push(frame::raw(
+                &json!({"type": "text", "text": format!("idemgate: {notice}")}),
+            )),
+        }
         obj.insert("content".to_owned(), frame::raw(&content));
     }
     if result_type {
@@ -328,6 +415,7 @@ mod tests {
             &explanation,
             replay_notice(&explanation, &text, notice),
             result_type,
+            Named::default(),
         )
     }
 
@@ -365,11 +453,11 @@ mod tests {
                 && !notice.contains("already performed"),
             "{notice}"
         );
-        assert!(quiet.get().contains(r#""n":12345678901234567890"#));
         // A call the window took for a repeat is told so, and how to repeat on purpose, even
-        // where replays are otherwise quiet.
+        // where replays are otherwise quiet; a structured result is then in the text, exact.
         let quiet: Value = serde_json::from_str(quiet.get()).unwrap();
         assert_eq!(quiet["_meta"][META_RULE], "fallback");
+        assert_eq!(quiet["isError"], true, "{quiet}");
         let told = quiet["content"][1]["text"].as_str().unwrap();
         assert!(
             told.contains("taken for a repeat") && told.contains("idempotency_key"),
@@ -378,6 +466,62 @@ mod tests {
         let explicit = replay_of(&stored, KeyRule::Explicit, false, false, false);
         let explicit: Value = serde_json::from_str(explicit.get()).unwrap();
         assert_eq!(explicit["content"].as_array().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn a_replay_reaches_clients_that_read_only_structured_content() {
+        let stored = RawValue::from_string(
+            r#"{"content":[{"type":"text","text":"{\"order\":1}"}],"structuredContent":{"order":1}}"#
+                .into(),
+        )
+        .unwrap();
+        let explanation = |rule| Explanation {
+            verdict: Verdict::Replayed,
+            rule: Some(rule),
+            what: What::Replayed {
+                at: Timestamp::from_millis(1_000),
+                until: Timestamp::from_millis(2_000),
+                by_operator: false,
+            },
+            next: idemgate_kit::Next::Nothing,
+        };
+        let shaped = |key_rule, rule, open_output| -> Value {
+            let named = Named {
+                rule: Some(rule),
+                hinted_read_only: false,
+                open_output,
+            };
+            let e = explanation(key_rule);
+            let out = replayed(&stored, &e, Some("told"), false, named);
+            serde_json::from_str(out.get()).unwrap()
+        };
+        // The model may have meant a new action: an error every client shows as text, with
+        // the stored result in it.
+        for (key_rule, rule) in [
+            (KeyRule::Fallback, Rule::Window),
+            (KeyRule::Explicit, Rule::ModelKey),
+        ] {
+            let out = shaped(key_rule, rule, true);
+            assert_eq!(out["isError"], true, "{out}");
+            assert!(out.get("structuredContent").is_none(), "{out}");
+            assert_eq!(out["content"][0]["text"], r#"{"order":1}"#, "{out}");
+            assert_eq!(out["content"][1]["text"], "idemgate: told", "{out}");
+            assert_eq!(out["_meta"][META_NAMED_BY], rule.as_str());
+            assert_eq!(out["_meta"][META_REPLAYED], true);
+        }
+        // A program's key: the result as stored, the notice in both channels when the output
+        // schema takes another member, else in the text only.
+        let open = shaped(KeyRule::Explicit, Rule::OrchestrationKey, true);
+        assert!(open.get("isError").is_none(), "{open}");
+        assert_eq!(open["structuredContent"]["order"], 1);
+        assert_eq!(
+            open["structuredContent"][STRUCTURED_NOTICE],
+            "idemgate: told"
+        );
+        assert_eq!(open["content"][1]["text"], "idemgate: told");
+        let closed = shaped(KeyRule::Explicit, Rule::OrchestrationKey, false);
+        assert_eq!(closed["structuredContent"], json!({"order": 1}));
+        assert_eq!(closed["content"][1]["text"], "idemgate: told");
     }
 
     #[test]
@@ -419,6 +563,7 @@ mod tests {
             policy: &policy,
             replay_notice: true,
             result_type: true,
+            named: Named::default(),
         };
         let answer = |cx: &CallContext<'_>| -> Value {
             serde_json::from_str(&refuse(cx, Verdict::KeyRequired, "no key".to_owned())).unwrap()

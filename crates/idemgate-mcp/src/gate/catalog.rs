@@ -7,7 +7,10 @@ use idemgate_core::{ToolKind, ToolPolicy};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
+use idemgate_kit::identity::{MODEL_KEY_ARGUMENT, MODEL_KEY_DESCRIPTION};
+
 use crate::config::Config;
+use crate::wire::frame::{self, Object};
 
 /// The argument names a model or client may use to pass the idempotency key.
 pub const KEY_ARGUMENTS: [&str; 2] = ["idempotency_key", "idempotencyKey"];
@@ -25,6 +28,10 @@ pub struct Tool {
     /// Whether it runs as a task (`execution.taskSupport` of MCP 2025-11-25): the proxy asks a
     /// legacy server for one on behalf of a modern client of the tasks extension.
     pub task_support: TaskSupport,
+    /// Whether its structured output may carry a member more than its `outputSchema` names
+    /// (no schema, or one without `additionalProperties: false`): a replay's notice can then go
+    /// into `structuredContent` too, where clients that read only that channel see it.
+    pub open_output: bool,
 }
 
 /// `execution.taskSupport` of a 2025-11-25 tool: absent is `forbidden`.
@@ -65,6 +72,14 @@ struct Listed {
     input_schema: Option<Schema>,
     #[serde(default)]
     execution: Option<Execution>,
+    #[serde(rename = "outputSchema", default)]
+    output_schema: Option<OutputSchema>,
+}
+
+#[derive(Deserialize)]
+struct OutputSchema {
+    #[serde(rename = "additionalProperties", default)]
+    additional_properties: Option<serde_json::Value>,
 }
 
 #[derive(Deserialize)]
@@ -111,6 +126,9 @@ impl Catalog {
                     idempotent: annotations.and_then(|a| a.idempotent).unwrap_or(false),
                     key_argument,
                     task_support: t.execution.and_then(|e| e.task_support).unwrap_or_default(),
+                    open_output: t.output_schema.is_none_or(|o| {
+                        o.additional_properties != Some(serde_json::Value::Bool(false))
+                    }),
                 },
             );
         }
@@ -135,6 +153,66 @@ impl Catalog {
     pub fn is_complete(&self) -> bool {
         self.complete
     }
+}
+
+/// A `tools/list` result `page` in which every tool that `offer(name)` names (the writes the
+/// proxy gates, which declare no key argument of their own) takes the model's
+/// `idempotency_key`: optional, nullable, described. Without it in the schema the model cannot
+/// send the argument the proxy's answers tell it to send (a strict-schema model, a server that
+/// says `additionalProperties: false`). `None` when nothing was added (or the page is not a
+/// listing); every other member is kept as the server wrote it.
+pub(crate) fn offer_key_argument(
+    page: &RawValue,
+    offer: impl Fn(&str) -> bool,
+) -> Option<Box<RawValue>> {
+    let mut result = frame::object(page)?;
+    let tools: Vec<Box<RawValue>> = serde_json::from_str(result.get("tools")?.get()).ok()?;
+    let mut added = false;
+    let tools: Vec<Box<RawValue>> = tools
+        .into_iter()
+        .map(|raw| {
+            let with_key = frame::object(&raw).and_then(|mut tool| {
+                let name = frame::string(&tool, "name")?;
+                if !offer(&name) {
+                    return None;
+                }
+                let mut schema = tool
+                    .get("inputSchema")
+                    .map_or_else(|| Some(Object::new()), |s| frame::object(s))?;
+                let mut properties = schema
+                    .get("properties")
+                    .map_or_else(|| Some(Object::new()), |p| frame::object(p))?;
+                if KEY_ARGUMENTS.iter().any(|k| properties.contains_key(*k)) {
+                    return None;
+                }
+                properties.insert(
+                    MODEL_KEY_ARGUMENT.to_owned(),
+                    frame::raw(&serde_json::json!({
+                        "type": ["string", "null"],
+                        "description": MODEL_KEY_DESCRIPTION,
+                    })),
+                );
+                if !schema.contains_key("type") {
+                    schema.insert("type".to_owned(), frame::raw(&"object"));
+                }
+                schema.insert("properties".to_owned(), frame::raw(&properties));
+                tool.insert("inputSchema".to_owned(), frame::raw(&schema));
+                Some(frame::raw(&tool))
+            });
+            match with_key {
+                Some(t) => {
+                    added = true;
+                    t
+                }
+                None => raw,
+            }
+        })
+        .collect();
+    if !added {
+        return None;
+    }
+    result.insert("tools".to_owned(), frame::raw(&tools));
+    Some(frame::raw(&result))
 }
 
 /// How a configured policy meets what the server said of a tool: here, with the catalog, so
@@ -186,6 +264,54 @@ mod tests {
         let last = RawValue::from_string(r#"{"tools":[]}"#.into()).unwrap();
         assert_eq!(c.learn(&last), None);
         assert!(c.is_complete());
+    }
+
+    #[test]
+    fn gated_writes_are_offered_the_models_key() {
+        let page = RawValue::from_string(
+            r#"{"tools":[
+                {"name":"buy","inputSchema":{"type":"object","properties":{"item":{"type":"string"}},"additionalProperties":false,"required":["item"]},"x":{"n":12345678901234567890}},
+                {"name":"search","inputSchema":{"type":"object","properties":{"q":{"type":"string"}}}},
+                {"name":"pay","inputSchema":{"type":"object","properties":{"idempotencyKey":{"type":"string"}}}},
+                {"name":"ping"}
+            ],"nextCursor":"c"}"#
+                .into(),
+        )
+        .unwrap();
+        let out = offer_key_argument(&page, |name| name != "search").unwrap();
+        // Other members keep their exact text (big integers included).
+        assert!(out.get().contains("12345678901234567890"), "{}", out.get());
+        let out: serde_json::Value = serde_json::from_str(out.get()).unwrap();
+        let tools = out["tools"].as_array().unwrap();
+        let key = &tools[0]["inputSchema"]["properties"]["idempotency_key"];
+        assert_eq!(key["type"], serde_json::json!(["string", "null"]));
+        assert!(key["description"]
+            .as_str()
+            .unwrap()
+            .starts_with("Leave empty"));
+        assert_eq!(
+            tools[0]["inputSchema"]["required"],
+            serde_json::json!(["item"])
+        );
+        assert_eq!(tools[0]["inputSchema"]["additionalProperties"], false);
+        assert!(
+            tools[1]["inputSchema"]["properties"]
+                .get("idempotency_key")
+                .is_none(),
+            "a read"
+        );
+        assert!(
+            tools[2]["inputSchema"]["properties"]
+                .get("idempotency_key")
+                .is_none(),
+            "declares its own"
+        );
+        assert!(tools[3]["inputSchema"]["properties"]
+            .get("idempotency_key")
+            .is_some());
+        assert_eq!(out["nextCursor"], "c");
+        let reads = offer_key_argument(&page, |_| false);
+        assert!(reads.is_none(), "nothing to add: the page goes as it came");
     }
 
     #[test]

@@ -12,12 +12,13 @@ use idemgate_core::{
     Call, Effect, Engine, Event, IdempotencyKey, Store, TenantId, ToolKind, ToolName, ToolPolicy,
     Verdict,
 };
+use idemgate_kit::identity::{self, Facts, Rule, Scope};
 use idemgate_kit::Payload;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use tracing::Instrument as _;
 
-use super::answer::{self, CallContext, META_CONVERSATION, META_KEY};
+use super::answer::{self, CallContext, Named, META_CONVERSATION, META_KEY};
 use super::catalog::{Tool, KEY_ARGUMENTS};
 use super::CarriedKey;
 use crate::config::{record_tool, Config, KeySource};
@@ -31,10 +32,11 @@ pub(crate) struct Judge<S> {
     /// The server's name in record names.
     server: String,
     tenant: TenantId,
-    /// The scope of the session's calls without a key (`Call::scope`): an identical call is
-    /// the same action within the fallback window in this session only, unless the call names
-    /// its conversation (`_meta["dev.idemgate/conversation"]`).
-    scope: Arc<str>,
+    /// The scope of the session's calls that name no conversation
+    /// (`_meta["dev.idemgate/conversation"]`): the model's keys and the fallback window reach
+    /// no call outside it. `None` for the child that sessionless (MCP 2026-07-28) requests of
+    /// many clients share: each such request is then a scope of its own.
+    scope: Option<Arc<str>>,
 }
 
 /// A `tools/call` as the judge reads it.
@@ -55,32 +57,29 @@ pub(crate) struct Request<'a> {
 pub(crate) struct Prepared {
     call: Call,
     policy: ToolPolicy,
+    /// What judging found that the answers tell.
+    named: Named,
     /// The client's frame, the key taken out of its arguments (or a declared key argument
     /// filled with the record's digest).
     pub(crate) frame: String,
 }
 
-/// A scope of its own for a session: 128 random bits.
-fn session_scope() -> Arc<str> {
-    let mut bytes = [0u8; 16];
-    getrandom::fill(&mut bytes).expect("failed to read randomness from the operating system");
-    Arc::from(format!("session:{}", idemgate_core::key::hex(&bytes)))
-}
-
 impl<S: Store> Judge<S> {
-    /// The judge of one session of `server` for `tenant`.
+    /// The judge of one session of `server` for `tenant`; `shared` when the session is the
+    /// child that sessionless requests of any client share (no scope of its own then).
     pub(crate) fn new(
         engine: Arc<Engine<S>>,
         config: Config,
         server: String,
         tenant: TenantId,
+        shared: bool,
     ) -> Self {
         Judge {
             engine,
             config,
             server,
             tenant,
-            scope: session_scope(),
+            scope: (!shared).then(|| Arc::from(Scope::fresh("session"))),
         }
     }
 
@@ -89,9 +88,15 @@ impl<S: Store> Judge<S> {
         &self.config
     }
 
-    /// How the answers to `request` name things, under `policy`.
-    fn context<'a>(&'a self, request: &'a Request<'_>, policy: &'a ToolPolicy) -> CallContext<'a> {
+    /// How the answers to `request` name things, under `policy`, with what judging found.
+    fn context<'a>(
+        &'a self,
+        request: &'a Request<'_>,
+        policy: &'a ToolPolicy,
+        named: Named,
+    ) -> CallContext<'a> {
         CallContext {
+            named,
             id: request.id,
             tool: &request.name,
             scope: request.scope.as_str(),
@@ -146,13 +151,13 @@ impl<S: Store> Judge<S> {
         line: String,
     ) -> Result<Prepared, String> {
         let policy = self.config.policy(&request.name, tool);
-        let key = match self.key_of(request.params, &arguments, carried) {
+        let keys = match self.keys_of(request.params, &arguments, carried) {
             Ok(k) => k,
             Err(e) => return Err(self.refuse(request, &policy, format!("{e}; nothing was done."))),
         };
         let declared = tool.and_then(|t| t.key_argument.as_deref());
         let (stripped, kept) = strip_keys(&mut arguments, declared);
-        let call = match self.call_of(request, &arguments, key) {
+        let (call, rule) = match self.call_of(request, &arguments, &keys) {
             Ok(c) => c,
             Err(e) => return Err(self.refuse(request, &policy, e)),
         };
@@ -164,36 +169,62 @@ impl<S: Store> Judge<S> {
         };
         Ok(Prepared {
             call,
+            named: Named {
+                rule: Some(rule),
+                hinted_read_only: policy.kind == ToolKind::Write
+                    && !self.config.trusted
+                    && tool.is_some_and(|t| t.read_only),
+                // Unknown tools are taken as open: the notice is then in both channels, which
+                // a strict schema would refuse only for a tool the listing did not show.
+                open_output: tool.is_none_or(|t| t.open_output),
+            },
             policy,
             frame,
         })
     }
 
-    /// The call the engine records for `request`: its arguments (the key taken out), its key,
-    /// and the scope of its fallback window; why not when the arguments are not valid JSON.
+    /// The call the engine records for `request`: its arguments (the keys taken out), and its
+    /// key and scope as the kit's one rule names them from `keys` (`idemgate_kit::identity`);
+    /// why not when the arguments are not valid JSON or the keys name no action.
     fn call_of(
         &self,
         request: &Request<'_>,
         arguments: &Object,
-        key: Option<IdempotencyKey>,
-    ) -> Result<Call, String> {
-        let mut call = Call::new(self.tenant.clone(), request.scope.clone())
+        keys: &Keys,
+    ) -> Result<(Call, Rule), String> {
+        let call = Call::new(self.tenant.clone(), request.scope.clone())
             .args_text(frame::raw(arguments).get().as_bytes())
             .map_err(|e| format!("the arguments are not valid JSON: {e}."))?;
-        if let Some(k) = key {
-            call = call.key(k);
-        }
-        // The window joins identical calls of one conversation: the client's, when it names
-        // one, else this session.
+        // The scope: the conversation the client names, else this session, else (a request of
+        // a sessionless client) the request itself: a model's key or the window never reaches
+        // another client's calls.
         let conversation = request
             .params
             .get("_meta")
             .and_then(|m| frame::object(m))
-            .and_then(|m| frame::string(&m, META_CONVERSATION));
-        Ok(call.scope(match conversation {
-            Some(c) => Arc::from(format!("conversation:{c}")),
-            None => Arc::clone(&self.scope),
-        }))
+            .and_then(|m| frame::string(&m, META_CONVERSATION))
+            .filter(|c| !c.is_empty());
+        let scope = match (conversation, &self.scope) {
+            (Some(c), _) => Scope::conversation(&c),
+            (None, Some(session)) => session.to_string(),
+            (None, None) => Scope::fresh("request"),
+        };
+        let identity = identity::identify(&Facts {
+            scope: Some(&scope),
+            orchestration_key: keys.orchestration.as_ref().map(IdempotencyKey::as_str),
+            model_key: keys.model.as_deref(),
+            ..Facts::default()
+        })
+        .map_err(|e| format!("{e}; nothing was done."))?;
+        let mut call = call;
+        if let Some(k) = identity.key {
+            call = call.key(k);
+        }
+        let call = match identity.scope {
+            Some(s) => call.scope(s),
+            None => call,
+        };
+        Ok((call, identity.rule))
     }
 
     /// A server that declares a key argument (`declared`) gets the record's digest in it: the
@@ -237,6 +268,7 @@ impl<S: Store> Judge<S> {
         let Prepared {
             call,
             policy,
+            named,
             frame,
         } = prepared;
         let id = frame::id_key(request.id);
@@ -284,7 +316,7 @@ impl<S: Store> Judge<S> {
             .instrument(span.clone())
             .await;
         idemgate_trace::record(&span, &result);
-        answer::respond(&self.context(request, &policy), result, relay)
+        answer::respond(&self.context(request, &policy, named), result, relay)
     }
 
     /// The proxy's answer to a call it could not judge (its params or key are invalid), told to
@@ -299,21 +331,28 @@ impl<S: Store> Judge<S> {
             answer: None,
             error: None,
         });
-        answer::refuse(&self.context(request, policy), Verdict::BadRequest, text)
+        answer::refuse(
+            &self.context(request, policy, Named::default()),
+            Verdict::BadRequest,
+            text,
+        )
     }
 
-    /// The call's key: the one its transport carried (`carried`) and those in the sources the
-    /// configuration names. A key is a string of the key's form; a source holding anything else
-    /// is an error, not an absent key (JSON `null` is absent). When several sources hold a key
-    /// they must agree: a call whose keys differ is refused, on every transport, since it does
-    /// not say which action it names.
-    fn key_of(
+    /// The call's keys: the orchestration layer's (the one its transport carried, `carried`,
+    /// and those in `_meta` and `params.idempotencyKey`, as the configuration's sources name
+    /// them) and the model's (a key argument). A key is a string of the key's form; a source
+    /// holding anything else is an error, not an absent key (JSON `null` is absent). When several
+    /// orchestration sources hold a key they must agree: a call whose keys differ is refused,
+    /// on every transport, since it does not say which action it names. Which of them names the
+    /// action is the kit's rule ([`Judge::call_of`]).
+    fn keys_of(
         &self,
         params: &Object,
         arguments: &Object,
         carried: CarriedKey,
-    ) -> Result<Option<IdempotencyKey>, String> {
+    ) -> Result<Keys, String> {
         let mut found: Vec<(IdempotencyKey, String)> = Vec::new();
+        let mut model: Vec<(IdempotencyKey, String)> = Vec::new();
         found.extend(carried_key(carried)?);
         let meta = params.get("_meta").and_then(|m| frame::object(m));
         for source in &self.config.key_sources {
@@ -331,25 +370,41 @@ impl<S: Store> Judge<S> {
                 KeySource::Argument => {
                     for k in KEY_ARGUMENTS {
                         if let Some(v) = arguments.get(k) {
-                            found.extend(key_in(v, format!("argument {k}"))?);
+                            model.extend(key_in(v, format!("argument {k}"))?);
                         }
                     }
                 }
             }
         }
-        let mut found = found.into_iter();
-        let Some((key, from)) = found.next() else {
-            return Ok(None);
-        };
-        if let Some((other, other_from)) = found.find(|(k, _)| *k != key) {
-            return Err(format!(
-                "the idempotency keys in {from} ({}) and in {other_from} ({}) differ",
-                key.as_str(),
-                other.as_str()
-            ));
-        }
-        Ok(Some(key))
+        Ok(Keys {
+            orchestration: agreed(found)?,
+            model: agreed(model)?.map(|k| k.as_str().to_owned()),
+        })
     }
+}
+
+/// The keys a call carries, by who chose them.
+struct Keys {
+    /// The orchestration layer's: names the action in every scope.
+    orchestration: Option<IdempotencyKey>,
+    /// The model's (an argument): names an action within the call's scope only.
+    model: Option<String>,
+}
+
+/// The one key of `found` (from several sources), or why they disagree.
+fn agreed(found: Vec<(IdempotencyKey, String)>) -> Result<Option<IdempotencyKey>, String> {
+    let mut found = found.into_iter();
+    let Some((key, from)) = found.next() else {
+        return Ok(None);
+    };
+    if let Some((other, other_from)) = found.find(|(k, _)| *k != key) {
+        return Err(format!(
+            "the idempotency keys in {from} ({}) and in {other_from} ({}) differ",
+            key.as_str(),
+            other.as_str()
+        ));
+    }
+    Ok(Some(key))
 }
 
 /// The key in `value`, a source of the call named `from` (JSON `null` is none); why not when it

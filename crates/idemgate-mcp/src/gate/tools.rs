@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde_json::value::RawValue;
 
-use super::catalog::{Catalog, Tool};
+use super::catalog::{self, Catalog, Tool};
 use crate::peer::{Peer, Reply};
 use crate::sync::lock;
 use crate::wire::frame::Object;
@@ -60,13 +60,27 @@ impl Tools {
     }
 
     /// The server answered the request `id` with `result`: learned when the request is one of
-    /// the client's `tools/list`.
-    pub(crate) fn answered(&self, id: &str, result: Option<&RawValue>) {
-        if lock(&self.lists).remove(id) {
-            if let Some(result) = result {
-                self.learn(result);
-            }
+    /// the client's `tools/list`; whether it was.
+    pub(crate) fn answered(&self, id: &str, result: Option<&RawValue>) -> bool {
+        if !lock(&self.lists).remove(id) {
+            return false;
         }
+        if let Some(result) = result {
+            self.learn(result);
+        }
+        true
+    }
+
+    /// The client's `tools/list` result `page`, learned already, as the client sees it: every
+    /// write the proxy gates (as `policy` says, given what the server said of the tool) takes
+    /// the model's `idempotency_key` ([`catalog::offer_key_argument`]).
+    pub(crate) fn shown(
+        &self,
+        page: &RawValue,
+        gated: impl Fn(&str, Option<&Tool>) -> bool,
+    ) -> Option<Box<RawValue>> {
+        let catalog = lock(&self.catalog);
+        catalog::offer_key_argument(page, |name| gated(name, catalog.get(name)))
     }
 
     /// Learns a `tools/list` result (one page) into the catalog and the mirrored parameters;

@@ -64,17 +64,39 @@ pub struct Outputs {
 }
 
 impl<S: Store> Session<S> {
-    /// A session of `server` (its name in record names) for `tenant`.
+    /// A session of `server` (its name in record names) for `tenant`: one client's.
     pub fn new(
         engine: Arc<Engine<S>>,
         config: Config,
         server: String,
         tenant: TenantId,
     ) -> (Self, Outputs) {
+        Self::open(engine, config, server, tenant, false)
+    }
+
+    /// The session that sessionless (MCP 2026-07-28) requests of every client of `tenant`
+    /// share: it has no scope of its own, so a request that names no conversation is a scope
+    /// of its own (a model's key and the window never join two clients' calls).
+    pub fn shared(
+        engine: Arc<Engine<S>>,
+        config: Config,
+        server: String,
+        tenant: TenantId,
+    ) -> (Self, Outputs) {
+        Self::open(engine, config, server, tenant, true)
+    }
+
+    fn open(
+        engine: Arc<Engine<S>>,
+        config: Config,
+        server: String,
+        tenant: TenantId,
+        shared: bool,
+    ) -> (Self, Outputs) {
         let (to_client, client_rx) = mpsc::unbounded_channel();
         let (to_server, server_rx) = mpsc::unbounded_channel();
         let inner = Arc::new(Inner {
-            judge: Judge::new(engine, config, server, tenant),
+            judge: Judge::new(engine, config, server, tenant, shared),
             tools: Tools::new(),
             handshake: Handshake::new(),
             peer: Peer::new(to_server),

@@ -3,7 +3,7 @@
 //! get what a modern result has, and requests of the server's own are answered by the proxy
 //! when the client takes none.
 
-use idemgate_core::Store;
+use idemgate_core::{Store, ToolKind};
 use serde_json::value::RawValue;
 
 use super::Inner;
@@ -44,10 +44,30 @@ impl<S: Store> Inner<S> {
                     return;
                 }
                 Claim::Abandoned => return,
-                Claim::Client => self.tools.answered(&id, f.result.as_deref()),
+                Claim::Client => {
+                    if self.tools.answered(&id, f.result.as_deref()) {
+                        line = self.listing_for_client(line);
+                    }
+                }
             }
         }
         self.send_client(line);
+    }
+
+    /// The server's answer `line` to the client's `tools/list`, with the model's
+    /// `idempotency_key` offered by every write the proxy gates that declares no key of its own.
+    fn listing_for_client(&self, line: String) -> String {
+        let result = Frame::parse(&line).and_then(|f| Some((f.id?, f.result?)));
+        let Some((id, result)) = result else {
+            return line;
+        };
+        let config = self.judge.config();
+        match self.tools.shown(&result, |name, tool| {
+            config.policy(name, tool).kind == ToolKind::Write
+        }) {
+            Some(shown) => frame::response(&id, &shown),
+            None => line,
+        }
     }
 
     /// A request of the server's own (sampling, elicitation, roots, ping) when the client is a

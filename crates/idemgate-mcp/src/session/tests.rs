@@ -232,7 +232,16 @@ async fn a_retry_is_answered_under_its_own_id_without_the_server() {
     assert_eq!(out.to_server.recv().await.unwrap().frame, list);
     let listing = r#"{"jsonrpc":"2.0","id":"l","result":{"tools":[{"name":"pay","x-new":[1]}]}}"#;
     session.from_server(listing.to_owned());
-    assert_eq!(out.to_client.recv().await.unwrap(), listing);
+    // The write is offered the model's key in its schema; the rest is relayed as it came.
+    let shown: serde_json::Value =
+        serde_json::from_str(&out.to_client.recv().await.unwrap()).unwrap();
+    assert_eq!(shown["id"], "l");
+    let pay = &shown["result"]["tools"][0];
+    assert_eq!(pay["x-new"], serde_json::json!([1]));
+    assert_eq!(
+        pay["inputSchema"]["properties"]["idempotency_key"]["type"],
+        serde_json::json!(["string", "null"])
+    );
 
     session.from_client(call("1"));
     let sent = out.to_server.recv().await.unwrap();

@@ -331,7 +331,11 @@ impl<S: Store> Proxy<S> {
             tracing::error!(error = %e, "failed to start the server for a session");
             refuse(StatusCode::BAD_GATEWAY, &e.to_string())
         })?;
-        let (session, outputs) = Session::new(
+        let (session, outputs) = (if shared {
+            Session::shared
+        } else {
+            Session::new
+        })(
             Arc::clone(&self.engine),
             self.config.clone(),
             self.server.clone(),
