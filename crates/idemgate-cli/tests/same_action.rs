@@ -30,6 +30,9 @@ struct Step {
     meta_key: Option<&'static str>,
     /// The model's `idempotency_key` argument.
     model_key: Option<&'static str>,
+    /// The framework's tool-call id, in `_meta["dev.idemgate/tool-call-id"]` (where the
+    /// packages' MCP integrations send it).
+    call_id: Option<&'static str>,
 }
 
 const fn step(conversation: &'static str) -> Step {
@@ -38,6 +41,14 @@ const fn step(conversation: &'static str) -> Step {
         label: "a",
         meta_key: None,
         model_key: None,
+        call_id: None,
+    }
+}
+
+const fn call_id(conversation: &'static str, id: &'static str) -> Step {
+    Step {
+        call_id: Some(id),
+        ..step(conversation)
     }
 }
 
@@ -95,6 +106,32 @@ const CASES: &[Case] = &[
         executed: 2,
     },
     Case {
+        name: "the same tool-call id re-sent",
+        steps: &[call_id("c1", "call_1"), call_id("c1", "call_1")],
+        executed: 1,
+    },
+    Case {
+        name: "the identical call under a new call id in one conversation",
+        steps: &[call_id("c1", "call_1"), call_id("c1", "call_2")],
+        executed: 1,
+    },
+    Case {
+        name: "a constant call id in two conversations",
+        steps: &[call_id("c1", "call_1"), call_id("c2", "call_1")],
+        executed: 2,
+    },
+    Case {
+        name: "a call id reused for another action in a later turn",
+        steps: &[
+            call_id("c1", "call_1"),
+            Step {
+                label: "b",
+                ..call_id("c1", "call_1")
+            },
+        ],
+        executed: 1,
+    },
+    Case {
         name: "the model's key reused in a later turn",
         steps: &[model("c1", "buy-1"), step("c2"), model("c1", "buy-1")],
         executed: 2,
@@ -115,6 +152,9 @@ fn params(step: &Step, conversation_in_meta: bool) -> Value {
     let mut meta = serde_json::Map::new();
     if let Some(k) = step.meta_key {
         meta.insert("dev.idemgate/idempotency-key".into(), json!(k));
+    }
+    if let Some(id) = step.call_id {
+        meta.insert("dev.idemgate/tool-call-id".into(), json!(id));
     }
     if conversation_in_meta {
         meta.insert("dev.idemgate/conversation".into(), json!(step.conversation));

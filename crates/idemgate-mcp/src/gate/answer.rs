@@ -21,6 +21,10 @@ pub const META_KEY: &str = "dev.idemgate/idempotency-key";
 /// The `_meta` key a client names its conversation under: calls without a key are joined by
 /// the fallback window within one conversation only (without it, within one MCP session).
 pub const META_CONVERSATION: &str = "dev.idemgate/conversation";
+/// The `_meta` key a client (the packages' MCP integrations) puts its framework's tool-call id
+/// under: it names the action within the call's conversation, backed by the re-emission window
+/// (a key of the orchestration layer would name it everywhere, and get no window).
+pub const META_CALL_ID: &str = "dev.idemgate/tool-call-id";
 /// `_meta` of a replay: true.
 pub const META_REPLAYED: &str = "dev.idemgate/replayed";
 /// `_meta` of a replay: when the action ran (RFC 3339).

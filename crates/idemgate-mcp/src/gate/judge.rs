@@ -9,8 +9,8 @@
 use std::sync::Arc;
 
 use idemgate_core::{
-    Call, Effect, Engine, Event, IdempotencyKey, Store, TenantId, ToolKind, ToolName, ToolPolicy,
-    Verdict,
+    Answer, Call, Decision, Effect, Engine, EngineError, Event, IdempotencyKey, OutcomeKind, Store,
+    TenantId, ToolKind, ToolName, ToolPolicy, Verdict,
 };
 use idemgate_kit::identity::{self, Facts, Rule, Scope};
 use idemgate_kit::Payload;
@@ -18,10 +18,10 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use tracing::Instrument as _;
 
-use super::answer::{self, CallContext, Named, META_CONVERSATION, META_KEY};
+use super::answer::{self, CallContext, Named, META_CALL_ID, META_CONVERSATION, META_KEY};
 use super::catalog::{Tool, KEY_ARGUMENTS};
 use super::CarriedKey;
-use crate::config::{record_tool, Config, KeySource};
+use crate::config::{record_tool, Config, KeySource, DEFAULT_WINDOW};
 use crate::peer::{Forwarded, Peer, Reply};
 use crate::wire::frame::{self, Object};
 
@@ -56,6 +56,8 @@ pub(crate) struct Request<'a> {
 /// the server.
 pub(crate) struct Prepared {
     call: Call,
+    /// The call of the re-emission window that a call id's record holds inside it.
+    window: Option<Call>,
     policy: ToolPolicy,
     /// What judging found that the answers tell.
     named: Named,
@@ -157,7 +159,7 @@ impl<S: Store> Judge<S> {
         };
         let declared = tool.and_then(|t| t.key_argument.as_deref());
         let (stripped, kept) = strip_keys(&mut arguments, declared);
-        let (call, rule) = match self.call_of(request, &arguments, &keys) {
+        let (call, rule, window) = match self.call_of(request, &arguments, &keys) {
             Ok(c) => c,
             Err(e) => return Err(self.refuse(request, &policy, e)),
         };
@@ -169,6 +171,7 @@ impl<S: Store> Judge<S> {
         };
         Ok(Prepared {
             call,
+            window,
             named: Named {
                 rule: Some(rule),
                 hinted_read_only: policy.kind == ToolKind::Write
@@ -191,7 +194,7 @@ impl<S: Store> Judge<S> {
         request: &Request<'_>,
         arguments: &Object,
         keys: &Keys,
-    ) -> Result<(Call, Rule), String> {
+    ) -> Result<(Call, Rule, Option<Call>), String> {
         let call = Call::new(self.tenant.clone(), request.scope.clone())
             .args_text(frame::raw(arguments).get().as_bytes())
             .map_err(|e| format!("the arguments are not valid JSON: {e}."))?;
@@ -213,18 +216,22 @@ impl<S: Store> Judge<S> {
             scope: Some(&scope),
             orchestration_key: keys.orchestration.as_ref().map(IdempotencyKey::as_str),
             model_key: keys.model.as_deref(),
+            call_id: keys.call_id.as_deref(),
             ..Facts::default()
         })
         .map_err(|e| format!("{e}; nothing was done."))?;
-        let mut call = call;
-        if let Some(k) = identity.key {
-            call = call.key(k);
-        }
         let call = match identity.scope {
             Some(s) => call.scope(s),
             None => call,
         };
-        Ok((call, identity.rule))
+        // A call id's record holds the window's (`Judge::run`); a call without any key is the
+        // window's alone, as the tool's policy gives it one.
+        let window = (identity.window && identity.key.is_some()).then(|| call.clone());
+        let call = match identity.key {
+            Some(k) => call.key(k),
+            None => call,
+        };
+        Ok((call, identity.rule, window))
     }
 
     /// A server that declares a key argument (`declared`) gets the record's digest in it: the
@@ -267,6 +274,7 @@ impl<S: Store> Judge<S> {
     ) -> String {
         let Prepared {
             call,
+            window,
             policy,
             named,
             frame,
@@ -299,22 +307,58 @@ impl<S: Store> Judge<S> {
             span.set_attribute("jsonrpc.request.id", id.clone());
             span.set_attribute("idemgate.record_tool", request.scope.to_string());
         }
-        let result = self
-            .engine
-            .call_with_policy(call, &policy, || async {
-                // Inside the engine's `idemgate.effect`: the server's spans are its children.
-                let frame = match idemgate_trace::outgoing(caller.as_ref()) {
-                    Some(ours) if Some(&ours) != caller.as_ref() => {
-                        frame::with_trace(&frame, &ours).unwrap_or(frame)
-                    }
-                    _ => frame,
+        // The call sent to the server: what it says of the side effect, and its answer.
+        let send = || {
+            // Inside the engine's `idemgate.effect`: the server's spans are its children.
+            let frame = match idemgate_trace::outgoing(caller.as_ref()) {
+                Some(ours) if Some(&ours) != caller.as_ref() => {
+                    frame::with_trace(&frame, &ours).unwrap_or(frame)
+                }
+                _ => frame,
+            };
+            async move { effect(peer.forward(id, frame, write, timeout).await) }
+        };
+        let result = match window {
+            None => {
+                self.engine
+                    .call_with_policy(call, &policy, || async {
+                        let (effect, reply) = send().await;
+                        relay = reply;
+                        effect
+                    })
+                    .instrument(span.clone())
+                    .await
+            }
+            // A call id names the action within its scope, and an identical call of the scope
+            // within the window is the same action under a new id (the model re-emitting it):
+            // the call id's record first, and inside it the window's, always in that order (as
+            // the packages do), so two calls never wait for each other in a cycle.
+            Some(window_call) => {
+                let window_policy = ToolPolicy {
+                    fallback_window: Some(policy.fallback_window.unwrap_or(DEFAULT_WINDOW)),
+                    ..policy.clone()
                 };
-                let (effect, reply) = effect(peer.forward(id, frame, write, timeout).await);
-                relay = reply;
-                effect
-            })
-            .instrument(span.clone())
-            .await;
+                let mut inner = None;
+                let outer = self
+                    .engine
+                    .call_with_policy(call, &policy, || async {
+                        let r = self
+                            .engine
+                            .call_with_policy(window_call, &window_policy, || async {
+                                let (effect, reply) = send().await;
+                                relay = reply;
+                                effect
+                            })
+                            .await;
+                        let effect = effect_of_window(&r);
+                        inner = Some(r);
+                        effect
+                    })
+                    .instrument(span.clone())
+                    .await;
+                answer_of_window(outer, inner)
+            }
+        };
         idemgate_trace::record(&span, &result);
         answer::respond(&self.context(request, &policy, named), result, relay)
     }
@@ -376,9 +420,21 @@ impl<S: Store> Judge<S> {
                 }
             }
         }
+        let call_id = match meta.as_ref().and_then(|m| m.get(META_CALL_ID)) {
+            Some(v) if v.get() != "null" => Some(
+                serde_json::from_str::<String>(v.get())
+                    .ok()
+                    .filter(|id| !id.is_empty() && id.len() <= MAX_CALL_ID_LEN)
+                    .ok_or_else(|| {
+                        format!("_meta[\"{META_CALL_ID}\"] must be a string of 1 to {MAX_CALL_ID_LEN} bytes")
+                    })?,
+            ),
+            _ => None,
+        };
         Ok(Keys {
             orchestration: agreed(found)?,
             model: agreed(model)?.map(|k| k.as_str().to_owned()),
+            call_id,
         })
     }
 }
@@ -389,6 +445,60 @@ struct Keys {
     orchestration: Option<IdempotencyKey>,
     /// The model's (an argument): names an action within the call's scope only.
     model: Option<String>,
+    /// The framework's tool-call id (`_meta["dev.idemgate/tool-call-id"]`, where the packages'
+    /// MCP integrations send it): names an action within the call's scope, with the window.
+    call_id: Option<String>,
+}
+
+/// The longest tool-call id taken (ids are hashed into the record's key, never stored as
+/// they are; OpenAI's are about 30 bytes).
+const MAX_CALL_ID_LEN: usize = 512;
+
+/// What the call id's record stores when the window's call inside it ends as `inner`: the same
+/// outcome (the window's replay included, so that the call id re-sent replays it too), nothing
+/// when the window refused before anything ran (the call id's record is released), an
+/// ambiguous effect when the window's record says the side effect may have run.
+fn effect_of_window(inner: &Result<Answer, EngineError>) -> Effect {
+    let Ok(answer) = inner else {
+        return match inner {
+            // Neither stored nor journaled: it ran, and nobody knows its outcome.
+            Err(EngineError::Journal(why)) => Effect::Ambiguous(why.clone()),
+            _ => Effect::not_applied("the re-emission window refused the call"),
+        };
+    };
+    if let Some(outcome) = answer.outcome() {
+        return match outcome.kind {
+            OutcomeKind::Success => Effect::Success(outcome.body),
+            OutcomeKind::Failed => Effect::Failed(outcome.body),
+        };
+    }
+    match &answer.decision {
+        Decision::NotApplied { message, .. } => Effect::not_applied(message.clone()),
+        Decision::Unknown {
+            ran_here: true,
+            message,
+            ..
+        } => Effect::Ambiguous(
+            message
+                .clone()
+                .unwrap_or_else(|| "the outcome is unknown".to_owned()),
+        ),
+        _ => Effect::not_applied("the re-emission window refused the call"),
+    }
+}
+
+/// The answer to a call whose call id's record ended as `outer`, and the window's call inside
+/// it (when it ran) as `inner`: the window's answer when it took the call for a repeat (its
+/// notice says so) or refused it, else the call id's.
+fn answer_of_window(
+    outer: Result<Answer, EngineError>,
+    inner: Option<Result<Answer, EngineError>>,
+) -> Result<Answer, EngineError> {
+    match inner {
+        Some(Ok(a)) if matches!(a.decision, Decision::Executed { .. }) => outer,
+        Some(inner) => inner,
+        None => outer,
+    }
 }
 
 /// The one key of `found` (from several sources), or why they disagree.
