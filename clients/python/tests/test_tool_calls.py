@@ -8,12 +8,20 @@ import asyncio
 import inspect
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from idemgate import Engine, InFlight, Policy, current_key
 from idemgate.integrations import scoped_key
-from idemgate.integrations._tool_calls import Action, call_async, call_sync, name_action, once_per_action
+from idemgate.integrations._tool_calls import (
+    Action,
+    call_async,
+    call_sync,
+    name_action,
+    once_per_action,
+    with_key_argument,
+)
 
 
 @pytest.fixture
@@ -149,7 +157,8 @@ def test_the_model_key_is_added_to_a_tool_and_passed_to_one_declaring_it(engine:
     assert "idempotency_key" not in inspect.signature(plain).parameters, "the function is untouched"
     assert d("c1", 7, idempotency_key="k1") == 7  # type: ignore[operator]
     assert p("c2", 7, idempotency_key="k1") == 7  # type: ignore[operator]
-    assert p("c3", 7, idempotency_key="k1") == 7, "the same model key: a replay"  # type: ignore[operator]
+    replay = p("c3", 7, idempotency_key="k1")  # type: ignore[operator]
+    assert "not repeated" in replay and "7" in replay, "the same model key: a replay, told"
     assert seen == ["k1", "plain"]
 
 
@@ -168,3 +177,53 @@ def test_a_function_under_a_call_id_and_a_window_reads_the_call_ids_downstream_k
     other = {"order": 8}
     out = asyncio.run(call_async(engine, "charge", act, other, charge, {}, True))
     assert out.result.value == engine.key_for("charge", act.key, other)["digest"]  # type: ignore[index]
+
+
+def test_every_replay_the_model_reads_says_so_by_the_name_the_model_knows(engine: Engine) -> None:
+    """A replay under a call id, the model's key or the program's key is told in words, as the
+    window's is (they were returned bare: a silent replay), naming the tool as the model calls it
+    (``buy``), never by its record (``billing.buy``); a program's key is not the model's to
+    repeat, so it is told to ask."""
+    runs: list[int] = []
+
+    def buy(ctx: str, item: str) -> str:
+        runs.append(1)
+        return f"bought {item}"
+
+    def gated(**opts: object) -> Any:
+        return once_per_action(
+            engine,
+            buy,
+            tool="billing.buy",
+            call_id_of=lambda b: b.arguments["ctx"],
+            context_of=lambda b: None,
+            default_scope=lambda ctx: "conv",
+            exclude={"ctx"},
+            shield=True,
+            policy={},
+            **opts,  # type: ignore[arg-type]
+        )
+
+    by_id, by_key = gated(), gated(key=lambda args, ctx: f"order-{args['item']}")
+    assert by_id("c1", "book") == "bought book"
+    notices = [again := by_id("c1", "book")]
+    assert "bought book" in again and "not repeated" in again and "tool-call id" in again, again
+    assert "call buy again with the argument idempotency_key" in again, again
+    assert by_id("c2", "pen", idempotency_key="k") == "bought pen"
+    notices.append(again := by_id("c3", "pen", idempotency_key="k"))
+    assert "not repeated" in again and "idempotency_key of an earlier call" in again, again
+    assert by_key("c4", "mug") == "bought mug"
+    notices.append(again := by_key("c5", "mug"))
+    assert "not repeated" in again and "ask the user" in again, again
+    assert "idempotency_key" not in again, "the model's key cannot repeat a program's action"
+    assert len(runs) == 3
+    assert not any("billing.buy" in n for n in notices), notices
+
+
+def test_the_key_argument_added_to_a_json_schema_is_optional_and_nullable() -> None:
+    from integrations.same_action import assert_optional_key
+
+    schema = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}
+    out = with_key_argument(schema)
+    assert_optional_key(out)
+    assert out["required"] == ["a"] and schema["properties"] == {"a": {"type": "string"}}

@@ -5,8 +5,10 @@ in one thread and in several; the side effects are counted."""
 from __future__ import annotations
 
 import asyncio
+import uuid
 from typing import Annotated, Any, Callable
 
+from integrations import same_action
 from integrations.frameworks import require
 
 require("langchain_core")
@@ -16,7 +18,7 @@ from langchain_core.messages import AIMessage, HumanMessage, ToolMessage  # noqa
 from langchain_core.runnables import RunnableConfig, RunnableLambda  # noqa: E402
 from langchain_core.tools import InjectedToolCallId, StructuredTool  # noqa: E402
 
-from idemgate import Engine  # noqa: E402
+from idemgate import Engine, IdemgateError  # noqa: E402
 from idemgate.integrations import KEY_ARGUMENT, scoped_key  # noqa: E402
 from idemgate.integrations.langchain import idempotent, idempotent_tool  # noqa: E402
 
@@ -111,7 +113,8 @@ def test_a_call_re_sent_with_its_id_after_a_timeout_is_replayed(engine: Engine) 
     assert charges == [7], "the side effect ran once"
     first, again = tool_messages(messages)
     assert first == ("call_1", "timed out")
-    assert again[0] == "call_1" and "ch_7" in again[1] and "idemgate" not in again[1], again
+    # The model is told it was not run again (a silent replay was the old expectation's bug).
+    assert again[0] == "call_1" and "ch_7" in again[1] and "not repeated" in again[1], again
     record = engine.record("charge", scoped_key("langgraph/thread:t-1/", "call_1"))
     assert record is not None and record["state"] == "completed"
     assert messages[-1].content == "done"
@@ -209,7 +212,12 @@ def test_a_structured_tool_with_a_json_schema_as_mcp_adapters_make_it_is_gated(e
     ]
     answers = tool_messages(run(agent([gated], turns), thread("t-1")))
     assert created == ["bug", "other"]
-    assert answers[0] == answers[1] == ("c1", [{"type": "text", "text": "issue #1: bug"}])
+    assert answers[0] == ("c1", [{"type": "text", "text": "issue #1: bug"}])
+    # The re-sent call keeps the tool's content blocks, the notice after them as a text block.
+    assert answers[1][1][0] == {"type": "text", "text": "issue #1: bug"}, answers
+    notice = answers[1][1][1]
+    assert len(answers[1][1]) == 2 and notice["type"] == "text", answers
+    assert "not repeated" in notice["text"] and "create_issue" in notice["text"], notice
     assert answers[2][1] == [{"type": "text", "text": "issue #2: other"}]
 
 
@@ -226,7 +234,8 @@ def test_a_sync_tool_with_an_injected_call_id_replays_its_call(engine: Engine) -
     tc = {"name": "notify", "args": {"user": "ann"}, "id": "c1", "type": "tool_call"}
     answers = [notify.invoke(tc, config).content for _ in range(2)]
     assert seen == ["c1"], "the wrapped tool got its call id, and ran once"
-    assert answers == ["sent to ann", "sent to ann"]
+    assert answers[0] == "sent to ann"
+    assert "sent to ann" in answers[1] and "not repeated" in answers[1], answers
     assert set(notify.tool_call_schema.model_json_schema()["properties"]) == {"user", KEY_ARGUMENT}
 
 
@@ -246,7 +255,89 @@ def test_in_a_langgraph_tool_node_the_scope_is_the_thread_and_the_node(engine: E
     runs = [asyncio.run(app.ainvoke(ask, thread("t-1"))) for _ in range(2)]
     answers = [tool_messages(state["messages"]) for state in runs]
     assert charges == [7], "the second run of the node replayed the call"
-    assert answers[0] == answers[1] and "ch_7" in answers[0][0][1], answers
-    assert "idemgate" not in answers[1][0][1], "a re-sent call id is replayed as it was"
+    assert "ch_7" in answers[0][0][1] and "idemgate" not in answers[0][0][1], answers
+    assert "ch_7" in answers[1][0][1] and "not repeated" in answers[1][0][1], "a replay says so"
     record = engine.record("charge", scoped_key("langgraph/thread:t-1/tools", "call_1"))
     assert record is not None and record["state"] == "completed"
+
+
+class SameAction:
+    """The "same action" suite's driver (``integrations/same_action.py``): LangChain's documented
+    tool-calling loop, a fake chat model's ``AIMessage`` and ``tool.invoke(tool_call, config)``
+    for each of its calls; a conversation is a ``thread_id`` in the config."""
+
+    def __init__(self, engine: Engine, key: Any) -> None:
+        self.executions: list[Any] = []
+
+        @idempotent_tool(engine, tool=same_action.RECORD, key=key)
+        def buy(item: str, quantity: int) -> str:
+            """Buys an item."""
+            self.executions.append(item)
+            return f"bought {quantity} {item}, order #{len(self.executions)}"
+
+        self.tool = buy
+
+    def conversation(self) -> Any:
+        return thread(f"thread-{uuid.uuid4().hex}")
+
+    def turn(self, config: Any, calls: list[same_action.Call]) -> list[same_action.Answer]:
+        emitted = [
+            {"name": same_action.TOOL, "args": c.args, "id": c.id, "type": "tool_call"} for c in calls
+        ]
+        model = GenericFakeChatModel(messages=iter([AIMessage("", tool_calls=emitted)]))
+        answers = []
+        for tc in model.invoke([HumanMessage("buy")]).tool_calls:
+            try:
+                answer = self.tool.invoke(tc, config) if config else self.tool.invoke(tc)
+            except IdemgateError as e:
+                answers.append(same_action.Answer(error=e))
+                continue
+            answers.append(same_action.Answer(answer.content))
+        return answers
+
+
+class BareLoop(SameAction):
+    """The same loop as LangChain's guide writes it: ``tool.invoke(tool_call)``, no config, so
+    no conversation."""
+
+    def conversation(self) -> Any:
+        return None
+
+
+def test_the_documented_loop_without_a_config_never_answers_from_another_conversation(
+    engine: Engine,
+) -> None:
+    """LangChain's tool-calling guide invokes each call as ``tool.invoke(tool_call)``: no config,
+    so no conversation. A model that names its calls ``call_1`` in every conversation (as fake
+    and some real models do) must not get conversation 1's result in conversation 2: the call
+    id was once the key as it was, across every conversation of the process."""
+    charges: list[int] = []
+    charge = charge_tool(engine, charges, None)
+    answers = []
+    for _ in range(2):  # two conversations, each the guide's loop with its own model
+        model = GenericFakeChatModel(messages=iter([AIMessage("", tool_calls=[call("call_1")])]))
+        for tc in model.invoke([HumanMessage("charge order 7")]).tool_calls:
+            answers.append(asyncio.run(charge.ainvoke(tc)).content)
+    assert charges == [7, 7], "each conversation's charge ran"
+    assert not any("idemgate" in str(a) for a in answers), answers
+
+
+def test_the_model_sees_the_idempotency_key_as_optional_and_nullable(engine: Engine) -> None:
+    """With a pydantic schema and with a JSON schema (an MCP tool's), plain and in OpenAI's
+    strict mode (every argument required: the key must be nullable)."""
+    from langchain_core.utils.function_calling import convert_to_openai_tool
+
+    mcp_tool = StructuredTool(
+        name="create_issue",
+        description="Creates an issue.",
+        args_schema={"type": "object", "properties": {"title": {"type": "string"}}, "required": ["title"]},
+        func=lambda **args: "ok",
+    )
+    for tool in (SameAction(engine, None).tool, idempotent(engine, mcp_tool)):
+        for strict in (False, True):
+            parameters = convert_to_openai_tool(tool, strict=strict)["function"]["parameters"]
+            same_action.assert_optional_key(parameters)
+
+
+test_same_action = same_action.stamp("LangChain tools (`thread_id`)", SameAction)
+test_same_action_without_a_config = same_action.stamp("LangChain tools (no config)", BareLoop)

@@ -4,8 +4,10 @@ re-emits them, in one thread and in several; the side effects are counted."""
 from __future__ import annotations
 
 import asyncio
+import uuid
 from typing import Annotated, Any
 
+from integrations import same_action
 from integrations.frameworks import require
 
 require("langgraph")
@@ -19,7 +21,7 @@ from langgraph.graph import START, MessagesState, StateGraph  # noqa: E402
 from langgraph.prebuilt import ToolNode, tools_condition  # noqa: E402
 from langgraph.types import RetryPolicy  # noqa: E402
 
-from idemgate import Engine  # noqa: E402
+from idemgate import Engine, IdemgateError  # noqa: E402
 from idemgate.integrations import scoped_key  # noqa: E402
 from idemgate.integrations.langgraph import idempotent_tool  # noqa: E402
 
@@ -103,7 +105,8 @@ def test_a_node_retried_after_its_timeout_replays_the_tool_call(engine: Engine) 
     assert attempts == ["call_1", "call_1"], "the node timed out once and was retried"
     assert charges == [7], "the side effect ran once"
     (answer,) = tool_messages(state)
-    assert answer[0] == "call_1" and "ch_7" in answer[1] and "idemgate" not in answer[1], answer
+    # What the model reads is the replay, and says so (a silent replay was the old expectation).
+    assert answer[0] == "call_1" and "ch_7" in answer[1] and "not repeated" in answer[1], answer
     assert state["messages"][-1].content == "done"
     record = engine.record("charge", scoped_key("langgraph/thread:t-1/tools", "call_1"))
     assert record is not None and record["state"] == "completed"
@@ -226,7 +229,10 @@ def test_a_node_retried_after_a_sibling_tool_failed_replays_the_finished_one(eng
     assert len(lookups) == 2, "the node ran twice"
     assert invoked.count("call_1") == 2, "the charge was called on both attempts"
     assert charges == ["call_1"], "the charge ran once"
-    assert sorted(tool_messages(state)) == [("call_1", "charged 7"), ("call_2", "order 7 is open")]
+    (charged, looked_up) = sorted(tool_messages(state))
+    assert looked_up == ("call_2", "order 7 is open")
+    # The retried node's charge is the replay, and says so.
+    assert charged[0] == "call_1" and "charged 7" in charged[1] and "not repeated" in charged[1]
 
 
 def test_a_tool_without_an_injected_call_id_is_refused(engine: Engine) -> None:
@@ -239,3 +245,45 @@ def test_a_tool_without_an_injected_call_id_is_refused(engine: Engine) -> None:
         assert "InjectedToolCallId" in str(e)
     else:
         raise AssertionError("expected TypeError")
+
+
+class SameAction:
+    """The "same action" suite's driver (``integrations/same_action.py``): a conversation is a
+    ``thread_id``, a turn one run of the agent graph whose fake chat model emits the calls."""
+
+    def __init__(self, engine: Engine, key: Any) -> None:
+        self.executions: list[Any] = []
+
+        @idempotent_tool(engine, tool=same_action.RECORD, key=key)
+        def buy(item: str, quantity: int, tool_call_id: Annotated[str, InjectedToolCallId]) -> str:
+            """Buys an item."""
+            self.executions.append(item)
+            return f"bought {quantity} {item}, order #{len(self.executions)}"
+
+        self.tools = ToolNode([buy])
+
+    def conversation(self) -> str:
+        return f"thread-{uuid.uuid4().hex}"
+
+    def turn(self, conversation: str, calls: list[same_action.Call]) -> list[same_action.Answer]:
+        emitted = [{"name": same_action.TOOL, "args": c.args, "id": c.id} for c in calls]
+        try:
+            state = graph(self.tools, [emitted]).invoke(
+                {"messages": [("user", "buy")]}, thread(conversation)
+            )
+        except IdemgateError as e:  # ToolNode's default handle_tool_errors re-raises it
+            return [same_action.Answer(error=e)]
+        answers = dict(tool_messages(state))
+        return [same_action.Answer(answers[c.id]) for c in calls]
+
+
+def test_the_model_sees_the_idempotency_key_as_optional_and_nullable(engine: Engine) -> None:
+    from langchain_core.utils.function_calling import convert_to_openai_tool
+
+    (buy,) = SameAction(engine, None).tools.tools_by_name.values()
+    for strict in (False, True):
+        tool = convert_to_openai_tool(buy, strict=strict)
+        same_action.assert_optional_key(tool["function"]["parameters"])
+
+
+test_same_action = same_action.stamp("LangGraph", SameAction)

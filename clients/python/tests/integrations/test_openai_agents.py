@@ -4,8 +4,10 @@ timed them out, in one conversation and in several; the side effects are counted
 from __future__ import annotations
 
 import asyncio
+import uuid
 from typing import Any
 
+from integrations import same_action
 from integrations.frameworks import require
 
 require("agents")
@@ -18,7 +20,7 @@ from agents.testing import assistant_message, function_call  # noqa: E402
 from agents import set_tracing_disabled  # noqa: E402
 
 from idemgate import Engine  # noqa: E402
-from idemgate.integrations import CONVERSATION_META, KEY_META, scoped_key  # noqa: E402
+from idemgate.integrations import CALL_ID_META, CONVERSATION_META, KEY_META, scoped_key  # noqa: E402
 from idemgate.integrations.openai_agents import (  # noqa: E402
     idempotent_function_tool,
     tool_meta_resolver,
@@ -112,7 +114,7 @@ def test_a_run_retried_in_its_conversation_after_a_tool_timeout_replays_the_call
     assert charges == [7], "the side effect ran once"
     (answer,) = outputs(model.inputs[2], "call_1")
     assert "ch_7" in answer and "19.99" in answer, answer
-    assert "idemgate" not in answer, "the same call id gets the plain stored result"
+    assert "not repeated" in answer, "the same call id gets the stored result, told so"
     key = scoped_key("openai-agents/group:conv-1", "call_1")
     record = engine.record("charge", key)
     assert record is not None and record["state"] == "completed"
@@ -230,7 +232,8 @@ def test_a_sync_tool_replays_its_call_id_and_runs_other_arguments(engine: Engine
         )
         answers += outputs(model.inputs[1], call_id)
     assert runs == ["c1", "c2"]
-    assert answers == ["sent to ann", "sent to ann", "sent to bob"]
+    assert answers[0] == "sent to ann" and answers[2] == "sent to bob"
+    assert "sent to ann" in answers[1] and "not repeated" in answers[1], answers
 
 
 def test_the_mcp_meta_resolver_sends_the_key_of_the_call_in_its_conversation() -> None:
@@ -249,8 +252,11 @@ def test_the_mcp_meta_resolver_sends_the_key_of_the_call_in_its_conversation() -
         )
 
     scope = "openai-agents/group:conv-1"
-    assert meta("conv-1") == {KEY_META: scoped_key(scope, "call_9"), CONVERSATION_META: scope}
-    assert meta("conv-2")[KEY_META] != meta("conv-1")[KEY_META]
+    # The call id and its conversation, never a key of the orchestration layer: the door names
+    # the action within the conversation, with the window.
+    assert meta("conv-1") == {CALL_ID_META: "call_9", CONVERSATION_META: scope}
+    assert meta("conv-2")[CONVERSATION_META] == "openai-agents/group:conv-2"
+    assert KEY_META not in meta("conv-1")
 
 
 SERVER = '''
@@ -328,3 +334,45 @@ def test_an_mcp_server_behind_idemgate_mcp_gets_the_call_id_from_the_resolver(
     assert charges.read_text().split() == ["7"], "the server charged once"
     assert "charged 7" in first and "charged 7" in second
     assert "already" in second.lower(), second  # the proxy's replay notice
+
+
+class SameAction:
+    """The "same action" suite's driver (``integrations/same_action.py``): a conversation is a
+    ``RunConfig.group_id``, a turn one run whose scripted model emits the calls."""
+
+    def __init__(self, engine: Engine, key: Any) -> None:
+        self.executions: list[Any] = []
+
+        @idempotent_function_tool(
+            engine, tool=same_action.RECORD, key=key, name_override=same_action.TOOL
+        )
+        def purchase(ctx: ToolContext, item: str, quantity: int) -> str:
+            """Buys an item."""
+            self.executions.append(item)
+            return f"bought {quantity} {item}, order #{len(self.executions)}"
+
+        self.tool = purchase
+
+    def conversation(self) -> str:
+        return f"conv-{uuid.uuid4().hex}"
+
+    def turn(self, conversation: str, calls: list[same_action.Call]) -> list[same_action.Answer]:
+        model = ScriptedModel(
+            [[function_call(same_action.TOOL, c.args, call_id=c.id) for c in calls], [assistant_message("ok")]]
+        )
+        Runner.run_sync(
+            Agent(name="shop", model=model, tools=[self.tool]), "buy", run_config=conversation_of(conversation)
+        )
+        return [same_action.Answer(outputs(model.inputs[1], c.id)[-1]) for c in calls]
+
+
+def conversation_of(name: str) -> RunConfig:
+    return RunConfig(group_id=name)
+
+
+def test_the_model_sees_the_idempotency_key_as_optional_and_nullable(engine: Engine) -> None:
+    tool = SameAction(engine, None).tool
+    same_action.assert_optional_key(tool.params_json_schema)
+
+
+test_same_action = same_action.stamp("OpenAI Agents SDK", SameAction)

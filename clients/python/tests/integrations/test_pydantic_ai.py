@@ -5,8 +5,10 @@ counted."""
 from __future__ import annotations
 
 import asyncio
+import uuid
 from typing import Any
 
+from integrations import same_action
 from integrations.frameworks import require
 
 require("pydantic_ai")
@@ -23,8 +25,8 @@ from pydantic_ai.messages import (  # noqa: E402
 from pydantic_ai.models.function import AgentInfo, FunctionModel  # noqa: E402
 from pydantic_ai.models.test import TestModel  # noqa: E402
 
-from idemgate import Engine  # noqa: E402
-from idemgate.integrations import CONVERSATION_META, KEY_META, scoped_key  # noqa: E402
+from idemgate import Engine, IdemgateError  # noqa: E402
+from idemgate.integrations import CALL_ID_META, CONVERSATION_META, scoped_key  # noqa: E402
 from idemgate.integrations.pydantic_ai import (  # noqa: E402
     conversation_scope,
     idempotent_tool,
@@ -90,10 +92,10 @@ def test_a_call_re_sent_with_its_id_after_the_tool_timeout_is_replayed(engine: E
     assert result.output == "done"
     assert charges == [7], "the side effect ran once"
     # What the model was told: the first attempt timed out (retry), then the stored result.
-    assert returned(seen[2], "call_1") == [
-        "Timed out after 1.0 seconds.",
-        {"charge_id": "ch_7", "amount": "19.99"},
-    ]
+    timed_out, again = returned(seen[2], "call_1")
+    assert timed_out == "Timed out after 1.0 seconds."
+    # The stored result, and that it was not run again (the old expectation: the bare value).
+    assert "ch_7" in again and "not repeated" in again, again
     scope = conversation_scope(result)
     record = engine.record("charge", scoped_key(scope, "call_1"))
     assert record is not None and record["state"] == "completed"
@@ -167,7 +169,8 @@ def test_a_business_key_names_the_action_across_conversations(engine: Engine) ->
         agent.run_sync("charge order 7")
         answers += returned(seen[1], call_id)
     assert charges == [7], "one order, one charge, whichever conversation asks"
-    assert answers == [{"charge_id": "ch_7", "amount": "19.99"}] * 2
+    assert answers[0] == {"charge_id": "ch_7", "amount": "19.99"}
+    assert "ch_7" in answers[1] and "not repeated" in answers[1], answers
 
 
 def test_a_sync_tool_replays_its_call_id_and_runs_other_arguments(engine: Engine) -> None:
@@ -209,15 +212,16 @@ def test_process_tool_call_sends_the_key_of_the_call_in_its_conversation() -> No
 
     for conversation in ("c-1", "c-2"):
         assert asyncio.run(process_tool_call(ctx(conversation), call_tool, "create", {"a": 1})) == "ok"
-    scope = "pydantic-ai/c-1"
-    assert sent[0] == ("create", {"a": 1}, {KEY_META: scoped_key(scope, "call_5"), CONVERSATION_META: scope})
-    assert sent[1][2] is not None and sent[1][2][KEY_META] != sent[0][2][KEY_META]
+    # The call id and its conversation, never a key of the orchestration layer: the door names
+    # the action within the conversation, with the window.
+    assert sent[0] == ("create", {"a": 1}, {CALL_ID_META: "call_5", CONVERSATION_META: "pydantic-ai/c-1"})
+    assert sent[1][2] == {CALL_ID_META: "call_5", CONVERSATION_META: "pydantic-ai/c-2"}
 
 
 def test_an_mcp_toolset_sends_the_call_id_to_a_gated_fastmcp_server(engine: Engine) -> None:
     """End to end over MCP (in memory): Pydantic AI's ``MCPToolset`` with ``process_tool_call``
-    puts the key of the call in its conversation in ``_meta``; the FastMCP server's middleware
-    keys the charge by it."""
+    puts the call id and its conversation in ``_meta``; the FastMCP server's middleware names
+    the charge by them (the call id within the conversation)."""
     require("fastmcp")
     from fastmcp import FastMCP
 
@@ -252,8 +256,64 @@ def test_an_mcp_toolset_sends_the_call_id_to_a_gated_fastmcp_server(engine: Engi
     first, again = run(conversation_id="conv-1"), run(conversation_id="conv-1")
     assert charges == [7], "one charge"
     assert first == ["charged 7, charge #1"]
-    assert again == first, "the stored result (Pydantic AI reads the structured content)"
-    record = engine.record("charge", scoped_key("pydantic-ai/conv-1", "call_1"))
+    # The stored result, and that it was not run again, in what Pydantic AI reads (the
+    # structured content): the old expectation, the bare result, was a silent replay.
+    told = str(again)
+    assert "charged 7, charge #1" in told and "idemgate:" in told, again
+    assert "not run again" in told or "not repeated" in told, again
+    # Named as `idemgate mcp` names it: the call id within the conversation the client names.
+    record = engine.record("charge", scoped_key("conversation:pydantic-ai/conv-1", "call_1"))
     assert record is not None and record["state"] == "completed"
     # Two more runs, each its own conversation, with the model's same call id: two charges.
     assert run() + run() == ["charged 7, charge #2", "charged 7, charge #3"]
+
+
+class SameAction:
+    """The "same action" suite's driver (``integrations/same_action.py``): a conversation is the
+    run's ``conversation_id``, a turn one run of a ``FunctionModel`` emitting the calls."""
+
+    def __init__(self, engine: Engine, key: Any) -> None:
+        self.executions: list[Any] = []
+
+        # Registered as `buy` (the name the model calls): a notice names that, not the
+        # function's name nor the record's.
+        @idempotent_tool(engine, tool=same_action.RECORD, key=key)
+        def purchase(ctx: RunContext[None], item: str, quantity: int) -> str:
+            """Buys an item."""
+            self.executions.append(item)
+            return f"bought {quantity} {item}, order #{len(self.executions)}"
+
+        self.tool = purchase
+
+    def conversation(self) -> str:
+        return f"conv-{uuid.uuid4().hex}"
+
+    def turn(self, conversation: str, calls: list[same_action.Call]) -> list[same_action.Answer]:
+        seen: list[list[Any]] = []
+        parts = [ToolCallPart(same_action.TOOL, c.args, tool_call_id=c.id) for c in calls]
+
+        def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+            seen.append(parts_of(messages))
+            return ModelResponse(parts=parts if len(seen) == 1 else [TextPart("ok")])
+
+        agent = Agent(FunctionModel(model))
+        agent.tool(name=same_action.TOOL)(self.tool)
+        try:
+            agent.run_sync("buy", conversation_id=conversation)
+        except IdemgateError as e:  # Pydantic AI raises a tool's exception out of the run
+            return [same_action.Answer(error=e)]
+        return [same_action.Answer(returned(seen[-1], c.id)[-1]) for c in calls]
+
+
+def test_the_model_sees_the_idempotency_key_as_optional_and_nullable(engine: Engine) -> None:
+    model = TestModel(call_tools=[])
+    agent = Agent(model)
+    agent.tool(name="buy")(SameAction(engine, None).tool)
+    agent.run_sync("buy")
+    (tool,) = model.last_model_request_parameters.function_tools  # type: ignore[union-attr]
+    assert tool.name == "buy"
+    same_action.assert_optional_key(tool.parameters_json_schema)
+
+
+parts_of = parts
+test_same_action = same_action.stamp("Pydantic AI", SameAction)

@@ -4,12 +4,18 @@ running the side effect again. What counts as the same action (``clients/python/
 
 - the framework's tool-call id **within a scope**, the conversation the framework knows (a call id
   names a message, not an action, and some models reuse ids: the same id in another scope is
-  another action);
+  another action); a framework that names no conversation gives the run, else the invocation:
+  never global;
 - within the scope, a write whose arguments equal an earlier call's within the tool's window
   (``fallback_window``, default :data:`DEFAULT_WINDOW`, 0 turns it off), whatever its call id;
-  the model reads, in words, that it already ran and was not repeated (:func:`repeat_notice`);
 - a deliberate repeat: the model passes a new ``idempotency_key`` argument; the program names
   the action itself with ``key=`` (a business identity, the same in every conversation).
+
+All of it is named by the one rule of every door (the native ``name_action``,
+``idemgate_kit::identity``). Never silent: every call that did not run tells the model so in
+words, with the stored result (:func:`repeat_notice` for the window, :func:`key_notice` for a
+re-sent call id, the model's key used again, the program's key), naming the tool as the model
+calls it.
 
 - :mod:`idemgate.integrations.openai_agents`: the OpenAI Agents SDK (``ToolContext.tool_call_id``;
   a ``tool_meta_resolver`` for MCP servers behind ``idemgate mcp``);
@@ -26,21 +32,25 @@ Each module imports its framework only when used: the package itself has no Pyth
 """
 
 from ._tool_calls import (
+    CALL_ID_META,
     CONVERSATION_META,
     DEFAULT_WINDOW,
     KEY_ARGUMENT,
     KEY_META,
     jsonable,
+    key_notice,
     repeat_notice,
     scoped_key,
 )
 
 __all__ = [
+    "CALL_ID_META",
     "CONVERSATION_META",
     "DEFAULT_WINDOW",
     "KEY_ARGUMENT",
     "KEY_META",
     "jsonable",
+    "key_notice",
     "repeat_notice",
     "scoped_key",
 ]

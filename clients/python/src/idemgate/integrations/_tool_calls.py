@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Awaitable, Callable, Mapping, TypeVar
 
-from .._native import derive_key
+from .._native import name_action as _native_name_action
 from ..engine import _CURRENT_KEY, _POLICY_FIELDS, Engine, Result, given_policy
 from ..errors import IdemgateError, LeaseLost, NotApplied, OutcomeNotRecorded
 
@@ -26,6 +26,10 @@ KEY_META = "dev.idemgate/idempotency-key"
 #: Where MCP requests name the conversation they belong to (``params._meta``), as ``idemgate
 #: mcp`` reads it: the scope of the re-emission window.
 CONVERSATION_META = "dev.idemgate/conversation"
+
+#: Where MCP requests carry the framework's tool-call id (``params._meta``), as ``idemgate mcp``
+#: reads it: it names the action within the conversation, with the re-emission window.
+CALL_ID_META = "dev.idemgate/tool-call-id"
 
 #: The tool argument a model sets to name a new action (a deliberate repeat), as ``idemgate mcp``
 #: reads it.
@@ -67,15 +71,19 @@ def _retrieve(task: asyncio.Task[Any]) -> None:
 
 @dataclass(frozen=True)
 class Action:
-    """What names the action of one call: the record ``key`` (``None``: the window alone names
-    it), the ``scope`` it was made in, and whether the re-emission ``window`` applies (an
-    identical call in the scope within the window is the same action)."""
+    """What names the action of one call, as the kit's one rule named it
+    (``idemgate_kit::identity``, ``docs/DESIGN.md`` "What names an action"): the record ``key``
+    (``None``: the window alone names it), the ``scope`` it was made in, the ``rule`` that named
+    it (``business_key``, ``model_key``, ``call_id``, ``window``; ``orchestration_key`` at the
+    doors that take one), and whether the re-emission ``window`` applies (an identical call in
+    the scope within the window is the same action)."""
 
     key: str | None
     scope: str | None
     window: bool
     # The framework's id of the model's tool call, for the call's span (gen_ai.tool.call.id).
     call_id: str | None = None
+    rule: str = "window"
 
 
 def name_action(
@@ -84,43 +92,51 @@ def name_action(
     scope: str | None,
     business_key: str | None = None,
     model_key: str | None = None,
+    orchestration_key: str | None = None,
 ) -> Action:
-    """Names a call's action.
+    """Names a call's action by the one rule every door shares (the native ``name_action``):
 
-    - ``business_key`` (the caller's ``key=``): the action itself, the same in every conversation,
-      so it is not scoped, and no window applies (other keys are other actions).
-    - ``model_key`` (the model's ``idempotency_key`` argument): the model named a new action; it
-      is scoped (a model's "1" in one conversation is not another's) and no window applies, which
+    - ``orchestration_key`` (an MCP ``_meta`` key) or ``business_key`` (the caller's ``key=``):
+      the action itself, the same in every conversation; no window.
+    - ``model_key`` (the model's ``idempotency_key`` argument): a new action the model named,
+      within the scope (a model's "1" in one conversation is not another's); no window, which
       is how the model repeats an action on purpose.
-    - else the framework's ``call_id``, scoped: the call id names a message, not an action, and
-      some models reuse ids across conversations, so the same id in another scope is another
-      action; the window joins a re-emission of the same action under a new id.
-    """
-    if business_key is not None:
-        return Action(business_key, None, False, call_id)
-    if model_key is not None:
-        return Action(scoped_key(scope, f"{KEY_ARGUMENT}:{model_key}"), scope, False, call_id)
-    if scope is None:  # nothing to scope by: the call id as it is, and no window (see window_of)
-        return Action(call_id, None, False, call_id)
-    key = scoped_key(scope, call_id) if call_id is not None else None
-    return Action(key, scope, True, call_id)
+    - else the framework's ``call_id`` within the scope (the same id in another conversation is
+      another action), with the window joining a re-emission under a new id.
+
+    A call whose framework names no scope is its own invocation: its call id or key reaches no
+    other call, and no window is kept for it. Never global."""
+    key, named_scope, rule, window = _native_name_action(
+        scope=scope,
+        orchestration_key=orchestration_key,
+        business_key=business_key,
+        model_key=model_key,
+        call_id=call_id,
+    )
+    return Action(key, named_scope, window, call_id, rule)
 
 
 def scoped_key(scope: str | None, call_id: str) -> str:
-    """The key of a tool call's action: its call id within its scope (``derive_key``), or the
-    call id itself without a scope."""
-    return derive_key(scope, call_id) if scope is not None else call_id
+    """The key of a tool call's action: its call id within its scope (:func:`name_action`);
+    without a scope, within this one invocation (a key no other call shares)."""
+    key = name_action(call_id=call_id, scope=scope).key
+    assert key is not None  # a call id always names a key
+    return key
 
 
-def scoped_meta(scope: str | None, call_id: str | None) -> dict[str, Any] | None:
+def scoped_meta(scope: str | None, call_id: str | None) -> dict[str, Any]:
     """The ``_meta`` an MCP request of a tool call carries for ``idemgate mcp`` and the FastMCP
-    middleware: the key of its action and its conversation."""
-    meta: dict[str, Any] = {}
+    middleware: the framework's call id (``dev.idemgate/tool-call-id``) and the conversation,
+    from which the door names the action by the same rule as here (:func:`name_action`: the call
+    id within the conversation, with the re-emission window). Not an idempotency key: a key in
+    ``_meta`` is the orchestration layer's, which names an action in every conversation and has
+    no window. Without a scope the conversation is this invocation's own, never none (the
+    proxy would take its whole session, every conversation of a desktop agent, for one)."""
+    action = name_action(call_id=call_id, scope=scope)
+    meta: dict[str, Any] = {CONVERSATION_META: action.scope}
     if call_id:
-        meta[KEY_META] = scoped_key(scope, call_id)
-    if scope is not None:
-        meta[CONVERSATION_META] = scope
-    return meta or None
+        meta[CALL_ID_META] = call_id
+    return meta
 
 
 def window_of(engine: Engine, tool: str, overrides: dict[str, Any], action: Action) -> float:
@@ -181,13 +197,43 @@ class Outcome:
     result: Result
     repeat_of: Result | None
 
-    def answer(self, tool: str, model_key: bool) -> Any:
-        """What the model is handed: the value, or, for a call the window took for a repeat, a
-        text that says so in words (a silent replay would let the model believe it did the
-        action twice)."""
-        if self.repeat_of is None:
-            return self.result.value
-        return repeat_notice(tool, self.repeat_of, model_key)
+    def notice(
+        self, tool: str, model_key: bool, rule: str, result_above: bool = False
+    ) -> str | None:
+        """What the model must read besides the value when this call did not run (``None``
+        when it ran): the window's notice, or, for a replay under the call's key, the key's.
+        ``tool`` is the name the model calls the tool by; ``rule`` the one that named the
+        action (:attr:`Action.rule`)."""
+        if self.repeat_of is not None:
+            return repeat_notice(tool, self.repeat_of, model_key, result_above)
+        if self.result.replayed:
+            return key_notice(tool, self.result, rule, model_key, result_above)
+        return None
+
+    def answer(self, tool: str, model_key: bool, rule: str = "call_id") -> Any:
+        """What the model is handed: the value, or, for a call that did not run (a replay under
+        its key, or the window's), a text that says so in words with the result in it (a silent
+        replay would let the model believe it did the action again)."""
+        told = self.notice(tool, model_key, rule)
+        return self.result.value if told is None else told
+
+
+def _again(tool: str, model_key: bool, until: str = "") -> str:
+    """How the model does an action again on purpose (``model_key``: the tool takes the
+    ``idempotency_key`` argument), in the notices' words; without the argument, that it is not
+    repeated (``until``: for how long)."""
+    if model_key:
+        return (
+            f"To do it again on purpose, call {tool} again with the argument {KEY_ARGUMENT} set "
+            "to a new value that names the new action."
+        )
+    return f"It is not repeated{until}: ask the user if it must be done again."
+
+
+def _result_text(replayed: Result, result_above: bool) -> str:
+    if result_above:
+        return "the result above is the one it returned then"
+    return f"the result it returned then: {json.dumps(replayed.value)}"
 
 
 def repeat_notice(
@@ -196,23 +242,45 @@ def repeat_notice(
     """What the model reads for a call taken for a repeat of an earlier identical call: when it
     ran, its result (or, ``result_above``, that the result shown is that one), that it was not
     run again, and how to do it again on purpose (``model_key``: the tool takes the
-    ``idempotency_key`` argument)."""
+    ``idempotency_key`` argument). ``tool`` is the name the model calls it by."""
     when = _when(replayed.executed_at)
-    result = (
-        "the result above is the one it returned then"
-        if result_above
-        else f"the result it returned then: {json.dumps(replayed.value)}"
-    )
-    again = (
-        f"To do it again on purpose, call {tool} again with the argument {KEY_ARGUMENT} set to a "
-        "new value that names the new action."
-        if model_key
-        else "It is not repeated within the window: ask the user if it must be done again."
-    )
     return (
         f"idemgate: an identical call of {tool} (the same arguments) ran at {when} in this "
         "conversation, so this one was taken for a repeat of that action and was not run "
-        f"again; {result}. {again}"
+        f"again; {_result_text(replayed, result_above)}. "
+        f"{_again(tool, model_key, ' within the window')}"
+    )
+
+
+#: Why a call's key named an action already done, by the rule that named it (Action.rule).
+_NAMED_BY = {
+    "call_id": "this call of {tool} has the tool-call id of an earlier call in this conversation",
+    "model_key": f"this call of {{tool}} has the {KEY_ARGUMENT} of an earlier call in this "
+    "conversation",
+    "business_key": "the program names this call of {tool} as that same action",
+    "orchestration_key": "the idempotency key of this call of {tool} names that same action",
+}
+
+
+def key_notice(
+    tool: str, replayed: Result, rule: str, model_key: bool = True, result_above: bool = False
+) -> str:
+    """What the model reads for a call answered from an earlier call's record under its key (a
+    re-sent or reused call id, the model's own ``idempotency_key`` used again, the program's
+    key): the kit's words for a replay (``idemgate_kit::Explanation::for_model``), why the call
+    named that action, its result, and how to do it again on purpose. A program's key names
+    the action whatever the model sends, so the model is told to ask, not to pass a key."""
+    when = _when(replayed.executed_at)
+    why = _NAMED_BY.get(rule, _NAMED_BY["orchestration_key"]).format(tool=tool)
+    program = rule in ("business_key", "orchestration_key")
+    again = (
+        "It is done once, whatever the conversation: ask the user if it must be done again."
+        if program
+        else _again(tool, model_key)
+    )
+    return (
+        f"idemgate: this action was already performed at {when} and was not repeated ({why}); "
+        f"{_result_text(replayed, result_above)}. {again}"
     )
 
 
@@ -365,6 +433,8 @@ def once_per_action(
     key: Namer | None = None,
     scope: Namer | None = None,
     model_key: bool = True,
+    name: str | None = None,
+    name_of: Callable[[Any], str | None] | None = None,
 ) -> F:
     """``fn`` run through ``engine`` under ``tool``, once per action (:func:`name_action`): the
     call id is ``call_id_of(bound arguments)``, the framework's context ``context_of(...)``, its
@@ -372,6 +442,10 @@ def once_per_action(
     names the action by its business identity instead. The fingerprinted arguments are the
     call's minus ``exclude`` (the framework's context objects) and the model's key. ``policy``
     (:class:`~idemgate.engine.PolicyOptions`) overrides the engine's policy for the tool.
+
+    A notice names the tool as the model calls it, not by the record's ``tool``: the name the
+    framework's context gives the call (``name_of(context)``), else ``name`` (default: the
+    function's name, which the frameworks name a tool by).
 
     With ``model_key``, the model may pass an ``idempotency_key`` argument to name a new action
     (a deliberate repeat): the wrapper's signature gains it (optional, described to the model)
@@ -384,8 +458,9 @@ def once_per_action(
     declared = KEY_ARGUMENT in sig.parameters
     injected = model_key and not declared
     skip = exclude | ({KEY_ARGUMENT} if declared else set())
+    fallback_name: str = name or str(getattr(fn, "__name__", tool))
 
-    def prepare(a: tuple[Any, ...], kw: dict[str, Any]) -> tuple[Action, Any, dict[str, Any]]:
+    def prepare(a: tuple[Any, ...], kw: dict[str, Any]) -> tuple[Action, Any, dict[str, Any], str]:
         given_key = kw.pop(KEY_ARGUMENT, None) if injected else None
         bound = sig.bind(*a, **kw)
         bound.apply_defaults()
@@ -399,24 +474,25 @@ def once_per_action(
             business_key=key(payload, ctx) if key is not None else None,
             model_key=(given_key or None) if model_key else None,
         )
-        return action, payload, kw
+        called = (name_of(ctx) if name_of is not None else None) or fallback_name
+        return action, payload, kw, called
 
     if inspect.iscoroutinefunction(fn):
 
         @functools.wraps(fn)
         async def awrapper(*a: Any, **kw: Any) -> Any:
-            action, payload, kw = prepare(a, kw)
+            action, payload, kw, called = prepare(a, kw)
             out = await call_async(engine, tool, action, payload, lambda: fn(*a, **kw), given, shield)
-            return out.answer(tool, model_key)
+            return out.answer(called, model_key, action.rule)
 
         wrapped: Any = awrapper
     else:
 
         @functools.wraps(fn)
         def wrapper(*a: Any, **kw: Any) -> Any:
-            action, payload, kw = prepare(a, kw)
+            action, payload, kw, called = prepare(a, kw)
             out = call_sync(engine, tool, action, payload, lambda: jsonable(fn(*a, **kw)), given)
-            return out.answer(tool, model_key)
+            return out.answer(called, model_key, action.rule)
 
         wrapped = wrapper
     if injected:
@@ -470,10 +546,16 @@ def with_key_argument(schema: Any) -> Any:
     argument, described to the model."""
     if isinstance(schema, dict):
         out = copy.deepcopy(schema)
+        # Optional (not in "required") and nullable, as pydantic renders `str | None = None`:
+        # a framework that makes every argument required for a strict schema (OpenAI's strict
+        # mode, CrewAI) must still let the model send null.
         out.setdefault("properties", {})[KEY_ARGUMENT] = {
-            "type": "string",
+            "anyOf": [{"type": "string"}, {"type": "null"}],
+            "default": None,
             "description": KEY_DESCRIPTION,
         }
+        if KEY_ARGUMENT in out.get("required", ()):
+            out["required"] = [r for r in out["required"] if r != KEY_ARGUMENT]
         return out
     from pydantic import Field, create_model
 
@@ -504,6 +586,9 @@ class ToolCalls:
         policy: Mapping[str, Any],
     ) -> None:
         self.engine, self.inner, self.tool = engine, inner, tool
+        # The name the model calls the tool by (the wrapper keeps the tool's): what a notice
+        # names, never the record's `tool=`, which the model does not know.
+        self.name: str = getattr(inner, "name", None) or tool
         self.key, self.scope, self.model_key, self.shield = key, scope, model_key, shield
         self.given = given_policy(policy)
         engine.policy(tool, **self.given)  # refuse bad settings now
@@ -536,17 +621,21 @@ class ToolCalls:
             model_key=model_key,
         )
 
+    def answer(self, out: Outcome, action: Action) -> Any:
+        """What the model is handed of a call's outcome (:meth:`Outcome.answer`)."""
+        return out.answer(self.name, self.model_key, action.rule)
+
     def run(self, action: Action, payload: Any, fn: Callable[[], Any]) -> Any:
         """``fn()`` once per action; what the model is handed."""
         out = call_sync(self.engine, self.tool, action, payload, lambda: jsonable(fn()), self.given)
-        return out.answer(self.tool, self.model_key)
+        return self.answer(out, action)
 
     async def arun(self, action: Action, payload: Any, fn: Callable[[], Any]) -> Any:
         """As :meth:`run`, awaited (``fn`` may return an awaitable)."""
         out = await call_async(
             self.engine, self.tool, action, payload, fn, self.given, self.shield
         )
-        return out.answer(self.tool, self.model_key)
+        return self.answer(out, action)
 
 
 def split_policy(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -568,11 +657,13 @@ def context_tool(
     model_key: bool,
     shield: bool,
     policy: Mapping[str, Any],
+    name: str | None = None,
 ) -> F:
     """:func:`once_per_action` of ``fn`` whose first parameter takes the framework's context
-    (``what``: its name), which carries the call's ``tool_call_id`` (the OpenAI Agents SDK's
-    ``ToolContext``, Pydantic AI's ``RunContext``): the context is not fingerprinted, and is what
-    ``default_scope``, ``key=`` and ``scope=`` are given."""
+    (``what``: its name), which carries the call's ``tool_call_id`` and ``tool_name`` (the OpenAI
+    Agents SDK's ``ToolContext``, Pydantic AI's ``RunContext``): the context is not
+    fingerprinted, and is what ``default_scope``, ``key=`` and ``scope=`` are given; its
+    ``tool_name`` (else ``name``) is the name a notice gives the tool."""
     ctx = context_param(fn, what)
     return once_per_action(
         engine,
@@ -587,6 +678,9 @@ def context_tool(
         key=key,
         scope=scope,
         model_key=model_key,
+        name=name,
+        # The name the model called: a framework may register the function under another.
+        name_of=lambda c: getattr(c, "tool_name", None),
     )
 
 

@@ -37,9 +37,12 @@ nothing names its action: it needs ``key=`` (else ``KeyRequired``); so does a to
 ``fallback_window=0``.
 
 The model repeats on purpose with the tool's optional ``idempotency_key`` argument (added to its
-schema); the program names actions itself with ``key=lambda args, ctx: ...`` (a business
-identity, the same in every scope) or chooses the scope with ``scope=lambda args, ctx: ...``;
-``ctx`` is a :class:`CrewContext` (CrewAI gives a tool no context object of its own).
+schema; CrewAI's text prompt renders every argument as required and non-null, so the wrapper
+shows it there as optional and nullable); a replay under it, or under ``key=``, is told in words
+as the window's is, naming the tool as CrewAI shows it to the model. The program names actions
+itself with ``key=lambda args, ctx: ...`` (a business identity, the same in every scope) or
+chooses the scope with ``scope=lambda args, ctx: ...``; ``ctx`` is a :class:`CrewContext`
+(CrewAI gives a tool no context object of its own).
 
 The wrapped tool keeps the name, description and argument schema of the tool it wraps, and never
 lets CrewAI's in-memory tool cache answer for it (``cache_function`` says no): the record does,
@@ -55,6 +58,7 @@ middleware).
 from __future__ import annotations
 
 import functools
+import json
 from dataclasses import dataclass
 from typing import Any, Callable, Unpack
 
@@ -113,6 +117,14 @@ def _never_cache(_args: Any = None, _result: Any = None) -> bool:
 class _Calls(ToolCalls):
     """How one wrapped tool names and runs its calls."""
 
+    def __init__(self, engine: Engine, inner: Any, tool: str, *a: Any, **options: Any) -> None:
+        super().__init__(engine, inner, tool, *a, **options)
+        from crewai.utilities.string_utils import sanitize_tool_name
+
+        # CrewAI shows the model the tool's name sanitized (`Charge Order` -> `charge_order`):
+        # the name a notice must use.
+        self.name = sanitize_tool_name(self.name)
+
     def prepare(self, kwargs: dict[str, Any]) -> tuple[Action, Any, dict[str, Any]]:
         """The call's action, its fingerprinted arguments, and what the wrapped tool gets."""
         model_key = self.model_key_of(kwargs)
@@ -127,12 +139,38 @@ def _tool_class() -> type:
     """The ``BaseTool`` subclass wrapping a tool (made on first use: crewai is imported only when
     this module is used)."""
     from crewai.tools import BaseTool
+    from crewai.tools.structured_tool import CrewStructuredTool
     from pydantic import PrivateAttr
+
+    class Structured(CrewStructuredTool):  # type: ignore[misc]
+        """The tool as an agent runs it, whose prompt shows the model's key as optional."""
+
+        @property
+        def formatted_description(self) -> str:
+            return _key_optional(super().formatted_description)
 
     class IdempotentTool(BaseTool):  # type: ignore[misc]
         """A tool gated by an engine: one execution per action (see the module)."""
 
         _calls: Any = PrivateAttr(default=None)
+
+        @property
+        def formatted_description(self) -> str:
+            made = super().formatted_description
+            return _key_optional(made) if self._calls.injected else made
+
+        def to_structured_tool(self) -> Any:
+            made = super().to_structured_tool()
+            if not self._calls.injected:
+                return made  # the tool's own idempotency_key: its own schema says what it is
+            # CrewAI's text (ReAct) prompt renders every argument as required and drops null
+            # from its types, so a model reads the added key as a required string and sends a
+            # value in every call (each a new action): the same tool, rendered with the key
+            # optional and nullable. (Native function calling sends the schema itself: there
+            # the key is nullable, which strict mode reads as optional.)
+            told = Structured(**{f: getattr(made, f) for f in type(made).model_fields})
+            told._original_tool = self
+            return told
 
         def _run(self, *args: Any, **kwargs: Any) -> Any:
             g: _Calls = self._calls
@@ -151,6 +189,25 @@ def _tool_class() -> type:
             return str(self._calls.inner.format_output_for_agent(raw_result))
 
     return IdempotentTool
+
+
+def _key_optional(block: str) -> str:
+    """CrewAI's prompt block of a tool (the lines ``Tool Name: ...``, ``Tool Arguments: <JSON
+    schema>``, ``Tool Description: ...``) with the ``idempotency_key`` argument optional and
+    nullable (its description kept); the block as it is when it has another shape."""
+    head, sep, rest = block.partition("Tool Arguments: ")
+    args, sep2, tail = rest.partition("\nTool Description: ")
+    try:
+        schema = json.loads(args) if sep and sep2 else None
+    except ValueError:
+        schema = None
+    prop = schema.get("properties", {}).get(KEY_ARGUMENT) if isinstance(schema, dict) else None
+    if not isinstance(schema, dict) or not isinstance(prop, dict):
+        return block
+    prop.pop("type", None)
+    prop["anyOf"] = [{"type": "string"}, {"type": "null"}]
+    schema["required"] = [r for r in schema.get("required", []) if r != KEY_ARGUMENT]
+    return f"{head}{sep}{json.dumps(schema, indent=2)}{sep2}{tail}"
 
 
 def _keywords(inner: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:

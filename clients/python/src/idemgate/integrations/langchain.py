@@ -20,14 +20,21 @@ the function needs no parameter for it) within its **scope**: the run's ``Runnab
 ``thread_id`` (with the checkpoint namespace inside a LangGraph graph, as
 :func:`idemgate.integrations.langgraph.graph_scope`), else the graph run, else the run the tool
 is called from (the agent loop's chain or ``Runnable``: its run id, the tool run's parent, one
-per ``invoke``). A tool called outside any run and without a ``thread_id`` has no scope: its
-call id is the key as it is, and no window applies. The call id names a message, not an action:
-the same id in another thread or run is another action. A re-sent ``ToolCall`` (an agent loop
-retrying after a timeout or an error) gets the stored result. Within the scope, a write whose
-arguments equal an earlier call's within the window (``fallback_window``, default 60 s, 0 turns
-it off) is the same action under a new call id, and the model reads, in words, that it already
-ran and was not repeated. The model repeats on purpose with the tool's optional
-``idempotency_key`` argument (added to its schema); the program names actions itself with
+per ``invoke``). A tool called outside any run and without a ``thread_id`` (the bare
+``tool.invoke(tool_call)`` loop of LangChain's tool-calling guide) names no conversation: each
+call is its own invocation, so its call id reaches no other call (a model sending the same id
+in every conversation never gets another conversation's result) and no window applies; give
+the loop's calls the conversation's ``thread_id`` (``tool.invoke(tool_call, {"configurable":
+{"thread_id": ...}})``) to have re-sent and re-emitted calls answered once. The call id names a
+message, not an action: the same id in another thread or run is another action. A re-sent
+``ToolCall`` (an agent loop retrying after a timeout or an error) gets the stored result. Within
+the scope, a write whose arguments equal an earlier call's within the window
+(``fallback_window``, default 60 s, 0 turns it off) is the same action under a new call id.
+Every call that did not run tells the model so in words (when the action ran, its result, how
+to do it again on purpose), under a re-sent call id as under the window; a tool whose content is
+a list of content blocks keeps them, the notice added as a text block. The model repeats on
+purpose with the tool's optional ``idempotency_key`` argument (added to its schema, optional
+and nullable); the program names actions itself with
 ``key=lambda args, config: ...`` (a business identity, the same in every thread) or chooses the
 scope with ``scope=``; both get the tool's ``RunnableConfig``.
 
@@ -47,7 +54,16 @@ from contextvars import ContextVar
 from typing import Any, Callable, Unpack
 
 from ..engine import Engine, PolicyOptions
-from ._tool_calls import KEY_ARGUMENT, Namer, ToolCalls, jsonable, schema_fields, split_policy
+from ._tool_calls import (
+    KEY_ARGUMENT,
+    Action,
+    Namer,
+    Outcome,
+    ToolCalls,
+    jsonable,
+    schema_fields,
+    split_policy,
+)
 from .langgraph import graph_scope
 
 __all__ = ["idempotent", "idempotent_tool", "run_scope"]
@@ -123,6 +139,15 @@ def _content(output: Any) -> Any:
     return output.content if isinstance(output, ToolMessage) else output
 
 
+def _blocks(value: Any) -> bool:
+    """Whether a tool's content is a list of LangChain content blocks."""
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(isinstance(b, dict) and isinstance(b.get("type"), str) for b in value)
+    )
+
+
 class _Call:
     def __init__(self, action: Any, payload: Any, input: Any, config: Any) -> None:
         self.action, self.payload, self.input, self.config = action, payload, input, config
@@ -134,6 +159,15 @@ class _Calls(ToolCalls):
     def __init__(self, engine: Engine, inner: Any, tool: str, **options: Any) -> None:
         self.visible = schema_fields(inner.tool_call_schema)  # what the model sends: fingerprinted
         super().__init__(engine, inner, tool, self.visible, **options)
+
+    def answer(self, out: Outcome, action: Action) -> Any:
+        # A tool answering with content blocks (an MCP tool's text, images...) keeps them on a
+        # replay, the notice after them as a text block: the model reads both.
+        value = out.result.value
+        if _blocks(value):
+            told = out.notice(self.name, self.model_key, action.rule, result_above=True)
+            return value if told is None else [*value, {"type": "text", "text": told}]
+        return super().answer(out, action)
 
     def prepare(self, args: tuple[Any, ...], kwargs: dict[str, Any], config: Any, run_manager: Any) -> _Call:
         call_id = _CALL_ID.get()

@@ -27,11 +27,12 @@ keeps; without a ``thread_id``, the graph run (one ``invoke``/``stream``). A ret
 call re-runs the tool with the same id and gets the stored result: the payment is made once; the
 same id in another thread is another action. Within the scope, a write whose arguments equal an
 earlier call's within the window (``fallback_window``, default 60 s, 0 turns it off) is the same
-action under a new call id, and the model reads, in words, that it already ran and was not
-repeated. The model repeats on purpose with the tool's optional ``idempotency_key`` argument
-(added to its schema); the program names actions itself with ``key=lambda args, config: ...``
-(a business identity, the same in every thread) or chooses the scope with ``scope=``; both get
-the graph's ``RunnableConfig``.
+action under a new call id. Every call that did not run (the window's, a re-sent call id, the
+model's own key again, the program's key) answers the model with a text that says so, with the
+stored result. The model repeats on purpose with the tool's optional ``idempotency_key`` argument
+(added to its schema, optional and nullable); the program names actions itself with
+``key=lambda args, config: ...`` (a business identity, the same in every thread) or chooses the
+scope with ``scope=``; both get the graph's ``RunnableConfig``.
 
 ``async`` tools are shielded by default: a node timeout does not tear the call in half, it
 finishes and stores its outcome, and the retry waits for it (the policy's ``wait``). The tool

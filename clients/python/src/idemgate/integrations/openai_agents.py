@@ -29,9 +29,13 @@ conversation) or chooses the scope with ``scope=lambda args, ctx: ...``.
 
 The first parameter must take the ``ToolContext`` (it is not fingerprinted). ``async`` tools are
 shielded by default: when the SDK's ``timeout`` cancels the call, the function still finishes and
-its outcome is stored, so a retry waits for it (the policy's ``wait``) and replays it. Refusals
-raise idemgate's exceptions (``OutcomeUnknown``, ``InFlight``, ``KeyReused``...), which the SDK
-turns into a tool error message for the model (its ``failure_error_function``).
+its outcome is stored, so a retry waits for it (the policy's ``wait``) and replays it. Every call
+that did not run tells the model so in words: a replay (a re-sent call id, the model's own
+``idempotency_key`` again, the program's ``key=``, the window) answers with a notice that holds
+the stored result. Refusals raise idemgate's exceptions (``OutcomeUnknown``, ``InFlight``,
+``KeyReused``...), which the SDK turns into a tool error message for the model: without a
+``failure_error_function`` of the application's, idemgate's own says what was refused and why
+(the SDK's default hides every exception's text; other exceptions still get it).
 
 MCP servers behind ``idemgate mcp`` (or gated by the FastMCP middleware):
 ``MCPServerStdio(..., tool_meta_resolver=tool_meta_resolver)`` sends the key of the call's action
@@ -45,9 +49,16 @@ import uuid
 from typing import Any, Callable
 
 from ..engine import Engine
+from ..errors import IdemgateError
 from ._tool_calls import KEY_META, Namer, context_tool, scoped_meta, split_policy
 
-__all__ = ["KEY_META", "idempotent_function_tool", "run_scope", "tool_meta_resolver"]
+__all__ = [
+    "KEY_META",
+    "failure_error_function",
+    "idempotent_function_tool",
+    "run_scope",
+    "tool_meta_resolver",
+]
 
 # Where the run's scope is kept: on the run's ``Usage``, the one object every ``ToolContext`` of a
 # run shares (the SDK gives tools no run id).
@@ -75,6 +86,19 @@ def run_scope(ctx: Any) -> str | None:
     return str(run)
 
 
+def failure_error_function(ctx: Any, error: Exception) -> str:
+    """The tool error the model reads when no ``failure_error_function`` is given: an idemgate
+    refusal in words (why the call did not run, what may be done), so the model never takes a
+    call that was not run for an unexplained failure to try again; any other exception as the
+    SDK's default (which hides its text)."""
+    if isinstance(error, IdemgateError):
+        name = getattr(ctx, "tool_name", None) or "the tool"
+        return f"idemgate: this call of {name} was not run: {error}"
+    from agents.tool import default_tool_error_function
+
+    return default_tool_error_function(ctx, error)
+
+
 def idempotent_function_tool(
     engine: Engine,
     func: Callable[..., Any] | None = None,
@@ -96,11 +120,13 @@ def idempotent_function_tool(
     leaves the ``idempotency_key`` argument out of the schema. The keyword arguments of
     :class:`~idemgate.engine.PolicyOptions` override the engine's policy (``fallback_window`` is
     the re-emission window); the others go to ``function_tool`` (``timeout``, ``name_override``,
-    ``failure_error_function``...). Use bare or with arguments.
+    ``failure_error_function``..., default :func:`failure_error_function`). Use bare or with
+    arguments.
     """
     from agents import function_tool
 
     policy, function_tool_kwargs = split_policy(kwargs)
+    function_tool_kwargs.setdefault("failure_error_function", failure_error_function)
 
     def build(fn: Callable[..., Any]) -> Any:
         gated = context_tool(
@@ -108,6 +134,7 @@ def idempotent_function_tool(
             fn,
             what="ToolContext",
             tool=tool or function_tool_kwargs.get("name_override") or fn.__name__,
+            name=function_tool_kwargs.get("name_override"),
             default_scope=run_scope,
             key=key,
             scope=scope,
@@ -121,9 +148,9 @@ def idempotent_function_tool(
 
 
 def tool_meta_resolver(context: Any) -> dict[str, Any] | None:
-    """A ``tool_meta_resolver`` for the SDK's MCP servers: the key of the tool call's action
-    (:func:`~idemgate.integrations.scoped_key` of its scope and call id) as
-    ``_meta["dev.idemgate/idempotency-key"]``, which ``idemgate mcp`` takes as the key, and the
-    scope as ``_meta["dev.idemgate/conversation"]``."""
+    """A ``tool_meta_resolver`` for the SDK's MCP servers: the tool call's id as
+    ``_meta["dev.idemgate/tool-call-id"]`` and its scope as ``_meta["dev.idemgate/conversation"]``,
+    from which ``idemgate mcp`` and the FastMCP middleware name its action as the integrations
+    do (the call id within the conversation, with the re-emission window)."""
     run_context = context.run_context
     return scoped_meta(run_scope(run_context), getattr(run_context, "tool_call_id", None))

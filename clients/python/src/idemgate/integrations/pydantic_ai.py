@@ -22,16 +22,19 @@ call id, as ``TestModel``'s ``pyd_ai_tool_call_id__<tool>``, in two separate run
 actions). When the tool's ``timeout`` expires Pydantic AI asks the model to retry; the model
 re-emits the call with the same id and gets the stored result. Within the scope, a write whose
 arguments equal an earlier call's within the window (``fallback_window``, default 60 s, 0 turns
-it off) is the same action under a new call id, and the model reads, in words, that it already
-ran and was not repeated. The model repeats on purpose with the tool's optional
-``idempotency_key`` argument (added to its schema); the program names actions itself with
+it off) is the same action under a new call id. Every call that did not run (the window's, a
+re-sent or reused call id, the model's own key again, the program's key) answers the model with
+a text that says so, with the stored result, naming the tool as registered
+(``RunContext.tool_name``). The model repeats on purpose with the tool's optional
+``idempotency_key`` argument (added to its schema, optional and nullable); the program names
+actions itself with
 ``key=lambda args, ctx: ...`` (a business identity, the same in every conversation) or chooses
 the scope with ``scope=lambda args, ctx: ...``.
 
 The first parameter must take the ``RunContext`` (it is not fingerprinted). ``async`` tools are
 shielded by default: the timed-out call still finishes and stores its outcome, and the retry
 waits for it (the policy's ``wait``). Refusals raise idemgate's exceptions (``OutcomeUnknown``,
-``InFlight``, ``KeyReused``...).
+``InFlight``, ``KeyReused``...), which Pydantic AI raises out of the run to the program.
 
 MCP servers behind ``idemgate mcp`` (or gated by the FastMCP middleware):
 ``MCPServerStdio(..., process_tool_call=process_tool_call)`` sends the key of the call's action
@@ -95,10 +98,10 @@ def idempotent_tool(
 
 
 async def process_tool_call(ctx: Any, call_tool: Any, name: str, args: dict[str, Any]) -> Any:
-    """A ``process_tool_call`` for Pydantic AI's MCP servers: the key of the call's action as
-    ``_meta["dev.idemgate/idempotency-key"]`` (which ``idemgate mcp`` takes as the key) and its
-    conversation as ``_meta["dev.idemgate/conversation"]``."""
+    """A ``process_tool_call`` for Pydantic AI's MCP servers: the call's tool-call id as
+    ``_meta["dev.idemgate/tool-call-id"]`` and its conversation as
+    ``_meta["dev.idemgate/conversation"]``, from which ``idemgate mcp`` and the FastMCP
+    middleware name its action as the integrations do (the call id within the conversation,
+    with the re-emission window)."""
     meta = scoped_meta(conversation_scope(ctx), getattr(ctx, "tool_call_id", None))
-    if not meta:
-        return await call_tool(name, args)
     return await call_tool(name, args, metadata=meta)

@@ -5,14 +5,18 @@ agent whose step failed, and the model re-emits calls; the side effects are coun
 
 from __future__ import annotations
 
+import contextvars
 import json
+import uuid
 from typing import Any
 
+from integrations import same_action
 from integrations.frameworks import require
 
 require("crewai")
 
 from crewai import Agent, Crew, Task  # noqa: E402
+from crewai.execution import set_execution_uuid  # noqa: E402
 from crewai.flow.flow import Flow, start  # noqa: E402
 from crewai.llms.base_llm import BaseLLM  # noqa: E402
 from crewai.tools import BaseTool  # noqa: E402
@@ -226,3 +230,63 @@ def test_a_base_tool_keeps_its_name_description_and_schema_with_the_optional_key
     assert refund.refunds == [7]
     first, second = tool_messages(llm)
     assert first == ("c1", "refunded 7") and "taken for a repeat" in second[1], (first, second)
+
+
+class SameAction:
+    """The "same action" suite's driver (``integrations/same_action.py``): a conversation is the
+    execution id a host binds before each kickoff (``set_execution_uuid``), a turn one kickoff of
+    a crew whose fake LLM emits the calls natively."""
+
+    def __init__(self, engine: Engine, key: Any) -> None:
+        self.executions: list[Any] = []
+
+        @idempotent_tool(engine, tool=same_action.RECORD, key=key)
+        def buy(item: str, quantity: int) -> str:
+            """Buys an item."""
+            self.executions.append(item)
+            return f"bought {quantity} {item}, order #{len(self.executions)}"
+
+        self.tool = buy
+
+    def conversation(self) -> str:
+        return f"conv-{uuid.uuid4().hex}"
+
+    def turn(self, conversation: str, calls: list[same_action.Call]) -> list[same_action.Answer]:
+        emitted = [
+            {
+                "id": c.id,
+                "type": "function",
+                "function": {"name": same_action.TOOL, "arguments": json.dumps(c.args)},
+            }
+            for c in calls
+        ]
+        team, llm = crew([self.tool], [emitted])
+
+        def kickoff() -> None:
+            set_execution_uuid(conversation)  # as a host keeping conversations does
+            team.kickoff()
+
+        contextvars.copy_context().run(kickoff)  # the binding ends with the turn
+        answers = dict(tool_messages(llm))
+        return [same_action.Answer(answers[c.id]) for c in calls]
+
+
+def test_the_model_sees_the_idempotency_key_as_optional_and_nullable(engine: Engine) -> None:
+    """CrewAI renders a tool's arguments for a text (ReAct) model as one JSON schema in the
+    prompt, every argument required and null dropped from their types: the added key must read
+    as optional and nullable there, and in the native tools' strict schema."""
+    from crewai.utilities.agent_utils import convert_tools_to_openai_schema
+
+    tool = SameAction(engine, None).tool
+    (native,), _, _ = convert_tools_to_openai_schema([tool])
+    same_action.assert_optional_key(native["function"]["parameters"])
+    action = 'Thought: buy it\nAction: buy\nAction Input: {"item": "book", "quantity": 1}'
+    team, llm = crew([tool], [action], native=False)
+    team.kickoff()
+    prompt = "\n".join(m["content"] for m in llm.seen[0] if m.get("role") == "system")
+    block = prompt[prompt.index("Tool Arguments: ") + len("Tool Arguments: ") :]
+    schema, _ = json.JSONDecoder().raw_decode(block)
+    same_action.assert_optional_key(schema)
+
+
+test_same_action = same_action.stamp("CrewAI", SameAction)
