@@ -2,7 +2,8 @@
 import type { Engine, PolicyOptions } from './index.js';
 
 export interface IdempotentToolOptions extends PolicyOptions {
-  /** The conversation the call belongs to (default: `options.context?.conversationId`). */
+  /** The conversation the call belongs to (default: `options.context?.conversationId`, else the
+   * conversation told by the message objects the SDK hands the tool; never global). */
   scope?: string | ((input: any, options: any) => string | null | undefined);
   /** Names the action by its business identity instead of the tool-call id. */
   key?: (input: any, options: any) => string | null | undefined;
@@ -18,5 +19,5 @@ export declare function idempotentTool<T extends { execute?: (...args: any[]) =>
   options?: IdempotentToolOptions,
 ): T;
 
-/** `schema` (zod object or `jsonSchema()`) with the model's optional `idempotency_key`. */
+/** `schema` (zod object or `jsonSchema()`) with the model's optional, nullable `idempotency_key`. */
 export declare function withKeyArgument<S>(schema: S): S;

@@ -2,11 +2,12 @@
 import type { Engine, PolicyOptions } from './index.js';
 
 export interface IdempotentLangChainToolOptions extends PolicyOptions {
-  /** The conversation (default: `config.configurable.thread_id`). */
+  /** The conversation (default: `config.configurable.thread_id`, else `config.metadata`'s
+   * `thread_id`, `session_id` or `conversation_id`, else the call's own invocation). */
   scope?: string | ((input: any, config: any) => string | null | undefined);
   /** Names the action by its business identity instead of the tool call's id. */
   key?: (input: any, config: any) => string | null | undefined;
-  /** Adds the model's optional `idempotency_key` argument (default true). */
+  /** Adds the model's optional, nullable `idempotency_key` argument (default true). */
   modelKey?: boolean;
 }
 

@@ -2,14 +2,18 @@
 import type { Engine, PolicyOptions } from './index.js';
 
 export declare const KEY_META: 'dev.idemgate/idempotency-key';
+/** Where a client sends the framework's tool-call id: the action within its conversation. */
+export declare const CALL_ID_META: 'dev.idemgate/tool-call-id';
 export declare const CONVERSATION_META: 'dev.idemgate/conversation';
 
 export interface GateOptions {
   /** Policies by tool name (a tool not listed is a write with the engine's policy). */
   tools?: Record<string, PolicyOptions>;
-  /** Names a call's action by its business identity. */
+  /** Names a call's action by its business identity, in every session. */
   key?: (args: any, extra: any) => string | null | undefined;
-  /** The scope of the re-emission window (default: `_meta` conversation, else the session). */
+  /** The conversation of a call: the scope of the model's `idempotency_key` and of the
+   * re-emission window (default: the `_meta` conversation, else the MCP session, else the stdio
+   * connection, else the request). */
   scope?: (args: any, extra: any) => string | null | undefined;
 }
 

@@ -3,4 +3,4 @@ import { z } from 'zod';
 import gate from './mcp-gate.cjs';
 
 export const gateTools = gate.makeGate(z);
-export const { KEY_META, CONVERSATION_META } = gate;
+export const { KEY_META, CALL_ID_META, CONVERSATION_META } = gate;

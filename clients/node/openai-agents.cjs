@@ -2,17 +2,21 @@
 // The OpenAI Agents SDK for JS adapter (`import { idempotentFunctionTool } from
 // 'idemgate/openai-agents'`): a function tool (what `tool({...})` returns) whose calls run once
 // per action, keyed by the call's `callId` within the conversation.
-const { KEY_ARGUMENT, KEY_DESCRIPTION, policyFields, toolCall } = require('./tool-calls.cjs');
+const { KEY_ARGUMENT, keyProperty, policyFields, scopesByObject, toolCall } = require('./tool-calls.cjs');
 
-/** The tool's JSON schema with the model's optional `idempotency_key` (in strict mode every
- * property is required, so it is a nullable string there). */
+/** The scope of a run, by its RunContext. The SDK hands a tool the run's RunContext (one per
+ * `run()`, the same object in every turn of that run and when it resumes after an approval) but
+ * no conversation id, and a program's `context` object may be shared by many conversations (a
+ * user's), so without `context.conversationId` the run is the scope: an identical call
+ * re-emitted later in the run (after a tool timeout) is joined, and another run never is. */
+const runScope = scopesByObject();
+
+/** The tool's JSON schema with the model's optional, nullable `idempotency_key` (in strict mode
+ * every property is required, so it is listed there, and the model sends null for none). */
 function withKeyParameter(parameters, strict) {
-  const property = strict
-    ? { type: ['string', 'null'], description: KEY_DESCRIPTION }
-    : { type: 'string', description: KEY_DESCRIPTION };
   return {
     ...parameters,
-    properties: { ...(parameters.properties ?? {}), [KEY_ARGUMENT]: property },
+    properties: { ...(parameters.properties ?? {}), [KEY_ARGUMENT]: keyProperty() },
     required: strict ? [...(parameters.required ?? []), KEY_ARGUMENT] : parameters.required ?? [],
   };
 }
@@ -21,9 +25,10 @@ function withKeyParameter(parameters, strict) {
  * of `idemgate/ai`'s `idempotentTool`): the same `callId` answers the stored result; an identical
  * call re-emitted under a new id in the conversation within the window is not run again and the
  * model reads that it already ran; another conversation, or the model's `idempotency_key`, is
- * another action. `scope(input, runContext)` (or a string) names the conversation (default:
- * `runContext.context?.conversationId`); `key(input, runContext)` names the action by its business
- * identity. */
+ * another action; an answer that did not run the tool now says so in words.
+ * `scope(input, runContext)` (or a string) names the conversation (default:
+ * `runContext.context?.conversationId`, else the run: `runScope`); `key(input, runContext)` names
+ * the action by its business identity. */
 function idempotentFunctionTool(engine, fnTool, options = {}) {
   const name = fnTool.name;
   const policy = policyFields(options);
@@ -37,7 +42,7 @@ function idempotentFunctionTool(engine, fnTool, options = {}) {
       const parsed = JSON.parse(input || '{}');
       return toolCall(engine, name, parsed, runContext, options, {
         callId: details?.toolCall?.callId,
-        defaultScope: runContext?.context?.conversationId,
+        defaultScope: () => runContext?.context?.conversationId ?? runScope(runContext),
         signal: details?.signal,
         policy,
       }, (args) => fnTool.invoke(runContext, JSON.stringify(injected ? args : parsed), details));

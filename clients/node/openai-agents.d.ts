@@ -2,11 +2,11 @@
 import type { Engine, PolicyOptions } from './index.js';
 
 export interface IdempotentFunctionToolOptions extends PolicyOptions {
-  /** The conversation (default: `runContext.context?.conversationId`). */
+  /** The conversation (default: `runContext.context?.conversationId`, else the run; never global). */
   scope?: string | ((input: any, runContext: any) => string | null | undefined);
   /** Names the action by its business identity instead of the call id. */
   key?: (input: any, runContext: any) => string | null | undefined;
-  /** Adds the model's optional `idempotency_key` parameter (default true). */
+  /** Adds the model's optional, nullable `idempotency_key` parameter (default true). */
   modelKey?: boolean;
 }
 

@@ -20,24 +20,66 @@ const KEY_DESCRIPTION =
  * scope within it is taken for the same action; `window: 0` turns it off. */
 const DEFAULT_WINDOW = 60;
 
-/** The key of a tool call's action: its call id within its scope (`deriveKey`), or the call id
- * itself without a scope. */
-const scopedKey = (scope, callId) => (scope != null ? native.deriveKey(scope, callId) : callId);
+/** The key of a tool call's action: its call id within its scope (`nameAction`); without a
+ * scope, within this one invocation (a key no other call shares). */
+const scopedKey = (scope, callId) => nameAction({ callId, scope }).key;
 
-/** Names a call's action (`name_action` in Python): `{key, scope, window}`.
- * - `businessKey` (the program's `key`): the action itself, in every conversation; no window.
- * - `modelKey` (the model's `idempotency_key` argument): a new action the model named, scoped;
- *   no window: how the model repeats an action on purpose.
- * - else the framework's `callId`, scoped (the same id in another conversation is another
- *   action), with the window joining a re-emission of the action under a new id. */
-function nameAction({ callId = null, scope = null, businessKey = null, modelKey = null }) {
-  // `callId` is kept beside the action for the call's span (gen_ai.tool.call.id).
-  if (businessKey != null) return { key: businessKey, scope: null, window: false, callId };
-  if (modelKey != null) {
-    return { key: scopedKey(scope, `${KEY_ARGUMENT}:${modelKey}`), scope, window: false, callId };
+/** A scope of its own (128 random bits, the kit's `Scope::invocation`): what an adapter names a
+ * run or conversation by when its framework hands the tool only an object that stands for it. */
+const freshScope = () => native.invocationScope();
+
+/** A scope per object, kept as long as the object lives: `scopeOf(run)` is the same for every
+ * call that hands over the same object, and no other call ever gets it. */
+function scopesByObject() {
+  const scopes = new WeakMap();
+  return (o) => {
+    if (o === null || typeof o !== 'object') return null;
+    let s = scopes.get(o);
+    if (s === undefined) {
+      s = freshScope();
+      scopes.set(o, s);
+    }
+    return s;
+  };
+}
+
+/** The JSON schema of the model's key argument: optional (never listed as required) and
+ * nullable (strict-mode models send null for "none"). */
+const keyProperty = () => ({ type: ['string', 'null'], description: KEY_DESCRIPTION });
+
+/** The model's key argument as a schema of `z` (zod 3 or 4): an optional, nullable string with
+ * its description. Zod 4 before 4.2 keeps `.describe()` in a registry of its own copy, which a
+ * library bundling another zod (LangChain.js 1.x bundles zod 4.6) never reads: the model would
+ * not see "Leave empty". So the description is also put in the registry zod 4.2+ copies share
+ * (`globalThis.__zod_globalRegistry`), which those libraries read. Zod 3 keeps it in the schema. */
+function zodKeyArgument(z) {
+  const schema = z.string().nullable().optional().describe(KEY_DESCRIPTION);
+  const shared = globalThis.__zod_globalRegistry;
+  if (schema._zod !== undefined && shared && typeof shared.add === 'function' && !shared.has(schema)) {
+    shared.add(schema, { description: KEY_DESCRIPTION });
   }
-  if (scope == null) return { key: callId, scope: null, window: false, callId };
-  return { key: callId != null ? scopedKey(scope, callId) : null, scope, window: true, callId };
+  return schema;
+}
+
+/** Names a call's action by the one rule every door shares (the addon's `nameAction`,
+ * `idemgate_kit::identity`; `name_action` in Python): `{key, scope, rule, window, callId}`.
+ * - `orchestrationKey` (an MCP `_meta` key) or `businessKey` (the program's `key`): the action
+ *   itself, in every conversation; no window.
+ * - `modelKey` (the model's `idempotency_key` argument): a new action the model named, within
+ *   the scope; no window: how the model repeats an action on purpose.
+ * - else the framework's `callId` within the scope (the same id in another conversation is
+ *   another action), with the window joining a re-emission of the action under a new id.
+ * A call whose framework names no scope is its own invocation: never global. */
+function nameAction({ callId = null, scope = null, businessKey = null, modelKey = null, orchestrationKey = null }) {
+  // `callId` is kept beside the action for the call's span (gen_ai.tool.call.id).
+  const named = native.nameAction({
+    scope: scope ?? undefined,
+    orchestrationKey: orchestrationKey ?? undefined,
+    businessKey: businessKey ?? undefined,
+    modelKey: modelKey ?? undefined,
+    callId: callId ?? undefined,
+  });
+  return { key: named.key ?? null, scope: named.scope ?? null, rule: named.rule, window: named.window, callId };
 }
 
 /** The re-emission window of a call in seconds (0: none): never without a scope. */
@@ -60,7 +102,10 @@ async function callOnce(engine, tool, action, args, fn, policy, signal) {
   const run = async () => jsonable(await fn());
   const window = windowOf(engine, tool, overrides, action);
   if (!window) {
-    return { result: await engine.call(tool, action.key, args, run, { ...overrides, signal }), repeatOf: null };
+    // The scope goes along even here: a call without key or window then gets the engine's own
+    // fallback window (a policy's `window`) within its scope only, never across conversations.
+    const r = await engine.call(tool, action.key, args, run, { ...overrides, scope: action.scope, signal });
+    return { result: r, repeatOf: null };
   }
   const inWindow = { ...overrides, window: undefined, fallbackWindow: window };
   const windowed = (f) => engine.call(tool, null, args, f, { ...inWindow, scope: action.scope });
@@ -95,11 +140,14 @@ async function callOnce(engine, tool, action, args, fn, policy, signal) {
   }
 }
 
-/** What the model is handed: the value, or for a call taken for a repeat, the value and the
- * kit's words that say so (a silent replay would let the model believe it did the action twice). */
+/** What the model is handed: the value, or for any answer that did not run the tool now (a
+ * replay of its call id or key, or a call taken for a repeat of an identical one) the value and
+ * the kit's words that say so. Never a silent replay: a model that reused a call id or its own key
+ * for a new action would otherwise believe it had done that action. */
 function answer({ result, repeatOf }) {
-  if (repeatOf === null) return result.value;
-  return `${JSON.stringify(result.value)}\n\nidemgate: ${repeatOf.forModel}`;
+  const replay = repeatOf ?? (result.replayed ? result : null);
+  if (replay === null) return result.value;
+  return `${JSON.stringify(result.value)}\n\nidemgate: ${replay.forModel ?? replay.explanation}`;
 }
 
 /** The model's key of a call and its other arguments. */
@@ -119,18 +167,21 @@ function policyFields(options) {
 }
 
 /** One call of a framework's tool through an adapter, once per action: the model's key taken out
- * of `input`, the conversation `options.scope(args, context)` (or a string, else
- * `defaultScope`), the action named from `callId` (or `options.key(args, context)`), `run(args)`
- * the tool itself; what the model is handed. */
+ * of `input`; the conversation `options.scope(args, context)` (or a string), else
+ * `defaultScope()` (the conversation or run as far as the framework lets the adapter tell it),
+ * else the call's own invocation (`nameAction`), never global; the action named from `callId`
+ * (or `options.key(args, context)`); `run(args)` the tool itself. Resolves to what the model is
+ * handed. */
 async function toolCall(engine, tool, input, context, options, { callId, defaultScope, signal, policy }, run) {
   const { scope, key, modelKey = true } = options;
   const [given, args] = splitModelKey(input, modelKey);
-  const conversation = typeof scope === 'function' ? scope(args, context) : (scope ?? defaultScope ?? null);
+  const conversation = (typeof scope === 'function' ? scope(args, context) : scope) ?? defaultScope();
+  const text = (v) => (v == null || v === '' ? null : String(v));
   const action = nameAction({
-    callId: callId ?? null,
-    scope: conversation ?? null,
-    businessKey: key ? key(args, context) : null,
-    modelKey: given,
+    callId: text(callId),
+    scope: text(conversation),
+    businessKey: key ? text(key(args, context)) : null,
+    modelKey: text(given),
   });
   return answer(await callOnce(engine, tool, action, jsonable(args), () => run(args), policy, signal));
 }
@@ -138,5 +189,5 @@ async function toolCall(engine, tool, input, context, options, { callId, default
 module.exports = {
   toolCall, policyFields,
   KEY_ARGUMENT, KEY_DESCRIPTION, DEFAULT_WINDOW, nameAction, scopedKey, windowOf, callOnce,
-  answer, jsonable, splitModelKey,
+  answer, jsonable, splitModelKey, freshScope, scopesByObject, keyProperty, zodKeyArgument,
 };

@@ -39,3 +39,15 @@ export function within(promise, what, ms = 60_000) {
   });
   return Promise.race([promise, deadline]).finally(() => clearTimeout(timer));
 }
+
+/** Resolves once no record of `engine`'s tenant is in flight: every call begun has ended and
+ * its outcome is recorded (the next call of a test then never races it). Looks again at each
+ * turn of the event loop, within a generous deadline. */
+export function settled(engine) {
+  const look = async () => {
+    while ((await engine.records({ state: 'in_flight' })).length > 0) {
+      await new Promise((resolve) => setImmediate(resolve));
+    }
+  };
+  return within(look(), 'the calls in flight to end');
+}

@@ -1,4 +1,5 @@
-// The README's example, run as written: its first ```js block, as a module of this package.
+// The README's example, run as written (its first ```js block, as a module of this package),
+// and its same-action table, the suite's.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
@@ -26,4 +27,12 @@ test("the README's example prints what its comments say", async () => {
   } finally {
     rmSync(file, { force: true });
   }
+});
+
+test("the README's same-action table is the suite's (test/same-action.mjs)", async () => {
+  const { DOORS, table } = await import('./same-action.mjs');
+  const readme = readFileSync(new URL('../README.md', import.meta.url), 'utf8');
+  const shown = readme.match(/<!-- same-action table:[^\n]*-->\n([\s\S]*?)\n<!-- end of the same-action table -->/);
+  assert.ok(shown, 'README.md has the same-action table between its markers');
+  assert.equal(shown[1], table(Object.values(DOORS)));
 });
