@@ -291,11 +291,13 @@ fn replay_notice<'t>(explanation: &Explanation, text: &'t str, wanted: bool) -> 
 ///
 /// Some clients show the model only `structuredContent` when a result has it (Pydantic AI's
 /// MCP client, the OpenAI Agents SDK's with `use_structured_content`), so a notice in a text
-/// block never reaches it. Where the model may have meant a new action (the window joined an
-/// identical call, or the model reused its own key), the replay is answered as an error whose
-/// text carries the notice and the stored result, which every client shows the model (the
-/// record is untouched: a later identical call is still a replay). Otherwise the notice also
-/// goes into `structuredContent` when the tool's output schema allows another member.
+/// block never reaches it. The notice then also goes into `structuredContent`
+/// ([`STRUCTURED_NOTICE`]) when the tool's output schema allows another member. When it does
+/// not, and the action was named by what the model sent (a call id, its own key, the window:
+/// it may have meant a new action), the replay is answered as an error whose text carries the
+/// stored result and the notice, which every client shows the model (the record is untouched:
+/// a later identical call is still a replay). A replay under a program's key keeps its result
+/// as stored, the notice in a text block and `_meta`.
 fn replayed(
     result: &RawValue,
     explanation: &Explanation,
@@ -342,10 +344,25 @@ fn replayed(
             .get("structuredContent")
             .filter(|s| s.get() != "null")
             .map(|s| s.to_owned());
-        let advisory = matches!(named.rule, Some(Rule::Window | Rule::ModelKey))
-            || explanation.rule == Some(KeyRule::Fallback);
+        // Named by what the model sent (a call id, its own key, the window): the model may
+        // have meant a new action, and must read that it was not done now.
+        let told_to_model = matches!(
+            named.rule,
+            Some(Rule::Window | Rule::ModelKey | Rule::CallId)
+        ) || explanation.rule == Some(KeyRule::Fallback);
         match structured {
-            Some(stored) if advisory => {
+            Some(stored) if named.open_output && frame::object(&stored).is_some() => {
+                let mut members = frame::object(&stored).expect("checked above");
+                members.insert(
+                    STRUCTURED_NOTICE.to_owned(),
+                    frame::raw(&format!("idemgate: {notice}")),
+                );
+                obj.insert("structuredContent".to_owned(), frame::raw(&members));
+                content.push(frame::raw(
+                    &json!({"type": "text", "text": format!("idemgate: {notice}")}),
+                ));
+            }
+            Some(stored) if told_to_model => {
                 // The stored blocks (the structured result in words when there are none), then
                 // the notice, which speaks of "the result above".
                 if content.is_empty() {
@@ -356,18 +373,6 @@ fn replayed(
                 ));
                 obj.remove("structuredContent");
                 obj.insert("isError".to_owned(), frame::raw(&true));
-            }
-            Some(stored) if named.open_output => {
-                if let Some(mut members) = frame::object(&stored) {
-                    members.insert(
-                        STRUCTURED_NOTICE.to_owned(),
-                        frame::raw(&format!("idemgate: {notice}")),
-                    );
-                    obj.insert("structuredContent".to_owned(), frame::raw(&members));
-                }
-                content.push(frame::raw(
-                    &json!({"type": "text", "text": format!("idemgate: {notice}")}),
-                ));
             }
             _ => content.push(frame::raw(
                 &json!({"type": "text", "text": format!("idemgate: {notice}")}),
@@ -419,7 +424,10 @@ mod tests {
             &explanation,
             replay_notice(&explanation, &text, notice),
             result_type,
-            Named::default(),
+            Named {
+                open_output: true,
+                ..Named::default()
+            },
         )
     }
 
@@ -458,10 +466,14 @@ mod tests {
             "{notice}"
         );
         // A call the window took for a repeat is told so, and how to repeat on purpose, even
-        // where replays are otherwise quiet; a structured result is then in the text, exact.
+        // where replays are otherwise quiet, in the structured result too (exact).
+        assert!(quiet.get().contains(r#""n":12345678901234567890"#));
         let quiet: Value = serde_json::from_str(quiet.get()).unwrap();
         assert_eq!(quiet["_meta"][META_RULE], "fallback");
-        assert_eq!(quiet["isError"], true, "{quiet}");
+        assert!(
+            quiet["structuredContent"][STRUCTURED_NOTICE].is_string(),
+            "{quiet}"
+        );
         let told = quiet["content"][1]["text"].as_str().unwrap();
         assert!(
             told.contains("taken for a repeat") && told.contains("idempotency_key"),
@@ -499,13 +511,20 @@ mod tests {
             let out = replayed(&stored, &e, Some("told"), false, named);
             serde_json::from_str(out.get()).unwrap()
         };
-        // The model may have meant a new action: an error every client shows as text, with
-        // the stored result in it.
+        // Named by what the model sent, and a schema that takes no other member: an error
+        // every client shows as text, with the stored result in it.
         for (key_rule, rule) in [
             (KeyRule::Fallback, Rule::Window),
             (KeyRule::Explicit, Rule::ModelKey),
+            (KeyRule::Explicit, Rule::CallId),
         ] {
-            let out = shaped(key_rule, rule, true);
+            let open = shaped(key_rule, rule, true);
+            assert!(open.get("isError").is_none(), "{open}");
+            assert_eq!(
+                open["structuredContent"][STRUCTURED_NOTICE],
+                "idemgate: told"
+            );
+            let out = shaped(key_rule, rule, false);
             assert_eq!(out["isError"], true, "{out}");
             assert!(out.get("structuredContent").is_none(), "{out}");
             assert_eq!(out["content"][0]["text"], r#"{"order":1}"#, "{out}");

@@ -440,10 +440,11 @@ def IdempotencyMiddleware(  # noqa: N802 - a class factory: fastmcp is imported 
                     "the other fields of this result are the ones it returned then",
                 ),
             }
-        elif structured is not None and (window or action.rule == "model_key"):
+        elif structured is not None and (window or action.rule in ("model_key", "call_id")):
             # A structured-only client would show the model the stored result alone, and its
-            # schema admits no notice: a replay the model may have meant as a new action is
-            # answered as an error that carries the notice and the result in text.
+            # schema admits no notice: a replay named by what the model sent (the window, its
+            # own key, its call id), which it may have meant as a new action, is answered as an
+            # error that carries the notice and the result in text (as `idemgate mcp` does).
             first = _notice(
                 called, action, r.executed_at, "the result it returned then is given after this notice"
             )
