@@ -499,6 +499,16 @@ fn mcp_a_key_that_is_not_a_string_or_that_disagrees_is_refused_with_a_reason() {
     let number = p.request("tools/call", params);
     assert_eq!(verdict(&number), "bad_request", "{number}");
     assert!(text(&number, 0).contains("must be a string"), "{number}");
+    // A tool-call id is a string too (it names the action within its conversation).
+    let mut params = json!({"name": "count", "arguments": {"label": "a"}});
+    params["_meta"] = json!({"dev.idemgate/tool-call-id": 42});
+    let number = p.request("tools/call", params);
+    assert_eq!(verdict(&number), "bad_request", "{number}");
+    assert!(
+        text(&number, 0).contains("dev.idemgate/tool-call-id")
+            && text(&number, 0).contains("must be a string"),
+        "{number}"
+    );
     let number = p.call("count", json!({"label": "a", "idempotency_key": 7}), None);
     assert_eq!(verdict(&number), "bad_request", "{number}");
     assert!(
