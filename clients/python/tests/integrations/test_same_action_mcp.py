@@ -8,9 +8,11 @@ every notice must reach the model there too."""
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import tempfile
 import uuid
+import weakref
 from pathlib import Path
 from typing import Any, Callable
 
@@ -150,6 +152,7 @@ class ThroughProxy(_Client):
     def __init__(self, engine: Engine, key: Any) -> None:
         self.key = key
         self.dir = Path(tempfile.mkdtemp(prefix="idemgate-same-action-"))
+        weakref.finalize(self, shutil.rmtree, self.dir, True)  # the store and logs go with it
         (self.dir / "server.py").write_text(SERVER)
         self.log = self.dir / "bought"
 
