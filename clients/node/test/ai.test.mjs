@@ -62,7 +62,7 @@ test('the same tool-call id re-sent in a conversation sends one mail and answers
   const again = await turn('conv-1', 'call-1', MAIL);
   assert.equal(sent.length, 1);
   assert.deepEqual(first, { messageId: 'm-1', to: MAIL.to });
-  // Was: `again` deep-equal to `first`, a replay without a word (issue 28, "never silent").
+  // Was: `again` deep-equal to `first`, a replay without a word (never silent).
   assert.ok(again.startsWith(JSON.stringify(first)), again);
   assert.match(again, TOLD_DONE);
 });

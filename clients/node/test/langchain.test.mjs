@@ -45,7 +45,7 @@ async function agent(schema = z.object({ to: z.string(), subject: z.string() }))
 test('the same tool call id re-sent in a thread sends one mail and answers its result, saying so', async () => {
   const { sent, turn } = await agent();
   assert.equal(await turn('thread-1', 'call-1', MAIL), 'sent m-1 to ann@example.com');
-  // Was: the bare 'sent m-1 to ann@example.com' again, a replay without a word (issue 28).
+  // Was: the bare 'sent m-1 to ann@example.com' again, a replay without a word.
   const again = await turn('thread-1', 'call-1', MAIL);
   assert.ok(again.startsWith('"sent m-1 to ann@example.com"'), again);
   assert.match(again, TOLD_DONE);

@@ -67,7 +67,7 @@ const TOLD_DONE = /idemgate: this action was already performed at .* and was not
 test('the same call id re-sent in a conversation sends one mail and answers its result, saying so', async () => {
   const { sent, turn } = await agent();
   assert.equal(await turn('conv-1', 'call-1', MAIL), 'sent m-1 to ann@example.com');
-  // Was: the bare 'sent m-1 to ann@example.com' again, a replay without a word (issue 28).
+  // Was: the bare 'sent m-1 to ann@example.com' again, a replay without a word.
   const again = await turn('conv-1', 'call-1', MAIL);
   assert.ok(again.startsWith('"sent m-1 to ann@example.com"'), again);
   assert.match(again, TOLD_DONE);

@@ -1,5 +1,5 @@
-// What counts as "the same action", as one table of cases every Node door is held to (issue 28;
-// the rule itself is the kit's, `idemgate_kit::identity`, through the addon's `nameAction`).
+// What counts as "the same action", as one table of cases every Node door is held to (the
+// rule itself is the kit's, `idemgate_kit::identity`, through the addon's `nameAction`).
 // `stamp(door)` registers the cases as tests of one door, driven through its real framework and
 // that framework's own fake model with the adapter's default options, counting the side effects
 // (mails sent); a case a door cannot have is marked in the door's `impossible` with the reason

@@ -1,8 +1,8 @@
 //! Change notifications of a store, per record, that a waiter cannot miss.
 //!
 //! A waiting duplicate looks at its record and, still in flight, waits for a change. A wake-up
-//! sent between that look and the start of the wait must not be lost (issue 20: a caller then
-//! slept a whole polling interval past the completion). So a waiter takes a [`ChangeMark`]
+//! sent between that look and the start of the wait must not be lost (a caller would then
+//! sleep a whole polling interval past the completion). So a waiter takes a [`ChangeMark`]
 //! *before* its look and waits for a change *since the mark*: a change that lands between the
 //! look and the wait has already moved the mark on, and the wait returns at once.
 

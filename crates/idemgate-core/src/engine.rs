@@ -1129,7 +1129,7 @@ impl<S: Store> Engine<S> {
     ) -> Result<Waited, EngineError> {
         // Looks before each wait, the first included, and takes the change mark before each
         // look: a change that lands between the look and the wait has moved the mark on, so the
-        // wait ends at once instead of sleeping a whole slice past it (issue 20).
+        // wait ends at once instead of sleeping a whole slice past it.
         loop {
             let mark = self.store.change_mark(key);
             match self.store.get(key).await? {

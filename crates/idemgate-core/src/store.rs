@@ -213,7 +213,7 @@ pub trait Store: Send + Sync + 'static {
 
     /// Where the change notifications of `key` stand now. A waiting duplicate takes the mark
     /// *before* it looks at the record and hands it to [`Store::wait_changed`], so that a change
-    /// landing between its look and its wait is not missed (issue 20). The default, for stores
+    /// landing between its look and its wait is not missed. The default, for stores
     /// without notifications of their own, is a mark that never moves.
     fn change_mark(&self, key: &Key) -> ChangeMark {
         let _ = key;

@@ -53,7 +53,7 @@ pub enum Error {
 #[derive(Clone, Debug)]
 pub(crate) struct Problem {
     pub(crate) status: StatusCode,
-    /// The last part of `https://idemgate.dev/problems/<name>`.
+    /// The last part of its type URI (`idemgate_kit::problem_type`).
     pub(crate) name: &'static str,
     pub(crate) title: &'static str,
     pub(crate) detail: String,
@@ -217,10 +217,7 @@ impl Problem {
 impl IntoResponse for Problem {
     fn into_response(self) -> Response {
         let mut body = Map::new();
-        body.insert(
-            "type".into(),
-            json!(format!("https://idemgate.dev/problems/{}", self.name)),
-        );
+        body.insert("type".into(), json!(idemgate_kit::problem_type(self.name)));
         body.insert("title".into(), json!(self.title));
         body.insert("status".into(), json!(self.status.as_u16()));
         body.insert("detail".into(), json!(self.detail));

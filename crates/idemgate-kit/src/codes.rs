@@ -23,11 +23,19 @@ pub fn problem_members(e: &EngineError) -> Vec<(&'static str, String)> {
     }
 }
 
+/// The base of every problem type URI a door sends (RFC 9457 `type`): the one place it is written.
+pub const PROBLEM_TYPE_BASE: &str = "https://idemgate.dev/problems/";
+
+/// The problem type URI of the problem named `name` ([`VerdictCodes::problem`]'s first part).
+pub fn problem_type(name: &str) -> String {
+    format!("{PROBLEM_TYPE_BASE}{name}")
+}
+
 /// The wire codes of a verdict: `use idemgate_kit::VerdictCodes` and call them on a [`Verdict`].
 pub trait VerdictCodes: Copy {
     /// The HTTP status of the answer, for verdicts that are not the tool's own result.
     fn http_status(self) -> u16;
-    /// The problem type name (`https://idemgate.dev/problems/<name>`) and its title.
+    /// The problem type name (the last part of [`problem_type`]) and its title.
     fn problem(self) -> (&'static str, &'static str);
     /// The exit code of `idemgate exec` for this verdict; `None` where the command's own exit code
     /// passes through (executions and replays).

@@ -37,7 +37,7 @@ use std::sync::Arc;
 use idemgate_core::{Engine, Store};
 
 pub use audit::Audit;
-pub use codes::{exit, problem_members, VerdictCodes};
+pub use codes::{exit, problem_members, problem_type, VerdictCodes, PROBLEM_TYPE_BASE};
 pub use explain::{Door, Explanation, Next, Resolve, What};
 pub use limits::{LiveKeys, RateLimit};
 pub use log::Log;

@@ -8,9 +8,6 @@ use idemgate::{Answer, Decision, EngineError, Key, OutcomeKind, StoreError, Verd
 use idemgate_kit::{problem_members, Door, Explanation, Payload, Resolve, VerdictCodes, What};
 use serde_json::{json, Map, Value};
 
-/// The problem type URIs, as the HTTP gateway names them.
-const PROBLEM_PREFIX: &str = "https://idemgate.dev/problems/";
-
 /// How the model is told to do an action again on purpose (the integrations' key argument).
 const MODEL_REPEAT: &str =
     "call the tool again with the argument idempotency_key set to a new value that names the new action";
@@ -19,7 +16,7 @@ const MODEL_REPEAT: &str =
 pub(crate) fn error(verdict: Verdict, message: String, problem: Map<String, Value>) -> Value {
     let (name, title) = verdict.problem();
     let mut doc = problem;
-    doc.insert("type".into(), format!("{PROBLEM_PREFIX}{name}").into());
+    doc.insert("type".into(), idemgate_kit::problem_type(name).into());
     doc.insert("title".into(), title.into());
     doc.insert("status".into(), verdict.http_status().into());
     doc.insert("detail".into(), message.clone().into());

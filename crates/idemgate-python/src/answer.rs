@@ -11,9 +11,6 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyString};
 use pyo3::IntoPyObjectExt as _;
 
-/// The problem type URIs, as the HTTP gateway names them.
-const PROBLEM_PREFIX: &str = "https://idemgate.dev/problems/";
-
 /// The engine's answer to a call that ended with a result (executed, replayed, passed through or
 /// not applied); every other ending is an exception.
 #[pyclass(frozen, module = "idemgate._native", name = "Answer")]
@@ -286,7 +283,7 @@ fn exception(
     let build = || -> PyResult<PyErr> {
         let doc = PyDict::new(py);
         let (name, title) = verdict.problem();
-        doc.set_item("type", format!("{PROBLEM_PREFIX}{name}"))?;
+        doc.set_item("type", idemgate_kit::problem_type(name))?;
         doc.set_item("title", title)?;
         doc.set_item("status", verdict.http_status())?;
         doc.set_item("detail", &message)?;

@@ -260,10 +260,7 @@ fn own(
     extra.insert(META_VERDICT.to_owned(), json!(verdict.label()));
     extra.insert(
         META_PROBLEM.to_owned(),
-        json!(format!(
-            "https://idemgate.dev/problems/{}",
-            verdict.problem().0
-        )),
+        json!(idemgate_kit::problem_type(verdict.problem().0)),
     );
     let mut result = Object::new();
     result.insert(

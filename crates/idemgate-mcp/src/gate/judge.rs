@@ -627,7 +627,7 @@ fn effect_of(reply: &Reply) -> Effect {
             }
         }
         // A JSON-RPC error does not prove that nothing happened: servers of the TypeScript
-        // SDK answer some failures after acting, and others raise errors midway (issue 9).
+        // SDK answer some failures after acting, and others raise errors midway.
         Reply::Answer { error: Some(e), .. } => Effect::Ambiguous(format!(
             "the server answered with a JSON-RPC error {}",
             e.get()
