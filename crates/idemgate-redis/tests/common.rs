@@ -111,14 +111,22 @@ impl PrivateRedis {
     /// Starts one with extra command-line settings.
     pub(crate) fn start_with(aof: bool, extra: &[&str]) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
-        let port = free_port();
         let mut me = PrivateRedis {
             child: None,
-            port,
+            port: free_port(),
             aof,
             extra: extra.iter().map(|s| (*s).to_owned()).collect(),
             dir,
         };
+        // The port was free when picked, but another process (an outgoing connection's
+        // ephemeral port, another test's server) may take it before redis-server binds it:
+        // redis-server then exits at once, and another port is tried.
+        for _ in 0..4 {
+            match me.try_spawn() {
+                Spawned::Serving => return me,
+                Spawned::Exited(_) => me.port = free_port(),
+            }
+        }
         me.spawn();
         me
     }
@@ -154,7 +162,18 @@ impl PrivateRedis {
         self.spawn();
     }
 
+    /// Starts the server on its port and directory, waiting until it serves; panics, with its
+    /// log, when it does not.
     fn spawn(&mut self) {
+        if let Spawned::Exited(why) = self.try_spawn() {
+            panic!(
+                "private redis-server on port {} did not start: {why}",
+                self.port
+            );
+        }
+    }
+
+    fn try_spawn(&mut self) -> Spawned {
         let dir = self.dir.path().to_str().expect("utf-8 temp dir").to_owned();
         let child = Command::new("redis-server")
             .args(["--bind", "127.0.0.1", "--port", &self.port.to_string()])
@@ -180,7 +199,18 @@ impl PrivateRedis {
                 .get_connection_with_timeout(Duration::from_millis(200))
                 .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c));
             if pong.is_ok() {
-                return;
+                return Spawned::Serving;
+            }
+            let exited = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten());
+            if let Some(status) = exited {
+                self.child = None;
+                let log =
+                    std::fs::read_to_string(self.dir.path().join("redis.log")).unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(3).collect();
+                return Spawned::Exited(format!("it exited ({status}): {tail:?}"));
             }
             assert!(
                 Instant::now() < deadline,
@@ -190,6 +220,14 @@ impl PrivateRedis {
             std::thread::sleep(Duration::from_millis(20));
         }
     }
+}
+
+/// How a start of a private server went.
+enum Spawned {
+    /// It answers PING.
+    Serving,
+    /// It exited before serving (its port taken, say), with what it said.
+    Exited(String),
 }
 
 impl Drop for PrivateRedis {
