@@ -102,6 +102,7 @@ pub fn postgres_row(data: &[u8]) {
             since: Arbitrary::arbitrary(&mut u)?,
             completed_at: Arbitrary::arbitrary(&mut u)?,
             expires_at: Arbitrary::arbitrary(&mut u)?,
+            retain_until: Arbitrary::arbitrary(&mut u)?,
             outcome_kind: Option::<u8>::arbitrary(&mut u)?.map(|k| i16::from(k % 3)),
             outcome_body: Arbitrary::arbitrary(&mut u)?,
             scope: Arbitrary::arbitrary(&mut u)?,
@@ -137,6 +138,7 @@ const REDIS_FIELDS: &[&str] = &[
     "body",
     "completed_at",
     "expires_at",
+    "retain_until",
     "scope",
 ];
 

@@ -284,6 +284,12 @@ pub struct ExecArgs {
     #[arg(long, default_value = "24h", value_parser = humantime::parse_duration)]
     pub ttl: Duration,
 
+    /// How long after the command ran its record is remembered: a retry after --ttl and within
+    /// this is refused as expired (exit 80: it ran at T, its output is no longer kept) instead of
+    /// running the command again. 0s remembers nothing past --ttl.
+    #[arg(long, default_value = "30d", value_parser = humantime::parse_duration)]
+    pub tombstone: Duration,
+
     /// How long the reservation holds without a heartbeat. While CMD runs it is renewed every
     /// third of this, so it bounds how soon a crash is noticed, not how long CMD may run.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
@@ -319,7 +325,8 @@ pub struct ExecArgs {
 pub enum KeysCommand {
     /// List records, oldest first.
     List {
-        /// Only records in this state: in_flight, completed or unknown.
+        /// Only records in this state: in_flight, completed, unknown or expired (the tombstones
+        /// of actions whose outcomes are no longer kept).
         #[arg(long)]
         state: Option<String>,
         /// Only this tool's records.
@@ -351,9 +358,10 @@ pub enum KeysCommand {
     /// again.
     #[command(long_about = REOPEN_ABOUT)]
     Reopen(ReopenArgs),
-    /// Delete completed records whose time is up.
+    /// Delete completed records whose time is up, and drop the outcomes of tombstones.
     Purge {
-        /// Required: purge records past their TTL (unknown records are never purged).
+        /// Required: purge records past their tombstone (or their TTL when they keep none), and
+        /// drop the stored outcome of those past their TTL (unknown records are never purged).
         #[arg(long, required = true)]
         expired: bool,
     },
@@ -389,6 +397,10 @@ pub struct ResolveArgs {
     /// With --completed: how long to keep it.
     #[arg(long, default_value = "24h", value_parser = humantime::parse_duration, requires = "completed")]
     pub ttl: Duration,
+    /// With --completed: how long after now the record is remembered, so that a retry after
+    /// --ttl is refused as expired instead of running again (0s: not past --ttl).
+    #[arg(long, default_value = "30d", value_parser = humantime::parse_duration, requires = "completed")]
+    pub tombstone: Duration,
     /// The action did not take effect: remove the record, so that the next call with the key
     /// runs the action again.
     #[arg(long)]

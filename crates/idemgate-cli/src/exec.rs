@@ -24,6 +24,7 @@ pub(crate) async fn run(ctx: &Context, args: &ExecArgs) -> Result<u8> {
 
     let policy = ToolPolicy {
         ttl: args.ttl,
+        tombstone: args.tombstone,
         lease: args.lease,
         wait: args.wait,
         on_unknown: if args.on_unknown == "retry" {
@@ -281,16 +282,16 @@ fn tell(ctx: &Context, args: &ExecArgs, policy: &ToolPolicy, answer: &Answer) {
         Decision::Executed { recording, .. } => *recording == Recording::Stored,
         Decision::PassedThrough { .. } => true,
         Decision::Replayed { .. } => args.quiet,
-        Decision::NotApplied { .. } | Decision::InFlight { .. } | Decision::Unknown { .. } => false,
+        Decision::NotApplied { .. }
+        | Decision::InFlight { .. }
+        | Decision::Unknown { .. }
+        | Decision::Expired { .. } => false,
     };
     if as_planned {
         return;
     }
     let record = format!("{} (tool {})", args.key, args.tool);
-    let resolve = format!(
-        "idemgate keys resolve {} --tool {} --tenant {}",
-        args.key, args.tool, ctx.tenant
-    );
+    let resolve = format!("{} --tool {} --tenant {}", args.key, args.tool, ctx.tenant);
     let door = Door {
         effect: "the command",
         record: &record,

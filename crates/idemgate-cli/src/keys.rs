@@ -2,8 +2,8 @@
 
 use anyhow::{bail, Context as _, Result};
 use idemgate::{
-    EngineError, Key, ListFilter, OutcomeKind, Record, RecordState, Resolution, State, Store as _,
-    ToolName,
+    EngineError, Keep, Key, ListFilter, OutcomeKind, Record, RecordState, Resolution, State,
+    Store as _, ToolName,
 };
 use idemgate_kit::Payload;
 
@@ -196,7 +196,10 @@ async fn resolve(ctx: &Context, args: &ResolveArgs) -> Result<u8> {
         Resolution::Completed {
             // Marked, so that replays say an operator resolved it then, not that it ran then.
             outcome: payload.into_resolution(kind),
-            ttl: args.ttl,
+            keep: Keep {
+                ttl: args.ttl,
+                tombstone: args.tombstone,
+            },
         }
     } else {
         Resolution::Release
@@ -298,6 +301,7 @@ fn detail(r: &Record) -> String {
             outcome,
             completed_at,
             expires_at,
+            ..
         } => {
             let what = match Payload::of(outcome) {
                 Ok(Payload::Command { exit_code, .. }) => format!("exit {exit_code}"),
@@ -318,6 +322,13 @@ fn detail(r: &Record) -> String {
         RecordState::Unknown { since } => format!(
             "since {since}: idemgate keys resolve {} --tool {} --tenant {} --fence {} (--completed | --release)",
             r.key.key, r.key.tool, r.key.tenant, r.fence
+        ),
+        RecordState::Expired {
+            completed_at,
+            expired_at,
+            retain_until,
+        } => format!(
+            "ran at {completed_at}, outcome expired at {expired_at}; retries refused until {retain_until}"
         ),
     }
 }
@@ -344,10 +355,28 @@ fn print_record(r: &Record) {
                 r.key.key, r.key.tool, r.key.tenant, r.fence
             ));
         }
+        RecordState::Expired {
+            completed_at,
+            expired_at,
+            retain_until,
+        } => {
+            out::line(format_args!("completed:    {completed_at}"));
+            out::line(format_args!(
+                "expired:      {expired_at} (its outcome is no longer kept)"
+            ));
+            out::line(format_args!(
+                "remembered:   until {retain_until}: a retry is refused as expired (exit 80), not run again"
+            ));
+            out::line(format_args!(
+                "reopen with:  idemgate keys reopen {} --tool {} --tenant {} --fence {} --reason TEXT (the next call runs the action again)",
+                r.key.key, r.key.tool, r.key.tenant, r.fence
+            ));
+        }
         RecordState::Completed {
             outcome,
             completed_at,
             expires_at,
+            retain_until,
         } => {
             out::line(format_args!("outcome:      {}", outcome.kind));
             out::line(format_args!("completed:    {completed_at}"));
@@ -357,6 +386,11 @@ fn print_record(r: &Record) {
                 ));
             }
             out::line(format_args!("kept until:   {expires_at}"));
+            if retain_until > expires_at {
+                out::line(format_args!(
+                    "remembered:   until {retain_until} (a retry after {expires_at} is refused as expired)"
+                ));
+            }
             out::line(format_args!(
                 "reopen with:  idemgate keys reopen {} --tool {} --tenant {} --fence {} --reason TEXT (the next call runs the action again)",
                 r.key.key, r.key.tool, r.key.tenant, r.fence

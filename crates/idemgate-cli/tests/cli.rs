@@ -484,6 +484,66 @@ fn sigkill_mid_command_leaves_unknown_never_a_second_run() {
     assert_eq!(lines(&effect), 1);
 }
 
+/// A retry after --ttl is not run again: exit 80, and stderr says when the command ran and how to
+/// run it again (a new key, or `keys reopen` at the fence it names); `keys show` and `keys list
+/// --state expired` show the tombstone; reopening it runs the command again; `--tombstone 0s`
+/// keeps none.
+#[test]
+fn a_retry_after_the_ttl_exits_expired_until_reopened() {
+    let sb = Sandbox::new();
+    let effect = sb.path("effect");
+    let short = ["--ttl", "300ms"];
+    assert!(sb.exec_append("late-1", &effect, &short).status.success());
+    std::thread::sleep(std::time::Duration::from_millis(700));
+    let late = sb.exec_append("late-1", &effect, &short);
+    assert_eq!(late.status.code(), Some(80), "{}", text(&late.stderr));
+    assert_eq!(lines(&effect), 1, "not run again");
+    let said = text(&late.stderr);
+    assert!(
+        said.contains("already ran at") && said.contains("not run now"),
+        "{said}"
+    );
+    assert!(said.contains("run it again with a new --key"), "{said}");
+    let reopen_at = said
+        .split("idemgate keys reopen late-1 --tool exec --tenant ")
+        .nth(1)
+        .and_then(|rest| rest.split("--fence ").nth(1))
+        .and_then(|rest| rest.split(' ').next())
+        .unwrap_or_else(|| panic!("names the reopening: {said}"))
+        .to_owned();
+
+    let shown = text(&sb.run(&["keys", "show", "late-1"]).stdout);
+    assert!(
+        shown.contains("state:        expired") && shown.contains("remembered:   until"),
+        "{shown}"
+    );
+    let listed = text(&sb.run(&["keys", "list", "--state", "expired"]).stdout);
+    assert!(listed.contains("late-1"), "{listed}");
+
+    let reopened = sb.run(&[
+        "keys",
+        "reopen",
+        "late-1",
+        "--fence",
+        &reopen_at,
+        "--reason",
+        "the customer asked again",
+    ]);
+    assert!(reopened.status.success(), "{}", text(&reopened.stderr));
+    assert!(sb.exec_append("late-1", &effect, &short).status.success());
+    assert_eq!(lines(&effect), 2, "reopened: the command ran again");
+
+    let none = ["--ttl", "300ms", "--tombstone", "0s"];
+    assert!(sb.exec_append("late-2", &effect, &none).status.success());
+    std::thread::sleep(std::time::Duration::from_millis(700));
+    assert!(sb.exec_append("late-2", &effect, &none).status.success());
+    assert_eq!(
+        lines(&effect),
+        4,
+        "no tombstone: a new action after the ttl"
+    );
+}
+
 /// `keys reopen` makes a completed record's command run again at the next call, only at the fence
 /// the operator looked at; its help says what it does and how soon other processes follow.
 #[test]

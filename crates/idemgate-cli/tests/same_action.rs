@@ -327,6 +327,75 @@ fn same_action_mcp_http_sessions_and_sessionless() {
     }
 }
 
+/// A retry that arrives after the record's ttl: never run again silently. Keyed by an
+/// orchestration key, a model's key or a tool-call id, it is answered "expired" (it ran at T,
+/// its result is no longer kept) in words the model reads, at every way of reaching the proxy;
+/// a call joined only by the re-emission window is a new action once the window is past.
+#[test]
+fn same_action_a_retry_after_the_ttl_is_told_expired() {
+    const SHORT: &str =
+        "[default]\non_missing_key = \"window\"\nttl = \"1s\"\nfallback_window = \"1s\"\n";
+    let keyed_steps: [(&str, Step); 3] = [
+        ("an orchestration key", keyed("c1", "order-1")),
+        ("a model's key", model("c1", "buy-1")),
+        ("a tool-call id", call_id("c1", "call_1")),
+    ];
+    let expired_and_said = |door: &str, what: &str, answer: &Value| {
+        let text: String = answer["result"]["content"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|b| b["text"].as_str())
+            .collect();
+        assert_eq!(
+            answer["result"]["isError"], true,
+            "{door}: {what}: {answer}"
+        );
+        assert!(
+            text.starts_with("idemgate: ")
+                && text.contains("already performed")
+                && text.contains("no longer kept")
+                && text.contains("NOT performed again"),
+            "{door}: {what}: {answer}"
+        );
+        assert_eq!(
+            answer["result"]["_meta"]["dev.idemgate/verdict"], "expired",
+            "{door}: {what}: {answer}"
+        );
+    };
+    let past_the_ttl = || std::thread::sleep(std::time::Duration::from_millis(1_600));
+    for (what, s) in keyed_steps {
+        let sb = Sandbox::new();
+        let mut stdio = StdioNamed(sb.initialized(SHORT));
+        stdio.call(&s);
+        past_the_ttl();
+        let answer = stdio.call(&s);
+        expired_and_said("stdio", what, &answer);
+        assert_eq!(sb.executed().len(), 1, "stdio: {what}");
+
+        let sb = Sandbox::new();
+        let p = sb.listen(SHORT, &["python3", FIXTURE]);
+        let mut http = HttpSessions {
+            p: &p,
+            sessions: HashMap::new(),
+            next_id: 0,
+        };
+        http.call(&s);
+        past_the_ttl();
+        let answer = http.call(&s);
+        expired_and_said("http sessions", what, &answer);
+        assert_eq!(sb.executed().len(), 1, "http sessions: {what}");
+    }
+    // The window joins re-emissions for its length only: after it, the same arguments are a new
+    // action (which is what a window means), so the call runs.
+    let sb = Sandbox::new();
+    let mut stdio = StdioNamed(sb.initialized(SHORT));
+    stdio.call(&step("c1"));
+    past_the_ttl();
+    stdio.call(&step("c1"));
+    assert_eq!(sb.executed().len(), 2);
+}
+
 #[test]
 fn same_action_sessionless_clients_that_name_no_conversation_are_never_joined() {
     // Sessionless requests of every client share one server process; a request that names no

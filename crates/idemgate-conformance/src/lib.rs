@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idemgate_core::{
-    Claim, Clock, Fingerprint, IdempotencyKey, Key, Lease, ListFilter, ManualClock, Outcome,
+    Claim, Clock, Fingerprint, IdempotencyKey, Keep, Key, Lease, ListFilter, ManualClock, Outcome,
     Record, RecordState, Reopened, Reservation, State, Store, StoreError, TenantId, Timestamp,
     ToolName,
 };
@@ -213,6 +213,7 @@ pub async fn completed_record_replays<S: Store>(fx: &Fixture<S>) {
                 outcome,
                 completed_at,
                 expires_at,
+                ..
             } => {
                 assert_eq!(outcome, Outcome::success(b"paid".to_vec()));
                 assert_eq!(
@@ -412,7 +413,7 @@ pub async fn late_completion_keeps_its_execution_time<S: Store>(fx: &Fixture<S>)
             &key,
             lease,
             &Outcome::success(b"y".to_vec()),
-            LONG_TTL,
+            Keep::replay(LONG_TTL),
             Some(ran),
         )
         .await
@@ -435,7 +436,7 @@ pub async fn late_completion_keeps_its_execution_time<S: Store>(fx: &Fixture<S>)
             &future,
             lease,
             &Outcome::success(b"z".to_vec()),
-            LONG_TTL,
+            Keep::replay(LONG_TTL),
             Some(ahead),
         )
         .await
@@ -514,6 +515,142 @@ pub async fn expired_record_counts_as_absent<S: Store>(fx: &Fixture<S>) {
     assert!(fx.store.get(&key).await.expect("get").is_none());
     let again = acquire(&fx.store, &reservation(&key, "other args", LONG_LEASE)).await;
     assert!(again.fence >= lease.fence);
+}
+
+/// How long the tombstone behaviours keep one: past [`PAST_SHORT_LEASE`] with margin for
+/// server clocks and scheduling.
+pub const TOMBSTONE: Duration = Duration::from_secs(2);
+
+/// A completed record past its ttl and within its tombstone is reported expired: it says when the
+/// action ran and when its outcome expired, and gives no outcome. It counts: a reservation (with
+/// the same arguments or others) meets it and acquires nothing; it is listed as expired; purging
+/// keeps it; the old lease can no longer release or mark it. Past the tombstone it counts as
+/// absent, and the next reservation takes a higher fence.
+pub async fn tombstone_answers_after_the_ttl_until_it_goes<S: Store>(fx: &Fixture<S>) {
+    let key = fresh_key("tombstone");
+    let lease = acquire(&fx.store, &reservation(&key, "a", LONG_LEASE)).await;
+    let keep = Keep {
+        ttl: SHORT_LEASE,
+        tombstone: TOMBSTONE,
+    };
+    let done = fx
+        .store
+        .complete_at(&key, lease, &Outcome::success(b"x".to_vec()), keep, None)
+        .await
+        .expect("complete");
+    fx.pass(PAST_SHORT_LEASE).await;
+
+    let expired_state = RecordState::Expired {
+        completed_at: done.completed_at,
+        expired_at: done.expires_at,
+        retain_until: done.completed_at.plus(TOMBSTONE),
+    };
+    let rec = fx.store.get(&key).await.expect("get").expect("a tombstone");
+    assert_eq!((&rec.state, rec.fence), (&expired_state, lease.fence));
+    assert_eq!(
+        existing(fx.store.reserve(&reservation(&key, "a", LONG_LEASE)).await).state,
+        expired_state,
+        "a retry meets the tombstone"
+    );
+    let other = existing(fx.store.reserve(&reservation(&key, "b", LONG_LEASE)).await);
+    assert_eq!(
+        (other.state_name(), other.fingerprint),
+        (State::Expired, fp("a")),
+        "other arguments meet it too, and see whose arguments it was"
+    );
+    assert_eq!(
+        existing(
+            fx.store
+                .takeover(&reservation(&key, "a", LONG_LEASE), lease.fence)
+                .await
+        )
+        .state_name(),
+        State::Expired,
+        "a tombstone is never taken over"
+    );
+    assert_lease_lost(fx.store.release(&key, lease).await, "release a tombstone");
+    assert_lease_lost(
+        fx.store.mark_unknown(&key, lease).await,
+        "mark a tombstone unknown",
+    );
+    let again = fx
+        .store
+        .complete_at(&key, lease, &Outcome::success(b"y".to_vec()), keep, None)
+        .await
+        .expect("completing again under the same lease");
+    assert_eq!(again, done, "completing again returns the first completion");
+
+    let by_state = |state| ListFilter {
+        tenant: Some(key.tenant.clone()),
+        state,
+        ..ListFilter::default()
+    };
+    let keys = |v: Vec<Record>| v.into_iter().map(|r| r.key).collect::<Vec<_>>();
+    assert_eq!(
+        keys(fx.store.list(&by_state(None)).await.expect("list")),
+        vec![fx.listed(&key)]
+    );
+    assert_eq!(
+        keys(
+            fx.store
+                .list(&by_state(Some(State::Expired)))
+                .await
+                .expect("list")
+        ),
+        vec![fx.listed(&key)]
+    );
+    assert!(fx
+        .store
+        .list(&by_state(Some(State::Completed)))
+        .await
+        .expect("list")
+        .is_empty());
+
+    fx.store.purge_expired().await.expect("purge");
+    assert_eq!(
+        fx.store.get(&key).await.expect("get").map(|r| r.state),
+        Some(expired_state),
+        "purging keeps a tombstone (and may drop its outcome)"
+    );
+
+    fx.pass(TOMBSTONE).await;
+    assert!(fx.store.get(&key).await.expect("get").is_none());
+    assert!(fx
+        .store
+        .list(&by_state(None))
+        .await
+        .expect("list")
+        .is_empty());
+    // Not `>`: on a store the suite shares with behaviours running at once, another one's purge
+    // may delete the record once its tombstone is past, and a deleted record's fence starts over.
+    let next = acquire(&fx.store, &reservation(&key, "b", LONG_LEASE)).await;
+    assert!(next.fence >= lease.fence, "{next:?} after {lease:?}");
+}
+
+/// Reopening a tombstone at its fence clears it: the key counts as absent at once and the next
+/// reservation acquires it at a higher fence; a wrong fence changes nothing.
+pub async fn reopen_clears_a_tombstone<S: Store>(fx: &Fixture<S>) {
+    let key = fresh_key("tombstone-reopen");
+    let lease = acquire(&fx.store, &reservation(&key, "a", LONG_LEASE)).await;
+    let keep = Keep {
+        ttl: SHORT_LEASE,
+        tombstone: LONG_TTL,
+    };
+    fx.store
+        .complete_at(&key, lease, &Outcome::success(b"x".to_vec()), keep, None)
+        .await
+        .expect("complete");
+    fx.pass(PAST_SHORT_LEASE).await;
+    let wrong = kept(fx.store.reopen(&key, lease.fence + 1).await).expect("record");
+    assert_eq!(wrong.state_name(), State::Expired);
+    assert_eq!(
+        fx.store.reopen(&key, lease.fence).await.expect("reopen"),
+        Reopened::Expired
+    );
+    assert!(fx.store.get(&key).await.expect("get").is_none());
+    assert_eq!(kept(fx.store.reopen(&key, lease.fence).await), None);
+    let next = acquire(&fx.store, &reservation(&key, "a", LONG_LEASE)).await;
+    assert!(next.fence > lease.fence, "{next:?} after {lease:?}");
 }
 
 /// Purging removes expired completed records only; unknown and live records stay.
@@ -919,6 +1056,8 @@ macro_rules! store_conformance {
             reopen_expires_a_completed_record_at_its_fence,
             reopen_leaves_other_records_alone,
             records_keep_their_scope_and_list_by_it,
+            tombstone_answers_after_the_ttl_until_it_goes,
+            reopen_clears_a_tombstone,
         );
     };
     (@each $setup:expr; $($name:ident),* $(,)?) => {

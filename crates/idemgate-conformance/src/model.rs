@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use idemgate_core::{
-    Claim, Fence, Fingerprint, Lease, LeaseToken, Outcome, Record, RecordState, Reopened,
+    Claim, Fence, Fingerprint, Keep, Lease, LeaseToken, Outcome, Record, RecordState, Reopened,
     Reservation, State, Store, StoreError,
 };
 use proptest::prelude::*;
@@ -47,6 +47,8 @@ pub enum StoreOp {
         lease: u8,
         /// The outcome byte.
         body: u8,
+        /// Whether the record keeps a tombstone after its ttl.
+        tombstone: bool,
     },
     /// Release with that lease.
     Release {
@@ -75,6 +77,7 @@ pub enum StoreOp {
 const SHORT: Duration = Duration::from_millis(300);
 const LONG: Duration = Duration::from_secs(600);
 const TTL: Duration = Duration::from_millis(900);
+const TOMBSTONE: Duration = Duration::from_millis(2_000);
 
 /// Operation sequences; without manual time, no `Advance` and only long leases.
 pub fn store_ops(manual_time: bool) -> impl Strategy<Value = Vec<StoreOp>> {
@@ -84,7 +87,7 @@ pub fn store_ops(manual_time: bool) -> impl Strategy<Value = Vec<StoreOp>> {
         }),
         2 => (0u8..2, 0u8..3, -1i8..=1).prop_map(|(args, token, delta)| StoreOp::Takeover { args, token, delta }),
         1 => any::<u8>().prop_map(|lease| StoreOp::Heartbeat { lease }),
-        3 => (any::<u8>(), any::<u8>()).prop_map(|(lease, body)| StoreOp::Complete { lease, body }),
+        3 => (any::<u8>(), any::<u8>(), any::<bool>()).prop_map(|(lease, body, tombstone)| StoreOp::Complete { lease, body, tombstone }),
         1 => any::<u8>().prop_map(|lease| StoreOp::Release { lease }),
         1 => any::<u8>().prop_map(|lease| StoreOp::MarkUnknown { lease }),
         1 => (-1i8..=1).prop_map(|delta| StoreOp::Reopen { delta }),
@@ -101,7 +104,7 @@ pub fn store_ops(manual_time: bool) -> impl Strategy<Value = Vec<StoreOp>> {
 #[derive(Clone, Debug)]
 enum MState {
     InFlight { until: u64 },
-    Done { body: u8, expires: u64 },
+    Done { body: u8, expires: u64, retain: u64 },
     Unknown,
 }
 
@@ -134,13 +137,14 @@ impl Model {
     fn live(&self) -> Option<&MRec> {
         self.rec
             .as_ref()
-            .filter(|r| !matches!(r.state, MState::Done { expires, .. } if expires <= self.now))
+            .filter(|r| !matches!(r.state, MState::Done { retain, .. } if retain <= self.now))
     }
 
     fn view_state(&self, r: &MRec) -> State {
         match r.state {
             MState::InFlight { until } if until > self.now => State::InFlight,
             MState::InFlight { .. } | MState::Unknown => State::Unknown,
+            MState::Done { expires, .. } if expires <= self.now => State::Expired,
             MState::Done { .. } => State::Completed,
         }
     }
@@ -212,16 +216,18 @@ impl Model {
         }
     }
 
-    fn complete(&mut self, lease: (Fence, u8), body: u8) -> Seen {
+    fn complete(&mut self, lease: (Fence, u8), body: u8, tombstone: bool) -> Seen {
         if !self.holds(lease) {
             return Seen::LeaseLost;
         }
         let now = self.now;
         let r = self.rec.as_mut().unwrap();
         if !matches!(r.state, MState::Done { .. }) {
+            let kept = if tombstone { TOMBSTONE } else { TTL };
             r.state = MState::Done {
                 body,
                 expires: now + TTL.as_millis() as u64,
+                retain: now + kept.as_millis() as u64,
             };
         }
         Seen::Ok
@@ -254,11 +260,15 @@ impl Model {
             None => Seen::Absent,
             Some(r) if r.fence == fence && matches!(r.state, MState::Done { .. }) => {
                 if let Some(MRec {
-                    state: MState::Done { expires, .. },
+                    state:
+                        MState::Done {
+                            expires, retain, ..
+                        },
                     ..
                 }) = self.rec.as_mut()
                 {
-                    *expires = now;
+                    *expires = (*expires).min(now);
+                    *retain = now;
                 }
                 Seen::Ok
             }
@@ -380,12 +390,24 @@ pub async fn check_against_model<S: Store>(fx: &Fixture<S>, ops: &[StoreOp]) -> 
                     seen_unit(store.heartbeat(&key, lease_of(l), LONG).await)?,
                 )
             }
-            StoreOp::Complete { lease, body } => {
+            StoreOp::Complete {
+                lease,
+                body,
+                tombstone,
+            } => {
                 let l = pick(&leases, lease);
                 let outcome = Outcome::success(vec![body]);
+                let keep = Keep {
+                    ttl: TTL,
+                    tombstone: if tombstone { TOMBSTONE } else { Duration::ZERO },
+                };
                 (
-                    m.complete(l, body),
-                    seen_unit(store.complete(&key, lease_of(l), &outcome, TTL).await)?,
+                    m.complete(l, body, tombstone),
+                    seen_unit(
+                        store
+                            .complete_at(&key, lease_of(l), &outcome, keep, None)
+                            .await,
+                    )?,
                 )
             }
             StoreOp::Release { lease } => {
@@ -447,7 +469,7 @@ pub async fn check_against_model<S: Store>(fx: &Fixture<S>, ops: &[StoreOp]) -> 
             .map(|r| (r.state_name(), r.fence, args_of(r), done_body(r)));
         let want_view = m.live().map(|r| {
             let body = match r.state {
-                MState::Done { body, .. } => Some(body),
+                MState::Done { body, expires, .. } if expires > m.now => Some(body),
                 _ => None,
             };
             (m.view_state(r), r.fence, r.args, body)

@@ -12,8 +12,8 @@ use axum::response::Response;
 use axum::routing::{get, post};
 use axum::{Form, Router};
 use idemgate::{
-    EngineError, IdempotencyKey, Key, ListFilter, OutcomeKind, Record, RecordState, Resolution,
-    State as RecordStateName, TenantId, Timestamp, ToolName,
+    EngineError, IdempotencyKey, Keep, Key, KeyRule, ListFilter, OutcomeKind, Record, RecordState,
+    Resolution, State as RecordStateName, TenantId, Timestamp, ToolName,
 };
 use idemgate_kit::Payload;
 use serde::Deserialize;
@@ -275,12 +275,14 @@ fn nonempty(v: &Option<String>) -> Option<&str> {
     v.as_deref().map(str::trim).filter(|v| !v.is_empty())
 }
 
-/// Unknown first (what needs an operator), then in flight, then completed; oldest first within.
+/// Unknown first (what needs an operator), then in flight, then completed, then expired (the
+/// tombstones of actions whose outcomes are gone); oldest first within.
 fn rank(r: &Record) -> u8 {
     match r.state {
         RecordState::Unknown { .. } => 0,
         RecordState::InFlight { .. } => 1,
         RecordState::Completed { .. } => 2,
+        RecordState::Expired { .. } => 3,
     }
 }
 
@@ -355,6 +357,7 @@ async fn records(
         ("unknown", "unknown"),
         ("in_flight", "in flight"),
         ("completed", "completed"),
+        ("expired", "expired"),
     ] {
         let selected = if q.state.as_deref().unwrap_or("") == value {
             " selected"
@@ -421,18 +424,31 @@ fn detail(r: &Record) -> String {
             outcome,
             completed_at,
             expires_at,
+            retain_until,
         } => {
             let by = if Payload::is_resolution(outcome) {
                 ", resolved by an operator"
             } else {
                 ""
             };
+            let remembered = if retain_until > expires_at {
+                format!(", then remembered as expired until {retain_until}")
+            } else {
+                String::new()
+            };
             format!(
-                "{} at {completed_at}{by}; kept until {expires_at}",
+                "{} at {completed_at}{by}; kept until {expires_at}{remembered}",
                 outcome.kind
             )
         }
         RecordState::Unknown { since } => format!("outcome unknown since {since}"),
+        RecordState::Expired {
+            completed_at,
+            expired_at,
+            retain_until,
+        } => format!(
+            "ran at {completed_at}; its outcome expired at {expired_at} and is no longer kept; a retry is refused as expired until {retain_until}"
+        ),
     }
 }
 
@@ -703,7 +719,10 @@ async fn resolve(
             match Payload::json_text(text) {
                 Ok(p) => Resolution::Completed {
                     outcome: p.into_resolution(OutcomeKind::Success),
-                    ttl: console.0.engine.policies().get(key.tool.as_str()).ttl,
+                    keep: Keep::of(
+                        KeyRule::Explicit,
+                        console.0.engine.policies().get(key.tool.as_str()),
+                    ),
                 },
                 Err(e) => return bad_request(&s, &format!("result: not JSON: {e}")),
             }

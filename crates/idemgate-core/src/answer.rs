@@ -150,6 +150,18 @@ pub enum Decision {
         /// over to verify it): whether the store took the mark.
         recording: Option<Recording>,
     },
+    /// The action ran and its outcome is no longer kept (past its ttl, within its tombstone):
+    /// nothing ran now, and the caller is told so instead of the action running again.
+    Expired {
+        /// When the action's outcome was recorded.
+        executed_at: Timestamp,
+        /// When its outcome stopped being replayed.
+        expired_at: Timestamp,
+        /// When the tombstone goes (then the key names a new action).
+        retain_until: Timestamp,
+        /// The record's fence (an operator reopens it with this).
+        fence: Fence,
+    },
 }
 
 impl Answer {

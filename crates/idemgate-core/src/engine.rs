@@ -18,7 +18,7 @@ use crate::observe::{Event, Observer, Observers};
 use crate::policy::{Policies, ToolKind, ToolPolicy, UnknownPolicy};
 use crate::record::{Fence, Lease, Outcome, Record, RecordState, State};
 use crate::replay::{Completed, ReplayCache};
-use crate::store::{Claim, Completion, ListFilter, Reopened, Reservation, Store};
+use crate::store::{Claim, Completion, Keep, ListFilter, Reopened, Reservation, Store};
 use crate::time::{Clock, SystemClock, Timestamp};
 use crate::verdict::Verdict;
 use crate::TRACE_TARGET;
@@ -130,8 +130,8 @@ pub struct Ticket {
     pub rule: KeyRule,
     /// The lease held on it.
     pub lease: Lease,
-    /// How long the outcome is kept.
-    pub ttl: Duration,
+    /// How long the outcome is replayed, and the record remembered.
+    pub keep: Keep,
     /// How long the lease lasts without a heartbeat.
     pub lease_for: Duration,
 }
@@ -143,8 +143,8 @@ pub struct Named {
     pub key: Key,
     /// Which rule named it.
     pub rule: KeyRule,
-    /// How long its outcome is kept.
-    pub ttl: Duration,
+    /// How long its outcome is replayed, and the record remembered.
+    pub keep: Keep,
 }
 
 /// The task that flushes the journal (see [`Engine::spawn_journal_flusher`]); stops when dropped.
@@ -181,12 +181,12 @@ pub trait Verifier: Send + Sync + 'static {
 /// How an operator resolves an unknown record.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Resolution {
-    /// The side effect happened with this outcome: store it and replay it, kept for `ttl`.
+    /// The side effect happened with this outcome: store it and replay it, kept as `keep` says.
     Completed {
         /// The outcome to store.
         outcome: Outcome,
-        /// How long to keep it.
-        ttl: Duration,
+        /// How long to replay it, and remember the record (the tool's policy: [`Keep::of`]).
+        keep: Keep,
     },
     /// The side effect did not happen: remove the record so the next call runs.
     Release,
@@ -500,15 +500,11 @@ impl<S: Store> Engine<S> {
         policy: &ToolPolicy,
     ) -> Ticket {
         let rule = KeyRule::of(&key);
-        let ttl = match (rule, policy.fallback_window) {
-            (KeyRule::Fallback, Some(window)) => window,
-            _ => policy.ttl,
-        };
         Ticket {
             key: Key::new(tenant, tool, key),
             rule,
             lease,
-            ttl,
+            keep: Keep::of(rule, policy),
             lease_for: policy.lease,
         }
     }
@@ -517,7 +513,7 @@ impl<S: Store> Engine<S> {
     async fn decide(&self, call: Call, policy: &ToolPolicy) -> Result<Begun, EngineError> {
         let fingerprint = call.fingerprint;
         let scope = call.scope.clone();
-        let Some(Named { key, rule, ttl }) = name(call, policy)? else {
+        let Some(Named { key, rule, keep }) = name(call, policy)? else {
             return Ok(Begun::PassThrough);
         };
         if let Some(done) = self.replays.get(&key, self.clock.now()) {
@@ -539,7 +535,7 @@ impl<S: Store> Engine<S> {
         // call clones no name on its way through the engine.
         let reservation = Reservation::new(key, fingerprint, policy.lease).with_scope(scope);
         match self.store.reserve(&reservation).await {
-            Ok(Claim::Acquired(lease)) => Ok(executing(reservation, rule, ttl, lease)),
+            Ok(Claim::Acquired(lease)) => Ok(executing(reservation, rule, keep, lease)),
             // A replay, the other common case, also answers without the slow path.
             Ok(Claim::Existing(record))
                 if record.fingerprint == fingerprint
@@ -550,7 +546,7 @@ impl<S: Store> Engine<S> {
             }
             // Waits, unknown records, key reuse and store errors: boxed, so that the common
             // call's future stays small (all of it is copied on every call).
-            first => Box::pin(self.settle(reservation, rule, ttl, policy, first)).await,
+            first => Box::pin(self.settle(reservation, rule, keep, policy, first)).await,
         }
     }
 
@@ -596,6 +592,7 @@ impl<S: Store> Engine<S> {
             outcome,
             completed_at,
             expires_at,
+            ..
         } = record.state
         else {
             unreachable!("only completed records are replayed")
@@ -619,12 +616,12 @@ impl<S: Store> Engine<S> {
         &self,
         reservation: Reservation,
         rule: KeyRule,
-        ttl: Duration,
+        keep: Keep,
         policy: &ToolPolicy,
         first: Result<Claim, StoreError>,
     ) -> Result<Begun, EngineError> {
         let answer = |r: Reservation, decision| answered(r, rule, decision);
-        let ticket = |r: Reservation, lease| executing(r, rule, ttl, lease);
+        let ticket = |r: Reservation, lease| executing(r, rule, keep, lease);
         let mut first = Some(first);
         // Only a waiting duplicate needs the clock; a fresh call or a replay does not read it.
         let mut deadline = None;
@@ -660,6 +657,20 @@ impl<S: Store> Engine<S> {
             match record.state {
                 RecordState::Completed { .. } => {
                     let decision = self.replay(&reservation.key, record);
+                    return Ok(answer(reservation, decision));
+                }
+                // The action ran and its outcome is no longer kept: never run again silently.
+                RecordState::Expired {
+                    completed_at,
+                    expired_at,
+                    retain_until,
+                } => {
+                    let decision = Decision::Expired {
+                        executed_at: completed_at,
+                        expired_at,
+                        retain_until,
+                        fence: record.fence,
+                    };
                     return Ok(answer(reservation, decision));
                 }
                 RecordState::InFlight { lease_until } => {
@@ -727,7 +738,7 @@ impl<S: Store> Engine<S> {
                     return match verifier {
                         None => Ok(ticket(reservation, lease)),
                         Some(v) => {
-                            Box::pin(self.verify(&**v, reservation, rule, ttl, lease, since)).await
+                            Box::pin(self.verify(&**v, reservation, rule, keep, lease, since)).await
                         }
                     };
                 }
@@ -743,20 +754,20 @@ impl<S: Store> Engine<S> {
         verifier: &dyn Verifier,
         reservation: Reservation,
         rule: KeyRule,
-        ttl: Duration,
+        keep: Keep,
         lease: Lease,
         since: Timestamp,
     ) -> Result<Begun, EngineError> {
         let probe = verifier.verify(&reservation.key).await;
         let decision = match probe {
-            Ok(Probe::NotApplied) => return Ok(executing(reservation, rule, ttl, lease)),
+            Ok(Probe::NotApplied) => return Ok(executing(reservation, rule, keep, lease)),
             Ok(Probe::Applied(outcome)) => {
-                let op = JournalOp::complete(outcome, ttl);
+                let op = JournalOp::complete(outcome, keep);
                 let (done, _) = self.record(&reservation.key, lease, &op).await;
                 let JournalOp::Complete { outcome, .. } = op else {
                     unreachable!("built as a completion above")
                 };
-                let done = done.unwrap_or_else(|| self.local_completion(ttl));
+                let done = done.unwrap_or_else(|| self.local_completion(keep.ttl));
                 Decision::Replayed {
                     outcome,
                     executed_at: done.completed_at,
@@ -828,14 +839,14 @@ impl<S: Store> Engine<S> {
 
     /// What [`Engine::finish`] does, inside its span.
     async fn settle_outcome(&self, ticket: &Ticket, reported: Effect) -> Answer {
-        let (key, lease, ttl) = (&ticket.key, ticket.lease, ticket.ttl);
+        let (key, lease, keep) = (&ticket.key, ticket.lease, ticket.keep);
         let decision = match reported {
             Effect::Success(body) => {
-                self.store_outcome(key, lease, ttl, Outcome::success(body))
+                self.store_outcome(key, lease, keep, Outcome::success(body))
                     .await
             }
             Effect::Failed(body) => {
-                self.store_outcome(key, lease, ttl, Outcome::failed(body))
+                self.store_outcome(key, lease, keep, Outcome::failed(body))
                     .await
             }
             Effect::NotApplied { message, reply } => {
@@ -928,12 +939,12 @@ impl<S: Store> Engine<S> {
         &self,
         key: &Key,
         lease: Lease,
-        ttl: Duration,
+        keep: Keep,
         outcome: Outcome,
     ) -> Decision {
-        let op = JournalOp::complete(outcome, ttl);
+        let op = JournalOp::complete(outcome, keep);
         let (done, recording) = self.record(key, lease, &op).await;
-        let done = done.unwrap_or_else(|| self.local_completion(ttl));
+        let done = done.unwrap_or_else(|| self.local_completion(keep.ttl));
         let JournalOp::Complete { outcome, .. } = op else {
             unreachable!("built as a completion above")
         };
@@ -1061,13 +1072,17 @@ impl<S: Store> Engine<S> {
         executed_at: Option<Timestamp>,
     ) -> Result<Option<Completion>, StoreError> {
         match op {
-            JournalOp::Complete { outcome, ttl_ms } => self
+            JournalOp::Complete {
+                outcome,
+                ttl_ms,
+                tombstone_ms,
+            } => self
                 .store
                 .complete_at(
                     key,
                     lease,
                     outcome,
-                    Duration::from_millis(*ttl_ms),
+                    JournalOp::keep(*ttl_ms, *tombstone_ms),
                     executed_at,
                 )
                 .await
@@ -1221,8 +1236,10 @@ impl<S: Store> Engine<S> {
             .map_err(|now| not_resolvable(&now))?;
         let released = matches!(resolution, Resolution::Release);
         match resolution {
-            Resolution::Completed { outcome, ttl } => {
-                self.store.complete(key, lease, &outcome, ttl).await?;
+            Resolution::Completed { outcome, keep } => {
+                self.store
+                    .complete_at(key, lease, &outcome, keep, None)
+                    .await?;
             }
             Resolution::Release => self.store.release(key, lease).await?,
         }
@@ -1273,11 +1290,13 @@ impl<S: Store> Engine<S> {
         let was = record.state_name();
         match record.state {
             RecordState::InFlight { .. } => return Err(not_reopenable(&record)),
-            RecordState::Completed { .. } => match self.store.reopen(key, fence).await? {
-                Reopened::Expired => {}
-                Reopened::Kept(Some(now)) => return Err(not_reopenable(&now)),
-                Reopened::Kept(None) => return Err(EngineError::NotFound { key: key.clone() }),
-            },
+            RecordState::Completed { .. } | RecordState::Expired { .. } => {
+                match self.store.reopen(key, fence).await? {
+                    Reopened::Expired => {}
+                    Reopened::Kept(Some(now)) => return Err(not_reopenable(&now)),
+                    Reopened::Kept(None) => return Err(EngineError::NotFound { key: key.clone() }),
+                }
+            }
             RecordState::Unknown { .. } => {
                 let lease = self
                     .take_over_unknown(&record)
@@ -1421,16 +1440,16 @@ fn name(call: Call, policy: &ToolPolicy) -> Result<Option<Named>, EngineError> {
         (Some(k), _) => Named {
             key: Key::new(call.tenant, call.tool, k),
             rule: KeyRule::Explicit,
-            ttl: policy.ttl,
+            keep: Keep::of(KeyRule::Explicit, policy),
         },
-        (None, Some(window)) => Named {
+        (None, Some(_)) => Named {
             key: Key::fallback(
                 call.tenant,
                 call.tool,
                 &window_fingerprint.expect("computed for every call without a key"),
             ),
             rule: KeyRule::Fallback,
-            ttl: window,
+            keep: Keep::of(KeyRule::Fallback, policy),
         },
         (None, None) => {
             return Err(EngineError::KeyRequired {
@@ -1461,12 +1480,12 @@ fn answered(r: Reservation, rule: KeyRule, decision: Decision) -> Begun {
     })
 }
 
-fn executing(r: Reservation, rule: KeyRule, ttl: Duration, lease: Lease) -> Begun {
+fn executing(r: Reservation, rule: KeyRule, keep: Keep, lease: Lease) -> Begun {
     Begun::Execute(Ticket {
         key: r.key,
         rule,
         lease,
-        ttl,
+        keep,
         lease_for: r.lease_for,
     })
 }

@@ -8,7 +8,7 @@ use crate::change::ChangeMark;
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::record::{Fence, Lease, Outcome, Record};
-use crate::store::{Claim, Completion, ListFilter, Reopened, Reservation, Result, Store};
+use crate::store::{Claim, Completion, Keep, ListFilter, Reopened, Reservation, Result, Store};
 use crate::time::Timestamp;
 
 /// Which operation a fault applies to.
@@ -145,13 +145,13 @@ impl<S: Store> Store for FaultyStore<S> {
         key: &Key,
         lease: Lease,
         outcome: &Outcome,
-        ttl: Duration,
+        keep: Keep,
         executed_at: Option<Timestamp>,
     ) -> Result<Completion> {
         self.run(
             Op::Complete,
             self.inner
-                .complete_at(key, lease, outcome, ttl, executed_at),
+                .complete_at(key, lease, outcome, keep, executed_at),
         )
         .await
     }

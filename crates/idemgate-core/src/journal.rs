@@ -12,18 +12,24 @@ use serde::{Deserialize, Serialize};
 
 use crate::key::{hex, Key};
 use crate::record::{Lease, Outcome};
+use crate::store::Keep;
 use crate::time::Timestamp;
 
 /// The write a journal entry stands for.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum JournalOp {
-    /// Store this outcome, kept for `ttl_ms` from when it is stored.
+    /// Store this outcome, kept for `ttl_ms` from when it is stored, and remembered for
+    /// `tombstone_ms` (see [`crate::Keep`]).
     Complete {
         /// The outcome.
         outcome: Outcome,
-        /// How long to keep it, in milliseconds.
+        /// How long to replay it, in milliseconds.
         ttl_ms: u64,
+        /// How long to remember the record, in milliseconds (entries written before tombstones
+        /// have none).
+        #[serde(default)]
+        tombstone_ms: u64,
     },
     /// Remove the record: the side effect did not happen.
     Release,
@@ -32,11 +38,21 @@ pub enum JournalOp {
 }
 
 impl JournalOp {
-    /// A completion kept for `ttl`.
-    pub fn complete(outcome: Outcome, ttl: Duration) -> Self {
+    /// A completion kept as `keep` says.
+    pub fn complete(outcome: Outcome, keep: Keep) -> Self {
+        let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
         JournalOp::Complete {
             outcome,
-            ttl_ms: u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
+            ttl_ms: ms(keep.ttl),
+            tombstone_ms: ms(keep.tombstone),
+        }
+    }
+
+    /// How a completion is kept.
+    pub fn keep(ttl_ms: u64, tombstone_ms: u64) -> Keep {
+        Keep {
+            ttl: Duration::from_millis(ttl_ms),
+            tombstone: Duration::from_millis(tombstone_ms),
         }
     }
 }

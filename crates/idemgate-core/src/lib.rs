@@ -57,10 +57,10 @@ pub use journal::{Journal, JournalEntry, JournalOp, MemoryJournal};
 pub use key::{IdempotencyKey, Key, KeyRule, TenantId, ToolName};
 pub use memory::MemoryStore;
 pub use observe::{Event, Observer, Observers};
-pub use policy::{Policies, ToolKind, ToolPolicy, UnknownPolicy};
+pub use policy::{Policies, ToolKind, ToolPolicy, UnknownPolicy, DEFAULT_TOMBSTONE};
 pub use record::{Fence, Lease, LeaseToken, Outcome, OutcomeKind, Record, RecordState, State};
 pub use store::{
-    Claim, Completion, ListFilter, Reopened, Reservation, ReserveHistory, ReservePath, Store,
+    Claim, Completion, Keep, ListFilter, Reopened, Reservation, ReserveHistory, ReservePath, Store,
 };
 pub use time::{Clock, ManualClock, SystemClock, Timestamp};
 pub use verdict::Verdict;

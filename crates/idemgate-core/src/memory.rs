@@ -8,7 +8,7 @@ use std::time::Duration;
 use crate::change::{ChangeMark, Changes};
 use crate::key::Key;
 use crate::record::{Fence, Lease, Outcome, Record};
-use crate::store::{Claim, Completion, ListFilter, Reopened, Reservation, Result, Store};
+use crate::store::{Claim, Completion, Keep, ListFilter, Reopened, Reservation, Result, Store};
 use crate::time::{Clock, SystemClock, Timestamp};
 use crate::transition::{self, Change, StoredRecord};
 
@@ -199,7 +199,7 @@ impl Records {
         })
     }
 
-    fn retain(&mut self, mut keep: impl FnMut(&StoredRecord) -> bool) {
+    fn retain(&mut self, mut keep: impl FnMut(&mut StoredRecord) -> bool) {
         let mut len = 0;
         self.map.retain(|_, b| match b {
             Bucket::One(r) => {
@@ -208,7 +208,7 @@ impl Records {
                 kept
             }
             Bucket::Many(rs) => {
-                rs.retain(|r| keep(r));
+                rs.retain_mut(|r| keep(r));
                 len += rs.len();
                 !rs.is_empty()
             }
@@ -319,11 +319,11 @@ impl Store for MemoryStore {
         key: &Key,
         lease: Lease,
         outcome: &Outcome,
-        ttl: Duration,
+        keep: Keep,
         executed_at: Option<Timestamp>,
     ) -> Result<Completion> {
         self.apply(key, |cur, now| {
-            transition::complete(cur, lease, outcome, ttl, executed_at, now)
+            transition::complete(cur, lease, outcome, keep, executed_at, now)
         })
     }
 
@@ -365,7 +365,14 @@ impl Store for MemoryStore {
         let now = self.inner.clock.now();
         let mut map = self.lock();
         let before = map.len;
-        map.retain(|c| !transition::is_purgeable(c, now));
+        map.retain(|c| match transition::purge(c, now) {
+            Change::Delete => false,
+            Change::SetState(state) => {
+                c.state = state;
+                true
+            }
+            Change::Keep | Change::Put(_) => true,
+        });
         Ok((before - map.len) as u64)
     }
 

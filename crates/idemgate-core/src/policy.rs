@@ -83,6 +83,9 @@ impl FromStr for UnknownPolicy {
     }
 }
 
+/// How long a record is remembered after its call ran, unless a tool's policy says otherwise.
+pub const DEFAULT_TOMBSTONE: Duration = Duration::from_secs(30 * 24 * 3600);
+
 /// How one tool's calls are treated.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -92,6 +95,13 @@ pub struct ToolPolicy {
     /// How long a completed outcome is kept and replayed.
     #[serde(with = "humantime_serde_compat")]
     pub ttl: Duration,
+    /// How long after a call ran its record is remembered (counted from its completion, like
+    /// `ttl`): a retry past the ttl and within this is refused as expired, told that the action
+    /// ran and when, instead of running again. `"0s"` (or anything no longer than `ttl`) keeps no
+    /// tombstone: a retry past the ttl runs the action again. Records the fallback window named
+    /// never keep one.
+    #[serde(with = "humantime_serde_compat")]
+    pub tombstone: Duration,
     /// How long a reservation holds without a heartbeat; the engine heartbeats at a third of it
     /// while the side effect runs, so it bounds how long a crash goes unnoticed, not how long a
     /// call may take.
@@ -112,6 +122,7 @@ impl Default for ToolPolicy {
         ToolPolicy {
             kind: ToolKind::Write,
             ttl: Duration::from_secs(24 * 3600),
+            tombstone: DEFAULT_TOMBSTONE,
             lease: Duration::from_secs(30),
             wait: Duration::from_secs(5),
             fallback_window: None,

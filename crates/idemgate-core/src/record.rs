@@ -177,6 +177,9 @@ pub enum State {
     Completed,
     /// The lease ran out without a completion, or the tool said the outcome is ambiguous.
     Unknown,
+    /// Completed, past its ttl, and still remembered: a retry is told that the action ran and
+    /// that its result is no longer kept, instead of running again.
+    Expired,
 }
 
 impl fmt::Display for State {
@@ -185,6 +188,7 @@ impl fmt::Display for State {
             State::InFlight => "in_flight",
             State::Completed => "completed",
             State::Unknown => "unknown",
+            State::Expired => "expired",
         })
     }
 }
@@ -196,8 +200,9 @@ impl FromStr for State {
             "in_flight" => Ok(State::InFlight),
             "completed" => Ok(State::Completed),
             "unknown" => Ok(State::Unknown),
+            "expired" => Ok(State::Expired),
             _ => Err(format!(
-                "unknown state {s:?}: expected in_flight, completed or unknown"
+                "unknown state {s:?}: expected in_flight, completed, unknown or expired"
             )),
         }
     }
@@ -218,18 +223,35 @@ pub enum RecordState {
         outcome: Outcome,
         /// When the outcome was recorded (the original execution's time).
         completed_at: Timestamp,
-        /// When the record stops counting (then it is as if absent).
+        /// When the outcome stops being replayed.
         expires_at: Timestamp,
+        /// Until when the record is remembered after `expires_at` (its tombstone: a retry is
+        /// told the action ran, see [`RecordState::Expired`]); then it is as if absent. Equal to
+        /// `expires_at` when the tool keeps no tombstone.
+        retain_until: Timestamp,
     },
     /// The side effect may or may not have happened. Never silently re-run.
     Unknown {
         /// Since when the outcome is unknown (lease expiry or the ambiguous report).
         since: Timestamp,
     },
+    /// A completed record past `expires_at` and before `retain_until`, as stores report it: the
+    /// action ran at `completed_at`, its outcome is no longer given (and may be gone from the
+    /// store), and a retry is refused as expired instead of running again. Stores never write
+    /// this state; they report a completed record in it.
+    Expired {
+        /// When the action's outcome was recorded.
+        completed_at: Timestamp,
+        /// When its outcome stopped being replayed.
+        expired_at: Timestamp,
+        /// When the tombstone goes and the key counts as absent.
+        retain_until: Timestamp,
+    },
 }
 
 /// One record as a store returns it. Stores report an in-flight record whose lease has run out as
-/// [`RecordState::Unknown`] (since the lease's end), whether or not they have rewritten it yet.
+/// [`RecordState::Unknown`] (since the lease's end), whether or not they have rewritten it yet, and
+/// a completed record past its `expires_at` as [`RecordState::Expired`] until its `retain_until`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Record {
     /// The record's name.
@@ -256,6 +278,7 @@ impl Record {
             RecordState::InFlight { .. } => State::InFlight,
             RecordState::Completed { .. } => State::Completed,
             RecordState::Unknown { .. } => State::Unknown,
+            RecordState::Expired { .. } => State::Expired,
         }
     }
 }
@@ -291,7 +314,12 @@ mod tests {
 
     #[test]
     fn state_names_round_trip() {
-        for s in [State::InFlight, State::Completed, State::Unknown] {
+        for s in [
+            State::InFlight,
+            State::Completed,
+            State::Unknown,
+            State::Expired,
+        ] {
             assert_eq!(s.to_string().parse::<State>().unwrap(), s);
         }
         assert_eq!("in-flight".parse::<State>().unwrap(), State::InFlight);

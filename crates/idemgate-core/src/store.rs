@@ -13,7 +13,8 @@ use serde::{Deserialize, Serialize};
 use crate::canonical::Fingerprint;
 use crate::change::ChangeMark;
 use crate::error::StoreError;
-use crate::key::{Key, TenantId, ToolName};
+use crate::key::{Key, KeyRule, TenantId, ToolName};
+use crate::policy::ToolPolicy;
 use crate::record::{Fence, Lease, LeaseToken, Outcome, Record, State};
 use crate::time::Timestamp;
 
@@ -75,6 +76,47 @@ pub struct Completion {
     pub expires_at: Timestamp,
 }
 
+/// How long a completed record counts, in two stages: its outcome is replayed for `ttl`; after
+/// that, until `tombstone` after its completion, the record is remembered as
+/// [`crate::RecordState::Expired`] (a retry is told the action ran and that its result is no
+/// longer kept, instead of running again); then it is as if absent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Keep {
+    /// How long the outcome is replayed.
+    pub ttl: Duration,
+    /// How long the record is remembered, counted from its completion like `ttl`; no longer
+    /// than `ttl` (zero, say) keeps no tombstone.
+    pub tombstone: Duration,
+}
+
+impl Keep {
+    /// An outcome replayed for `ttl`, with no tombstone after.
+    pub fn replay(ttl: Duration) -> Self {
+        Keep {
+            ttl,
+            tombstone: Duration::ZERO,
+        }
+    }
+
+    /// How a tool's policy keeps a record named by `rule`: the policy's ttl and tombstone for a
+    /// key, the window and no tombstone for a record the fallback window named (its arguments
+    /// repeated after the window are a new action, which is what a window means).
+    pub fn of(rule: KeyRule, policy: &ToolPolicy) -> Self {
+        match (rule, policy.fallback_window) {
+            (KeyRule::Fallback, Some(window)) => Keep::replay(window),
+            _ => Keep {
+                ttl: policy.ttl,
+                tombstone: policy.tombstone,
+            },
+        }
+    }
+
+    /// When a record completed at `now` stops counting.
+    pub fn retain_until(self, now: Timestamp) -> Timestamp {
+        now.plus(self.ttl.max(self.tombstone))
+    }
+}
+
 /// What [`Store::reopen`] did.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Reopened {
@@ -92,7 +134,8 @@ pub struct ListFilter {
     pub tenant: Option<TenantId>,
     /// Only this tool's.
     pub tool: Option<ToolName>,
-    /// Only records in this state (expired leases count as unknown).
+    /// Only records in this state (expired leases count as unknown, completed records past
+    /// their ttl as expired).
     pub state: Option<State>,
     /// Only records reserved in this scope ([`Reservation::scope`]).
     pub scope: Option<Arc<str>>,
@@ -116,9 +159,10 @@ impl ListFilter {
 /// A key-value store of idempotency records.
 ///
 /// Each operation is atomic on its one record. Records are judged by the store's clock: a
-/// completed record past `expires_at` counts as absent, and an in-flight record past `lease_until`
-/// is reported as [`crate::RecordState::Unknown`] (since the lease's end) but keeps its lease, so
-/// its holder can still complete it truthfully until somebody takes it over.
+/// completed record past `expires_at` is reported as [`crate::RecordState::Expired`] (its
+/// tombstone) until `retain_until`, and counts as absent after; an in-flight record past
+/// `lease_until` is reported as [`crate::RecordState::Unknown`] (since the lease's end) but keeps
+/// its lease, so its holder can still complete it truthfully until somebody takes it over.
 ///
 /// # Concurrent calls on the same key
 /// Exactly one of any number of racing [`Store::reserve`] calls acquires an absent record; the
@@ -134,7 +178,8 @@ impl ListFilter {
 /// [`StoreError::Unavailable`] when the write certainly did not happen, [`StoreError::Indeterminate`]
 /// when it may have; the engine fails closed on both at reservation time.
 pub trait Store: Send + Sync + 'static {
-    /// Inserts an in-flight record if none counts (absent, or completed and expired).
+    /// Inserts an in-flight record if none counts (absent, or completed and past its tombstone).
+    /// A tombstone counts: it is returned as [`Claim::Existing`].
     ///
     /// Returns [`Claim::Acquired`] when it inserted one, and also when the record is already in
     /// flight under this reservation's token (a retried reservation whose answer was lost).
@@ -157,8 +202,8 @@ pub trait Store: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Timestamp>> + Send;
 
     /// Stores the outcome of the record held under `lease` (in flight, or unknown under the same
-    /// lease), kept for `ttl`. Completing again with the same lease is a no-op that returns the
-    /// first completion, so a retry after a lost answer is safe.
+    /// lease), replayed for `ttl`, with no tombstone after. Completing again with the same lease
+    /// is a no-op that returns the first completion, so a retry after a lost answer is safe.
     fn complete(
         &self,
         key: &Key,
@@ -166,20 +211,21 @@ pub trait Store: Send + Sync + 'static {
         outcome: &Outcome,
         ttl: Duration,
     ) -> impl Future<Output = Result<Completion>> + Send {
-        self.complete_at(key, lease, outcome, ttl, None)
+        self.complete_at(key, lease, outcome, Keep::replay(ttl), None)
     }
 
-    /// As [`Store::complete`], for an outcome the side effect reported at `executed_at` and that
-    /// is stored only now (a journaled completion flushed after the store was back): the record's
+    /// As [`Store::complete`], kept as `keep` says (with a tombstone after the ttl when it has
+    /// one), for an outcome the side effect reported at `executed_at` when given and that is
+    /// stored only now (a journaled completion flushed after the store was back): the record's
     /// completion time is `executed_at` (never later than now, by the store's clock), so replays
-    /// say when the side effect ran, not when the journal was flushed. It is still kept for `ttl`
-    /// from now: a late flush never shortens how long duplicates are answered.
+    /// say when the side effect ran, not when the journal was flushed. It is still kept from now:
+    /// a late flush never shortens how long duplicates are answered.
     fn complete_at(
         &self,
         key: &Key,
         lease: Lease,
         outcome: &Outcome,
-        ttl: Duration,
+        keep: Keep,
         executed_at: Option<Timestamp>,
     ) -> impl Future<Output = Result<Completion>> + Send;
 
@@ -192,7 +238,8 @@ pub trait Store: Send + Sync + 'static {
 
     /// Makes the completed record of `key` count as absent now if its fence is `fence` (a
     /// compare-and-set on the fence an operator looked at), so that the next call runs the action
-    /// again: the record expires now. It is not deleted, so that it keeps its fence: the next
+    /// again: the record expires now, and so does its tombstone (a record already reported
+    /// expired is reopened the same way). It is not deleted, so that it keeps its fence: the next
     /// reservation takes the next fence, as after any expiry, and a reopening retried at this
     /// fence can never meet the record of the call that ran again. Anything else (a record in
     /// flight or unknown, another fence, an expired or absent record) is left as it is and
@@ -204,11 +251,13 @@ pub trait Store: Send + Sync + 'static {
     /// The record, if one counts.
     fn get(&self, key: &Key) -> impl Future<Output = Result<Option<Record>>> + Send;
 
-    /// Records that pass `filter`, oldest first. Expired completed records are left out.
+    /// Records that pass `filter`, oldest first. Tombstones are listed (as expired); completed
+    /// records past their tombstone are left out.
     fn list(&self, filter: &ListFilter) -> impl Future<Output = Result<Vec<Record>>> + Send;
 
-    /// Deletes completed records past their expiry and returns how many went. Unknown records are
-    /// never purged: they wait for an operator.
+    /// Deletes completed records past their tombstone and returns how many went; drops the
+    /// outcomes of those past their ttl whose tombstone stays (they are never read again).
+    /// Unknown records are never purged: they wait for an operator.
     fn purge_expired(&self) -> impl Future<Output = Result<u64>> + Send;
 
     /// Where the change notifications of `key` stand now. A waiting duplicate takes the mark
@@ -311,10 +360,10 @@ impl<S: Store> Store for std::sync::Arc<S> {
         key: &Key,
         lease: Lease,
         outcome: &Outcome,
-        ttl: Duration,
+        keep: Keep,
         executed_at: Option<Timestamp>,
     ) -> impl Future<Output = Result<Completion>> + Send {
-        (**self).complete_at(key, lease, outcome, ttl, executed_at)
+        (**self).complete_at(key, lease, outcome, keep, executed_at)
     }
     fn release(&self, key: &Key, lease: Lease) -> impl Future<Output = Result<()>> + Send {
         (**self).release(key, lease)

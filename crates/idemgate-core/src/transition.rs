@@ -14,7 +14,7 @@ use crate::canonical::Fingerprint;
 use crate::error::StoreError;
 use crate::key::Key;
 use crate::record::{Fence, Lease, LeaseToken, Outcome, Record, RecordState};
-use crate::store::{Claim, Completion, Reopened, Reservation, Result};
+use crate::store::{Claim, Completion, Keep, Reopened, Reservation, Result};
 use crate::time::Timestamp;
 
 /// A record as a store keeps it: the public [`Record`] plus the holder's token.
@@ -66,10 +66,27 @@ impl Change {
 
 impl StoredRecord {
     /// The record as callers see it at `now`: `None` when it no longer counts (completed and
-    /// expired), unknown when an in-flight lease has run out.
+    /// past its tombstone), expired when completed and past its ttl, unknown when an in-flight
+    /// lease has run out.
     pub fn view(&self, now: Timestamp) -> Option<Record> {
         let state = match &self.state {
-            RecordState::Completed { expires_at, .. } if *expires_at <= now => return None,
+            RecordState::Completed {
+                completed_at,
+                expires_at,
+                retain_until,
+                ..
+            } if *expires_at <= now => {
+                if *retain_until <= now {
+                    return None;
+                }
+                RecordState::Expired {
+                    completed_at: *completed_at,
+                    expired_at: *expires_at,
+                    retain_until: *retain_until,
+                }
+            }
+            // Stores write completed records, never this view; one read back counts as such.
+            RecordState::Expired { retain_until, .. } if *retain_until <= now => return None,
             RecordState::InFlight { lease_until } if *lease_until <= now => RecordState::Unknown {
                 since: *lease_until,
             },
@@ -175,12 +192,12 @@ pub fn heartbeat(
     }
 }
 
-/// See [`crate::Store::complete`].
+/// See [`crate::Store::complete_at`].
 pub fn complete(
     cur: Option<&StoredRecord>,
     lease: Lease,
     outcome: &Outcome,
-    ttl: Duration,
+    keep: Keep,
     executed_at: Option<Timestamp>,
     now: Timestamp,
 ) -> Result<(Completion, Change)> {
@@ -189,6 +206,11 @@ pub fn complete(
             RecordState::Completed {
                 completed_at,
                 expires_at,
+                ..
+            }
+            | RecordState::Expired {
+                completed_at,
+                expired_at: expires_at,
                 ..
             } => Ok((
                 Completion {
@@ -200,12 +222,13 @@ pub fn complete(
             RecordState::InFlight { .. } | RecordState::Unknown { .. } => {
                 let done = Completion {
                     completed_at: executed_at.map_or(now, |at| at.min(now)),
-                    expires_at: now.plus(ttl),
+                    expires_at: now.plus(keep.ttl),
                 };
                 let state = RecordState::Completed {
                     outcome: outcome.clone(),
                     completed_at: done.completed_at,
                     expires_at: done.expires_at,
+                    retain_until: keep.retain_until(now),
                 };
                 Ok((done, Change::SetState(state)))
             }
@@ -218,7 +241,13 @@ pub fn complete(
 pub fn release(cur: Option<&StoredRecord>, lease: Lease) -> Result<Change> {
     match cur {
         None => Ok(Change::Keep),
-        Some(c) if c.holds(lease) && !matches!(c.state, RecordState::Completed { .. }) => {
+        Some(c)
+            if c.holds(lease)
+                && matches!(
+                    c.state,
+                    RecordState::InFlight { .. } | RecordState::Unknown { .. }
+                ) =>
+        {
             Ok(Change::Delete)
         }
         Some(_) => Err(StoreError::LeaseLost),
@@ -227,28 +256,29 @@ pub fn release(cur: Option<&StoredRecord>, lease: Lease) -> Result<Change> {
 
 /// See [`crate::Store::reopen`].
 pub fn reopen(cur: Option<&StoredRecord>, fence: Fence, now: Timestamp) -> (Reopened, Change) {
-    match cur.and_then(|c| c.view(now)) {
-        Some(Record {
-            fence: f,
-            state:
-                RecordState::Completed {
-                    outcome,
-                    completed_at,
-                    ..
-                },
+    let Some((c, view)) = cur.and_then(|c| c.view(now).map(|v| (c, v))) else {
+        return (Reopened::Kept(None), Change::Keep);
+    };
+    match &c.state {
+        // A completed record that still counts, replayed or remembered as expired.
+        RecordState::Completed {
+            outcome,
+            completed_at,
+            expires_at,
             ..
-        }) if f == fence => {
-            // Expired now rather than deleted: the row keeps its fence, so the next reservation
-            // takes the next one, and a retried reopening at this fence never meets the new
-            // record (which a fence starting over at 1 would let it remove).
+        } if c.fence == fence => {
+            // Expired now, tombstone and all, rather than deleted: the row keeps its fence, so
+            // the next reservation takes the next one, and a retried reopening at this fence
+            // never meets the new record (which a fence starting over at 1 would let it remove).
             let state = RecordState::Completed {
-                outcome,
-                completed_at,
-                expires_at: now,
+                outcome: outcome.clone(),
+                completed_at: *completed_at,
+                expires_at: (*expires_at).min(now),
+                retain_until: now,
             };
             (Reopened::Expired, Change::SetState(state))
         }
-        view => (Reopened::Kept(view), Change::Keep),
+        _ => (Reopened::Kept(Some(view)), Change::Keep),
     }
 }
 
@@ -260,13 +290,42 @@ pub fn mark_unknown(cur: Option<&StoredRecord>, lease: Lease, now: Timestamp) ->
                 Ok(Change::SetState(RecordState::Unknown { since: now }))
             }
             RecordState::Unknown { .. } => Ok(Change::Keep),
-            RecordState::Completed { .. } => Err(StoreError::LeaseLost),
+            RecordState::Completed { .. } | RecordState::Expired { .. } => {
+                Err(StoreError::LeaseLost)
+            }
         },
         _ => Err(StoreError::LeaseLost),
     }
 }
 
-/// Whether a stored record should be purged at `now` (completed and expired).
+/// Whether a stored record should be purged at `now` (completed, and past its tombstone).
 pub fn is_purgeable(c: &StoredRecord, now: Timestamp) -> bool {
-    matches!(c.state, RecordState::Completed { expires_at, .. } if expires_at <= now)
+    matches!(c.state, RecordState::Completed { retain_until, .. } if retain_until <= now)
+}
+
+/// What purging does to a stored record at `now`: deletes it past its tombstone
+/// ([`is_purgeable`]); drops the outcome of one past its ttl whose tombstone stays (nothing
+/// reads it any more, and a tombstone should cost its name and a few numbers, not a result);
+/// else nothing.
+pub fn purge(c: &StoredRecord, now: Timestamp) -> Change {
+    match &c.state {
+        _ if is_purgeable(c, now) => Change::Delete,
+        RecordState::Completed {
+            outcome,
+            completed_at,
+            expires_at,
+            retain_until,
+        } if *expires_at <= now && !outcome.body.is_empty() => {
+            Change::SetState(RecordState::Completed {
+                outcome: Outcome {
+                    kind: outcome.kind,
+                    body: Vec::new(),
+                },
+                completed_at: *completed_at,
+                expires_at: *expires_at,
+                retain_until: *retain_until,
+            })
+        }
+        _ => Change::Keep,
+    }
 }

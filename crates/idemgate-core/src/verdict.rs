@@ -35,6 +35,8 @@ pub enum Verdict {
     InFlight,
     /// The outcome is unknown: the side effect may or may not have happened.
     Unknown,
+    /// The action ran before and its outcome expired (its tombstone says so); nothing ran.
+    Expired,
     /// A write without a key or fallback window; nothing ran.
     KeyRequired,
     /// The key was used with other arguments; nothing ran.
@@ -57,7 +59,7 @@ pub enum Verdict {
 
 impl Verdict {
     /// Every verdict, for tables and tests.
-    pub const ALL: [Verdict; 18] = [
+    pub const ALL: [Verdict; 19] = [
         Verdict::Execute,
         Verdict::Executed,
         Verdict::LeaseLost,
@@ -67,6 +69,7 @@ impl Verdict {
         Verdict::NotApplied,
         Verdict::InFlight,
         Verdict::Unknown,
+        Verdict::Expired,
         Verdict::KeyRequired,
         Verdict::KeyReused,
         Verdict::BadRequest,
@@ -96,6 +99,7 @@ impl Verdict {
             Decision::NotApplied { .. } => Verdict::NotApplied,
             Decision::InFlight { .. } => Verdict::InFlight,
             Decision::Unknown { .. } => Verdict::Unknown,
+            Decision::Expired { .. } => Verdict::Expired,
         }
     }
 
@@ -137,6 +141,7 @@ impl Verdict {
             Verdict::NotApplied => "not_applied",
             Verdict::InFlight => "in_flight",
             Verdict::Unknown => "unknown",
+            Verdict::Expired => "expired",
             Verdict::KeyRequired => "key_required",
             Verdict::KeyReused => "key_reused",
             Verdict::BadRequest => "bad_request",

@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use idemgate_core::faulty::{Fault, Op};
 use idemgate_core::{
-    Decision, Effect, Engine, EngineError, Fingerprint, KeyRule, ManualClock, MemoryStore, Outcome,
-    OutcomeKind, Policies, Probe, ProbeFuture, RecordState, Recording, Resolution, State, Store,
-    Timestamp, ToolKind, ToolPolicy, UnknownPolicy, Verifier,
+    Decision, Effect, Engine, EngineError, Fingerprint, Keep, KeyRule, ManualClock, MemoryStore,
+    Outcome, OutcomeKind, Policies, Probe, ProbeFuture, RecordState, Recording, Resolution, State,
+    Store, Timestamp, ToolKind, ToolPolicy, UnknownPolicy, Verifier,
 };
 use serde_json::json;
 use tokio::sync::Notify;
@@ -1011,7 +1011,7 @@ async fn operator_resolves_unknown_records() {
             rec.fence,
             Resolution::Completed {
                 outcome: Outcome::success(b"checked by hand".to_vec()),
-                ttl: Duration::from_secs(60),
+                keep: Keep::replay(Duration::from_secs(60)),
             },
             Some("alice"),
             Some("the charge is in the ledger"),
@@ -1163,11 +1163,11 @@ impl Store for HoldInFlightAnswer {
         key: &idemgate_core::Key,
         lease: idemgate_core::Lease,
         outcome: &Outcome,
-        ttl: Duration,
+        keep: Keep,
         executed_at: Option<idemgate_core::Timestamp>,
     ) -> StoreResult<idemgate_core::Completion> {
         self.inner
-            .complete_at(key, lease, outcome, ttl, executed_at)
+            .complete_at(key, lease, outcome, keep, executed_at)
             .await
     }
     async fn release(

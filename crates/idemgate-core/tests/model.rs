@@ -18,6 +18,8 @@ use crate::support::{call, key, rig, Counter};
 
 const TTL: Duration = Duration::from_secs(60);
 const LEASE: Duration = Duration::from_secs(30);
+/// Longer than the ttl, and within reach of a few clock moves.
+const TOMBSTONE: Duration = Duration::from_secs(180);
 
 #[derive(Clone, Debug)]
 enum Step {
@@ -42,6 +44,7 @@ enum Expect {
     NotApplied,
     UnknownHere,
     UnknownBlocked,
+    Expired,
     KeyReuse,
     ReserveFailed,
 }
@@ -56,6 +59,8 @@ enum Rec {
         kind: OutcomeKind,
         body: Vec<u8>,
         expires: u64,
+        /// Until when its tombstone answers "expired" after `expires`.
+        retain: u64,
         cached: Option<tokio::time::Instant>,
     },
     Unknown {
@@ -75,7 +80,7 @@ struct Model {
 impl Model {
     fn live(&self, k: u8) -> Option<&Rec> {
         match self.records.get(&k) {
-            Some(Rec::Done { expires, .. }) if *expires <= self.now => None,
+            Some(Rec::Done { retain, .. }) if *retain <= self.now => None,
             other => other,
         }
     }
@@ -87,6 +92,7 @@ impl Model {
             body,
             expires,
             cached: Some(cached_at),
+            ..
         }) = self.live(k)
         {
             let fresh = Settings::default().replay_cache_fresh;
@@ -107,6 +113,8 @@ impl Model {
             Some(Rec::Done { args: a, .. }) | Some(Rec::Unknown { args: a }) if a != args => {
                 Expect::KeyReuse
             }
+            // Past its ttl, within its tombstone: told so, never run again.
+            Some(Rec::Done { expires, .. }) if expires <= self.now => Expect::Expired,
             Some(Rec::Done { kind, body, .. }) => {
                 if let Some(Rec::Done { cached, .. }) = self.records.get_mut(&k) {
                     *cached = Some(tokio::time::Instant::now());
@@ -121,6 +129,7 @@ impl Model {
                     kind,
                     body: vec![b],
                     expires: self.now + TTL.as_millis() as u64,
+                    retain: self.now + TOMBSTONE.as_millis() as u64,
                     cached: None,
                 };
                 if matches!(eff, Eff::Success(_) | Eff::Failed(_)) {
@@ -178,6 +187,7 @@ fn observe(res: Result<idemgate_core::Answer, EngineError>) -> Expect {
             Decision::Executed { outcome, .. } => Expect::Executed(outcome.kind, outcome.body),
             Decision::Replayed { outcome, .. } => Expect::Replayed(outcome.kind, outcome.body),
             Decision::NotApplied { .. } => Expect::NotApplied,
+            Decision::Expired { .. } => Expect::Expired,
             Decision::Unknown { ran_here: true, .. } => Expect::UnknownHere,
             Decision::Unknown {
                 ran_here: false, ..
@@ -196,6 +206,7 @@ fn run_case(steps: Vec<Step>) -> Result<(), TestCaseError> {
     rt.block_on(async move {
         let r = rig(Policies::new().with_default(ToolPolicy {
             ttl: TTL,
+            tombstone: TOMBSTONE,
             lease: LEASE,
             ..ToolPolicy::default()
         }));
@@ -252,6 +263,7 @@ fn run_case(steps: Vec<Step>) -> Result<(), TestCaseError> {
                     .unwrap();
                 let got = rec.as_ref().map(|r| r.state_name());
                 let want = m.live(k).map(|r| match r {
+                    Rec::Done { expires, .. } if *expires <= m.now => State::Expired,
                     Rec::Done { .. } => State::Completed,
                     Rec::Unknown { .. } => State::Unknown,
                 });

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idemgate_core::{
-    Begun, Call, Decision, Effect, Engine, EngineError, Event, ListFilter, Observer, Outcome,
+    Begun, Call, Decision, Effect, Engine, EngineError, Event, Keep, ListFilter, Observer, Outcome,
     Resolution, Settings, State, ToolPolicy,
 };
 use serde_json::json;
@@ -186,7 +186,7 @@ async fn a_reopened_unknown_record_runs_again_and_resolutions_are_audited() {
             fence,
             Resolution::Completed {
                 outcome: Outcome::success(b"by hand".to_vec()),
-                ttl: Duration::from_secs(60),
+                keep: Keep::replay(Duration::from_secs(60)),
             },
             Some("bob"),
             Some("seen in the ledger"),
@@ -236,15 +236,101 @@ async fn a_record_in_flight_is_never_reopened() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn an_expired_record_is_not_found_for_reopening() {
+async fn a_record_past_its_tombstone_is_not_found_for_reopening() {
     let r = default_rig();
     let c = call("acme", "charge", Some("old"), json!(1));
     r.engine.call(c, || async { success("x") }).await.unwrap();
     let k = key("acme", "charge", "old");
     let fence = r.engine.get(&k).await.unwrap().unwrap().fence;
-    r.clock.advance(Duration::from_secs(48 * 3600));
+    r.clock
+        .advance(idemgate_core::DEFAULT_TOMBSTONE + Duration::from_secs(1));
     let err = r.engine.reopen(&k, fence, None, None).await.unwrap_err();
     assert!(matches!(err, EngineError::NotFound { .. }), "{err}");
+}
+
+/// A retry after the ttl meets the tombstone: it is told the action ran and when, and nothing
+/// runs; reopening the tombstone (an operator who wants the action again) lets the next call run.
+#[tokio::test(start_paused = true)]
+async fn a_retry_after_the_ttl_is_told_expired_until_the_tombstone_is_reopened() {
+    let r = default_rig();
+    let runs = Counter::default();
+    let c = call("acme", "charge", Some("late"), json!(1));
+    let first = r
+        .engine
+        .call(c.clone(), || runs.effect(success("x")))
+        .await
+        .unwrap();
+    let Decision::Executed { executed_at, .. } = first.decision else {
+        panic!("{first:?}")
+    };
+    r.clock
+        .advance(ToolPolicy::default().ttl + Duration::from_secs(1));
+    let retry = r
+        .engine
+        .call(c.clone(), || runs.effect(success("again")))
+        .await
+        .unwrap();
+    let k = key("acme", "charge", "late");
+    let fence = match retry.decision {
+        Decision::Expired {
+            executed_at: ran,
+            fence,
+            ..
+        } => {
+            assert_eq!(ran, executed_at, "it says when the action ran");
+            fence
+        }
+        other => panic!("expected expired, got {other:?}"),
+    };
+    assert_eq!(runs.get(), 1, "nothing ran");
+    assert_eq!(
+        r.engine.get(&k).await.unwrap().unwrap().state_name(),
+        State::Expired
+    );
+    assert_eq!(
+        r.engine
+            .reopen(&k, fence, Some("alice"), None)
+            .await
+            .unwrap(),
+        State::Expired
+    );
+    let again = r
+        .engine
+        .call(c, || runs.effect(success("again")))
+        .await
+        .unwrap();
+    assert!(
+        matches!(again.decision, Decision::Executed { .. }),
+        "{again:?}"
+    );
+    assert_eq!(runs.get(), 2);
+}
+
+/// A tool whose policy keeps no tombstone runs a retry after its ttl again, as before tombstones.
+#[tokio::test(start_paused = true)]
+async fn a_tool_without_a_tombstone_runs_a_retry_after_its_ttl() {
+    let r = crate::support::rig(idemgate_core::Policies::new().with_default(ToolPolicy {
+        tombstone: Duration::ZERO,
+        ..ToolPolicy::default()
+    }));
+    let runs = Counter::default();
+    let c = call("acme", "charge", Some("late"), json!(1));
+    r.engine
+        .call(c.clone(), || runs.effect(success("x")))
+        .await
+        .unwrap();
+    r.clock
+        .advance(ToolPolicy::default().ttl + Duration::from_secs(1));
+    let again = r
+        .engine
+        .call(c, || runs.effect(success("y")))
+        .await
+        .unwrap();
+    assert!(
+        matches!(again.decision, Decision::Executed { .. }),
+        "{again:?}"
+    );
+    assert_eq!(runs.get(), 2);
 }
 
 /// Two engines on one store, as two proxies or workers on one SQLite file: what one reopens,

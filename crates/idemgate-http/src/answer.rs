@@ -138,6 +138,16 @@ pub(crate) fn respond(
                 .with("since", json!(since))
                 .with("fence", json!(fence))),
         },
+        Decision::Expired {
+            executed_at,
+            expired_at,
+            retain_until,
+            fence,
+        } => Err(problem()
+            .with("executed_at", json!(executed_at))
+            .with("expired_at", json!(expired_at))
+            .with("retain_until", json!(retain_until))
+            .with("fence", json!(fence))),
         Decision::PassedThrough { .. } => {
             Ok(Json(json!({"decision": "pass_through"})).into_response())
         }

@@ -88,6 +88,10 @@ pub struct ToolConfig {
     /// How long outcomes are kept.
     #[serde(default, deserialize_with = "optional_duration")]
     pub ttl: Option<Duration>,
+    /// How long after a call ran its record is remembered, so that a retry past the ttl is
+    /// answered 410 "outcome expired" instead of running again (default 30 days; `"0s"`: none).
+    #[serde(default, deserialize_with = "optional_duration")]
+    pub tombstone: Option<Duration>,
     /// How long a reservation holds without a heartbeat.
     #[serde(default, deserialize_with = "optional_duration")]
     pub lease: Option<Duration>,
@@ -111,6 +115,7 @@ impl ToolConfig {
         ToolPolicy {
             kind: self.kind.unwrap_or(d.kind),
             ttl: self.ttl.unwrap_or(d.ttl),
+            tombstone: self.tombstone.unwrap_or(d.tombstone),
             lease: self.lease.unwrap_or(d.lease),
             wait: self.wait.unwrap_or(d.wait),
             fallback_window: self.fallback_window,

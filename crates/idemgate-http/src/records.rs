@@ -4,7 +4,7 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use idemgate::{Key, ListFilter, Resolution, State as RecordStateName};
+use idemgate::{Keep, Key, KeyRule, ListFilter, Resolution, State as RecordStateName};
 use serde::Deserialize;
 
 use crate::auth::Caller;
@@ -116,7 +116,7 @@ pub(crate) async fn resolve(
     let resolution = match (b.resolution.as_str(), b.outcome) {
         ("completed", Some(o)) => Resolution::Completed {
             outcome: o.into_outcome(),
-            ttl: gw.config().policy(tool.as_str()).ttl,
+            keep: Keep::of(KeyRule::Explicit, &gw.config().policy(tool.as_str())),
         },
         ("completed", None) => {
             return Err(Problem::bad_request(

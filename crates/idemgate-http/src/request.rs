@@ -174,6 +174,10 @@ pub(crate) struct RecordView {
     completed_at: Option<Timestamp>,
     #[serde(skip_serializing_if = "Option::is_none")]
     expires_at: Option<Timestamp>,
+    /// Until when the record is remembered after `expires_at` (a retry past the ttl is then
+    /// answered 410 "outcome expired").
+    #[serde(skip_serializing_if = "Option::is_none")]
+    retain_until: Option<Timestamp>,
 }
 
 impl RecordView {
@@ -192,6 +196,7 @@ impl RecordView {
             outcome: None,
             completed_at: None,
             expires_at: None,
+            retain_until: None,
         };
         match &r.state {
             RecordState::InFlight { lease_until } => v.lease_until = Some(*lease_until),
@@ -200,10 +205,21 @@ impl RecordView {
                 outcome,
                 completed_at,
                 expires_at,
+                retain_until,
             } => {
                 v.outcome = Some(OutcomeView::of(outcome));
                 v.completed_at = Some(*completed_at);
                 v.expires_at = Some(*expires_at);
+                v.retain_until = Some(*retain_until);
+            }
+            RecordState::Expired {
+                completed_at,
+                expired_at,
+                retain_until,
+            } => {
+                v.completed_at = Some(*completed_at);
+                v.expires_at = Some(*expired_at);
+                v.retain_until = Some(*retain_until);
             }
         }
         v

@@ -14,6 +14,68 @@ async fn lease_of(res: reqwest::Response) -> String {
     b["lease"].as_str().unwrap().to_owned()
 }
 
+/// A retry after the ttl is not run again: 410 `outcome-expired`, saying when the action ran,
+/// until the record is reopened (then the key runs again); a tool with `tombstone = "0s"` runs it
+/// again after its ttl, as before tombstones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_after_the_ttl_is_gone_until_reopened() {
+    let gw = start(
+        "",
+        "[tools.charge]\nttl = \"300ms\"\n\n[tools.ping]\nttl = \"300ms\"\ntombstone = \"0s\"\n",
+    )
+    .await;
+    for tool in ["charge", "ping"] {
+        let lease = lease_of(gw.begin(tool, "order-1", "{}").await).await;
+        let done = gw
+            .post(&format!("/v1/tools/{tool}/complete"), ACME)
+            .json(&json!({"key": "order-1", "lease": lease, "outcome": {"kind": "success", "result": 1}}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(done.status(), 200);
+    }
+    tokio::time::sleep(Duration::from_millis(700)).await;
+
+    let gone = problem(
+        gw.begin("charge", "order-1", "{}").await,
+        410,
+        "outcome-expired",
+    )
+    .await;
+    let detail = gone["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("already ran at") && detail.contains("not run now"),
+        "{gone}"
+    );
+    assert!(
+        gone["executed_at"].is_string() && gone["retain_until"].is_string(),
+        "{gone}"
+    );
+    let fence = gone["fence"].as_u64().unwrap();
+    let shown: Value = gw
+        .get("/v1/tools/charge/records/order-1", ACME)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(shown["state"], "expired", "{shown}");
+    assert!(shown.get("outcome").is_none(), "{shown}");
+
+    let reopened = gw
+        .post("/v1/tools/charge/records/order-1/reopen", ACME)
+        .json(&json!({"fence": fence, "reason": "the customer asked again"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(reopened.status(), 200);
+    lease_of(gw.begin("charge", "order-1", "{}").await).await;
+
+    // No tombstone: the key names a new action once the ttl is past.
+    lease_of(gw.begin("ping", "order-1", "{}").await).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn begin_complete_then_replay_verbatim() {
     let gw = start("", "").await;

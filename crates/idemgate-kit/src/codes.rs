@@ -52,6 +52,8 @@ impl VerdictCodes for Verdict {
             | Verdict::NotApplied => 200,
             Verdict::KeyRequired | Verdict::BadRequest => 400,
             Verdict::NotFound => 404,
+            // The action's outcome is gone for good; a new key names a new action.
+            Verdict::Expired => 410,
             Verdict::InFlight | Verdict::Unknown | Verdict::LeaseLost | Verdict::NotResolvable => {
                 409
             }
@@ -75,6 +77,7 @@ impl VerdictCodes for Verdict {
             Verdict::NotApplied => ("not-applied", "Not applied"),
             Verdict::InFlight => ("in-flight", "Call in flight"),
             Verdict::Unknown => ("outcome-unknown", "Outcome unknown"),
+            Verdict::Expired => ("outcome-expired", "Outcome expired"),
             Verdict::KeyRequired => ("key-required", "Idempotency key required"),
             Verdict::KeyReused => ("key-reused", "Idempotency key reused"),
             Verdict::BadRequest => ("bad-request", "Bad request"),
@@ -98,6 +101,7 @@ impl VerdictCodes for Verdict {
             }
             Verdict::InFlight => Some(exit::IN_FLIGHT),
             Verdict::Unknown => Some(exit::UNKNOWN),
+            Verdict::Expired => Some(exit::EXPIRED),
             Verdict::LeaseLost => Some(exit::LEASE_LOST),
             Verdict::NotApplied => Some(exit::NOT_APPLIED),
             Verdict::Unrecorded | Verdict::JournalFailed => Some(exit::UNRECORDED),
@@ -130,6 +134,9 @@ pub mod exit {
     /// The command ran and declared (by an exit code given to --not-applied-exit-code) that it did
     /// nothing; the key is free again.
     pub const NOT_APPLIED: u8 = 79;
+    /// The command ran before under this key and its outcome expired (the record's tombstone
+    /// says so); it was not run again. A new key runs it again, or `keys reopen`.
+    pub const EXPIRED: u8 = 80;
     /// The command could not be started; nothing ran and the key is free again.
     pub const NOT_STARTED: u8 = 127;
 }

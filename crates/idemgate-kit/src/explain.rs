@@ -27,11 +27,11 @@ pub struct Door<'a> {
     pub add_key: &'a str,
 }
 
-/// How an operator says what happened to an unknown record, at a door.
+/// How an operator says what happened to an unknown record, or reopens one, at a door.
 #[derive(Clone, Copy, Debug)]
 pub enum Resolve<'a> {
-    /// A command line without the fence and the resolution:
-    /// "idemgate keys resolve order-1 --tool charge --tenant acme".
+    /// The `idemgate keys` command line, with the arguments that name the record:
+    /// "order-1 --tool charge --tenant acme" (`keys resolve`, `keys reopen`).
     Command(&'a str),
     /// The gateway's `POST /v1/tools/{tool}/records/{key}/resolve`.
     Http,
@@ -45,8 +45,8 @@ impl Resolve<'_> {
     /// The instruction for a record at `fence`: how to say it happened, and that it did not.
     fn instruction(self, fence: Fence) -> String {
         let (did, did_not) = match self {
-            Resolve::Command(command) => (
-                format!("`{command} --fence {fence} --completed`"),
+            Resolve::Command(record) => (
+                format!("`idemgate keys resolve {record} --fence {fence} --completed`"),
                 "`--release`".to_owned(),
             ),
             Resolve::Http => (
@@ -65,6 +65,19 @@ impl Resolve<'_> {
         format!(
             "{did} (it did) or {did_not} (it did not; the next call with this key runs it again)"
         )
+    }
+
+    /// How a record at `fence` is reopened, so that the next call with its key runs the action
+    /// again.
+    fn reopen(self, fence: Fence) -> String {
+        match self {
+            Resolve::Command(record) => {
+                format!("`idemgate keys reopen {record} --fence {fence} --reason \"…\"`")
+            }
+            Resolve::Http => format!("`POST /v1/tools/{{tool}}/records/{{key}}/reopen` with `{{\"fence\": {fence}, \"reason\": \"…\"}}`"),
+            Resolve::Python => format!("`engine.reopen(tool, key, {fence}, reason=\"…\")` (or `idemgate keys reopen`)"),
+            Resolve::Node => format!("`await engine.reopen(tool, key, {fence}, {{ reason: '…' }})` (or `idemgate keys reopen`)"),
+        }
     }
 }
 
@@ -128,6 +141,18 @@ pub enum What {
         /// What the side effect or its verifier said.
         why: Option<String>,
     },
+    /// The action ran before, and its outcome is no longer kept (the record's ttl passed; its
+    /// tombstone remains): nothing ran now.
+    Expired {
+        /// When the action's outcome was recorded.
+        at: Timestamp,
+        /// When its outcome stopped being replayed.
+        expired_at: Timestamp,
+        /// Until when the tombstone answers so (then the key names a new action).
+        until: Timestamp,
+        /// The record's fence, which a reopening names.
+        fence: Fence,
+    },
     /// Nothing ran: the call was refused, for the reason given.
     Refused {
         /// The engine's error, in its words.
@@ -148,6 +173,9 @@ pub enum Next {
     NextCallRuns,
     /// An operator says what happened, naming this fence.
     Resolve(Fence),
+    /// A new key runs the action again on purpose, or an operator reopens the record at this
+    /// fence.
+    NewKeyOrReopen(Fence),
     /// An operator resolves the record once it reads unknown (its lease ends): its outcome was
     /// recorded nowhere.
     ResolveOnceUnknown,
@@ -245,6 +273,20 @@ impl Explanation {
                 },
                 Next::Resolve(*fence),
             ),
+            Decision::Expired {
+                executed_at,
+                expired_at,
+                retain_until,
+                fence,
+            } => (
+                What::Expired {
+                    at: *executed_at,
+                    expired_at: *expired_at,
+                    until: *retain_until,
+                    fence: *fence,
+                },
+                Next::NewKeyOrReopen(*fence),
+            ),
         };
         Explanation {
             verdict,
@@ -273,6 +315,7 @@ impl Explanation {
             | Verdict::NotApplied
             | Verdict::InFlight
             | Verdict::Unknown
+            | Verdict::Expired
             | Verdict::QuotaExceeded
             | Verdict::RateLimited => Next::FixRequest,
         };
@@ -348,6 +391,12 @@ impl Explanation {
                 });
                 format!("the outcome of {record} is unknown since {since} (fence {fence}): {why}{next}")
             }
+            What::Expired {
+                at,
+                expired_at,
+                until,
+                ..
+            } => format!("{effect} already ran at {at} under {record}, and its outcome is no longer kept (it expired at {expired_at}; the record is remembered until {until} so that a late retry is not run again), so it was not run now{next}"),
             What::Refused { why } => format!("{why}{next}"),
         }
     }
@@ -370,6 +419,11 @@ impl Explanation {
             Next::Resolve(fence) => format!(
                 ". It is not run again: check whether it took effect, then record what happened with {}",
                 door.resolve.instruction(fence)
+            ),
+            Next::NewKeyOrReopen(fence) => format!(
+                ". To run it again on purpose: {}, or reopen the record with {}",
+                door.repeat,
+                door.resolve.reopen(fence)
             ),
             Next::LookAtRecord => " (look at the record to see it)".to_owned(),
             Next::TryLater => "; try again later".to_owned(),
@@ -427,6 +481,10 @@ impl Explanation {
             What::NotApplied { why, .. } => {
                 format!("Nothing was done: {why}. The call may be sent again.")
             }
+            What::Expired { at, expired_at, .. } => format!(
+                "This action was already performed at {at}, and its result is no longer kept (it expired at {expired_at}), so it was NOT performed again and its result cannot be shown. If the user wants it done again as a new action, {}.",
+                door.repeat
+            ),
             What::Refused { why } => match self.verdict {
                 Verdict::KeyRequired => format!(
                     "{effect} is treated as a write (it is not known to be read-only), so this call needs an idempotency key, and none was sent; nothing was done. {}",
@@ -463,7 +521,7 @@ mod tests {
     const CLI: Door<'static> = Door {
         effect: "the command",
         record: "k (tool t)",
-        resolve: Resolve::Command("idemgate keys resolve k --tool t --tenant a"),
+        resolve: Resolve::Command("k --tool t --tenant a"),
         repeat: "run it again with a new --key",
         add_key: "pass --key",
     };
@@ -601,5 +659,40 @@ mod tests {
         assert!(busy
             .for_person(&CLI)
             .contains("try again with the same key in 1 s"));
+    }
+
+    #[test]
+    fn an_expired_action_says_when_it_ran_that_nothing_ran_now_and_how_to_run_it_again() {
+        let expired = answer(
+            Decision::Expired {
+                executed_at: at(1_000),
+                expired_at: at(2_000),
+                retain_until: at(9_000),
+                fence: 3,
+            },
+            Some(KeyRule::Explicit),
+        );
+        let told = Explanation::of_answer(&expired);
+        assert_eq!(told.verdict, Verdict::Expired);
+        assert_eq!(told.next, Next::NewKeyOrReopen(3));
+        let person = told.for_person(&CLI);
+        for said in [
+            "already ran at 1970-01-01T00:00:01",
+            "no longer kept",
+            "not run now",
+            "run it again with a new --key",
+            "`idemgate keys reopen k --tool t --tenant a --fence 3 --reason",
+        ] {
+            assert!(person.contains(said), "{said:?} in {person}");
+        }
+        let model = told.for_model(&CLI);
+        for said in [
+            "already performed at 1970-01-01T00:00:01",
+            "NOT performed again",
+            "run it again with a new --key",
+        ] {
+            assert!(model.contains(said), "{said:?} in {model}");
+        }
+        assert!(!model.contains("keys reopen"), "{model}");
     }
 }

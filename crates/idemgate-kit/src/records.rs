@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use idemgate_core::{OutcomeKind, Record, RecordState, Resolution};
+use idemgate_core::{Keep, OutcomeKind, Record, RecordState, Resolution};
 use serde_json::Value;
 
 use crate::Payload;
@@ -31,13 +31,14 @@ pub fn record_view(record: &Record) -> Result<Value, serde_json::Error> {
 }
 
 /// How an operator resolves an unknown record, from a package's words (`resolution`, and
-/// `result` as JSON text, `failed` and `ttl` in seconds for `completed`); the error says what is
-/// wrong in the caller's terms.
+/// `result` as JSON text, `failed` and `ttl` in seconds for `completed`, remembered for the tool's
+/// `tombstone` after); the error says what is wrong in the caller's terms.
 pub fn resolution(
     resolution: &str,
     result: Option<&str>,
     failed: bool,
     ttl: f64,
+    tombstone: Duration,
 ) -> Result<Resolution, String> {
     Ok(match (resolution, result) {
         ("completed", Some(text)) => Resolution::Completed {
@@ -49,7 +50,10 @@ pub fn resolution(
                 } else {
                     OutcomeKind::Success
                 }),
-            ttl: seconds("ttl", ttl)?,
+            keep: Keep {
+                ttl: seconds("ttl", ttl)?,
+                tombstone,
+            },
         },
         ("completed", None) => {
             return Err("resolution \"completed\" needs the result the side effect had".to_owned())
@@ -76,27 +80,33 @@ mod tests {
     #[test]
     fn completed_stores_the_result_marked_as_an_operators() {
         for (failed, kind) in [(false, OutcomeKind::Success), (true, OutcomeKind::Failed)] {
-            let Resolution::Completed { outcome, ttl } =
-                resolution("completed", Some(r#"{"id":7}"#), failed, 60.0).unwrap()
-            else {
+            let Resolution::Completed { outcome, keep } = resolution(
+                "completed",
+                Some(r#"{"id":7}"#),
+                failed,
+                60.0,
+                Duration::from_secs(600),
+            )
+            .unwrap() else {
                 panic!("completed resolves as completed");
             };
             assert_eq!(outcome.kind, kind);
             assert!(Payload::is_resolution(&outcome));
             let payload = Payload::of(&outcome).unwrap();
             assert_eq!(payload.to_json().get(), r#"{"id":7}"#);
-            assert_eq!(ttl, Duration::from_secs(60));
+            assert_eq!(keep.ttl, Duration::from_secs(60));
+            assert_eq!(keep.tombstone, Duration::from_secs(600));
         }
     }
 
     #[test]
     fn release_takes_no_result() {
         assert_eq!(
-            resolution("release", None, false, 1.0),
+            resolution("release", None, false, 1.0, Duration::ZERO),
             Ok(Resolution::Release)
         );
         assert_eq!(
-            resolution("release", Some("1"), false, 1.0).unwrap_err(),
+            resolution("release", Some("1"), false, 1.0, Duration::ZERO).unwrap_err(),
             "resolution \"release\" takes no result: nothing happened"
         );
     }
@@ -104,17 +114,17 @@ mod tests {
     #[test]
     fn a_resolution_spelled_wrong_is_refused() {
         assert_eq!(
-            resolution("completed", None, false, 1.0).unwrap_err(),
+            resolution("completed", None, false, 1.0, Duration::ZERO).unwrap_err(),
             "resolution \"completed\" needs the result the side effect had"
         );
         assert_eq!(
-            resolution("done", None, false, 1.0).unwrap_err(),
+            resolution("done", None, false, 1.0, Duration::ZERO).unwrap_err(),
             "unknown resolution \"done\": expected \"completed\" or \"release\""
         );
         // The result is read before the ttl.
-        let e = resolution("completed", Some("{nope"), false, -1.0).unwrap_err();
+        let e = resolution("completed", Some("{nope"), false, -1.0, Duration::ZERO).unwrap_err();
         assert!(e.starts_with("invalid result: "), "{e}");
-        let e = resolution("completed", Some("1"), false, -1.0).unwrap_err();
+        let e = resolution("completed", Some("1"), false, -1.0, Duration::ZERO).unwrap_err();
         assert!(
             e.starts_with("ttl must be a number of seconds >= 0: "),
             "{e}"

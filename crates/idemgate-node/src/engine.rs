@@ -106,6 +106,9 @@ pub struct PolicyInit {
     pub fallback_window: Option<f64>,
     /// `block` (the default), `verify` or `retry`.
     pub on_unknown: Option<String>,
+    /// How long after a call ran its record is remembered: a retry past the ttl and within this
+    /// is refused as `OutcomeExpired` instead of running again (default 30 days; 0: none).
+    pub tombstone: Option<f64>,
 }
 
 /// A call as the package describes it to `begin` and `keyFor`.
@@ -155,6 +158,9 @@ impl PolicyInit {
         }
         if let Some(u) = &self.on_unknown {
             p.on_unknown = u.parse::<UnknownPolicy>().map_err(Error::from_reason)?;
+        }
+        if let Some(s) = self.tombstone {
+            p.tombstone = seconds("tombstone", s)?;
         }
         Ok(p)
     }
@@ -473,7 +479,7 @@ impl NativeEngine {
                 "tool": named.key.tool.as_str(),
                 "key": named.key.key.as_str(),
                 "rule": named.rule.to_string(),
-                "ttl": named.ttl.as_secs_f64(),
+                "ttl": named.keep.ttl.as_secs_f64(),
                 "digest": idemgate::key::hex(&named.key.digest()),
             }),
         };
@@ -573,6 +579,7 @@ impl NativeEngine {
             result.as_deref(),
             failed.unwrap_or(false),
             ttl.unwrap_or_else(|| ToolPolicy::default().ttl.as_secs_f64()),
+            self.shared.engine.policies().get(&tool).tombstone,
         )
         .map_err(Error::from_reason)?;
         self.on_record(env, &tool, &key, |shared, name| async move {

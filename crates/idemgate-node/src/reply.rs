@@ -90,6 +90,17 @@ pub(crate) fn answer(answer: &Answer) -> Value {
                 problem.insert("ran_here".into(), (*ran_here).into());
                 problem.insert("message".into(), json!(why));
             }
+            What::Expired {
+                at,
+                expired_at,
+                until,
+                fence,
+            } => {
+                problem.insert("executed_at".into(), at.to_string().into());
+                problem.insert("expired_at".into(), expired_at.to_string().into());
+                problem.insert("retain_until".into(), until.to_string().into());
+                problem.insert("fence".into(), (*fence).into());
+            }
             What::Ran { .. }
             | What::Replayed { .. }
             | What::PassedThrough
@@ -127,7 +138,8 @@ pub(crate) fn answer(answer: &Answer) -> Value {
         Decision::PassedThrough { .. }
         | Decision::NotApplied { .. }
         | Decision::InFlight { .. }
-        | Decision::Unknown { .. } => {}
+        | Decision::Unknown { .. }
+        | Decision::Expired { .. } => {}
     }
     out.insert("replayed".into(), replayed.into());
     out.insert("executed_at_ms".into(), json!(at.map(|t| t.as_millis())));

@@ -126,6 +126,7 @@ async fn raw_cell(store: PgStore, run: u64, callers: usize, work: Work) -> f64 {
                             &fp.as_bytes().as_slice(),
                             &token.as_slice(),
                             &lease_ms,
+                            &None::<&str>,
                         ],
                     )
                     .await
@@ -145,6 +146,7 @@ async fn raw_cell(store: PgStore, run: u64, callers: usize, work: Work) -> f64 {
                 let stmt = client.prepare_cached(&complete).await.expect("prepare");
                 let digest = idemgate_core::key::hex(&[0; 32]);
                 let ttl_ms: i64 = 3_600_000;
+                let tombstone_ms: i64 = 0;
                 client
                     .query(
                         &stmt,
@@ -159,6 +161,7 @@ async fn raw_cell(store: PgStore, run: u64, callers: usize, work: Work) -> f64 {
                             &b"result".as_slice(),
                             &digest,
                             &None::<i64>,
+                            &tombstone_ms,
                         ],
                     )
                     .await

@@ -16,7 +16,7 @@ use deadpool_postgres::{
 };
 use idemgate_core::key::hex;
 use idemgate_core::store::{
-    Claim, Completion, ListFilter, Reopened, Reservation, ReserveHistory, Result, Store,
+    Claim, Completion, Keep, ListFilter, Reopened, Reservation, ReserveHistory, Result, Store,
 };
 use idemgate_core::time::duration_millis;
 use idemgate_core::transition::{self, Change};
@@ -343,8 +343,9 @@ impl PgStore {
             .ok_or_else(|| error::corrupt("SHOW synchronous_commit gave no answer"))
     }
 
-    /// Purges expired completed records every `every` until the handle is aborted or the last
-    /// clone of the store is dropped. Failures are retried at the next tick.
+    /// Purges completed records past their tombstone (and drops the outcomes of tombstones) every
+    /// `every` until the handle is aborted or the last clone of the store is dropped. Failures
+    /// are retried at the next tick.
     pub fn spawn_reaper(&self, every: Duration) -> JoinHandle<()> {
         let weak: Weak<Inner> = Arc::downgrade(&self.inner);
         tokio::spawn(async move {
@@ -529,9 +530,10 @@ impl PgStore {
     /// (every call a new action), a plain insert comes first (`insert.sql`): a fresh call is one
     /// round trip, and only a row standing is then read (`get.sql`). While they mostly find one
     /// (a retry storm), the read comes first, so a duplicate costs that read and commits
-    /// nothing, and only an absent row is then inserted. A completed row past its expiry is
-    /// renewed at the next fence (`renew.sql`, a compare-and-set). A write that finds the row
-    /// changed since it was read (a racing reservation won, or the row went away) starts over.
+    /// nothing, and only an absent row is then inserted. A completed row past its expiry and its
+    /// tombstone is renewed at the next fence (`renew.sql`, a compare-and-set). A write that
+    /// finds the row changed since it was read (a racing reservation won, or the row went away)
+    /// starts over.
     async fn reserve_inner(&self, r: &Reservation) -> Result<Claim> {
         let k = &r.key;
         let token = token_bytes(r.token);
@@ -580,7 +582,8 @@ impl PgStore {
             };
             self.inner.found.record(true);
             // The core's judgement: a record that counts is the answer as it stands (ours,
-            // retried after a lost answer, or another's); one past its expiry is renewed.
+            // retried after a lost answer, or another's, a tombstone among them); one past its
+            // expiry and its tombstone is renewed.
             match transition::reserve(Some(&rec), r, now) {
                 (claim, Change::Keep) => return Ok(claim),
                 _ => match self.run(&sql.renew, &params).await?.first() {
@@ -635,7 +638,7 @@ impl Store for PgStore {
             return Ok(Claim::Acquired(lease_of(&rec)));
         }
         match rec.view(now) {
-            // Completed and expired: as absent.
+            // Completed, past its expiry and its tombstone: as absent.
             None => self.reserve_inner(r).await,
             Some(_)
                 if rec.token == r.token && matches!(rec.state, RecordState::InFlight { .. }) =>
@@ -673,7 +676,7 @@ impl Store for PgStore {
         key: &Key,
         lease: Lease,
         outcome: &Outcome,
-        ttl: Duration,
+        keep: Keep,
         executed_at: Option<Timestamp>,
     ) -> Result<Completion> {
         let token = token_bytes(lease.token);
@@ -690,18 +693,19 @@ impl Store for PgStore {
                     &name,
                     &fence,
                     &token.as_slice(),
-                    &duration_millis(ttl),
+                    &duration_millis(keep.ttl),
                     &kind,
                     &outcome.body.as_slice(),
                     &digest,
                     &executed_at.map(Timestamp::as_millis),
+                    &duration_millis(keep.tombstone),
                 ],
             )
             .await?;
         let rows = match rows.is_empty() {
             false => rows,
             // Not updated: completed under this lease already (the first completion stands and
-            // is the answer), or the lease is lost.
+            // is the answer, a tombstone's too), or the lease is lost.
             true => {
                 let lease = [
                     &tenant as _,

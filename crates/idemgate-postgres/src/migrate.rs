@@ -20,10 +20,15 @@ pub(crate) const MIGRATIONS: &[(i32, &str, &str)] = &[
         include_str!("migrations/0004_lean_reservations.sql"),
     ),
     (5, "scope", include_str!("migrations/0005_scope.sql")),
+    (
+        6,
+        "tombstones",
+        include_str!("migrations/0006_tombstones.sql"),
+    ),
 ];
 
 /// The schema version this code writes and reads.
-pub const SCHEMA_VERSION: i32 = 5;
+pub const SCHEMA_VERSION: i32 = 6;
 
 /// First half of the advisory lock key ("idem"); the second is a hash of the schema name.
 const LOCK_CLASS: i32 = 0x6964_656d;

@@ -19,6 +19,9 @@ const IN_FLIGHT: i16 = 0;
 const COMPLETED: i16 = 1;
 /// The `state` column of an unknown record.
 const UNKNOWN: i16 = 2;
+/// The state `list.sql` selects tombstones by: completed rows past their expiry and within their
+/// tombstone. Never a `state` column: a tombstone is a completed row, reported expired.
+const EXPIRED: i16 = 3;
 
 /// The `outcome_kind` column of a success.
 const SUCCESS: i16 = 0;
@@ -40,6 +43,7 @@ pub(crate) fn state_code(s: State) -> i16 {
     match s {
         State::InFlight => IN_FLIGHT,
         State::Completed => COMPLETED,
+        State::Expired => EXPIRED,
         // `State` is non-exhaustive; anything else than these is asked as unknown.
         _ => UNKNOWN,
     }
@@ -94,6 +98,7 @@ pub(crate) struct Columns<'a> {
     pub(crate) since: Option<i64>,
     pub(crate) completed_at: Option<i64>,
     pub(crate) expires_at: Option<i64>,
+    pub(crate) retain_until: Option<i64>,
     pub(crate) outcome_kind: Option<i16>,
     pub(crate) outcome_body: Option<Vec<u8>>,
     pub(crate) scope: Option<&'a str>,
@@ -112,6 +117,7 @@ impl<'a> Columns<'a> {
             since: get(row, "since")?,
             completed_at: get(row, "completed_at")?,
             expires_at: get(row, "expires_at")?,
+            retain_until: get(row, "retain_until")?,
             outcome_kind: get(row, "outcome_kind")?,
             outcome_body: get(row, "outcome_body")?,
             scope: get(row, "scope")?,
@@ -135,13 +141,18 @@ impl<'a> Columns<'a> {
                     FAILED => OutcomeKind::Failed,
                     k => return Err(error::corrupt(format_args!("unknown outcome kind {k}"))),
                 };
+                let expires_at = time(self.expires_at, "expires_at")?;
                 RecordState::Completed {
                     outcome: Outcome {
                         kind,
                         body: need(self.outcome_body, "outcome_body")?,
                     },
                     completed_at: time(self.completed_at, "completed_at")?,
-                    expires_at: time(self.expires_at, "expires_at")?,
+                    expires_at,
+                    // NULL for a row completed before migration 6: no tombstone. Taken as
+                    // stored otherwise: `StoredRecord::view` counts the record while either time
+                    // lies ahead, as the statements' GREATEST(expires_at, retain_until) does.
+                    retain_until: self.retain_until.map_or(expires_at, Timestamp::from_millis),
                 }
             }
             UNKNOWN => RecordState::Unknown {
@@ -223,6 +234,22 @@ mod tests {
             RecordState::Completed { ref outcome, .. }
                 if outcome.kind == OutcomeKind::Failed && outcome.body == b"declined"
         ));
+        // A row completed before migration 6 keeps no tombstone; a later one keeps its own.
+        assert!(matches!(
+            rec.state,
+            RecordState::Completed { expires_at, retain_until, .. }
+                if expires_at == Timestamp::from_millis(3_000) && retain_until == expires_at
+        ));
+        let tombstone = Columns {
+            retain_until: Some(9_000),
+            ..completed()
+        };
+        let (rec, _) = tombstone.decode(key()).unwrap();
+        assert!(matches!(
+            rec.state,
+            RecordState::Completed { retain_until, .. }
+                if retain_until == Timestamp::from_millis(9_000)
+        ));
         let in_flight = Columns {
             state: state_code(State::InFlight),
             lease_until: Some(5_000),
@@ -281,6 +308,14 @@ mod tests {
                 },
                 "unknown state 7",
             ),
+            // The listing's code for tombstones is never a stored state.
+            (
+                Columns {
+                    state: state_code(State::Expired),
+                    ..completed()
+                },
+                "unknown state 3",
+            ),
             (
                 Columns {
                     outcome_kind: Some(5),
@@ -336,6 +371,7 @@ mod tests {
         assert_eq!(state_code(State::InFlight), IN_FLIGHT);
         assert_eq!(state_code(State::Completed), COMPLETED);
         assert_eq!(state_code(State::Unknown), UNKNOWN);
+        assert_eq!(state_code(State::Expired), EXPIRED);
         for kind in [OutcomeKind::Success, OutcomeKind::Failed] {
             let cols = Columns {
                 outcome_kind: Some(outcome_kind_code(kind)),

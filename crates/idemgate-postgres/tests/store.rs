@@ -8,8 +8,8 @@ use futures_util::future::join_all;
 use idemgate_core::engine::Settings;
 use idemgate_core::key::hex;
 use idemgate_core::{
-    Call, Claim, Decision, Effect, Engine, Fingerprint, Policies, RecordState, Reservation, Store,
-    StoreError, ToolPolicy,
+    Call, Claim, Decision, Effect, Engine, Fingerprint, Keep, ListFilter, Outcome, Policies,
+    RecordState, Reopened, Reservation, State, Store, StoreError, Timestamp, ToolPolicy,
 };
 use idemgate_postgres::{PgOptions, PgStore, SyncCommit, SCHEMA_VERSION};
 
@@ -101,7 +101,7 @@ async fn a_version_4_schema_opens_upgraded_with_its_records() {
     let client = support::raw_client(&url).await;
     client
         .batch_execute(&format!(
-            "ALTER TABLE \"{schema}\".idemgate_records DROP COLUMN scope;
+            "ALTER TABLE \"{schema}\".idemgate_records DROP COLUMN scope, DROP COLUMN retain_until;
              DELETE FROM \"{schema}\".idemgate_schema_version WHERE version > 4;
              INSERT INTO \"{schema}\".idemgate_records
                  (tenant, tool, key, fingerprint, fence, token, created_at, state, completed_at,
@@ -139,6 +139,222 @@ async fn a_version_4_schema_opens_upgraded_with_its_records() {
     drop(store);
     support::drop_schema(&schema).await;
     assert_eq!(versions, (1..=SCHEMA_VERSION).collect::<Vec<_>>());
+}
+
+/// A schema at version 5 (before tombstones) opens upgraded: its completed rows, without a
+/// `retain_until`, keep no tombstone (replayed until their expiry, absent after), and new
+/// completions keep theirs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_5_schema_opens_upgraded_with_its_records() {
+    let (schema, opts) = private_schema();
+    let url = support::url();
+    drop(support::connect_with(&url, opts.clone()).await);
+    // Back to version 5's table, with a live and an expired completed record in it.
+    let client = support::raw_client(&url).await;
+    client
+        .batch_execute(&format!(
+            "ALTER TABLE \"{schema}\".idemgate_records DROP COLUMN retain_until;
+             DELETE FROM \"{schema}\".idemgate_schema_version WHERE version > 5;
+             INSERT INTO \"{schema}\".idemgate_records
+                 (tenant, tool, key, fingerprint, fence, token, created_at, state, completed_at,
+                  expires_at, outcome_kind, outcome_body)
+             VALUES ('acme', 'send', 'live', decode(repeat('00', 32), 'hex'), 3,
+                     decode(repeat('00', 16), 'hex'), 1000, 1, 2000, 9000000000000000, 0, 'ok'),
+                    ('acme', 'send', 'gone', decode(repeat('00', 32), 'hex'), 4,
+                     decode(repeat('00', 16), 'hex'), 1000, 1, 2000, 3000, 0, 'ok');"
+        ))
+        .await
+        .unwrap();
+
+    let store = support::connect_with(&url, opts).await;
+    let name = |key: &str| {
+        idemgate_core::Key::new(
+            idemgate_core::TenantId::new("acme").unwrap(),
+            idemgate_core::ToolName::new("send").unwrap(),
+            idemgate_core::IdempotencyKey::new(key).unwrap(),
+        )
+    };
+    let live = store
+        .get(&name("live"))
+        .await
+        .unwrap()
+        .expect("the live record");
+    let expires = Timestamp::from_millis(9_000_000_000_000_000);
+    assert_eq!(
+        live.state,
+        RecordState::Completed {
+            outcome: Outcome::success(b"ok".to_vec()),
+            completed_at: Timestamp::from_millis(2_000),
+            expires_at: expires,
+            retain_until: expires,
+        }
+    );
+    // The expired one counts as absent: not listed, reserved again at the next fence.
+    assert!(store.get(&name("gone")).await.unwrap().is_none());
+    let listed = store.list(&ListFilter::default()).await.unwrap();
+    assert_eq!(
+        listed
+            .iter()
+            .map(|r| r.key.key.as_str())
+            .collect::<Vec<_>>(),
+        ["live"]
+    );
+    let r = Reservation::new(name("gone"), fp("a"), Duration::from_secs(60));
+    assert_eq!(acquire(&store, &r).await.fence, 5);
+    // A reopening of an old row expires it for good.
+    assert_eq!(
+        store.reopen(&name("live"), 3).await.unwrap(),
+        Reopened::Expired
+    );
+    assert!(store.get(&name("live")).await.unwrap().is_none());
+    drop(store);
+    support::drop_schema(&schema).await;
+}
+
+/// The `retain_until` of `key`'s row as stored, and whether its outcome body is empty.
+async fn stored_retain(
+    client: &tokio_postgres::Client,
+    schema: &str,
+    key: &idemgate_core::Key,
+) -> (Option<i64>, bool) {
+    let row = client
+        .query_one(
+            &format!(
+                "SELECT retain_until, octet_length(outcome_body) = 0 AS emptied \
+                 FROM \"{schema}\".idemgate_records WHERE tenant = $1 AND tool = $2 AND key = $3"
+            ),
+            &[&key.tenant.as_str(), &key.tool.as_str(), &key.key.as_str()],
+        )
+        .await
+        .unwrap();
+    (row.get(0), row.get::<_, Option<bool>>(1).unwrap_or(false))
+}
+
+/// A purge counts the rows it deleted (past their tombstone, or their expiry without one), and
+/// drops the outcome of a tombstone, which stays; a renewal clears the tombstone's time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purge_deletes_past_the_tombstone_and_empties_tombstones() {
+    // A schema of its own: a purge of the shared one counts other tests' rows.
+    let (schema, opts) = private_schema();
+    let url = support::url();
+    let store = support::connect_with(&url, opts).await;
+    let client = support::raw_client(&url).await;
+    let short = Duration::from_millis(100);
+    let complete = |key: idemgate_core::Key, keep: Keep| {
+        let store = store.clone();
+        async move {
+            let lease = acquire(
+                &store,
+                &Reservation::new(key.clone(), fp("a"), Duration::from_secs(60)),
+            )
+            .await;
+            let done = store
+                .complete_at(&key, lease, &Outcome::success(b"body".to_vec()), keep, None)
+                .await
+                .unwrap();
+            (key, lease, done)
+        }
+    };
+    let (tomb, tomb_lease, tomb_done) = complete(
+        fresh_key("purge", "tombstone"),
+        Keep {
+            ttl: short,
+            tombstone: Duration::from_secs(600),
+        },
+    )
+    .await;
+    let (gone, _, _) = complete(fresh_key("purge", "gone"), Keep::replay(short)).await;
+    let (live, _, _) = complete(
+        fresh_key("purge", "live"),
+        Keep::replay(Duration::from_secs(600)),
+    )
+    .await;
+    let unknown = fresh_key("purge", "unknown");
+    let lease = acquire(
+        &store,
+        &Reservation::new(unknown.clone(), fp("a"), Duration::from_secs(60)),
+    )
+    .await;
+    store.mark_unknown(&unknown, lease).await.unwrap();
+    // The completion wrote when the record goes: completed_at + max(ttl, tombstone).
+    let retain = tomb_done.completed_at.plus(Duration::from_secs(600));
+    assert_eq!(
+        stored_retain(&client, &schema, &tomb).await,
+        (Some(retain.as_millis()), false)
+    );
+    tokio::time::sleep(Duration::from_millis(400)).await;
+
+    assert_eq!(store.purge_expired().await.unwrap(), 1, "the expired row");
+    assert!(store.get(&gone).await.unwrap().is_none());
+    assert_eq!(
+        stored_retain(&client, &schema, &tomb).await,
+        (Some(retain.as_millis()), true),
+        "the tombstone stays, its outcome dropped"
+    );
+    assert!(
+        !stored_retain(&client, &schema, &live).await.1,
+        "a replayed outcome is kept"
+    );
+    let expired = RecordState::Expired {
+        completed_at: tomb_done.completed_at,
+        expired_at: tomb_done.expires_at,
+        retain_until: retain,
+    };
+    assert_eq!(store.get(&tomb).await.unwrap().unwrap().state, expired);
+    assert!(store.get(&unknown).await.unwrap().is_some());
+    // Completing again still answers the first completion.
+    assert_eq!(
+        store
+            .complete(
+                &tomb,
+                tomb_lease,
+                &Outcome::success(b"again".to_vec()),
+                short
+            )
+            .await
+            .unwrap(),
+        tomb_done
+    );
+    let listed = |state| {
+        let store = store.clone();
+        async move {
+            let filter = ListFilter {
+                state: Some(state),
+                ..ListFilter::default()
+            };
+            let keys: Vec<_> = store
+                .list(&filter)
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|r| r.key)
+                .collect();
+            keys
+        }
+    };
+    assert_eq!(listed(State::Expired).await, std::slice::from_ref(&tomb));
+    assert_eq!(listed(State::Completed).await, std::slice::from_ref(&live));
+    assert_eq!(listed(State::Unknown).await, std::slice::from_ref(&unknown));
+    assert_eq!(
+        store.purge_expired().await.unwrap(),
+        0,
+        "nothing more is due"
+    );
+
+    // Reopened, the tombstone goes at once; the renewal at the next fence clears its time.
+    assert_eq!(
+        store.reopen(&tomb, tomb_lease.fence).await.unwrap(),
+        Reopened::Expired
+    );
+    let again = acquire(
+        &store,
+        &Reservation::new(tomb.clone(), fp("b"), Duration::from_secs(60)),
+    )
+    .await;
+    assert_eq!(again.fence, tomb_lease.fence + 1);
+    assert_eq!(stored_retain(&client, &schema, &tomb).await, (None, false));
+    drop(store);
+    support::drop_schema(&schema).await;
 }
 
 fn lossy_url() -> String {

@@ -258,6 +258,7 @@ fn exception_class(verdict: Verdict) -> Option<&'static str> {
         Verdict::Unrecorded | Verdict::JournalFailed => Some("OutcomeNotRecorded"),
         Verdict::InFlight => Some("InFlight"),
         Verdict::Unknown => Some("OutcomeUnknown"),
+        Verdict::Expired => Some("OutcomeExpired"),
         Verdict::KeyRequired => Some("KeyRequired"),
         Verdict::KeyReused => Some("KeyReused"),
         Verdict::BadRequest => Some("BadRequest"),
@@ -376,8 +377,12 @@ pub(crate) fn answer_of(py: Python<'_>, answer: Answer) -> PyResult<PyAnswer> {
             out.message = Some(message);
             out.recording = Some(recording.name());
         }
-        // A pass-through has only its outcome; in-flight and unknown answers raised above.
-        Decision::PassedThrough { .. } | Decision::InFlight { .. } | Decision::Unknown { .. } => {}
+        // A pass-through has only its outcome; in-flight, unknown and expired answers raised
+        // above.
+        Decision::PassedThrough { .. }
+        | Decision::InFlight { .. }
+        | Decision::Unknown { .. }
+        | Decision::Expired { .. } => {}
     }
     if let Some(outcome) = outcome {
         out.failed = outcome.kind == OutcomeKind::Failed;
@@ -441,6 +446,20 @@ fn exception_of(
             problem.push(("fence", fence.into_pyobject_or_none(py)));
             problem.push(("ran_here", ran_here.into_pyobject_or_none(py)));
             problem.push(("message", why.clone().into_pyobject_or_none(py)));
+        }
+        What::Expired {
+            at,
+            expired_at,
+            until,
+            fence,
+        } => {
+            problem.push(("executed_at", at.to_string().into_pyobject_or_none(py)));
+            problem.push((
+                "expired_at",
+                expired_at.to_string().into_pyobject_or_none(py),
+            ));
+            problem.push(("retain_until", until.to_string().into_pyobject_or_none(py)));
+            problem.push(("fence", fence.into_pyobject_or_none(py)));
         }
         What::Ran { .. }
         | What::Replayed { .. }

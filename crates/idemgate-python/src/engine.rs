@@ -372,7 +372,7 @@ impl Engine {
         d.set_item("tool", named.key.tool.as_str())?;
         d.set_item("key", named.key.key.as_str())?;
         d.set_item("rule", named.rule.to_string())?;
-        d.set_item("ttl", named.ttl.as_secs_f64())?;
+        d.set_item("ttl", named.keep.ttl.as_secs_f64())?;
         d.set_item("digest", idemgate::key::hex(&named.key.digest()))?;
         Ok(Some(d))
     }
@@ -440,8 +440,10 @@ impl Engine {
         reason: Option<&str>,
     ) -> PyResult<Option<String>> {
         let name = self.key_named(tool, key)?;
-        let resolution = idemgate_kit::records::resolution(resolution, result, failed, ttl)
-            .map_err(PyValueError::new_err)?;
+        let tombstone = self.shared.engine.policies().get(tool).tombstone;
+        let resolution =
+            idemgate_kit::records::resolution(resolution, result, failed, ttl, tombstone)
+                .map_err(PyValueError::new_err)?;
         let after = self
             .run(
                 py,

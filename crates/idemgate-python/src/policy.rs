@@ -13,7 +13,7 @@ pub(crate) struct Policy(pub(crate) ToolPolicy);
 #[pymethods]
 impl Policy {
     #[new]
-    #[pyo3(signature = (kind = "write", ttl = 86400.0, lease = 30.0, wait = 5.0, fallback_window = None, on_unknown = "block"))]
+    #[pyo3(signature = (kind = "write", ttl = 86400.0, lease = 30.0, wait = 5.0, fallback_window = None, on_unknown = "block", tombstone = 2592000.0))]
     fn new(
         kind: &str,
         ttl: f64,
@@ -21,10 +21,12 @@ impl Policy {
         wait: f64,
         fallback_window: Option<f64>,
         on_unknown: &str,
+        tombstone: f64,
     ) -> PyResult<Self> {
-        tool_policy(kind, ttl, lease, wait, fallback_window, on_unknown)
-            .map(Policy)
-            .map_err(PyValueError::new_err)
+        let mut p = tool_policy(kind, ttl, lease, wait, fallback_window, on_unknown)
+            .map_err(PyValueError::new_err)?;
+        p.tombstone = seconds("tombstone", tombstone).map_err(PyValueError::new_err)?;
+        Ok(Policy(p))
     }
     /// `read`, `write` or `natural_idempotent`.
     #[getter]
@@ -35,6 +37,12 @@ impl Policy {
     #[getter]
     fn ttl(&self) -> f64 {
         self.0.ttl.as_secs_f64()
+    }
+    /// How long after a call ran its record is remembered, in seconds: a retry past the ttl
+    /// and within this raises `OutcomeExpired` instead of running again (0: none).
+    #[getter]
+    fn tombstone(&self) -> f64 {
+        self.0.tombstone.as_secs_f64()
     }
     /// How long a reservation holds without a heartbeat, in seconds.
     #[getter]
@@ -59,14 +67,15 @@ impl Policy {
 
     fn __repr__(&self) -> String {
         format!(
-            "Policy(kind={:?}, ttl={}, lease={}, wait={}, fallback_window={}, on_unknown={:?})",
+            "Policy(kind={:?}, ttl={}, lease={}, wait={}, fallback_window={}, on_unknown={:?}, tombstone={})",
             self.kind(),
             self.ttl(),
             self.lease(),
             self.wait(),
             self.fallback_window()
                 .map_or_else(|| "None".to_owned(), |w| w.to_string()),
-            self.on_unknown()
+            self.on_unknown(),
+            self.tombstone()
         )
     }
 }
@@ -91,6 +100,7 @@ fn tool_policy(
             .map(|w| seconds("fallback_window", w))
             .transpose()?,
         on_unknown: on_unknown.parse::<UnknownPolicy>()?,
+        tombstone: ToolPolicy::default().tombstone,
     })
 }
 

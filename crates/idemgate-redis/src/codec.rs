@@ -111,14 +111,27 @@ pub(crate) fn stored_record(flat: &Value) -> Result<Option<StoredRecord>, StoreE
         "u" => RecordState::Unknown {
             since: time("since")?,
         },
-        "c" => RecordState::Completed {
-            outcome: Outcome {
-                kind: OutcomeKind::from_str(text(field("kind")?)?).map_err(|e| bad("kind", &e))?,
-                body: bytes(field("body")?)?.to_vec(),
-            },
-            completed_at: time("completed_at")?,
-            expires_at: time("expires_at")?,
-        },
+        "c" => {
+            let expires_at = time("expires_at")?;
+            RecordState::Completed {
+                outcome: Outcome {
+                    kind: OutcomeKind::from_str(text(field("kind")?)?)
+                        .map_err(|e| bad("kind", &e))?,
+                    // Purging drops the body of a tombstone, whose outcome is no longer given.
+                    body: match fields.get(b"body".as_slice()) {
+                        Some(v) => bytes(v)?.to_vec(),
+                        None => Vec::new(),
+                    },
+                },
+                completed_at: time("completed_at")?,
+                expires_at,
+                // A record written before tombstones kept none: it went at its expiry.
+                retain_until: match fields.get(b"retain_until".as_slice()) {
+                    Some(_) => time("retain_until")?,
+                    None => expires_at,
+                },
+            }
+        }
         other => return Err(corrupt(format_args!("record state {other:?} is unknown"))),
     };
     Ok(Some(StoredRecord {

@@ -1,7 +1,14 @@
 -- Shared by every idemgate script (prepended to each). A record is one hash:
 --   tenant, tool, key, fp, fence, token, created, state ('i' in flight, 'c' completed, 'u' unknown)
 --   scope: where the reserving call was made (absent when it named none)
---   'i': lease_until        'c': kind, body, completed_at, expires_at        'u': since
+--   'i': lease_until        'u': since
+--   'c': kind, body, completed_at, expires_at, retain_until
+--        The outcome is replayed until expires_at; from then until retain_until the record is a
+--        tombstone (reported expired, with no outcome; it still counts, so a retry is refused
+--        instead of running again), then it counts as absent. retain_until is absent in records
+--        written before tombstones: it is then expires_at. Purging drops the body of a tombstone
+--        (nothing reads it any more), so an absent body is an empty one.
+--        The key's Redis expiry is retain_until plus the store's grace (see complete.lua).
 --   waiters: '1' while a duplicate waits for the in-flight record to settle (set by wait.lua)
 -- Times are milliseconds since the epoch by the server's clock (TIME), never the client's.
 -- Numbers are written with string.format('%d') so that large values never turn into '1.8e+12'.
@@ -28,9 +35,16 @@ local function load(k)
   return r, flat
 end
 
--- Whether the record counts at now: a completed record past its expiry is as if absent.
+-- Until when a completed record counts: the end of its tombstone, or its expiry for a record
+-- written before tombstones (which kept none).
+local function retained_until(r)
+  return tonumber(r.retain_until or r.expires_at)
+end
+
+-- Whether the record counts at now: a completed record past its tombstone is as if absent (one
+-- past its expiry but not its tombstone still counts, as expired).
 local function counts(r, now)
-  return not (r.state == 'c' and tonumber(r.expires_at) <= now)
+  return not (r.state == 'c' and retained_until(r) <= now)
 end
 
 -- Whether the lease (fence, token) is the record's current one.

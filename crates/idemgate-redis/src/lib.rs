@@ -19,7 +19,7 @@ use idemgate_core::store::Result;
 use idemgate_core::transition::{self, Change, StoredRecord};
 use idemgate_core::url::UrlQuery;
 use idemgate_core::{
-    ChangeMark, Changes, Claim, Completion, Fence, Key, Lease, ListFilter, Outcome, Record,
+    ChangeMark, Changes, Claim, Completion, Fence, Keep, Key, Lease, ListFilter, Outcome, Record,
     Reopened, Reservation, ReserveHistory, Store, StoreError, Timestamp,
 };
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
@@ -64,9 +64,10 @@ pub struct RedisOptions {
     pub response_timeout: Option<Duration>,
     /// How long one connection attempt may take.
     pub connection_timeout: Option<Duration>,
-    /// How long after its expiry a completed record stays in Redis before Redis reaps it. Within
-    /// the grace the record already counts as absent, but it still carries its fence (so the next
-    /// reservation continues the count) and still answers a late retry of its completion.
+    /// How long after it stops counting (the end of its tombstone, or its expiry when it keeps
+    /// none) a completed record stays in Redis before Redis reaps it. Within the grace the record
+    /// already counts as absent, but it still carries its fence (so the next reservation
+    /// continues the count) and still answers a late retry of its completion.
     pub expiry_grace: Duration,
     /// How a reservation reaches its record (only the cost differs; see [`ReservePath`]): the
     /// reserve script, or first a plain `HGETALL`, which runs no script, so that a duplicate is
@@ -141,10 +142,11 @@ impl Scripts {
 /// scripts' compare-and-set, [`StoreError::Corrupt`] for records this version cannot read.
 ///
 /// # Fences after Redis reaped a record
-/// A completed record stays [`RedisOptions::expiry_grace`] past its expiry, so a reservation soon
-/// after expiry continues its fence (old fence + 1) as the contract says. Once Redis has reaped it
-/// the next reservation starts again at fence 1, as after a release; the random lease token still
-/// keeps any holder of the old record from completing the new one.
+/// A completed record stays [`RedisOptions::expiry_grace`] past the point it stops counting (its
+/// tombstone's end, or its expiry when it keeps none), so a reservation soon after continues its
+/// fence (old fence + 1) as the contract says. Once Redis has reaped it (or a purge has deleted
+/// it) the next reservation starts again at fence 1, as after a release; the random lease token
+/// still keeps any holder of the old record from completing the new one.
 #[derive(Clone)]
 pub struct RedisStore {
     inner: Arc<Inner>,
@@ -865,14 +867,16 @@ impl Store for RedisStore {
         key: &Key,
         lease: Lease,
         outcome: &Outcome,
-        ttl: Duration,
+        keep: Keep,
         executed_at: Option<Timestamp>,
     ) -> Result<Completion> {
         let name = self.record_key(key);
         let mut inv = self.lease_call(&self.inner.scripts.complete, &name, lease);
         inv.arg(outcome.kind.to_string())
             .arg(outcome.body.as_slice())
-            .arg(ms(ttl))
+            .arg(ms(keep.ttl))
+            // How long the record counts, as `Keep::retain_until` reckons it.
+            .arg(ms(keep.ttl.max(keep.tombstone)))
             .arg(ms(self.inner.options.expiry_grace))
             .arg(executed_at.map_or(String::new(), |t| t.as_millis().to_string()));
         let reply = self.write(&name, &inv, "complete a record").await?;
@@ -1001,19 +1005,45 @@ impl Store for RedisStore {
             for batch in names.chunks(SCAN_COUNT as usize) {
                 let mut pipe = redis::pipe();
                 for name in batch {
-                    pipe.cmd("HMGET").arg(name).arg("state").arg("expires_at");
+                    pipe.cmd("HMGET")
+                        .arg(name)
+                        .arg("state")
+                        .arg("expires_at")
+                        .arg("retain_until");
+                    // Whether a tombstone still has a body to drop, without reading the body.
+                    pipe.cmd("HSTRLEN").arg(name).arg("body");
                 }
-                let states: Vec<(Option<String>, Option<i64>)> = pinned
+                let replies: Vec<Value> = pinned
                     .conn
                     .clone()
                     .pipe_on(node.as_ref(), pipe)
                     .await
                     .map_err(|e| self.fail(&pinned, &e, "purge records"))?;
-                for (name, (state, expires_at)) in batch.iter().zip(states) {
-                    let expired = expires_at.is_some_and(|t| Timestamp::from_millis(t) <= now);
-                    if state.as_deref() == Some("c") && expired {
+                if replies.len() != 2 * batch.len() {
+                    return Err(corrupt(format_args!(
+                        "purge look answered {} replies for {} records",
+                        replies.len(),
+                        batch.len()
+                    )));
+                }
+                for (name, look) in batch.iter().zip(replies.chunks_exact(2)) {
+                    let (state, expires_at, retain_until): (
+                        Option<String>,
+                        Option<i64>,
+                        Option<i64>,
+                    ) = redis::from_redis_value(look[0].clone()).map_err(|e| {
+                        corrupt(format_args!("record fields read for purging: {e}"))
+                    })?;
+                    let body_len: u64 = number(&look[1])?;
+                    let past = |t: Option<i64>| t.is_some_and(|t| Timestamp::from_millis(t) <= now);
+                    // As transition::purge: delete past the tombstone (a record written before
+                    // tombstones kept none), drop the body of a tombstone that still has one.
+                    let gone = past(retain_until.or(expires_at));
+                    let compact = past(expires_at) && body_len > 0;
+                    if state.as_deref() == Some("c") && (gone || compact) {
                         // The script checks again by the server clock, atomically, so a record
-                        // reserved anew since the look above stays.
+                        // reserved anew since the look above stays; it answers 1 only when it
+                        // deleted the record.
                         let mut inv = Invocation::new(&self.inner.scripts.purge);
                         inv.key(name);
                         let gone: u64 = number(&self.write(name, &inv, "purge records").await?)?;

@@ -1,23 +1,28 @@
 //! The store conformance suite against the Redis at `IDEMGATE_TEST_REDIS_URL` (default
-//! `redis://127.0.0.1:6379`), under a random key prefix per run. Leases expire by the server clock,
-//! so the suite sleeps briefly. The suite and the model run on every reservation path (each gives
-//! the same answers), and reading first also over RESP3, whose `HGETALL` answers a map.
+//! `redis://127.0.0.1:6379`), under a random key prefix per run and fixture. Leases expire by the
+//! server clock, so the suite sleeps briefly. The suite and the model run on every reservation path
+//! (each gives the same answers), and reading first also over RESP3, whose `HGETALL` answers a map.
 
 use idemgate_redis::{RedisOptions, RedisStore, ReservePath};
 
 async fn shared_store(reserve_path: ReservePath, query: &str) -> RedisStore {
-    static PREFIX: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    let prefix = PREFIX.get_or_init(|| {
-        let mut b = [0u8; 6];
+    let random = |n: usize| {
+        let mut b = vec![0u8; n];
         getrandom::fill(&mut b).expect("randomness");
-        format!("idemgate-conformance-{}:", idemgate_core::key::hex(&b))
-    });
+        idemgate_core::key::hex(&b)
+    };
+    static RUN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let run = RUN.get_or_init(|| random(6));
+    // A prefix of its own per fixture, so that the behaviours running at once never purge each
+    // other's records: a record purged past its tombstone starts its fence again at 1, which a
+    // behaviour waiting for that tombstone to go would take for a fence that failed to grow.
+    let prefix = format!("idemgate-conformance-{run}:{}:", random(4));
     let url = std::env::var("IDEMGATE_TEST_REDIS_URL")
         .unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned());
     let url = format!("{url}{query}");
     let options = RedisOptions {
         allow_volatile: true,
-        key_prefix: prefix.clone(),
+        key_prefix: prefix,
         reserve_path,
         ..RedisOptions::default()
     };

@@ -11,5 +11,6 @@ mod replicas;
 mod sealed;
 mod sentinel_auth;
 mod storm;
+mod tombstone;
 mod url;
 mod wake;

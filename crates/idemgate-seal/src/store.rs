@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use idemgate_core::store::Result;
 use idemgate_core::{
-    ChangeMark, Claim, Completion, Fence, Key, Lease, ListFilter, Outcome, Record, RecordState,
-    Reopened, Reservation, Store, StoreError, Timestamp,
+    ChangeMark, Claim, Completion, Fence, Keep, Key, Lease, ListFilter, Outcome, Record,
+    RecordState, Reopened, Reservation, Store, StoreError, Timestamp,
 };
 
 use crate::seal::{Seal, SealError};
@@ -105,7 +105,7 @@ impl<S: Store> Store for Sealed<S> {
         key: &Key,
         lease: Lease,
         outcome: &Outcome,
-        ttl: Duration,
+        keep: Keep,
         executed_at: Option<Timestamp>,
     ) -> Result<Completion> {
         let name = self.name(key);
@@ -114,7 +114,7 @@ impl<S: Store> Store for Sealed<S> {
             body: self.seal.seal_outcome(&name, lease.fence, &outcome.body),
         };
         self.inner
-            .complete_at(&name, lease, &sealed, ttl, executed_at)
+            .complete_at(&name, lease, &sealed, keep, executed_at)
             .await
     }
 

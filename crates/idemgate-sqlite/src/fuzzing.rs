@@ -7,7 +7,7 @@ use rusqlite::types::Value;
 use rusqlite::Connection;
 
 /// How many columns a record row has (`row::columns!()`).
-pub const COLUMNS: usize = 15;
+pub const COLUMNS: usize = 16;
 
 /// Decodes a row whose columns hold `values`, as the store decodes what it reads.
 ///
@@ -23,7 +23,7 @@ pub fn decode_row(values: [Value; COLUMNS]) -> Result<StoredRecord, StoreError> 
     CONN.with(|conn| {
         let mut stmt = conn
             .prepare_cached(
-                "SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15",
+                "SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16",
             )
             .expect("a constant select");
         let mut rows = stmt

@@ -57,8 +57,8 @@ use std::time::Duration;
 use idemgate_core::transition::{self, Change, StoredRecord};
 use idemgate_core::url::{duration_option, UrlQuery};
 use idemgate_core::{
-    ChangeMark, Changes, Claim, Clock, Completion, Fence, Key, Lease, ListFilter, Outcome, Record,
-    Reopened, Reservation, State, Store, StoreError, SystemClock, Timestamp,
+    ChangeMark, Changes, Claim, Clock, Completion, Fence, Keep, Key, Lease, ListFilter, Outcome,
+    Record, Reopened, Reservation, State, Store, StoreError, SystemClock, Timestamp,
 };
 use rusqlite::types::Value;
 use rusqlite::Connection;
@@ -540,18 +540,26 @@ const MAX_BUSY_TIMEOUT: Duration = Duration::from_secs(600);
 /// `None` for a state this version cannot express in SQL (then Rust filters).
 fn state_condition(state: Option<State>, now: i64) -> Option<(String, Vec<Value>)> {
     use row::{COMPLETED, IN_FLIGHT, UNKNOWN};
-    // Mirrors StoredRecord::view: a completed row past expiry counts as absent, an in-flight row
-    // past its lease as unknown.
-    let sql = match state {
-        None => format!("NOT (state = {COMPLETED} AND expires_at <= ?)"),
-        Some(State::InFlight) => format!("state = {IN_FLIGHT} AND lease_until > ?"),
-        Some(State::Completed) => format!("state = {COMPLETED} AND expires_at > ?"),
-        Some(State::Unknown) => {
-            format!("(state = {UNKNOWN} OR (state = {IN_FLIGHT} AND lease_until <= ?))")
-        }
+    // Mirrors StoredRecord::view: a completed row past its tombstone counts as absent, one past
+    // its ttl but within its tombstone as expired, an in-flight row past its lease as unknown.
+    // A row completed before schema version 4 has no `retain_until` and kept no tombstone: it
+    // counts until `expires_at` (as row::decode reads it).
+    const RETAIN: &str = "coalesce(retain_until, expires_at)";
+    let (sql, times) = match state {
+        None => (format!("NOT (state = {COMPLETED} AND {RETAIN} <= ?)"), 1),
+        Some(State::InFlight) => (format!("state = {IN_FLIGHT} AND lease_until > ?"), 1),
+        Some(State::Completed) => (format!("state = {COMPLETED} AND expires_at > ?"), 1),
+        Some(State::Expired) => (
+            format!("state = {COMPLETED} AND expires_at <= ? AND {RETAIN} > ?"),
+            2,
+        ),
+        Some(State::Unknown) => (
+            format!("(state = {UNKNOWN} OR (state = {IN_FLIGHT} AND lease_until <= ?))"),
+            1,
+        ),
         Some(_) => return None,
     };
-    Some((sql, vec![Value::Integer(now)]))
+    Some((sql, vec![Value::Integer(now); times]))
 }
 
 fn list_rows(conn: &Connection, filter: &ListFilter, now: Timestamp) -> Result<Vec<Record>> {
@@ -635,12 +643,12 @@ impl Store for SqliteStore {
         key: &Key,
         lease: Lease,
         outcome: &Outcome,
-        ttl: Duration,
+        keep: Keep,
         executed_at: Option<Timestamp>,
     ) -> Result<Completion> {
         let outcome = outcome.clone();
         self.transition(key, move |cur, now| {
-            transition::complete(cur, lease, &outcome, ttl, executed_at, now)
+            transition::complete(cur, lease, &outcome, keep, executed_at, now)
         })
         .await
     }
@@ -686,6 +694,13 @@ impl Store for SqliteStore {
         // while it holds the write lock, and every write would wait for it. Ranges of row ids
         // keep each transaction short; rows added meanwhile are past the last range, and too new
         // to have expired.
+        //
+        // Mirrors transition::purge, range by range: completed rows past their tombstone go
+        // (a row completed before schema version 4 has no `retain_until` and goes at its
+        // `expires_at`, see row::decode); completed rows past their ttl that stay as tombstones
+        // lose their outcome's body, which nothing reads again (they are reported expired,
+        // without an outcome), so that a long tombstone costs its key and a few numbers rather
+        // than a whole result. Only deletions are counted. Unknown rows stay.
         let last: i64 = self
             .read(|conn, _| {
                 conn.query_row(
@@ -702,17 +717,26 @@ impl Store for SqliteStore {
             let to = from.saturating_add(PURGE_RANGE);
             purged += self
                 .write(move |conn, now| {
-                    // Mirrors transition::is_purgeable: completed and expired. Unknown rows stay.
-                    let n = conn
+                    let args = (from, to, row::COMPLETED, now.as_millis());
+                    let deleted = conn
                         .prepare_cached(
                             "DELETE FROM idemgate_record WHERE rowid > ?1 AND rowid <= ?2 \
-                             AND state = ?3 AND expires_at <= ?4",
+                             AND state = ?3 AND coalesce(retain_until, expires_at) <= ?4",
                         )
-                        .and_then(|mut stmt| {
-                            stmt.execute((from, to, row::COMPLETED, now.as_millis()))
-                        })
+                        .and_then(|mut stmt| stmt.execute(args))
                         .during(Stage::Write, || "purge expired records")?;
-                    Ok((n as u64, n > 0))
+                    // After the DELETE in the same transaction, every completed row of the range
+                    // past its ttl is a tombstone that stays. Bodies already empty are left
+                    // alone, so that purging again rewrites no page.
+                    let compacted = conn
+                        .prepare_cached(
+                            "UPDATE idemgate_record SET outcome_body = x'' \
+                             WHERE rowid > ?1 AND rowid <= ?2 AND state = ?3 \
+                             AND expires_at <= ?4 AND length(outcome_body) > 0",
+                        )
+                        .and_then(|mut stmt| stmt.execute(args))
+                        .during(Stage::Write, || "drop the outcomes of tombstones")?;
+                    Ok((deleted as u64, deleted + compacted > 0))
                 })
                 .await?;
             from = to;
@@ -746,6 +770,7 @@ mod tests {
     use idemgate_core::{
         Fingerprint, IdempotencyKey, ManualClock, OutcomeKind, RecordState, TenantId, ToolName,
     };
+    use rusqlite::OptionalExtension;
 
     use super::*;
 
@@ -1010,37 +1035,49 @@ mod tests {
         let path = dir.path().join("db");
         let store = SqliteStore::open(&path, manual()).unwrap();
         let now = 1_800_000_000_000_i64;
-        // Rows straight into the table, three ranges' worth: completed and expired (every third
-        // row), completed and not yet expired, and unknown (kept whatever its age).
+        // Rows straight into the table, three ranges' worth: completed and past its tombstone
+        // (every fourth row; every other one of them written before schema version 4, without
+        // `retain_until`, so gone at its `expires_at`), completed and not yet expired, unknown
+        // (kept whatever its age), and completed past its ttl within its tombstone (kept, with
+        // its outcome's body dropped).
         let rows = 3 * PURGE_RANGE + 17;
         let conn = raw(&path);
         conn.execute_batch("BEGIN").unwrap();
-        let mut expired = 0;
+        let (mut expired, mut tombstones) = (0, 0);
         for i in 0..rows {
-            let (state, expires_at, completed_at, since, kind, body) = match i % 3 {
-                0 => (
+            let completed = |expires_at: i64, retain_until: Option<i64>| {
+                (
                     row::COMPLETED,
-                    Some(now - 1),
+                    Some(expires_at),
+                    retain_until,
                     Some(now - 10),
                     None,
                     Some(0),
                     Some(b"x".to_vec()),
-                ),
-                1 => (
-                    row::COMPLETED,
-                    Some(now + 60_000),
-                    Some(now - 10),
-                    None,
-                    Some(0),
-                    Some(b"x".to_vec()),
-                ),
-                _ => (row::UNKNOWN, None, None, Some(now - 86_400_000), None, None),
+                )
             };
-            expired += u64::from(i % 3 == 0);
+            let (state, expires_at, retain_until, completed_at, since, kind, body) = match i % 4 {
+                0 if i % 8 == 0 => completed(now - 1, None),
+                0 => completed(now - 60_000, Some(now - 1)),
+                1 => completed(now + 60_000, Some(now + 60_000)),
+                2 => (
+                    row::UNKNOWN,
+                    None,
+                    None,
+                    None,
+                    Some(now - 86_400_000),
+                    None,
+                    None,
+                ),
+                _ => completed(now - 1, Some(now + 60_000)),
+            };
+            expired += u64::from(i % 4 == 0);
+            tombstones += i64::from(i % 4 == 3);
             conn.execute(
                 "INSERT INTO idemgate_record (tenant, tool, key, fingerprint, fence, token, \
                  created_at, state, lease_until, since, completed_at, expires_at, outcome_kind, \
-                 outcome_body) VALUES ('t', 'tool', ?1, ?2, 1, ?3, ?4, ?5, NULL, ?6, ?7, ?8, ?9, ?10)",
+                 outcome_body, retain_until) \
+                 VALUES ('t', 'tool', ?1, ?2, 1, ?3, ?4, ?5, NULL, ?6, ?7, ?8, ?9, ?10, ?11)",
                 rusqlite::params![
                     format!("k{i}"),
                     [0u8; 32].as_slice(),
@@ -1051,7 +1088,8 @@ mod tests {
                     completed_at,
                     expires_at,
                     kind,
-                    body
+                    body,
+                    retain_until
                 ],
             )
             .unwrap();
@@ -1061,19 +1099,137 @@ mod tests {
         assert_eq!(store.purge_expired().await.unwrap(), expired);
         // One write transaction per range of row ids, not one for the whole table.
         assert!(store.writer_stats().batches - batches >= 4);
-        let left: i64 = conn
-            .query_row("SELECT count(*) FROM idemgate_record", [], |r| r.get(0))
-            .unwrap();
-        assert_eq!(left as u64, rows as u64 - expired);
-        let expired_left: i64 = conn
-            .query_row(
-                "SELECT count(*) FROM idemgate_record WHERE state = ?1 AND expires_at <= ?2",
+        // Rows of the table where `condition` holds (of `?1`, a completed row's state, and
+        // `?2`, now).
+        let count = |condition: &str| -> i64 {
+            conn.query_row(
+                &format!(
+                    "SELECT count(*) FROM idemgate_record \
+                     WHERE (?1 IS NOT NULL AND ?2 IS NOT NULL) AND {condition}"
+                ),
                 (row::COMPLETED, now),
                 |r| r.get(0),
             )
-            .unwrap();
-        assert_eq!(expired_left, 0);
+            .unwrap()
+        };
+        assert_eq!(count("1") as u64, rows as u64 - expired);
+        // Past the ttl, only the tombstones are left, every one of them without its body.
+        let past_ttl = "state = ?1 AND expires_at <= ?2";
+        assert_eq!(count(past_ttl), tombstones);
+        assert_eq!(
+            count(&format!(
+                "{past_ttl} AND retain_until > ?2 AND outcome_body = x''"
+            )),
+            tombstones
+        );
+        // The rest keep theirs.
+        assert_eq!(
+            count("state = ?1 AND expires_at > ?2 AND outcome_body = x'78'"),
+            (rows + 2) / 4
+        );
         assert_eq!(store.purge_expired().await.unwrap(), 0);
+        assert_eq!(
+            store
+                .list(&ListFilter {
+                    state: Some(State::Expired),
+                    ..ListFilter::default()
+                })
+                .await
+                .unwrap()
+                .len() as i64,
+            tombstones
+        );
+    }
+
+    #[tokio::test]
+    async fn purge_drops_the_outcome_of_a_tombstone_and_deletes_it_after() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db");
+        let start = Timestamp::from_millis(1_800_000_000_000);
+        let clock = Arc::new(ManualClock::new(start));
+        let opts = SqliteOptions {
+            clock: clock.clone(),
+            ..SqliteOptions::default()
+        };
+        let store = SqliteStore::open(&path, opts).unwrap();
+        let (ttl, tombstone) = (Duration::from_secs(60), Duration::from_secs(3600));
+        let k = key("kept");
+        let lease = acquire(&store, &k).await;
+        let keep = Keep { ttl, tombstone };
+        let done = store
+            .complete_at(&k, lease, &Outcome::failed(b"result".to_vec()), keep, None)
+            .await
+            .unwrap();
+        assert_eq!(done.expires_at, start.plus(ttl));
+        // Another completed at once, without a tombstone.
+        let plain = key("plain");
+        let plain_lease = acquire(&store, &plain).await;
+        store
+            .complete(&plain, plain_lease, &Outcome::success(b"p".to_vec()), ttl)
+            .await
+            .unwrap();
+        let conn = raw(&path);
+        let stored = |name: &str| {
+            conn.query_row(
+                "SELECT state, expires_at, retain_until, outcome_kind, outcome_body \
+                 FROM idemgate_record WHERE key = ?1",
+                [name],
+                |r| {
+                    Ok((
+                        r.get::<_, i64>(0)?,
+                        r.get::<_, i64>(1)?,
+                        r.get::<_, Option<i64>>(2)?,
+                        r.get::<_, i64>(3)?,
+                        r.get::<_, Vec<u8>>(4)?,
+                    ))
+                },
+            )
+            .optional()
+            .unwrap()
+        };
+        let expires = start.plus(ttl).as_millis();
+        let retain = start.plus(tombstone).as_millis();
+        let row_with = |body: &[u8]| (row::COMPLETED, expires, Some(retain), 1, body.to_vec());
+        assert_eq!(stored("kept"), Some(row_with(b"result")));
+        // Without a tombstone, retain_until is written too, equal to expires_at.
+        assert_eq!(stored("plain").unwrap().2, Some(expires));
+        // Within the ttl, purging leaves both as they are.
+        assert_eq!(store.purge_expired().await.unwrap(), 0);
+        assert_eq!(stored("kept"), Some(row_with(b"result")));
+
+        clock.advance(ttl);
+        let tombstone_view = RecordState::Expired {
+            completed_at: done.completed_at,
+            expired_at: done.expires_at,
+            retain_until: Timestamp::from_millis(retain),
+        };
+        let state = |rec: Option<Record>| rec.map(|r| r.state);
+        assert_eq!(
+            state(store.get(&k).await.unwrap()),
+            Some(tombstone_view.clone())
+        );
+        // Past the ttl, the record without a tombstone goes (the only one counted), and the
+        // tombstone stays without its body; what callers see of it does not change.
+        assert_eq!(store.purge_expired().await.unwrap(), 1);
+        assert_eq!(stored("plain"), None);
+        assert_eq!(stored("kept"), Some(row_with(b"")));
+        assert_eq!(state(store.get(&k).await.unwrap()), Some(tombstone_view));
+        assert!(matches!(
+            store.reserve(&reservation(&k)).await.unwrap(),
+            Claim::Existing(rec) if rec.state_name() == State::Expired && rec.fence == lease.fence
+        ));
+        assert_eq!(store.purge_expired().await.unwrap(), 0);
+        assert_eq!(stored("kept"), Some(row_with(b"")));
+
+        // Past the tombstone, it goes too, and the key is free at the next fence.
+        clock.set(Timestamp::from_millis(retain));
+        assert_eq!(store.get(&k).await.unwrap(), None);
+        assert_eq!(store.purge_expired().await.unwrap(), 1);
+        assert_eq!(stored("kept"), None);
+        assert!(matches!(
+            store.reserve(&reservation(&k)).await.unwrap(),
+            Claim::Acquired(_)
+        ));
     }
 
     #[tokio::test]
@@ -1178,6 +1334,107 @@ mod tests {
             .pragma_query_value(None, "user_version", |r| r.get(0))
             .unwrap();
         assert_eq!(version, SCHEMA_VERSION);
+    }
+
+    #[tokio::test]
+    async fn a_version_3_database_opens_upgraded_and_its_completions_keep_no_tombstone() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("idemgate.db");
+        let now = 1_800_000_000_000_i64;
+        // The file as version 3 left it: one completion still replayed, one past its ttl.
+        let conn = raw(&path);
+        for sql in [
+            include_str!("schema.sql"),
+            include_str!("schema_v2.sql"),
+            include_str!("schema_v3.sql"),
+        ] {
+            conn.execute_batch(sql).unwrap();
+        }
+        conn.pragma_update(None, "application_id", APPLICATION_ID)
+            .unwrap();
+        conn.pragma_update(None, "user_version", 3).unwrap();
+        for (name, fence, expires_at) in [("live", 3, now + 60_000), ("gone", 5, now - 1)] {
+            conn.execute(
+                "INSERT INTO idemgate_record (tenant, tool, key, fingerprint, fence, token, \
+                 created_at, state, completed_at, expires_at, outcome_kind, outcome_body, scope) \
+                 VALUES ('acme', 'send_invoice', ?1, zeroblob(32), ?2, zeroblob(16), 1000, 1, \
+                 2000, ?3, 0, x'6f6b', 'conversation:1')",
+                rusqlite::params![name, fence, expires_at],
+            )
+            .unwrap();
+        }
+        drop(conn);
+
+        let clock = Arc::new(ManualClock::new(Timestamp::from_millis(now)));
+        let opts = SqliteOptions {
+            clock: clock.clone(),
+            ..SqliteOptions::default()
+        };
+        let store = SqliteStore::open(&path, opts).unwrap();
+        let conn = raw(&path);
+        let version: i64 = conn
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .unwrap();
+        assert_eq!(version, SCHEMA_VERSION);
+        // The upgrade rewrote no row: the old ones have no retain_until.
+        let unset: i64 = conn
+            .query_row(
+                "SELECT count(*) FROM idemgate_record WHERE retain_until IS NULL",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(unset, 2);
+        // Read as kept until expires_at, as they were: the live one is replayed, the other
+        // counts as absent and is neither listed nor reported expired.
+        let live = store
+            .get(&key("live"))
+            .await
+            .unwrap()
+            .expect("the live record");
+        assert_eq!(
+            (live.fence, live.scope.as_deref(), live.state),
+            (
+                3,
+                Some("conversation:1"),
+                RecordState::Completed {
+                    outcome: Outcome::success(b"ok".to_vec()),
+                    completed_at: Timestamp::from_millis(2000),
+                    expires_at: Timestamp::from_millis(now + 60_000),
+                    retain_until: Timestamp::from_millis(now + 60_000),
+                }
+            )
+        );
+        assert_eq!(store.get(&key("gone")).await.unwrap(), None);
+        let listed = |state| {
+            let store = store.clone();
+            async move {
+                let filter = ListFilter {
+                    state,
+                    ..ListFilter::default()
+                };
+                let recs = store.list(&filter).await.unwrap();
+                recs.into_iter()
+                    .map(|r| r.key.key.as_str().to_owned())
+                    .collect::<Vec<_>>()
+            }
+        };
+        assert_eq!(listed(None).await, ["live"]);
+        assert_eq!(listed(Some(State::Completed)).await, ["live"]);
+        assert!(listed(Some(State::Expired)).await.is_empty());
+        match store.reserve(&reservation(&key("gone"))).await.unwrap() {
+            Claim::Acquired(lease) => assert_eq!(lease.fence, 6),
+            other => panic!("expected to acquire the expired key, found {other:?}"),
+        }
+        // Past its ttl the live one is gone at once, without a tombstone, and purging deletes it.
+        clock.advance(Duration::from_secs(60));
+        assert_eq!(store.get(&key("live")).await.unwrap(), None);
+        assert!(listed(Some(State::Expired)).await.is_empty());
+        assert_eq!(store.purge_expired().await.unwrap(), 1);
+        let left: i64 = conn
+            .query_row("SELECT count(*) FROM idemgate_record", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(left, 1, "the new reservation of the other key");
     }
 
     #[tokio::test]

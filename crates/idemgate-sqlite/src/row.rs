@@ -23,7 +23,7 @@ const FAILED: i64 = 1;
 macro_rules! columns {
     () => {
         "tenant, tool, key, fingerprint, fence, token, created_at, state, lease_until, since, \
-         completed_at, expires_at, outcome_kind, outcome_body, scope"
+         completed_at, expires_at, outcome_kind, outcome_body, scope, retain_until"
     };
 }
 pub(crate) use columns;
@@ -40,13 +40,13 @@ const SELECT_ONE: &str = concat!(
 const INSERT: &str = concat!(
     "INSERT INTO idemgate_record (",
     columns!(),
-    ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)"
+    ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)"
 );
 
 const UPDATE: &str = "UPDATE idemgate_record SET fingerprint = ?4, fence = ?5, token = ?6, \
      created_at = ?7, state = ?8, lease_until = ?9, since = ?10, completed_at = ?11, \
-     expires_at = ?12, outcome_kind = ?13, outcome_body = ?14, scope = ?15 \
-     WHERE tenant = ?1 AND tool = ?2 AND key = ?3";
+     expires_at = ?12, outcome_kind = ?13, outcome_body = ?14, scope = ?15, \
+     retain_until = ?16 WHERE tenant = ?1 AND tool = ?2 AND key = ?3";
 
 const DELETE: &str = "DELETE FROM idemgate_record WHERE tenant = ?1 AND tool = ?2 AND key = ?3";
 
@@ -103,7 +103,7 @@ fn put(conn: &Connection, rec: &StoredRecord, exists: bool) -> Result<(), StoreE
     let fence = i64::try_from(rec.fence)
         .map_err(|_| corrupt(what(), format!("fence {} is out of range", rec.fence)))?;
     let (mut lease_until, mut since, mut completed_at, mut expires_at) = (None, None, None, None);
-    let (mut kind, mut body) = (None, None);
+    let (mut kind, mut body, mut retain_until) = (None, None, None);
     let state = match &rec.state {
         RecordState::InFlight { lease_until: l } => {
             lease_until = Some(l.as_millis());
@@ -113,9 +113,13 @@ fn put(conn: &Connection, rec: &StoredRecord, exists: bool) -> Result<(), StoreE
             outcome,
             completed_at: c,
             expires_at: e,
+            retain_until: r,
         } => {
             completed_at = Some(c.as_millis());
             expires_at = Some(e.as_millis());
+            // Always written, also when it equals `expires_at`: NULL is left to rows completed
+            // before version 4 of the schema.
+            retain_until = Some(r.as_millis());
             kind = Some(match outcome.kind {
                 OutcomeKind::Success => SUCCESS,
                 OutcomeKind::Failed => FAILED,
@@ -126,6 +130,15 @@ fn put(conn: &Connection, rec: &StoredRecord, exists: bool) -> Result<(), StoreE
         RecordState::Unknown { since: s } => {
             since = Some(s.as_millis());
             UNKNOWN
+        }
+        // The view of a completed row past its ttl, which `decode` never returns and the
+        // transitions never write back: a completed row is what holds it. Refused rather than
+        // guessed (its outcome's kind is not in it); the transaction writes nothing.
+        RecordState::Expired { .. } => {
+            return Err(StoreError::Unavailable(format!(
+                "failed to {}: it is an expired view, which is never stored",
+                what()
+            )))
         }
     };
     let token = rec.token.0.to_be_bytes();
@@ -148,6 +161,7 @@ fn put(conn: &Connection, rec: &StoredRecord, exists: bool) -> Result<(), StoreE
                 kind,
                 body,
                 rec.scope.as_deref(),
+                retain_until,
             ])
         })
         .during(Stage::Write, what)?;
@@ -212,10 +226,15 @@ pub(crate) fn decode(row: &Row<'_>) -> Result<StoredRecord, StoreError> {
             };
             let body: Option<Vec<u8>> = row.get(13).during(Stage::Read, what)?;
             let body = body.ok_or_else(|| corrupt(what(), "outcome_body is missing"))?;
+            let expires_at = time(11, "expires_at")?;
+            // NULL on rows completed before schema version 4, which kept no tombstone: they
+            // counted until `expires_at`, and still do.
+            let retain_until: Option<i64> = row.get(15).during(Stage::Read, what)?;
             RecordState::Completed {
                 outcome: Outcome { kind, body },
                 completed_at: time(10, "completed_at")?,
-                expires_at: time(11, "expires_at")?,
+                expires_at,
+                retain_until: retain_until.map_or(expires_at, Timestamp::from_millis),
             }
         }
         other => return Err(corrupt(what(), format!("state {other} is unknown"))),

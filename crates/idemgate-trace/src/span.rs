@@ -136,6 +136,16 @@ fn record_facts(span: &Span, facts: &Explanation, key: Option<&Key>) {
             span.set_attribute("idemgate.unknown_since", since.to_string());
             span.set_attribute("idemgate.fence", *fence as i64);
         }
+        What::Expired {
+            at,
+            expired_at,
+            fence,
+            ..
+        } => {
+            span.set_attribute("idemgate.executed_at", at.to_string());
+            span.set_attribute("idemgate.expires_at", expired_at.to_string());
+            span.set_attribute("idemgate.fence", *fence as i64);
+        }
         What::PassedThrough | What::Refused { .. } => {}
     }
     if facts.verdict.is_error() {

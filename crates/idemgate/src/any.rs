@@ -8,8 +8,8 @@ use std::time::Duration;
 use idemgate_core::store::Result;
 use idemgate_core::url::UrlQuery;
 use idemgate_core::{
-    ChangeMark, Claim, Completion, Fence, Key, Lease, ListFilter, MemoryStore, Outcome, Record,
-    Reopened, Reservation, Store, StoreError, Timestamp,
+    ChangeMark, Claim, Completion, Fence, Keep, Key, Lease, ListFilter, MemoryStore, Outcome,
+    Record, Reopened, Reservation, Store, StoreError, Timestamp,
 };
 use idemgate_seal::{Seal, Sealed};
 
@@ -255,7 +255,7 @@ erased! {
         key: &'a Key,
         lease: Lease,
         outcome: &'a Outcome,
-        ttl: Duration,
+        keep: Keep,
         executed_at: Option<Timestamp>
     ) -> Result<Completion>;
     release(key: &'a Key, lease: Lease) -> Result<()>;
@@ -283,10 +283,10 @@ impl Store for AnyStore {
         key: &Key,
         lease: Lease,
         outcome: &Outcome,
-        ttl: Duration,
+        keep: Keep,
         executed_at: Option<Timestamp>,
     ) -> Result<Completion> {
-        dispatch!(self, complete_at(key, lease, outcome, ttl, executed_at))
+        dispatch!(self, complete_at(key, lease, outcome, keep, executed_at))
     }
     async fn release(&self, key: &Key, lease: Lease) -> Result<()> {
         dispatch!(self, release(key, lease))

@@ -368,7 +368,10 @@ mod tests {
                 fence: 1,
                 token: LeaseToken::mint(),
             },
-            op: JournalOp::complete(Outcome::success(b"out".to_vec()), Duration::from_secs(5)),
+            op: JournalOp::complete(
+                Outcome::success(b"out".to_vec()),
+                idemgate_core::Keep::replay(Duration::from_secs(5)),
+            ),
             journaled_at: Timestamp::from_millis(at),
         }
     }
@@ -411,7 +414,7 @@ mod tests {
         let mut e = entry(idemgate_seal::testing::SECRET_KEY, 1);
         e.op = JournalOp::complete(
             Outcome::success(idemgate_seal::testing::SECRET_RESULT.as_bytes().to_vec()),
-            Duration::from_secs(5),
+            idemgate_core::Keep::replay(Duration::from_secs(5)),
         );
         e
     }
@@ -459,7 +462,10 @@ mod tests {
     /// About 20 kB on disk: bodies are written as JSON arrays of numbers.
     fn big_entry(k: &str) -> JournalEntry {
         let mut e = entry(k, 1);
-        e.op = JournalOp::complete(Outcome::success(vec![b'x'; 5_000]), Duration::from_secs(5));
+        e.op = JournalOp::complete(
+            Outcome::success(vec![b'x'; 5_000]),
+            idemgate_core::Keep::replay(Duration::from_secs(5)),
+        );
         e
     }
 

@@ -46,7 +46,8 @@ pub const META_VERDICT: &str = "dev.idemgate/verdict";
 pub const META_PROBLEM: &str = "dev.idemgate/problem";
 /// `_meta` of in-flight answers: seconds to wait before calling again.
 pub const META_RETRY_AFTER: &str = "dev.idemgate/retry_after_secs";
-/// `_meta` of unknown answers: the record's fence, for `idemgate keys resolve --fence`.
+/// `_meta` of unknown and expired answers: the record's fence, for `idemgate keys resolve
+/// --fence` or `idemgate keys reopen --fence`.
 pub const META_FENCE: &str = "dev.idemgate/fence";
 /// `_meta` of in-flight and unknown answers: since when.
 pub const META_SINCE: &str = "dev.idemgate/since";
@@ -133,10 +134,7 @@ pub(crate) fn respond(
         _ => "KEY".to_owned(),
     };
     let record = format!("record {key} (tool {}, tenant {})", cx.scope, cx.tenant);
-    let resolve = format!(
-        "idemgate keys resolve {key} --tool {} --tenant {}",
-        cx.scope, cx.tenant
-    );
+    let resolve = format!("{key} --tool {} --tenant {}", cx.scope, cx.tenant);
     let mut add_key = format!(
         "To the model: call {tool} again with the argument \"{arg}\" set to a value that names this one action (the same value on every retry of it, a new value for a new action). To the developer: put a stable key (for example the tool call id) in params._meta[\"{META_KEY}\"], or give the tool a fallback_window in the idemgate MCP configuration (docs/MCP.md).",
         tool = cx.tool,
@@ -183,6 +181,12 @@ pub(crate) fn respond(
             verdict,
             text,
             meta([(META_FENCE, json!(fence)), (META_SINCE, json!(since))]),
+        ),
+        (What::Expired { at, fence, .. }, _) => own(
+            cx,
+            verdict,
+            text,
+            meta([(META_EXECUTED_AT, json!(at)), (META_FENCE, json!(fence))]),
         ),
         (
             What::Ran { .. } | What::PassedThrough | What::NotApplied { .. } | What::Refused { .. },
@@ -411,7 +415,7 @@ mod tests {
         let door = Door {
             effect: "the tool t",
             record: "the tool t",
-            resolve: Resolve::Command("idemgate keys resolve"),
+            resolve: Resolve::Command("KEY"),
             repeat: REPEAT,
             add_key: "",
         };

@@ -2,7 +2,8 @@
 -- $2 tool, $3 key, $4 fence, $5 token, $6 ttl in ms, $7 outcome kind, $8 outcome body,
 -- $9 notification payload (key digest, sent only when a process waits for the row), $10 when the
 -- side effect ran in ms (NULL: now; a journaled completion flushed later keeps its own time, never
--- later than now).
+-- later than now), $11 tombstone in ms (how long the record is remembered from now, as expired once
+-- past the ttl; no longer than the ttl: none).
 --
 -- A plain compare-and-set on (fence, token), which Postgres re-checks on the newest committed
 -- version. No row: `completed.sql` tells a completion under the same lease that committed first
@@ -13,6 +14,8 @@ UPDATE {schema}.idemgate_records r SET
     completed_at = LEAST(COALESCE($10::bigint, {schema}.idemgate_now_ms()),
                          {schema}.idemgate_now_ms()),
     expires_at = {schema}.idemgate_now_ms() + $6::bigint,
+    -- Keep::retain_until: the longer of the two, so a tombstone no longer than the ttl is none.
+    retain_until = {schema}.idemgate_now_ms() + GREATEST($6::bigint, $11::bigint),
     outcome_kind = $7,
     outcome_body = $8,
     lease_until = NULL,

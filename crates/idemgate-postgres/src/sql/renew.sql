@@ -1,6 +1,10 @@
--- Reserve, the other second step: replace a completed row past its expiry (as `get.sql` found
--- it) with a new reservation at the next fence. $1 tenant, $2 tool, $3 key, $4 fingerprint,
--- $5 token, $6 lease in ms, $7 scope (NULL: none).
+-- Reserve, the other second step: replace a completed row that no longer counts (as `get.sql`
+-- found it: past its expiry and past its tombstone) with a new reservation at the next fence.
+-- $1 tenant, $2 tool, $3 key, $4 fingerprint, $5 token, $6 lease in ms, $7 scope (NULL: none).
+--
+-- A row counts until GREATEST(expires_at, retain_until), as `StoredRecord::view` judges it:
+-- GREATEST skips a NULL, so a row completed before migration 6 counts until expires_at; a
+-- tombstone (past expires_at, before retain_until) is the caller's answer and is not replaced.
 --
 -- A compare-and-set: Postgres re-checks the WHERE on the newest committed version, so of two
 -- racing renewals one writes. No row returned: the row changed or went away since it was read,
@@ -18,11 +22,12 @@ UPDATE {schema}.idemgate_records r SET
     since = NULL,
     completed_at = NULL,
     expires_at = NULL,
+    retain_until = NULL,
     outcome_kind = NULL,
     outcome_body = NULL,
     waiters = false,
     scope = $7::text
 FROM clock c
 WHERE r.tenant = $1 AND r.tool = $2 AND r.key = $3
-  AND r.state = 1 AND r.expires_at <= c.now
+  AND r.state = 1 AND GREATEST(r.expires_at, r.retain_until) <= c.now
 RETURNING r.fence

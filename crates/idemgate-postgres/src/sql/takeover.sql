@@ -10,7 +10,8 @@ WITH clock AS (
     SELECT {schema}.idemgate_now_ms() AS now
 ), cur AS (
     SELECT r.fingerprint, r.fence, r.token, r.created_at, r.state, r.lease_until, r.since,
-           r.completed_at, r.expires_at, r.outcome_kind, r.outcome_body, r.scope, c.now
+           r.completed_at, r.expires_at, r.retain_until, r.outcome_kind, r.outcome_body,
+           r.scope, c.now
     FROM {schema}.idemgate_records r, clock c
     WHERE r.tenant = $1 AND r.tool = $2 AND r.key = $3
 ), upd AS (
@@ -26,11 +27,12 @@ WITH clock AS (
       AND (r.state = 2 OR (r.state = 0 AND r.lease_until <= c.now))
       AND NOT (r.state = 0 AND r.token = $5)
     RETURNING r.fingerprint, r.fence, r.token, r.created_at, r.state, r.lease_until, r.since,
-              r.completed_at, r.expires_at, r.outcome_kind, r.outcome_body, r.scope, r.waiters
+              r.completed_at, r.expires_at, r.retain_until, r.outcome_kind, r.outcome_body,
+              r.scope, r.waiters
 )
 SELECT true AS written, upd.fingerprint, upd.fence, upd.token, upd.created_at, upd.state,
-       upd.lease_until, upd.since, upd.completed_at, upd.expires_at, upd.outcome_kind,
-       upd.outcome_body, upd.scope, c.now
+       upd.lease_until, upd.since, upd.completed_at, upd.expires_at, upd.retain_until,
+       upd.outcome_kind, upd.outcome_body, upd.scope, c.now
 FROM upd CROSS JOIN clock c
     LEFT JOIN LATERAL (SELECT pg_notify('idemgate', $8) WHERE upd.waiters) n ON true
 UNION ALL

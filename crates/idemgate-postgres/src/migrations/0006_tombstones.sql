@@ -1,0 +1,13 @@
+-- retain_until: until when a completed record is remembered after its outcome stops being
+-- replayed at expires_at (its tombstone: a retry is told the action ran, with no outcome, instead
+-- of running again); past it the record counts as absent and the reaper deletes it. A completion
+-- writes it (never before expires_at), a reopening sets it to now, a renewal clears it.
+--
+-- NULL for rows written before, read as expires_at (no tombstone). The statements judge a
+-- completed row by GREATEST(expires_at, retain_until): GREATEST skips a NULL, and it is how
+-- `StoredRecord::view` judges a decoded row (counted while either lies ahead), so the statements
+-- and the reads that decide from a row agree even on a retain_until before expires_at (which this
+-- code never writes). Added without a default, so the table is not rewritten (a catalog change
+-- only, however many rows it holds). Not indexed: the reaper reads the table anyway (migration
+-- 3), and an index would make every completion a non-HOT update.
+ALTER TABLE {schema}.idemgate_records ADD COLUMN retain_until bigint;
