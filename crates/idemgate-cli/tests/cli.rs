@@ -484,6 +484,48 @@ fn sigkill_mid_command_leaves_unknown_never_a_second_run() {
     assert_eq!(lines(&effect), 1);
 }
 
+/// The default store and its journal hold results: created for their owner only (0700
+/// directories, 0600 files, the database's log and shared memory included).
+#[cfg(unix)]
+#[test]
+fn the_default_store_and_its_journal_are_private_to_their_owner() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let sb = Sandbox::new();
+    let out = sb
+        .idemgate()
+        .env_remove("IDEMGATE_STORE")
+        .args(["exec", "--key", "private-1", "--", "true"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let data = sb.path("data").join("idemgate");
+    let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&data), 0o700, "{}", data.display());
+    let mut seen = 0;
+    for entry in walk(&data) {
+        let want = if entry.is_dir() { 0o700 } else { 0o600 };
+        assert_eq!(mode(&entry), want, "{}", entry.display());
+        seen += 1;
+    }
+    assert!(
+        seen >= 3,
+        "the database, its log and the journal: {:?}",
+        walk(&data)
+    );
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        }
+        out.push(p);
+    }
+    out
+}
+
 /// A retry after --ttl is not run again: exit 80, and stderr says when the command ran and how to
 /// run it again (a new key, or `keys reopen` at the fence it names); `keys show` and `keys list
 /// --state expired` show the tombstone; reopening it runs the command again; `--tombstone 0s`

@@ -103,6 +103,24 @@ fn is_busy(e: &rusqlite::Error) -> bool {
     )
 }
 
+/// Creates the database file readable by its owner only, when it does not exist: it holds the
+/// stored results (in clear unless sealed), and SQLite gives its log and shared-memory files the
+/// database file's mode. An empty file is an empty database; any failure here is left for the
+/// open that follows to report.
+fn create_private(path: &Path) {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt as _;
+        let _ = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(path);
+    }
+    #[cfg(not(unix))]
+    let _ = path;
+}
+
 /// Opens one connection to `path` with the store's settings; `reader` connections refuse writes.
 pub(crate) fn connect(
     path: &Path,
@@ -110,6 +128,7 @@ pub(crate) fn connect(
     reader: bool,
 ) -> Result<Connection, StoreError> {
     let what = || format!("open the sqlite store {}", path.display());
+    create_private(path);
     // No SQLITE_OPEN_URI: the path is a path, never a `file:` URI with options.
     let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
         | OpenFlags::SQLITE_OPEN_CREATE

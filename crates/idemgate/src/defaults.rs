@@ -25,7 +25,7 @@ pub fn store_and_journal(
         }
         None => {
             let dir = data_dir();
-            std::fs::create_dir_all(&dir).map_err(|e| {
+            create_private_dir(&dir).map_err(|e| {
                 std::io::Error::new(e.kind(), format!("failed to create {}: {e}", dir.display()))
             })?;
             let db = dir.join("idemgate.db");
@@ -33,6 +33,19 @@ pub fn store_and_journal(
         }
     };
     Ok((url, journal.map(PathBuf::from).unwrap_or(default_journal)))
+}
+
+/// Creates `dir` and its missing parents for their owner only (0700 on Unix): records and
+/// journaled outcomes hold results. A directory that exists keeps its mode.
+///
+/// # Errors
+/// When a directory cannot be created.
+pub fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+    let mut builder = std::fs::DirBuilder::new();
+    builder.recursive(true);
+    #[cfg(unix)]
+    std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+    builder.create(dir)
 }
 
 /// The data directory: `$XDG_DATA_HOME/idemgate`, else `~/.local/share/idemgate`.

@@ -95,7 +95,7 @@ impl FileJournal {
         seal: Option<Seal>,
     ) -> std::io::Result<Self> {
         let dir = dir.into();
-        fs::create_dir_all(&dir)?;
+        crate::defaults::create_private_dir(&dir)?;
         let journal = FileJournal { dir, reserve, seal };
         journal.remove_stray_claims();
         journal.replenish().map_err(|e| {
@@ -231,10 +231,7 @@ impl FileJournal {
     /// Writes `body` as the entry file `path`, durably.
     fn write_entry(&self, tmp: &Path, path: &Path, body: &[u8]) -> std::io::Result<()> {
         let written = (|| {
-            let mut f = OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
+            let mut f = private(OpenOptions::new().write(true).create(true).truncate(true))
                 .open(tmp)?;
             f.write_all(body)?;
             f.sync_all()?;
@@ -253,13 +250,17 @@ fn journal_context(stem: &str) -> [&[u8]; 2] {
     [b"idemgate journal v1", stem.as_bytes()]
 }
 
+/// The options, creating a file readable by its owner only (0600 on Unix): an entry holds an
+/// outcome the store has not confirmed.
+fn private(options: &mut OpenOptions) -> &mut OpenOptions {
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(options, 0o600);
+    options
+}
+
 /// Writes a file of `len` zero bytes and syncs it: allocated on disk, unlike a sparse file.
 fn write_zeros(path: &Path, len: u64) -> std::io::Result<()> {
-    let mut f = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(path)?;
+    let mut f = private(OpenOptions::new().write(true).create(true).truncate(true)).open(path)?;
     let chunk = [0u8; 16 << 10];
     let mut left = len;
     while left > 0 {
