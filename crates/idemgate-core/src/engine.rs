@@ -1053,12 +1053,21 @@ impl<S: Store> Engine<S> {
             .instrument(tracing::info_span!(target: TRACE_TARGET, "idemgate.journal"))
             .await
             .unwrap_or_else(|e| Err(format!("the journal writer failed: {e}")));
+        // The answer says the time the record will say once the journal is flushed (the flush
+        // stores it as the completion time), not the time the retries and the journal took.
+        let at_report = match op {
+            JournalOp::Complete { ttl_ms, .. } => Some(Completion {
+                completed_at: reported_at,
+                expires_at: reported_at.plus(Duration::from_millis(*ttl_ms)),
+            }),
+            JournalOp::Release | JournalOp::MarkUnknown => None,
+        };
         match appended {
             Ok(()) => {
                 self.journaled.notify_one();
-                (None, Recording::Journaled)
+                (at_report, Recording::Journaled)
             }
-            Err(e) => (None, Recording::Unrecorded(e)),
+            Err(e) => (at_report, Recording::Unrecorded(e)),
         }
     }
 

@@ -180,3 +180,55 @@ async fn the_flusher_retries_soon_while_entries_are_pending() {
         .unwrap();
     assert!(matches!(b.decision, Decision::Replayed { .. }), "{b:?}");
 }
+
+/// A clock that moves on a millisecond every time it is read, as real time passes while a "done"
+/// write is retried and journaled.
+#[derive(Debug)]
+struct Ticking(ManualClock);
+
+impl idemgate_core::Clock for Ticking {
+    fn now(&self) -> Timestamp {
+        self.0.advance(Duration::from_millis(1));
+        self.0.now()
+    }
+}
+
+/// A journaled outcome's first answer and every later replay say one execution time: the time the
+/// side effect reported, which the flush stores, not the time the retries and the journal took.
+#[tokio::test(start_paused = true)]
+async fn a_journaled_answer_and_its_later_replays_say_one_execution_time() {
+    let clock = ManualClock::new(Timestamp::from_millis(1_800_000_000_000));
+    let store = FaultyStore::new(MemoryStore::with_clock(Arc::new(clock.clone())));
+    let journal = Arc::new(MemoryJournal::new());
+    let engine = Engine::new(store.clone())
+        .with_journal(journal.clone())
+        .with_clock(Arc::new(Ticking(clock.clone())))
+        .with_settings(Settings {
+            finish_attempts: 3,
+            finish_backoff: Duration::from_millis(5),
+            replay_cache: 0,
+            ..Settings::default()
+        });
+    store.always(Op::Complete, Fault::Refuse);
+    let c = call("acme", "charge", Some("j-1"), serde_json::json!(1));
+    let first = engine
+        .call(c.clone(), || async { success("paid") })
+        .await
+        .unwrap();
+    let Decision::Executed {
+        executed_at: answered,
+        recording: Recording::Journaled,
+        ..
+    } = first.decision
+    else {
+        panic!("expected a journaled execution: {first:?}")
+    };
+    store.heal();
+    engine.flush_journal().await.unwrap();
+    assert!(journal.pending().unwrap().is_empty(), "flushed");
+    let replay = engine.call(c, || async { success("again") }).await.unwrap();
+    let Decision::Replayed { executed_at, .. } = replay.decision else {
+        panic!("expected a replay: {replay:?}")
+    };
+    assert_eq!(executed_at, answered, "one execution time");
+}
