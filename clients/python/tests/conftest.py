@@ -212,6 +212,11 @@ wait = "300ms"
 [tools.mail]
 lease = "10s"
 wait = "300ms"
+
+[tools.short_ttl]
+ttl = "300ms"
+lease = "3s"
+wait = "300ms"
 """
 
 

@@ -25,8 +25,8 @@ Through a remote gateway (``idemgate serve``), the same decorator with an HTTP
     def send_invoice(run_id, step, invoice): ...
 
 Both doors raise the same exceptions, all ``IdemgateError`` subclasses: ``InFlight``,
-``OutcomeUnknown``, ``KeyReused``, ``KeyRequired``, ``StoreUnavailable``...; a tool function raises
-``NotApplied``, ``Failed`` or ``MaybeApplied`` to say what happened.
+``OutcomeUnknown``, ``OutcomeExpired``, ``KeyReused``, ``KeyRequired``, ``StoreUnavailable``...;
+a tool function raises ``NotApplied``, ``Failed`` or ``MaybeApplied`` to say what happened.
 """
 
 from typing import Any, Callable
@@ -60,6 +60,7 @@ from .errors import (
     NotApplied,
     NotFound,
     NotResolvable,
+    OutcomeExpired,
     OutcomeNotRecorded,
     OutcomeUnknown,
     PayloadTooLarge,
@@ -79,7 +80,7 @@ def idempotent(target: Engine | Client | AsyncClient, *args: Any, **kwargs: Any)
     """Makes a tool function run at most once per idempotency key.
 
     With an :class:`Engine`, in-process (see :func:`idemgate.engine.idempotent`: ``tool``,
-    ``key``, ``args``, ``kind``, ``ttl``, ``lease``, ``wait``, ``fallback_window``,
+    ``key``, ``args``, ``kind``, ``ttl``, ``tombstone``, ``lease``, ``wait``, ``fallback_window``,
     ``on_unknown``; plain and ``async def`` functions). With a :class:`Client` (plain functions)
     or an :class:`AsyncClient` (``async def``), through the gateway (see
     :func:`idemgate.remote.idempotent`: ``tool``, ``key``, ``args``, ``heartbeat_every``,
@@ -112,6 +113,7 @@ __all__ = [
     "NotFound",
     "NotResolvable",
     "Outcome",
+    "OutcomeExpired",
     "OutcomeNotRecorded",
     "OutcomeUnknown",
     "PayloadTooLarge",

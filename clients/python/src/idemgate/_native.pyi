@@ -23,11 +23,16 @@ class Policy:
         wait: float = 5.0,
         fallback_window: float | None = None,
         on_unknown: str = "block",
+        tombstone: float = 2592000.0,
     ) -> None: ...
     @property
     def kind(self) -> str: ...
     @property
     def ttl(self) -> float: ...
+    @property
+    def tombstone(self) -> float:
+        """How long after a call ran its record is remembered: a retry past the ttl and within
+        this raises ``OutcomeExpired`` instead of running again (0: none)."""
     @property
     def lease(self) -> float: ...
     @property

@@ -465,8 +465,8 @@ class Client(_Api):
     def begin(self, tool: str, key: str | None, args: Any = None) -> Begin:
         """Reserves ``key`` for ``tool`` with these arguments, or tells why not to run.
 
-        Raises ``InFlight``, ``OutcomeUnknown``, ``KeyReused``, ``KeyRequired``,
-        ``RateLimited``, ``StoreUnavailable``... (see ``idemgate.errors``).
+        Raises ``InFlight``, ``OutcomeUnknown``, ``OutcomeExpired``, ``KeyReused``,
+        ``KeyRequired``, ``RateLimited``, ``StoreUnavailable``... (see ``idemgate.errors``).
         """
         return self._send(self._begin(tool, key, args))
 

@@ -78,6 +78,12 @@ class PolicyOptions(TypedDict, total=False):
     - ``kind``: ``"write"`` (gated, the default), ``"read"`` or ``"natural_idempotent"`` (run
       without a record);
     - ``ttl``: how long a completed record is kept and replayed (default 24 h);
+    - ``tombstone``: how long after a call ran (counted from its completion, as ``ttl``) its
+      record is remembered: a retry with its key past the ``ttl`` and within this raises
+      ``OutcomeExpired`` (nothing runs; a new key or :meth:`Engine.reopen` runs it again) instead
+      of running the action again (default 30 days; ``0``, or anything no longer than ``ttl``:
+      none, a retry past the ``ttl`` runs it again). A record the ``fallback_window`` named keeps
+      none;
     - ``lease``: how long a running call holds its key before it is taken for dead; the engine
       renews it while the function runs (default 30 s);
     - ``wait``: how long a duplicate waits for the running call's outcome before ``InFlight``
@@ -92,6 +98,7 @@ class PolicyOptions(TypedDict, total=False):
 
     kind: str | None
     ttl: float | None
+    tombstone: float | None
     lease: float | None
     wait: float | None
     fallback_window: float | None
@@ -355,7 +362,7 @@ class Engine:
 
     Open it with :meth:`Engine.open`. ``tools`` maps tool names to their :class:`Policy` (or a
     dict of its fields); other tools get ``default`` (a write with the engine's defaults: TTL 24 h,
-    lease 30 s, wait 5 s, no fallback window, ``on_unknown="block"``).
+    tombstone 30 days, lease 30 s, wait 5 s, no fallback window, ``on_unknown="block"``).
     """
 
     def __init__(
@@ -529,14 +536,15 @@ class Engine:
     def reopen(
         self, tool: str, key: str, fence: int, *, reason: str, by: str | None = None
     ) -> str:
-        """Reopens a completed or unknown record, if its ``fence`` (from :meth:`record` or
-        :meth:`records`) is still the one looked at, so that the next call with this key runs
-        the action again: the one way a stored outcome stops answering before it expires, for
-        an action that must be done again (the payment was refunded, the mail bounced).
-        ``reason`` and ``by`` (default: the OS user) go into the audit log. Returns the state the
-        record had (``"completed"`` or ``"unknown"``); raises ``NotFound``, ``NotResolvable``
-        (in flight, where reopening could run it twice, or its fence moved on) or
-        ``StoreUnavailable``. Other processes' engines may replay their copy of a completed
+        """Reopens a completed, expired or unknown record, if its ``fence`` (from :meth:`record`,
+        :meth:`records` or ``OutcomeExpired.fence``) is still the one looked at, so that the next
+        call with this key runs the action again: the one way a stored outcome stops answering
+        before it expires, or a tombstone (a retry past the ``ttl`` raising ``OutcomeExpired``)
+        before it goes, for an action that must be done again (the payment was refunded, the
+        mail bounced). ``reason`` and ``by`` (default: the OS user) go into the audit log.
+        Returns the state the record had (``"completed"``, ``"expired"`` or ``"unknown"``);
+        raises ``NotFound``, ``NotResolvable`` (in flight, where reopening could run it twice,
+        or its fence moved on) or ``StoreUnavailable``. Other processes' engines may replay their copy of a completed
         record for up to 2 s more. ``idemgate keys reopen``, in-process."""
         return self.native.reopen(tool, key, fence, by=_who(by), reason=reason)
 
@@ -570,7 +578,9 @@ class Engine:
         ``args`` (JSON) are fingerprinted: the same key with other arguments raises ``KeyReused``.
         A replay returns the stored value without calling ``fn``; a racing call waits up to the
         policy's ``wait`` for it, then raises ``InFlight``; an unknown outcome raises
-        ``OutcomeUnknown`` (the first time after up to 2 s, see the module documentation). See the module documentation for what ``fn`` may raise and return
+        ``OutcomeUnknown`` (the first time after up to 2 s, see the module documentation); a
+        retry past the policy's ``ttl`` and within its ``tombstone`` raises ``OutcomeExpired``
+        (the action ran, its result is no longer kept; nothing runs). See the module documentation for what ``fn`` may raise and return
         (JSON types; anything else raises ``TypeError`` and the record is unknown at once).
         """
         parent, state = _caller_trace() if _TRACING else _NO_TRACE
@@ -786,8 +796,8 @@ def idempotent(
     action of a call (a tool-call id, ``derive_key(run_id, step)``; ``None`` uses the tool's
     fallback window if it has one, else raises ``KeyRequired``); ``args(*a, **kw)`` gives the JSON
     arguments that are fingerprinted (default: all of them). The keyword arguments of
-    :class:`PolicyOptions` (``kind``, ``ttl``, ``lease``, ``wait``, ``fallback_window``,
-    ``on_unknown``) override the engine's policy for the tool. Plain functions return their value (a replay returns the stored one);
+    :class:`PolicyOptions` (``kind``, ``ttl``, ``tombstone``, ``lease``, ``wait``,
+    ``fallback_window``, ``on_unknown``) override the engine's policy for the tool. Plain functions return their value (a replay returns the stored one);
     ``async def`` functions are awaited (see :meth:`Engine.acall`). ``f.result(...)`` (awaited
     for ``async def``) makes the same call and returns the whole :class:`Result`, for a caller
     that must tell a replay from a run (``replayed``, ``executed_at``) without changing what

@@ -120,6 +120,46 @@ class OutcomeUnknown(Conflict):
         return int(fence) if fence is not None else None
 
 
+class OutcomeExpired(IdemgateError):
+    """410: the action ran before under this key, at ``executed_at``, and its result is no
+    longer kept: the record's TTL passed at ``expired_at``, and its tombstone (the tool's
+    ``tombstone``, default 30 days after the call ran) remembers the action until
+    ``retain_until``, so that a late retry is not run again. Nothing ran now, and the stored
+    result cannot be shown.
+
+    To do it again on purpose, call with a new key (a new action), or reopen the record at
+    ``fence``: ``engine.reopen(tool, key, fence, reason=...)`` in-process, ``idemgate keys
+    reopen`` on the command line. ``key`` and ``rule`` are the record's key and the rule that
+    named it (in-process); the times are the problem's strings (RFC 3339)."""
+
+    problem_name = "outcome-expired"
+
+    @property
+    def key(self) -> str | None:
+        return self.problem.get("key")
+
+    @property
+    def rule(self) -> str | None:
+        return self.problem.get("rule")
+
+    @property
+    def executed_at(self) -> str | None:
+        return self.problem.get("executed_at")
+
+    @property
+    def expired_at(self) -> str | None:
+        return self.problem.get("expired_at")
+
+    @property
+    def retain_until(self) -> str | None:
+        return self.problem.get("retain_until")
+
+    @property
+    def fence(self) -> int | None:
+        fence = self.problem.get("fence")
+        return int(fence) if fence is not None else None
+
+
 class LeaseLost(Conflict):
     """409: the lease named is no longer the current one (it ran out and was taken over, or the
     record was resolved); the write changed nothing."""
@@ -199,6 +239,7 @@ PROBLEM_CLASSES: dict[str, type[IdemgateError]] = {
         KeyReused,
         InFlight,
         OutcomeUnknown,
+        OutcomeExpired,
         LeaseLost,
         NotResolvable,
         RateLimited,
@@ -215,6 +256,7 @@ _BY_STATUS: dict[int, type[IdemgateError]] = {
     401: Unauthorized,
     404: NotFound,
     409: Conflict,
+    410: OutcomeExpired,
     413: PayloadTooLarge,
     422: KeyReused,
     429: RateLimited,

@@ -159,6 +159,8 @@ def idempotent(
     - **in flight** elsewhere: try again until ``wait_in_flight`` seconds have passed, then raise
       ``InFlight``.
     - **unknown**: raise ``OutcomeUnknown`` (an operator or verifier resolves it).
+    - **expired** (a retry past the tool's ``ttl``, within its ``tombstone``): raise
+      ``OutcomeExpired``; the function does not run (a new key runs it again on purpose).
 
     With an :class:`AsyncClient` it wraps ``async def`` functions, with the same semantics (the
     lease renewed by a task, in-flight waits by ``asyncio.sleep``); with a :class:`Client`, plain

@@ -9,6 +9,9 @@ its side effects. A case then counts the executions and reads what the last call
 - ``""``: a fresh result (the action ran);
 - ``"model"``: the model reads, in words, that idemgate did not run it (a replay's notice, or a
   refusal handed to the model as the tool's error);
+- ``"expired"``: the model reads, in words, that the action already ran, was not performed
+  again, and that its result is no longer kept (a retry past the tool's ``ttl``, within its
+  ``tombstone``);
 - ``"program"``: the call was refused with an exception the program gets (the framework does not
   hand tool errors to the model).
 
@@ -18,6 +21,7 @@ differently, and why, is :data:`STAMPS` (the table in ``clients/python/README.md
 
 from __future__ import annotations
 
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
@@ -26,6 +30,12 @@ from typing import Any, Callable, Protocol
 #: the first, which the model knows, never the second.
 TOOL, RECORD = "buy", "billing.buy"
 ARGS = {"item": "book", "quantity": 1}
+
+#: The tool's ``ttl`` in the case of a retry after it, in seconds (the ``tombstone`` is the
+#: default, 30 days), and how long that case waits for it to pass: time itself must pass, the
+#: engine judges expiry by the store's clock.
+TTL = 0.3
+PAST_TTL = TTL + 0.3
 
 
 @dataclass(frozen=True)
@@ -40,6 +50,7 @@ class Outcome:
         told = {
             "": "",
             "model": ", told",
+            "expired": ", told it expired",
             "program": ", refused to the program",
         }[self.told]
         return f"{self.executions}{told}"
@@ -94,6 +105,13 @@ CASES = [
         Outcome(1, "model"),
         also=(Outcome(2),),
     ),
+    Case(
+        "after_ttl",
+        "a retry after the TTL: the same call id re-sent in the conversation once the tool's "
+        "`ttl` passed (the default `tombstone`, 30 days)",
+        Outcome(1, "expired"),
+        also=(Outcome(1, "model"),),
+    ),
 ]
 
 _BARE = (
@@ -135,11 +153,18 @@ STAMPS: dict[str, dict[str, tuple[Outcome, str]]] = {
         "deliberate_repeat": (Outcome(3), _BARE),
         "reused_call_id": (Outcome(2), _BARE_OWN),
         "reused_model_key": (Outcome(2), _BARE_OWN),
+        "after_ttl": (Outcome(2), _BARE),
     },
     "CrewAI": {
         "reused_call_id": (
             Outcome(2),
             "CrewAI hands a tool no call id: other arguments are another action",
+        ),
+        "after_ttl": (
+            Outcome(1, "model"),
+            "CrewAI hands a tool no call id: the window names the action, and a window's record "
+            "lives for the window (60 s), not the `ttl`, so the retry is a replay of the stored "
+            "result, told",
         ),
     },
     "Pydantic AI's MCP client, FastMCP middleware": {},
@@ -166,7 +191,8 @@ class Answer:
 
 class Driver(Protocol):
     """A framework driven by its fake model, with a tool ``buy`` (record ``billing.buy``) made
-    with the integration's default options (and ``key=`` when a case names the action)."""
+    with the integration's default options (and ``key=`` when a case names the action, the
+    policy fields a case sets, such as ``ttl``, as the integration takes them)."""
 
     #: The side effects, one per execution.
     executions: list[Any]
@@ -179,14 +205,17 @@ class Driver(Protocol):
         what each answered."""
 
 
-#: A driver's maker: the suite's engine, and the tool's ``key=`` (``None``: the default).
-Make = Callable[[Any, "Callable[..., str | None] | None"], Driver]
+#: A driver's maker: the suite's engine, the tool's ``key=`` (``None``: the default), and as
+#: keyword arguments the policy fields the case sets for the tool (``ttl=``).
+Make = Callable[..., Driver]
 
 
 def _told(answer: Answer) -> str:
     if answer.error is not None:
         return "program"
     text = str(answer.content)
+    if "no longer kept" in text and "performed again" in text:
+        return "expired"  # the kit's words for an expired action, at every door
     # A notice begins with "idemgate:"; a refusal handed to the model names the key.
     return "model" if "idemgate" in text or "idempotency key" in text else ""
 
@@ -197,7 +226,8 @@ def _business_key(args: dict[str, Any], ctx: Any) -> str:
 
 def play(case: Case, make: Make, engine: Any) -> tuple[Outcome, list[Answer]]:
     """Plays ``case`` against a new driver; its outcome and every answer."""
-    d = make(engine, _business_key if case.id == "business_key" else None)
+    policy = {"ttl": TTL} if case.id == "after_ttl" else {}
+    d = make(engine, _business_key if case.id == "business_key" else None, **policy)
     conv = d.conversation()
     answers: list[Answer] = []
 
@@ -223,6 +253,10 @@ def play(case: Case, make: Make, engine: Any) -> tuple[Outcome, list[Answer]]:
     elif case.id == "reused_model_key":
         turn(conv, Call("call_1", dict(ARGS, idempotency_key="buy-1")))
         turn(conv, Call("call_2", dict(ARGS, idempotency_key="buy-1")))
+    elif case.id == "after_ttl":
+        turn(conv, Call("call_1"))
+        time.sleep(PAST_TTL)  # the record's TTL passes; its tombstone remains
+        turn(conv, Call("call_1"))
     else:
         raise AssertionError(f"no scenario for {case.id}")
     return Outcome(len(d.executions), _told(answers[-1])), answers
@@ -244,12 +278,18 @@ def check(framework: str, case: Case, make: Make, engine: Any) -> None:
     assert len(fresh) == got.executions, (case.id, [str(a) for a in answers])
     for a in answers:
         text = str(a.content)
-        if "not repeated" in text or "taken for a repeat" in text:  # a replay's notice
-            # It names the tool as the model calls it, or no tool ("this tool", "this action",
-            # as the MCP doors' notices do), never by the record's name.
+        if "not repeated" in text or "taken for a repeat" in text or "no longer kept" in text:
+            # A replay's notice, or an expired action's: it names the tool as the model calls
+            # it, or no tool ("this tool", "this action", as the MCP doors' notices do), never
+            # by the record's name.
             named = f"call {TOOL} " in text or f"of {TOOL} " in text
-            assert named or "this tool" in text or "this action" in text, text
+            anonymous = "this tool" in text.lower() or "this action" in text.lower()
+            assert named or anonymous, text
             assert RECORD not in text, f"the notice names the record's tool: {text}"
+        if _told(a) == "expired":
+            # When it ran, that it was not done now, and how to do it again on purpose.
+            assert "already performed at " in text and "NOT performed again" in text, text
+            assert "idempotency_key" in text, text
 
 
 def assert_optional_key(schema: dict[str, Any]) -> None:
@@ -295,6 +335,9 @@ def markdown() -> str:
     legend = (
         "The number is the side effect's executions; \"told\": the model reads, in words, that "
         "the call was not run (when the action ran, its result, how to repeat it on purpose); "
+        "\"told it expired\": the model reads, in words, that the action already ran (when), was "
+        "not performed again, that its result is no longer kept, and how to do it again on "
+        "purpose (a new `idempotency_key`); "
         "\"refused to the program\": the framework raises idemgate's exception to the program "
         "instead of handing it to the model. In bold: what the case does not accept, which the "
         "framework cannot do."

@@ -266,10 +266,10 @@ class SameAction:
     tool-calling loop, a fake chat model's ``AIMessage`` and ``tool.invoke(tool_call, config)``
     for each of its calls; a conversation is a ``thread_id`` in the config."""
 
-    def __init__(self, engine: Engine, key: Any) -> None:
+    def __init__(self, engine: Engine, key: Any, **policy: Any) -> None:
         self.executions: list[Any] = []
 
-        @idempotent_tool(engine, tool=same_action.RECORD, key=key)
+        @idempotent_tool(engine, tool=same_action.RECORD, key=key, **policy)
         def buy(item: str, quantity: int) -> str:
             """Buys an item."""
             self.executions.append(item)

@@ -251,10 +251,10 @@ class SameAction:
     """The "same action" suite's driver (``integrations/same_action.py``): a conversation is a
     ``thread_id``, a turn one run of the agent graph whose fake chat model emits the calls."""
 
-    def __init__(self, engine: Engine, key: Any) -> None:
+    def __init__(self, engine: Engine, key: Any, **policy: Any) -> None:
         self.executions: list[Any] = []
 
-        @idempotent_tool(engine, tool=same_action.RECORD, key=key)
+        @idempotent_tool(engine, tool=same_action.RECORD, key=key, **policy)
         def buy(item: str, quantity: int, tool_call_id: Annotated[str, InjectedToolCallId]) -> str:
             """Buys an item."""
             self.executions.append(item)

@@ -340,11 +340,11 @@ class SameAction:
     """The "same action" suite's driver (``integrations/same_action.py``): a conversation is a
     ``RunConfig.group_id``, a turn one run whose scripted model emits the calls."""
 
-    def __init__(self, engine: Engine, key: Any) -> None:
+    def __init__(self, engine: Engine, key: Any, **policy: Any) -> None:
         self.executions: list[Any] = []
 
         @idempotent_function_tool(
-            engine, tool=same_action.RECORD, key=key, name_override=same_action.TOOL
+            engine, tool=same_action.RECORD, key=key, name_override=same_action.TOOL, **policy
         )
         def purchase(ctx: ToolContext, item: str, quantity: int) -> str:
             """Buys an item."""

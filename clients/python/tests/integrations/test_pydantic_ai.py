@@ -272,12 +272,12 @@ class SameAction:
     """The "same action" suite's driver (``integrations/same_action.py``): a conversation is the
     run's ``conversation_id``, a turn one run of a ``FunctionModel`` emitting the calls."""
 
-    def __init__(self, engine: Engine, key: Any) -> None:
+    def __init__(self, engine: Engine, key: Any, **policy: Any) -> None:
         self.executions: list[Any] = []
 
         # Registered as `buy` (the name the model calls): a notice names that, not the
         # function's name nor the record's.
-        @idempotent_tool(engine, tool=same_action.RECORD, key=key)
+        @idempotent_tool(engine, tool=same_action.RECORD, key=key, **policy)
         def purchase(ctx: RunContext[None], item: str, quantity: int) -> str:
             """Buys an item."""
             self.executions.append(item)

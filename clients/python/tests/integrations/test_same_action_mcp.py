@@ -127,13 +127,14 @@ def _sender(key: Callable[..., str | None] | None) -> Any:
 
 
 class ThroughMiddleware(_Client):
-    """A FastMCP server gated in-process by the middleware, default options."""
+    """A FastMCP server gated in-process by the middleware, default options (and the policy
+    fields a case sets)."""
 
-    def __init__(self, engine: Engine, key: Any) -> None:
+    def __init__(self, engine: Engine, key: Any, **policy: Any) -> None:
         self.executions = []
         self.key = key
         self.server = FastMCP("billing")
-        self.server.add_middleware(IdempotencyMiddleware(engine, {"buy": Policy(wait=30)}))
+        self.server.add_middleware(IdempotencyMiddleware(engine, {"buy": Policy(wait=30, **policy)}))
 
         @self.server.tool
         def buy(item: str, quantity: int) -> str:
@@ -146,15 +147,21 @@ class ThroughMiddleware(_Client):
 
 
 class ThroughProxy(_Client):
-    """A plain FastMCP server behind ``idemgate mcp`` with its default configuration: a proxy
-    process per run (as a client that starts its servers per run does), one store."""
+    """A plain FastMCP server behind ``idemgate mcp`` with its default configuration (the tool's
+    ``ttl`` in a configuration file when a case sets it): a proxy process per run (as a client
+    that starts its servers per run does), one store."""
 
-    def __init__(self, engine: Engine, key: Any) -> None:
+    def __init__(self, engine: Engine, key: Any, ttl: float | None = None) -> None:
         self.key = key
         self.dir = Path(tempfile.mkdtemp(prefix="idemgate-same-action-"))
         weakref.finalize(self, shutil.rmtree, self.dir, True)  # the store and logs go with it
         (self.dir / "server.py").write_text(SERVER)
         self.log = self.dir / "bought"
+        self.config: list[str] = []
+        if ttl is not None:
+            # A table is the tool's whole policy: a write, the default tombstone.
+            (self.dir / "idemgate.toml").write_text(f'[tools.buy]\nttl = "{round(ttl * 1000)}ms"\n')
+            self.config = ["--config", str(self.dir / "idemgate.toml")]
 
     @property  # type: ignore[override]
     def executions(self) -> list[str]:
@@ -165,6 +172,7 @@ class ThroughProxy(_Client):
             command=str(_binary()),
             args=[
                 "mcp",
+                *self.config,
                 "--store",
                 f"sqlite://{self.dir / 'idemgate.db'}",
                 "--journal",

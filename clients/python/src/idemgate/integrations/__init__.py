@@ -15,7 +15,9 @@ All of it is named by the one rule of every door (the native ``name_action``,
 ``idemgate_kit::identity``). Never silent: every call that did not run tells the model so in
 words, with the stored result (:func:`repeat_notice` for the window, :func:`key_notice` for a
 re-sent call id, the model's key used again, the program's key), naming the tool as the model
-calls it.
+calls it; a retry past the record's TTL, within its tombstone (``OutcomeExpired``), is told
+that the action already ran then, was not performed again, that its result is no longer kept,
+and how to do it again on purpose (:func:`expired_notice`).
 
 - :mod:`idemgate.integrations.openai_agents`: the OpenAI Agents SDK (``ToolContext.tool_call_id``;
   a ``tool_meta_resolver`` for MCP servers behind ``idemgate mcp``);
@@ -37,6 +39,7 @@ from ._tool_calls import (
     DEFAULT_WINDOW,
     KEY_ARGUMENT,
     KEY_META,
+    expired_notice,
     jsonable,
     key_notice,
     repeat_notice,
@@ -49,6 +52,7 @@ __all__ = [
     "DEFAULT_WINDOW",
     "KEY_ARGUMENT",
     "KEY_META",
+    "expired_notice",
     "jsonable",
     "key_notice",
     "repeat_notice",

@@ -16,7 +16,7 @@ from typing import Any, Awaitable, Callable, Mapping, TypeVar
 
 from .._native import name_action as _native_name_action
 from ..engine import _CURRENT_KEY, _POLICY_FIELDS, Engine, Result, given_policy
-from ..errors import IdemgateError, LeaseLost, NotApplied, OutcomeNotRecorded
+from ..errors import IdemgateError, LeaseLost, NotApplied, OutcomeExpired, OutcomeNotRecorded
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -259,6 +259,8 @@ _NAMED_BY = {
     "conversation",
     "business_key": "the program names this call of {tool} as that same action",
     "orchestration_key": "the idempotency key of this call of {tool} names that same action",
+    "window": "an identical call of {tool} (the same arguments) was made earlier in this "
+    "conversation",
 }
 
 
@@ -281,6 +283,34 @@ def key_notice(
     return (
         f"idemgate: this action was already performed at {when} and was not repeated ({why}); "
         f"{_result_text(replayed, result_above)}. {again}"
+    )
+
+
+def expired_notice(
+    tool: str, expired: OutcomeExpired, rule: str, model_key: bool = True
+) -> str:
+    """What the model reads for a call refused as expired (:class:`~idemgate.errors.OutcomeExpired`:
+    past the record's TTL, within its tombstone): the kit's words for it
+    (``idemgate_kit::Explanation::for_model``), naming the tool as the model calls it: the
+    action this call names was already performed (when), it was NOT performed again now, why
+    the call named that action (``rule``, :attr:`Action.rule`), that its result is no longer
+    kept and so cannot be shown, and how to do it again on purpose (``model_key``: with a new
+    ``idempotency_key``). A program's key names the action whatever the model sends, so the
+    model is told to ask the user, not to pass a key. Never how a person reopens the record:
+    that is the program's (the exception's message)."""
+    why = _NAMED_BY.get(rule, _NAMED_BY["orchestration_key"]).format(tool=tool)
+    program = rule in ("business_key", "orchestration_key")
+    again = (
+        "It is done once, whatever the conversation: ask the user if it must be done again."
+        if program
+        else _again(tool, model_key)
+    )
+    when = expired.executed_at or "an earlier time"
+    until = f" (it expired at {expired.expired_at})" if expired.expired_at else ""
+    return (
+        f"idemgate: this action of {tool} was already performed at {when} and was NOT "
+        f"performed again ({why}); its result is no longer kept{until}, so it cannot be shown. "
+        f"{again}"
     )
 
 
@@ -482,7 +512,12 @@ def once_per_action(
         @functools.wraps(fn)
         async def awrapper(*a: Any, **kw: Any) -> Any:
             action, payload, kw, called = prepare(a, kw)
-            out = await call_async(engine, tool, action, payload, lambda: fn(*a, **kw), given, shield)
+            try:
+                out = await call_async(
+                    engine, tool, action, payload, lambda: fn(*a, **kw), given, shield
+                )
+            except OutcomeExpired as e:  # nothing ran: the model reads so, in words
+                return expired_notice(called, e, action.rule, model_key)
             return out.answer(called, model_key, action.rule)
 
         wrapped: Any = awrapper
@@ -491,7 +526,10 @@ def once_per_action(
         @functools.wraps(fn)
         def wrapper(*a: Any, **kw: Any) -> Any:
             action, payload, kw, called = prepare(a, kw)
-            out = call_sync(engine, tool, action, payload, lambda: jsonable(fn(*a, **kw)), given)
+            try:
+                out = call_sync(engine, tool, action, payload, lambda: jsonable(fn(*a, **kw)), given)
+            except OutcomeExpired as e:  # nothing ran: the model reads so, in words
+                return expired_notice(called, e, action.rule, model_key)
             return out.answer(called, model_key, action.rule)
 
         wrapped = wrapper
@@ -626,15 +664,24 @@ class ToolCalls:
         return out.answer(self.name, self.model_key, action.rule)
 
     def run(self, action: Action, payload: Any, fn: Callable[[], Any]) -> Any:
-        """``fn()`` once per action; what the model is handed."""
-        out = call_sync(self.engine, self.tool, action, payload, lambda: jsonable(fn()), self.given)
+        """``fn()`` once per action; what the model is handed (for an action whose result is
+        no longer kept, :func:`expired_notice`)."""
+        try:
+            out = call_sync(
+                self.engine, self.tool, action, payload, lambda: jsonable(fn()), self.given
+            )
+        except OutcomeExpired as e:
+            return expired_notice(self.name, e, action.rule, self.model_key)
         return self.answer(out, action)
 
     async def arun(self, action: Action, payload: Any, fn: Callable[[], Any]) -> Any:
         """As :meth:`run`, awaited (``fn`` may return an awaitable)."""
-        out = await call_async(
-            self.engine, self.tool, action, payload, fn, self.given, self.shield
-        )
+        try:
+            out = await call_async(
+                self.engine, self.tool, action, payload, fn, self.given, self.shield
+            )
+        except OutcomeExpired as e:
+            return expired_notice(self.name, e, action.rule, self.model_key)
         return self.answer(out, action)
 
 

@@ -48,7 +48,11 @@ The wrapped tool keeps the name, description and argument schema of the tool it 
 lets CrewAI's in-memory tool cache answer for it (``cache_function`` says no): the record does,
 in every process, and says so. Its result is stored as JSON data; a replay gets that same data.
 Refusals raise idemgate's exceptions (``OutcomeUnknown``, ``InFlight``, ``KeyReused``...), which
-CrewAI hands the model as the tool's error.
+CrewAI hands the model as the tool's error. A call named by ``key=`` or the model's
+``idempotency_key`` retried past the tool's ``ttl`` within its ``tombstone`` (``OutcomeExpired``)
+is not raised: the model reads, in words, that the action already ran (when), was not performed
+again, that its result is no longer kept, and how to do it again on purpose. (A call the window
+named keeps no tombstone: its record lives for the window.)
 
 MCP tools: CrewAI's MCP clients retry a call that timed out (``MCPClient``, ``MCPToolWrapper``)
 inside the tool, below this wrapper; gate those at the server (``idemgate mcp`` or the FastMCP

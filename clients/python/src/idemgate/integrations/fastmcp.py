@@ -60,7 +60,11 @@ policy's ``wait``). A tool raising ``NotApplied`` (nothing happened) frees the k
 FastMCP rejects before the tool runs (invalid arguments, unknown tool); ``Failed(result)`` is
 stored and replayed as an error; any other exception leaves the record unknown, and the model is
 told that it cannot resolve that itself and which record a person resolves. Refusals (in flight,
-unknown, key required or reused...) are error results whose text starts with ``idemgate:``.
+unknown, key required or reused...) are error results whose text starts with ``idemgate:``; so
+is a retry past the tool's ``ttl`` within its ``tombstone`` (``OutcomeExpired``), which tells
+the model that the action already ran (when), was not performed again, that its result is no
+longer kept, and how to do it again on purpose (a new ``idempotency_key``), as ``idemgate mcp``
+answers it.
 """
 
 from __future__ import annotations
@@ -80,6 +84,7 @@ from ..errors import (
     KeyReused,
     MaybeApplied,
     NotApplied,
+    OutcomeExpired,
     OutcomeUnknown,
 )
 from ._tool_calls import (
@@ -91,6 +96,7 @@ from ._tool_calls import (
     Action,
     Namer,
     call_async,
+    expired_notice,
     jsonable,
     name_action,
 )
@@ -341,8 +347,9 @@ def IdempotencyMiddleware(  # noqa: N802 - a class factory: fastmcp is imported 
         except Exception:  # noqa: BLE001 - no such tool: FastMCP answers it
             return None
 
-    def refused(called: str, e: IdemgateError) -> str:
-        """What the model reads when a call is refused: what happened and what it can do."""
+    def refused(called: str, e: IdemgateError, rule: str) -> str:
+        """What the model reads when a call is refused: what happened and what it can do
+        (``rule``: what named the call's action)."""
         if isinstance(e, KeyRequired):
             return (
                 f"idemgate: the tool {called} changes state, so this call needs an idempotency "
@@ -360,6 +367,9 @@ def IdempotencyMiddleware(  # noqa: N802 - a class factory: fastmcp is imported 
             )
         if isinstance(e, OutcomeUnknown):
             return unknown(called, e.problem.get("key"), e.fence, e.since, e.problem.get("message"), False)
+        if isinstance(e, OutcomeExpired):
+            # The action ran before and its result is no longer kept: nothing ran now.
+            return expired_notice(called, e, rule)
         return f"idemgate: {e}"
 
     def unknown(
@@ -561,8 +571,8 @@ def IdempotencyMiddleware(  # noqa: N802 - a class factory: fastmcp is imported 
             except MaybeApplied as e:  # the tool ran and cannot say whether it took effect
                 k, fence = record_of(name, action, payload, given)
                 raise ToolError(unknown(called, k, fence, None, f"{e}", True, name)) from e
-            except IdemgateError as e:  # a refusal
-                raise ToolError(refused(called, e)) from e
+            except IdemgateError as e:  # a refusal (an expired action's too: nothing ran)
+                raise ToolError(refused(called, e, action.rule)) from e
             except Exception as e:  # the tool failed: its record is unknown now
                 k, fence = record_of(name, action, payload, given)
                 said = str(e) if isinstance(e, FastMCPError) else f"Error calling tool {called!r}"

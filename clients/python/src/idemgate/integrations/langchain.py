@@ -45,6 +45,9 @@ of a ``content_and_artifact`` tool is not kept). Async invocations (``ainvoke``)
 default: a timeout that cancels the call does not tear it in half, it finishes and stores its
 outcome, and the re-sent call waits for it (the policy's ``wait``). Refusals raise idemgate's
 exceptions (``OutcomeUnknown``, ``InFlight``, ``KeyReused``...).
+A retry past the tool's ``ttl`` within its ``tombstone`` (``OutcomeExpired``) is not
+raised: the model reads, in words, that the action already ran (when), was not performed again,
+that its result is no longer kept, and how to do it again on purpose.
 """
 
 from __future__ import annotations

@@ -39,6 +39,9 @@ finishes and stores its outcome, and the retry waits for it (the policy's ``wait
 returns JSON data (stored and replayed), not a ``Command`` or a ``ToolMessage``. Refusals raise
 idemgate's exceptions (``OutcomeUnknown``, ``InFlight``, ``KeyReused``...), which
 ``ToolNode(handle_tool_errors=...)`` may turn into messages.
+A retry past the tool's ``ttl`` within its ``tombstone`` (``OutcomeExpired``) is not
+raised: the model reads, in words, that the action already ran (when), was not performed again,
+that its result is no longer kept, and how to do it again on purpose.
 """
 
 from __future__ import annotations

@@ -36,6 +36,9 @@ the stored result. Refusals raise idemgate's exceptions (``OutcomeUnknown``, ``I
 ``KeyReused``...), which the SDK turns into a tool error message for the model: without a
 ``failure_error_function`` of the application's, idemgate's own says what was refused and why
 (the SDK's default hides every exception's text; other exceptions still get it).
+A retry past the tool's ``ttl`` within its ``tombstone`` (``OutcomeExpired``) is not
+raised: the model reads, in words, that the action already ran (when), was not performed again,
+that its result is no longer kept, and how to do it again on purpose.
 
 MCP servers behind ``idemgate mcp`` (or gated by the FastMCP middleware):
 ``MCPServerStdio(..., tool_meta_resolver=tool_meta_resolver)`` sends the key of the call's action

@@ -35,6 +35,9 @@ The first parameter must take the ``RunContext`` (it is not fingerprinted). ``as
 shielded by default: the timed-out call still finishes and stores its outcome, and the retry
 waits for it (the policy's ``wait``). Refusals raise idemgate's exceptions (``OutcomeUnknown``,
 ``InFlight``, ``KeyReused``...), which Pydantic AI raises out of the run to the program.
+A retry past the tool's ``ttl`` within its ``tombstone`` (``OutcomeExpired``) is not
+raised: the model reads, in words, that the action already ran (when), was not performed again,
+that its result is no longer kept, and how to do it again on purpose.
 
 MCP servers behind ``idemgate mcp`` (or gated by the FastMCP middleware):
 ``MCPServerStdio(..., process_tool_call=process_tool_call)`` sends the key of the call's action

@@ -237,10 +237,10 @@ class SameAction:
     execution id a host binds before each kickoff (``set_execution_uuid``), a turn one kickoff of
     a crew whose fake LLM emits the calls natively."""
 
-    def __init__(self, engine: Engine, key: Any) -> None:
+    def __init__(self, engine: Engine, key: Any, **policy: Any) -> None:
         self.executions: list[Any] = []
 
-        @idempotent_tool(engine, tool=same_action.RECORD, key=key)
+        @idempotent_tool(engine, tool=same_action.RECORD, key=key, **policy)
         def buy(item: str, quantity: int) -> str:
             """Buys an item."""
             self.executions.append(item)
