@@ -688,11 +688,27 @@ impl RedisStore {
     /// Runs a write script on the record `key` (its Redis name), and waits for replicas in the
     /// same pipeline if so configured (on a cluster, on the master of the key's slot).
     async fn write(&self, key: &str, inv: &Invocation<'_>, what: &str) -> Result<Value> {
+        match self.write_replicated(key, inv, what).await? {
+            (value, None) => Ok(value),
+            (_, Some(short)) => Err(short),
+        }
+    }
+
+    /// As [`RedisStore::write`], with the script's answer also when too few replicas
+    /// acknowledged the write (then with the error that says so), for a caller that must know
+    /// what the write did to undo it.
+    async fn write_replicated(
+        &self,
+        key: &str,
+        inv: &Invocation<'_>,
+        what: &str,
+    ) -> Result<(Value, Option<StoreError>)> {
         let mut pinned = self.conn().await?;
         let Some((replicas, timeout)) = self.inner.options.wait_replicas else {
             return inv
                 .invoke(&mut pinned.conn)
                 .await
+                .map(|value| (value, None))
                 .map_err(|e| self.fail(&pinned, &e, what));
         };
         let (value, acked) = inv
@@ -700,14 +716,33 @@ impl RedisStore {
             .await
             .map_err(|e| self.fail(&pinned, &e, what))?;
         if acked >= i64::from(replicas) {
-            return Ok(value);
+            return Ok((value, None));
         }
         let err = StoreError::Indeterminate(format!(
             "failed to {what} on redis: {acked} of {replicas} replicas acknowledged the write \
              within {timeout:?}, so a failover could lose it"
         ));
         self.forget_on(&pinned, &err);
-        Err(err)
+        Ok((value, Some(err)))
+    }
+
+    /// Takes back a fresh reservation too few replicas acknowledged (`short` says so): the call
+    /// is refused and its side effect never runs, so a reservation left standing would only turn
+    /// unknown when its lease ends and hold every retry for an operator. Released on the primary
+    /// (replicas apply the release after the reservation, in order), the refusal is
+    /// [`StoreError::Unavailable`]: nothing is held. When the release fails too, `short`.
+    async fn take_back(&self, name: &str, lease: Lease, short: StoreError) -> StoreError {
+        let inv = self.lease_call(&self.inner.scripts.release, name, lease);
+        let released = match self.conn().await {
+            Ok(mut pinned) => inv.invoke::<Value>(&mut pinned.conn).await.is_ok(),
+            Err(_) => false,
+        };
+        match (released, short) {
+            (true, StoreError::Indeterminate(why)) => StoreError::Unavailable(format!(
+                "{why}; the reservation was taken back, so nothing is held"
+            )),
+            (_, short) => short,
+        }
     }
 
     async fn claim(&self, r: &Reservation, stale: Option<Fence>) -> Result<Claim> {
@@ -750,17 +785,27 @@ impl RedisStore {
                 .as_deref()
                 .map_or(String::new(), |s| format!("={s}")),
         );
-        let reply = self.write(&name, &inv, what).await?;
+        let (reply, short) = self.write_replicated(&name, &inv, what).await?;
         let items = array(&reply)?;
-        match items {
-            [tag, fence] if text(tag)? == "A" => {
+        match (items, short) {
+            ([tag, fence], short) if text(tag)? == "A" => {
                 self.inner.found.record(false);
-                Ok(Claim::Acquired(Lease {
+                let lease = Lease {
                     fence: number(fence)?,
                     token: r.token,
-                }))
+                };
+                match short {
+                    None => Ok(Claim::Acquired(lease)),
+                    // A fresh reservation is taken back; a takeover stays as it landed, for the
+                    // engine to mark unknown again (the action may have run before).
+                    Some(short) if stale.is_none() => {
+                        Err(self.take_back(&name, lease, short).await)
+                    }
+                    Some(short) => Err(short),
+                }
             }
-            [tag, now, flat] if text(tag)? == "E" => {
+            (_, Some(short)) => Err(short),
+            ([tag, now, flat], None) if text(tag)? == "E" => {
                 self.inner.found.record(true);
                 let now = Timestamp::from_millis(number(now)?);
                 let record = stored_record(flat)?

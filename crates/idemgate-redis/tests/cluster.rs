@@ -151,8 +151,9 @@ async fn records_spread_over_every_master_and_list_and_purge_see_them_all() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiting_for_a_replica_the_masters_do_not_have_fails_closed() {
-    // The masters of this cluster have no replicas: a write that must reach one is Indeterminate
-    // (it happened on the master, its durability is not known), never a success.
+    // The masters of this cluster have no replicas: a write that must reach one is never a
+    // success; a fresh reservation that happened on its master is taken back there, so the
+    // refusal holds nothing.
     let url = format!("{}?wait_replicas=1&wait_timeout=100ms", cluster().url());
     let store = RedisStore::connect_with(
         &url,
@@ -166,11 +167,15 @@ async fn waiting_for_a_replica_the_masters_do_not_have_fails_closed() {
     for i in 0..6 {
         let r = Reservation::new(key(i), Fingerprint::of_bytes(b"x"), Duration::from_secs(60));
         match store.reserve(&r).await {
-            Err(StoreError::Indeterminate(m)) => {
-                assert!(m.contains("0 of 1 replicas acknowledged"), "{m}");
+            Err(StoreError::Unavailable(m)) => {
+                assert!(
+                    m.contains("0 of 1 replicas acknowledged") && m.contains("taken back"),
+                    "{m}"
+                );
             }
-            other => panic!("expected Indeterminate, got {other:?}"),
+            other => panic!("expected a reservation taken back, got {other:?}"),
         }
+        assert_eq!(store.get(&key(i)).await.expect("get"), None);
     }
 }
 

@@ -67,10 +67,30 @@ async fn wait_replicas_in_the_url_fails_closed_without_a_replica() {
     );
     match answer {
         Err(idemgate_core::EngineError::ReserveFailed(e)) => {
-            assert!(e.to_string().contains("0 of 1 replicas"), "{e}")
+            assert!(e.to_string().contains("0 of 1 replicas"), "{e}");
+            assert!(e.to_string().contains("taken back"), "{e}");
         }
         other => panic!("expected a refused reservation, got {other:?}"),
     }
+    // The refused reservation is not left standing (it would turn unknown when its lease ends
+    // and hold every retry for an operator, though nothing ran): the key is free, and a retry
+    // runs the side effect once.
+    let plain = RedisStore::connect(&primary.url()).await.expect("connect");
+    let key = Key::new(
+        "tenant".parse().unwrap(),
+        "tool".parse().unwrap(),
+        "k".parse().unwrap(),
+    );
+    assert_eq!(plain.get(&key).await.expect("get"), None);
+    let (ran, answer) = call_once(plain, "k").await;
+    assert!(ran, "{answer:?}");
+    assert!(matches!(
+        answer.map(|a| a.decision),
+        Ok(Decision::Executed {
+            recording: Recording::Stored,
+            ..
+        })
+    ));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -128,9 +148,14 @@ async fn writes_wait_for_replicas() {
         Duration::from_secs(60),
     );
     match two.reserve(&r).await {
-        Err(StoreError::Indeterminate(msg)) => assert!(msg.contains("1 of 2 replicas"), "{msg}"),
-        got => panic!("expected indeterminate, got {got:?}"),
+        Err(StoreError::Unavailable(msg)) => {
+            assert!(
+                msg.contains("1 of 2 replicas") && msg.contains("taken back"),
+                "{msg}"
+            )
+        }
+        got => panic!("expected a reservation taken back, got {got:?}"),
     }
-    // The write did land on the primary: a retry with the same token finds it.
-    assert!(matches!(one.reserve(&r).await, Ok(Claim::Acquired(_))));
+    // The write landed on the primary and was taken back there: nothing is held.
+    assert_eq!(one.get(&other).await.expect("get"), None);
 }
