@@ -1,7 +1,9 @@
 'use strict';
 // The Vercel AI SDK adapter (`import { idempotentTool } from 'idemgate/ai'`): a `tool()` whose
 // `execute` runs once per action, keyed by the call's `toolCallId` within the conversation.
-const { KEY_ARGUMENT, freshScope, keyProperty, policyFields, splitModelKey, toolCall } = require('./tool-calls.cjs');
+const {
+  KEY_ARGUMENT, freshScope, isRefusal, keyProperty, policyFields, splitModelKey, toldToModel, toolCall,
+} = require('./tool-calls.cjs');
 
 /** The scopes of conversations the SDK hands over only as message objects, by message. */
 const conversations = new WeakMap();
@@ -65,12 +67,17 @@ function withKeyArgument(schema) {
  *   window (`window`, default 60 s) is not run again, and the model reads that it already ran;
  * - another conversation, or the model's `idempotency_key` argument (added to the schema unless
  *   `modelKey: false`), is another action;
- * - every answer that did not run `execute` now says so to the model in words.
+ * - every answer that did not run `execute` now says so to the model in words: a replay as the
+ *   stored result and a notice; a refusal (`OutcomeExpired` for a retry after the ttl,
+ *   `OutcomeUnknown`, `InFlight`, `KeyReused`...) is thrown, so the program finds the error in
+ *   the call's `tool-error` part, and the SDK sends the model its text, which is the kit's words
+ *   for a model (`idemgate: …`, `toldToModel`).
  * `scope(input, options)` (or a string) names the conversation; default: the tool's context's
  * `conversationId`, else the conversation told by its message objects (`conversationOf`).
  * `key(input, options)` names the action by its business identity instead.
  * The call's `abortSignal` stops the wait, never the recording. The policy fields (`ttl`,
- * `lease`, `wait`, `window`, `onUnknown`, `kind`) override the engine's for the tool. */
+ * `lease`, `wait`, `window`, `onUnknown`, `kind`, `tombstone`) override the engine's for the
+ * tool. */
 function idempotentTool(engine, name, def, options = {}) {
   const policy = policyFields(options);
   engine.policy(name, policy);
@@ -85,7 +92,11 @@ function idempotentTool(engine, name, def, options = {}) {
         defaultScope: () => opts.context?.conversationId ?? conversationOf(opts.messages),
         signal: opts.abortSignal,
         policy,
-      }, (args) => execute(args, opts)),
+      }, (args) => execute(args, opts)).catch((e) => {
+        // The SDK records the error as the call's `tool-error` (the program's) and sends the
+        // model `String(error)`: the words for a model.
+        throw isRefusal(e) ? toldToModel(e) : e;
+      }),
   };
 }
 

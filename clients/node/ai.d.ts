@@ -11,7 +11,9 @@ export interface IdempotentToolOptions extends PolicyOptions {
   modelKey?: boolean;
 }
 
-/** The AI SDK tool `def`, its `execute` run once per action through `engine` under `name`. */
+/** The AI SDK tool `def`, its `execute` run once per action through `engine` under `name`. An
+ * idemgate refusal (`OutcomeExpired`, `OutcomeUnknown`...) is thrown: the call's `tool-error`
+ * part holds it, and the model reads `String(error)`, the kit's words for a model. */
 export declare function idempotentTool<T extends { execute?: (...args: any[]) => any }>(
   engine: Engine,
   name: string,

@@ -98,8 +98,9 @@ function report(e) {
 }
 
 /** The policy fields a call or a wrapper overrides, by the engine's names; `window` is
- * `fallbackWindow`. */
-const POLICY_FIELDS = ['kind', 'ttl', 'lease', 'wait', 'fallbackWindow', 'onUnknown'];
+ * `fallbackWindow`; `tombstone` (seconds, default 30 days, 0: none) how long after a call ran
+ * a retry past the `ttl` is answered `OutcomeExpired` instead of running again. */
+const POLICY_FIELDS = ['kind', 'ttl', 'lease', 'wait', 'fallbackWindow', 'onUnknown', 'tombstone'];
 
 function policyOf(options) {
   const p = {};
@@ -249,7 +250,7 @@ class Engine {
   }
 
   /** This tenant's records, oldest first, each as `record` shows it: only those in `state`
-   * (`in_flight`, `completed`, `unknown`), only `tool`'s, only those made in `scope` (the
+   * (`in_flight`, `completed`, `unknown`, `expired`), only `tool`'s, only those made in `scope` (the
    * conversation an adapter named), at most `limit` (0: all). `records({ state: 'unknown' })`
    * lists what an operator must resolve. */
   async records({ state, tool, scope, limit = 0 } = {}) {
@@ -271,10 +272,10 @@ class Engine {
     );
   }
 
-  /** Reopens a completed or unknown record, if its `fence` is still the one looked at, so that
-   * the next call with this key runs the action again (the payment was refunded, the mail
+  /** Reopens a completed, expired or unknown record, if its `fence` is still the one looked at,
+   * so that the next call with this key runs the action again (the payment was refunded, the mail
    * bounced). `reason` is required; it and `by` (default: the OS user) go into the audit log.
-   * Resolves to the state the record had (`'completed'` or `'unknown'`); rejects with
+   * Resolves to the state the record had (`'completed'`, `'expired'` or `'unknown'`); rejects with
    * `NotFound`, `NotResolvable` (in flight, where reopening could run it twice, or its fence
    * moved on) or `StoreUnavailable`. Other processes' engines may replay their copy of a
    * completed record for up to 2 s more. `idemgate keys reopen`, in-process. */
@@ -289,7 +290,9 @@ class Engine {
    *
    * `args` (JSON data) are fingerprinted: the same key with other arguments throws `KeyReused`.
    * A replay returns the stored value without calling `fn`; a racing call waits up to the
-   * policy's `wait`, then throws `InFlight`; an unknown outcome throws `OutcomeUnknown`. `scope`
+   * policy's `wait`, then throws `InFlight`; an unknown outcome throws `OutcomeUnknown`; a call
+   * after the policy's `ttl` and within its `tombstone` (default 30 days after the call ran)
+   * throws `OutcomeExpired`, running nothing. `scope`
    * names where the call was made (a conversation): a call without key is joined by the
    * fallback window only to identical calls of the same scope. `signal` (an AbortSignal): when
    * it aborts, the caller stops waiting (the promise rejects with its reason) but a function
@@ -380,7 +383,7 @@ const defaultArgs = (a) => ({ args: a, kwargs: {} });
  * the JSON arguments that are fingerprinted (default: all of them, as the Python decorator);
  * `options.scope` a string or a function of the arguments (where the call was made);
  * `options.signal(...a)` the AbortSignal of a call; the policy fields (`kind`, `ttl`, `lease`,
- * `wait`, `window`/`fallbackWindow`, `onUnknown`) override the engine's for the tool.
+ * `wait`, `window`/`fallbackWindow`, `onUnknown`, `tombstone`) override the engine's for the tool.
  * The wrapper returns a promise of the value (a replay: the stored one); `wrapper.result(...a)`
  * makes the same call and resolves to the whole `Result`, to tell a replay from a run. */
 function idempotent(engine, tool, fn, options = {}) {

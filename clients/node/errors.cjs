@@ -45,6 +45,39 @@ class OutcomeUnknown extends Conflict {
     return this.problem.fence ?? null;
   }
 }
+/** The action ran before under this key (at `executedAt`) and its result is no longer kept:
+ * the record's TTL passed (at `expiredAt`), and its tombstone (the tool's `tombstone`, default
+ * 30 days after the call ran) remembers the action until `retainUntil`, so that a late retry is
+ * not run again. Nothing ran now, and the stored result cannot be shown. To do it again on
+ * purpose, call with a new key (a new action), or reopen the record at `fence`
+ * (`engine.reopen(tool, key, fence, { reason })`, `idemgate keys reopen`). HTTP 410 (Gone), so
+ * not a `Conflict`. The times are RFC 3339 strings, as the problem document has them. */
+class OutcomeExpired extends IdemgateError {
+  /** The record's key. */
+  get key() {
+    return this.problem.key ?? null;
+  }
+  /** The rule that named the record (`explicit` or `fallback`). */
+  get rule() {
+    return this.problem.rule ?? null;
+  }
+  /** When the action ran (its outcome was recorded). */
+  get executedAt() {
+    return this.problem.executed_at ?? null;
+  }
+  /** When its outcome stopped being replayed (the record's TTL). */
+  get expiredAt() {
+    return this.problem.expired_at ?? null;
+  }
+  /** Until when the record answers "expired" (then the key names a new action). */
+  get retainUntil() {
+    return this.problem.retain_until ?? null;
+  }
+  /** The record's fence, which `engine.reopen` names. */
+  get fence() {
+    return this.problem.fence ?? null;
+  }
+}
 class LeaseLost extends Conflict {}
 class NotResolvable extends Conflict {}
 class RateLimited extends IdemgateError {}
@@ -108,6 +141,7 @@ const CLASSES = {
   journal_failed: OutcomeNotRecorded,
   in_flight: InFlight,
   unknown: OutcomeUnknown,
+  expired: OutcomeExpired,
   key_required: KeyRequired,
   key_reused: KeyReused,
   bad_request: BadRequest,
@@ -136,6 +170,7 @@ module.exports = {
   Conflict,
   InFlight,
   OutcomeUnknown,
+  OutcomeExpired,
   LeaseLost,
   NotResolvable,
   RateLimited,

@@ -20,6 +20,7 @@ module.exports = {
   Conflict: errors.Conflict,
   InFlight: errors.InFlight,
   OutcomeUnknown: errors.OutcomeUnknown,
+  OutcomeExpired: errors.OutcomeExpired,
   LeaseLost: errors.LeaseLost,
   NotResolvable: errors.NotResolvable,
   RateLimited: errors.RateLimited,

@@ -7,6 +7,9 @@ export interface PolicyOptions {
   kind?: 'write' | 'read' | 'natural_idempotent';
   /** How long a completed record is kept and replayed (default 24 h). */
   ttl?: number;
+  /** How long after a call ran its record is remembered (default 30 days; 0: none): a retry
+   * past the `ttl` and within it is not run again but refused with `OutcomeExpired`. */
+  tombstone?: number;
   /** How long a running call holds its key before it is taken for dead (default 30 s). */
   lease?: number;
   /** How long a duplicate waits for the running call's outcome before `InFlight` (default 5 s). */
@@ -73,9 +76,12 @@ export interface RecordName {
 }
 
 /** A record as an operator sees it (`idemgate keys show --json`'s shape). */
+/** A record's state: `expired` is a completed record past its ttl, within its tombstone. */
+export type RecordStateName = 'in_flight' | 'completed' | 'unknown' | 'expired';
+
 export interface StoredRecord {
   key: { tenant: string; tool: string; key: string };
-  state: 'in_flight' | 'completed' | 'unknown';
+  state: RecordStateName;
   fence: number;
   fingerprint?: string;
   scope?: string;
@@ -88,7 +94,7 @@ export interface StoredRecord {
 }
 
 export interface RecordsFilter {
-  state?: 'in_flight' | 'completed' | 'unknown';
+  state?: RecordStateName;
   tool?: string;
   scope?: string;
   /** At most this many (0: all). */
@@ -108,7 +114,7 @@ export declare class Engine {
   /** The record a call would be judged by; null for reads. */
   keyFor(tool: string, key: string | null | undefined, args: unknown, options?: CallOptions): RecordName | null;
   /** The state of the record of `(tool, key)`, or null when there is none. */
-  recordState(tool: string, key: string): Promise<{ state: 'in_flight' | 'completed' | 'unknown'; fence: number } | null>;
+  recordState(tool: string, key: string): Promise<{ state: RecordStateName; fence: number } | null>;
   /** The record of `(tool, key)` as `idemgate keys show --json` shows it, or null. */
   record(tool: string, key: string): Promise<StoredRecord | null>;
   /** This tenant's records, oldest first; `records({ state: 'unknown' })` lists what an operator
@@ -124,14 +130,14 @@ export declare class Engine {
     resolution: 'completed' | 'release',
     options?: { result?: unknown; failed?: boolean; reason?: string; by?: string },
   ): Promise<StoredRecord | null>;
-  /** Reopens a completed or unknown record at `fence` so that the next call runs the action
-   * again; the state it had. Rejects with `NotFound` or `NotResolvable`. */
+  /** Reopens a completed, expired or unknown record at `fence` so that the next call runs the
+   * action again; the state it had. Rejects with `NotFound` or `NotResolvable`. */
   reopen(
     tool: string,
     key: string,
     fence: number,
     options: { reason: string; by?: string },
-  ): Promise<'completed' | 'unknown'>;
+  ): Promise<'completed' | 'expired' | 'unknown'>;
   /** Runs `fn()` at most once for `(tool, key)`; `args` (JSON data) are fingerprinted. */
   call<T>(
     tool: string,
@@ -205,6 +211,17 @@ export declare class InFlight extends Conflict {
 }
 export declare class OutcomeUnknown extends Conflict {
   readonly since: string | null;
+  readonly fence: number | null;
+}
+/** The action ran before under this key and its result is no longer kept (past the ttl, within
+ * the tombstone): nothing ran now. A new key runs it again; so does `engine.reopen` at `fence`.
+ * HTTP 410. The times are RFC 3339 strings. */
+export declare class OutcomeExpired extends IdemgateError {
+  readonly key: string | null;
+  readonly rule: string | null;
+  readonly executedAt: string | null;
+  readonly expiredAt: string | null;
+  readonly retainUntil: string | null;
   readonly fence: number | null;
 }
 export declare class LeaseLost extends Conflict {}

@@ -5,7 +5,7 @@ import idemgate from './index.cjs';
 export const {
   Engine, Result, idempotent, currentKey, deriveKey, mintKey, checkKey, fingerprint,
   IdemgateError, BadRequest, KeyRequired, NotFound, KeyReused, Conflict, InFlight,
-  OutcomeUnknown, LeaseLost, NotResolvable, RateLimited, QuotaExceeded, StoreUnavailable,
+  OutcomeUnknown, OutcomeExpired, LeaseLost, NotResolvable, RateLimited, QuotaExceeded, StoreUnavailable,
   StoreMisconfigured, OutcomeNotRecorded, NotApplied, Failed, MaybeApplied,
 } = idemgate;
 export default idemgate;

@@ -3,5 +3,9 @@
 const { makeLangChain } = require('./langchain-tool.cjs');
 
 module.exports = {
-  idempotentLangChainTool: makeLangChain({ z3: require('zod/v3').z, z4: require('zod/v4').z }, require('@langchain/core/tools').tool),
+  idempotentLangChainTool: makeLangChain(
+    { z3: require('zod/v3').z, z4: require('zod/v4').z },
+    require('@langchain/core/tools').tool,
+    require('@langchain/core/messages').ToolMessage,
+  ),
 };

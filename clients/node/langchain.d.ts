@@ -11,7 +11,10 @@ export interface IdempotentLangChainToolOptions extends PolicyOptions {
   modelKey?: boolean;
 }
 
-/** `inner` as a tool of the same name whose calls run once per action through `engine`. */
+/** `inner` as a tool of the same name whose calls run once per action through `engine`. An
+ * idemgate refusal (`OutcomeExpired`, `OutcomeUnknown`...) of a model's tool call answers it with
+ * a ToolMessage of status `error`: the kit's words for a model as its content, the error as its
+ * `artifact`; invoked with plain arguments, the tool throws it. */
 export declare function idempotentLangChainTool<T extends { name: string; invoke: (...args: any[]) => any }>(
   engine: Engine,
   inner: T,

@@ -6,7 +6,7 @@
 const { randomUUID } = require('node:crypto');
 const { Failed, IdemgateError, MaybeApplied, NotApplied } = require('./errors.cjs');
 const {
-  KEY_ARGUMENT, callOnce, freshScope, jsonable, nameAction, policyFields, splitModelKey, zodKeyArgument,
+  KEY_ARGUMENT, callOnce, freshScope, jsonable, nameAction, policyFields, refusalText, splitModelKey, zodKeyArgument,
 } = require('./tool-calls.cjs');
 
 /** Where MCP requests carry the idempotency key (`params._meta`), as `idemgate mcp` reads it. */
@@ -18,6 +18,23 @@ const CALL_ID_META = 'dev.idemgate/tool-call-id';
 const CONVERSATION_META = 'dev.idemgate/conversation';
 
 const errorResult = (text) => ({ content: [{ type: 'text', text }], isError: true });
+
+/** idemgate's answer that the call was not run now (or ran and was not recorded), as `idemgate
+ * mcp` answers it: an error result whose text is the kit's words for a model (`idemgate: …`;
+ * an expired outcome's: the action already ran at T, was not performed again, its result is no
+ * longer kept, and how to do it again with a new `idempotency_key`), and `_meta` for programs:
+ * `dev.idemgate/verdict` (`expired`, `unknown`...), `dev.idemgate/problem` (the problem type),
+ * and the answer's facts (`executed_at` and `fence` of an expired outcome, `fence` and `since`
+ * of an unknown one, `retry_after_secs` and `since` of one in flight). */
+function refused(e) {
+  const p = e.problem ?? {};
+  const meta = { 'dev.idemgate/verdict': e.verdict, 'dev.idemgate/problem': p.type ?? null };
+  if (p.executed_at != null) meta['dev.idemgate/executed_at'] = p.executed_at;
+  if (p.fence != null) meta['dev.idemgate/fence'] = p.fence;
+  if (p.since != null) meta['dev.idemgate/since'] = p.since;
+  if (p.retry_after != null) meta['dev.idemgate/retry_after_secs'] = Math.max(1, Math.floor(p.retry_after));
+  return { ...errorResult(refusalText(e)), _meta: meta };
+}
 
 /** A stored result replayed: marked in `_meta`, and told in words (the model reads content). */
 function replayed(stored, result, rule) {
@@ -91,7 +108,9 @@ function makeGate(z) {
    * a new value repeating an action on purpose; else, when the tool's policy sets a `window`, an
    * identical call in the scope within it (the model re-emitting a call), and without a window
    * the call is refused, telling the model what to send. A replay is the stored result with
-   * `_meta["dev.idemgate/replayed"]` and a text block saying so. */
+   * `_meta["dev.idemgate/replayed"]` and a text block saying so; a refusal (an expired outcome,
+   * an unknown one...) is an error result in the kit's words for a model, its facts in `_meta`
+   * (`refused`). */
   return function gateTools(engine, server, { tools = {}, key, scope } = {}) {
     const register = server.registerTool.bind(server);
     server.registerTool = (name, config, cb) => {
@@ -138,7 +157,7 @@ function makeGate(z) {
         } catch (e) {
           if (e instanceof Failed) return errorResult(`${name} failed: ${JSON.stringify(e.result)}`);
           if (e instanceof NotApplied || e instanceof MaybeApplied) return errorResult(`${name}: ${e.message}`);
-          if (e instanceof IdemgateError) return errorResult(`idemgate: ${e.forModel ?? e.message}`);
+          if (e instanceof IdemgateError) return refused(e);
           throw e;
         }
         if (out.repeatOf !== null) return replayed(out.repeatOf.value, out.repeatOf, 'fallback');

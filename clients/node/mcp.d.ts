@@ -17,7 +17,9 @@ export interface GateOptions {
   scope?: (args: any, extra: any) => string | null | undefined;
 }
 
-/** `server` with `registerTool` gated for the tools registered after. */
+/** `server` with `registerTool` gated for the tools registered after. A refusal is an `isError`
+ * result in the kit's words for a model, with `_meta["dev.idemgate/verdict"]` (`expired`...),
+ * `dev.idemgate/problem` and its facts (`executed_at`, `fence`, `since`, `retry_after_secs`). */
 export declare function gateTools<S extends { registerTool: (...args: any[]) => any }>(
   engine: Engine,
   server: S,

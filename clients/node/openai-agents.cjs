@@ -2,7 +2,13 @@
 // The OpenAI Agents SDK for JS adapter (`import { idempotentFunctionTool } from
 // 'idemgate/openai-agents'`): a function tool (what `tool({...})` returns) whose calls run once
 // per action, keyed by the call's `callId` within the conversation.
-const { KEY_ARGUMENT, keyProperty, policyFields, scopesByObject, toolCall } = require('./tool-calls.cjs');
+const {
+  KEY_ARGUMENT, isRefusal, keyProperty, policyFields, refusalText, scopesByObject, toolCall,
+} = require('./tool-calls.cjs');
+
+/** What the model reads for an idemgate refusal when the program passes no `errorFunction`: the
+ * kit's words for a model (`idemgate: …`). */
+const refusalForModel = (runContext, error) => refusalText(error);
 
 /** The scope of a run, by its RunContext. The SDK hands a tool the run's RunContext (one per
  * `run()`, the same object in every turn of that run and when it resumes after an approval) but
@@ -28,7 +34,13 @@ function withKeyParameter(parameters, strict) {
  * another action; an answer that did not run the tool now says so in words.
  * `scope(input, runContext)` (or a string) names the conversation (default:
  * `runContext.context?.conversationId`, else the run: `runScope`); `key(input, runContext)` names
- * the action by its business identity. */
+ * the action by its business identity.
+ *
+ * A refusal (`OutcomeExpired` for a retry after the ttl, `OutcomeUnknown`, `InFlight`,
+ * `KeyReused`...) does not end the run: it goes where the SDK hands a function tool's errors,
+ * `errorFunction(runContext, error, details)` (the option of the SDK's `tool()`), and the model
+ * reads what that returns; default: the kit's words for a model (`idemgate: …`). A program that
+ * wants the error passes its own (to log it, or to throw it: the run then fails with it). */
 function idempotentFunctionTool(engine, fnTool, options = {}) {
   const name = fnTool.name;
   const policy = policyFields(options);
@@ -38,14 +50,19 @@ function idempotentFunctionTool(engine, fnTool, options = {}) {
   return {
     ...fnTool,
     parameters: injected ? withKeyParameter(fnTool.parameters, fnTool.strict) : fnTool.parameters,
-    invoke: (runContext, input, details) => {
+    invoke: async (runContext, input, details) => {
       const parsed = JSON.parse(input || '{}');
-      return toolCall(engine, name, parsed, runContext, options, {
-        callId: details?.toolCall?.callId,
-        defaultScope: () => runContext?.context?.conversationId ?? runScope(runContext),
-        signal: details?.signal,
-        policy,
-      }, (args) => fnTool.invoke(runContext, JSON.stringify(injected ? args : parsed), details));
+      try {
+        return await toolCall(engine, name, parsed, runContext, options, {
+          callId: details?.toolCall?.callId,
+          defaultScope: () => runContext?.context?.conversationId ?? runScope(runContext),
+          signal: details?.signal,
+          policy,
+        }, (args) => fnTool.invoke(runContext, JSON.stringify(injected ? args : parsed), details));
+      } catch (e) {
+        if (!isRefusal(e)) throw e;
+        return (options.errorFunction ?? refusalForModel)(runContext, e, details);
+      }
     },
   };
 }

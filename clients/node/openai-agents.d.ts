@@ -1,5 +1,5 @@
 // Types of `idemgate/openai-agents`, the OpenAI Agents SDK for JS adapter.
-import type { Engine, PolicyOptions } from './index.js';
+import type { Engine, IdemgateError, PolicyOptions } from './index.js';
 
 export interface IdempotentFunctionToolOptions extends PolicyOptions {
   /** The conversation (default: `runContext.context?.conversationId`, else the run; never global). */
@@ -8,6 +8,10 @@ export interface IdempotentFunctionToolOptions extends PolicyOptions {
   key?: (input: any, runContext: any) => string | null | undefined;
   /** Adds the model's optional, nullable `idempotency_key` parameter (default true). */
   modelKey?: boolean;
+  /** Gets an idemgate refusal (`OutcomeExpired`, `OutcomeUnknown`, `InFlight`, `KeyReused`...),
+   * as the SDK's `tool({ errorFunction })` gets a tool's error: the model reads what it returns;
+   * throwing ends the run. Default: the kit's words for a model (`idemgate: …`). */
+  errorFunction?: (runContext: any, error: IdemgateError, details?: any) => string | Promise<string>;
 }
 
 /** The function tool `fnTool`, its calls run once per action through `engine`. */

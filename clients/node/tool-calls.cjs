@@ -150,6 +150,28 @@ function answer({ result, repeatOf }) {
   return `${JSON.stringify(result.value)}\n\nidemgate: ${replay.forModel ?? replay.explanation}`;
 }
 
+/** Whether `e` is idemgate's answer that the call was not run now (a refusal: the outcome
+ * expired, is unknown or still in flight, the key was reused, no key was given, the store could
+ * not be reached...), which the model must read in words. Not the errors of a call that ran
+ * (`OutcomeNotRecorded`, `LeaseLost`): those stay the program's alone. */
+function isRefusal(e) {
+  return e instanceof IdemgateError && !(e instanceof OutcomeNotRecorded) && !(e instanceof LeaseLost);
+}
+
+/** What the model reads for a refusal: the kit's words for a model (`forModel`; the expired
+ * answer's: the action already ran at T, was not performed again, its result is no longer kept,
+ * and how to do it again on purpose with a new `idempotency_key`), else the error's message. */
+const refusalText = (e) => `idemgate: ${e.forModel ?? e.message}`;
+
+/** `e` (a refusal) as a framework that shows the model a thrown error's text (`String(e)`, as
+ * the AI SDK does) shows it `refusalText(e)`; the error is otherwise the same (its class, its
+ * message for a person, its problem document). */
+function toldToModel(e) {
+  const text = refusalText(e);
+  Object.defineProperty(e, 'toString', { value: () => text, configurable: true, writable: true });
+  return e;
+}
+
 /** The model's key of a call and its other arguments. */
 function splitModelKey(input, modelKey) {
   if (!modelKey || input === null || typeof input !== 'object' || !(KEY_ARGUMENT in input)) {
@@ -190,4 +212,5 @@ module.exports = {
   toolCall, policyFields,
   KEY_ARGUMENT, KEY_DESCRIPTION, DEFAULT_WINDOW, nameAction, scopedKey, windowOf, callOnce,
   answer, jsonable, splitModelKey, freshScope, scopesByObject, keyProperty, zodKeyArgument,
+  isRefusal, refusalText, toldToModel,
 };

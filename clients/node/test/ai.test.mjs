@@ -7,7 +7,7 @@ import assert from 'node:assert/strict';
 import { generateText, isStepCount, tool } from 'ai';
 import { MockLanguageModelV4 } from 'ai/test';
 import { z } from 'zod';
-import { Engine } from '../index.mjs';
+import { Engine, OutcomeExpired } from '../index.mjs';
 import { idempotentTool } from '../ai.mjs';
 import { deferred, settled, unique, within } from './helpers.mjs';
 
@@ -177,4 +177,29 @@ test('the model is shown the optional, nullable idempotency_key argument, and nu
   assert.deepEqual(schema.properties.idempotency_key.type, ['string', 'null']);
   assert.match(schema.properties.idempotency_key.description, /^Leave empty\. .*do an action again on purpose/);
   assert.equal(sent.length, 1);
+});
+
+test('a retry after the ttl is not run: the model reads that it expired, the program gets OutcomeExpired as the tool-error', async () => {
+  const { sent, tools } = await agent({ ttl: 0.3 });
+  const messages = [{ role: 'user', content: 'mail Ann the invoice' }];
+  const first = await generateText({ model: modelCalling('call-1', MAIL), tools, messages });
+  messages.push(...first.response.messages);
+  await new Promise((resolve) => setTimeout(resolve, 700));
+  // The turn retried past the ttl: the same call again; the model's next step reads the answer.
+  let read;
+  const steps = [async () => callStep('call-1', MAIL), async ({ prompt }) => {
+    read = prompt.at(-1).content[0].output;
+    return doneStep();
+  }];
+  let i = 0;
+  const r = await generateText({ model: new MockLanguageModelV4({ doGenerate: (o) => steps[i++](o) }), tools, messages, stopWhen: isStepCount(2) });
+  assert.equal(sent.length, 1);
+  const [error] = r.steps.flatMap((s) => s.content.filter((p) => p.type === 'tool-error'));
+  assert.ok(error?.error instanceof OutcomeExpired, JSON.stringify(r.steps.map((s) => s.content)));
+  assert.equal(error.error.verdict, 'expired');
+  assert.equal(typeof error.error.fence, 'number');
+  assert.match(error.error.message, /already ran at .* so it was not run now/, 'its message is for a person');
+  assert.equal(read.type, 'error-text');
+  assert.equal(read.value, `idemgate: ${error.error.forModel}`);
+  assert.match(read.value, /^idemgate: This action was already performed at .*, and its result is no longer kept .*NOT performed again.*idempotency_key set to a new value/);
 });

@@ -6,9 +6,12 @@ import { createRequire } from 'node:module';
 import {
   Engine, idempotent, currentKey, deriveKey, Failed, NotApplied, MaybeApplied, OutcomeUnknown,
   KeyReused, KeyRequired, InFlight, StoreMisconfigured, StoreUnavailable, IdemgateError, Conflict,
-  NotFound, NotResolvable,
+  NotFound, NotResolvable, OutcomeExpired,
 } from '../index.mjs';
 import { unique, sqliteStore, deferred, within, POSTGRES_URL, REDIS_URL } from './helpers.mjs';
+
+/** Waits past the 0.3 s ttl of the expiry tests (the records expire by the clock). */
+const pastTtl = () => new Promise((resolve) => setTimeout(resolve, 700));
 
 const require = createRequire(import.meta.url);
 
@@ -136,6 +139,54 @@ for (const [store, open] of Object.entries(STORES)) {
       assert.deepEqual(await refund('r-1'), { refunded: 'r-1', run: 2 });
       assert.equal(await engine.record('refund', 'missing'), null);
       await assert.rejects(engine.reopen('refund', 'missing', 1, { reason: 'x' }), NotFound);
+      engine.close();
+    });
+
+    test('a retry after the ttl is not run again: OutcomeExpired, until a reopening; tombstone 0 runs it', async () => {
+      const engine = await open();
+      let runs = 0;
+      const mail = async () => ({ sent: ++runs });
+      const ttl = 0.3;
+      const first = await engine.call('mail', 'm-1', { to: 'ann' }, mail, { ttl });
+      assert.equal(first.executed, true);
+      // Within the ttl: the stored outcome.
+      assert.equal((await engine.call('mail', 'm-1', { to: 'ann' }, mail, { ttl })).replayed, true);
+      await pastTtl();
+      const e = await engine.call('mail', 'm-1', { to: 'ann' }, mail, { ttl }).catch((err) => err);
+      assert.ok(e instanceof OutcomeExpired, String(e));
+      assert.ok(e instanceof IdemgateError && !(e instanceof Conflict), 'a 410, not a conflict');
+      assert.equal(runs, 1, 'not run again');
+      assert.equal(e.status, 410);
+      assert.equal(e.verdict, 'expired');
+      assert.equal(e.problem.type, 'https://idemgate.dev/problems/outcome-expired');
+      assert.equal(e.problem.title, 'Outcome expired');
+      assert.equal(e.key, 'm-1');
+      assert.equal(e.rule, 'explicit');
+      assert.equal(e.executedAt, first.executedAt.toISOString());
+      assert.equal(e.expiredAt, first.expiresAt.toISOString());
+      // The default tombstone: 30 days after the call ran.
+      assert.equal(Date.parse(e.retainUntil) - first.executedAt.getTime(), 30 * 86_400_000);
+      assert.equal(typeof e.fence, 'number');
+      assert.match(e.message, /already ran at .* its outcome is no longer kept .* so it was not run now/);
+      assert.match(e.message, new RegExp(`await engine\\.reopen\\(tool, key, ${e.fence}, `));
+      assert.match(e.forModel, new RegExp(`^This action was already performed at ${e.executedAt}, and its result is no longer kept .*NOT performed again`));
+      assert.match(e.forModel, /idempotency_key set to a new value/);
+      // The record shows it: expired, at the fence a reopening names.
+      assert.equal((await engine.records({ state: 'expired', tool: 'mail' })).length, 1);
+      const rec = await engine.record('mail', 'm-1');
+      assert.equal(rec.state, 'expired');
+      assert.equal(rec.fence, e.fence);
+      // Reopening clears it: the next call runs the action again.
+      await assert.rejects(engine.reopen('mail', 'm-1', e.fence + 1, { reason: 'stale fence' }), NotResolvable);
+      assert.equal(await engine.reopen('mail', 'm-1', e.fence, { reason: 'the mail bounced; send it again' }), 'expired');
+      const again = await engine.call('mail', 'm-1', { to: 'ann' }, mail, { ttl });
+      assert.equal(again.executed, true);
+      assert.deepEqual(again.value, { sent: 2 });
+      // A tool that keeps no tombstone runs a retry after its ttl again; so does its wrapper.
+      const bare = idempotent(engine, 'ping', mail, { key: () => 'p-1', ttl, tombstone: 0 });
+      await bare();
+      await pastTtl();
+      assert.deepEqual(await bare(), { sent: 4 });
       engine.close();
     });
   });

@@ -9,7 +9,7 @@ import { tool } from '@langchain/core/tools';
 import { FakeStreamingChatModel } from '@langchain/core/utils/testing';
 import { z } from 'zod';
 import { z as z3 } from 'zod/v3';
-import { Engine } from '../index.mjs';
+import { Engine, OutcomeExpired } from '../index.mjs';
 import { idempotentLangChainTool } from '../langchain.mjs';
 import { deferred, settled, unique, within } from './helpers.mjs';
 
@@ -122,4 +122,34 @@ test('the model sees the optional, nullable idempotency_key and its description 
     assert.equal(await call('call-1', { ...MAIL, idempotency_key: null }), 'sent m-1 to ann@example.com', library);
     assert.equal(sent.length, 1);
   }
+});
+
+test('a retry after the ttl is not run: an error ToolMessage tells the model it expired, its artifact is OutcomeExpired', async () => {
+  const engine = await Engine.open('memory:', { tenant: unique('t') });
+  const sent = [];
+  const sendEmail = tool(async ({ to }) => {
+    sent.push(to);
+    return `sent m-${sent.length} to ${to}`;
+  }, { name: 'send_email', description: 'Send an email', schema: z.object({ to: z.string(), subject: z.string() }) });
+  const wrapped = idempotentLangChainTool(engine, sendEmail, { ttl: 0.3 });
+  const config = { configurable: { thread_id: unique('thread') } };
+  const call = async () => {
+    const ai = await modelCalling([wrapped], 'call-1', MAIL).invoke([['human', 'mail Ann']]);
+    return within(wrapped.invoke(ai.tool_calls[0], config), 'the tool call');
+  };
+  assert.equal((await call()).content, 'sent m-1 to ann@example.com');
+  await new Promise((resolve) => setTimeout(resolve, 700));
+  const message = await call();
+  assert.equal(sent.length, 1);
+  assert.equal(message.status, 'error');
+  assert.equal(message.tool_call_id, 'call-1');
+  assert.match(message.content, /^idemgate: This action was already performed at .*, and its result is no longer kept .*NOT performed again.*idempotency_key set to a new value/);
+  assert.ok(message.artifact instanceof OutcomeExpired, String(message.artifact));
+  assert.equal(message.content, `idemgate: ${message.artifact.forModel}`);
+  // Invoked by the program with plain arguments (no tool call, no model to tell): it throws.
+  const plain = idempotentLangChainTool(engine, sendEmail, { ttl: 0.3, key: () => 'order-1' });
+  await plain.invoke(MAIL, config);
+  await new Promise((resolve) => setTimeout(resolve, 700));
+  await assert.rejects(plain.invoke(MAIL, config), OutcomeExpired);
+  assert.equal(sent.length, 2);
 });

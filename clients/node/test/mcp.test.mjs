@@ -221,3 +221,18 @@ test('stdio: the identical call re-sent after the client timed out sends one mai
     await client.close();
   }
 });
+
+test('a retry after the ttl is not run: an error result tells the model it expired, its _meta the program', async () => {
+  const { sent, send } = await connected({ send_email: { ttl: 0.3 } });
+  assert.deepEqual(texts(await send('conv-1', 'call-1', MAIL)), ['sent m-1 to ann@example.com']);
+  await new Promise((resolve) => setTimeout(resolve, 700));
+  const expired = await send('conv-1', 'call-1', MAIL);
+  assert.equal(sent.length, 1);
+  assert.equal(expired.isError, true);
+  assert.match(texts(expired)[0], /^idemgate: This action was already performed at .*, and its result is no longer kept .*NOT performed again.*idempotency_key set to a new value/);
+  assert.equal(expired._meta['dev.idemgate/verdict'], 'expired');
+  assert.equal(expired._meta['dev.idemgate/problem'], 'https://idemgate.dev/problems/outcome-expired');
+  assert.equal(typeof expired._meta['dev.idemgate/fence'], 'number');
+  assert.match(expired._meta['dev.idemgate/executed_at'], /^\d{4}-\d\d-\d\dT/);
+  assert.ok(texts(expired)[0].includes(expired._meta['dev.idemgate/executed_at']));
+});

@@ -5,7 +5,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { Agent, Runner, tool, Usage, setTracingDisabled } from '@openai/agents-core';
 import { z } from 'zod';
-import { Engine } from '../index.mjs';
+import { Engine, OutcomeExpired } from '../index.mjs';
 import { idempotentFunctionTool } from '../openai-agents.mjs';
 import { deferred, settled, unique, within } from './helpers.mjs';
 
@@ -144,4 +144,36 @@ test('default options: the identical call re-emitted after the tool timed out in
   assert.equal(sent.length, 1);
   assert.ok(reemitted.startsWith('"sent m-1 to ann@example.com"'), reemitted);
   assert.match(reemitted, /an identical call of this tool .* was not run again/);
+});
+
+test('a retry after the ttl is not run: the model reads that it expired; errorFunction gets OutcomeExpired', async () => {
+  const { sent, sendEmail, engine } = await agent();
+  const got = [];
+  const conversation = unique('conversation');
+  const tools = [
+    idempotentFunctionTool(engine, sendEmail, { ttl: 0.3 }),
+    idempotentFunctionTool(engine, sendEmail, {
+      ttl: 0.3,
+      errorFunction: (runContext, error) => {
+        got.push(error);
+        return `refused: ${error.verdict}`;
+      },
+    }),
+  ];
+  const run = async (wrapped) => {
+    const a = new Agent({ name: 'mailer', instructions: 'mail', tools: [wrapped], model: modelCalling('call-1', MAIL) });
+    const result = await within(new Runner().run(a, 'mail Ann', { context: { conversationId: conversation } }), 'the run');
+    return result.newItems.filter((i) => i.type === 'tool_call_output_item').map((i) => i.output);
+  };
+  assert.deepEqual(await run(tools[0]), ['sent m-1 to ann@example.com']);
+  await new Promise((resolve) => setTimeout(resolve, 700));
+  // The conversation's later run re-sends the call: not run, and the run goes on.
+  const [told] = await run(tools[0]);
+  assert.match(told, /^idemgate: This action was already performed at .*, and its result is no longer kept .*NOT performed again.*idempotency_key set to a new value/);
+  // The program's errorFunction gets the error; the model reads what it returns.
+  assert.deepEqual(await run(tools[1]), ['refused: expired']);
+  assert.equal(got.length, 1);
+  assert.ok(got[0] instanceof OutcomeExpired, String(got[0]));
+  assert.equal(told, `idemgate: ${got[0].forModel}`);
+  assert.equal(sent.length, 1);
 });

@@ -11,7 +11,8 @@
 // `{ sent(), conversation() }`, where `conversation().turn(calls)` is one turn of a new
 // conversation's model, which calls `send_email` once per entry of `calls` in order (`{ id,
 // args }`, or a function of the texts read so far that returns one) and resolves to the texts the
-// model read back. `id` is the framework's tool-call id.
+// model read back. `id` is the framework's tool-call id. `open({ ttl })` gives the tool that
+// policy.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 
@@ -21,6 +22,16 @@ export const MAIL = Object.freeze({ to: 'ann@example.com', subject: 'invoice' })
 const REPEAT = /idemgate: an identical call of this tool .* was not run again/;
 /** What the model reads for any answer that did not run the tool now. */
 const TOLD = /idemgate: /;
+/** What the model reads for a retry after the TTL (the kit's words for an expired outcome): it
+ * ran at T, was not performed again, its result is no longer kept, and how to do it on purpose. */
+const EXPIRED =
+  /idemgate: This action was already performed at \S+, and its result is no longer kept \(it expired at \S+\), so it was NOT performed again.*idempotency_key set to a new value/s;
+
+/** The TTL of the expired case, in seconds, and how long its retry waits: past the TTL (a timer
+ * waiting for time itself: the record expires by the clock; its tombstone, 30 days by default,
+ * remembers it). */
+const TTL = 0.3;
+const PAST_TTL_MS = 700;
 
 const call = (id, extra = {}) => ({ id, args: { ...MAIL, ...extra } });
 
@@ -112,6 +123,22 @@ export const CASES = [
       }
     },
   },
+  {
+    id: 'expired',
+    what: 'a retry after the TTL (`ttl: 0.3`; the same call in a later turn)',
+    want: 'not run, told expired',
+    async run(door) {
+      const w = await door.open({ ttl: TTL });
+      const c = w.conversation();
+      const [first] = await c.turn([call('call-1')]);
+      await new Promise((resolve) => setTimeout(resolve, PAST_TTL_MS));
+      // The turn retried once the TTL has passed: the same call, under the same id, again.
+      const [retry] = await c.turn([call('call-1')]);
+      assert.equal(w.sent(), 1, retry);
+      assert.doesNotMatch(first, TOLD);
+      assert.match(retry, EXPIRED);
+    },
+  },
 ];
 
 /** Registers every case as a test of `door`. */
@@ -159,6 +186,13 @@ export const DOORS = {
   agents: {
     name: 'OpenAI Agents JS',
     conversation: "`runContext.context.conversationId`, else the run (its RunContext); a later turn is a new run",
+    impossible: {
+      expired: 'a later turn is a new run, another conversation, so the retried call runs again (2 mails), and the SDK never invokes a call id twice in one run; name the conversation (the next column)',
+    },
+  },
+  agentsNamed: {
+    name: 'OpenAI Agents JS, `conversationId` in the run context',
+    conversation: "`runContext.context.conversationId`, the program's (`run(agent, input, { context: { conversationId } })`): every run of the conversation",
   },
   langchain: {
     name: 'LangChain.js',
@@ -171,6 +205,7 @@ export const DOORS = {
       resent: 'each call is its own invocation, so it runs again (2 mails); name the conversation or pass `scope`',
       reemitted: 'each call is its own invocation, never joined to another (2 mails); name the conversation or pass `scope`',
       deliberate: 'there is no notice to follow: nothing is taken for a repeat without a conversation',
+      expired: 'each call is its own invocation, so the retry runs again (2 mails), as any re-sent call does; name the conversation or pass `scope`',
     },
   },
   mcpCallIds: {
@@ -180,5 +215,8 @@ export const DOORS = {
   mcp: {
     name: 'MCP TS gate (tool `window` set)',
     conversation: '`_meta["dev.idemgate/conversation"]`, else the MCP session, else the stdio connection; a request id is never a key, and without the `window` a call with no key is refused',
+    impossible: {
+      expired: 'a call with no key is named by the re-emission window alone, whose records keep no tombstone: within the window the retry is a replay the model is told of (1 mail), after it a new action; a key (`_meta`, the model\'s, the program\'s `key`) is answered expired',
+    },
   },
 };

@@ -25,6 +25,13 @@ const asText = (v) => (typeof v === 'string' ? v : JSON.stringify(v));
 /** The call a turn's entry names, given the texts the model read so far. */
 const next = (entry, texts) => (typeof entry === 'function' ? entry(texts) : entry);
 
+/** The text of a tool's output in a language model prompt (an AI SDK `ToolResultOutput`): what
+ * the model reads, an error's text included. */
+const outputText = (o) => (o.type === 'text' || o.type === 'error-text' ? o.value : JSON.stringify(o.value));
+/** The texts of the tool results in a language model prompt, oldest first. */
+const toolResults = (prompt) =>
+  prompt.filter((m) => m.role === 'tool').flatMap((m) => m.content.filter((p) => p.type === 'tool-result').map((p) => outputText(p.output)));
+
 /** The engine of one case and the mails its tool sends. */
 async function mailer() {
   const engine = await Engine.open('memory:', { tenant: unique('t') });
@@ -52,11 +59,16 @@ stamp({
         const messages = []; // the program's history, passed on every turn
         return {
           async turn(calls) {
-            const texts = [];
-            const tracked = { ...wrapped, execute: async (...a) => { const v = await wrapped.execute(...a); texts.push(asText(v)); return v; } };
+            // What the model reads: the tool results (or errors) the SDK puts in its prompt
+            // after those of earlier turns.
+            let texts = [];
+            let earlier = null;
             let i = 0;
             const model = new MockLanguageModelV4({
-              doGenerate: async () => {
+              doGenerate: async ({ prompt }) => {
+                const read = toolResults(prompt);
+                earlier ??= read.length;
+                texts = read.slice(earlier);
                 if (i === calls.length) return { content: [{ type: 'text', text: 'done' }], finishReason: { unified: 'stop', raw: undefined }, usage, warnings: [] };
                 const c = next(calls[i++], texts);
                 return {
@@ -66,7 +78,7 @@ stamp({
               },
             });
             messages.push({ role: 'user', content: 'mail Ann the invoice' });
-            const r = await generateText({ model, tools: { send_email: tracked }, messages, stopWhen: isStepCount(calls.length + 1) });
+            const r = await generateText({ model, tools: { send_email: wrapped }, messages, stopWhen: isStepCount(calls.length + 1) });
             messages.push(...r.response.messages);
             assert.equal(texts.length, calls.length);
             return texts;
@@ -77,14 +89,17 @@ stamp({
   },
 });
 
-stamp({
-  ...DOORS.agents,
+/** The OpenAI Agents JS door; `named`: each conversation's runs carry its `conversationId` in
+ * their context (else a conversation is its one run). */
+const agentsDoor = (description, named) => ({
+  ...description,
   async open(options = {}) {
     const { engine, sent, send } = await mailer();
     const wrapped = idempotentFunctionTool(engine, agentTool({ name: 'send_email', description: 'Send an email', parameters: schema, execute: send }), options);
     return {
       sent: () => sent.length,
       conversation() {
+        const runOptions = named ? { context: { conversationId: unique('conversation') } } : undefined;
         return {
           async turn(calls) {
             const texts = [];
@@ -103,7 +118,7 @@ stamp({
               },
             };
             const agent = new Agent({ name: 'mailer', instructions: 'mail', tools: [tracked], model });
-            await within(new Runner().run(agent, 'mail Ann the invoice'), 'the run');
+            await within(new Runner().run(agent, 'mail Ann the invoice', runOptions), 'the run');
             // A call id the run has an output for already is not invoked again by the SDK itself.
             return texts;
           },
@@ -112,6 +127,9 @@ stamp({
     };
   },
 });
+
+stamp(agentsDoor(DOORS.agents, false));
+stamp(agentsDoor(DOORS.agentsNamed, true));
 
 /** The LangChain.js door; `config()` is what a conversation's calls are invoked with. */
 function langchainDoor(description, config) {
@@ -150,11 +168,11 @@ stamp(langchainDoor(DOORS.langchainBare, () => ({})));
 
 stamp({
   ...DOORS.mcpCallIds,
-  async open({ key } = {}) {
+  async open({ key, ...policy } = {}) {
     const { engine, sent, send } = await mailer();
     // One session for every conversation (a desktop agent's one connection): what keeps two
     // conversations apart is the conversation the client names beside each call id.
-    const server = gateTools(engine, new McpServer({ name: 'mail', version: '1.0.0' }), { key });
+    const server = gateTools(engine, new McpServer({ name: 'mail', version: '1.0.0' }), { key, tools: { send_email: policy } });
     server.registerTool('send_email', { inputSchema: schema.shape }, async (args) => ({
       content: [{ type: 'text', text: await send(args) }],
     }));
@@ -188,7 +206,7 @@ stamp({
 
 stamp({
   ...DOORS.mcp,
-  async open({ key } = {}) {
+  async open({ key, ...policy } = {}) {
     const { engine, sent, send } = await mailer();
     return {
       sent: () => sent.length,
@@ -196,7 +214,7 @@ stamp({
         let client = null; // one session per conversation, opened on its first turn
         const connect = async () => {
           const server = gateTools(engine, new McpServer({ name: 'mail', version: '1.0.0' }), {
-            tools: { send_email: { window: 60 } },
+            tools: { send_email: { ...policy, window: 60 } },
             key,
           });
           server.registerTool('send_email', { inputSchema: schema.shape }, async (args) => ({

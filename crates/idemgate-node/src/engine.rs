@@ -591,7 +591,7 @@ impl NativeEngine {
         })
     }
 
-    /// Reopens the completed or unknown record of `(tool, key)` at `fence`, so the next call runs
+    /// Reopens the completed, expired or unknown record of `(tool, key)` at `fence`, so the next call runs
     /// the action again; `by` and `reason` go into the audit log. `{"was": "completed"}` (or
     /// `unknown`), or an error (`not_found`, `not_resolvable`: in flight, or its fence moved on).
     #[napi(ts_return_type = "string | Promise<string>")]

@@ -1,6 +1,6 @@
 // Checked by `tsc -p test/types` (scripts/test-node): the README's example and the error classes
 // type-check against index.d.ts as a TypeScript agent writes them.
-import { Engine, idempotent, OutcomeUnknown, Failed, type Result } from 'idemgate';
+import { Engine, idempotent, OutcomeUnknown, OutcomeExpired, Failed, type Result } from 'idemgate';
 import { idempotentTool } from 'idemgate/ai';
 import { gateTools } from 'idemgate/mcp';
 import { idempotentFunctionTool } from 'idemgate/openai-agents';
@@ -17,7 +17,7 @@ async function main(): Promise<void> {
     engine,
     'charge',
     async (order: { id: string; amount: number }) => ({ chargeId: `ch-${order.id}`, amount: order.amount }),
-    { key: (order) => order.id, ttl: 3600 },
+    { key: (order) => order.id, ttl: 3600, tombstone: 30 * 86400 },
   );
   const receipt: { chargeId: string; amount: number } = await charge({ id: 'o-1', amount: 5 });
   const result: Result<{ chargeId: string; amount: number }> = await charge.result({ id: 'o-1', amount: 5 });
@@ -29,7 +29,7 @@ async function main(): Promise<void> {
     });
     if (after !== null) console.log(after.state, after.outcome?.body);
   }
-  const was: 'completed' | 'unknown' = await engine.reopen('charge', 'o-1', result.replayed ? 1 : 2, {
+  const was: 'completed' | 'expired' | 'unknown' = await engine.reopen('charge', 'o-1', result.replayed ? 1 : 2, {
     reason: 'refunded',
   });
   console.log(was);
@@ -38,6 +38,12 @@ async function main(): Promise<void> {
   } catch (e) {
     if (e instanceof OutcomeUnknown) console.log(e.fence, e.since);
     if (e instanceof Failed) console.log(e.result, e.replayed);
+    if (e instanceof OutcomeExpired) {
+      const at: string | null = e.executedAt;
+      const fence: number | null = e.fence;
+      console.log(at, e.expiredAt, e.retainUntil, e.key, e.rule, e.forModel);
+      if (fence !== null) await engine.reopen('charge', 'o-2', fence, { reason: 'charge again' });
+    }
   }
   console.log(receipt, replayed);
   const mail = idempotentTool(engine, 'send_email', tool({
@@ -50,7 +56,7 @@ async function main(): Promise<void> {
     description: 'Send an email',
     parameters: z.object({ to: z.string() }),
     execute: async ({ to }) => `sent to ${to}`,
-  }), { scope: 'conversation-1' });
+  }), { scope: 'conversation-1', errorFunction: (_runContext, error) => `idemgate: ${error.forModel}` });
   const lcMail = idempotentLangChainTool(engine, lcTool(async ({ to }: { to: string }) => `sent to ${to}`, {
     name: 'send_email',
     schema: z.object({ to: z.string() }),
