@@ -231,8 +231,8 @@ impl FileJournal {
     /// Writes `body` as the entry file `path`, durably.
     fn write_entry(&self, tmp: &Path, path: &Path, body: &[u8]) -> std::io::Result<()> {
         let written = (|| {
-            let mut f = private(OpenOptions::new().write(true).create(true).truncate(true))
-                .open(tmp)?;
+            let mut f =
+                private(OpenOptions::new().write(true).create(true).truncate(true)).open(tmp)?;
             f.write_all(body)?;
             f.sync_all()?;
             fs::rename(tmp, path)?;
