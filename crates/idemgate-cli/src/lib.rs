@@ -149,8 +149,12 @@ async fn dispatch(cli: Cli) -> Result<u8> {
                 out::line(format_args!("{}", serde_json::to_string(&report)?));
             } else {
                 out::line(format_args!(
-                    "applied {}, superseded {}, still pending {}",
-                    report.applied, report.superseded, report.pending
+                    "applied {} (written back {}), superseded {}, displaced {}, still pending {}",
+                    report.applied,
+                    report.restored,
+                    report.superseded,
+                    report.displaced,
+                    report.pending
                 ));
             }
             Ok(if report.pending > 0 {

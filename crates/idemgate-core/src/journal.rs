@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::canonical::Fingerprint;
 use crate::key::{hex, Key};
 use crate::record::{Lease, Outcome};
 use crate::store::Keep;
@@ -69,6 +70,10 @@ pub struct JournalEntry {
     pub op: JournalOp,
     /// When it was journaled (local clock).
     pub journaled_at: Timestamp,
+    /// The fingerprint of the call's arguments, when the engine knew it: a completion whose
+    /// record the store lost is written back under it (entries without one cannot be).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fingerprint: Option<Fingerprint>,
 }
 
 impl JournalEntry {
@@ -144,8 +149,15 @@ impl Journal for MemoryJournal {
 pub struct FlushReport {
     /// Entries the store took.
     pub applied: usize,
-    /// Entries dropped because their lease was no longer current (the record moved on).
+    /// Entries dropped because their record stands at a higher fence (another call took it
+    /// over).
     pub superseded: usize,
+    /// Of the applied entries, completions written back as a new record because the store no
+    /// longer had theirs (an asynchronous standby promoted, a backup restored).
+    pub restored: usize,
+    /// Entries dropped because another call's record stands at a fence not above theirs (the
+    /// store lost theirs and a retry ran meanwhile), or because they could not be written back.
+    pub displaced: usize,
     /// Entries kept for a later flush (the store was still unavailable).
     pub pending: usize,
 }

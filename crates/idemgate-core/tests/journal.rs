@@ -10,7 +10,7 @@ use std::time::Duration;
 use idemgate_core::faulty::{Fault, FaultyStore, Op};
 use idemgate_core::{
     Decision, Effect, Engine, Journal as _, ManualClock, MemoryJournal, MemoryStore, Policies,
-    Recording, Settings, Timestamp, ToolPolicy, UnknownPolicy,
+    Recording, Settings, Store as _, Timestamp, ToolPolicy, UnknownPolicy,
 };
 
 use crate::support::{call, Counter, LEASE};
@@ -231,4 +231,90 @@ async fn a_journaled_answer_and_its_later_replays_say_one_execution_time() {
         panic!("expected a replay: {replay:?}")
     };
     assert_eq!(executed_at, answered, "one execution time");
+}
+
+/// A journaled outcome whose record the store lost (an asynchronous standby promoted, a backup
+/// restored) is written back by the flush, with its execution time, and replayed: the next call
+/// does not run the action again, and nothing is reported as a takeover. A record that another
+/// call holds at a fence not above the entry's is not overwritten: the entry is displaced.
+#[tokio::test(start_paused = true)]
+async fn a_journaled_outcome_whose_record_the_store_lost_is_written_back() {
+    let clock = ManualClock::new(Timestamp::from_millis(1_800_000_000_000));
+    let memory = MemoryStore::with_clock(Arc::new(clock.clone()));
+    let store = FaultyStore::new(memory.clone());
+    let journal = Arc::new(MemoryJournal::new());
+    let engine = Engine::new(store.clone())
+        .with_journal(journal.clone())
+        .with_clock(Arc::new(clock.clone()))
+        .with_settings(Settings {
+            finish_attempts: 2,
+            finish_backoff: Duration::from_millis(5),
+            replay_cache: 0,
+            ..Settings::default()
+        });
+    let policy = ToolPolicy::default();
+    let runs = Counter::default();
+    let lost_one = |k: &str| call("acme", "charge", Some(k), serde_json::json!(1));
+
+    for (k, retry_first) in [("lost-1", false), ("lost-2", true)] {
+        let idemgate_core::Begun::Execute(ticket) =
+            engine.begin(lost_one(k), &policy).await.unwrap()
+        else {
+            panic!("expected to run")
+        };
+        store.always(Op::Complete, Fault::Refuse);
+        let first = engine
+            .finish(&ticket, runs.effect(success("paid")).await)
+            .await;
+        let Decision::Executed {
+            executed_at: answered,
+            recording: Recording::Journaled,
+            ..
+        } = first.decision
+        else {
+            panic!("expected a journaled execution: {first:?}")
+        };
+        store.heal();
+        // The store loses the record (its in-flight row is gone).
+        memory.release(&ticket.key, ticket.lease).await.unwrap();
+        if retry_first {
+            // A retry reached the store before the flush: it ran again, and its record stands.
+            engine
+                .call(lost_one(k), || runs.effect(success("paid again")))
+                .await
+                .unwrap();
+            let report = engine.flush_journal().await.unwrap();
+            assert_eq!((report.displaced, report.superseded), (1, 0), "{report:?}");
+            continue;
+        }
+        let report = engine.flush_journal().await.unwrap();
+        assert_eq!(
+            (report.applied, report.restored, report.superseded),
+            (1, 1, 0),
+            "{report:?}"
+        );
+        let again = engine
+            .call(lost_one(k), || runs.effect(success("paid again")))
+            .await
+            .unwrap();
+        let Decision::Replayed {
+            executed_at,
+            outcome,
+            ..
+        } = again.decision
+        else {
+            panic!("expected a replay of the written-back outcome: {again:?}")
+        };
+        assert_eq!(outcome.body, b"paid");
+        assert_eq!(
+            executed_at, answered,
+            "the time it ran, not the time of the flush"
+        );
+    }
+    assert_eq!(
+        runs.get(),
+        3,
+        "lost-1 once; lost-2 ran again before the flush"
+    );
+    assert!(journal.pending().unwrap().is_empty());
 }

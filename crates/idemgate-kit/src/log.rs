@@ -97,11 +97,24 @@ impl Observer for Log {
                 tenant = %key.tenant, tool = %key.tool, key = short(key), fence, was = %was, by,
                 reason, "reopened: the next call runs the action again"
             ),
+            Event::Flushed(Ok(r)) if r.displaced > 0 => tracing::warn!(
+                applied = r.applied,
+                superseded = r.superseded,
+                displaced = r.displaced,
+                pending = r.pending,
+                "flushed the journal: outcomes acknowledged to callers were dropped because the store lost their records and another call's record stands under the same key (an asynchronous standby promoted, a backup restored)"
+            ),
             Event::Flushed(Ok(r)) if r.superseded > 0 => tracing::warn!(
                 applied = r.applied,
                 superseded = r.superseded,
                 pending = r.pending,
                 "flushed the journal: outcomes acknowledged to callers were superseded by a takeover (this process was cut off from the store past its lease)"
+            ),
+            Event::Flushed(Ok(r)) if r.restored > 0 => tracing::warn!(
+                applied = r.applied,
+                restored = r.restored,
+                pending = r.pending,
+                "flushed the journal: the store no longer had the records of outcomes acknowledged to callers; they were written back"
             ),
             Event::Flushed(Ok(r)) => tracing::info!(
                 applied = r.applied,

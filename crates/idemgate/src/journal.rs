@@ -374,6 +374,7 @@ mod tests {
                 idemgate_core::Keep::replay(Duration::from_secs(5)),
             ),
             journaled_at: Timestamp::from_millis(at),
+            fingerprint: None,
         }
     }
 

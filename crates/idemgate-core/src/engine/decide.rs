@@ -263,7 +263,9 @@ impl<S: Store> Engine<S> {
             Ok(Probe::NotApplied) => return Ok(executing(reservation, rule, keep, lease)),
             Ok(Probe::Applied(outcome)) => {
                 let op = JournalOp::complete(outcome, keep);
-                let (done, _) = self.record(&reservation.key, lease, &op).await;
+                let (done, _) = self
+                    .record(&reservation.key, lease, &op, Some(reservation.fingerprint))
+                    .await;
                 let JournalOp::Complete { outcome, .. } = op else {
                     unreachable!("built as a completion above")
                 };
@@ -450,6 +452,7 @@ pub(super) fn executing(r: Reservation, rule: KeyRule, keep: Keep, lease: Lease)
         lease,
         keep,
         lease_for: r.lease_for,
+        fingerprint: Some(r.fingerprint),
     })
 }
 

@@ -53,15 +53,15 @@ impl<S: Store> Engine<S> {
         let (key, lease, keep) = (&ticket.key, ticket.lease, ticket.keep);
         let decision = match reported {
             Effect::Success(body) => {
-                self.store_outcome(key, lease, keep, Outcome::success(body))
+                self.store_outcome(key, lease, keep, Outcome::success(body), ticket.fingerprint)
                     .await
             }
             Effect::Failed(body) => {
-                self.store_outcome(key, lease, keep, Outcome::failed(body))
+                self.store_outcome(key, lease, keep, Outcome::failed(body), ticket.fingerprint)
                     .await
             }
             Effect::NotApplied { message, reply } => {
-                let (_, recording) = self.record(key, lease, &JournalOp::Release).await;
+                let (_, recording) = self.record(key, lease, &JournalOp::Release, None).await;
                 Decision::NotApplied {
                     message,
                     reply,
@@ -125,7 +125,7 @@ impl<S: Store> Engine<S> {
         key: &Key,
         lease: Lease,
     ) -> (Option<Timestamp>, Recording) {
-        let (_, recording) = self.record(key, lease, &JournalOp::MarkUnknown).await;
+        let (_, recording) = self.record(key, lease, &JournalOp::MarkUnknown, None).await;
         if recording != Recording::Stored {
             return (None, recording);
         }
@@ -156,9 +156,10 @@ impl<S: Store> Engine<S> {
         lease: Lease,
         keep: Keep,
         outcome: Outcome,
+        fingerprint: Option<Fingerprint>,
     ) -> Decision {
         let op = JournalOp::complete(outcome, keep);
-        let (done, recording) = self.record(key, lease, &op).await;
+        let (done, recording) = self.record(key, lease, &op, fingerprint).await;
         let done = done.unwrap_or_else(|| self.local_completion(keep.ttl));
         let JournalOp::Complete { outcome, .. } = op else {
             unreachable!("built as a completion above")
@@ -217,18 +218,23 @@ impl<S: Store> Engine<S> {
 
     /// Applies a "done" write with bounded retries, then journals it. Returns the store's
     /// confirmation of a completion, if it gave one.
+    /// `fingerprint` is the call's, when known, for the journal entry (see
+    /// [`JournalEntry::fingerprint`]).
     pub(super) async fn record(
         &self,
         key: &Key,
         lease: Lease,
         op: &JournalOp,
+        fingerprint: Option<Fingerprint>,
     ) -> (Option<Completion>, Recording) {
         match self.apply(key, lease, op, None).await {
             Ok(done) => (done, Recording::Stored),
             Err(StoreError::LeaseLost) => (None, Recording::LeaseLost),
             // Retries and the journal are the rare path: boxed, so that the common call's future
             // (all of which is copied on every call) does not carry their timers.
-            Err(first) => Box::pin(self.record_after_failure(key, lease, op, first)).await,
+            Err(first) => {
+                Box::pin(self.record_after_failure(key, lease, op, fingerprint, first)).await
+            }
         }
     }
 
@@ -237,6 +243,7 @@ impl<S: Store> Engine<S> {
         key: &Key,
         lease: Lease,
         op: &JournalOp,
+        fingerprint: Option<Fingerprint>,
         first: StoreError,
     ) -> (Option<Completion>, Recording) {
         // When the side effect reported (the first attempt failed at once): what the record says
@@ -261,6 +268,7 @@ impl<S: Store> Engine<S> {
             lease,
             op: op.clone(),
             journaled_at: reported_at,
+            fingerprint,
         };
         // A durable journal fsyncs: on a blocking thread, so the async workers keep serving.
         let journal = Arc::clone(&self.journal);
@@ -386,7 +394,18 @@ impl<S: Store> Engine<S> {
                 .await
             {
                 Ok(_) => report.applied += 1,
-                Err(StoreError::LeaseLost) => report.superseded += 1,
+                Err(StoreError::LeaseLost) => match self.restore(&entry).await {
+                    Ok(Restored::WrittenBack) => {
+                        report.applied += 1;
+                        report.restored += 1;
+                    }
+                    Ok(Restored::Superseded) => report.superseded += 1,
+                    Ok(Restored::Displaced) => report.displaced += 1,
+                    Err(_) => {
+                        report.pending += 1;
+                        continue;
+                    }
+                },
                 Err(_) => {
                     report.pending += 1;
                     continue;
@@ -396,4 +415,55 @@ impl<S: Store> Engine<S> {
         }
         Ok(report)
     }
+
+    /// What becomes of a journaled write whose lease the store no longer has. A takeover is
+    /// reported only when the record stands at a higher fence. A completion whose record is gone
+    /// (the store lost it: an asynchronous standby promoted, a backup restored) is written back,
+    /// reserved again under the entry's own token and completed with its execution time, so the
+    /// acknowledged outcome is replayed rather than the action run again; a record left in
+    /// flight by a write-back that was cut off is the entry's own (same token) and is completed
+    /// on the next flush. Anything else (another call's record at a fence not above ours, or an
+    /// entry without the call's fingerprint) is displaced: dropped, and said so.
+    async fn restore(&self, entry: &JournalEntry) -> Result<Restored, StoreError> {
+        let complete = matches!(entry.op, JournalOp::Complete { .. });
+        match self.store.get(&entry.key).await? {
+            Some(r) if r.fence > entry.lease.fence => return Ok(Restored::Superseded),
+            _ if !complete => return Ok(Restored::Superseded),
+            _ => {}
+        }
+        let Some(fingerprint) = entry.fingerprint else {
+            return Ok(Restored::Displaced);
+        };
+        let again = Reservation {
+            key: entry.key.clone(),
+            fingerprint,
+            token: entry.lease.token,
+            lease_for: RESTORE_LEASE,
+            scope: None,
+        };
+        match self.store.reserve(&again).await? {
+            Claim::Acquired(lease) => {
+                self.apply(&entry.key, lease, &entry.op, Some(entry.journaled_at))
+                    .await?;
+                self.replays.remove(&entry.key);
+                Ok(Restored::WrittenBack)
+            }
+            Claim::Existing(r) if r.fence > entry.lease.fence => Ok(Restored::Superseded),
+            Claim::Existing(_) => Ok(Restored::Displaced),
+        }
+    }
 }
+
+/// What a flush did with an entry whose lease the store no longer has.
+enum Restored {
+    /// Written back as a new record of the same action.
+    WrittenBack,
+    /// The record stands at a higher fence: another call took it over.
+    Superseded,
+    /// Another call's record stands at a fence not above the entry's, or the entry cannot be
+    /// written back: dropped.
+    Displaced,
+}
+
+/// How long a write-back holds the record between its reservation and its completion.
+const RESTORE_LEASE: Duration = Duration::from_secs(30);

@@ -138,6 +138,10 @@ pub struct Ticket {
     pub keep: Keep,
     /// How long the lease lasts without a heartbeat.
     pub lease_for: Duration,
+    /// The fingerprint of the call's arguments, when this engine reserved the record (`None` for
+    /// a lease a caller brings back, [`Engine::ticket_for`]): a journaled outcome whose record
+    /// the store lost is written back under it.
+    pub fingerprint: Option<Fingerprint>,
 }
 
 /// The record a write call is judged by (see [`Engine::key_for`]).
@@ -509,6 +513,7 @@ impl<S: Store> Engine<S> {
             lease,
             keep: Keep::of(rule, policy),
             lease_for: policy.lease,
+            fingerprint: None,
         }
     }
 }
