@@ -9,6 +9,7 @@
 //! to run it.
 
 mod config;
+pub mod marker;
 mod seal;
 mod store;
 #[doc(hidden)]

@@ -144,10 +144,13 @@ impl<S: Store> Store for Sealed<S> {
     }
 
     async fn list(&self, filter: &ListFilter) -> Result<Vec<Record>> {
+        // The store's seal marker is the store's, not a call's record: operators never see it.
+        let marker = crate::marker::marker_key();
         self.inner
             .list(filter)
             .await?
             .into_iter()
+            .filter(|r| r.key != marker)
             .map(|r| self.open(r, None))
             .collect()
     }

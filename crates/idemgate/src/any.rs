@@ -62,6 +62,11 @@ impl AnyStore {
     /// As [`AnyStore::connect`].
     pub async fn connect_sealed(url: &str, seal: Option<Seal>) -> Result<Self> {
         let store = Self::connect_unsealed(url).await?;
+        if store.is_durable() {
+            // A sealed store opened without its seal would find none of its records and run
+            // every call again: refused, naming what is missing (`idemgate_seal::marker`).
+            idemgate_seal::marker::check(&store, seal.as_ref()).await?;
+        }
         Ok(match seal {
             Some(seal) => AnyStore::Sealed(SealedStore::new(store, seal)),
             None => store,
