@@ -1,5 +1,4 @@
-//! The `idemgate` command line: `exec` runs a command at most once per key; `keys` lets an
-//! operator see and resolve every record, unknown ones first of all.
+#![doc = include_str!("../README.md")]
 
 mod args;
 mod console;

@@ -1,9 +1,4 @@
-//! The one conformance suite every idemgate store passes.
-//!
-//! Each behaviour is a plain `pub async fn` taking a [`Fixture`]; [`store_conformance!`] stamps each
-//! one out as a named `#[tokio::test]`, so a store's `tests/conformance.rs` is one macro call. Every
-//! behaviour works on keys of a fresh random tenant, so the suite can run against a shared server
-//! database, in parallel, without cleaning up.
+#![doc = include_str!("../README.md")]
 
 pub mod model;
 pub mod servers;

@@ -1,14 +1,4 @@
-//! The idemgate web console: an operator's view of the records in a store, unknown ones first,
-//! each with its timeline from the audit log; resolve and reopen behind a confirmation page; and
-//! per-tool charts of executed, replayed, refused and unknown calls.
-//!
-//! One [`Console`] serves its pages under `/ui` from [`router`]: the gateway (`idemgate serve`)
-//! merges it into its own routes, `idemgate console --store URL` serves it alone. Pages are
-//! server-rendered HTML with one small script and one stylesheet embedded in the binary, under a
-//! strict Content-Security-Policy; sign-in is by bearer token (a tenant's, which sees only that
-//! tenant's records, or the operator's, which sees all), kept in a server-side session named by
-//! an HttpOnly, SameSite=Strict cookie; every form that changes something carries the session's
-//! CSRF token.
+#![doc = include_str!("../README.md")]
 
 mod audit;
 mod chart;

@@ -1,29 +1,4 @@
-//! The idempotency engine of idemgate, without I/O.
-//!
-//! A mutating tool call carries an idempotency key naming its logical action. The engine reserves
-//! the key atomically in a [`Store`] before the side effect runs, stores the outcome under it, and
-//! answers duplicates with the stored outcome instead of running the side effect again. Every
-//! answer says whether it executed or replayed, from when, and by which rule.
-//!
-//! ```
-//! use idemgate_core::{Call, Decision, Effect, Engine, IdempotencyKey, MemoryStore, TenantId, ToolName};
-//!
-//! # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
-//! let engine = Engine::new(MemoryStore::new());
-//! let call = Call::new(TenantId::new("acme")?, ToolName::new("send_invoice")?)
-//!     .key(IdempotencyKey::derive("run-17", "tool-call-3")?)
-//!     .args(&serde_json::json!({"customer": 42, "amount_cents": 1999}));
-//!
-//! let first = engine.call(call.clone(), || async { Effect::Success(b"invoice 9".to_vec()) }).await?;
-//! assert!(matches!(first.decision, Decision::Executed { .. }));
-//!
-//! // The runtime retries: the invoice is not sent twice.
-//! let retry = engine.call(call, || async { unreachable!("never runs twice") }).await?;
-//! assert!(matches!(retry.decision, Decision::Replayed { .. }));
-//! assert_eq!(retry.outcome().unwrap().body, b"invoice 9");
-//! # Ok::<_, Box<dyn std::error::Error>>(())
-//! # }).unwrap();
-//! ```
+#![doc = include_str!("../README.md")]
 
 pub mod answer;
 pub mod caller;

@@ -1,22 +1,4 @@
-//! The front-door kit: what every way into idemgate (the command line, the HTTP gateway, the MCP
-//! proxy, the Python and Node packages) shares, so that none of them writes it again.
-//!
-//! - [`payload`]: the one stored-outcome format, tagged by content, so a record written by one
-//!   door is replayed by another;
-//! - [`Metrics`], [`Audit`] and [`Log`]: engine observers, attached in one call by
-//!   [`Instruments::attach`];
-//! - [`limits`]: per-tenant request rate and keys in flight;
-//! - [`tenants`]: `[[tenants]]`, bearer tokens and who a request's token names;
-//! - [`leases`] and [`records`]: what the in-process doors (the Python and Node packages) share:
-//!   the lease keeper of functions running outside the runtime, and the operator's record view.
-//!
-//! - [`identity`]: what counts as the same action: the one function that names a call's record
-//!   (key, scope, rule, window) from what its door knows;
-//! - [`Explanation`]: what a call's answer means, as facts and as the sentences for a model and
-//!   for a person, which every door renders;
-//! - [`codes`]: what each door sends for a verdict (an HTTP status, a problem name, an exit
-//!   code); the verdict itself, and whether it is a failure, is [`idemgate_core::Verdict`], next
-//!   to the decisions themselves.
+#![doc = include_str!("../README.md")]
 
 pub mod audit;
 pub mod codes;

@@ -1,10 +1,4 @@
-//! `idemgate-loadgen`: a load benchmark of the idemgate HTTP gateway.
-//!
-//! Starts a fake upstream (axum, in this process) and `idemgate serve` (the binary, spawned with a
-//! generated configuration), then drives concurrent HTTP clients for a bounded time in three
-//! phases: straight at the upstream, through the gateway with fresh keys, and replays through the
-//! gateway. Prints requests per second and p50/p99 latency of each, and what the gateway adds over
-//! the direct calls, all measured in the same run.
+#![doc = include_str!("../README.md")]
 
 use std::fmt::Write as _;
 use std::net::{SocketAddr, TcpListener as StdTcpListener};

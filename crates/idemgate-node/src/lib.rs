@@ -1,22 +1,4 @@
-//! The idemgate engine in-process for Node.js: the native addon of the `idemgate` npm package
-//! (clients/node). One engine, not a port: the same policies, keys, fingerprints, answers,
-//! journal and stores as every other front door, and the same stored-outcome format
-//! (`idemgate_kit::Payload::Json`), so a record written from Node is replayed by the Python
-//! package, `idemgate exec`/`serve`/`mcp` and vice versa.
-//!
-//! Nothing here blocks Node's thread: a method that touches the store first polls the engine's
-//! future on Node's thread, marked as a thread that must not block, and returns the reply at once
-//! when it needed no I/O (the memory store, a replay from the engine's cache); otherwise napi's
-//! tokio runtime runs it on and a JavaScript promise resolves with the reply. A call is split in
-//! two around the JavaScript function: `begin` reserves the key and, when the call may run, hands
-//! back a ticket id while the lease keeper (`idemgate_kit::leases`, one task for every call)
-//! renews the record's lease until `finish` reports what the function did.
-//!
-//! Answers cross as JSON text (see `reply`): the JavaScript side builds its `Result` or throws
-//! the error class of the answer's verdict label, so every class is chosen by one table there.
-//!
-//! The modules: `engine` the `NativeEngine` handle and its methods; `reply` answers and errors
-//! as JSON; `keys` the functions on keys and fingerprints.
+#![doc = include_str!("../README.md")]
 
 mod engine;
 mod keys;

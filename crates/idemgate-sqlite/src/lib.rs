@@ -1,43 +1,4 @@
-//! The embedded SQLite store of idemgate: one database file shared by many processes on one
-//! machine, in WAL mode, durable by default.
-//!
-//! [`SqliteStore`] implements [`idemgate_core::Store`] by applying the pure state machine of
-//! [`idemgate_core::transition`] to the stored row inside a write transaction, so it behaves exactly
-//! like the memory store and passes the same conformance suite.
-//!
-//! # Grouped commits
-//! One thread per store owns the write connection. Concurrent writes queue up for it; it runs all
-//! that are waiting (up to [`SqliteOptions::max_batch`]) in one `BEGIN IMMEDIATE` ... `COMMIT`, and
-//! answers each caller only once `COMMIT` returned. Many concurrent calls therefore share one fsync,
-//! and no answer runs ahead of the disk. Each write runs in its own `SAVEPOINT`, so one failing
-//! write does not fail the others of its batch. Reads (`get`, `list`) use separate connections and
-//! never wait behind writes.
-//!
-//! # Many processes
-//! Processes opening the same file take turns for the write lock; a process waits up to
-//! [`SqliteOptions::busy_timeout`] for it, then the write fails with
-//! [`StoreError::Unavailable`]. WAL needs shared memory, so
-//! the file must be on a local file system.
-//!
-//! ```
-//! use idemgate_core::{Call, Decision, Effect, Engine, IdempotencyKey, TenantId, ToolName};
-//! use idemgate_sqlite::{SqliteOptions, SqliteStore};
-//!
-//! # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
-//! # let dir = tempfile::tempdir()?;
-//! let store = SqliteStore::open(dir.path().join("idemgate.db"), SqliteOptions::default())?;
-//! let engine = Engine::new(store);
-//! let call = Call::new(TenantId::new("acme")?, ToolName::new("send_invoice")?)
-//!     .key(IdempotencyKey::derive("run-17", "tool-call-3")?)
-//!     .args(&serde_json::json!({"customer": 42}));
-//!
-//! let first = engine.call(call.clone(), || async { Effect::Success(b"invoice 9".to_vec()) }).await?;
-//! assert!(matches!(first.decision, Decision::Executed { .. }));
-//! let retry = engine.call(call, || async { unreachable!("never runs twice") }).await?;
-//! assert!(matches!(retry.decision, Decision::Replayed { .. }));
-//! # Ok::<_, Box<dyn std::error::Error>>(())
-//! # }).unwrap();
-//! ```
+#![doc = include_str!("../README.md")]
 
 mod error;
 mod foreign;
