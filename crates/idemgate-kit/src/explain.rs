@@ -496,7 +496,31 @@ impl Explanation {
                 Verdict::StoreUnavailable => format!(
                     "The idempotency store is unavailable, so nothing was done (the call was not sent to {effect}). Try again later. ({why})"
                 ),
-                _ => format!("Nothing was done: {why}."),
+                Verdict::BadRequest => format!(
+                    "This call is not valid, so nothing was done: {why}. Fix it before sending it again."
+                ),
+                Verdict::QuotaExceeded | Verdict::RateLimited => format!(
+                    "Nothing was done: {why}. Try again later."
+                ),
+                Verdict::LeaseLost => format!(
+                    "This call's hold on the action's record was lost ({why}): the record holds another call's outcome, not this one."
+                ),
+                Verdict::NotFound | Verdict::NotResolvable => {
+                    format!("Nothing was changed: {why}.")
+                }
+                Verdict::JournalFailed => format!(
+                    "The journal of outcomes the store has not confirmed could not be used: {why}."
+                ),
+                // Answers, never refusals: `of_error` gives none of them. Said plainly all the same.
+                Verdict::Execute
+                | Verdict::Executed
+                | Verdict::Unrecorded
+                | Verdict::Replayed
+                | Verdict::PassedThrough
+                | Verdict::NotApplied
+                | Verdict::InFlight
+                | Verdict::Unknown
+                | Verdict::Expired => format!("{why}."),
             },
             What::Ran { .. } | What::PassedThrough => {
                 format!("{}.", capitalized(&self.for_person(door)))
