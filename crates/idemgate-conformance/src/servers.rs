@@ -8,7 +8,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// A PostgreSQL instance of a test's own, in a temporary directory, run as the `postgres` OS user
-/// (Postgres refuses to run as root), fsync on. Dropping it SIGKILLs it.
+/// (Postgres refuses to run as root), fsync on. Dropping it SIGKILLs it. A running one can be
+/// given streaming standbys of its own ([`start_standby`](Self::start_standby)).
 pub struct PrivatePostgres {
     dir: tempfile::TempDir,
     bin: PathBuf,
@@ -50,12 +51,8 @@ pub fn free_port() -> u16 {
 }
 
 impl PrivatePostgres {
-    /// Creates the cluster (`initdb`); [`start`](Self::start) runs it.
-    ///
-    /// # Panics
-    /// When the server binaries are missing or `initdb` fails.
-    #[must_use]
-    pub fn init() -> Self {
+    /// An empty temporary directory owned by the `postgres` OS user, not yet holding a cluster.
+    fn empty() -> Self {
         let dir = tempfile::Builder::new()
             .prefix("idemgate-private-pg")
             .tempdir()
@@ -66,12 +63,21 @@ impl PrivatePostgres {
                 .arg(dir.path()),
             "chown the temp dir to postgres",
         );
-        let pg = PrivatePostgres {
+        PrivatePostgres {
             dir,
             bin: postgres_bin_dir(),
             port: free_port(),
             launchers: Vec::new(),
-        };
+        }
+    }
+
+    /// Creates the cluster (`initdb`); [`start`](Self::start) runs it.
+    ///
+    /// # Panics
+    /// When the server binaries are missing or `initdb` fails.
+    #[must_use]
+    pub fn init() -> Self {
+        let pg = Self::empty();
         run(
             Command::new("runuser")
                 .args(["-u", "postgres", "--"])
@@ -101,11 +107,104 @@ impl PrivatePostgres {
         format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
     }
 
+    /// The directory of the server's binaries (`pg_receivewal`, `psql`, …).
+    #[must_use]
+    pub fn bin_dir(&self) -> &Path {
+        &self.bin
+    }
+
+    /// Its port on 127.0.0.1.
+    #[must_use]
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The name a standby made by [`start_standby`](Self::start_standby) runs under
+    /// (`cluster_name`), which is the `application_name` of its row in the primary's
+    /// `pg_stat_replication`.
+    #[must_use]
+    pub fn standby_name(&self) -> String {
+        format!("idemgate-standby-{}", self.port)
+    }
+
+    /// Runs `sql` with `psql` as the `postgres` role and returns its output, unaligned, tuples
+    /// only (`a|b` per row).
+    ///
+    /// # Panics
+    /// When `psql` fails (the message holds its output).
+    #[must_use]
+    pub fn psql(&self, sql: &str) -> String {
+        let out = Command::new(self.bin.join("psql"))
+            .args(["-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1"])
+            .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(["-U", "postgres", "-d", "postgres", "-c", sql])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| panic!("failed to run psql: {e}"));
+        assert!(
+            out.status.success(),
+            "failed to run {sql:?}: {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+
+    /// Makes a streaming standby of this running instance (`pg_basebackup -R -X stream` into a
+    /// temporary directory of its own), starts it on its own free port, and waits (up to 30 s)
+    /// until this instance's `pg_stat_replication` shows it streaming, under
+    /// [`standby_name`](Self::standby_name), and it has reported its flush position (until then
+    /// Postgres shows even a synchronous standby as `async`). Whether commits wait for it is this instance's
+    /// `synchronous_standby_names` (see [`start_with`](Self::start_with)). Dropping it SIGKILLs it.
+    ///
+    /// # Panics
+    /// When the base backup fails, or the standby does not come up or stream.
+    #[must_use]
+    pub fn start_standby(&self) -> PrivatePostgres {
+        let mut standby = Self::empty();
+        run(
+            Command::new("runuser")
+                .args(["-u", "postgres", "--"])
+                .arg(self.bin.join("pg_basebackup"))
+                .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
+                .args(["-U", "postgres", "-R", "-X", "stream", "--checkpoint=fast"])
+                .arg("-D")
+                .arg(standby.data()),
+            "pg_basebackup a standby",
+        );
+        let name = standby.standby_name();
+        standby.start_with(&[("cluster_name", &name)]);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let streaming = format!(
+            "SELECT count(*) FROM pg_stat_replication \
+             WHERE application_name = '{name}' AND state = 'streaming' \
+             AND flush_lsn IS NOT NULL"
+        );
+        while self.psql(&streaming) != "1" {
+            assert!(
+                Instant::now() < deadline,
+                "the standby {name} did not stream within 30 s; its log:\n{}",
+                std::fs::read_to_string(standby.dir.path().join("log")).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        standby
+    }
+
     /// Starts the postmaster and waits (up to 30 s) until it accepts connections.
     ///
     /// # Panics
     /// When it does not come up; the message holds its log.
     pub fn start(&mut self) {
+        self.start_with(&[]);
+    }
+
+    /// As [`start`](Self::start), with server settings on top (`-c name=value` each, such as
+    /// `("synchronous_standby_names", "*")`), for this run only.
+    ///
+    /// # Panics
+    /// When it does not come up; the message holds its log.
+    pub fn start_with(&mut self, settings: &[(&str, &str)]) {
         let log_path = self.dir.path().join("log");
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -126,6 +225,11 @@ impl PrivatePostgres {
             ))
             .args(["-c", "fsync=on", "-c", "synchronous_commit=on"])
             .args(["-c", "max_connections=40", "-c", "shared_buffers=16MB"])
+            .args(
+                settings
+                    .iter()
+                    .flat_map(|(name, value)| ["-c".to_owned(), format!("{name}={value}")]),
+            )
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log file"))
             .stderr(log)

@@ -72,6 +72,12 @@ pub struct PgOptions {
     pub listen: bool,
     /// How a reservation reaches its row (only the cost differs; see [`ReservePath`]).
     pub reserve_path: ReservePath,
+    /// Accept a primary that streams to asynchronous standbys (`sync_state = 'async'` in
+    /// `pg_stat_replication`: standbys a commit does not wait for). A failover to one loses the
+    /// outcomes the store acknowledged but the standby had not received yet, so those calls run
+    /// again when re-sent. By default such a primary is refused at connect. Also set by
+    /// `?allow_async_replication=true` in the URL (the URL wins).
+    pub allow_async_replication: bool,
 }
 
 impl Default for PgOptions {
@@ -85,6 +91,7 @@ impl Default for PgOptions {
             synchronous_commit: SyncCommit::Enforce,
             listen: true,
             reserve_path: ReservePath::Adaptive,
+            allow_async_replication: false,
         }
     }
 }
@@ -176,7 +183,11 @@ impl std::fmt::Debug for PgStore {
     }
 }
 
-/// The query options of a Postgres URL, all read by tokio-postgres under libpq's names. Options
+/// The query options of a Postgres URL that the store reads itself, and takes out of the URL
+/// before tokio-postgres reads it.
+const OWN_OPTIONS: &[&str] = &["allow_async_replication"];
+
+/// The query options of a Postgres URL that tokio-postgres reads, under libpq's names. Options
 /// of libpq that tokio-postgres does not know (`sslrootcert`, `gssencmode`, …) are refused.
 const URL_OPTIONS: &[&str] = &[
     "user",
@@ -200,6 +211,9 @@ const URL_OPTIONS: &[&str] = &[
     "load_balance_hosts",
 ];
 
+/// How long a standby that has not yet reported its flush position may take to do so before it
+/// counts as asynchronous (see [`check_replication`]).
+const REPORT_WAIT: Duration = Duration::from_secs(2);
 /// How often a reservation runs again when a concurrent writer committed after its snapshot.
 const RACE_ATTEMPTS: usize = 8;
 /// How often a statement runs again after a serialization failure or deadlock.
@@ -214,14 +228,17 @@ impl PgStore {
         Self::connect_with(url, PgOptions::default()).await
     }
 
-    /// Connects to a `postgres://` or `postgresql://` URL: opens the pool, checks durability,
-    /// applies migrations under an advisory lock, and starts the listener connection.
+    /// Connects to a `postgres://` or `postgresql://` URL: opens the pool, checks durability and
+    /// replication, applies migrations under an advisory lock, and starts the listener
+    /// connection. The URL's `allow_async_replication` wins over
+    /// [`PgOptions::allow_async_replication`].
     ///
     /// # Errors
     /// [`StoreError::Unavailable`] when the server cannot be reached, [`StoreError::Misconfigured`]
-    /// for a bad URL (or a query option tokio-postgres does not read, see `docs/STORES.md`), a
-    /// schema newer than this code, or (with [`SyncCommit::Refuse`]) a server
-    /// that may lose acknowledged commits.
+    /// for a bad URL (or a query option neither the store nor tokio-postgres reads, see
+    /// `docs/STORES.md`), a schema newer than this code, (with [`SyncCommit::Refuse`]) a server
+    /// that may lose acknowledged commits, or (without
+    /// [`PgOptions::allow_async_replication`]) a primary that streams to asynchronous standbys.
     pub async fn connect_with(url: &str, options: PgOptions) -> Result<Self> {
         if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
             return Err(StoreError::Misconfigured(
@@ -229,7 +246,8 @@ impl PgStore {
             ));
         }
         // tokio-postgres refuses an unknown option too, but without naming it.
-        let query = UrlQuery::parse(url, "postgres", URL_OPTIONS)?;
+        let query = UrlQuery::parse(url, "postgres", &[OWN_OPTIONS, URL_OPTIONS].concat())?;
+        let (url, options) = own_options(url, &query, options)?;
         let mut config: tokio_postgres::Config = url.parse().map_err(|e| {
             StoreError::Misconfigured(format!("failed to read the Postgres URL: {e}"))
         })?;
@@ -275,6 +293,9 @@ impl PgStore {
 
         let mut client = pool.get().await.map_err(error::pool)?;
         check_durability(&client, options.synchronous_commit).await?;
+        if !options.allow_async_replication {
+            check_replication(&client).await?;
+        }
         migrate::migrate(&mut client, &options.schema).await?;
         drop(client);
 
@@ -455,6 +476,49 @@ fn probe_idle_connections(config: &mut tokio_postgres::Config, query: &UrlQuery<
     }
 }
 
+/// Reads the store's own options ([`OWN_OPTIONS`]) from the URL's query into `options` (the URL
+/// wins), and returns the URL without them for tokio-postgres: every other option stays exactly
+/// as written (its percent-encoding too), and a URL without the store's options is returned as
+/// it came.
+fn own_options<'a>(
+    url: &'a str,
+    query: &UrlQuery<'a>,
+    mut options: PgOptions,
+) -> Result<(std::borrow::Cow<'a, str>, PgOptions)> {
+    let own = |name: &str| OWN_OPTIONS.contains(&name);
+    for (_, value) in query
+        .options
+        .iter()
+        .filter(|(name, _)| *name == "allow_async_replication")
+    {
+        options.allow_async_replication = match *value {
+            "" | "true" | "1" | "yes" => true,
+            "false" | "0" | "no" => false,
+            _ => {
+                return Err(StoreError::Misconfigured(format!(
+                    "failed to read allow_async_replication={value:?} in the postgres URL: \
+                     expected true or false"
+                )))
+            }
+        };
+    }
+    if !query.options.iter().any(|(name, _)| own(name)) {
+        return Ok((std::borrow::Cow::Borrowed(url), options));
+    }
+    // The raw pairs after the `?`, as UrlQuery split them, less the store's own.
+    let raw = &url[query.base.len() + 1..];
+    let rest: Vec<&str> = raw
+        .split('&')
+        .filter(|pair| !own(pair.split_once('=').map_or(*pair, |(name, _)| name)))
+        .collect();
+    let url = if rest.iter().all(|pair| pair.is_empty()) {
+        query.base.to_owned()
+    } else {
+        format!("{}?{}", query.base, rest.join("&"))
+    };
+    Ok((std::borrow::Cow::Owned(url), options))
+}
+
 /// The statements every new session runs first.
 fn session_setup(options: &PgOptions) -> String {
     let mut sql = format!(
@@ -497,6 +561,60 @@ async fn check_durability(client: &Object, policy: SyncCommit) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// Refuses a primary that streams to asynchronous standbys (`sync_state = 'async'` in
+/// `pg_stat_replication`): a commit does not wait for them, so a failover to one loses what the
+/// store acknowledged and the standby had not received. A base backup in progress (`state =
+/// 'backup'`) is no standby. A role without superuser or `pg_read_all_stats` sees NULL in
+/// `sync_state` and is not refused; standbys that attach after the check are not seen.
+///
+/// Postgres shows a standby as `async` until it first reports how far it flushed (`flush_lsn`
+/// NULL; a walreceiver reports within moments of connecting), even one that
+/// `synchronous_standby_names` names: while synchronous standbys are configured, such rows are
+/// looked at again for up to [`REPORT_WAIT`] before they count.
+async fn check_replication(client: &Object) -> Result<()> {
+    let deadline = tokio::time::Instant::now() + REPORT_WAIT;
+    loop {
+        let rows = client
+            .query(
+                "SELECT coalesce(application_name, ''), flush_lsn IS NULL \
+                        AND current_setting('synchronous_standby_names') <> '' \
+                 FROM pg_stat_replication \
+                 WHERE sync_state = 'async' AND state IS DISTINCT FROM 'backup' \
+                 ORDER BY application_name",
+                &[],
+            )
+            .await
+            .map_err(|e| error::after_send(&e))?;
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let unreported = rows.iter().any(|r| r.get::<_, bool>(1));
+        if !unreported || tokio::time::Instant::now() >= deadline {
+            let names: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
+            return Err(async_replication_refused(&names));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The refusal of a primary with asynchronous standbys (`names`: their `application_name`s).
+fn async_replication_refused(names: &[String]) -> StoreError {
+    let n = names.len();
+    let (standbys, them, it) = match n {
+        1 => ("standby", "it", "it has"),
+        _ => ("standbys", "them", "they have"),
+    };
+    StoreError::Misconfigured(format!(
+        "Postgres streams to {n} asynchronous {standbys} (application_name {names:?}) that a \
+         commit does not wait for: a failover to {them} loses the outcomes the store acknowledged \
+         and {it} not received yet, so calls that ran would run again when re-sent. Make {them} \
+         synchronous (name {them} in synchronous_standby_names on the primary; the store keeps \
+         synchronous_commit = on), or accept the loss by adding allow_async_replication=true to \
+         the store URL (?allow_async_replication=true, or &allow_async_replication=true after \
+         its other options; in Rust, PgOptions::allow_async_replication); see docs/STORES.md"
+    ))
 }
 
 /// The notification payload of a record: the hex digest of its name, never the name itself.
@@ -861,6 +979,94 @@ mod tests {
         let mut config: tokio_postgres::Config = url.parse().unwrap();
         probe_idle_connections(&mut config, &query);
         config
+    }
+
+    /// The URL tokio-postgres gets and the option read, for `url` and a default of `allow`.
+    fn own(url: &str, allow: bool) -> Result<(String, bool)> {
+        let known = [OWN_OPTIONS, URL_OPTIONS].concat();
+        let query = UrlQuery::parse(url, "postgres", &known)?;
+        let options = PgOptions {
+            allow_async_replication: allow,
+            ..PgOptions::default()
+        };
+        let (url, options) = own_options(url, &query, options)?;
+        Ok((url.into_owned(), options.allow_async_replication))
+    }
+
+    #[test]
+    fn allow_async_replication_is_read_and_taken_out_of_the_url() {
+        let base = "postgres://u:p%40ss@h:5/db";
+        // No option of the store's: the URL as it came, the default kept.
+        for allow in [false, true] {
+            assert_eq!(own(base, allow).unwrap(), (base.to_owned(), allow));
+            let url = format!("{base}?options=-c%20a%3Db&application_name=x%26y");
+            assert_eq!(own(&url, allow).unwrap(), (url.clone(), allow));
+        }
+        for (value, on) in [
+            ("", true),
+            ("=", true),
+            ("=true", true),
+            ("=1", true),
+            ("=yes", true),
+            ("=false", false),
+            ("=0", false),
+            ("=no", false),
+        ] {
+            // The URL wins over the options struct, both ways.
+            let url = format!("{base}?allow_async_replication{value}");
+            assert_eq!(own(&url, !on).unwrap(), (base.to_owned(), on), "{url}");
+        }
+        // The other options stay as written, percent-encoding and order included.
+        let url = format!(
+            "{base}?options=-c%20synchronous_commit%3Don&allow_async_replication=true\
+             &application_name=a%20b&allow_async_replication=0&sslmode=disable"
+        );
+        let rest = format!(
+            "{base}?options=-c%20synchronous_commit%3Don&application_name=a%20b&sslmode=disable"
+        );
+        // The last one counts.
+        assert_eq!(own(&url, false).unwrap(), (rest.clone(), false));
+        // What remains is what tokio-postgres reads.
+        let config: tokio_postgres::Config = rest.parse().unwrap();
+        assert_eq!(config.get_application_name(), Some("a b"));
+        assert_eq!(config.get_password(), Some(&b"p@ss"[..]));
+        for bad in ["maybe", "TRUE", "on"] {
+            let url = format!("{base}?allow_async_replication={bad}");
+            match own(&url, false) {
+                Err(StoreError::Misconfigured(m)) => {
+                    assert!(m.contains("allow_async_replication="), "{m}");
+                    assert!(!m.contains("p%40ss"), "{m}");
+                }
+                other => panic!("{bad}: expected Misconfigured, got {other:?}"),
+            }
+        }
+        // Misspelt: refused by name, the store's option listed among the valid ones.
+        match own(&format!("{base}?allow_async=1"), false) {
+            Err(StoreError::Misconfigured(m)) => {
+                assert!(m.contains("\"allow_async\""), "{m}");
+                assert!(m.contains("allow_async_replication, user"), "{m}");
+            }
+            other => panic!("expected Misconfigured, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_refusal_names_the_standbys_the_loss_and_the_ways_out() {
+        let StoreError::Misconfigured(m) = async_replication_refused(&["walreceiver".to_owned()])
+        else {
+            panic!("expected Misconfigured")
+        };
+        for part in [
+            "1 asynchronous standby (application_name [\"walreceiver\"])",
+            "a failover to it loses the outcomes the store acknowledged",
+            "calls that ran would run again",
+            "synchronous_standby_names",
+            "allow_async_replication=true",
+        ] {
+            assert!(m.contains(part), "{part}: {m}");
+        }
+        let m = async_replication_refused(&["a".to_owned(), "b".to_owned()]).to_string();
+        assert!(m.contains("2 asynchronous standbys"), "{m}");
     }
 
     #[test]
