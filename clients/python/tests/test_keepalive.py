@@ -76,6 +76,10 @@ def _serve(s: Scripted, conn: socket.socket) -> None:
                 + body
             )
             if what == "answer-close":
+                # shutdown, not close alone: the file made from the socket holds it open until the
+                # `with` ends, so a bare close would send the FIN only after `closed` is set, and a
+                # client checking its idle connection in between would find it still open.
+                conn.shutdown(socket.SHUT_RDWR)
                 conn.close()
                 s.closed.set()
                 return
