@@ -165,16 +165,17 @@ fn params(step: &Step, conversation_in_meta: bool) -> Value {
 /// stdio, a conversation per client process (a session each), on one store.
 struct StdioSessions<'a> {
     sb: &'a Sandbox,
+    config: &'static str,
     proxies: HashMap<&'static str, Proxy>,
 }
 
 impl Door for StdioSessions<'_> {
     fn call(&mut self, step: &Step) -> Value {
-        let sb = self.sb;
+        let (sb, config) = (self.sb, self.config);
         let p = self
             .proxies
             .entry(step.conversation)
-            .or_insert_with(|| sb.initialized(CONFIG));
+            .or_insert_with(|| sb.initialized(config));
         p.request("tools/call", params(step, false))
     }
 }
@@ -292,6 +293,7 @@ fn same_action_mcp_stdio_a_conversation_per_session() {
         let sb = Sandbox::new();
         let mut door = StdioSessions {
             sb: &sb,
+            config: CONFIG,
             proxies: HashMap::new(),
         };
         run_case("stdio sessions", case, &sb, &mut door);
@@ -370,8 +372,29 @@ fn same_action_a_retry_after_the_ttl_is_told_expired() {
         stdio.call(&s);
         past_the_ttl();
         let answer = stdio.call(&s);
-        expired_and_said("stdio", what, &answer);
-        assert_eq!(sb.executed().len(), 1, "stdio: {what}");
+        expired_and_said("stdio _meta conversations", what, &answer);
+        assert_eq!(sb.executed().len(), 1, "stdio _meta conversations: {what}");
+
+        let sb = Sandbox::new();
+        let mut sessions = StdioSessions {
+            sb: &sb,
+            config: SHORT,
+            proxies: HashMap::new(),
+        };
+        sessions.call(&s);
+        past_the_ttl();
+        let answer = sessions.call(&s);
+        expired_and_said("stdio sessions", what, &answer);
+        assert_eq!(sb.executed().len(), 1, "stdio sessions: {what}");
+
+        let sb = Sandbox::new();
+        let p = sb.listen(SHORT, &["python3", FIXTURE]);
+        let mut sessionless = HttpSessionless { p: &p, next_id: 0 };
+        sessionless.call(&s);
+        past_the_ttl();
+        let answer = sessionless.call(&s);
+        expired_and_said("http sessionless", what, &answer);
+        assert_eq!(sb.executed().len(), 1, "http sessionless: {what}");
 
         let sb = Sandbox::new();
         let p = sb.listen(SHORT, &["python3", FIXTURE]);
