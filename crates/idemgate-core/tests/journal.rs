@@ -193,6 +193,24 @@ impl idemgate_core::Clock for Ticking {
     }
 }
 
+/// An engine on `store` whose "done" writes the store refuses go to `journal` after one quick
+/// retry, judged by `clock`, with no replay cache (every answer comes from the store).
+fn journaling(
+    store: &FaultyStore<MemoryStore>,
+    journal: &Arc<MemoryJournal>,
+    clock: Arc<dyn idemgate_core::Clock>,
+) -> Engine<FaultyStore<MemoryStore>> {
+    Engine::new(store.clone())
+        .with_journal(journal.clone())
+        .with_clock(clock)
+        .with_settings(Settings {
+            finish_attempts: 2,
+            finish_backoff: Duration::from_millis(5),
+            replay_cache: 0,
+            ..Settings::default()
+        })
+}
+
 /// A journaled outcome's first answer and every later replay say one execution time: the time the
 /// side effect reported, which the flush stores, not the time the retries and the journal took.
 #[tokio::test(start_paused = true)]
@@ -200,15 +218,7 @@ async fn a_journaled_answer_and_its_later_replays_say_one_execution_time() {
     let clock = ManualClock::new(Timestamp::from_millis(1_800_000_000_000));
     let store = FaultyStore::new(MemoryStore::with_clock(Arc::new(clock.clone())));
     let journal = Arc::new(MemoryJournal::new());
-    let engine = Engine::new(store.clone())
-        .with_journal(journal.clone())
-        .with_clock(Arc::new(Ticking(clock.clone())))
-        .with_settings(Settings {
-            finish_attempts: 3,
-            finish_backoff: Duration::from_millis(5),
-            replay_cache: 0,
-            ..Settings::default()
-        });
+    let engine = journaling(&store, &journal, Arc::new(Ticking(clock.clone())));
     store.always(Op::Complete, Fault::Refuse);
     let c = call("acme", "charge", Some("j-1"), serde_json::json!(1));
     let first = engine
@@ -243,15 +253,7 @@ async fn a_journaled_outcome_whose_record_the_store_lost_is_written_back() {
     let memory = MemoryStore::with_clock(Arc::new(clock.clone()));
     let store = FaultyStore::new(memory.clone());
     let journal = Arc::new(MemoryJournal::new());
-    let engine = Engine::new(store.clone())
-        .with_journal(journal.clone())
-        .with_clock(Arc::new(clock.clone()))
-        .with_settings(Settings {
-            finish_attempts: 2,
-            finish_backoff: Duration::from_millis(5),
-            replay_cache: 0,
-            ..Settings::default()
-        });
+    let engine = journaling(&store, &journal, Arc::new(clock.clone()));
     let policy = ToolPolicy::default();
     let runs = Counter::default();
     let lost_one = |k: &str| call("acme", "charge", Some(k), serde_json::json!(1));
