@@ -10,5 +10,5 @@ pub use redis::Value;
 /// # Errors
 /// [`StoreError::Corrupt`] for replies no record has; never a panic.
 pub fn decode_record(flat: &Value) -> Result<Option<StoredRecord>, StoreError> {
-    crate::codec::stored_record(flat)
+    crate::row::stored_record(flat)
 }
