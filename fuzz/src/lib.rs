@@ -81,7 +81,15 @@ pub fn sqlite_row(data: &[u8]) {
         }
     };
     let values: [Value; COLUMNS] = std::array::from_fn(|_| value(&mut u));
-    if let Ok(rec) = decode_row(values) {
+    // A boot clock on boot 0, which a row's 16 zero bytes of `lease_boot` name.
+    let now = idemgate_core::Now {
+        wall: Timestamp::from_millis(i64::arbitrary(&mut u).unwrap_or(0)),
+        steady: Some(idemgate_core::HostInstant {
+            boot: 0,
+            millis: i64::arbitrary(&mut u).unwrap_or(0),
+        }),
+    };
+    if let Ok(rec) = decode_row(values, now) {
         view_any(&rec, &mut u);
     }
 }

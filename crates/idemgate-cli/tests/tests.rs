@@ -1,6 +1,7 @@
 //! End-to-end tests of the `idemgate` binary.
 
 mod cli;
+mod clock;
 mod faultproxy;
 // Shared with idemgate-redis's cluster tests, which use all of it.
 #[allow(dead_code)]

@@ -37,7 +37,7 @@ pub use record::{Fence, Lease, LeaseToken, Outcome, OutcomeKind, Record, RecordS
 pub use store::{
     Claim, Completion, Keep, ListFilter, Reopened, Reservation, ReserveHistory, ReservePath, Store,
 };
-pub use time::{Clock, ManualClock, SystemClock, Timestamp};
+pub use time::{Clock, HostInstant, ManualClock, Now, SystemClock, Timestamp};
 pub use verdict::Verdict;
 
 /// The `tracing` target of the spans that mark each phase of a call (`idemgate.reserve`,

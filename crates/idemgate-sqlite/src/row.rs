@@ -2,8 +2,8 @@
 
 use idemgate_core::transition::{Change, StoredRecord};
 use idemgate_core::{
-    Fingerprint, IdempotencyKey, Key, LeaseToken, Outcome, OutcomeKind, RecordState, StoreError,
-    TenantId, Timestamp, ToolName,
+    Fingerprint, HostInstant, IdempotencyKey, Key, LeaseToken, Now, Outcome, OutcomeKind,
+    RecordState, StoreError, TenantId, Timestamp, ToolName,
 };
 use rusqlite::{params, Connection, OptionalExtension, Row};
 
@@ -23,7 +23,8 @@ const FAILED: i64 = 1;
 macro_rules! columns {
     () => {
         "tenant, tool, key, fingerprint, fence, token, created_at, state, lease_until, since, \
-         completed_at, expires_at, outcome_kind, outcome_body, scope, retain_until"
+         completed_at, expires_at, outcome_kind, outcome_body, scope, retain_until, lease_boot, \
+         lease_steady"
     };
 }
 pub(crate) use columns;
@@ -40,46 +41,50 @@ const SELECT_ONE: &str = concat!(
 const INSERT: &str = concat!(
     "INSERT INTO idemgate_record (",
     columns!(),
-    ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)"
+    ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)"
 );
 
 const UPDATE: &str = "UPDATE idemgate_record SET fingerprint = ?4, fence = ?5, token = ?6, \
      created_at = ?7, state = ?8, lease_until = ?9, since = ?10, completed_at = ?11, \
      expires_at = ?12, outcome_kind = ?13, outcome_body = ?14, scope = ?15, \
-     retain_until = ?16 WHERE tenant = ?1 AND tool = ?2 AND key = ?3";
+     retain_until = ?16, lease_boot = ?17, lease_steady = ?18 \
+     WHERE tenant = ?1 AND tool = ?2 AND key = ?3";
 
 const DELETE: &str = "DELETE FROM idemgate_record WHERE tenant = ?1 AND tool = ?2 AND key = ?3";
 
-/// Reads the stored record under `key`, if a row exists (expired or not).
+/// Reads the stored record under `key`, if a row exists (expired or not), as seen at the time
+/// `now` reads once the row is read.
 pub(crate) fn load(
     conn: &Connection,
     key: &Key,
     stage: Stage,
+    now: impl FnOnce() -> Now,
 ) -> Result<Option<StoredRecord>, StoreError> {
     let what = || format!("read record {key}");
     let mut stmt = conn.prepare_cached(SELECT_ONE).during(stage, what)?;
     let found = stmt
         .query_row(
             params![key.tenant.as_str(), key.tool.as_str(), key.key.as_str()],
-            |row| Ok(decode(row)),
+            |row| Ok(decode(row, now())),
         )
         .optional()
         .during(stage, what)?;
     found.transpose()
 }
 
-/// Writes `change` (computed from `cur`, the row as read) to the row of `key`; returns whether
-/// anything was written.
+/// Writes `change` (computed from `cur`, the row as read at `now`) to the row of `key`; returns
+/// whether anything was written.
 pub(crate) fn apply(
     conn: &Connection,
     key: &Key,
     cur: Option<&StoredRecord>,
     change: Change,
+    now: Now,
 ) -> Result<bool, StoreError> {
     match change.into_put(cur) {
         Change::Keep | Change::SetState(_) => Ok(false),
         Change::Put(rec) => {
-            put(conn, &rec, cur.is_some())?;
+            put(conn, &rec, cur.is_some(), now)?;
             Ok(true)
         }
         Change::Delete => {
@@ -97,16 +102,20 @@ pub(crate) fn apply(
     }
 }
 
-/// Writes `rec`: over the row that `exists` (read in this transaction), or as a new one.
-fn put(conn: &Connection, rec: &StoredRecord, exists: bool) -> Result<(), StoreError> {
+/// Writes `rec`, judged at `now`: over the row that `exists` (read in this transaction), or as a
+/// new one.
+fn put(conn: &Connection, rec: &StoredRecord, exists: bool, now: Now) -> Result<(), StoreError> {
     let what = || format!("write record {}", rec.key);
     let fence = i64::try_from(rec.fence)
         .map_err(|_| corrupt(what(), format!("fence {} is out of range", rec.fence)))?;
     let (mut lease_until, mut since, mut completed_at, mut expires_at) = (None, None, None, None);
     let (mut kind, mut body, mut retain_until) = (None, None, None);
+    let mut steady_deadline = None;
     let state = match &rec.state {
         RecordState::InFlight { lease_until: l } => {
             lease_until = Some(l.as_millis());
+            // The lease's end on the boot clock too, which judges it on this boot (see `decode`).
+            steady_deadline = now.steady_deadline(*l);
             IN_FLIGHT
         }
         RecordState::Completed {
@@ -142,6 +151,7 @@ fn put(conn: &Connection, rec: &StoredRecord, exists: bool) -> Result<(), StoreE
         }
     };
     let token = rec.token.0.to_be_bytes();
+    let lease_boot = steady_deadline.map(|d| d.boot.to_be_bytes());
     let written = conn
         .prepare_cached(if exists { UPDATE } else { INSERT })
         .and_then(|mut stmt| {
@@ -162,6 +172,8 @@ fn put(conn: &Connection, rec: &StoredRecord, exists: bool) -> Result<(), StoreE
                 body,
                 rec.scope.as_deref(),
                 retain_until,
+                lease_boot.as_ref().map(<[u8; 16]>::as_slice),
+                steady_deadline.map(|d| d.millis),
             ])
         })
         .during(Stage::Write, what)?;
@@ -176,8 +188,14 @@ fn put(conn: &Connection, rec: &StoredRecord, exists: bool) -> Result<(), StoreE
     Ok(())
 }
 
-/// Decodes a row selected with `columns!()`.
-pub(crate) fn decode(row: &Row<'_>) -> Result<StoredRecord, StoreError> {
+/// Decodes a row selected with `columns!()`, as seen at `now`.
+///
+/// An in-flight row whose lease was written on this boot is judged by the boot clock: its
+/// `lease_until` is read as `now`'s wall clock plus what is left of the lease on the boot clock,
+/// so that the transitions, which judge by the wall clock, see a lease that no wall-clock step
+/// moved. A row written on another boot, or by a version before schema 5, keeps its wall-clock
+/// `lease_until`.
+pub(crate) fn decode(row: &Row<'_>, now: Now) -> Result<StoredRecord, StoreError> {
     let tenant: String = row
         .get(0)
         .during(Stage::Read, || "read a record's tenant")?;
@@ -206,9 +224,30 @@ pub(crate) fn decode(row: &Row<'_>) -> Result<StoredRecord, StoreError> {
             .ok_or_else(|| corrupt(what(), format!("{name} is missing")))
     };
     let state = match state {
-        IN_FLIGHT => RecordState::InFlight {
-            lease_until: time(8, "lease_until")?,
-        },
+        IN_FLIGHT => {
+            let boot: Option<Vec<u8>> = row.get(16).during(Stage::Read, what)?;
+            let steady: Option<i64> = row.get(17).during(Stage::Read, what)?;
+            let deadline = match (boot, steady) {
+                (Some(boot), Some(millis)) => Some(HostInstant {
+                    boot: u128::from_be_bytes(
+                        <[u8; 16]>::try_from(boot.as_slice())
+                            .map_err(|_| corrupt(what(), "lease_boot is not 16 bytes"))?,
+                    ),
+                    millis,
+                }),
+                (None, None) => None,
+                _ => {
+                    return Err(corrupt(
+                        what(),
+                        "only one of lease_boot and lease_steady is set",
+                    ))
+                }
+            };
+            let wall = time(8, "lease_until")?;
+            RecordState::InFlight {
+                lease_until: deadline.and_then(|d| now.wall_deadline(d)).unwrap_or(wall),
+            }
+        }
         UNKNOWN => RecordState::Unknown {
             since: time(9, "since")?,
         },

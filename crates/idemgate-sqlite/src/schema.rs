@@ -41,10 +41,14 @@ const MIGRATIONS: &[Migration] = &[
         version: 4,
         sql: include_str!("schema_v4.sql"),
     },
+    Migration {
+        version: 5,
+        sql: include_str!("schema_v5.sql"),
+    },
 ];
 
 /// The schema version this code writes and reads (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 4;
+pub const SCHEMA_VERSION: i64 = 5;
 
 /// `PRAGMA application_id` of idemgate databases ("IDMG"), so that another program's SQLite file
 /// is not mistaken for one of ours.

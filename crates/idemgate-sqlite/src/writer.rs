@@ -15,7 +15,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard};
 
-use idemgate_core::{Changes, Clock, Key, StoreError, Timestamp};
+use idemgate_core::{Changes, Clock, Key, Now, StoreError};
 use rusqlite::{Connection, ErrorCode};
 use tokio::sync::{mpsc, oneshot};
 
@@ -25,7 +25,7 @@ use crate::error::{classify, Context, Stage};
 pub(crate) trait Task: Send {
     /// Runs the operation on `conn`, inside the batch's transaction, at `now`; returns whether it
     /// wrote anything. Its answer is kept for [`Task::answer`].
-    fn run(&mut self, conn: &Connection, now: Timestamp) -> Result<bool, StoreError>;
+    fn run(&mut self, conn: &Connection, now: Now) -> Result<bool, StoreError>;
 
     /// Answers the caller: its own result when `batch` committed, the batch's error otherwise. A
     /// caller that went away (its future was dropped) is not an error.
@@ -56,7 +56,7 @@ pub(crate) struct Op<T, F> {
 impl<T, F> Op<T, F>
 where
     T: Send + 'static,
-    F: FnOnce(&Connection, Timestamp) -> Result<(T, bool), StoreError> + Send + 'static,
+    F: FnOnce(&Connection, Now) -> Result<(T, bool), StoreError> + Send + 'static,
 {
     /// The task and the receiver of its answer; `key` names the record the work writes, if one.
     pub(crate) fn queue(
@@ -78,9 +78,9 @@ where
 impl<T, F> Task for Op<T, F>
 where
     T: Send + 'static,
-    F: FnOnce(&Connection, Timestamp) -> Result<(T, bool), StoreError> + Send + 'static,
+    F: FnOnce(&Connection, Now) -> Result<(T, bool), StoreError> + Send + 'static,
 {
-    fn run(&mut self, conn: &Connection, now: Timestamp) -> Result<bool, StoreError> {
+    fn run(&mut self, conn: &Connection, now: Now) -> Result<bool, StoreError> {
         let Some(work) = self.work.take() else {
             return Ok(false);
         };
@@ -124,7 +124,7 @@ pub(crate) struct Counters {
     pub(crate) operations: AtomicU64,
     /// Times the write connection began and ended changing the files (a batch, a checkpoint):
     /// equal while it is not, so that the watcher of other processes' commits
-    /// ([`crate::foreign`]) can tell a change of the log that was surely not this store's.
+    /// ([`crate::wake`]) can tell a change of the log that was surely not this store's.
     pub(crate) own_begun: AtomicU64,
     pub(crate) own_ended: AtomicU64,
 }
@@ -235,7 +235,7 @@ pub(crate) struct Shared {
 pub(crate) struct WakeForCheckpoint;
 
 impl Task for WakeForCheckpoint {
-    fn run(&mut self, _: &Connection, _: Timestamp) -> Result<bool, StoreError> {
+    fn run(&mut self, _: &Connection, _: Now) -> Result<bool, StoreError> {
         Ok(false)
     }
 
@@ -669,7 +669,7 @@ impl Core {
             if isolated {
                 run_cached(conn, "SAVEPOINT op").during(Stage::Write, savepoint)?;
             }
-            let now = self.clock.now();
+            let now = self.clock.read();
             match task.run(conn, now) {
                 Ok(w) => wrote |= w,
                 Err(_) if conn.is_autocommit() => {
