@@ -150,6 +150,63 @@ impl PrivatePostgres {
         String::from_utf8_lossy(&out.stdout).trim().to_owned()
     }
 
+    /// Promotes this standby to a primary (`SELECT pg_promote(true, 60)`, which waits for the
+    /// promotion) and waits (up to 60 s) until it is out of recovery (`pg_is_in_recovery()`
+    /// false), so that it takes writes.
+    ///
+    /// # Panics
+    /// When it is not a standby, or the promotion does not finish; the message holds its log.
+    pub fn promote(&self) {
+        let log = || std::fs::read_to_string(self.dir.path().join("log")).unwrap_or_default();
+        let promoted = self.psql("SELECT pg_promote(true, 60)");
+        assert_eq!(
+            promoted,
+            "t",
+            "the standby on port {} was not promoted within 60 s; its log:\n{}",
+            self.port,
+            log()
+        );
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while self.psql("SELECT pg_is_in_recovery()") != "f" {
+            assert!(
+                Instant::now() < deadline,
+                "the standby on port {} was still in recovery 60 s after its promotion; its log:\n{}",
+                self.port,
+                log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Sends `signal` (`STOP`, `CONT`) to the walsender of this running instance that streams to
+    /// the standby `name` (its `pg_stat_replication` row): stopped, it sends that standby nothing
+    /// more, as a stalled standby or link would, and commits that wait for the standby go on
+    /// waiting. The pid is signalled only when it is a child of this instance's postmaster.
+    ///
+    /// # Panics
+    /// When no walsender streams to `name`, or `kill` fails.
+    pub fn signal_walsender(&self, name: &str, signal: &str) {
+        let row = self.psql(&format!(
+            "SELECT pid FROM pg_stat_replication WHERE application_name = '{name}'"
+        ));
+        let pid: u32 = row.parse().unwrap_or_else(|_| {
+            panic!("no walsender streams to {name} (pg_stat_replication: {row:?})")
+        });
+        let ours = self
+            .postmaster_pid()
+            .is_some_and(|pm| children_of(pm).contains(&pid));
+        assert!(
+            ours,
+            "pid {pid} is not a walsender of this instance's postmaster"
+        );
+        run(
+            Command::new("kill")
+                .arg(format!("-{signal}"))
+                .arg(pid.to_string()),
+            &format!("send SIG{signal} to the walsender {pid}"),
+        );
+    }
+
     /// Makes a streaming standby of this running instance (`pg_basebackup -R -X stream` into a
     /// temporary directory of its own), starts it on its own free port, and waits (up to 30 s)
     /// until this instance's `pg_stat_replication` shows it streaming, under
