@@ -192,6 +192,8 @@ export interface Problem {
   status?: number;
   detail?: string;
   verdict?: string;
+  /** What a model reads about this answer or refusal (`forModel`). */
+  for_model?: string;
   [member: string]: unknown;
 }
 

@@ -7,7 +7,7 @@ use idemgate::{
     Answer, Call, Decision, Effect, EngineError, Fingerprint, Recording, ToolPolicy, UnknownPolicy,
     Verdict,
 };
-use idemgate_kit::{exit, Door, Explanation, Payload, Resolve, VerdictCodes};
+use idemgate_kit::{exit, Explanation, Payload, VerdictCodes};
 use idemgate_trace::TraceContext;
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
 use tracing::Instrument as _;
@@ -218,11 +218,13 @@ fn report(
         Ok(a) => a,
         Err(e) => {
             let code = verdict.exit_code().unwrap_or(exit::FAILURE);
+            let told = crate::refusal_text(&e);
             if ctx.json {
-                let v = serde_json::json!({ "decision": "error", "error": e.to_string(), "exit_code": code });
+                let v =
+                    serde_json::json!({ "decision": "error", "error": told, "exit_code": code });
                 out::line(format_args!("{v}"));
             } else {
-                eprintln!("idemgate: {e}");
+                eprintln!("idemgate: {told}");
             }
             return Ok(code);
         }
@@ -256,7 +258,7 @@ fn report(
         }
     }
     if !ctx.json {
-        tell(ctx, args, policy, &answer);
+        tell(args, policy, &answer);
     }
     if let Decision::InFlight { retry_after, .. } = &answer.decision {
         fields.insert("retry_after_secs".into(), retry_after.as_secs().into());
@@ -277,7 +279,7 @@ fn report(
 
 /// The line on stderr that says what happened, in the words of the kit's [`Explanation`]; none
 /// for executions that went as planned, nor for replays under `--quiet`.
-fn tell(ctx: &Context, args: &ExecArgs, policy: &ToolPolicy, answer: &Answer) {
+fn tell(args: &ExecArgs, policy: &ToolPolicy, answer: &Answer) {
     let as_planned = match &answer.decision {
         Decision::Executed { recording, .. } => *recording == Recording::Stored,
         Decision::PassedThrough { .. } => true,
@@ -290,16 +292,11 @@ fn tell(ctx: &Context, args: &ExecArgs, policy: &ToolPolicy, answer: &Answer) {
     if as_planned {
         return;
     }
-    let record = format!("{} (tool {})", args.key, args.tool);
-    let resolve = format!("{} --tool {} --tenant {}", args.key, args.tool, ctx.tenant);
-    let door = Door {
-        effect: "the command",
-        record: &record,
-        resolve: Resolve::Command(&resolve),
-        repeat: "run it again with a new --key",
-        add_key: "pass --key",
-    };
+    let (record, resolve) = answer.key.as_ref().map(crate::names).unwrap_or_default();
     let explanation = Explanation::of_answer(answer)
         .retried_when_unknown(policy.on_unknown == UnknownPolicy::Retry);
-    eprintln!("idemgate: {}", explanation.for_person(&door));
+    eprintln!(
+        "idemgate: {}",
+        explanation.for_person(&crate::door(&record, &resolve))
+    );
 }

@@ -240,7 +240,7 @@ async fn resolve(ctx: &Context, args: &ResolveArgs) -> Result<u8> {
             Ok(0)
         }
         Err(e @ (EngineError::NotResolvable { .. } | EngineError::NotFound { .. })) => {
-            eprintln!("idemgate: {e}");
+            eprintln!("idemgate: {}", crate::refusal_text(&e));
             Ok(exit::FAILURE)
         }
         Err(e) => Err(e.into()),
@@ -287,7 +287,7 @@ async fn reopen(ctx: &Context, args: &ReopenArgs) -> Result<u8> {
             Ok(0)
         }
         Err(e @ (EngineError::NotReopenable { .. } | EngineError::NotFound { .. })) => {
-            eprintln!("idemgate: {e}");
+            eprintln!("idemgate: {}", crate::refusal_text(&e));
             Ok(exit::FAILURE)
         }
         Err(e) => Err(e.into()),

@@ -14,7 +14,8 @@ use std::sync::Arc;
 
 use anyhow::{Context as _, Result};
 use clap::Parser as _;
-use idemgate::{AnyStore, Engine, FileJournal, Key};
+use idemgate::{AnyStore, Engine, EngineError, FileJournal, Key};
+use idemgate_kit::{Door, Explanation, Resolve};
 
 pub use args::Cli;
 use args::{Command, JournalCommand, KeyCommand, TokenCommand};
@@ -72,8 +73,16 @@ where
 
 /// An error and its causes, joined by ": " as `{:#}` joins them, but each said once: an error
 /// whose own message ends with its source's (the MCP proxy's "failed to start the server ...:
-/// No such file or directory") is not followed by that source again.
+/// No such file or directory") is not followed by that source again. The engine's refusals are
+/// said in the kit's words ([`refusal_text`]).
 pub(crate) fn error_text(e: &anyhow::Error) -> String {
+    if let Some(refused) = e
+        .chain()
+        .next()
+        .and_then(|c| c.downcast_ref::<EngineError>())
+    {
+        return refusal_text(refused);
+    }
     let mut text = String::new();
     for cause in e.chain() {
         let part = cause.to_string();
@@ -85,6 +94,34 @@ pub(crate) fn error_text(e: &anyhow::Error) -> String {
         }
     }
     text
+}
+
+/// How the command line names things in what it tells: a record by its key and tool, and
+/// `idemgate keys` with the arguments `resolve` to settle it.
+pub(crate) fn door<'a>(record: &'a str, resolve: &'a str) -> Door<'a> {
+    Door {
+        effect: "the command",
+        record,
+        resolve: Resolve::Command(resolve),
+        repeat: "run it again with a new --key",
+        add_key: "pass --key",
+        discreet: false,
+    }
+}
+
+/// How the command line names `key`: its record, and the arguments that settle it.
+pub(crate) fn names(key: &Key) -> (String, String) {
+    (
+        format!("{} (tool {})", key.key, key.tool),
+        format!("{} --tool {} --tenant {}", key.key, key.tool, key.tenant),
+    )
+}
+
+/// What the command line says of a refusal: the kit's words for a person.
+pub(crate) fn refusal_text(e: &EngineError) -> String {
+    let explanation = Explanation::of_error(e);
+    let (record, resolve) = explanation.key.as_ref().map(names).unwrap_or_default();
+    explanation.for_person(&door(&record, &resolve))
 }
 
 async fn dispatch(cli: Cli) -> Result<u8> {

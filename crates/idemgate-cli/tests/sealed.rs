@@ -137,6 +137,11 @@ fn after_rotation_old_records_replay_and_a_keyring_without_their_key_says_which(
     );
     let refused = exec(&sb, &seal_env(&["k2"]));
     assert!(!refused.status.success(), "{}", text(&refused.stdout));
+    assert!(
+        text(&refused.stderr).contains("key id \"k1\""),
+        "{}",
+        text(&refused.stderr)
+    );
     assert_eq!(lines(&sb.path("effect")), 1, "nothing ran again");
 }
 
@@ -200,4 +205,63 @@ fn the_gateway_seals_and_finds_its_records_by_key() {
     assert!(!testing::reveals(&dump(&sb), SECRET_KEY));
     let _ = child.kill();
     let _ = child.wait();
+}
+
+#[test]
+fn a_gateway_whose_keyring_lacks_a_record_s_key_names_the_record_and_the_key_id() {
+    let sb = Sandbox::new();
+    let token = "test-token-0123456789abcdef";
+    let serve = |ids: &[&str]| {
+        let mut serve = sb.idemgate();
+        serve.env("IDEMGATE_TOKEN", token);
+        for (name, value) in seal_env(ids) {
+            serve.env(name, value);
+        }
+        serve_on_a_free_port(serve)
+    };
+    let request = |addr: &str, path: &str, headers: &str, body: &str| {
+        http(
+            addr,
+            &format!(
+                "POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n\
+                 {headers}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            ),
+        )
+    };
+    let key = format!("Idempotency-Key: {SECRET_KEY}\r\n");
+    let (mut child, addr) = serve(&["k1"]);
+    let begin = request(&addr, "/v1/tools/t/begin", &key, "{}");
+    assert!(begin.starts_with("HTTP/1.1 201"), "{begin}");
+    let lease: serde_json::Value =
+        serde_json::from_str(begin.split("\r\n\r\n").nth(1).unwrap()).unwrap();
+    let complete = serde_json::json!({
+        "key": SECRET_KEY,
+        "lease": lease["lease"],
+        "outcome": {"kind": "success", "result": SECRET_RESULT},
+    });
+    let done = request(&addr, "/v1/tools/t/complete", "", &complete.to_string());
+    assert!(done.starts_with("HTTP/1.1 200"), "{done}");
+    let _ = child.kill();
+    let _ = child.wait();
+
+    // The key it was sealed under is gone: nothing runs, and the operator reads which record
+    // cannot be opened and which key id it needs (as `exec` says it), not only that the store
+    // failed.
+    let (mut child, addr) = serve(&["k2"]);
+    let refused = request(&addr, "/v1/tools/t/begin", &key, "{}");
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(refused.starts_with("HTTP/1.1 503"), "{refused}");
+    let problem: serde_json::Value =
+        serde_json::from_str(refused.split("\r\n\r\n").nth(1).unwrap()).unwrap();
+    assert_eq!(
+        problem["type"], "https://idemgate.dev/problems/store-unavailable",
+        "{problem}"
+    );
+    let detail = problem["detail"].as_str().unwrap();
+    for said in ["nothing ran", SECRET_KEY, "key id \"k1\""] {
+        assert!(detail.contains(said), "{said:?} in {detail}");
+    }
+    assert!(!detail.contains(SECRET_RESULT), "{detail}");
 }

@@ -15,7 +15,7 @@ use idemgate::{
     EngineError, IdempotencyKey, Keep, Key, KeyRule, ListFilter, OutcomeKind, Record, RecordState,
     Resolution, State as RecordStateName, TenantId, Timestamp, ToolName,
 };
-use idemgate_kit::Payload;
+use idemgate_kit::{Door, Explanation, Payload, Resolve};
 use serde::Deserialize;
 
 use crate::html::{self, esc, page, query, see_other, Header};
@@ -114,25 +114,37 @@ fn bad_request(s: &Session, why: &str) -> Response {
     )
 }
 
-/// The page of an engine error.
+/// The page of an engine error: its status, title and words from the kit's problem document, as
+/// the gateway's problems have them.
 fn engine_error(s: &Session, e: &EngineError) -> Response {
-    let (status, title) = match e {
-        EngineError::NotFound { .. } => return not_found(s),
-        EngineError::NotResolvable { .. } | EngineError::NotReopenable { .. } => {
-            (StatusCode::CONFLICT, "Not changed")
-        }
-        EngineError::Store(_) | EngineError::ReserveFailed(_) => {
-            (StatusCode::SERVICE_UNAVAILABLE, "Store unavailable")
-        }
-        _ => (StatusCode::BAD_REQUEST, "Refused"),
+    if let EngineError::NotFound { .. } = e {
+        return not_found(s);
+    }
+    let explanation = Explanation::of_error(e);
+    let (record, resolve) = match &explanation.key {
+        Some(k) => (
+            format!("{} (tool {}, tenant {})", k.key, k.tool, k.tenant),
+            format!("{} --tool {} --tenant {}", k.key, k.tool, k.tenant),
+        ),
+        None => (String::new(), String::new()),
     };
+    let problem = explanation.problem(&Door {
+        effect: "the action",
+        record: &record,
+        resolve: Resolve::Command(&resolve),
+        repeat: "call it again with a new key",
+        add_key: "send one",
+        discreet: false,
+    });
+    let status =
+        StatusCode::from_u16(problem.status()).expect("the verdict table holds valid status codes");
     page(
         status,
-        title,
+        problem.title(),
         Some(header_of(s)),
         &format!(
             r#"<p>{}</p><p><a href="/ui">Back to the records</a></p>"#,
-            esc(&e.to_string())
+            esc(&problem.detail)
         ),
     )
 }

@@ -9,11 +9,11 @@ use axum::Json;
 use idemgate::{
     Answer, Decision, KeyRule, Outcome, Recording, Timestamp, ToolPolicy, UnknownPolicy, Verdict,
 };
-use idemgate_kit::{Door, Explanation, Payload, Resolve};
+use idemgate_kit::{Explanation, Payload};
 use serde::Serialize;
 use serde_json::json;
 
-use crate::error::Problem;
+use crate::error::{Problem, DOOR};
 use crate::headers::{set_record_headers, RECORDING};
 use crate::request::OutcomeView;
 
@@ -26,18 +26,8 @@ pub(crate) enum Shape {
     Forwarded,
 }
 
-/// How the gateway's problem details name things: never the raw key (callers know it; answers
-/// and logs stay free of it).
-const DOOR: Door<'static> = Door {
-    effect: "the side effect",
-    record: "this key",
-    resolve: Resolve::Http,
-    repeat: "send it again with a new Idempotency-Key",
-    add_key: "send it in the Idempotency-Key header",
-};
-
 /// The HTTP answer to an engine answer: the tool's own answer or a JSON body for what ran or was
-/// replayed, a problem for the rest, its detail in the words of the kit's [`Explanation`].
+/// replayed, a problem for the rest: the kit's problem document of its [`Explanation`].
 pub(crate) fn respond(
     answer: Answer,
     shape: Shape,
@@ -46,8 +36,7 @@ pub(crate) fn respond(
     let rule = answer.rule.unwrap_or(KeyRule::Explicit);
     let explanation = Explanation::of_answer(&answer)
         .retried_when_unknown(policy.on_unknown == UnknownPolicy::Retry);
-    let problem =
-        || Problem::of(explanation.verdict, explanation.for_person(&DOOR)).with_rule(Some(rule));
+    let problem = || Problem::explained(&explanation).with_rule(Some(rule));
     match answer.decision {
         Decision::Executed {
             outcome,
@@ -114,11 +103,8 @@ pub(crate) fn respond(
             )
             .with_rule(Some(rule))),
         },
-        Decision::InFlight { since, retry_after } => Err(problem()
-            .with("since", json!(since))
-            .with_retry_after(retry_after)),
+        Decision::InFlight { .. } => Err(problem()),
         Decision::Unknown {
-            since,
             fence,
             ran_here,
             recording,
@@ -134,20 +120,9 @@ pub(crate) fn respond(
                 Ok(res)
             }
             Some(Recording::LeaseLost) => Err(Problem::lease_lost().with_rule(Some(rule))),
-            _ => Err(problem()
-                .with("since", json!(since))
-                .with("fence", json!(fence))),
+            _ => Err(problem()),
         },
-        Decision::Expired {
-            executed_at,
-            expired_at,
-            retain_until,
-            fence,
-        } => Err(problem()
-            .with("executed_at", json!(executed_at))
-            .with("expired_at", json!(expired_at))
-            .with("retain_until", json!(retain_until))
-            .with("fence", json!(fence))),
+        Decision::Expired { .. } => Err(problem()),
         Decision::PassedThrough { .. } => {
             Ok(Json(json!({"decision": "pass_through"})).into_response())
         }

@@ -5,8 +5,19 @@ use std::time::Duration;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use idemgate::{EngineError, KeyRule, StoreError, Verdict};
-use idemgate_kit::VerdictCodes;
+use idemgate_kit::{Door, Explanation, Refusal, Resolve, VerdictCodes, What};
 use serde_json::{json, Map, Value};
+
+/// How the gateway's problems name things: never the raw key (callers know it; answers and logs
+/// stay free of it), and never the store's insides.
+pub(crate) const DOOR: Door<'static> = Door {
+    effect: "the side effect",
+    record: "this key",
+    resolve: Resolve::Http,
+    repeat: "send it again with a new Idempotency-Key",
+    add_key: "send it in the Idempotency-Key header",
+    discreet: true,
+};
 
 /// Why the gateway could not start or stopped.
 #[derive(Debug, thiserror::Error)]
@@ -58,7 +69,7 @@ pub(crate) struct Problem {
     pub(crate) title: &'static str,
     pub(crate) detail: String,
     pub(crate) retry_after: Option<Duration>,
-    /// Extra members (`since`, `fence`).
+    /// Extra members (`since`, `fence`...: the kit's facts).
     pub(crate) extra: Map<String, Value>,
     /// `Idempotent-Replayed: false` and `Idempotency-Rule` when the answer is about a record.
     pub(crate) rule: Option<KeyRule>,
@@ -117,10 +128,7 @@ impl Problem {
     }
 
     pub(crate) fn lease_lost() -> Self {
-        Problem::of(
-            Verdict::LeaseLost,
-            "the lease is no longer the record's current one: it was taken over, resolved or released",
-        )
+        Problem::explained(&Explanation::refused(Refusal::LeaseLost))
     }
 
     /// The store failed before anything ran.
@@ -161,56 +169,22 @@ impl Problem {
         self
     }
 
-    pub(crate) fn with(mut self, name: &str, value: Value) -> Self {
-        self.extra.insert(name.to_owned(), value);
-        self
+    /// The problem for an engine error: the kit's problem document of its explanation.
+    pub(crate) fn from_engine(e: &EngineError) -> Self {
+        Problem::explained(&Explanation::of_error(e))
     }
 
-    /// The problem for an engine error: its status and name from the [`Verdict`] table, its detail
-    /// from the error, with what HTTP callers need besides.
-    pub(crate) fn from_engine(e: &EngineError) -> Self {
-        let verdict = Verdict::of_error(e);
-        match e {
-            EngineError::KeyRequired { .. } => {
-                Problem::of(verdict, format!("{e}; send it in the Idempotency-Key header"))
-            }
-            // The engine's message names the raw key; callers know it, but keep answers and logs
-            // alike free of it.
-            EngineError::KeyReuse {
-                rule, first_seen, ..
-            } => Problem::of(
-                verdict,
-                format!("the idempotency key was already used with different arguments (first use at {first_seen}); use a new key for a new action"),
-            )
-            .with_rule(Some(*rule)),
-            EngineError::ReserveFailed(_) => {
-                Problem::of(verdict, "failed to reserve the key, so nothing ran")
-            }
-            EngineError::NotFound { .. } => Problem::of(verdict, "no record under this key"),
-            EngineError::NotResolvable { state, fence, .. } => Problem::of(
-                verdict,
-                format!("the record is {state} at fence {fence}; only an unknown record at the fence you looked at can be resolved"),
-            )
-            .with("state", json!(state.to_string()))
-            .with("fence", json!(fence)),
-            EngineError::NotReopenable { state, fence, .. } => Problem::of(
-                verdict,
-                format!(
-                    "the record is {state} at fence {fence}; only a completed or unknown record at the fence you looked at can be reopened{}",
-                    if *state == idemgate::State::InFlight {
-                        ": its call may be running the action now; wait until it finishes or its lease ends"
-                    } else {
-                        ""
-                    }
-                ),
-            )
-            .with("state", json!(state.to_string()))
-            .with("fence", json!(fence)),
-            _ if verdict == Verdict::LeaseLost => Problem::lease_lost(),
-            // Store errors after the reservation: their text says what failed, never that
-            // nothing ran.
-            _ => Problem::of(verdict, e.to_string()),
+    /// The kit's problem document of an explanation, as the gateway names things ([`DOOR`]): its
+    /// status, type and title from the verdict, its detail and members from the explanation, the
+    /// rule that named its record and when to ask again as headers.
+    pub(crate) fn explained(explanation: &Explanation) -> Self {
+        let told = explanation.problem(&DOOR);
+        let mut problem = Problem::of(told.verdict, told.detail).with_rule(explanation.rule);
+        problem.extra = told.members;
+        if let What::InFlight { retry_after, .. } = explanation.what {
+            problem = problem.with_retry_after(retry_after);
         }
+        problem
     }
 }
 

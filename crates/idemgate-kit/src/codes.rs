@@ -3,25 +3,7 @@
 //! new verdict is a compile error here rather than an invented status. The verdicts themselves
 //! are the core's (`idemgate_core::Verdict`), which knows no wire.
 
-use idemgate_core::{EngineError, Verdict};
-
-/// The members an engine error adds to its problem document, beside its verdict and message: for
-/// a key reused with other arguments, the key, the rule that named it and when it was first seen.
-/// The in-process doors (Python, Node) put them on the error they raise.
-pub fn problem_members(e: &EngineError) -> Vec<(&'static str, String)> {
-    match e {
-        EngineError::KeyReuse {
-            key,
-            rule,
-            first_seen,
-        } => vec![
-            ("key", key.key.as_str().to_owned()),
-            ("rule", rule.to_string()),
-            ("first_seen", first_seen.to_string()),
-        ],
-        _ => Vec::new(),
-    }
-}
+use idemgate_core::Verdict;
 
 /// The base of every problem type URI a door sends (RFC 9457 `type`): the one place it is written.
 pub const PROBLEM_TYPE_BASE: &str = "https://idemgate.dev/problems/";
@@ -143,34 +125,7 @@ pub mod exit {
 
 #[cfg(test)]
 mod tests {
-    use idemgate_core::{IdempotencyKey, Key, KeyRule, StoreError, TenantId, Timestamp, ToolName};
-
     use super::*;
-
-    #[test]
-    fn a_reused_key_names_its_key_rule_and_first_sighting_and_other_errors_add_nothing() {
-        let key = Key::new(
-            TenantId::new("t").unwrap(),
-            ToolName::new("charge").unwrap(),
-            IdempotencyKey::new("order-42").unwrap(),
-        );
-        let first_seen = Timestamp::from_millis(1_700_000_000_000);
-        let reused = EngineError::KeyReuse {
-            key,
-            rule: KeyRule::Explicit,
-            first_seen,
-        };
-        assert_eq!(
-            problem_members(&reused),
-            vec![
-                ("key", "order-42".to_owned()),
-                ("rule", KeyRule::Explicit.to_string()),
-                ("first_seen", first_seen.to_string()),
-            ]
-        );
-        let store = EngineError::Store(StoreError::Unavailable("down".into()));
-        assert!(problem_members(&store).is_empty());
-    }
 
     #[test]
     fn problem_names_are_unique() {

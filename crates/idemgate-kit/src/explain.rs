@@ -1,15 +1,23 @@
 //! One explanation of a call's answer for every door: the facts (what happened, when, how it was
 //! recorded, what the caller may do next) and the sentences that say them, one for a model and
 //! one for a person. Each door renders an [`Explanation`] into its own wire (an MCP result, a
-//! problem document, lines on stderr, a Python exception), but none words a decision itself: "in
-//! flight" or "outcome unknown" reads the same at every door, and a new decision is a compile
-//! error here, once, rather than in four matches.
+//! problem document, lines on stderr, a Python exception), but none words a decision or a
+//! refusal itself: "in flight", "outcome unknown" or "key reused" reads the same at every door,
+//! and a new decision is a compile error here, once, rather than in four matches.
 
 use std::time::Duration;
 
-use idemgate_core::{Answer, Decision, EngineError, Fence, KeyRule, Recording, Timestamp, Verdict};
+use idemgate_core::{
+    Answer, Decision, EngineError, Fence, Key, KeyRule, Recording, State, Timestamp, Verdict,
+};
 
 use crate::payload::Payload;
+use crate::refusal::{Refusal, Settle, StoreFailure};
+
+/// How a model is told to do an action again on purpose, by every door whose words a model
+/// reads: the tool integrations give each tool an `idempotency_key` argument.
+pub const MODEL_REPEAT: &str =
+    "call the tool again with the argument idempotency_key set to a new value that names the new action";
 
 /// How a door names things in its sentences.
 #[derive(Clone, Copy, Debug)]
@@ -25,6 +33,12 @@ pub struct Door<'a> {
     pub repeat: &'a str,
     /// How the caller sends a key, for a write refused without one.
     pub add_key: &'a str,
+    /// The door answers callers it keeps its insides from (the gateway's, over the network): its
+    /// answers never name the caller's key (a `key` member; `record` names it in words) nor say
+    /// why the store could not be reached (its hosts, its drivers' errors). A record the store
+    /// cannot read is named all the same: it is the caller's own, and an operator needs to know
+    /// which it is and, for a sealed one, which key id it needs.
+    pub discreet: bool,
 }
 
 /// How an operator says what happened to an unknown record, or reopens one, at a door.
@@ -88,6 +102,8 @@ pub struct Explanation {
     pub verdict: Verdict,
     /// The rule that named the record, for answers about one.
     pub rule: Option<KeyRule>,
+    /// The record, when the answer or refusal names one.
+    pub key: Option<Key>,
     /// What happened.
     pub what: What,
     /// What the caller may do next.
@@ -153,11 +169,9 @@ pub enum What {
         /// The record's fence, which a reopening names.
         fence: Fence,
     },
-    /// Nothing ran: the call was refused, for the reason given.
-    Refused {
-        /// The engine's error, in its words.
-        why: String,
-    },
+    /// Nothing ran (or, for a lost lease, what ran is not the record's outcome): the call was
+    /// refused, for the reason given.
+    Refused(Refusal),
 }
 
 /// What the caller may do next.
@@ -187,6 +201,8 @@ pub enum Next {
     NewKeyOrSameArguments,
     /// Try again later.
     TryLater,
+    /// Nothing: an operator must fix the store (or its keyring) first.
+    FixStore,
     /// Fix the request.
     FixRequest,
 }
@@ -291,44 +307,62 @@ impl Explanation {
         Explanation {
             verdict,
             rule,
+            key: answer.key.clone(),
             what,
             next,
         }
     }
 
-    /// The explanation of a refusal: nothing ran (or, for a lost lease, what ran is not recorded).
+    /// The explanation of an engine error: a refusal, with the record and rule it names.
     pub fn of_error(e: &EngineError) -> Self {
-        let verdict = Verdict::of_error(e);
-        let next = match verdict {
-            Verdict::KeyRequired => Next::AddKey,
-            Verdict::KeyReused => Next::NewKeyOrSameArguments,
-            Verdict::StoreUnavailable | Verdict::JournalFailed => Next::TryLater,
-            Verdict::LeaseLost => Next::LookAtRecord,
-            Verdict::BadRequest
-            | Verdict::NotFound
-            | Verdict::NotResolvable
-            | Verdict::Execute
-            | Verdict::Executed
-            | Verdict::Unrecorded
-            | Verdict::Replayed
-            | Verdict::PassedThrough
-            | Verdict::NotApplied
-            | Verdict::InFlight
-            | Verdict::Unknown
-            | Verdict::Expired
-            | Verdict::QuotaExceeded
-            | Verdict::RateLimited => Next::FixRequest,
-        };
-        let rule = match e {
-            EngineError::KeyReuse { rule, .. } => Some(*rule),
-            _ => None,
+        let (rule, key) = match e {
+            EngineError::KeyReuse { key, rule, .. } => (Some(*rule), Some(key)),
+            EngineError::NotFound { key }
+            | EngineError::NotResolvable { key, .. }
+            | EngineError::NotReopenable { key, .. } => (None, Some(key)),
+            _ => (None, None),
         };
         Explanation {
-            verdict,
             rule,
-            what: What::Refused { why: e.to_string() },
+            key: key.cloned(),
+            ..Self::refused(Refusal::of(e))
+        }
+    }
+
+    /// The explanation of a refusal, about no record in particular (a door's own: a lease it was
+    /// handed that is no longer the record's).
+    pub fn refused(refusal: Refusal) -> Self {
+        let next = match &refusal {
+            Refusal::KeyRequired { .. } => Next::AddKey,
+            Refusal::KeyReused { .. } => Next::NewKeyOrSameArguments,
+            Refusal::Store {
+                failure: StoreFailure::Unreachable(_),
+                ..
+            }
+            | Refusal::Journal { .. } => Next::TryLater,
+            Refusal::Store {
+                failure: StoreFailure::Unreadable(_) | StoreFailure::Misconfigured(_),
+                ..
+            } => Next::FixStore,
+            Refusal::LeaseLost => Next::LookAtRecord,
+            Refusal::Invalid { .. }
+            | Refusal::NotFound
+            | Refusal::NotSettleable { .. }
+            | Refusal::Other { .. } => Next::FixRequest,
+        };
+        Explanation {
+            verdict: refusal.verdict(),
+            rule: None,
+            key: None,
+            what: What::Refused(refusal),
             next,
         }
+    }
+
+    /// The record's full name (`tenant/tool/key`), as the in-process packages name it in their
+    /// words; empty when the answer or refusal names none.
+    pub fn record_name(&self) -> String {
+        self.key.as_ref().map(Key::to_string).unwrap_or_default()
     }
 
     /// Whether the tool's unknown policy runs an unknown record again on the next call; the
@@ -397,7 +431,7 @@ impl Explanation {
                 until,
                 ..
             } => format!("{effect} already ran at {at} under {record}, and its outcome is no longer kept (it expired at {expired_at}; the record is remembered until {until} so that a late retry is not run again), so it was not run now{next}"),
-            What::Refused { why } => format!("{why}{next}"),
+            What::Refused(refusal) => format!("{}{next}", refusal_for_person(refusal, door)),
         }
     }
 
@@ -427,6 +461,9 @@ impl Explanation {
             ),
             Next::LookAtRecord => " (look at the record to see it)".to_owned(),
             Next::TryLater => "; try again later".to_owned(),
+            Next::FixStore => {
+                "; retrying cannot help until an operator fixes it".to_owned()
+            }
         }
     }
 
@@ -485,47 +522,102 @@ impl Explanation {
                 "This action was already performed at {at}, and its result is no longer kept (it expired at {expired_at}), so it was NOT performed again and its result cannot be shown. If the user wants it done again as a new action, {}.",
                 door.repeat
             ),
-            What::Refused { why } => match self.verdict {
-                Verdict::KeyRequired => format!(
-                    "{effect} is treated as a write (it is not known to be read-only), so this call needs an idempotency key, and none was sent; nothing was done. {}",
-                    door.add_key
-                ),
-                Verdict::KeyReused => format!(
-                    "This idempotency key was already used for {effect} with other arguments, so nothing was done. Use a new key for a new action, and the same arguments when retrying an action. ({why})"
-                ),
-                Verdict::StoreUnavailable => format!(
-                    "The idempotency store is unavailable, so nothing was done (the call was not sent to {effect}). Try again later. ({why})"
-                ),
-                Verdict::BadRequest => format!(
-                    "This call is not valid, so nothing was done: {why}. Fix it before sending it again."
-                ),
-                Verdict::QuotaExceeded | Verdict::RateLimited => format!(
-                    "Nothing was done: {why}. Try again later."
-                ),
-                Verdict::LeaseLost => format!(
-                    "This call's hold on the action's record was lost ({why}): the record holds another call's outcome, not this one."
-                ),
-                Verdict::NotFound | Verdict::NotResolvable => {
-                    format!("Nothing was changed: {why}.")
+            What::Refused(refusal) => {
+                let words = refusal_for_person(refusal, door);
+                match refusal {
+                    Refusal::KeyRequired { .. } => format!(
+                        "{effect} is treated as a write (it is not known to be read-only), so this call needs an idempotency key, and none was sent; nothing was done. {}",
+                        door.add_key
+                    ),
+                    Refusal::KeyReused { first_seen } => format!(
+                        "This idempotency key was already used for {effect} with other arguments (first at {first_seen}), so nothing was done. Use a new key for a new action, and the same arguments when retrying an action."
+                    ),
+                    Refusal::Store {
+                        failure: StoreFailure::Unreachable(_),
+                        ..
+                    } => format!(
+                        "The idempotency store is unavailable, so nothing was done (the call was not sent to {effect}). Try again later. ({words})"
+                    ),
+                    Refusal::Store {
+                        failure: StoreFailure::Unreadable(_) | StoreFailure::Misconfigured(_),
+                        ..
+                    } => format!(
+                        "The idempotency store cannot be used for this action, so nothing was done (the call was not sent to {effect}), and calling again will not help until a person fixes it: tell the user. ({words})"
+                    ),
+                    Refusal::Invalid { .. } => format!(
+                        "This call is not valid, so nothing was done: {words}. Fix it before sending it again."
+                    ),
+                    Refusal::LeaseLost => format!(
+                        "This call's hold on the action's record was lost ({words}): the record holds another call's outcome, not this one."
+                    ),
+                    Refusal::NotFound | Refusal::NotSettleable { .. } => {
+                        format!("Nothing was changed: {words}.")
+                    }
+                    Refusal::Journal { why } => format!(
+                        "The journal of outcomes the store has not confirmed could not be used: {why}."
+                    ),
+                    Refusal::Other { .. } => format!("{}.", capitalized(&words)),
                 }
-                Verdict::JournalFailed => format!(
-                    "The journal of outcomes the store has not confirmed could not be used: {why}."
-                ),
-                // Answers, never refusals: `of_error` gives none of them. Said plainly all the same.
-                Verdict::Execute
-                | Verdict::Executed
-                | Verdict::Unrecorded
-                | Verdict::Replayed
-                | Verdict::PassedThrough
-                | Verdict::NotApplied
-                | Verdict::InFlight
-                | Verdict::Unknown
-                | Verdict::Expired => format!("{why}."),
-            },
+            }
             What::Ran { .. } | What::PassedThrough => {
                 format!("{}.", capitalized(&self.for_person(door)))
             }
         }
+    }
+}
+
+/// What a refusal says to a person, without what to do next.
+fn refusal_for_person(refusal: &Refusal, door: &Door<'_>) -> String {
+    let record = door.record;
+    match refusal {
+        Refusal::KeyRequired { tool } => format!(
+            "tool {tool} is treated as a write (it is not known to be read-only) and needs an idempotency key, and none was sent, so nothing ran: {} (derive it from the run id and step), configure a fallback window for the tool, or mark it read-only if it is",
+            door.add_key
+        ),
+        Refusal::KeyReused { first_seen } => format!(
+            "{record} was already used with different arguments (first use at {first_seen}), so nothing ran; use a new key for a new action, and the same arguments to retry one"
+        ),
+        Refusal::Invalid { why } => format!("{why}; nothing ran"),
+        Refusal::Store { reserving, failure } => {
+            // A discreet door keeps the store's insides to itself, but never which record cannot
+            // be read: that is what the operator must fix.
+            let words = match failure {
+                StoreFailure::Unreadable(why) => Some(why.as_str()),
+                StoreFailure::Unreachable(why) | StoreFailure::Misconfigured(why) => {
+                    (!door.discreet).then_some(why.as_str())
+                }
+            };
+            match (reserving, words) {
+                (true, Some(why)) => format!("failed to reserve the key, so nothing ran: {why}"),
+                (true, None) => "failed to reserve the key, so nothing ran".to_owned(),
+                (false, Some(why)) => why.to_owned(),
+                (false, None) => match failure {
+                    StoreFailure::Misconfigured(_) => "the store is misconfigured".to_owned(),
+                    StoreFailure::Unreachable(_) | StoreFailure::Unreadable(_) => {
+                        "the store is unavailable".to_owned()
+                    }
+                },
+            }
+        }
+        Refusal::LeaseLost => "the lease is no longer the record's current one: it was taken over, resolved or released".to_owned(),
+        Refusal::NotFound => format!("no record under {record}"),
+        Refusal::NotSettleable {
+            asked,
+            state,
+            fence,
+        } => {
+            let (can, hint) = match (asked, state) {
+                (Settle::Resolve, _) => ("only an unknown record at the fence you looked at can be resolved", ""),
+                (Settle::Reopen, State::InFlight) => (
+                    "only a completed or unknown record at the fence you looked at can be reopened",
+                    ": a call holds it and may be running the action now, so reopening it could run the action twice; wait until it finishes or its lease ends (it then reads unknown)",
+                ),
+                (Settle::Reopen, _) => ("only a completed or unknown record at the fence you looked at can be reopened", ""),
+            };
+            format!("the record of {record} is {state} at fence {fence}; {can}{hint}")
+        }
+        Refusal::Journal { why } => format!("failed to use the completion journal: {why}"),
+        Refusal::Other { why, .. } => why.clone(),
     }
 }
 
@@ -548,6 +640,7 @@ mod tests {
         resolve: Resolve::Command("k --tool t --tenant a"),
         repeat: "run it again with a new --key",
         add_key: "pass --key",
+        discreet: false,
     };
 
     fn answer(decision: Decision, rule: Option<KeyRule>) -> Answer {

@@ -10,7 +10,9 @@ pub mod limits;
 pub mod log;
 pub mod metrics;
 pub mod payload;
+pub mod problem;
 pub mod records;
+pub mod refusal;
 pub mod tenants;
 
 use std::path::Path;
@@ -19,12 +21,14 @@ use std::sync::Arc;
 use idemgate_core::{Engine, Store};
 
 pub use audit::Audit;
-pub use codes::{exit, problem_members, problem_type, VerdictCodes, PROBLEM_TYPE_BASE};
-pub use explain::{Door, Explanation, Next, Resolve, What};
+pub use codes::{exit, problem_type, VerdictCodes, PROBLEM_TYPE_BASE};
+pub use explain::{Door, Explanation, Next, Resolve, What, MODEL_REPEAT};
 pub use limits::{LiveKeys, RateLimit};
 pub use log::Log;
 pub use metrics::Metrics;
 pub use payload::{reported_effect, HttpAnswer, Payload, PayloadError};
+pub use problem::Problem;
+pub use refusal::{Refusal, Settle, StoreFailure};
 
 /// Metrics, the audit log and logs of one front door.
 #[derive(Clone, Debug)]

@@ -4,38 +4,24 @@
 //! person as its message and the explanation's facts as its problem members (the HTTP gateway's
 //! problem document, as the Python exceptions carry it).
 
-use idemgate::{Answer, Decision, EngineError, Key, OutcomeKind, StoreError, Verdict};
-use idemgate_kit::{problem_members, Door, Explanation, Payload, Resolve, VerdictCodes, What};
+use idemgate::{Answer, Decision, EngineError, OutcomeKind, StoreError, Verdict};
+use idemgate_kit::{Door, Explanation, Payload, Problem, Resolve};
 use serde_json::{json, Map, Value};
 
-/// How the model is told to do an action again on purpose (the integrations' key argument).
-const MODEL_REPEAT: &str =
-    "call the tool again with the argument idempotency_key set to a new value that names the new action";
-
-/// The error reply of `verdict`: `message` for a person, `problem` the facts.
-pub(crate) fn error(verdict: Verdict, message: String, problem: Map<String, Value>) -> Value {
-    let (name, title) = verdict.problem();
-    let mut doc = problem;
-    doc.insert("type".into(), idemgate_kit::problem_type(name).into());
-    doc.insert("title".into(), title.into());
-    doc.insert("status".into(), verdict.http_status().into());
-    doc.insert("detail".into(), message.clone().into());
-    doc.insert("verdict".into(), verdict.label().into());
+/// The error reply of a problem document: its detail for a person, the document itself.
+fn error(problem: &Problem) -> Value {
     json!({
-        "error": verdict.label(),
-        "message": message,
-        "status": verdict.http_status(),
-        "problem": doc,
+        "error": problem.verdict.label(),
+        "message": problem.detail,
+        "status": problem.status(),
+        "problem": problem.document(),
     })
 }
 
-/// The error reply of an engine error (a refusal before anything ran, or a store failure).
+/// The error reply of an engine error: the kit's problem document of its refusal.
 pub(crate) fn engine_error(e: &EngineError) -> Value {
-    let problem = problem_members(e)
-        .into_iter()
-        .map(|(name, value)| (name.to_owned(), value.into()))
-        .collect();
-    error(Verdict::of_error(e), e.to_string(), problem)
+    let explanation = Explanation::of_error(e);
+    error(&explanation.problem(&door(&explanation.record_name())))
 }
 
 /// Why a store did not open (the URL without its password): `misconfigured` for a URL or a
@@ -45,18 +31,19 @@ pub(crate) fn open_error(url: &str, e: &StoreError) -> Value {
     if let StoreError::Misconfigured(_) = e {
         return json!({ "error": "misconfigured", "message": message });
     }
-    error(Verdict::StoreUnavailable, message, Map::new())
+    error(&Problem::new(Verdict::StoreUnavailable, message))
 }
 
 /// How the package's errors name things: the record, and how an operator resolves it
 /// (`Engine.resolve`).
-fn door<'a>(record: &'a str, repeat: &'a str) -> Door<'a> {
+fn door(record: &str) -> Door<'_> {
     Door {
         effect: "the function",
         record,
         resolve: Resolve::Node,
-        repeat,
+        repeat: "call it again with a new key",
         add_key: "pass a key",
+        discreet: false,
     }
 }
 
@@ -64,58 +51,20 @@ fn door<'a>(record: &'a str, repeat: &'a str) -> Door<'a> {
 pub(crate) fn answer(answer: &Answer) -> Value {
     let verdict = Verdict::of_answer(answer);
     let explanation = Explanation::of_answer(answer);
-    let record = answer.key.as_ref().map(Key::to_string).unwrap_or_default();
-    let for_person = explanation.for_person(&door(&record, "call it again with a new key"));
-    let for_model = explanation.for_model(&door(&record, MODEL_REPEAT));
+    let record = explanation.record_name();
+    let told = explanation.problem(&door(&record));
+    if verdict.is_error() {
+        return error(&told);
+    }
     let key = answer.key.as_ref().map(|k| k.key.as_str().to_owned());
     let rule = answer.rule.map(|r| r.to_string());
-    if verdict.is_error() {
-        let mut problem = Map::new();
-        problem.insert("key".into(), json!(key));
-        problem.insert("rule".into(), json!(rule));
-        problem.insert("for_model".into(), for_model.into());
-        match &explanation.what {
-            What::InFlight { since, retry_after } => {
-                problem.insert("since".into(), since.to_string().into());
-                problem.insert("retry_after".into(), retry_after.as_secs_f64().into());
-            }
-            What::Unknown {
-                since,
-                fence,
-                ran_here,
-                why,
-            } => {
-                problem.insert("since".into(), since.to_string().into());
-                problem.insert("fence".into(), (*fence).into());
-                problem.insert("ran_here".into(), (*ran_here).into());
-                problem.insert("message".into(), json!(why));
-            }
-            What::Expired {
-                at,
-                expired_at,
-                until,
-                fence,
-            } => {
-                problem.insert("executed_at".into(), at.to_string().into());
-                problem.insert("expired_at".into(), expired_at.to_string().into());
-                problem.insert("retain_until".into(), until.to_string().into());
-                problem.insert("fence".into(), (*fence).into());
-            }
-            What::Ran { .. }
-            | What::Replayed { .. }
-            | What::PassedThrough
-            | What::NotApplied { .. }
-            | What::Refused { .. } => {}
-        }
-        return error(verdict, for_person, problem);
-    }
     let mut out = Map::new();
     out.insert("verdict".into(), verdict.label().into());
     out.insert("executed".into(), answer.executed_here().into());
     out.insert("key".into(), json!(key));
     out.insert("rule".into(), json!(rule));
-    out.insert("explanation".into(), for_person.into());
-    out.insert("for_model".into(), for_model.into());
+    out.insert("explanation".into(), told.detail.into());
+    out.insert("for_model".into(), told.for_model.into());
     let (mut replayed, mut at, mut until, mut recording) = (false, None, None, None);
     match &answer.decision {
         Decision::Executed {
@@ -156,11 +105,8 @@ pub(crate) fn answer(answer: &Answer) -> Value {
                 out.insert("value_json".into(), payload.to_json().get().into());
             }
             Err(e) => {
-                return error(
-                    Verdict::BadRequest,
-                    format!("the stored outcome of {record} cannot be read: {e}"),
-                    Map::new(),
-                )
+                let why = format!("the stored outcome of {record} cannot be read: {e}");
+                return error(&Problem::new(Verdict::BadRequest, why));
             }
         }
     }

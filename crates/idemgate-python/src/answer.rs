@@ -1,9 +1,10 @@
 //! Answers as Python sees them: the `Answer` of a call that ended with a result, the package's
-//! `Result` built from it, and the exception of every other ending, its class (in
-//! `idemgate.errors`, shared with the HTTP client) chosen by one exhaustive match on [`Verdict`].
+//! `Result` built from it, and the exception of every other ending and every refusal, its class
+//! (in `idemgate.errors`, shared with the HTTP client) chosen by one exhaustive match on
+//! [`Verdict`], its problem document the kit's.
 
 use idemgate::{Answer, Decision, EngineError, Key, OutcomeKind, StoreError, Verdict};
-use idemgate_kit::{problem_members, Door, Explanation, Payload, Resolve, VerdictCodes, What};
+use idemgate_kit::{Door, Explanation, Payload, Problem, Resolve};
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::intern;
 use pyo3::prelude::*;
@@ -149,10 +150,11 @@ pub(crate) fn settled(py: Python<'_>, answer: &Answer) -> PyResult<()> {
     if exception_class(verdict).is_none() {
         return Ok(());
     }
-    let key = answer.key.as_ref().map(|k| k.key.as_str().to_owned());
-    let rule = answer.rule.map(|r| r.to_string());
-    let record = answer.key.as_ref().map(Key::to_string).unwrap_or_default();
-    Err(exception_of(py, answer, &record, key, rule))
+    let explanation = Explanation::of_answer(answer);
+    Err(exception(
+        py,
+        &explanation.problem(&door(&explanation.record_name())),
+    ))
 }
 
 /// A label of an answer as a Python string: the ones every answer carries are interned, made once.
@@ -188,7 +190,7 @@ pub(crate) fn open_error(py: Python<'_>, url: &str, e: &StoreError) -> PyErr {
             Err(e) => e,
         };
     }
-    exception(py, Verdict::StoreUnavailable, message, Vec::new())
+    exception(py, &Problem::new(Verdict::StoreUnavailable, message))
 }
 
 /// What a `Result` is built with, from the package (`idemgate.engine`, `idemgate.errors`), looked
@@ -270,57 +272,49 @@ fn exception_class(verdict: Verdict) -> Option<&'static str> {
     }
 }
 
-/// The exception for a verdict: `idemgate.errors.engine_error(...)` builds it, as the HTTP client
-/// builds one from a problem document (same `status`, `type`, `title` and `problem` members).
-fn exception(
-    py: Python<'_>,
-    verdict: Verdict,
-    message: String,
-    problem: Vec<(&'static str, Py<PyAny>)>,
-) -> PyErr {
-    let Some(class) = exception_class(verdict) else {
-        return PyRuntimeError::new_err(format!("{verdict} is not an error"));
+/// The exception of a problem document: `idemgate.errors.engine_error(...)` builds it, as the HTTP
+/// client builds one from a gateway's (the same `status`, `type`, `title` and members), with the
+/// detail as its message and the words for a model as `for_model`.
+fn exception(py: Python<'_>, problem: &Problem) -> PyErr {
+    let Some(class) = exception_class(problem.verdict) else {
+        return PyRuntimeError::new_err(format!("{} is not an error", problem.verdict));
     };
     let build = || -> PyResult<PyErr> {
         let doc = PyDict::new(py);
-        let (name, title) = verdict.problem();
-        doc.set_item("type", idemgate_kit::problem_type(name))?;
-        doc.set_item("title", title)?;
-        doc.set_item("status", verdict.http_status())?;
-        doc.set_item("detail", &message)?;
-        doc.set_item("verdict", verdict.label())?;
-        for (k, v) in problem {
-            doc.set_item(k, v)?;
+        for (name, value) in problem.document() {
+            doc.set_item(name, member(py, &value)?)?;
         }
         let e = py
             .import("idemgate.errors")?
             .getattr("engine_error")?
-            .call1((class, message.clone(), verdict.http_status(), doc))?;
+            .call1((class, &problem.detail, problem.status(), doc))?;
         Ok(PyErr::from_value(e))
     };
     build().unwrap_or_else(|e| e)
 }
 
+/// A member of a problem document as Python reads it: the kit's members are JSON scalars.
+fn member(py: Python<'_>, value: &serde_json::Value) -> PyResult<Py<PyAny>> {
+    use serde_json::Value;
+    Ok(match value {
+        Value::Null => py.None(),
+        Value::Bool(b) => b.into_py_any(py)?,
+        Value::Number(n) => match (n.as_i64(), n.as_u64()) {
+            (Some(i), _) => i.into_py_any(py)?,
+            (None, Some(u)) => u.into_py_any(py)?,
+            (None, None) => n.as_f64().into_py_any(py)?,
+        },
+        Value::String(s) => s.into_py_any(py)?,
+        Value::Array(_) | Value::Object(_) => {
+            ResultKit::get(py)?.stored_value(py, &value.to_string())?
+        }
+    })
+}
+
+/// The exception of an engine error: the kit's problem document of its refusal.
 pub(crate) fn engine_error(py: Python<'_>, e: &EngineError) -> PyErr {
-    let problem = problem_members(e)
-        .into_iter()
-        .map(|(name, value)| (name, value.into_pyobject_or_none(py)))
-        .collect();
-    exception(py, Verdict::of_error(e), e.to_string(), problem)
-}
-
-/// Turns a value into a Python object (no conversion here can fail).
-trait IntoPy {
-    fn into_pyobject_or_none(self, py: Python<'_>) -> Py<PyAny>;
-}
-
-impl<T> IntoPy for T
-where
-    T: for<'py> IntoPyObject<'py>,
-{
-    fn into_pyobject_or_none(self, py: Python<'_>) -> Py<PyAny> {
-        self.into_py_any(py).unwrap_or_else(|_| py.None())
-    }
+    let explanation = Explanation::of_error(e);
+    exception(py, &explanation.problem(&door(&explanation.record_name())))
 }
 
 /// The Python form of an answer: a [`PyAnswer`], or the verdict's exception.
@@ -387,15 +381,11 @@ pub(crate) fn answer_of(py: Python<'_>, answer: Answer) -> PyResult<PyAnswer> {
     if let Some(outcome) = outcome {
         out.failed = outcome.kind == OutcomeKind::Failed;
         let payload = Payload::of(&outcome).map_err(|e| {
-            exception(
-                py,
-                Verdict::BadRequest,
-                format!(
-                    "the stored outcome of {} cannot be read: {e}",
-                    record_name()
-                ),
-                Vec::new(),
-            )
+            let why = format!(
+                "the stored outcome of {} cannot be read: {e}",
+                record_name()
+            );
+            exception(py, &Problem::new(Verdict::BadRequest, why))
         })?;
         out.content = Some(payload.content());
         out.value_json = Some(Box::<str>::from(payload.to_json()).into_string());
@@ -411,68 +401,8 @@ fn door(record: &str) -> Door<'_> {
         resolve: Resolve::Python,
         repeat: "call it again with a new key",
         add_key: "pass key=",
+        discreet: false,
     }
-}
-
-/// The exception of an answer that is not a result: its message is the kit's [`Explanation`] for
-/// a person, its problem members the explanation's facts.
-fn exception_of(
-    py: Python<'_>,
-    answer: &Answer,
-    record: &str,
-    key: Option<String>,
-    rule: Option<String>,
-) -> PyErr {
-    let explanation = Explanation::of_answer(answer);
-    let mut problem = vec![
-        ("key", key.into_pyobject_or_none(py)),
-        ("rule", rule.into_pyobject_or_none(py)),
-    ];
-    match &explanation.what {
-        What::InFlight { since, retry_after } => {
-            problem.push(("since", since.to_string().into_pyobject_or_none(py)));
-            problem.push((
-                "retry_after",
-                retry_after.as_secs_f64().into_pyobject_or_none(py),
-            ));
-        }
-        What::Unknown {
-            since,
-            fence,
-            ran_here,
-            why,
-        } => {
-            problem.push(("since", since.to_string().into_pyobject_or_none(py)));
-            problem.push(("fence", fence.into_pyobject_or_none(py)));
-            problem.push(("ran_here", ran_here.into_pyobject_or_none(py)));
-            problem.push(("message", why.clone().into_pyobject_or_none(py)));
-        }
-        What::Expired {
-            at,
-            expired_at,
-            until,
-            fence,
-        } => {
-            problem.push(("executed_at", at.to_string().into_pyobject_or_none(py)));
-            problem.push((
-                "expired_at",
-                expired_at.to_string().into_pyobject_or_none(py),
-            ));
-            problem.push(("retain_until", until.to_string().into_pyobject_or_none(py)));
-            problem.push(("fence", fence.into_pyobject_or_none(py)));
-        }
-        What::Ran { .. }
-        | What::Replayed { .. }
-        | What::PassedThrough
-        | What::NotApplied { .. }
-        | What::Refused { .. } => {}
-    }
-    exception(
-        py,
-        explanation.verdict,
-        explanation.for_person(&door(record)),
-        problem,
-    )
 }
 
 #[cfg(test)]

@@ -41,5 +41,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         "PASSED_THROUGH",
         call::passed_through(m.py())?.clone_ref(m.py()),
     )?;
+    // The problem types' base is written once, in the kit; `idemgate.errors` reads it from here.
+    m.add("PROBLEM_TYPE_BASE", idemgate_kit::PROBLEM_TYPE_BASE)?;
     Ok(())
 }

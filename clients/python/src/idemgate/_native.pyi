@@ -11,6 +11,9 @@ PASSED_THROUGH: object
 """What ``Engine.begin(..., value=True)`` returns for a read or naturally idempotent tool: run it, nothing is
 recorded."""
 
+PROBLEM_TYPE_BASE: str
+"""The base of every problem type URI (``idemgate_kit::PROBLEM_TYPE_BASE``)."""
+
 @final
 class Policy:
     """How one tool's calls are treated (``ToolPolicy``); durations in seconds."""

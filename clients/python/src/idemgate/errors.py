@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-PROBLEM_PREFIX = "https://idemgate.dev/problems/"
+from ._native import PROBLEM_TYPE_BASE
+
+# The problem-type URI base, written once, in the kit (through the native module).
+PROBLEM_PREFIX = PROBLEM_TYPE_BASE
 
 
 class IdemgateError(Exception):
@@ -35,6 +38,14 @@ class IdemgateError(Exception):
         self.detail = detail
         self.problem: dict[str, Any] = dict(problem or {})
         self.headers: dict[str, str] = dict(headers or {})
+
+    @property
+    def for_model(self) -> str | None:
+        """What a model reads about this answer or refusal (the kit's words for a model,
+        ``idemgate_kit::Explanation::for_model``): set by the in-process engine, ``None`` for a
+        gateway's answer."""
+        value = self.problem.get("for_model")
+        return value if isinstance(value, str) else None
 
 
 class GatewayUnreachable(IdemgateError):
@@ -343,9 +354,11 @@ class OutcomeNotRecorded(IdemgateError):
 
 def engine_error(name: str, message: str, status: int, problem: Mapping[str, Any]) -> Exception:
     """The exception of the in-process engine's answer: ``name`` is the class the native module
-    chose from the engine's verdict (one exhaustive match in Rust), ``problem`` the same members a
-    gateway's problem document has (``type``, ``title``, ``status``, ``detail``, and ``since``,
-    ``fence``, ``retry_after``... where they apply). Used by ``idemgate._native``."""
+    chose from the engine's verdict (one exhaustive match in Rust), ``problem`` the kit's problem
+    document: the members a gateway's has (``type``, ``title``, ``status``, ``detail``, and
+    ``since``, ``fence``, ``state``, ``first_seen``... where they apply), ``verdict``, ``key``
+    and ``rule`` where the answer names a record, and ``for_model``. Used by
+    ``idemgate._native``."""
     cls = globals()[name]
     if not (isinstance(cls, type) and issubclass(cls, Exception)):
         raise TypeError(f"{name} is not an exception class")

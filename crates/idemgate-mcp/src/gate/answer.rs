@@ -7,7 +7,7 @@ use idemgate_core::{
     Answer, Decision, EngineError, KeyRule, Timestamp, ToolPolicy, UnknownPolicy, Verdict,
 };
 use idemgate_kit::identity::Rule;
-use idemgate_kit::{Door, Explanation, Payload, Resolve, VerdictCodes, What};
+use idemgate_kit::{Door, Explanation, Payload, Resolve, VerdictCodes, What, MODEL_REPEAT};
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
@@ -106,15 +106,12 @@ impl CallContext<'_> {
             effect,
             record,
             resolve: Resolve::Command(resolve),
-            repeat: REPEAT,
+            repeat: MODEL_REPEAT,
             add_key,
+            discreet: false,
         }
     }
 }
-
-/// How a model does an action again on purpose, in the words of every answer that says an
-/// identical call was taken for a repeat.
-const REPEAT: &str = "call the tool again with the argument idempotency_key set to a new value that names the new action";
 
 /// The frame that answers a `tools/call`, given what the engine decided and what the server
 /// answered (when the call reached it). The words come from the kit's [`Explanation`]; this says
@@ -129,10 +126,10 @@ pub(crate) fn respond(
     let verdict = explanation.verdict;
     let effect = format!("the tool {}", cx.tool);
     // The record as a person finds it: its key when the engine named one.
-    let key = match &result {
-        Ok(Answer { key: Some(k), .. }) => k.key.as_str().to_owned(),
-        _ => "KEY".to_owned(),
-    };
+    let key = explanation
+        .key
+        .as_ref()
+        .map_or_else(|| "KEY".to_owned(), |k| k.key.as_str().to_owned());
     let record = format!("record {key} (tool {}, tenant {})", cx.scope, cx.tenant);
     let resolve = format!("{key} --tool {} --tenant {}", cx.scope, cx.tenant);
     let mut add_key = format!(
@@ -405,6 +402,7 @@ mod tests {
         let explanation = Explanation {
             verdict: Verdict::Replayed,
             rule: Some(rule),
+            key: None,
             what: What::Replayed {
                 at: Timestamp::from_millis(1_000),
                 until: Timestamp::from_millis(2_000),
@@ -416,8 +414,9 @@ mod tests {
             effect: "the tool t",
             record: "the tool t",
             resolve: Resolve::Command("KEY"),
-            repeat: REPEAT,
+            repeat: MODEL_REPEAT,
             add_key: "",
+            discreet: false,
         };
         let text = explanation.for_model(&door);
         replayed(
@@ -495,6 +494,7 @@ mod tests {
         let explanation = |rule| Explanation {
             verdict: Verdict::Replayed,
             rule: Some(rule),
+            key: None,
             what: What::Replayed {
                 at: Timestamp::from_millis(1_000),
                 until: Timestamp::from_millis(2_000),

@@ -597,11 +597,10 @@ def with_key_argument(schema: Any) -> Any:
         return out
     from pydantic import Field, create_model
 
-    return create_model(  # type: ignore[call-overload]
-        schema.__name__,
-        __base__=schema,
-        **{KEY_ARGUMENT: (str | None, Field(default=None, description=KEY_DESCRIPTION))},
-    )
+    fields: dict[str, Any] = {
+        KEY_ARGUMENT: (str | None, Field(default=None, description=KEY_DESCRIPTION))
+    }
+    return create_model(schema.__name__, __base__=schema, **fields)
 
 
 class ToolCalls:
