@@ -278,14 +278,14 @@ def test_a_decorated_functions_result_tells_a_replay_from_a_run(engine: Engine) 
         return runs.bump()
 
     key = mint_key()
-    first, again = charge.result(7, key), charge.result(7, key)  # type: ignore[attr-defined]
+    first, again = charge.result(7, key), charge.result(7, key)
     assert first.executed and not first.replayed and first.value == 1
     assert again.replayed and again.value == 1 and again.executed_at == first.executed_at
     assert charge(7, key) == 1, "the plain call returns the value, as before"
     other = mint_key()
-    r = asyncio.run(refund.result(7, other))  # type: ignore[attr-defined]
+    r = asyncio.run(refund.result(7, other))
     assert r.executed and r.value == 2
-    assert asyncio.run(refund.result(7, other)).replayed  # type: ignore[attr-defined]
+    assert asyncio.run(refund.result(7, other)).replayed
     assert asyncio.run(refund(7, other)) == 2 and runs.n == 2
 
 
@@ -306,7 +306,7 @@ def test_the_decorators_replay_is_the_stored_value_and_its_answer_still_says_rep
 
     key = mint_key()
     assert nothing(key) is None and nothing(key) is None and runs.n == 1
-    r = nothing.result(key)  # type: ignore[attr-defined]
+    r = nothing.result(key)
     assert r.replayed and not r.executed and r.value is None and r.verdict == "replayed"
     other = mint_key()
     with pytest.raises(Failed) as first:
@@ -339,7 +339,7 @@ def test_the_async_decorators_replay_is_the_stored_value_and_reads_pass_through(
     async def main() -> None:
         key = mint_key()
         assert await nothing(key) is None and await nothing(key) is None and runs.n == 1
-        r = await nothing.result(key)  # type: ignore[attr-defined]
+        r = await nothing.result(key)
         assert r.replayed and r.value is None
         other = mint_key()
         with pytest.raises(Failed) as first:

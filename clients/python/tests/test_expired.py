@@ -110,11 +110,11 @@ def test_the_decorators_raise_outcome_expired(engine: Engine) -> None:
     with pytest.raises(OutcomeExpired):
         send(1, "k")
     with pytest.raises(OutcomeExpired):
-        send.result(1, "k")  # type: ignore[attr-defined]
+        send.result(1, "k")
     with pytest.raises(OutcomeExpired):
         asyncio.run(asend(1, "k"))
     with pytest.raises(OutcomeExpired):
-        asyncio.run(asend.result(1, "k"))  # type: ignore[attr-defined]
+        asyncio.run(asend.result(1, "k"))
     assert runs.n == 2
 
 

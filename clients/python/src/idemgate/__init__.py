@@ -29,11 +29,14 @@ Both doors raise the same exceptions, all ``IdemgateError`` subclasses: ``InFlig
 a tool function raises ``NotApplied``, ``Failed`` or ``MaybeApplied`` to say what happened.
 """
 
-from typing import Any, Callable
+from collections.abc import Callable, Coroutine
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any, ParamSpec, TypeVar, Unpack, overload
 
 from . import gateway_decorator as _gateway_decorator
 from . import engine as _engine
 from . import remote
+from ._literals import OnUnknown, RecordState, Resolution, ToolKind
 from .client import (
     AsyncClient,
     Begin,
@@ -44,7 +47,16 @@ from .client import (
     Record,
     parse_time,
 )
-from .engine import Engine, Policy, Result, current_key
+from .engine import (
+    AsyncIdempotentFunction,
+    Engine,
+    IdempotentDecorator,
+    IdempotentFunction,
+    Policy,
+    PolicyOptions,
+    Result,
+    current_key,
+)
 from .errors import (
     BadRequest,
     Conflict,
@@ -73,10 +85,49 @@ from .errors import (
 )
 from .keys import check_key, derive_key, mint_key
 
-__version__ = "0.1.0"
+try:
+    # One source: the version maturin gave the installed package, from crates/idemgate-python's
+    # Cargo.toml (the workspace's version).
+    __version__ = version("idemgate")
+except PackageNotFoundError:  # the sources on sys.path without the package installed
+    __version__ = "0+unknown"
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 
-def idempotent(target: Engine | Client | AsyncClient, *args: Any, **kwargs: Any) -> Callable[[Any], Any]:
+@overload
+def idempotent(
+    target: Engine,
+    tool: str | None = None,
+    key: Callable[..., str | None] | None = None,
+    *,
+    args: Callable[..., Any] | None = None,
+    **policy: Unpack[PolicyOptions],
+) -> IdempotentDecorator: ...
+@overload
+def idempotent(
+    target: AsyncClient,
+    tool: str,
+    key: Callable[..., str],
+    *,
+    args: Callable[..., Any] | None = None,
+    heartbeat_every: float | None = None,
+    wait_in_flight: float = 30.0,
+    record_retries: int = 3,
+) -> Callable[[Callable[_P, Coroutine[Any, Any, _R]]], Callable[_P, Coroutine[Any, Any, _R]]]: ...
+@overload
+def idempotent(
+    target: Client,
+    tool: str,
+    key: Callable[..., str],
+    *,
+    args: Callable[..., Any] | None = None,
+    heartbeat_every: float | None = None,
+    wait_in_flight: float = 30.0,
+    record_retries: int = 3,
+) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]: ...
+def idempotent(target: Engine | Client | AsyncClient, *args: Any, **kwargs: Any) -> Any:
     """Makes a tool function run at most once per idempotency key.
 
     With an :class:`Engine`, in-process (see :func:`idemgate.engine.idempotent`: ``tool``,
@@ -93,6 +144,7 @@ def idempotent(target: Engine | Client | AsyncClient, *args: Any, **kwargs: Any)
 
 __all__ = [
     "AsyncClient",
+    "AsyncIdempotentFunction",
     "BadRequest",
     "Begin",
     "CallResult",
@@ -104,6 +156,8 @@ __all__ = [
     "GatewayTimeout",
     "GatewayUnreachable",
     "IdemgateError",
+    "IdempotentDecorator",
+    "IdempotentFunction",
     "InFlight",
     "KeyRequired",
     "KeyReused",
@@ -112,18 +166,23 @@ __all__ = [
     "NotApplied",
     "NotFound",
     "NotResolvable",
+    "OnUnknown",
     "Outcome",
     "OutcomeExpired",
     "OutcomeNotRecorded",
     "OutcomeUnknown",
     "PayloadTooLarge",
     "Policy",
+    "PolicyOptions",
     "QuotaExceeded",
     "RateLimited",
     "Record",
+    "RecordState",
+    "Resolution",
     "Result",
     "StoreMisconfigured",
     "StoreUnavailable",
+    "ToolKind",
     "Unauthorized",
     "UpstreamUnreachable",
     "check_key",

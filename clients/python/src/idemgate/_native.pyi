@@ -5,6 +5,7 @@ from collections.abc import Callable
 from os import PathLike
 from typing import Any, Literal, final, overload
 
+from ._literals import OnUnknown, RecordState, Resolution, ToolKind
 from .engine import Result
 
 PASSED_THROUGH: object
@@ -20,16 +21,16 @@ class Policy:
 
     def __init__(
         self,
-        kind: str = "write",
+        kind: ToolKind = "write",
         ttl: float = 86400.0,
         lease: float = 30.0,
         wait: float = 5.0,
         fallback_window: float | None = None,
-        on_unknown: str = "block",
+        on_unknown: OnUnknown = "block",
         tombstone: float = 2592000.0,
     ) -> None: ...
     @property
-    def kind(self) -> str: ...
+    def kind(self) -> ToolKind: ...
     @property
     def ttl(self) -> float: ...
     @property
@@ -43,7 +44,7 @@ class Policy:
     @property
     def fallback_window(self) -> float | None: ...
     @property
-    def on_unknown(self) -> str: ...
+    def on_unknown(self) -> OnUnknown: ...
 
 @final
 class Ticket:
@@ -172,7 +173,7 @@ class Engine:
     def records(
         self,
         tool: str | None = None,
-        state: str | None = None,
+        state: RecordState | None = None,
         limit: int = 0,
         scope: str | None = None,
     ) -> list[str]: ...
@@ -181,7 +182,7 @@ class Engine:
         tool: str,
         key: str,
         fence: int,
-        resolution: str,
+        resolution: Resolution,
         result: str | None = None,
         failed: bool = False,
         ttl: float = 86400.0,
@@ -195,7 +196,7 @@ class Engine:
         fence: int,
         by: str | None = None,
         reason: str | None = None,
-    ) -> str: ...
+    ) -> Literal["completed", "expired", "unknown"]: ...
     def flush_journal(self) -> tuple[int, int, int]: ...
 
 def run_command(argv: list[str]) -> int: ...

@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import Any, Callable, Generic, Mapping, TypeVar
 
 from ._http import Answer, AsyncTransport, Request, SyncTransport
+from ._literals import RecordState, Resolution
 from .errors import (
     PROBLEM_PREFIX,
     GatewayUnreachable,
@@ -416,7 +417,9 @@ class _Api:
         path = f"/v1/tools/{_tool(tool)}/records/{urllib.parse.quote(key, safe='')}"
         return self._req("GET", path, _record_of)
 
-    def _records(self, state: str | None, tool: str | None, limit: int | None) -> _Call[list[Record]]:
+    def _records(
+        self, state: RecordState | None, tool: str | None, limit: int | None
+    ) -> _Call[list[Record]]:
         query = {
             k: v for k, v in (("state", state), ("tool", tool), ("limit", limit)) if v is not None
         }
@@ -424,7 +427,7 @@ class _Api:
         return self._req("GET", path, _records_of)
 
     def _resolve(
-        self, tool: str, key: str, fence: int, resolution: str, result: Any, failed: bool
+        self, tool: str, key: str, fence: int, resolution: Resolution, result: Any, failed: bool
     ) -> _Call[Record | None]:
         if resolution not in ("completed", "release"):
             raise ValueError("resolution must be 'completed' or 'release'")
@@ -507,7 +510,7 @@ class Client(_Api):
         return self._send(self._record(tool, key))
 
     def records(
-        self, state: str | None = None, tool: str | None = None, limit: int | None = None
+        self, state: RecordState | None = None, tool: str | None = None, limit: int | None = None
     ) -> list[Record]:
         """This tenant's records, optionally only those in ``state`` and of ``tool``."""
         return self._send(self._records(state, tool, limit))
@@ -517,7 +520,7 @@ class Client(_Api):
         tool: str,
         key: str,
         fence: int,
-        resolution: str,
+        resolution: Resolution,
         result: Any = None,
         failed: bool = False,
     ) -> Record | None:
@@ -596,7 +599,7 @@ class AsyncClient(_Api):
         return await self._send(self._record(tool, key))
 
     async def records(
-        self, state: str | None = None, tool: str | None = None, limit: int | None = None
+        self, state: RecordState | None = None, tool: str | None = None, limit: int | None = None
     ) -> list[Record]:
         """See :meth:`Client.records`."""
         return await self._send(self._records(state, tool, limit))
@@ -606,7 +609,7 @@ class AsyncClient(_Api):
         tool: str,
         key: str,
         fence: int,
-        resolution: str,
+        resolution: Resolution,
         result: Any = None,
         failed: bool = False,
     ) -> Record | None:

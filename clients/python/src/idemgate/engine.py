@@ -50,12 +50,25 @@ import inspect
 import json
 import threading
 import weakref
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, TypedDict, TypeVar, Unpack, cast
+from typing import (
+    Any,
+    Concatenate,
+    Literal,
+    ParamSpec,
+    Protocol,
+    Self,
+    TypedDict,
+    TypeVar,
+    Unpack,
+    cast,
+    overload,
+)
 
 from . import _native
+from ._literals import OnUnknown, RecordState, Resolution, ToolKind
 from ._native import PASSED_THROUGH as _PASSED_THROUGH
 from ._native import Policy, Ticket
 from .errors import (
@@ -65,9 +78,24 @@ from .errors import (
     OutcomeUnknown,
 )
 
-__all__ = ["Engine", "Policy", "PolicyOptions", "Result", "current_key", "idempotent"]
+__all__ = [
+    "AsyncIdempotentFunction",
+    "Engine",
+    "IdempotentDecorator",
+    "IdempotentFunction",
+    "Policy",
+    "PolicyOptions",
+    "Result",
+    "current_key",
+    "idempotent",
+]
 
-F = TypeVar("F", bound=Callable[..., Any])
+P = ParamSpec("P")
+R = TypeVar("R")
+R_co = TypeVar("R_co", covariant=True)
+_P2 = ParamSpec("_P2")
+_R2 = TypeVar("_R2")
+_S = TypeVar("_S")
 
 
 class PolicyOptions(TypedDict, total=False):
@@ -96,13 +124,13 @@ class PolicyOptions(TypedDict, total=False):
       verifier, see :meth:`Engine.open`).
     """
 
-    kind: str | None
+    kind: ToolKind | None
     ttl: float | None
     tombstone: float | None
     lease: float | None
     wait: float | None
     fallback_window: float | None
-    on_unknown: str | None
+    on_unknown: OnUnknown | None
 
 
 _POLICY_FIELDS = tuple(PolicyOptions.__annotations__)
@@ -493,7 +521,7 @@ class Engine:
 
     def records(
         self,
-        state: str | None = None,
+        state: RecordState | None = None,
         tool: str | None = None,
         limit: int = 0,
         scope: str | None = None,
@@ -510,7 +538,7 @@ class Engine:
         tool: str,
         key: str,
         fence: int,
-        resolution: str,
+        resolution: Resolution,
         result: Any = None,
         failed: bool = False,
         *,
@@ -535,7 +563,7 @@ class Engine:
 
     def reopen(
         self, tool: str, key: str, fence: int, *, reason: str, by: str | None = None
-    ) -> str:
+    ) -> Literal["completed", "expired", "unknown"]:
         """Reopens a completed, expired or unknown record, if its ``fence`` (from :meth:`record`,
         :meth:`records` or ``OutcomeExpired.fence``) is still the one looked at, so that the next
         call with this key runs the action again: the one way a stored outcome stops answering
@@ -782,6 +810,70 @@ def _ignore(ok: bool, value: Any) -> None:
     pass
 
 
+class IdempotentFunction(Protocol[P, R_co]):
+    """What ``@idempotent(engine, ...)`` makes of a plain function: called with the function's
+    own parameters, it returns its value (a replay: the stored one); ``result(...)`` makes the
+    same call and returns the whole :class:`Result`."""
+
+    __name__: str
+    __qualname__: str
+    __doc__: str | None
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R_co: ...
+
+    def result(self, *args: P.args, **kwargs: P.kwargs) -> Result: ...
+
+    # A decorated method, got from an instance: a bound method. Its ``result`` is the function's
+    # own, unbound (``type(obj).method.result(obj, ...)``), so the bound type has none.
+    @overload
+    def __get__(self, instance: None, owner: type[Any], /) -> Self: ...
+    @overload
+    def __get__(
+        self: IdempotentFunction[Concatenate[_S, _P2], _R2],
+        instance: _S,
+        owner: type[Any] | None = None,
+        /,
+    ) -> Callable[_P2, _R2]: ...
+
+
+class AsyncIdempotentFunction(Protocol[P, R_co]):
+    """What ``@idempotent(engine, ...)`` makes of an ``async def`` function: awaited, its value
+    (a replay: the stored one); ``await f.result(...)``: the same call's whole :class:`Result`."""
+
+    __name__: str
+    __qualname__: str
+    __doc__: str | None
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, R_co]: ...
+
+    def result(self, *args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, Result]: ...
+
+    @overload
+    def __get__(self, instance: None, owner: type[Any], /) -> Self: ...
+    @overload
+    def __get__(
+        self: AsyncIdempotentFunction[Concatenate[_S, _P2], _R2],
+        instance: _S,
+        owner: type[Any] | None = None,
+        /,
+    ) -> Callable[_P2, Coroutine[Any, Any, _R2]]: ...
+
+
+class IdempotentDecorator(Protocol):
+    """The decorator ``idempotent(engine, ...)`` returns: ``async def`` functions become an
+    :class:`AsyncIdempotentFunction`, plain ones an :class:`IdempotentFunction`, with the
+    function's parameters."""
+
+    # An `async def` function matches both overloads (a coroutine is a value too): the first,
+    # made for it, wins, which is the overlap the checkers are told to accept.
+    @overload
+    def __call__(  # type: ignore[overload-overlap]  # pyright: ignore[reportOverlappingOverload]
+        self, fn: Callable[P, Coroutine[Any, Any, R]], /
+    ) -> AsyncIdempotentFunction[P, R]: ...
+    @overload
+    def __call__(self, fn: Callable[P, R], /) -> IdempotentFunction[P, R]: ...
+
+
 def idempotent(
     engine: Engine,
     tool: str | None = None,
@@ -789,7 +881,7 @@ def idempotent(
     *,
     args: Callable[..., Any] | None = None,
     **policy: Unpack[PolicyOptions],
-) -> Callable[[F], F]:
+) -> IdempotentDecorator:
     """Makes a function run at most once per idempotency key, in-process.
 
     ``tool`` names it (default: the function's ``__name__``); ``key(*a, **kw)`` names the logical
@@ -806,7 +898,13 @@ def idempotent(
     # Only the fields set: a call with none passes no overrides and takes the policy as it is.
     overrides = given_policy(policy)
 
-    def decorate(fn: F) -> F:
+    @overload
+    def decorate(  # type: ignore[overload-overlap]  # pyright: ignore[reportOverlappingOverload]
+        fn: Callable[P, Coroutine[Any, Any, R]], /
+    ) -> AsyncIdempotentFunction[P, R]: ...
+    @overload
+    def decorate(fn: Callable[P, R], /) -> IdempotentFunction[P, R]: ...
+    def decorate(fn: Callable[..., Any], /) -> Any:
         name = tool or fn.__name__
         engine.policy(name, **overrides)  # refuse bad settings at decoration time
         native = engine.native
@@ -858,8 +956,8 @@ def idempotent(
                     return await fn(*a, **kw)
                 return begun  # a replay's stored value
 
-            awrapper.result = aresult  # type: ignore[attr-defined]
-            return awrapper  # type: ignore[return-value]
+            setattr(awrapper, "result", aresult)  # noqa: B010 - a function's attribute
+            return awrapper
 
         def result(*a: Any, **kw: Any) -> Result:
             k, payload = prepare(a, kw)
@@ -890,8 +988,8 @@ def idempotent(
                 return fn(*a, **kw)
             return begun  # a replay's stored value
 
-        wrapper.result = result  # type: ignore[attr-defined]
-        return wrapper  # type: ignore[return-value]
+        setattr(wrapper, "result", result)  # noqa: B010 - a function's attribute
+        return wrapper
 
     return decorate
 

@@ -12,8 +12,9 @@ import inspect
 import json
 import threading
 import time
+from collections.abc import Callable, Coroutine
 from datetime import datetime, timezone
-from typing import Any, Callable, TypeVar
+from typing import Any, ParamSpec, TypeVar, cast, overload
 
 from .client import AsyncClient, Begin, Client
 from .errors import (
@@ -28,7 +29,8 @@ from .errors import (
     StoreUnavailable,
 )
 
-F = TypeVar("F", bound=Callable[..., Any])
+P = ParamSpec("P")
+R = TypeVar("R")
 
 __all__ = ["idempotent"]
 
@@ -124,6 +126,28 @@ def _heartbeat_interval(begin: Begin, every: float | None) -> float | None:
     return max(remaining / 3.0, 0.05)
 
 
+@overload
+def idempotent(
+    client: AsyncClient,
+    tool: str,
+    key: Callable[..., str],
+    *,
+    args: Callable[..., Any] | None = None,
+    heartbeat_every: float | None = None,
+    wait_in_flight: float = 30.0,
+    record_retries: int = 3,
+) -> Callable[[Callable[P, Coroutine[Any, Any, R]]], Callable[P, Coroutine[Any, Any, R]]]: ...
+@overload
+def idempotent(
+    client: Client,
+    tool: str,
+    key: Callable[..., str],
+    *,
+    args: Callable[..., Any] | None = None,
+    heartbeat_every: float | None = None,
+    wait_in_flight: float = 30.0,
+    record_retries: int = 3,
+) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
 def idempotent(
     client: Client | AsyncClient,
     tool: str,
@@ -133,7 +157,7 @@ def idempotent(
     heartbeat_every: float | None = None,
     wait_in_flight: float = 30.0,
     record_retries: int = 3,
-) -> Callable[[F], F]:
+) -> Callable[[Callable[P, Any]], Callable[P, Any]]:
     """Makes a tool function run at most once per idempotency key.
 
     ``key(*a, **kw)`` names the logical action of a call (use ``derive_key(run_id, step)`` or
@@ -177,14 +201,14 @@ def idempotent(
             record_retries=record_retries,
         )
 
-    def decorate(fn: F) -> F:
+    def decorate(fn: Callable[P, R]) -> Callable[P, R]:
         if inspect.iscoroutinefunction(fn):
             raise TypeError(
                 "@idempotent with a Client wraps plain functions; use an AsyncClient for async def"
             )
 
         @functools.wraps(fn)
-        def wrapper(*a: Any, **kw: Any) -> Any:
+        def wrapper(*a: P.args, **kw: P.kwargs) -> R:
             k = key(*a, **kw)
             payload = args(*a, **kw) if args is not None else _default_args(a, kw)
             begin = _begin(client, tool, k, payload, wait_in_flight)
@@ -194,7 +218,8 @@ def idempotent(
                 outcome = begin.outcome
                 if outcome is not None and outcome.failed:
                     raise Failed(outcome.result, replayed=True)
-                return outcome.result if outcome is not None else None
+                # The stored value, as the function returned it then (JSON data).
+                return cast(R, outcome.result if outcome is not None else None)
             if not begin.execute or begin.lease is None:
                 raise RuntimeError(f"unexpected begin decision {begin.decision!r}")
             lease = begin.lease
@@ -255,7 +280,7 @@ def idempotent(
                 e.add_note(_refused(unknown(rkey, lease, reason)))
                 raise
 
-        return wrapper  # type: ignore[return-value]
+        return wrapper
 
     return decorate
 
@@ -298,15 +323,15 @@ def _async_idempotent(
     heartbeat_every: float | None,
     wait_in_flight: float,
     record_retries: int,
-) -> Callable[[F], F]:
-    def decorate(fn: F) -> F:
+) -> Callable[[Callable[P, Coroutine[Any, Any, R]]], Callable[P, Coroutine[Any, Any, R]]]:
+    def decorate(fn: Callable[P, Coroutine[Any, Any, R]]) -> Callable[P, Coroutine[Any, Any, R]]:
         if not inspect.iscoroutinefunction(fn):
             raise TypeError(
                 "@idempotent with an AsyncClient wraps async def functions; use a Client otherwise"
             )
 
         @functools.wraps(fn)
-        async def wrapper(*a: Any, **kw: Any) -> Any:
+        async def wrapper(*a: P.args, **kw: P.kwargs) -> R:
             k = key(*a, **kw)
             payload = args(*a, **kw) if args is not None else _default_args(a, kw)
             begin = await _abegin(client, tool, k, payload, wait_in_flight)
@@ -316,7 +341,7 @@ def _async_idempotent(
                 outcome = begin.outcome
                 if outcome is not None and outcome.failed:
                     raise Failed(outcome.result, replayed=True)
-                return outcome.result if outcome is not None else None
+                return cast(R, outcome.result if outcome is not None else None)
             if not begin.execute or begin.lease is None:
                 raise RuntimeError(f"unexpected begin decision {begin.decision!r}")
             lease = begin.lease
@@ -384,7 +409,7 @@ def _async_idempotent(
                 e.add_note(_refused(await unknown(rkey, lease, reason)))
                 raise
 
-        return wrapper  # type: ignore[return-value]
+        return wrapper
 
     return decorate
 

@@ -1,5 +1,6 @@
-"""The integrations' tests use the real frameworks from PyPI, at the versions pinned in
-requirements.txt (installed by scripts/python-test-deps); a missing one fails the module."""
+"""The integrations' tests use the real frameworks from PyPI, at the versions pinned in the `test`
+dependency group of clients/python/pyproject.toml (installed by scripts/python-test-deps); a
+missing one fails the module."""
 
 from __future__ import annotations
 

@@ -1,3 +1,6 @@
+# CrewAI has a venv of its own (tests/integrations/crewai): where the package is type-checked it is
+# not installed, and this module imports it only when used (mypy: pyproject.toml's override).
+# pyright: reportMissingImports=false
 """CrewAI tools (``crewai``; tested with 1.15.30): any CrewAI tool (a ``@tool`` function, a
 ``BaseTool`` subclass, a ``crewai_tools`` tool), run at most once per logical action::
 

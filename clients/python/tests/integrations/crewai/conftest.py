@@ -1,5 +1,6 @@
 """CrewAI's tests run in a venv of their own (``target/python-venv-crewai``, with crewai pinned in
-requirements.txt beside this file, installed by ``scripts/python-test-deps VENV crewai``): crewai
+the ``test-crewai`` dependency group of clients/python/pyproject.toml, installed by
+``scripts/python-test-deps VENV test-crewai``): crewai
 needs openai<3 and mcp<2, which the shared test venv's openai-agents and fastmcp cannot live with.
 The shared run does not collect this folder (``collect_ignore`` in the conftest above);
 ``scripts/test-all`` runs it on its own, where a missing crewai fails every test.
