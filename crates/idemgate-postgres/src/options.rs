@@ -22,7 +22,7 @@ pub enum SyncCommit {
     AllowLoss,
 }
 
-/// Settings of a [`PgStore`].
+/// Settings of a [`PgStore`](crate::PgStore).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PgOptions {
     /// Most connections the pool opens (the listener connection comes on top).

@@ -11,7 +11,7 @@ use redis::{ConnectionInfo, RedisConnectionInfo};
 
 use crate::MAX_MS;
 
-/// Settings of a [`RedisStore`].
+/// Settings of a [`RedisStore`](crate::RedisStore).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RedisOptions {
     /// Accept a Redis without append-only persistence, with `appendfsync no`, or whose settings

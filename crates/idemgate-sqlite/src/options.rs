@@ -21,7 +21,7 @@ pub enum Durability {
     Normal,
 }
 
-/// Settings of a [`SqliteStore`]. See [`apply_pragmas`] for the SQLite settings they lead to.
+/// Settings of a [`SqliteStore`](crate::SqliteStore). See [`apply_pragmas`](crate::apply_pragmas) for the SQLite settings they lead to.
 #[derive(Clone, Debug)]
 pub struct SqliteOptions {
     /// How far a commit must reach before it is answered (default [`Durability::Full`]).
