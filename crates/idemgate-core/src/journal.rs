@@ -1,7 +1,9 @@
 //! The local journal of completions the store has not confirmed yet.
 //!
 //! When the "done" write fails after the side effect ran, the engine retries it with bounded
-//! backoff, then writes it here durably and answers the caller with its result. Flushing replays
+//! backoff, then writes it here durably and answers the caller with its result. A reservation
+//! whose answer was lost, and which could not be taken back at once, is written here too, to be
+//! taken back later. Flushing replays
 //! journaled writes into the store once it is back; each is a compare-and-set on its lease, so
 //! replaying one twice, or after the record was taken over, is harmless.
 
@@ -36,6 +38,12 @@ pub enum JournalOp {
     Release,
     /// Mark the record unknown: the tool said the outcome is ambiguous.
     MarkUnknown,
+    /// Take back a reservation whose answer was lost and which the engine could not take back at
+    /// once: the call was refused, so nothing ran. If the record is still the one the entry's
+    /// token made, it is removed, so that a retry runs the call once instead of finding it
+    /// unknown when its lease ends. The entry's fence is 0 (the engine never learnt it) and its
+    /// fingerprint is set.
+    TakeBack,
 }
 
 impl JournalOp {

@@ -745,6 +745,91 @@ async fn failpoint_reservation_answer_lost_runs_nothing_and_leaves_no_orphan() {
     assert!(matches!(ok.decision, Decision::Executed { .. }));
 }
 
+/// The reservation lands but its answer is lost, and the store goes away before the engine can
+/// take it back (a primary killed mid-call): the refused call ran nothing, so its record must not
+/// turn into an "outcome unknown" for an operator. The journal takes it back once the store is
+/// back, and the retry runs the call once.
+#[tokio::test(start_paused = true)]
+async fn failpoint_a_lost_reservation_that_cannot_be_taken_back_at_once_is_taken_back_by_the_journal(
+) {
+    use idemgate_core::Journal;
+    let r = default_rig();
+    let runs = Counter::default();
+    let c = call("acme", "charge", Some("k"), json!(1));
+    r.store.once(Op::Reserve, Fault::LoseAnswer);
+    r.store.always(Op::Reserve, Fault::Refuse);
+    let err = r
+        .engine
+        .call(c.clone(), || runs.effect(success("x")))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, EngineError::ReserveFailed(_)), "{err}");
+    assert_eq!(runs.get(), 0);
+    assert_eq!(r.store.inner().len(), 1, "the reservation landed");
+    let pending = r.journal.pending().unwrap();
+    assert_eq!(pending.len(), 1);
+    assert_eq!(pending[0].op, idemgate_core::JournalOp::TakeBack);
+
+    // The store is back after the lease ended: without the journal the record reads unknown.
+    r.store.heal();
+    r.clock.advance(LEASE + Duration::from_secs(1));
+    let report = r.engine.flush_journal().await.unwrap();
+    assert_eq!((report.applied, report.pending), (1, 0));
+    assert!(r.store.inner().is_empty(), "taken back");
+    assert!(r.journal.pending().unwrap().is_empty());
+    let ok = r
+        .engine
+        .call(c, || runs.effect(success("x")))
+        .await
+        .unwrap();
+    assert!(matches!(ok.decision, Decision::Executed { .. }), "{ok:?}");
+    assert_eq!(runs.get(), 1);
+}
+
+/// A take-back never removes another call's record: a retry that took the key over (or ran)
+/// before the flush keeps it.
+#[tokio::test(start_paused = true)]
+async fn a_journaled_take_back_leaves_another_calls_record() {
+    use idemgate_core::Journal;
+    let r = default_rig();
+    let runs = Counter::default();
+    let c = call("acme", "charge", Some("k"), json!(1));
+    r.store.once(Op::Reserve, Fault::LoseAnswer);
+    r.store.always(Op::Reserve, Fault::Refuse);
+    r.engine
+        .call(c.clone(), || runs.effect(success("x")))
+        .await
+        .unwrap_err();
+    r.store.heal();
+    // Our orphan ends unknown; an operator releases it and a retry runs and completes.
+    r.clock.advance(LEASE + Duration::from_secs(1));
+    let k = key("acme", "charge", "k");
+    let rec = r.store.inner().get(&k).await.unwrap().unwrap();
+    r.engine
+        .resolve(&k, rec.fence, Resolution::Release, None, None)
+        .await
+        .unwrap();
+    let done = r
+        .engine
+        .call(c.clone(), || runs.effect(success("ran")))
+        .await
+        .unwrap();
+    assert!(matches!(done.decision, Decision::Executed { .. }));
+    let report = r.engine.flush_journal().await.unwrap();
+    assert_eq!((report.applied, report.pending), (1, 0));
+    assert!(r.journal.pending().unwrap().is_empty());
+    let replay = r
+        .engine
+        .call(c, || runs.effect(success("again")))
+        .await
+        .unwrap();
+    assert!(
+        matches!(replay.decision, Decision::Replayed { ref outcome, .. } if outcome.body == b"ran"),
+        "{replay:?}"
+    );
+    assert_eq!(runs.get(), 1);
+}
+
 #[tokio::test(start_paused = true)]
 async fn failpoint_store_down_at_reservation_fails_closed() {
     let r = default_rig();

@@ -136,9 +136,13 @@ impl<S: Store> Engine<S> {
                     // Unavailable: nothing reached the store, so nothing can have landed.
                     if !matches!(e, StoreError::Unavailable(_)) {
                         let budget = self.settings.abandon_budget;
-                        let _ =
+                        let taken_back =
                             tokio::time::timeout(budget, self.abandon_reservation(&reservation))
-                                .await;
+                                .await
+                                .unwrap_or(false);
+                        if !taken_back {
+                            self.journal_take_back(&reservation).await;
+                        }
                     }
                     return Err(EngineError::ReserveFailed(e));
                 }
@@ -298,17 +302,43 @@ impl<S: Store> Engine<S> {
 
     /// After a failed reservation, makes sure no reservation of ours is left behind to turn into a
     /// false "unknown": the reservation is retried with the same token (which finds our own record
-    /// if the first attempt did land) and, if it is ours, released. Best effort and bounded.
-    pub(super) async fn abandon_reservation(&self, r: &Reservation) {
+    /// if the first attempt did land) and, if it is ours, released. Best effort and bounded;
+    /// whether the store answered that nothing of ours is left.
+    pub(super) async fn abandon_reservation(&self, r: &Reservation) -> bool {
         for _ in 0..2 {
             match self.store.reserve(r).await {
                 Ok(Claim::Acquired(lease)) => {
-                    let _ = self.store.release(&r.key, lease).await;
-                    return;
+                    if self.store.release(&r.key, lease).await.is_ok() {
+                        return true;
+                    }
                 }
-                Ok(Claim::Existing(_)) => return,
-                Err(_) => tokio::time::sleep(self.settings.finish_backoff).await,
+                Ok(Claim::Existing(_)) => return true,
+                Err(_) => {}
             }
+            tokio::time::sleep(self.settings.finish_backoff).await;
+        }
+        false
+    }
+
+    /// A reservation that may have landed and could not be taken back (the store went away):
+    /// journaled, so that the flush takes it back once the store is back ([`JournalOp::TakeBack`]).
+    /// Without a journal that can take it, the record ends unknown when its lease does, for an
+    /// operator, as before: never run, never run twice.
+    async fn journal_take_back(&self, r: &Reservation) {
+        let entry = JournalEntry {
+            key: r.key.clone(),
+            lease: Lease {
+                fence: 0,
+                token: r.token,
+            },
+            op: JournalOp::TakeBack,
+            journaled_at: self.clock.now(),
+            fingerprint: Some(r.fingerprint),
+        };
+        let journal = Arc::clone(&self.journal);
+        let appended = tokio::task::spawn_blocking(move || journal.append(&entry)).await;
+        if matches!(appended, Ok(Ok(()))) {
+            self.journaled.notify_one();
         }
     }
 

@@ -283,7 +283,7 @@ impl<S: Store> Engine<S> {
                 completed_at: reported_at,
                 expires_at: reported_at.plus(Duration::from_millis(*ttl_ms)),
             }),
-            JournalOp::Release | JournalOp::MarkUnknown => None,
+            JournalOp::Release | JournalOp::MarkUnknown | JournalOp::TakeBack => None,
         };
         match appended {
             Ok(()) => {
@@ -321,6 +321,31 @@ impl<S: Store> Engine<S> {
                 .map(Some),
             JournalOp::Release => self.store.release(key, lease).await.map(|()| None),
             JournalOp::MarkUnknown => self.store.mark_unknown(key, lease).await.map(|()| None),
+            // Not a done write: the engine journals it without trying it here, and the flush
+            // applies it with the entry's fingerprint (`take_back`).
+            JournalOp::TakeBack => Err(StoreError::Misconfigured(format!(
+                "failed to apply the take-back of a reservation of {key} as a done write"
+            ))),
+        }
+    }
+
+    /// Takes back the reservation of a [`JournalOp::TakeBack`] entry: reserved again with its
+    /// token, which finds the record it made if that is still there (in flight, or unknown once
+    /// its lease ended) and releases it. Another call's record is left as it is.
+    async fn take_back(&self, entry: &JournalEntry) -> Result<(), StoreError> {
+        let Some(fingerprint) = entry.fingerprint else {
+            return Ok(());
+        };
+        let again = Reservation {
+            key: entry.key.clone(),
+            fingerprint,
+            token: entry.lease.token,
+            lease_for: RESTORE_LEASE,
+            scope: None,
+        };
+        match self.store.reserve(&again).await? {
+            Claim::Acquired(lease) => self.store.release(&entry.key, lease).await,
+            Claim::Existing(_) => Ok(()),
         }
     }
 
@@ -389,10 +414,14 @@ impl<S: Store> Engine<S> {
     ) -> Result<FlushReport, EngineError> {
         let mut report = FlushReport::default();
         for entry in entries {
-            match self
-                .apply(&entry.key, entry.lease, &entry.op, Some(entry.journaled_at))
-                .await
-            {
+            let applied = match entry.op {
+                JournalOp::TakeBack => self.take_back(&entry).await.map(|()| None),
+                _ => {
+                    self.apply(&entry.key, entry.lease, &entry.op, Some(entry.journaled_at))
+                        .await
+                }
+            };
+            match applied {
                 Ok(_) => report.applied += 1,
                 Err(StoreError::LeaseLost) => match self.restore(&entry).await {
                     Ok(Restored::WrittenBack) => {
