@@ -150,3 +150,63 @@ fn a_process_whose_clock_is_behind_finds_a_dead_call_unknown_on_time() {
     assert!(killed.elapsed().unwrap() < Duration::from_secs(120));
     assert_eq!(lines(&effect), 1, "never silently re-run");
 }
+
+/// The clock row of the chaos suite: `IDEMGATE_CLOCK_KEYS` keys (default 12; scripts/chaos runs
+/// more), each a call by a process with a right clock that runs for a moment, raced by two
+/// duplicates whose clocks are 10 minutes ahead and behind, with `--on-unknown retry`. Prints
+/// the keys, the doubles (a key whose command ran twice), the false unknowns (an "outcome
+/// unknown" answer: no call here dies, so each one is false) and the lost outcomes (a duplicate
+/// that neither replayed the outcome nor was told to come back: anything but exit 0 or 75);
+/// fails on any.
+#[test]
+fn processes_with_clocks_set_wrong_run_each_call_once() {
+    let keys: usize = std::env::var("IDEMGATE_CLOCK_KEYS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(12);
+    let sb = Sandbox::new();
+    let (mut doubles, mut false_unknown, mut lost) = (0, 0, 0);
+    // Four keys at a time: each key's three processes overlap with one another.
+    for batch in (0..keys).collect::<Vec<_>>().chunks(4) {
+        let mut running = Vec::new();
+        for &i in batch {
+            let effect = sb.path(&format!("effect-{i}"));
+            let script = format!("echo ran >> '{}'; sleep 0.3", effect.display());
+            let key = format!("race-{i}");
+            let first = sb
+                .idemgate()
+                .args(["exec", "--key", &key, "--lease", "30s", "--"])
+                .args(["sh", "-c", &script])
+                .spawn()
+                .unwrap();
+            wait_for("the first call to start", || lines(&effect) >= 1);
+            let dups: Vec<Child> = ["+10m", "-10m"]
+                .into_iter()
+                .map(|offset| {
+                    let mut c = skewed(&sb, offset);
+                    c.args(["exec", "--key", &key, "--lease", "30s", "--wait", "10s"])
+                        .args(["--on-unknown", "retry", "--", "sh", "-c", &script])
+                        .stdout(std::process::Stdio::null())
+                        .stderr(std::process::Stdio::null());
+                    c.spawn().unwrap()
+                })
+                .collect();
+            running.push((effect, first, dups));
+        }
+        for (effect, mut first, dups) in running {
+            assert!(first.wait().unwrap().success(), "the first call failed");
+            for mut dup in dups {
+                match dup.wait().unwrap().code() {
+                    Some(0 | 75) => {}
+                    Some(76) => false_unknown += 1,
+                    _ => lost += 1,
+                }
+            }
+            if lines(&effect) > 1 {
+                doubles += 1;
+            }
+        }
+    }
+    println!("CLOCK-CHAOS keys={keys} doubles={doubles} false_unknown={false_unknown} lost={lost}");
+    assert_eq!((doubles, false_unknown, lost), (0, 0, 0));
+}
