@@ -3,18 +3,19 @@
 //! kept by the engine's lease keeper while the function runs) and what `finish` is told. The
 //! halves themselves, sync and async, are methods of `Engine` (engine.rs): PyO3 takes one
 //! `#[pymethods]` block a class (without its `multiple-pymethods` feature), and each is a few
-//! lines over the pieces here.
+//! lines over the pieces here. The pieces are free functions and `PyTicket`'s own, never
+//! `impl Engine` blocks, so that engine.rs imports this module and not the other way round.
 
 use std::sync::{Arc, Mutex};
 
-use idemgate::{Begun, Call, EngineError, IdempotencyKey, Ticket, ToolName};
+use idemgate::{Begun, Call, EngineError, IdempotencyKey, TenantId, Ticket, ToolName};
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 
 use crate::answer::{answer_of, engine_error, value_of};
-use crate::engine::{Engine, Shared};
 use crate::keys::fingerprint_of;
+use crate::shared::Shared;
 
 /// Permission to run one call's side effect: the reserved record and its lease, renewed by the
 /// engine's lease keeper until `finish`.
@@ -37,6 +38,17 @@ impl PyTicket {
             }
             _ => false,
         }
+    }
+
+    /// The ticket of a `finish`, its lease no longer kept; raises if it was finished already.
+    pub(crate) fn finishing<'a>(ticket: &'a Bound<'_, PyTicket>) -> PyResult<&'a PyTicket> {
+        let t = ticket.get();
+        if !t.stop_heartbeat() {
+            return Err(PyRuntimeError::new_err(
+                "this ticket was already finished: report each call's outcome once",
+            ));
+        }
+        Ok(t)
     }
 }
 
@@ -147,52 +159,39 @@ pub(crate) fn passed_through(py: Python<'_>) -> PyResult<&'static Py<PyAny>> {
 /// `ValueError` it raises.
 pub(crate) use idemgate_kit::reported_effect as effect;
 
-impl Engine {
-    /// The engine's call: `args` (any Python value; `None`: no arguments) fingerprinted as its
-    /// JSON text `json.dumps(args, default=repr)` would be (see [`fingerprint_of`]), made in
-    /// `scope` (`Call::scope`: a call without key is joined by the fallback window only to
-    /// identical calls of the same scope).
-    pub(crate) fn call(
-        &self,
-        py: Python<'_>,
-        tool: &str,
-        key: Option<&str>,
-        args: &Bound<'_, PyAny>,
-        scope: Option<&str>,
-    ) -> PyResult<Call> {
-        // In the order the checks always ran: what `json.dumps` raises, the tool, the key, then
-        // arguments the engine cannot read.
-        let fingerprint = if args.is_none() {
-            None
-        } else {
-            Some(fingerprint_of(args)?)
-        };
-        let call = || -> Result<Call, EngineError> {
-            let mut call = Call::new(self.shared.tenant.clone(), ToolName::new(tool)?);
-            if let Some(key) = key {
-                call = call.key(IdempotencyKey::explicit(key)?);
-            }
-            if let Some(fingerprint) = fingerprint {
-                call = call.fingerprint(fingerprint?);
-            }
-            if let Some(scope) = scope {
-                call = call.scope(scope);
-            }
-            Ok(call)
-        };
-        call().map_err(|e| engine_error(py, &e))
-    }
-
-    /// The ticket of a `finish`, its lease no longer kept; raises if it was finished already.
-    pub(crate) fn ticket<'a>(ticket: &'a Bound<'_, PyTicket>) -> PyResult<&'a PyTicket> {
-        let t = ticket.get();
-        if !t.stop_heartbeat() {
-            return Err(PyRuntimeError::new_err(
-                "this ticket was already finished: report each call's outcome once",
-            ));
+/// The engine's call in `tenant`: `args` (any Python value; `None`: no arguments) fingerprinted as its
+/// JSON text `json.dumps(args, default=repr)` would be (see [`fingerprint_of`]), made in
+/// `scope` (`Call::scope`: a call without key is joined by the fallback window only to
+/// identical calls of the same scope).
+pub(crate) fn new_call(
+    py: Python<'_>,
+    tenant: &TenantId,
+    tool: &str,
+    key: Option<&str>,
+    args: &Bound<'_, PyAny>,
+    scope: Option<&str>,
+) -> PyResult<Call> {
+    // In the order the checks always ran: what `json.dumps` raises, the tool, the key, then
+    // arguments the engine cannot read.
+    let fingerprint = if args.is_none() {
+        None
+    } else {
+        Some(fingerprint_of(args)?)
+    };
+    let call = || -> Result<Call, EngineError> {
+        let mut call = Call::new(tenant.clone(), ToolName::new(tool)?);
+        if let Some(key) = key {
+            call = call.key(IdempotencyKey::explicit(key)?);
         }
-        Ok(t)
-    }
+        if let Some(fingerprint) = fingerprint {
+            call = call.fingerprint(fingerprint?);
+        }
+        if let Some(scope) = scope {
+            call = call.scope(scope);
+        }
+        Ok(call)
+    };
+    call().map_err(|e| engine_error(py, &e))
 }
 
 #[cfg(test)]

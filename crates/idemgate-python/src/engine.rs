@@ -2,7 +2,9 @@
 //! flusher and its lease keeper; its opening and closing, and every method Python calls on it.
 //! The methods stay in this one `#[pymethods]` block (PyO3 takes one a class without its
 //! `multiple-pymethods` feature) and are thin: the halves of a call are made of call.rs's pieces,
-//! answers in answer.rs, and the runtime's bridging in runtime.rs.
+//! answers in answer.rs, and the runtime's bridging in runtime.rs (its `OnRuntime`, implemented
+//! here). Those modules never name `Engine`: what they need of it is `Shared` (shared.rs), so
+//! the imports run one way, from this module down.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -12,33 +14,23 @@ use std::time::Duration;
 use idemgate::{
     Answer, AnyStore, FileJournal, IdempotencyKey, JournalFlusher, Key, TenantId, ToolName,
 };
-use idemgate_kit::leases::{keep_leases, Leases};
+use idemgate_kit::leases::keep_leases;
 use idemgate_kit::records::record_view;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use tokio::runtime::{Handle, Runtime};
+use tokio::runtime::Runtime;
 use tracing::Instrument as _;
 
 use crate::answer::{engine_error, open_error, reply, settled};
-use crate::call::{begun, begun_value, effect, PyTicket};
+use crate::call::{begun, begun_value, effect, new_call, PyTicket};
 use crate::policy::Policy;
-use crate::runtime::{stop, ToPython};
+use crate::runtime::{stop, OnRuntime, ToPython};
+use crate::shared::Shared;
 use crate::verifier::PyVerifier;
 
 /// How often the journal of unconfirmed outcomes is flushed into the store.
 const FLUSH_EVERY: Duration = Duration::from_secs(5);
-
-/// What the engine's tasks share.
-pub(crate) struct Shared {
-    pub(crate) engine: Arc<idemgate::Engine<AnyStore>>,
-    pub(crate) tenant: TenantId,
-    /// The store keeps its records in this process (`memory:`): its futures finish without I/O,
-    /// so a call is first polled on the caller's thread with the GIL held (see `Engine::run`).
-    pub(crate) in_process_store: bool,
-    pub(crate) handle: Handle,
-    pub(crate) leases: Arc<Leases>,
-}
 
 /// A record as JSON text (see [`record_view`]).
 fn view(record: &idemgate::Record) -> PyResult<String> {
@@ -56,7 +48,7 @@ pub(crate) struct Engine {
     /// Taken by `close` (or the drop); calls go through `shared.handle` while `closed` is unset.
     runtime: Mutex<Option<Runtime>>,
     flusher: Mutex<Option<JournalFlusher>>,
-    pub(crate) closed: AtomicBool,
+    closed: AtomicBool,
 }
 
 impl Drop for Engine {
@@ -97,6 +89,18 @@ impl Engine {
             ToolName::new(tool).map_err(|e| PyValueError::new_err(e.to_string()))?,
             IdempotencyKey::new(key).map_err(|e| PyValueError::new_err(e.to_string()))?,
         ))
+    }
+}
+
+/// The runtime's bridge (runtime.rs) runs the engine's futures over what its tasks share, while
+/// the engine is open.
+impl OnRuntime for Engine {
+    fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    fn closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
     }
 }
 
@@ -247,7 +251,7 @@ impl Engine {
         tracestate: Option<&str>,
         call_id: Option<&str>,
     ) -> PyResult<Py<PyAny>> {
-        let call = self.call(py, tool, key, args, scope)?;
+        let call = new_call(py, &self.shared.tenant, tool, key, args, scope)?;
         let trace = self.trace(tool, call_id, traceparent, tracestate);
         let begin = self.shared.engine.begin(call, &policy.0);
         let result = self.run(py, begin.instrument(trace.span()))?;
@@ -272,7 +276,7 @@ impl Engine {
         quiet: bool,
     ) -> PyResult<Py<PyAny>> {
         let reported = effect(effect_kind, body).map_err(PyValueError::new_err)?;
-        let t = Self::ticket(ticket)?;
+        let t = PyTicket::finishing(ticket)?;
         t.trace.effect_done();
         let finish = self.shared.engine.finish(&t.ticket, reported);
         let answer = self.run(py, finish.instrument(t.trace.span()))?;
@@ -298,7 +302,7 @@ impl Engine {
         tracestate: Option<&str>,
         call_id: Option<&str>,
     ) -> PyResult<()> {
-        let call = self.call(py, tool, key, args, scope)?;
+        let call = new_call(py, &self.shared.tenant, tool, key, args, scope)?;
         let policy = policy.0.clone();
         let engine = Arc::clone(&self.shared.engine);
         let trace = self.trace(tool, call_id, traceparent, tracestate);
@@ -326,7 +330,7 @@ impl Engine {
         quiet: bool,
     ) -> PyResult<()> {
         let reported = effect(effect_kind, body).map_err(PyValueError::new_err)?;
-        Self::ticket(ticket)?;
+        PyTicket::finishing(ticket)?;
         let (trace, ticket) = (Arc::clone(&ticket.get().trace), ticket.get().ticket.clone());
         trace.effect_done();
         let engine = Arc::clone(&self.shared.engine);
@@ -358,7 +362,7 @@ impl Engine {
         policy: &Policy,
         scope: Option<&str>,
     ) -> PyResult<Option<Bound<'py, PyDict>>> {
-        let call = self.call(py, tool, key, args, scope)?;
+        let call = new_call(py, &self.shared.tenant, tool, key, args, scope)?;
         let named = self
             .shared
             .engine

@@ -9,6 +9,7 @@ mod engine;
 mod keys;
 mod policy;
 mod runtime;
+mod shared;
 #[cfg(test)]
 mod test_support;
 mod verifier;

@@ -3,9 +3,12 @@
 //! handed to a Python callback, which the Python side turns into an asyncio future. On the
 //! in-process store a future is first polled on the caller's thread with the GIL held, since it
 //! almost always finishes there.
+//!
+//! The bridge is the trait [`OnRuntime`], which `Engine` (engine.rs) implements by saying what
+//! its tasks share and whether it is closed: this module knows only [`Shared`], so the imports
+//! run one way (engine.rs uses the bridge; the bridge never names `Engine`).
 
 use std::future::Future;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
@@ -14,7 +17,7 @@ use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use tokio::runtime::{Handle, Runtime};
 
-use crate::engine::{Engine, Shared};
+use crate::shared::Shared;
 
 /// Starts an engine's runtime: `worker_threads` workers (at least one), with the timers and I/O
 /// that the stores and the lease keeper use.
@@ -57,20 +60,28 @@ fn settle(py: Python<'_>, done: &Py<PyAny>, result: PyResult<Py<PyAny>>) {
     }
 }
 
-impl Engine {
+/// The engine's futures on its runtime, for what owns the runtime (the Python `Engine`): it says
+/// what its tasks share and whether it was closed, and gets the two ways to run a future.
+pub(crate) trait OnRuntime {
+    /// What the engine's tasks share, the runtime's handle among it.
+    fn shared(&self) -> &Arc<Shared>;
+
+    /// Whether the engine was closed (its runtime stopped, or stopping).
+    fn closed(&self) -> bool;
+
     /// Runs one of the engine's futures to its end. On the in-process store the future is first
     /// polled right here, with the GIL held: it almost always finishes in that poll (no I/O), and
     /// releasing the GIL and handing the thread to the runtime's `block_on` would cost more than
     /// the engine's work. A future that must wait (a duplicate waiting for a call in flight) and
     /// every future of a store with I/O run in `block_on` with the GIL released.
-    pub(crate) fn run<F>(&self, py: Python<'_>, future: F) -> PyResult<F::Output>
+    fn run<F>(&self, py: Python<'_>, future: F) -> PyResult<F::Output>
     where
         F: Future + Send,
         F::Output: Send,
     {
-        let runtime = self.runtime()?;
+        let runtime = handle(self)?;
         let mut future = std::pin::pin!(future);
-        if self.shared.in_process_store {
+        if self.shared().in_process_store {
             let _in_runtime = runtime.enter();
             if let Poll::Ready(out) = future
                 .as_mut()
@@ -84,10 +95,10 @@ impl Engine {
 
     /// Runs one of the engine's futures for an async caller and hands `done(ok, value)` what
     /// `answer` makes of its output. On the in-process store the future is first polled right
-    /// here (as in [`Engine::run`]) and, when it finishes, `done` is called at once on this
+    /// here (as in [`OnRuntime::run`]) and, when it finishes, `done` is called at once on this
     /// thread, the event loop's; otherwise it runs on the runtime and `done` is called from a
     /// runtime thread.
-    pub(crate) fn answer_async<F>(
+    fn answer_async<F>(
         &self,
         py: Python<'_>,
         future: F,
@@ -98,9 +109,9 @@ impl Engine {
         F: Future + Send + 'static,
         F::Output: Send,
     {
-        let runtime = self.runtime()?;
+        let runtime = handle(self)?;
         let mut future = Box::pin(future);
-        if self.shared.in_process_store {
+        if self.shared().in_process_store {
             let polled = {
                 let _in_runtime = runtime.enter();
                 future
@@ -108,11 +119,11 @@ impl Engine {
                     .poll(&mut Context::from_waker(Waker::noop()))
             };
             if let Poll::Ready(out) = polled {
-                settle(py, &done, answer(py, &self.shared, out));
+                settle(py, &done, answer(py, self.shared(), out));
                 return Ok(());
             }
         }
-        let shared = Arc::clone(&self.shared);
+        let shared = Arc::clone(self.shared());
         runtime.spawn(async move {
             let out = future.await;
             // Not into an interpreter that is shutting down: the answer has nobody left to go to.
@@ -123,12 +134,12 @@ impl Engine {
         });
         Ok(())
     }
+}
 
-    /// The runtime's handle while the engine is open.
-    fn runtime(&self) -> PyResult<&Handle> {
-        match self.closed.load(Ordering::Acquire) {
-            true => Err(PyRuntimeError::new_err("the engine is closed")),
-            false => Ok(&self.shared.handle),
-        }
+/// The runtime's handle while the engine is open.
+fn handle<E: OnRuntime + ?Sized>(engine: &E) -> PyResult<&Handle> {
+    match engine.closed() {
+        true => Err(PyRuntimeError::new_err("the engine is closed")),
+        false => Ok(&engine.shared().handle),
     }
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use idemgate::{AnyStore, Begun, Call, IdempotencyKey, TenantId, Ticket, ToolName, ToolPolicy};
 use tokio::runtime::Handle;
 
-use crate::engine::Shared;
+use crate::shared::Shared;
 
 /// An engine over a fresh memory store, on the current runtime.
 pub(crate) async fn memory_engine() -> Arc<Shared> {
