@@ -8,8 +8,7 @@ use axum::http::request::Parts;
 use axum::http::{header, HeaderValue};
 use axum::response::{IntoResponse as _, Response};
 use idemgate::Verdict;
-pub(crate) use idemgate_kit::tenants::Tenant;
-use idemgate_kit::tenants::{authenticate, AuthError};
+use idemgate_kit::tenants::{authenticate, AuthError, Tenant};
 
 use crate::error::Problem;
 use crate::gateway::Gateway;

@@ -7,13 +7,14 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use idemgate::{Begun, Effect, Lease, StoreError, Ticket, Timestamp, ToolPolicy, Verdict};
+use idemgate_kit::tenants::Tenant;
 use serde::Deserialize;
 use serde_json::json;
 use tokio::time::Instant;
 use tracing::Instrument as _;
 
 use crate::answer::{respond, Shape};
-use crate::auth::{Caller, Tenant};
+use crate::auth::Caller;
 use crate::error::Problem;
 use crate::gateway::Gateway;
 use crate::headers::{call_span, set_record_headers};

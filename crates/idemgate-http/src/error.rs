@@ -213,3 +213,22 @@ impl IntoResponse for Problem {
         res
     }
 }
+
+/// An error of a request the gateway made (to an upstream, to a verify URL) with its causes,
+/// without the URL (which may carry credentials). Here, with the gateway's other wording of
+/// errors, so that the forwarding and the verifier both use it without importing each other.
+pub(crate) fn error_chain(e: &reqwest::Error) -> String {
+    let mut out = String::new();
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
+    while let Some(c) = cur {
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&c.to_string());
+        cur = c.source();
+    }
+    if out.is_empty() {
+        out = "request failed".to_owned();
+    }
+    out
+}

@@ -10,14 +10,15 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use idemgate::key::hex;
 use idemgate::{Call, Effect, ToolPolicy};
+use idemgate_kit::tenants::Tenant;
 use idemgate_kit::Payload;
 use idemgate_trace::TraceContext;
 use tokio::time::Instant;
 use tracing::Instrument as _;
 
 use crate::answer::{respond, Shape};
-use crate::auth::{Caller, Tenant};
-use crate::error::Problem;
+use crate::auth::Caller;
+use crate::error::{error_chain, Problem};
 use crate::gateway::Gateway;
 use crate::headers::IDEMPOTENCY_KEY;
 use crate::request::{self, Path};
@@ -235,21 +236,4 @@ fn unreachable(e: &reqwest::Error) -> Problem {
             format!("failed to call the upstream: {}", error_chain(e)),
         )
     }
-}
-
-/// An error with its causes, without the URL (which may carry credentials).
-pub(crate) fn error_chain(e: &reqwest::Error) -> String {
-    let mut out = String::new();
-    let mut cur: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
-    while let Some(c) = cur {
-        if !out.is_empty() {
-            out.push_str(": ");
-        }
-        out.push_str(&c.to_string());
-        cur = c.source();
-    }
-    if out.is_empty() {
-        out = "request failed".to_owned();
-    }
-    out
 }

@@ -10,9 +10,9 @@ use idemgate::{
     Store as _,
 };
 use idemgate_console::{Console, Tally};
+use idemgate_kit::tenants::Tenant;
 use idemgate_kit::{Instruments, Metrics};
 
-use crate::auth::Tenant;
 use crate::config::Config;
 use crate::error::Error;
 use crate::verify::HttpVerifier;

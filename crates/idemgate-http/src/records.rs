@@ -94,7 +94,7 @@ struct ResolveBody {
 
 /// Who an operator's request at the gateway came from, for the audit log: the tenant whose token
 /// it carried.
-fn operator(tenant: &crate::auth::Tenant) -> String {
+fn operator(tenant: &idemgate_kit::tenants::Tenant) -> String {
     format!("tenant:{}", tenant.id)
 }
 

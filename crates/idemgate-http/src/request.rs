@@ -26,7 +26,7 @@ pub(crate) async fn read_body(body: Body) -> Result<Bytes, Problem> {
         Err(e) => {
             let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&e);
             while let Some(err) = source {
-                if let Some(limit) = err.downcast_ref::<crate::server::TooLarge>() {
+                if let Some(limit) = err.downcast_ref::<TooLarge>() {
                     return Err(Problem::payload_too_large(limit.0));
                 }
                 source = err.source();
@@ -37,6 +37,20 @@ pub(crate) async fn read_body(body: Body) -> Result<Bytes, Problem> {
         }
     }
 }
+
+/// The error a body gives once it grows past the limit. The limit is set in `server::limit_body`
+/// and read back here, where bodies are read: it lives with the reading, so that the server
+/// imports the handlers' module and never the other way round.
+#[derive(Debug)]
+pub(crate) struct TooLarge(pub(crate) u64);
+
+impl std::fmt::Display for TooLarge {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "the request body is larger than {} bytes", self.0)
+    }
+}
+
+impl std::error::Error for TooLarge {}
 
 /// Path and query extractors whose rejections are problem answers, like every other error (axum's
 /// own answer plain text).

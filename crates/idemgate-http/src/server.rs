@@ -22,6 +22,7 @@ use tokio::time::Instant;
 use crate::config::Config;
 use crate::error::{Error, Problem};
 use crate::gateway::Gateway;
+use crate::request::TooLarge;
 use crate::{coordinate, forward, ops, records};
 
 /// Every route, as metrics and logs name it (never the concrete path, which holds keys).
@@ -86,18 +87,6 @@ pub fn router(gateway: Gateway) -> Router {
         .layer(middleware::from_fn_with_state(gateway.clone(), observe))
         .with_state(gateway)
 }
-
-/// The error a body gives once it grows past the limit.
-#[derive(Debug)]
-pub(crate) struct TooLarge(pub(crate) u64);
-
-impl std::fmt::Display for TooLarge {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "the request body is larger than {} bytes", self.0)
-    }
-}
-
-impl std::error::Error for TooLarge {}
 
 /// Refuses a declared body over the limit before reading a byte of it, and caps undeclared
 /// (chunked) bodies as they are read.

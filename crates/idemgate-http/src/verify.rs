@@ -10,7 +10,7 @@ use serde::Deserialize;
 use serde_json::json;
 use serde_json::value::RawValue;
 
-use crate::forward::error_chain;
+use crate::error::error_chain;
 use crate::headers::IDEMPOTENCY_KEY;
 
 /// Asks `url` about a record by its downstream key (the 64-hex digest the upstream got).
