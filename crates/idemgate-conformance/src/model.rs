@@ -12,7 +12,7 @@ use idemgate_core::{
 };
 use proptest::prelude::*;
 
-use crate::{fresh_key, Fixture, TimeTravel};
+use crate::fixture::{fresh_key, Fixture, TimeTravel};
 
 /// One operation on the record under test.
 #[derive(Clone, Debug)]
