@@ -1,5 +1,8 @@
 //! Errors of the core: key limits, canonical JSON, stores and the engine.
 
+use std::error::Error;
+use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 pub use crate::canonical::CanonicalError;
@@ -7,29 +10,83 @@ pub use crate::key::KeyError;
 use crate::key::{Key, KeyRule};
 use crate::time::Timestamp;
 
+/// What went wrong, in words, and the error behind it when there was one (a driver's, an I/O
+/// error). It displays as its message only, which already says what matters; the error behind it
+/// is its [`Error::source`], for whoever walks the chain (logs, debuggers) to find the original.
+#[derive(Clone, Debug)]
+pub struct Cause {
+    message: String,
+    // Shared, so that the errors that carry a cause stay `Clone` though most sources are not.
+    source: Option<Arc<dyn Error + Send + Sync>>,
+}
+
+impl Cause {
+    /// A cause said by `message`, kept with the error `source` behind it.
+    pub fn new(message: impl Into<String>, source: impl Error + Send + Sync + 'static) -> Self {
+        Cause {
+            message: message.into(),
+            source: Some(Arc::new(source)),
+        }
+    }
+}
+
+/// Reads as its message, as the `String` it replaced did, so that code which looks into a store
+/// error's text (`m.contains(..)`) reads the same.
+impl std::ops::Deref for Cause {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        &self.message
+    }
+}
+
+impl From<String> for Cause {
+    /// A cause with nothing behind it but its message.
+    fn from(message: String) -> Self {
+        Cause {
+            message,
+            source: None,
+        }
+    }
+}
+
+impl From<&str> for Cause {
+    fn from(message: &str) -> Self {
+        Cause::from(message.to_owned())
+    }
+}
+
+impl fmt::Display for Cause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl Error for Cause {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        self.source.as_deref().map(|e| e as &(dyn Error + 'static))
+    }
+}
+
 /// A store operation that did not succeed. What the engine does next depends on whether the write
-/// may have happened, so stores must classify their driver errors carefully.
-#[derive(Debug, Clone, thiserror::Error)]
+/// may have happened, so stores must classify their driver errors carefully, and keep the driver's
+/// error in the [`Cause`]: it is the error's [`Error::source`].
+#[derive(Debug, Clone)]
 #[non_exhaustive]
 pub enum StoreError {
     /// The caller's lease (fence and token) is no longer the record's current one: the lease expired
     /// and somebody took the record over, or the record was resolved, released or purged.
-    #[error("lease lost: the record was taken over, resolved or removed")]
     LeaseLost,
     /// The store could not be reached or refused the operation: the write certainly did not happen.
-    #[error("store unavailable: {0}")]
-    Unavailable(String),
+    Unavailable(Cause),
     /// The operation may or may not have taken effect (a timeout or a dropped connection after the
     /// request was sent).
-    #[error("store answer lost, the write may have happened: {0}")]
-    Indeterminate(String),
+    Indeterminate(Cause),
     /// The store holds something this version cannot read.
-    #[error("store data is corrupt: {0}")]
-    Corrupt(String),
+    Corrupt(Cause),
     /// The store is set up in a way that breaks the contract (for example a Redis without
     /// persistence, or a schema from a newer version).
-    #[error("store misconfigured: {0}")]
-    Misconfigured(String),
+    Misconfigured(Cause),
 }
 
 impl StoreError {
@@ -39,6 +96,62 @@ impl StoreError {
             self,
             StoreError::Unavailable(_) | StoreError::Indeterminate(_)
         )
+    }
+
+    /// [`StoreError::Unavailable`], said by `cause`: a message, or a [`Cause`] that keeps the
+    /// error behind it.
+    pub fn unavailable(cause: impl Into<Cause>) -> Self {
+        StoreError::Unavailable(cause.into())
+    }
+
+    /// [`StoreError::Indeterminate`], said by `cause`.
+    pub fn indeterminate(cause: impl Into<Cause>) -> Self {
+        StoreError::Indeterminate(cause.into())
+    }
+
+    /// [`StoreError::Corrupt`], said by `cause`.
+    pub fn corrupt(cause: impl Into<Cause>) -> Self {
+        StoreError::Corrupt(cause.into())
+    }
+
+    /// [`StoreError::Misconfigured`], said by `cause`.
+    pub fn misconfigured(cause: impl Into<Cause>) -> Self {
+        StoreError::Misconfigured(cause.into())
+    }
+
+    /// What went wrong, for the errors that say it.
+    pub fn cause(&self) -> Option<&Cause> {
+        match self {
+            StoreError::LeaseLost => None,
+            StoreError::Unavailable(c)
+            | StoreError::Indeterminate(c)
+            | StoreError::Corrupt(c)
+            | StoreError::Misconfigured(c) => Some(c),
+        }
+    }
+}
+
+// By hand rather than derived: the source is the cause's own source (the driver's error), not the
+// cause, whose message the error's text already holds.
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StoreError::LeaseLost => {
+                f.write_str("lease lost: the record was taken over, resolved or removed")
+            }
+            StoreError::Unavailable(c) => write!(f, "store unavailable: {c}"),
+            StoreError::Indeterminate(c) => {
+                write!(f, "store answer lost, the write may have happened: {c}")
+            }
+            StoreError::Corrupt(c) => write!(f, "store data is corrupt: {c}"),
+            StoreError::Misconfigured(c) => write!(f, "store misconfigured: {c}"),
+        }
+    }
+}
+
+impl Error for StoreError {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        self.cause().and_then(Error::source)
     }
 }
 
@@ -121,4 +234,26 @@ pub(crate) fn reopen_hint(state: crate::record::State) -> &'static str {
 /// How long to wait before asking again, for in-flight answers.
 pub(crate) fn retry_after(lease_left: Duration) -> Duration {
     lease_left.clamp(Duration::from_secs(1), Duration::from_secs(60))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn texts_say_the_message_and_sources_keep_the_cause() {
+        let io = std::io::Error::new(std::io::ErrorKind::TimedOut, "timed out");
+        let e = StoreError::Indeterminate(Cause::new("failed to commit: timed out", io));
+        assert_eq!(
+            e.to_string(),
+            "store answer lost, the write may have happened: failed to commit: timed out"
+        );
+        let source = e.source().and_then(|s| s.downcast_ref::<std::io::Error>());
+        assert_eq!(
+            source.map(std::io::Error::kind),
+            Some(std::io::ErrorKind::TimedOut)
+        );
+        assert!(StoreError::unavailable("down").source().is_none());
+        assert!(StoreError::LeaseLost.source().is_none());
+    }
 }

@@ -116,12 +116,12 @@ impl<S: Store> FaultyStore<S> {
     async fn run<T>(&self, op: Op, fut: impl std::future::Future<Output = Result<T>>) -> Result<T> {
         match self.fault_for(op) {
             None => fut.await,
-            Some(Fault::Refuse) => Err(StoreError::Unavailable(format!(
+            Some(Fault::Refuse) => Err(StoreError::unavailable(format!(
                 "injected fault: {op:?} refused"
             ))),
             Some(Fault::LoseAnswer) => {
                 let _ = fut.await;
-                Err(StoreError::Indeterminate(format!(
+                Err(StoreError::indeterminate(format!(
                     "injected fault: {op:?} answer lost"
                 )))
             }

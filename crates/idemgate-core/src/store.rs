@@ -305,7 +305,7 @@ pub trait Store: Send + Sync + 'static {
             };
             match self.reserve(&r).await? {
                 Claim::Acquired(lease) => self.release(&key, lease).await,
-                Claim::Existing(rec) => Err(StoreError::Unavailable(format!(
+                Claim::Existing(rec) => Err(StoreError::unavailable(format!(
                     "failed to probe a write: the probe record is held by another lease (fence {})",
                     rec.fence
                 ))),

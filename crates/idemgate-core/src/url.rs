@@ -63,7 +63,7 @@ pub fn duration_option(
         .map(std::time::Duration::from_millis);
     match ms {
         Some(d) if !d.is_zero() && d <= max => Ok(d),
-        _ => Err(StoreError::Misconfigured(format!(
+        _ => Err(StoreError::misconfigured(format!(
             "failed to read {name}={value:?} in the {store} URL: expected a duration such as \
              500ms or 2s, more than zero and at most {}s",
             max.as_secs()
@@ -78,7 +78,7 @@ fn unknown_option(store: &str, name: &str, known: &[&str]) -> StoreError {
     } else {
         format!("the options are {}", known.join(", "))
     };
-    StoreError::Misconfigured(format!(
+    StoreError::misconfigured(format!(
         "failed to parse the {store} URL: unknown option {name:?}; {valid} (docs/STORES.md \
          describes them)"
     ))

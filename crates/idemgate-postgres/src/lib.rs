@@ -23,8 +23,8 @@ use idemgate_core::time::duration_millis;
 use idemgate_core::transition::{self, Change};
 use idemgate_core::url::UrlQuery;
 use idemgate_core::{
-    ChangeMark, Fence, Key, Lease, Outcome, Record, RecordState, StoreError, TenantId, Timestamp,
-    ToolName,
+    Cause, ChangeMark, Fence, Key, Lease, Outcome, Record, RecordState, StoreError, TenantId,
+    Timestamp, ToolName,
 };
 use tokio::sync::{broadcast, oneshot, watch};
 use tokio::task::JoinHandle;
@@ -157,7 +157,7 @@ impl PgStore {
     /// [`PgOptions::allow_async_replication`]) a primary that streams to asynchronous standbys.
     pub async fn connect_with(url: &str, options: PgOptions) -> Result<Self> {
         if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
-            return Err(StoreError::Misconfigured(
+            return Err(StoreError::misconfigured(
                 "failed to read the store URL: expected postgres:// or postgresql://".to_owned(),
             ));
         }
@@ -165,7 +165,10 @@ impl PgStore {
         let query = UrlQuery::parse(url, "postgres", &[OWN_OPTIONS, URL_OPTIONS].concat())?;
         let (url, options) = own_options(url, &query, options)?;
         let mut config: tokio_postgres::Config = url.parse().map_err(|e| {
-            StoreError::Misconfigured(format!("failed to read the Postgres URL: {e}"))
+            StoreError::Misconfigured(Cause::new(
+                format!("failed to read the Postgres URL: {e}"),
+                e,
+            ))
         })?;
         probe_idle_connections(&mut config, &query);
         if config.get_connect_timeout().is_none() {
@@ -205,7 +208,9 @@ impl PgStore {
             .runtime(Runtime::Tokio1)
             .post_create(hook)
             .build()
-            .map_err(|e| StoreError::Misconfigured(format!("failed to build the pool: {e}")))?;
+            .map_err(|e| {
+                StoreError::Misconfigured(Cause::new(format!("failed to build the pool: {e}"), e))
+            })?;
 
         let mut client = pool.get().await.map_err(error::pool)?;
         check_durability(&client, options.synchronous_commit).await?;
@@ -306,10 +311,10 @@ impl PgStore {
             let client = self.inner.pool.get().await.map_err(error::pool)?;
             let stmt = match tokio::time::timeout(answer_within, client.prepare_cached(sql)).await {
                 Ok(Ok(stmt)) => stmt,
-                Ok(Err(e)) => return Err(error::before_send(&e)),
+                Ok(Err(e)) => return Err(error::before_send(e)),
                 Err(_) => {
                     let _ = Object::take(client);
-                    return Err(StoreError::Unavailable(
+                    return Err(StoreError::unavailable(
                         "failed to prepare a statement in time".to_owned(),
                     ));
                 }
@@ -319,11 +324,11 @@ impl PgStore {
                 Ok(Err(e)) if conflicts < CONFLICT_RETRIES && error::is_retryable(&e) => {
                     conflicts += 1;
                 }
-                Ok(Err(e)) => return Err(error::after_send(&e)),
+                Ok(Err(e)) => return Err(error::after_send(e)),
                 Err(_) => {
                     // The answer is still owed on this connection: never hand it out again.
                     let _ = Object::take(client);
-                    return Err(StoreError::Indeterminate(format!(
+                    return Err(StoreError::indeterminate(format!(
                         "failed to get an answer from Postgres within {answer_within:?}"
                     )));
                 }
@@ -400,11 +405,11 @@ async fn check_durability(client: &Object, policy: SyncCommit) -> Result<()> {
             &[],
         )
         .await
-        .map_err(|e| error::after_send(&e))?;
+        .map_err(error::after_send)?;
     let (commit, standbys): (String, String) = (row.get(0), row.get(1));
     let lossy = commit == "off" || (commit == "local" && !standbys.is_empty());
     if lossy && policy != SyncCommit::AllowLoss {
-        return Err(StoreError::Misconfigured(format!(
+        return Err(StoreError::misconfigured(format!(
             "Postgres has synchronous_commit = {commit}{}, so an acknowledged record may be lost \
              in a crash; set it to on, or open the store with SyncCommit::Enforce (the default) \
              or SyncCommit::AllowLoss",
@@ -441,7 +446,7 @@ async fn check_replication(client: &Object) -> Result<()> {
                 &[],
             )
             .await
-            .map_err(|e| error::after_send(&e))?;
+            .map_err(error::after_send)?;
         if rows.is_empty() {
             return Ok(());
         }
@@ -461,7 +466,7 @@ fn async_replication_refused(names: &[String]) -> StoreError {
         1 => ("standby", "it", "it has"),
         _ => ("standbys", "them", "they have"),
     };
-    StoreError::Misconfigured(format!(
+    StoreError::misconfigured(format!(
         "Postgres streams to {n} asynchronous {standbys} (application_name {names:?}) that a \
          commit does not wait for: a failover to {them} loses the outcomes the store acknowledged \
          and {it} not received yet, so calls that ran would run again when re-sent. Make {them} \
@@ -565,7 +570,7 @@ impl PgStore {
                 },
             }
         }
-        Err(StoreError::Unavailable(format!(
+        Err(StoreError::unavailable(format!(
             "failed to reserve {k}: the record kept changing under concurrent writers"
         )))
     }

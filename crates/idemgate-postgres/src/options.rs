@@ -131,7 +131,7 @@ pub(crate) fn own_options<'a>(
             "" | "true" | "1" | "yes" => true,
             "false" | "0" | "no" => false,
             _ => {
-                return Err(StoreError::Misconfigured(format!(
+                return Err(StoreError::misconfigured(format!(
                     "failed to read allow_async_replication={value:?} in the postgres URL: \
                      expected true or false"
                 )))

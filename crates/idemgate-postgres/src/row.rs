@@ -67,8 +67,7 @@ pub(crate) fn lease_of(rec: &StoredRecord) -> Lease {
 
 /// Column `col` of `row`, or [`StoreError::Corrupt`] when it is missing or of another type.
 pub(crate) fn get<'a, T: FromSql<'a>>(row: &'a Row, col: &str) -> Result<T> {
-    row.try_get(col)
-        .map_err(|e| error::corrupt(format_args!("column {col}: {}", error::chain(&e))))
+    row.try_get(col).map_err(|e| error::corrupt_column(col, e))
 }
 
 /// The record name of a `list.sql` row (its `tenant`, `tool` and `key` columns).
@@ -217,7 +216,7 @@ mod tests {
 
     fn corrupt_because(cols: Columns<'_>) -> String {
         match cols.decode(key()) {
-            Err(StoreError::Corrupt(m)) => m,
+            Err(StoreError::Corrupt(m)) => m.to_string(),
             other => panic!("expected Corrupt, got {other:?}"),
         }
     }

@@ -1,7 +1,7 @@
 //! Versioned schema migrations, applied at connect under an advisory lock.
 
 use deadpool_postgres::Client;
-use idemgate_core::StoreError;
+use idemgate_core::{Cause, StoreError};
 
 use crate::error;
 
@@ -40,16 +40,13 @@ const LOCK_CLASS: i32 = 0x6964_656d;
 /// [`StoreError::Misconfigured`] when the schema is newer than this code or cannot be created.
 pub(crate) async fn migrate(client: &mut Client, schema: &str) -> Result<i32, StoreError> {
     let ident = quote_ident(schema);
-    let tx = client
-        .transaction()
-        .await
-        .map_err(|e| error::before_send(&e))?;
+    let tx = client.transaction().await.map_err(error::before_send)?;
     tx.execute(
         "SELECT pg_advisory_xact_lock($1, hashtext($2))",
         &[&LOCK_CLASS, &schema],
     )
     .await
-    .map_err(|e| misconfigured("lock the schema for migration", &e))?;
+    .map_err(|e| misconfigured("lock the schema for migration", e))?;
     tx.batch_execute(&format!(
         "CREATE SCHEMA IF NOT EXISTS {ident};
          CREATE TABLE IF NOT EXISTS {ident}.idemgate_schema_version (
@@ -59,17 +56,17 @@ pub(crate) async fn migrate(client: &mut Client, schema: &str) -> Result<i32, St
          );"
     ))
     .await
-    .map_err(|e| misconfigured("create the schema", &e))?;
+    .map_err(|e| misconfigured("create the schema", e))?;
     let found: i32 = tx
         .query_one(
             &format!("SELECT coalesce(max(version), 0) FROM {ident}.idemgate_schema_version"),
             &[],
         )
         .await
-        .map_err(|e| misconfigured("read the schema version", &e))?
+        .map_err(|e| misconfigured("read the schema version", e))?
         .get(0);
     if found > SCHEMA_VERSION {
-        return Err(StoreError::Misconfigured(format!(
+        return Err(StoreError::misconfigured(format!(
             "schema {schema} is at version {found}, newer than this idemgate (version \
              {SCHEMA_VERSION}); upgrade idemgate before pointing it at this database"
         )));
@@ -77,25 +74,29 @@ pub(crate) async fn migrate(client: &mut Client, schema: &str) -> Result<i32, St
     for (version, name, sql) in MIGRATIONS.iter().filter(|(v, _, _)| *v > found) {
         tx.batch_execute(&sql.replace("{schema}", &ident))
             .await
-            .map_err(|e| misconfigured(&format!("apply migration {version} ({name})"), &e))?;
+            .map_err(|e| misconfigured(&format!("apply migration {version} ({name})"), e))?;
         tx.execute(
             &format!("INSERT INTO {ident}.idemgate_schema_version (version, name) VALUES ($1, $2)"),
             &[version, name],
         )
         .await
-        .map_err(|e| misconfigured("record the schema version", &e))?;
+        .map_err(|e| misconfigured("record the schema version", e))?;
     }
     tx.commit()
         .await
-        .map_err(|e| misconfigured("commit the migration", &e))?;
+        .map_err(|e| misconfigured("commit the migration", e))?;
     Ok(found)
 }
 
-fn misconfigured(what: &str, e: &tokio_postgres::Error) -> StoreError {
-    match e.as_db_error() {
-        Some(_) => StoreError::Misconfigured(format!("failed to {what}: {}", error::chain(e))),
-        None => StoreError::Unavailable(format!("failed to {what}: {}", error::chain(e))),
-    }
+fn misconfigured(what: &str, e: tokio_postgres::Error) -> StoreError {
+    let class = match e.as_db_error() {
+        Some(_) => StoreError::Misconfigured,
+        None => StoreError::Unavailable,
+    };
+    class(Cause::new(
+        format!("failed to {what}: {}", error::chain(&e)),
+        e,
+    ))
 }
 
 /// `s` as a quoted SQL identifier.

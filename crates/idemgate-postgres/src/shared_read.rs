@@ -182,7 +182,7 @@ mod tests {
                         first_started.notify_one();
                     }
                     release.notified().await;
-                    Err(StoreError::Unavailable(format!("read {n}")))
+                    Err(StoreError::unavailable(format!("read {n}")))
                 }
             }
         };

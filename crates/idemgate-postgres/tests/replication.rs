@@ -25,7 +25,7 @@ fn options() -> PgOptions {
 /// Connects, expecting the refusal of an asynchronous standby; returns its message.
 async fn refused(url: &str, options: PgOptions) -> String {
     match PgStore::connect_with(url, options).await {
-        Err(idemgate_core::StoreError::Misconfigured(m)) => m,
+        Err(idemgate_core::StoreError::Misconfigured(m)) => m.to_string(),
         other => panic!("{url}: expected the refusal of an asynchronous standby, got {other:?}"),
     }
 }

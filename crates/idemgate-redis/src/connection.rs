@@ -336,17 +336,18 @@ pub(crate) async fn check_persistence(conn: &mut Conn, url: &str) -> Result<()> 
          to --store, IDEMGATE_STORE or store = \"...\" in the gateway's configuration (in Rust, \
          RedisOptions::allow_volatile)"
     );
-    let unreadable = |e: &dyn fmt::Display| {
-        StoreError::Misconfigured(format!(
+    let unreadable = |e: redis::RedisError| {
+        let message = format!(
             "failed to read the persistence settings of redis at {url} (CONFIG GET appendonly: \
              {e}; managed services often disable CONFIG), so it may lose records on a restart: \
              {how}"
-        ))
+        );
+        StoreError::Misconfigured(Cause::new(message, e))
     };
     let aof = match conn.config_get("appendonly").await {
         Ok(nodes) => nodes,
         Err(e) if e.is_io_error() => return Err(classify(&e, "read the persistence settings")),
-        Err(e) => return Err(unreadable(&e)),
+        Err(e) => return Err(unreadable(e)),
     };
     let fsync = conn
         .config_get("appendfsync")
@@ -368,14 +369,14 @@ pub(crate) async fn check_persistence(conn: &mut Conn, url: &str) -> Result<()> 
                     .find(|(n, _)| *n == node)
                     .and_then(|(_, v)| v.get(1).cloned())
                     .unwrap_or_else(|| "?".to_owned());
-                return Err(StoreError::Misconfigured(format!(
+                return Err(StoreError::misconfigured(format!(
                     "redis at {at} runs with appendonly {value} (save {save:?}), so it loses \
                      reservations and outcomes when it restarts and side effects could run twice: \
                      {how}"
                 )));
             }
             _ => {
-                return Err(StoreError::Misconfigured(format!(
+                return Err(StoreError::misconfigured(format!(
                     "redis at {at} did not report its appendonly setting, so it may lose records \
                      on a restart: {how}"
                 )))
@@ -390,7 +391,7 @@ pub(crate) async fn check_persistence(conn: &mut Conn, url: &str) -> Result<()> 
             .map(|(_, v)| v.as_slice());
         if let Some([_, policy]) = policy {
             if policy == "no" {
-                return Err(StoreError::Misconfigured(format!(
+                return Err(StoreError::misconfigured(format!(
                     "redis at {at} runs with appendfsync no, so a crash of its machine loses \
                      reservations and outcomes it acknowledged and side effects could run twice: \
                      {how}"

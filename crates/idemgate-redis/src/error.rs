@@ -16,13 +16,14 @@
 //!   [`StoreError::Indeterminate`] too (the script may have run); a record that cannot be decoded
 //!   is [`StoreError::Corrupt`].
 
-use idemgate_core::StoreError;
+use idemgate_core::{Cause, StoreError};
 use redis::{ErrorKind, RedisError, ServerErrorKind};
 
 /// The error code our scripts reply with when the caller's lease is not the record's current one.
 pub(crate) const LEASE_LOST: &str = "LEASE_LOST";
 
-/// Maps a redis-rs error of operation `what` ("reserve", "complete", ...) to a [`StoreError`].
+/// Maps a redis-rs error of operation `what` ("reserve", "complete", ...) to a [`StoreError`],
+/// whose source `e` stays.
 pub(crate) fn classify(e: &RedisError, what: &str) -> StoreError {
     // Redis 7 keeps the code of `redis.error_reply('LEASE_LOST ...')`; some versions and proxies
     // put a generic `ERR` in front of a reply without one.
@@ -31,13 +32,21 @@ pub(crate) fn classify(e: &RedisError, what: &str) -> StoreError {
     if ours {
         return StoreError::LeaseLost;
     }
-    let msg = || format!("failed to {what} on redis: {e}");
+    let class = class_of(e);
+    class(Cause::new(
+        format!("failed to {what} on redis: {e}"),
+        e.clone(),
+    ))
+}
+
+/// Which [`StoreError`] `e` is, when it is not our own `LEASE_LOST`.
+fn class_of(e: &RedisError) -> fn(Cause) -> StoreError {
     // Checked first: a refused connection also counts as "dropped" for redis-rs.
     if e.is_connection_refusal() {
-        return StoreError::Unavailable(msg());
+        return StoreError::Unavailable;
     }
     if e.is_timeout() || e.is_connection_dropped() || e.is_io_error() {
-        return StoreError::Indeterminate(msg());
+        return StoreError::Indeterminate;
     }
     match e.kind() {
         // The server refused the command before running it.
@@ -53,29 +62,29 @@ pub(crate) fn classify(e: &RedisError, what: &str) -> StoreError {
             | ServerErrorKind::Ask
             | ServerErrorKind::NoPerm
             | ServerErrorKind::NotBusy,
-        ) => StoreError::Unavailable(msg()),
+        ) => StoreError::Unavailable,
         // A generic `ERR` may come from a script that failed half way (Redis does not roll
         // scripts back), so it may have written.
-        ErrorKind::Server(_) => StoreError::Indeterminate(msg()),
+        ErrorKind::Server(_) => StoreError::Indeterminate,
         ErrorKind::AuthenticationFailed
         | ErrorKind::InvalidClientConfig
         | ErrorKind::Client
         | ErrorKind::ClusterConnectionNotFound
-        | ErrorKind::RESP3NotSupported => StoreError::Unavailable(msg()),
+        | ErrorKind::RESP3NotSupported => StoreError::Unavailable,
         ErrorKind::Extension => match e.code() {
             // Redis refuses commands with these before running them.
             Some("BUSY" | "OOM" | "LOADING" | "NOAUTH" | "WRONGPASS" | "MISCONF") => {
-                StoreError::Unavailable(msg())
+                StoreError::Unavailable
             }
-            _ => StoreError::Indeterminate(msg()),
+            _ => StoreError::Indeterminate,
         },
-        _ => StoreError::Indeterminate(msg()),
+        _ => StoreError::Indeterminate,
     }
 }
 
 /// A record or reply that this version cannot read.
 pub(crate) fn corrupt(what: impl std::fmt::Display) -> StoreError {
-    StoreError::Corrupt(what.to_string())
+    StoreError::corrupt(what.to_string())
 }
 
 #[cfg(test)]
@@ -109,5 +118,24 @@ mod tests {
     fn messages_fit_failed_to() {
         let e = classify(&io(std::io::ErrorKind::ConnectionRefused), "reserve");
         assert!(e.to_string().contains("failed to reserve on redis"), "{e}");
+    }
+
+    #[test]
+    fn the_driver_error_is_the_source() {
+        let driver = io(std::io::ErrorKind::ConnectionReset);
+        let e = classify(&driver, "complete");
+        let source = std::error::Error::source(&e).expect("a source");
+        let kept = source
+            .downcast_ref::<RedisError>()
+            .expect("redis-rs's error");
+        assert!(kept.is_connection_dropped(), "{kept:?}");
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "store answer lost, the write may have happened: failed to complete on redis: \
+                 {driver}"
+            ),
+            "the text is unchanged"
+        );
     }
 }

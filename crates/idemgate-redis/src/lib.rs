@@ -22,8 +22,8 @@ use idemgate_core::key::hex;
 use idemgate_core::store::Result;
 use idemgate_core::transition::{self, Change, StoredRecord};
 use idemgate_core::{
-    ChangeMark, Changes, Claim, Completion, Fence, Keep, Key, Lease, ListFilter, Outcome, Record,
-    Reopened, Reservation, ReserveHistory, Store, StoreError, Timestamp,
+    Cause, ChangeMark, Changes, Claim, Completion, Fence, Keep, Key, Lease, ListFilter, Outcome,
+    Record, Reopened, Reservation, ReserveHistory, Store, StoreError, Timestamp,
 };
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
@@ -163,10 +163,18 @@ impl RedisStore {
         let (url, options) = parse_url(url, options)?;
         check_prefix(&options.key_prefix)?;
         let shown_url = redact(&url);
-        let bad_url =
-            |e| StoreError::Misconfigured(format!("failed to read redis url {shown_url}: {e}"));
-        let unreachable =
-            |e| StoreError::Unavailable(format!("failed to connect to redis at {shown_url}: {e}"));
+        let bad_url = |e: redis::RedisError| {
+            StoreError::Misconfigured(Cause::new(
+                format!("failed to read redis url {shown_url}: {e}"),
+                e,
+            ))
+        };
+        let unreachable = |e: redis::RedisError| {
+            StoreError::Unavailable(Cause::new(
+                format!("failed to connect to redis at {shown_url}: {e}"),
+                e,
+            ))
+        };
         // A command that waits for replicas must not time out before the wait does.
         let response_timeout = match (options.response_timeout, options.wait_replicas) {
             (Some(t), Some((_, wait))) => Some(t.max(wait + Duration::from_secs(1))),
@@ -285,10 +293,11 @@ impl RedisStore {
             }),
             Link::Sentinel(s) => {
                 let (generation, manager) = s.primary().await.map_err(|e| {
-                    StoreError::Unavailable(format!(
+                    let message = format!(
                         "failed to find the redis primary through sentinel at {}: {e}",
                         self.inner.shown_url
-                    ))
+                    );
+                    StoreError::Unavailable(Cause::new(message, e))
                 })?;
                 Ok(Pinned {
                     conn: Conn::Single(manager),
@@ -360,7 +369,7 @@ impl RedisStore {
         if acked >= i64::from(replicas) {
             return Ok((value, None));
         }
-        let err = StoreError::Indeterminate(format!(
+        let err = StoreError::indeterminate(format!(
             "failed to {what} on redis: {acked} of {replicas} replicas acknowledged the write \
              within {timeout:?}, so a failover could lose it"
         ));
@@ -380,7 +389,7 @@ impl RedisStore {
             Err(_) => false,
         };
         match (released, short) {
-            (true, StoreError::Indeterminate(why)) => StoreError::Unavailable(format!(
+            (true, StoreError::Indeterminate(why)) => StoreError::unavailable(format!(
                 "{why}; the reservation was taken back, so nothing is held"
             )),
             (_, short) => short,

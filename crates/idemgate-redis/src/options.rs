@@ -59,7 +59,7 @@ impl Default for RedisOptions {
 pub(crate) fn check_prefix(prefix: &str) -> Result<()> {
     let ok = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b':' | b'_' | b'.' | b'-');
     if prefix.len() > 64 || !prefix.bytes().all(ok) {
-        return Err(StoreError::Misconfigured(format!(
+        return Err(StoreError::misconfigured(format!(
             "redis key prefix {prefix:?} is not allowed: use at most 64 letters, digits, ':', '_', \
              '.' and '-' (no glob or hash-tag characters)"
         )));
@@ -107,7 +107,7 @@ pub(crate) fn parse_url(url: &str, mut options: RedisOptions) -> Result<(String,
                     "" | "true" | "1" | "yes" => true,
                     "false" | "0" | "no" => false,
                     _ => {
-                        return Err(StoreError::Misconfigured(format!(
+                        return Err(StoreError::misconfigured(format!(
                             "failed to read allow_volatile={value:?} in the redis url: expected \
                              true or false"
                         )))
@@ -117,7 +117,7 @@ pub(crate) fn parse_url(url: &str, mut options: RedisOptions) -> Result<(String,
             "key_prefix" => options.key_prefix = value.to_owned(),
             "wait_replicas" => {
                 replicas = Some(value.parse::<u32>().map_err(|_| {
-                    StoreError::Misconfigured(format!(
+                    StoreError::misconfigured(format!(
                         "failed to read wait_replicas={value:?} in the redis url: expected a \
                          number of replicas"
                     ))
@@ -130,7 +130,7 @@ pub(crate) fn parse_url(url: &str, mut options: RedisOptions) -> Result<(String,
     match (replicas, timeout) {
         (None, None) => {}
         (None, Some(_)) => {
-            return Err(StoreError::Misconfigured(
+            return Err(StoreError::misconfigured(
                 "failed to read wait_timeout in the redis url: it needs wait_replicas=N".to_owned(),
             ))
         }
@@ -157,7 +157,7 @@ pub(crate) fn parse_wait_timeout(value: &str) -> Result<Duration> {
     };
     match number.parse::<u64>() {
         Ok(n) if n > 0 && n <= MAX_MS / unit_ms => Ok(Duration::from_millis(n * unit_ms)),
-        _ => Err(StoreError::Misconfigured(format!(
+        _ => Err(StoreError::misconfigured(format!(
             "failed to read wait_timeout={value:?} in the redis url: expected a duration above \
              zero such as 500ms or 2s"
         ))),
@@ -190,7 +190,7 @@ pub(crate) fn sentinel_parts(
         return Ok(None);
     };
     let bad = |why: &str| {
-        StoreError::Misconfigured(format!(
+        StoreError::misconfigured(format!(
             "failed to read redis sentinel url {}: {why} (expected \
              redis+sentinel://[user:password@]host:port,host:port/service[/db][?options])",
             redact(url)
@@ -287,7 +287,7 @@ pub(crate) fn cluster_nodes(url: &str) -> Result<Option<Vec<String>>> {
         return Ok(None);
     };
     let bad = |why: &str| {
-        StoreError::Misconfigured(format!(
+        StoreError::misconfigured(format!(
             "failed to read redis cluster url {}: {why} (expected \
              redis+cluster://[user:password@]host:port,host:port[?options])",
             redact(url)

@@ -59,7 +59,7 @@ pub async fn check<S: Store>(store: &S, seal: Option<&Seal>) -> Result<(), Store
     };
     match (found, seal) {
         (None, None) => Ok(()),
-        (Some(_), None) => Err(StoreError::Misconfigured(format!(
+        (Some(_), None) => Err(StoreError::misconfigured(format!(
             "this store's records are sealed, and no seal is configured: set {KEYS_VAR} (or \
              {KEYS_FILE_VAR}) and {SECRET_VAR} (or {SECRET_FILE_VAR}) as when they were written. \
              Opened without them, none of its records would be found and every call would run \
@@ -69,7 +69,7 @@ pub async fn check<S: Store>(store: &S, seal: Option<&Seal>) -> Result<(), Store
             if body.is_empty() || body == check_value(seal).as_bytes() {
                 Ok(())
             } else {
-                Err(StoreError::Misconfigured(format!(
+                Err(StoreError::misconfigured(format!(
                     "this store's records were sealed with another naming secret ({SECRET_VAR} \
                      or {SECRET_FILE_VAR}): with this one none of its records would be found and \
                      every call would run its action again; configure the secret they were \

@@ -80,7 +80,7 @@ fn corrupt(stored: &Key, key: Option<&Key>, e: &SealError) -> StoreError {
         Some(k) if k.key != stored.key => format!("{k} (stored as {})", stored.key),
         _ => stored.to_string(),
     };
-    StoreError::Corrupt(format!("record {name}: {e}"))
+    StoreError::corrupt(format!("record {name}: {e}"))
 }
 
 impl<S: Store> Store for Sealed<S> {

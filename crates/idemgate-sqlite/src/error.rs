@@ -9,7 +9,7 @@
 
 use std::fmt;
 
-use idemgate_core::StoreError;
+use idemgate_core::{Cause, StoreError};
 use rusqlite::ErrorCode;
 
 /// Where in an operation SQLite failed.
@@ -25,32 +25,38 @@ pub(crate) enum Stage {
     Commit,
 }
 
-/// Classifies `e`, met at `stage` while trying to `what` (text that fits "failed to ...").
-pub(crate) fn classify(stage: Stage, what: impl fmt::Display, e: &rusqlite::Error) -> StoreError {
-    let message = format!("failed to {what}: {e}");
+/// Classifies `e`, met at `stage` while trying to `what` (text that fits "failed to ..."); `e`
+/// stays the error's source.
+pub(crate) fn classify(stage: Stage, what: impl fmt::Display, e: rusqlite::Error) -> StoreError {
+    let class = class_of(stage, &e);
+    class(Cause::new(format!("failed to {what}: {e}"), e))
+}
+
+/// Which [`StoreError`] `e` is, met at `stage`.
+fn class_of(stage: Stage, e: &rusqlite::Error) -> fn(Cause) -> StoreError {
     match e {
         rusqlite::Error::SqliteFailure(f, _) => match f.code {
-            ErrorCode::DatabaseCorrupt | ErrorCode::NotADatabase => StoreError::Corrupt(message),
+            ErrorCode::DatabaseCorrupt | ErrorCode::NotADatabase => StoreError::Corrupt,
             // Lock waits beyond busy_timeout, files that cannot be opened, read-only files: the
             // statement did not run, and a COMMIT that met them left the transaction uncommitted.
             ErrorCode::DatabaseBusy
             | ErrorCode::DatabaseLocked
             | ErrorCode::CannotOpen
             | ErrorCode::PermissionDenied
-            | ErrorCode::ReadOnly => StoreError::Unavailable(message),
+            | ErrorCode::ReadOnly => StoreError::Unavailable,
             // The WAL may hold part or all of the commit; only a later read can tell.
             ErrorCode::DiskFull | ErrorCode::SystemIoFailure if stage == Stage::Commit => {
-                StoreError::Indeterminate(message)
+                StoreError::Indeterminate
             }
-            _ if stage == Stage::Commit => StoreError::Indeterminate(message),
-            _ => StoreError::Unavailable(message),
+            _ if stage == Stage::Commit => StoreError::Indeterminate,
+            _ => StoreError::Unavailable,
         },
         rusqlite::Error::FromSqlConversionFailure(..)
         | rusqlite::Error::IntegralValueOutOfRange(..)
         | rusqlite::Error::Utf8Error(..)
-        | rusqlite::Error::InvalidColumnType(..) => StoreError::Corrupt(message),
-        _ if stage == Stage::Commit => StoreError::Indeterminate(message),
-        _ => StoreError::Unavailable(message),
+        | rusqlite::Error::InvalidColumnType(..) => StoreError::Corrupt,
+        _ if stage == Stage::Commit => StoreError::Indeterminate,
+        _ => StoreError::Unavailable,
     }
 }
 
@@ -70,13 +76,13 @@ impl<T> Context<T> for rusqlite::Result<T> {
         stage: Stage,
         what: impl FnOnce() -> D,
     ) -> Result<T, StoreError> {
-        self.map_err(|e| classify(stage, what(), &e))
+        self.map_err(|e| classify(stage, what(), e))
     }
 }
 
 /// A stored value this version cannot read.
 pub(crate) fn corrupt(what: impl fmt::Display, why: impl fmt::Display) -> StoreError {
-    StoreError::Corrupt(format!("failed to {what}: {why}"))
+    StoreError::corrupt(format!("failed to {what}: {why}"))
 }
 
 #[cfg(test)]
@@ -90,42 +96,56 @@ mod tests {
     #[test]
     fn classes_follow_the_stage() {
         use rusqlite::ffi;
-        let busy = sqlite(ffi::SQLITE_BUSY);
-        let io = sqlite(ffi::SQLITE_IOERR);
-        let full = sqlite(ffi::SQLITE_FULL);
+        let busy = || sqlite(ffi::SQLITE_BUSY);
+        let io = || sqlite(ffi::SQLITE_IOERR);
         assert!(matches!(
-            classify(Stage::Commit, "commit", &busy),
+            classify(Stage::Commit, "commit", busy()),
             StoreError::Unavailable(_)
         ));
         assert!(matches!(
-            classify(Stage::Write, "write", &io),
+            classify(Stage::Write, "write", io()),
             StoreError::Unavailable(_)
         ));
         assert!(matches!(
-            classify(Stage::Commit, "commit", &io),
+            classify(Stage::Commit, "commit", io()),
             StoreError::Indeterminate(_)
         ));
         assert!(matches!(
-            classify(Stage::Commit, "commit", &full),
+            classify(Stage::Commit, "commit", sqlite(ffi::SQLITE_FULL)),
             StoreError::Indeterminate(_)
         ));
         assert!(matches!(
-            classify(Stage::Open, "open", &sqlite(ffi::SQLITE_CANTOPEN)),
+            classify(Stage::Open, "open", sqlite(ffi::SQLITE_CANTOPEN)),
             StoreError::Unavailable(_)
         ));
         assert!(matches!(
-            classify(Stage::Read, "read", &sqlite(ffi::SQLITE_NOTADB)),
+            classify(Stage::Read, "read", sqlite(ffi::SQLITE_NOTADB)),
             StoreError::Corrupt(_)
         ));
         let decode = rusqlite::Error::IntegralValueOutOfRange(1, -1);
         assert!(matches!(
-            classify(Stage::Read, "read", &decode),
+            classify(Stage::Read, "read", decode),
             StoreError::Corrupt(_)
         ));
-        let e = classify(Stage::Read, "read record a/b/c", &busy);
+        let e = classify(Stage::Read, "read record a/b/c", busy());
         assert!(
             e.to_string().contains("failed to read record a/b/c: "),
             "{e}"
+        );
+    }
+
+    #[test]
+    fn the_driver_error_is_the_source() {
+        let e = classify(Stage::Commit, "commit", sqlite(rusqlite::ffi::SQLITE_IOERR));
+        let source = std::error::Error::source(&e).expect("a source");
+        let driver = source
+            .downcast_ref::<rusqlite::Error>()
+            .expect("rusqlite's error");
+        assert_eq!(driver.sqlite_error_code(), Some(ErrorCode::SystemIoFailure));
+        assert_eq!(
+            e.to_string(),
+            format!("store answer lost, the write may have happened: failed to commit: {driver}"),
+            "the text is unchanged"
         );
     }
 }

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use idemgate_core::transition::{self, Change, StoredRecord};
 use idemgate_core::{
-    ChangeMark, Changes, Claim, Clock, Completion, Fence, Keep, Key, Lease, ListFilter, Now,
+    Cause, ChangeMark, Changes, Claim, Clock, Completion, Fence, Keep, Key, Lease, ListFilter, Now,
     Outcome, Record, Reopened, Reservation, State, Store, StoreError, Timestamp,
 };
 use rusqlite::types::Value;
@@ -129,7 +129,7 @@ impl SqliteStore {
     pub fn open(path: impl AsRef<Path>, opts: SqliteOptions) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
         if path.as_os_str().is_empty() || path.as_os_str() == ":memory:" {
-            return Err(StoreError::Misconfigured(format!(
+            return Err(StoreError::misconfigured(format!(
                 "failed to open the sqlite store {:?}: it needs a file path, since the writer and \
                  the readers (and other processes) must share the database",
                 path.display()
@@ -140,7 +140,7 @@ impl SqliteStore {
             _ => Path::new("."),
         };
         if !dir.is_dir() {
-            return Err(StoreError::Misconfigured(format!(
+            return Err(StoreError::misconfigured(format!(
                 "failed to open the sqlite store {}: directory {} does not exist (create it first)",
                 path.display(),
                 dir.display()
@@ -190,10 +190,11 @@ impl SqliteStore {
             .name("idemgate-sqlite-writer".into())
             .spawn(move || writer.run())
             .map_err(|e| {
-                StoreError::Unavailable(format!(
+                let message = format!(
                     "failed to start the writer thread of the sqlite store {}: {e}",
                     path.display()
-                ))
+                );
+                StoreError::Unavailable(Cause::new(message, e))
             })?;
         // Without it, waiters still hear of other processes' commits at their polls.
         let foreign =
@@ -279,7 +280,7 @@ impl SqliteStore {
     {
         let (task, answer) = Op::queue(key, work);
         let stopped = || {
-            StoreError::Unavailable(format!(
+            StoreError::unavailable(format!(
                 "failed to reach the writer of the sqlite store {}: it has stopped",
                 self.inner.path.display()
             ))
@@ -297,7 +298,7 @@ impl SqliteStore {
         }
         answer.await.unwrap_or_else(|_| {
             // The writer went away between taking the task and answering it (it panicked).
-            Err(StoreError::Indeterminate(format!(
+            Err(StoreError::indeterminate(format!(
                 "failed to hear back from the writer of the sqlite store {}: it stopped during \
                  the batch",
                 self.inner.path.display()
@@ -344,9 +345,9 @@ impl SqliteStore {
         })
         .await
         .unwrap_or_else(|e| {
-            Err(StoreError::Unavailable(format!(
-                "failed to read the sqlite store: the read task ended early: {e}"
-            )))
+            let message =
+                format!("failed to read the sqlite store: the read task ended early: {e}");
+            Err(StoreError::Unavailable(Cause::new(message, e)))
         })
     }
 }

@@ -90,7 +90,7 @@ impl UrlOptions {
 /// The file path named by a `sqlite:` URL, and its options.
 pub(crate) fn parse_url(url: &str) -> Result<(PathBuf, UrlOptions)> {
     let bad = |why: &str| {
-        StoreError::Misconfigured(format!(
+        StoreError::misconfigured(format!(
             "failed to parse the store url {url:?}: {why} (expected sqlite://PATH or sqlite:PATH)"
         ))
     };
@@ -111,7 +111,7 @@ pub(crate) fn parse_url(url: &str) -> Result<(PathBuf, UrlOptions)> {
                 "full" => Durability::Full,
                 "normal" => Durability::Normal,
                 _ => {
-                    return Err(StoreError::Misconfigured(format!(
+                    return Err(StoreError::misconfigured(format!(
                         "failed to read durability={value:?} in the sqlite URL: expected full \
                          (the default: a commit is on disk when it is answered) or normal (a power \
                          cut may lose the last commits, so a side effect may run twice)"
@@ -144,7 +144,7 @@ fn wal_limit_option(value: &str) -> Result<u64> {
     };
     match number.parse::<u64>().ok().and_then(|n| n.checked_mul(unit)) {
         Some(bytes) if (MIN_WAL_LIMIT..=MAX_WAL_LIMIT).contains(&bytes) => Ok(bytes),
-        _ => Err(StoreError::Misconfigured(format!(
+        _ => Err(StoreError::misconfigured(format!(
             "failed to read wal_limit={value:?} in the sqlite URL: expected a size such as 4MiB, \
              512KiB or 1048576 (bytes), at least {}KiB and at most {}MiB",
             MIN_WAL_LIMIT >> 10,

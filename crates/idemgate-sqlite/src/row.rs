@@ -144,7 +144,7 @@ fn put(conn: &Connection, rec: &StoredRecord, exists: bool, now: Now) -> Result<
         // transitions never write back: a completed row is what holds it. Refused rather than
         // guessed (its outcome's kind is not in it); the transaction writes nothing.
         RecordState::Expired { .. } => {
-            return Err(StoreError::Unavailable(format!(
+            return Err(StoreError::unavailable(format!(
                 "failed to {}: it is an expired view, which is never stored",
                 what()
             )))

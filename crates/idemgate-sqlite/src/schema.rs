@@ -156,7 +156,7 @@ pub(crate) fn connect(
         .pragma_query_value(None, "journal_mode", |row| row.get(0))
         .during(Stage::Open, what)?;
     if !mode.eq_ignore_ascii_case("wal") {
-        return Err(StoreError::Misconfigured(format!(
+        return Err(StoreError::misconfigured(format!(
             "failed to open the sqlite store {}: it runs in journal mode {mode:?}, not WAL (is it \
              on a file system without shared memory?)",
             path.display()
@@ -184,7 +184,7 @@ pub(crate) fn migrate(conn: &Connection, path: &Path) -> Result<(), StoreError> 
 fn migrate_in_transaction(conn: &Connection, path: &Path) -> Result<(), StoreError> {
     let what = || format!("migrate the schema of {}", path.display());
     let refuse = |why: String| {
-        StoreError::Misconfigured(format!(
+        StoreError::misconfigured(format!(
             "failed to open the sqlite store {}: {why}",
             path.display()
         ))

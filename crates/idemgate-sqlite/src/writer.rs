@@ -594,7 +594,7 @@ impl Core {
         // Reads wait until the new write connection is open, so that none opens the index first.
         let _readers = self.readers.close_all();
         // The old connection closes before the new one opens.
-        self.conn = Err(StoreError::Unavailable(format!(
+        self.conn = Err(StoreError::unavailable(format!(
             "failed to open the sqlite store {} again",
             self.path.display()
         )));
@@ -657,7 +657,7 @@ impl Core {
             return Err(classify(
                 Stage::Write,
                 format!("begin a batch of {n} writes"),
-                &e,
+                e,
             ));
         }
         // Alone in its batch (the common case at low concurrency), a write needs no savepoint: a
@@ -675,7 +675,7 @@ impl Core {
                 Err(_) if conn.is_autocommit() => {
                     // Some errors (I/O, disk full, out of memory) make SQLite roll back the whole
                     // transaction on its own: the writes of the earlier tasks are gone too.
-                    return Err(StoreError::Unavailable(format!(
+                    return Err(StoreError::unavailable(format!(
                         "failed to run a batch of {n} writes: sqlite rolled it back after an error"
                     )));
                 }

@@ -52,7 +52,7 @@ impl AnyStore {
     /// reports when it cannot open.
     pub async fn connect(url: &str) -> Result<Self> {
         let seal = idemgate_seal::from_env()
-            .map_err(|e| StoreError::Misconfigured(format!("failed to set up sealing: {e}")))?;
+            .map_err(|e| StoreError::misconfigured(format!("failed to set up sealing: {e}")))?;
         Self::connect_sealed(url, seal).await
     }
 
@@ -83,7 +83,7 @@ impl AnyStore {
                     // Takes no options and names nothing: anything after `memory:` is a mistake.
                     let rest = UrlQuery::parse(url, "memory", &[])?.base;
                     if !matches!(rest, "memory:" | "memory://") {
-                        return Err(StoreError::Misconfigured(format!(
+                        return Err(StoreError::misconfigured(format!(
                             "failed to parse the memory URL {url:?}: it is just memory:"
                         )));
                     }
@@ -102,7 +102,7 @@ impl AnyStore {
                     idemgate_redis::RedisStore::connect(url).await?,
                 )),
                 // Not the URL itself: a misspelt `postgress://user:password@…` carries a password.
-                _ => Err(StoreError::Misconfigured(format!(
+                _ => Err(StoreError::misconfigured(format!(
                     "no store has the scheme {scheme:?}: expected a URL starting with {}",
                     SCHEMES.join(", ")
                 ))),
