@@ -1,4 +1,4 @@
-//! Errors of the core: key limits, canonical JSON, stores and the engine.
+//! Errors of the core: key limits, canonical JSON, stores, the journal and the engine.
 
 use std::error::Error;
 use std::fmt;
@@ -155,6 +155,32 @@ impl Error for StoreError {
     }
 }
 
+/// A journal that could not be written, read or cleared. Its message names the operation and the
+/// place; the I/O (or other) error behind it is its source.
+#[derive(Clone, Debug, thiserror::Error)]
+#[error(transparent)]
+pub struct JournalError(Cause);
+
+impl JournalError {
+    /// An error said by `message`, kept with the error `source` behind it.
+    pub fn new(message: impl Into<String>, source: impl Error + Send + Sync + 'static) -> Self {
+        JournalError(Cause::new(message, source))
+    }
+}
+
+impl From<String> for JournalError {
+    /// An error with nothing behind it but its message.
+    fn from(message: String) -> Self {
+        JournalError(Cause::from(message))
+    }
+}
+
+impl From<&str> for JournalError {
+    fn from(message: &str) -> Self {
+        JournalError(Cause::from(message))
+    }
+}
+
 /// Why the engine refused or could not finish a call. Expected outcomes (replays, in-flight and
 /// unknown answers) are not errors: they are [`crate::Answer`]s.
 #[derive(Debug, thiserror::Error)]
@@ -217,7 +243,7 @@ pub enum EngineError {
     },
     /// The local journal of unrecorded completions could not be written or read.
     #[error("failed to use the completion journal: {0}")]
-    Journal(String),
+    Journal(#[source] JournalError),
 }
 
 /// What an operator can do about a record [`EngineError::NotReopenable`] refused.
@@ -255,5 +281,15 @@ mod tests {
         );
         assert!(StoreError::unavailable("down").source().is_none());
         assert!(StoreError::LeaseLost.source().is_none());
+
+        let io = std::io::Error::new(std::io::ErrorKind::StorageFull, "no space left");
+        let e = EngineError::Journal(JournalError::new("failed to write journal entry", io));
+        assert_eq!(
+            e.to_string(),
+            "failed to use the completion journal: failed to write journal entry"
+        );
+        let journal = e.source().expect("the journal's error");
+        assert!(journal.is::<JournalError>());
+        assert!(journal.source().is_some_and(|s| s.is::<std::io::Error>()));
     }
 }

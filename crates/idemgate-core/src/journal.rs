@@ -13,6 +13,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::canonical::Fingerprint;
+use crate::error::JournalError;
 use crate::key::{hex, Key};
 use crate::record::{Lease, Outcome};
 use crate::store::Keep;
@@ -102,20 +103,20 @@ pub trait Journal: Send + Sync + std::fmt::Debug + 'static {
     /// Adds an entry durably.
     ///
     /// # Errors
-    /// A message when the entry could not be made durable.
-    fn append(&self, entry: &JournalEntry) -> Result<(), String>;
+    /// When the entry could not be made durable.
+    fn append(&self, entry: &JournalEntry) -> Result<(), JournalError>;
 
     /// The entries not yet removed, oldest first.
     ///
     /// # Errors
-    /// A message when the journal could not be read.
-    fn pending(&self) -> Result<Vec<JournalEntry>, String>;
+    /// When the journal could not be read.
+    fn pending(&self) -> Result<Vec<JournalEntry>, JournalError>;
 
     /// Removes an entry once the store has it (or it can never apply).
     ///
     /// # Errors
-    /// A message when the entry could not be removed.
-    fn remove(&self, entry: &JournalEntry) -> Result<(), String>;
+    /// When the entry could not be removed.
+    fn remove(&self, entry: &JournalEntry) -> Result<(), JournalError>;
 }
 
 /// A journal in memory: as durable as the process, for the memory store and tests.
@@ -136,16 +137,16 @@ impl MemoryJournal {
 }
 
 impl Journal for MemoryJournal {
-    fn append(&self, entry: &JournalEntry) -> Result<(), String> {
+    fn append(&self, entry: &JournalEntry) -> Result<(), JournalError> {
         self.entries().push(entry.clone());
         Ok(())
     }
 
-    fn pending(&self) -> Result<Vec<JournalEntry>, String> {
+    fn pending(&self) -> Result<Vec<JournalEntry>, JournalError> {
         Ok(self.entries().clone())
     }
 
-    fn remove(&self, entry: &JournalEntry) -> Result<(), String> {
+    fn remove(&self, entry: &JournalEntry) -> Result<(), JournalError> {
         let id = entry.id();
         self.entries().retain(|e| e.id() != id);
         Ok(())

@@ -27,7 +27,7 @@ pub use engine::{
     Answer, Begun, Call, Decision, Effect, Engine, FlushReport, JournalFlusher, Named, Probe,
     ProbeFuture, Recording, Resolution, Settings, Ticket, Verifier, FLUSH_RETRY,
 };
-pub use error::{CanonicalError, Cause, EngineError, KeyError, StoreError};
+pub use error::{CanonicalError, Cause, EngineError, JournalError, KeyError, StoreError};
 pub use journal::{Journal, JournalEntry, JournalOp, MemoryJournal};
 pub use key::{IdempotencyKey, Key, KeyRule, TenantId, ToolName};
 pub use memory::MemoryStore;

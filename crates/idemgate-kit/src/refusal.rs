@@ -134,7 +134,9 @@ impl Refusal {
                 state: *state,
                 fence: *fence,
             },
-            EngineError::Journal(why) => Refusal::Journal { why: why.clone() },
+            EngineError::Journal(why) => Refusal::Journal {
+                why: why.to_string(),
+            },
             // `EngineError` may grow: a newer error is told in the engine's words, under its
             // verdict, until this kit gives it facts of its own.
             _ => Refusal::Other {

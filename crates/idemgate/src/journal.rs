@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use idemgate_core::key::hex;
-use idemgate_core::{Journal, JournalEntry};
+use idemgate_core::{Journal, JournalEntry, JournalError};
 use idemgate_seal::Seal;
 
 /// How much room a [`FileJournal`] keeps for itself.
@@ -139,9 +139,9 @@ impl FileJournal {
     }
 
     /// What an entry's file holds: its JSON, sealed for that file when sealing is on.
-    fn encode(&self, stem: &str, entry: &JournalEntry) -> Result<Vec<u8>, String> {
+    fn encode(&self, stem: &str, entry: &JournalEntry) -> Result<Vec<u8>, JournalError> {
         let json = serde_json::to_vec(entry)
-            .map_err(|e| format!("failed to encode journal entry: {e}"))?;
+            .map_err(|e| JournalError::new(format!("failed to encode journal entry: {e}"), e))?;
         Ok(match &self.seal {
             None => json,
             Some(seal) => seal.seal(&journal_context(stem), &json),
@@ -277,12 +277,13 @@ fn is_full(e: &std::io::Error) -> bool {
 }
 
 impl Journal for FileJournal {
-    fn append(&self, entry: &JournalEntry) -> Result<(), String> {
-        let fail = |e: std::io::Error| {
-            format!(
-                "failed to write journal entry in {}: {e}",
+    fn append(&self, entry: &JournalEntry) -> Result<(), JournalError> {
+        let fail = |e: std::io::Error, besides: &str| {
+            let message = format!(
+                "failed to write journal entry in {}: {e}{besides}",
                 self.dir.display()
-            )
+            );
+            JournalError::new(message, e)
         };
         let stem = self.stem(entry);
         let body = self.encode(&stem, entry)?;
@@ -292,17 +293,19 @@ impl Journal for FileJournal {
             match self.write_entry(&tmp, &path, &body) {
                 Ok(()) => return Ok(()),
                 Err(e) if is_full(&e) && self.release_one_spare() => continue,
-                Err(e) if is_full(&e) => {
-                    return Err(fail(e) + " (and its reserve is used up)");
-                }
-                Err(e) => return Err(fail(e)),
+                Err(e) if is_full(&e) => return Err(fail(e, " (and its reserve is used up)")),
+                Err(e) => return Err(fail(e, "")),
             }
         }
     }
 
-    fn pending(&self) -> Result<Vec<JournalEntry>, String> {
-        let fail =
-            |e: std::io::Error| format!("failed to read journal {}: {e}", self.dir.display());
+    fn pending(&self) -> Result<Vec<JournalEntry>, JournalError> {
+        let fail = |e: std::io::Error| {
+            JournalError::new(
+                format!("failed to read journal {}: {e}", self.dir.display()),
+                e,
+            )
+        };
         let mut entries = Vec::new();
         for item in fs::read_dir(&self.dir).map_err(fail)? {
             let path = item.map_err(fail)?.path();
@@ -326,7 +329,7 @@ impl Journal for FileJournal {
         Ok(entries)
     }
 
-    fn remove(&self, entry: &JournalEntry) -> Result<(), String> {
+    fn remove(&self, entry: &JournalEntry) -> Result<(), JournalError> {
         let mut removed = fs::remove_file(self.path_of(entry));
         if self.seal.is_some()
             && removed
@@ -339,10 +342,15 @@ impl Journal for FileJournal {
         match removed {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-            Err(e) => return Err(format!("failed to remove journal entry: {e}")),
+            Err(e) => {
+                return Err(JournalError::new(
+                    format!("failed to remove journal entry: {e}"),
+                    e,
+                ))
+            }
         }
         self.sync_dir()
-            .map_err(|e| format!("failed to sync journal directory: {e}"))?;
+            .map_err(|e| JournalError::new(format!("failed to sync journal directory: {e}"), e))?;
         // The room the entry took is free again: the reserve takes it back first. Not making it
         // (the disk is still full) is no error here; the next removal or open tries again.
         let _ = self.replenish();
@@ -399,6 +407,25 @@ mod tests {
             j.dir().join("garbage.json").exists(),
             "unreadable entries are kept"
         );
+    }
+
+    /// The kind of the I/O error behind `e`.
+    fn io_kind(e: &JournalError) -> Option<ErrorKind> {
+        let io = std::error::Error::source(e)?.downcast_ref::<std::io::Error>()?;
+        Some(io.kind())
+    }
+
+    #[test]
+    fn a_failed_write_keeps_the_io_error_as_its_source() {
+        let dir = tempfile::tempdir().unwrap();
+        let j = FileJournal::open(dir.path().join("journal")).unwrap();
+        fs::remove_dir_all(j.dir()).unwrap();
+        let e = j.append(&entry("a", 1)).unwrap_err();
+        let says = format!("failed to write journal entry in {}: ", j.dir().display());
+        assert!(e.to_string().starts_with(&says), "{e}");
+        assert_eq!(io_kind(&e), Some(ErrorKind::NotFound), "{e:?}");
+        let e = j.pending().unwrap_err();
+        assert_eq!(io_kind(&e), Some(ErrorKind::NotFound), "{e:?}");
     }
 
     /// Every byte of every file in `dir`, names included.
@@ -497,7 +524,14 @@ mod tests {
             taken >= 8,
             "only {taken} entries of about 20 kB fit in 256 KiB"
         );
-        assert!(e.contains("reserve is used up"), "{e}");
+        assert!(e.to_string().contains("reserve is used up"), "{e}");
+        assert!(
+            matches!(
+                io_kind(&e),
+                Some(ErrorKind::StorageFull | ErrorKind::QuotaExceeded)
+            ),
+            "the disk's error is the source: {e:?}"
+        );
         assert_eq!(j.pending().unwrap().len(), taken);
         assert!(
             !fs::read_dir(j.dir()).unwrap().any(|f| f

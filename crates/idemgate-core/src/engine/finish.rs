@@ -3,6 +3,7 @@
 //! store once it takes writes again.
 
 use super::*;
+use crate::error::JournalError;
 
 impl<S: Store> Engine<S> {
     /// The second half of a call begun with [`Engine::begin`]: records what the side effect
@@ -275,7 +276,12 @@ impl<S: Store> Engine<S> {
         let appended = tokio::task::spawn_blocking(move || journal.append(&entry))
             .instrument(tracing::info_span!(target: TRACE_TARGET, "idemgate.journal"))
             .await
-            .unwrap_or_else(|e| Err(format!("the journal writer failed: {e}")));
+            .unwrap_or_else(|e| {
+                Err(JournalError::new(
+                    format!("the journal writer failed: {e}"),
+                    e,
+                ))
+            });
         // The answer says the time the record will say once the journal is flushed (the flush
         // stores it as the completion time), not the time the retries and the journal took.
         let at_report = match op {
@@ -290,7 +296,7 @@ impl<S: Store> Engine<S> {
                 self.journaled.notify_one();
                 (at_report, Recording::Journaled)
             }
-            Err(e) => (at_report, Recording::Unrecorded(e)),
+            Err(e) => (at_report, Recording::Unrecorded(e.to_string())),
         }
     }
 

@@ -462,7 +462,7 @@ fn effect_of_window(inner: &Result<Answer, EngineError>) -> Effect {
     let Ok(answer) = inner else {
         return match inner {
             // Neither stored nor journaled: it ran, and nobody knows its outcome.
-            Err(EngineError::Journal(why)) => Effect::Ambiguous(why.clone()),
+            Err(EngineError::Journal(why)) => Effect::Ambiguous(why.to_string()),
             _ => Effect::not_applied("the re-emission window refused the call"),
         };
     };
