@@ -329,7 +329,7 @@ impl<S: Store> Engine<S> {
             JournalOp::MarkUnknown => self.store.mark_unknown(key, lease).await.map(|()| None),
             // Not a done write: the engine journals it without trying it here, and the flush
             // applies it with the entry's fingerprint (`take_back`).
-            JournalOp::TakeBack => Err(StoreError::Misconfigured(format!(
+            JournalOp::TakeBack => Err(StoreError::misconfigured(format!(
                 "failed to apply the take-back of a reservation of {key} as a done write"
             ))),
         }

@@ -1,7 +1,7 @@
 //! The Streamable HTTP transport (MCP 2025-11-25, "Transports"): the client side is one endpoint,
 //! `/mcp`, where a POST carries one JSON-RPC message, a GET opens the stream of the server's own
 //! requests and notifications, and a DELETE ends the session; the server side is a child process
-//! over stdio, one per session (or, with an [`Upstream::Http`], one session of a remote server
+//! over stdio, one per session (or, with an [`Upstream::Http`](crate::transport::upstream::Upstream::Http), one session of a remote server
 //! per session, through the adapter in [`crate::upstream`]).
 //!
 //! Why a child per session: a stdio MCP server holds exactly one session (one `initialize`, the
@@ -15,7 +15,7 @@
 //! Sessionless requests (MCP 2026-07-28): a POST without `Mcp-Session-Id` whose message names
 //! protocol 2026-07-28 or later in `params._meta` goes to one child shared by every such request
 //! of its tenant (tenants never share a child, so never see each other's results). The session
-//! of that child learns the server's era as for any session ([`Session`]): a legacy
+//! of that child learns the server's era as for any session ([`Session`](crate::session::Session)): a legacy
 //! server is initialized by the proxy with the first request's client capabilities and info.
 //! Request ids are the clients' own, so two clients may send the same one: each request gets an
 //! id of the proxy's on the way in and its own back on the way out. Such a client has no stream
