@@ -335,11 +335,8 @@ impl<S: Store> Engine<S> {
             journaled_at: self.clock.now(),
             fingerprint: Some(r.fingerprint),
         };
-        let journal = Arc::clone(&self.journal);
-        let appended = tokio::task::spawn_blocking(move || journal.append(&entry)).await;
-        if matches!(appended, Ok(Ok(()))) {
-            self.journaled.notify_one();
-        }
+        // Best effort: a journal that cannot take it leaves the record to end unknown.
+        let _ = self.append_to_journal(entry).await;
     }
 
     /// Takes an unknown record over. `None` when somebody else changed it first (look again).

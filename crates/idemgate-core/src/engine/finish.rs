@@ -271,6 +271,24 @@ impl<S: Store> Engine<S> {
             journaled_at: reported_at,
             fingerprint,
         };
+        let appended = self.append_to_journal(entry).await;
+        // The answer says the time the record will say once the journal is flushed (the flush
+        // stores it as the completion time), not the time the retries and the journal took.
+        let at_report = match op {
+            JournalOp::Complete { ttl_ms, .. } => Some(Completion {
+                completed_at: reported_at,
+                expires_at: reported_at.plus(Duration::from_millis(*ttl_ms)),
+            }),
+            JournalOp::Release | JournalOp::MarkUnknown | JournalOp::TakeBack => None,
+        };
+        match appended {
+            Ok(()) => (at_report, Recording::Journaled),
+            Err(e) => (at_report, Recording::Unrecorded(e.to_string())),
+        }
+    }
+
+    /// Appends `entry` to the journal and, once it is there, wakes the flusher.
+    pub(super) async fn append_to_journal(&self, entry: JournalEntry) -> Result<(), JournalError> {
         // A durable journal fsyncs: on a blocking thread, so the async workers keep serving.
         let journal = Arc::clone(&self.journal);
         let appended = tokio::task::spawn_blocking(move || journal.append(&entry))
@@ -282,22 +300,10 @@ impl<S: Store> Engine<S> {
                     e,
                 ))
             });
-        // The answer says the time the record will say once the journal is flushed (the flush
-        // stores it as the completion time), not the time the retries and the journal took.
-        let at_report = match op {
-            JournalOp::Complete { ttl_ms, .. } => Some(Completion {
-                completed_at: reported_at,
-                expires_at: reported_at.plus(Duration::from_millis(*ttl_ms)),
-            }),
-            JournalOp::Release | JournalOp::MarkUnknown | JournalOp::TakeBack => None,
-        };
-        match appended {
-            Ok(()) => {
-                self.journaled.notify_one();
-                (at_report, Recording::Journaled)
-            }
-            Err(e) => (at_report, Recording::Unrecorded(e.to_string())),
+        if appended.is_ok() {
+            self.journaled.notify_one();
         }
+        appended
     }
 
     /// Applies a "done" write; `executed_at` is when the side effect reported, for writes applied
@@ -339,15 +345,8 @@ impl<S: Store> Engine<S> {
     /// token, which finds the record it made if that is still there (in flight, or unknown once
     /// its lease ended) and releases it. Another call's record is left as it is.
     async fn take_back(&self, entry: &JournalEntry) -> Result<(), StoreError> {
-        let Some(fingerprint) = entry.fingerprint else {
+        let Some(again) = reserved_again(entry) else {
             return Ok(());
-        };
-        let again = Reservation {
-            key: entry.key.clone(),
-            fingerprint,
-            token: entry.lease.token,
-            lease_for: RESTORE_LEASE,
-            scope: None,
         };
         match self.store.reserve(&again).await? {
             Claim::Acquired(lease) => self.store.release(&entry.key, lease).await,
@@ -466,15 +465,8 @@ impl<S: Store> Engine<S> {
             _ if !complete => return Ok(Restored::Superseded),
             _ => {}
         }
-        let Some(fingerprint) = entry.fingerprint else {
+        let Some(again) = reserved_again(entry) else {
             return Ok(Restored::Displaced);
-        };
-        let again = Reservation {
-            key: entry.key.clone(),
-            fingerprint,
-            token: entry.lease.token,
-            lease_for: RESTORE_LEASE,
-            scope: None,
         };
         match self.store.reserve(&again).await? {
             Claim::Acquired(lease) => {
@@ -487,6 +479,19 @@ impl<S: Store> Engine<S> {
             Claim::Existing(_) => Ok(Restored::Displaced),
         }
     }
+}
+
+/// The reservation a journal entry was made under, again: its token (which finds the record it
+/// made, if that is still there) and the call's fingerprint; `None` for an entry written without
+/// the fingerprint.
+fn reserved_again(entry: &JournalEntry) -> Option<Reservation> {
+    Some(Reservation {
+        key: entry.key.clone(),
+        fingerprint: entry.fingerprint?,
+        token: entry.lease.token,
+        lease_for: RESTORE_LEASE,
+        scope: None,
+    })
 }
 
 /// What a flush did with an entry whose lease the store no longer has.
