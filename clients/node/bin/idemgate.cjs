@@ -1,21 +1,17 @@
 #!/usr/bin/env node
 'use strict';
-// `npx idemgate …`: runs the `idemgate` binary of this platform, carried by the optional
-// dependency `@idemgate/cli-<platform>-<arch>` (the esbuild/biome pattern: npm installs only the
-// one whose `os` and `cpu` match). IDEMGATE_BIN names another binary.
+// `npx idemgate …`: runs the `idemgate` binary of this platform, carried by the platform package
+// `@idemgate/<platform>-<arch>[-<libc>]` (platform.cjs: npm installs only the one whose `os`,
+// `cpu` and `libc` match). IDEMGATE_BIN names another binary.
 const { spawnSync } = require('node:child_process');
+const { platformPackage, missingPackage } = require('../platform.cjs');
 
 function binary() {
   if (process.env.IDEMGATE_BIN) return process.env.IDEMGATE_BIN;
-  const pkg = `@idemgate/cli-${process.platform}-${process.arch}`;
   try {
-    return require.resolve(`${pkg}/bin/idemgate`);
+    return require.resolve(`${platformPackage().name}/bin/idemgate`);
   } catch {
-    console.error(
-      `idemgate: no binary for ${process.platform}-${process.arch}: the package ${pkg} is not installed ` +
-        '(npm skips optional dependencies with --no-optional, or none is published for this platform); ' +
-        'set IDEMGATE_BIN to an idemgate binary, or install it with `cargo install --path crates/idemgate-cli`',
-    );
+    console.error(missingPackage('idemgate binary', 'IDEMGATE_BIN'));
     process.exit(127);
   }
 }
