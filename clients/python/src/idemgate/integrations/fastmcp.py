@@ -403,7 +403,8 @@ def IdempotencyMiddleware(  # noqa: N802 - a class factory: fastmcp is imported 
         how = why or (
             "the tool failed without saying whether it took effect"
             if ran_here
-            else "an earlier attempt stopped before its outcome was recorded"
+            else "no outcome was ever recorded for an earlier attempt (it stopped first, or could not tell "
+            "whether it took effect)"
         )
         done = (
             f"It was sent to {called} once, and calls with the same key will not send it again."
