@@ -367,6 +367,23 @@ pub enum KeysCommand {
     },
 }
 
+impl KeysCommand {
+    /// The audit log an operator's command appends to (`resolve`, `reopen`), when it names one;
+    /// `None` for the commands that change no record, and when none is named.
+    pub(crate) fn audit_log(&self) -> Option<&std::path::Path> {
+        match self {
+            KeysCommand::Resolve(args) => args.audit_log.as_deref(),
+            KeysCommand::Reopen(args) => args.audit_log.as_deref(),
+            KeysCommand::List { .. } | KeysCommand::Show { .. } | KeysCommand::Purge { .. } => None,
+        }
+    }
+
+    /// Whether the command is an operator's resolution or reopening, which the audit log is for.
+    pub(crate) fn settles(&self) -> bool {
+        matches!(self, KeysCommand::Resolve(_) | KeysCommand::Reopen(_))
+    }
+}
+
 /// `keys resolve`.
 #[derive(Debug, Args)]
 #[command(group(clap::ArgGroup::new("how").required(true).args(["completed", "release"])))]
@@ -405,9 +422,13 @@ pub struct ResolveArgs {
     /// runs the action again.
     #[arg(long)]
     pub release: bool,
-    /// Why, in words, for the audit log (which also records your OS user).
+    /// Why, in words, for the audit log (--audit-log), which also records your OS user.
     #[arg(long)]
     pub reason: Option<String>,
+    /// The audit log to append the resolution to, with who (your OS user) and why: the one the
+    /// gateway (server.audit_log), the MCP proxy and the console write.
+    #[arg(long, env = "IDEMGATE_AUDIT_LOG", value_name = "PATH")]
+    pub audit_log: Option<PathBuf>,
 }
 
 /// The long help of `keys reopen`.
@@ -423,7 +444,7 @@ finishes or its lease ends.
 The next call with the key runs the action again, here at once. Other processes using the same
 store (gateways, MCP proxies, Python workers) may still replay the old outcome from their memory
 for up to 2 seconds (the engine's replay_cache_fresh), then run it again too. The audit log
-records who (your OS user) reopened it, at which fence, and why.";
+(--audit-log) records who (your OS user) reopened it, at which fence, and why.";
 
 /// `keys reopen`.
 #[derive(Debug, Args)]
@@ -437,9 +458,13 @@ pub struct ReopenArgs {
     /// it.
     #[arg(long)]
     pub fence: u64,
-    /// Why, in words, for the audit log.
+    /// Why, in words, for the audit log (--audit-log).
     #[arg(long)]
     pub reason: String,
+    /// The audit log to append the reopening to, with who (your OS user) and why: the one the
+    /// gateway (server.audit_log), the MCP proxy and the console write.
+    #[arg(long, env = "IDEMGATE_AUDIT_LOG", value_name = "PATH")]
+    pub audit_log: Option<PathBuf>,
 }
 
 /// `key ...`.

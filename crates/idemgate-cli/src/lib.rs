@@ -152,6 +152,15 @@ async fn dispatch(cli: Cli) -> Result<u8> {
                 Ok(ctx) => ctx,
                 Err(code) => return Ok(code),
             };
+            let ctx = match cmd.audit_log() {
+                Some(path) => ctx.with_audit_log(path)?,
+                None => {
+                    if cmd.settles() {
+                        eprintln!("idemgate: no audit log named (--audit-log or IDEMGATE_AUDIT_LOG): who did this and why is written nowhere");
+                    }
+                    ctx
+                }
+            };
             keys::run(&ctx, cmd).await
         }
         Command::Serve(args) => serve::run(&cli, args).await,
@@ -252,6 +261,15 @@ impl Context {
             tenant_given: cli.tenant.is_some(),
             json: cli.json,
         }))
+    }
+
+    /// The context whose engine appends its operators' resolutions and reopenings to the audit
+    /// log at `path`, through the kit's writer, as the gateway's and the console's engines do.
+    fn with_audit_log(mut self, path: &std::path::Path) -> Result<Self> {
+        let audit = idemgate_kit::Audit::open(Some(path))
+            .with_context(|| format!("failed to open the audit log {}", path.display()))?;
+        self.engine = self.engine.with_observer(Arc::new(audit));
+        Ok(self)
     }
 
     pub(crate) fn key(&self, tool: &str, key: &str) -> Result<Key> {

@@ -1,4 +1,4 @@
-//! Regressions of issues 7 and 17: what users ran into with the command line, one test each.
+//! Regressions of issues 7, 17 and 33: what users ran into with the command line, one test each.
 
 use std::io::{BufRead as _, BufReader};
 use std::process::{Command, Stdio};
@@ -399,4 +399,86 @@ fn a_replay_of_an_operators_resolution_says_so() {
     assert!(again.contains("the command ran at"), "{again}");
     let shown = json_of(&sb.run(&["--json", "keys", "show", "ran"]));
     assert!(shown.get("resolved_by").is_none(), "{shown}");
+}
+
+/// `keys resolve --reason` and `keys reopen --reason` wrote no audit entry anywhere, though their
+/// help says the reason is for the audit log: they append to the audit log the gateway and the
+/// console write (`--audit-log`, or `IDEMGATE_AUDIT_LOG`), with who and why, and say so when
+/// none is named.
+#[test]
+fn operator_commands_write_the_audit_log() {
+    let sb = Sandbox::new();
+    let audit = sb.path("audit.jsonl");
+    let killed = sb.run(&["exec", "--key", "pay-1", "--", "sh", "-c", "kill -9 $$"]);
+    assert_eq!(killed.status.code(), Some(76), "{}", text(&killed.stderr));
+    let resolved = sb
+        .idemgate()
+        .env("USER", "alice")
+        .args([
+            "keys",
+            "resolve",
+            "pay-1",
+            "--completed",
+            "--reason",
+            "seen at the bank",
+        ])
+        .arg("--audit-log")
+        .arg(&audit)
+        .output()
+        .unwrap();
+    assert!(resolved.status.success(), "{}", text(&resolved.stderr));
+    let fence = json_of(&sb.run(&["--json", "keys", "show", "pay-1"]))["fence"]
+        .as_u64()
+        .unwrap()
+        .to_string();
+    let reopened = sb
+        .idemgate()
+        .env("USER", "bob")
+        .env("IDEMGATE_AUDIT_LOG", &audit)
+        .args([
+            "keys", "reopen", "pay-1", "--fence", &fence, "--reason", "refunded",
+        ])
+        .output()
+        .unwrap();
+    assert!(reopened.status.success(), "{}", text(&reopened.stderr));
+
+    let log = std::fs::read_to_string(&audit).unwrap_or_default();
+    let lines: Vec<serde_json::Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let of = |event: &str| {
+        lines
+            .iter()
+            .find(|l| l["event"] == event)
+            .unwrap_or_else(|| panic!("no {event} line in {log:?}"))
+    };
+    let resolution = of("resolved");
+    assert_eq!(
+        (
+            &resolution["by"],
+            &resolution["reason"],
+            &resolution["released"]
+        ),
+        (&"alice".into(), &"seen at the bank".into(), &false.into()),
+        "{resolution}"
+    );
+    assert_eq!(resolution["tenant"], "local");
+    assert_eq!(resolution["tool"], "exec");
+    let reopening = of("reopened");
+    assert_eq!(reopening["by"], "bob", "{reopening}");
+    assert_eq!(reopening["reason"], "refunded");
+    assert_eq!(reopening["was"], "completed");
+    assert!(!log.contains("pay-1"), "the raw key never appears: {log}");
+
+    // Without an audit log the operator is told that the reason is kept nowhere.
+    let killed = sb.run(&["exec", "--key", "pay-2", "--", "sh", "-c", "kill -9 $$"]);
+    assert_eq!(killed.status.code(), Some(76), "{}", text(&killed.stderr));
+    let unaudited = sb.run(&["keys", "resolve", "pay-2", "--release", "--reason", "no"]);
+    assert!(unaudited.status.success(), "{}", text(&unaudited.stderr));
+    assert!(
+        text(&unaudited.stderr).contains("no audit log named"),
+        "{}",
+        text(&unaudited.stderr)
+    );
 }
