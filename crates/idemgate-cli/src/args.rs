@@ -277,7 +277,7 @@ pub struct ExecArgs {
     pub key: String,
 
     /// The scope of the key; the same key under another tool is another record.
-    #[arg(long, default_value = "exec")]
+    #[arg(long, default_value = idemgate_kit::EXEC_TOOL)]
     pub tool: String,
 
     /// How long the outcome is kept and replayed.
@@ -401,16 +401,18 @@ pub struct ResolveArgs {
     #[arg(long)]
     pub completed: bool,
     /// With --completed: the result to replay, as JSON (for records of the HTTP gateway, the MCP
-    /// proxy and the library; every front door replays a JSON result). Without it the outcome is
-    /// a command's: --exit-code and --stdout.
+    /// proxy and the library; every front door replays a JSON result). Required for a record
+    /// whose tool is not `exec`, unless --exit-code says it is a command's.
     #[arg(long, value_name = "JSON", requires = "completed", conflicts_with_all = ["exit_code", "stdout"])]
     pub result: Option<String>,
-    /// With --completed: the exit code to replay.
-    #[arg(long, default_value_t = 0, requires = "completed")]
-    pub exit_code: i32,
-    /// With --completed: the standard output to replay.
-    #[arg(long, default_value = "", requires = "completed")]
-    pub stdout: String,
+    /// With --completed: the record is a command's (`idemgate exec`); the exit code to replay.
+    /// Default for a record of tool `exec`: 0.
+    #[arg(long, requires = "completed")]
+    pub exit_code: Option<i32>,
+    /// With --completed: the record is a command's (`idemgate exec`); the standard output to
+    /// replay. Default: none.
+    #[arg(long, requires = "completed")]
+    pub stdout: Option<String>,
     /// With --completed: how long to keep it.
     #[arg(long, default_value = "24h", value_parser = humantime::parse_duration, requires = "completed")]
     pub ttl: Duration,

@@ -4,7 +4,7 @@ use std::io::{BufRead as _, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::cli::{text, Sandbox};
+use crate::cli::{http, serve_on_a_free_port, text, Sandbox};
 
 /// `--store memory:` ran the command on every call: its records die with the process.
 #[test]
@@ -481,4 +481,86 @@ fn operator_commands_write_the_audit_log() {
         "{}",
         text(&unaudited.stderr)
     );
+}
+
+/// `keys resolve mail-1 --completed` without `--result` on a gateway's record stored a command's
+/// outcome (`{"exit_code":0,...}`) that HTTP then replayed to the caller of `send_mail`: it is
+/// refused, saying what to pass; the result passed is what HTTP replays, said to be an
+/// operator's; `exec`'s own records still take a bare `--completed`.
+#[test]
+fn resolving_another_doors_record_needs_the_result_its_callers_get() {
+    let sb = Sandbox::new();
+    let token = "gateway-token-0123456789abcdef";
+    let mut serve = sb.idemgate();
+    serve.env("IDEMGATE_TOKEN", token);
+    let (mut gateway, addr) = serve_on_a_free_port(serve);
+    let post = |path: &str, key: Option<&str>, body: &str| {
+        let key = key
+            .map(|k| format!("Idempotency-Key: {k}\r\n"))
+            .unwrap_or_default();
+        http(
+            &addr,
+            &format!(
+                "POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n\
+                 Content-Type: application/json\r\n{key}Content-Length: {}\r\n\
+                 Connection: close\r\n\r\n{body}",
+                body.len()
+            ),
+        )
+    };
+    let begun = post("/v1/tools/send_mail/begin", Some("mail-1"), "{}");
+    let lease = begun
+        .split(r#""lease":""#)
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .unwrap_or_else(|| panic!("no lease in {begun}"));
+    let marked = post(
+        "/v1/tools/send_mail/ambiguous",
+        None,
+        &format!(r#"{{"key":"mail-1","lease":"{lease}","reason":"smtp timeout"}}"#),
+    );
+    assert!(marked.starts_with("HTTP/1.1 200"), "{marked}");
+
+    let bare = sb.run(&["keys", "resolve", "mail-1", "--completed"]);
+    assert_eq!(bare.status.code(), Some(2), "{}", text(&bare.stderr));
+    let said = text(&bare.stderr);
+    assert!(
+        said.contains("tool send_mail") && said.contains("--result JSON"),
+        "{said}"
+    );
+    let shown = json_of(&sb.run(&["--json", "keys", "show", "mail-1"]));
+    assert_eq!(shown["state"], "unknown", "nothing was resolved: {shown}");
+
+    let resolved = sb.run(&[
+        "keys",
+        "resolve",
+        "mail-1",
+        "--completed",
+        "--result",
+        r#"{"message_id":"m-1"}"#,
+    ]);
+    assert!(resolved.status.success(), "{}", text(&resolved.stderr));
+    let replay = post("/v1/tools/send_mail/begin", Some("mail-1"), "{}");
+    let _ = Command::new("kill")
+        .args(["-TERM", &gateway.id().to_string()])
+        .status();
+    let _ = gateway.wait();
+    assert!(replay.starts_with("HTTP/1.1 200"), "{replay}");
+    assert!(
+        replay.contains(r#""result":{"message_id":"m-1"}"#) && !replay.contains("exit_code"),
+        "{replay}"
+    );
+    assert!(
+        replay
+            .to_ascii_lowercase()
+            .contains("idempotency-resolved-by: operator"),
+        "{replay}"
+    );
+
+    let killed = sb.run(&["exec", "--key", "cmd-1", "--", "sh", "-c", "kill -9 $$"]);
+    assert_eq!(killed.status.code(), Some(76), "{}", text(&killed.stderr));
+    let resolved = sb.run(&["keys", "resolve", "cmd-1", "--completed"]);
+    assert!(resolved.status.success(), "{}", text(&resolved.stderr));
+    let replay = sb.run(&["exec", "--key", "cmd-1", "--", "sh", "-c", "kill -9 $$"]);
+    assert_eq!(replay.status.code(), Some(0), "{}", text(&replay.stderr));
 }

@@ -60,10 +60,17 @@ impl Resolve<'_> {
     /// The instruction for `record` at `fence`: how to say it happened, and that it did not.
     fn instruction(self, fence: Fence, record: Option<&Key>) -> String {
         let (did, did_not) = match self {
-            Resolve::Command(record) => (
-                format!("`idemgate keys resolve {record} --fence {fence} --completed`"),
-                "`--release`".to_owned(),
-            ),
+            Resolve::Command(name) => {
+                // Another door's record replays its tool's result: `keys resolve` needs it.
+                let result = match record {
+                    Some(k) if k.tool.as_str() != crate::EXEC_TOOL => " --result JSON",
+                    _ => "",
+                };
+                (
+                    format!("`idemgate keys resolve {name} --fence {fence} --completed{result}`"),
+                    "`--release`".to_owned(),
+                )
+            }
             Resolve::Http => (
                 format!(
                     "`POST {}` with `{{\"fence\": {fence}, \"resolution\": \"completed\", \"outcome\": …}}`",
@@ -734,6 +741,39 @@ mod tests {
         assert!(
             person.contains("runs it again") && !person.contains("--fence"),
             "{person}"
+        );
+    }
+
+    #[test]
+    fn the_command_lines_resolution_of_another_doors_record_names_its_result() {
+        let record = |tool: &str| {
+            Explanation::of_answer(&Answer {
+                key: Some(Key::new(
+                    idemgate_core::TenantId::new("a").unwrap(),
+                    idemgate_core::ToolName::new(tool).unwrap(),
+                    idemgate_core::IdempotencyKey::new("k").unwrap(),
+                )),
+                rule: Some(KeyRule::Explicit),
+                decision: Decision::Unknown {
+                    since: at(1_000),
+                    fence: 3,
+                    ran_here: false,
+                    message: None,
+                    recording: None,
+                },
+            })
+        };
+        // A gateway's or MCP server's tool replays a result, not a command's exit code.
+        let mail = record("send_mail").for_person(&CLI);
+        assert!(
+            mail.contains("--fence 3 --completed --result JSON`"),
+            "{mail}"
+        );
+        // `exec`'s own records take a bare `--completed` (exit 0).
+        let command = record(crate::EXEC_TOOL).for_person(&CLI);
+        assert!(
+            command.contains("--fence 3 --completed`") && !command.contains("--result"),
+            "{command}"
         );
     }
 

@@ -30,6 +30,12 @@ pub use payload::{reported_effect, HttpAnswer, Payload, PayloadError};
 pub use problem::Problem;
 pub use refusal::{Refusal, Settle, StoreFailure};
 
+/// The tool `idemgate exec` records its commands under unless `--tool` names another. A record
+/// of this tool is a command's, so an operator who says it completed without saying what it
+/// returned gets a command's outcome (exit 0) stored; a record of any other tool is another
+/// door's, whose callers get its result replayed, so `keys resolve` asks for that result.
+pub const EXEC_TOOL: &str = "exec";
+
 /// Metrics, the audit log and logs of one front door.
 #[derive(Clone, Debug)]
 pub struct Instruments {
