@@ -78,6 +78,7 @@ pub(crate) fn page(
 <meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>{title} · idemgate console</title>
+<link rel="icon" type="image/svg+xml" href="/ui/assets/favicon.svg">
 <link rel="stylesheet" href="/ui/assets/console.css">
 <script src="/ui/assets/console.js" defer></script>
 </head>

@@ -25,6 +25,7 @@ use crate::{audit, chart, Console};
 /// The script and stylesheet, embedded: the console needs nothing from the network.
 const SCRIPT: &str = include_str!("../assets/console.js");
 const STYLE: &str = include_str!("../assets/console.css");
+const ICON: &str = include_str!("../assets/favicon.svg");
 
 /// Most records one list shows.
 const MAX_LIST: usize = 500;
@@ -41,6 +42,14 @@ pub(crate) fn routes() -> Router<Console> {
         .route("/ui/charts", get(charts))
         .route("/ui/assets/console.js", get(script))
         .route("/ui/assets/console.css", get(style))
+        .route("/ui/assets/favicon.svg", get(icon))
+        // Browsers ask for it at the root whatever the page says (a bookmark, the history, a
+        // tab restored): answered with the icon rather than a 404 in every console session.
+        .route("/favicon.ico", get(icon))
+}
+
+async fn icon() -> Response {
+    html::with_headers(StatusCode::OK, "image/svg+xml", ICON.as_bytes().to_vec())
 }
 
 async fn script() -> Response {
@@ -120,6 +129,12 @@ fn engine_error(s: &Session, e: &EngineError) -> Response {
     if let EngineError::NotFound { .. } = e {
         return not_found(s);
     }
+    explained_error(s, e, r#"<a href="/ui">Back to the records</a>"#)
+}
+
+/// As [`engine_error`], with `next` (HTML: what the operator can do in the console) after the
+/// kit's words.
+fn explained_error(s: &Session, e: &EngineError, next: &str) -> Response {
     let explanation = Explanation::of_error(e);
     let (record, resolve) = match &explanation.key {
         Some(k) => (
@@ -142,10 +157,7 @@ fn engine_error(s: &Session, e: &EngineError) -> Response {
         status,
         problem.title(),
         Some(header_of(s)),
-        &format!(
-            r#"<p>{}</p><p><a href="/ui">Back to the records</a></p>"#,
-            esc(&problem.detail)
-        ),
+        &format!(r#"<p>{}</p><p>{next}</p>"#, esc(&problem.detail)),
     )
 }
 
@@ -756,7 +768,7 @@ async fn resolve(
             Some(header_of(&s)),
             r#"<p>Resolved as not applied: the record is released, and the next call with its key runs. <a href="/ui">Back to the records</a>.</p>"#,
         ),
-        Err(e) => engine_error(&s, &e),
+        Err(e) => settle_error(&s, &key, &e),
     }
 }
 
@@ -814,10 +826,57 @@ async fn reopen(
             "Reopened",
             Some(header_of(&s)),
             &format!(
-                r#"<p>The record (was {was}) is reopened: the next call with its key runs the action again. <a href="/ui">Back to the records</a>.</p>"#
+                r#"<p>The record of {} (it was {was}) is reopened: the next call with its key runs the action again. <a href="/ui">Back to the records</a>.</p>"#,
+                record_name(&key)
             ),
         ),
-        Err(e) => engine_error(&s, &e),
+        Err(e) => settle_error(&s, &key, &e),
+    }
+}
+
+/// The record, named in a sentence: its key, tool and tenant.
+fn record_name(key: &Key) -> String {
+    format!(
+        "<code>{}</code> (tool {}, tenant {})",
+        esc(key.key.as_str()),
+        esc(key.tool.as_str()),
+        esc(key.tenant.as_str())
+    )
+}
+
+/// The page of a resolution or reopening the engine refused. The operator acted on the record as
+/// a page showed it, so a record that is not there any more was released (or reopened) since,
+/// and one that moved on is shown again, in the browser, before they decide again.
+fn settle_error(s: &Session, key: &Key, e: &EngineError) -> Response {
+    let page_of = |status, title, words: &str| {
+        page(
+            status,
+            title,
+            Some(header_of(s)),
+            &format!(
+                r#"<p>Nothing was changed: {words}</p><p><a href="/ui">Back to the records</a></p>"#
+            ),
+        )
+    };
+    match e {
+        EngineError::NotFound { .. } => page_of(
+            StatusCode::NOT_FOUND,
+            "Record released",
+            &format!(
+                "the record of {} is no longer there. It was released (or reopened) since you looked at it, so the next call with its key runs the action.",
+                record_name(key)
+            ),
+        ),
+        // The kit's words say where the record stands; what to do next is the browser's.
+        EngineError::NotResolvable { .. } | EngineError::NotReopenable { .. } => explained_error(
+            s,
+            e,
+            &format!(
+                r#"<a href="/ui/record?{}">Open the record as it is now</a> to see what changed since you looked at it, then decide again; or go <a href="/ui">back to the records</a>."#,
+                esc(&record_query(key))
+            ),
+        ),
+        _ => engine_error(s, e),
     }
 }
 

@@ -500,3 +500,133 @@ async fn reopen_forgets_a_record_and_says_who() {
     let res = get(&r.app, "/ui/record?tool=charge&key=order-3", Some(&op)).await;
     assert_eq!(res.status(), StatusCode::BAD_REQUEST);
 }
+
+/// The posted form of a resolution of `k` (tenant acme) at `fence`.
+fn resolution<'a>(csrf: &'a str, k: &'a str, fence: &'a str) -> Vec<(&'a str, &'a str)> {
+    vec![
+        ("csrf", csrf),
+        ("tenant", "acme"),
+        ("tool", "charge"),
+        ("key", k),
+        ("fence", fence),
+        ("resolution", "release"),
+        ("reason", "checked the ledger"),
+    ]
+}
+
+/// An operator who acts on a page that has gone stale is told so in the browser's terms: a
+/// record that changed meanwhile links to the record as it is now (no command-line advice), one
+/// released meanwhile is said to be released (not "no such record"), and the page after a
+/// reopening names the record it reopened.
+#[tokio::test]
+async fn acting_on_a_stale_page_says_what_happened_in_the_browsers_terms() {
+    let r = rig().await;
+    let (op, csrf) = sign_in(&r.app, OPERATOR).await;
+    for k in ["order-5", "order-6", "order-7"] {
+        unknown_record(&r.engine, "acme", k).await;
+    }
+    let fence_of = |k: &'static str| {
+        let app = r.app.clone();
+        let op = op.clone();
+        async move {
+            let form = format!("/ui/resolve?tenant=acme&tool=charge&key={k}");
+            field(&text(get(&app, &form, Some(&op)).await).await, "fence")
+        }
+    };
+
+    // Resolved by somebody else at the fence this page showed, then run again by a retry.
+    let fence = fence_of("order-5").await;
+    let shown: u64 = fence.parse().unwrap();
+    let outcome = idemgate_kit::Payload::json_text("true")
+        .unwrap()
+        .into_resolution(idemgate::OutcomeKind::Success);
+    let keep = idemgate::Keep::of(
+        idemgate::KeyRule::Explicit,
+        r.engine.policies().get("charge"),
+    );
+    r.engine
+        .resolve(
+            &key("acme", "order-5"),
+            shown,
+            idemgate::Resolution::Completed { outcome, keep },
+            None,
+            None,
+        )
+        .await
+        .unwrap();
+    let res = post(
+        &r.app,
+        "/ui/resolve",
+        Some(&op),
+        &resolution(&csrf, "order-5", &fence),
+    )
+    .await;
+    assert_eq!(res.status(), StatusCode::CONFLICT);
+    let page = text(res).await;
+    assert!(
+        page.contains(r#"href="/ui/record?tenant=acme&amp;tool=charge&amp;key=order-5""#)
+            && page.contains("Open the record as it is now"),
+        "{page}"
+    );
+    assert!(
+        !page.contains("keys show") && !page.contains("idemgate keys"),
+        "{page}"
+    );
+
+    // Released by somebody else.
+    let fence = fence_of("order-6").await;
+    r.engine
+        .resolve(
+            &key("acme", "order-6"),
+            fence.parse().unwrap(),
+            idemgate::Resolution::Release,
+            None,
+            None,
+        )
+        .await
+        .unwrap();
+    let res = post(
+        &r.app,
+        "/ui/resolve",
+        Some(&op),
+        &resolution(&csrf, "order-6", &fence),
+    )
+    .await;
+    assert_eq!(res.status(), StatusCode::NOT_FOUND);
+    let page = text(res).await;
+    assert!(!page.contains("No such record"), "{page}");
+    assert!(
+        page.contains("order-6") && page.contains("released"),
+        "{page}"
+    );
+
+    // A reopening names what it reopened.
+    let fence = fence_of("order-7").await;
+    let mut form = resolution(&csrf, "order-7", &fence);
+    form.retain(|(name, _)| *name != "resolution");
+    let res = post(&r.app, "/ui/reopen", Some(&op), &form).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    let page = text(res).await;
+    assert!(
+        page.contains("<code>order-7</code> (tool charge, tenant acme)"),
+        "{page}"
+    );
+}
+
+/// A browser asks for `/favicon.ico` whatever a page links: it gets the console's icon, which
+/// every page also names.
+#[tokio::test]
+async fn the_favicon_is_served() {
+    let r = rig().await;
+    for path in ["/favicon.ico", "/ui/assets/favicon.svg"] {
+        let res = get(&r.app, path, None).await;
+        assert_eq!(res.status(), StatusCode::OK, "{path}");
+        assert_eq!(res.headers()[header::CONTENT_TYPE], "image/svg+xml");
+        assert!(text(res).await.starts_with("<svg"), "{path}");
+    }
+    let login = text(get(&r.app, "/ui/login", None).await).await;
+    assert!(
+        login.contains(r#"<link rel="icon" type="image/svg+xml" href="/ui/assets/favicon.svg">"#),
+        "{login}"
+    );
+}
