@@ -564,3 +564,28 @@ fn resolving_another_doors_record_needs_the_result_its_callers_get() {
     let replay = sb.run(&["exec", "--key", "cmd-1", "--", "sh", "-c", "kill -9 $$"]);
     assert_eq!(replay.status.code(), Some(0), "{}", text(&replay.stderr));
 }
+
+/// `exec --kye K -- CMD` got only the tip to pass `--kye` to the command after `--`: clap's
+/// similarity finds nothing near a three-letter option. It now names `--key`, and exits 2 with
+/// nothing run.
+#[test]
+fn a_mistyped_option_is_told_the_one_it_meant() {
+    let sb = Sandbox::new();
+    let effect = sb.path("effect");
+    let script = format!("echo ran >> '{}'", effect.display());
+    let typo = sb.run(&["exec", "--kye", "k", "--", "sh", "-c", &script]);
+    assert_eq!(typo.status.code(), Some(2));
+    let said = text(&typo.stderr);
+    assert!(
+        said.contains("a similar argument exists: '--key'"),
+        "{said}"
+    );
+    assert!(!effect.exists(), "nothing ran");
+    // A subcommand's own options, not another's: `keys reopen --reasn` means --reason.
+    let typo = sb.run(&["keys", "reopen", "k", "--fence", "1", "--reasn", "x"]);
+    assert!(
+        text(&typo.stderr).contains("'--reason'"),
+        "{}",
+        text(&typo.stderr)
+    );
+}
