@@ -31,12 +31,13 @@ Examples:
   idemgate keys list --state unknown
   idemgate keys resolve order-1234-charge --completed --exit-code 0
 
-Exit codes of `exec`: the command's own on execution and replay; 65 key reused with other
-arguments; 69 store unavailable (nothing ran); 70 the command ran but its outcome could not be
-recorded; 75 in flight elsewhere; 76 outcome unknown; 77 the command ran but outlived its lease
-and another run took the key over; 79 the command declared it did nothing
-(--not-applied-exit-code; the key is free again); 127 the command could not be started (nothing
-ran; the key is free again); 1 other errors.
+Exit codes of `exec`: the command's own on execution and replay; 2 the command line was not
+understood (nothing ran); 65 key reused with other arguments; 69 store unavailable (nothing ran);
+70 the command ran but its outcome could not be recorded; 75 in flight elsewhere; 76 outcome
+unknown; 77 the command ran but outlived its lease and another run took the key over; 79 the
+command declared it did nothing (--not-applied-exit-code; the key is free again); 80 the command
+ran before and its outcome expired (it was not run again); 127 the command could not be started
+(nothing ran; the key is free again); 1 other errors.
 
 Signals: SIGTERM and SIGINT sent to idemgate are passed on to the command, and idemgate waits for
 it and records what it did: its exit code if it exits, an unknown outcome if the signal kills it.";

@@ -589,3 +589,40 @@ fn a_mistyped_option_is_told_the_one_it_meant() {
         text(&typo.stderr)
     );
 }
+
+/// The README's exit-code table and `--help` left out 2 (a usage error: clap's, and a resolution
+/// without the result it needs), and `--help` 80: every code of the one table is in both.
+#[test]
+fn every_exit_code_is_documented() {
+    use idemgate_kit::exit;
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
+    let table = readme
+        .split("The exit codes come from one table")
+        .nth(1)
+        .and_then(|rest| rest.split("\n\n").next())
+        .expect("the README's exit-code paragraph");
+    let help = text(&Sandbox::new().run(&["--help"]).stdout);
+    let help = help
+        .split("Exit codes of `exec`")
+        .nth(1)
+        .and_then(|rest| rest.split("\n\n").next())
+        .expect("the exit codes in --help");
+    for code in [
+        exit::FAILURE,
+        exit::USAGE,
+        exit::KEY_REUSE,
+        exit::STORE_UNAVAILABLE,
+        exit::UNRECORDED,
+        exit::IN_FLIGHT,
+        exit::UNKNOWN,
+        exit::LEASE_LOST,
+        exit::NOT_APPLIED,
+        exit::EXPIRED,
+        exit::NOT_STARTED,
+    ] {
+        let listed = |text: &str| text.split_whitespace().any(|w| w == code.to_string());
+        assert!(listed(table), "exit {code} is not in the README: {table}");
+        assert!(listed(help), "exit {code} is not in --help: {help}");
+    }
+}
