@@ -359,10 +359,12 @@ pub enum KeysCommand {
     /// again.
     #[command(long_about = REOPEN_ABOUT)]
     Reopen(ReopenArgs),
-    /// Delete completed records whose time is up, and drop the outcomes of tombstones.
+    /// Delete completed records whose time is up (reopened ones too), and drop the outcomes of
+    /// tombstones.
     Purge {
-        /// Required: purge records past their tombstone (or their TTL when they keep none), and
-        /// drop the stored outcome of those past their TTL (unknown records are never purged).
+        /// Required: purge records past their tombstone (or their TTL when they keep none, and
+        /// reopened ones), and drop the stored outcome of those past their TTL (unknown records
+        /// are never purged).
         #[arg(long, required = true)]
         expired: bool,
     },

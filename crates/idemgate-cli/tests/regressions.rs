@@ -626,3 +626,32 @@ fn every_exit_code_is_documented() {
         assert!(listed(help), "exit {code} is not in --help: {help}");
     }
 }
+
+/// `keys purge --expired` after a reopening said "purged 1 expired record(s)": nothing had
+/// expired. The count is of records whose time is up, reopened ones included, and says so.
+#[test]
+fn purge_does_not_call_a_reopened_record_expired() {
+    let sb = Sandbox::new();
+    assert!(sb
+        .run(&["exec", "--key", "r-1", "--", "true"])
+        .status
+        .success());
+    let fence = json_of(&sb.run(&["--json", "keys", "show", "r-1"]))["fence"]
+        .as_u64()
+        .unwrap()
+        .to_string();
+    let reopened = sb.run(&[
+        "keys", "reopen", "r-1", "--fence", &fence, "--reason", "redo",
+    ]);
+    assert!(reopened.status.success(), "{}", text(&reopened.stderr));
+    let purged = sb.run(&["keys", "purge", "--expired"]);
+    assert!(purged.status.success(), "{}", text(&purged.stderr));
+    let said = text(&purged.stdout);
+    assert!(
+        said.contains("purged 1 record(s)") && said.contains("reopened"),
+        "{said}"
+    );
+    assert!(!said.contains("1 expired record"), "{said}");
+    let purged = json_of(&sb.run(&["--json", "keys", "purge", "--expired"]));
+    assert_eq!(purged["purged"], 0, "gone: {purged}");
+}
