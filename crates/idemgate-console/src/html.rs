@@ -1,7 +1,5 @@
 //! HTML by hand: escaping, query strings, and the page every view sits in.
 
-use std::fmt::Write as _;
-
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 
@@ -25,17 +23,10 @@ pub(crate) fn esc(s: &str) -> String {
     out
 }
 
-/// Percent-encoding for a query string value (everything but RFC 3986's unreserved characters).
+/// Percent-encoding for a query string value (everything but RFC 3986's unreserved characters),
+/// as the kit encodes the gateway's paths.
 pub(crate) fn enc(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
-            out.push(char::from(b));
-        } else {
-            let _ = write!(out, "%{b:02X}");
-        }
-    }
-    out
+    idemgate_kit::path_segment(s)
 }
 
 /// A query string of `pairs`, with those whose value is empty left out.

@@ -534,35 +534,45 @@ async fn acting_on_a_stale_page_says_what_happened_in_the_browsers_terms() {
         }
     };
 
-    // Resolved by somebody else at the fence this page showed, then run again by a retry.
-    let fence = fence_of("order-5").await;
-    let shown: u64 = fence.parse().unwrap();
-    let outcome = idemgate_kit::Payload::json_text("true")
-        .unwrap()
-        .into_resolution(idemgate::OutcomeKind::Success);
-    let keep = idemgate::Keep::of(
-        idemgate::KeyRule::Explicit,
-        r.engine.policies().get("charge"),
-    );
-    r.engine
-        .resolve(
-            &key("acme", "order-5"),
-            shown,
-            idemgate::Resolution::Completed { outcome, keep },
-            None,
-            None,
-        )
-        .await
-        .unwrap();
-    let res = post(
-        &r.app,
-        "/ui/resolve",
-        Some(&op),
-        &resolution(&csrf, "order-5", &fence),
-    )
+    // Another operator settles the record after this page showed it; this one then posts.
+    let settled_meanwhile = |k: &'static str, resolution_of: fn() -> idemgate::Resolution| {
+        let (app, op, csrf, engine) = (r.app.clone(), op.clone(), csrf.clone(), r.engine.clone());
+        let fence = fence_of(k);
+        async move {
+            let fence = fence.await;
+            engine
+                .resolve(
+                    &key("acme", k),
+                    fence.parse().unwrap(),
+                    resolution_of(),
+                    None,
+                    None,
+                )
+                .await
+                .unwrap();
+            let res = post(
+                &app,
+                "/ui/resolve",
+                Some(&op),
+                &resolution(&csrf, k, &fence),
+            )
+            .await;
+            (res.status(), text(res).await)
+        }
+    };
+
+    // Resolved as completed: it is no longer unknown at the fence this page showed.
+    let (status, page) = settled_meanwhile("order-5", || idemgate::Resolution::Completed {
+        outcome: idemgate_kit::Payload::json_text("true")
+            .unwrap()
+            .into_resolution(idemgate::OutcomeKind::Success),
+        keep: idemgate::Keep {
+            ttl: std::time::Duration::from_secs(60),
+            tombstone: std::time::Duration::from_secs(60),
+        },
+    })
     .await;
-    assert_eq!(res.status(), StatusCode::CONFLICT);
-    let page = text(res).await;
+    assert_eq!(status, StatusCode::CONFLICT);
     assert!(
         page.contains(r#"href="/ui/record?tenant=acme&amp;tool=charge&amp;key=order-5""#)
             && page.contains("Open the record as it is now"),
@@ -573,27 +583,9 @@ async fn acting_on_a_stale_page_says_what_happened_in_the_browsers_terms() {
         "{page}"
     );
 
-    // Released by somebody else.
-    let fence = fence_of("order-6").await;
-    r.engine
-        .resolve(
-            &key("acme", "order-6"),
-            fence.parse().unwrap(),
-            idemgate::Resolution::Release,
-            None,
-            None,
-        )
-        .await
-        .unwrap();
-    let res = post(
-        &r.app,
-        "/ui/resolve",
-        Some(&op),
-        &resolution(&csrf, "order-6", &fence),
-    )
-    .await;
-    assert_eq!(res.status(), StatusCode::NOT_FOUND);
-    let page = text(res).await;
+    // Released.
+    let (status, page) = settled_meanwhile("order-6", || idemgate::Resolution::Release).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
     assert!(!page.contains("No such record"), "{page}");
     assert!(
         page.contains("order-6") && page.contains("released"),

@@ -126,8 +126,9 @@ fn records_path(record: Option<&Key>, action: &str) -> String {
     }
 }
 
-/// `text` as one URL path segment: every byte but the unreserved ones (RFC 3986) encoded.
-fn path_segment(text: &str) -> String {
+/// `text` percent-encoded for one URL path segment or query value: every byte but RFC 3986's
+/// unreserved characters encoded.
+pub fn path_segment(text: &str) -> String {
     use std::fmt::Write as _;
     let mut out = String::with_capacity(text.len());
     for b in text.bytes() {

@@ -22,7 +22,7 @@ use idemgate_core::{Engine, Store};
 
 pub use audit::Audit;
 pub use codes::{exit, problem_type, VerdictCodes, PROBLEM_TYPE_BASE};
-pub use explain::{Door, Explanation, Next, Resolve, What, MODEL_REPEAT};
+pub use explain::{path_segment, Door, Explanation, Next, Resolve, What, MODEL_REPEAT};
 pub use limits::{LiveKeys, RateLimit};
 pub use log::Log;
 pub use metrics::Metrics;
