@@ -42,6 +42,16 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def exported(receiver: OtlpReceiver, service: str, tool: str, calls: int) -> list[dict[str, Any]]:
+    """The spans `service` exported, once its `calls` calls of `tool` have arrived."""
+    return of_service(
+        receiver.wait_for(
+            lambda s: [x["name"] for x in of_service(s, service)].count(f"execute_tool {tool}") == calls
+        ),
+        service,
+    )
+
+
 def start_gateway(
     binary: Path, tmp_path: Path, env: dict[str, str], upstream: str
 ) -> tuple[subprocess.Popen[bytes], str]:
@@ -116,12 +126,7 @@ def test_gateway_forwards_its_effect_span_to_the_upstream(
             )
             with urllib.request.urlopen(req, timeout=30) as res:
                 assert res.status == 200
-        spans = of_service(
-            receiver.wait_for(
-                lambda s: [x["name"] for x in of_service(s, service)].count("execute_tool charge") == 2
-            ),
-            service,
-        )
+        spans = exported(receiver, service, "charge", 2)
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -159,12 +164,7 @@ def test_gateway_marks_a_write_refused_for_want_of_a_key(
                 urllib.request.urlopen(req, timeout=30)
             assert refused.value.code == 400, refused.value.read()
             assert json.loads(refused.value.read())["type"].endswith("/key-required")
-        spans = of_service(
-            receiver.wait_for(
-                lambda s: [x["name"] for x in of_service(s, service)].count("execute_tool charge") == 2
-            ),
-            service,
-        )
+        spans = exported(receiver, service, "charge", 2)
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -253,12 +253,7 @@ def test_mcp_proxy_takes_and_hands_on_meta_trace_context(
                 },
             )
             assert "result" in answer, answer
-        spans = of_service(
-            receiver.wait_for(
-                lambda s: [x["name"] for x in of_service(s, service)].count("execute_tool count") == 2
-            ),
-            service,
-        )
+        spans = exported(receiver, service, "count", 2)
     finally:
         assert proc.stdin is not None
         proc.stdin.close()
@@ -349,10 +344,7 @@ def test_mcp_http_takes_the_traceparent_header(
             {**session, "idempotency-key": KEY, "traceparent": CALLER},
         )
         assert answer is not None and "result" in answer, answer
-        spans = of_service(
-            receiver.wait_for(lambda s: [x["name"] for x in of_service(s, service)].count("execute_tool count") == 1),
-            service,
-        )
+        spans = exported(receiver, service, "count", 1)
     finally:
         proc.terminate()
         proc.wait(timeout=30)
