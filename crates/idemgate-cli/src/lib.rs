@@ -158,12 +158,12 @@ pub(crate) fn error_text(e: &anyhow::Error) -> String {
 }
 
 /// How the command line names things in what it tells: a record by its key and tool, and
-/// `idemgate keys` with the arguments `resolve` to settle it.
+/// `idemgate keys` with the arguments `resolve` to settle it (a record of `exec`'s: a command's).
 pub(crate) fn door<'a>(record: &'a str, resolve: &'a str) -> Door<'a> {
     Door {
         effect: "the command",
         record,
-        resolve: Resolve::Command(resolve),
+        resolve: Resolve::Exec(resolve),
         repeat: "run it again with a new --key",
         add_key: "pass --key",
         discreet: false,

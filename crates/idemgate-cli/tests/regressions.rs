@@ -563,6 +563,30 @@ fn resolving_another_doors_record_needs_the_result_its_callers_get() {
     assert!(resolved.status.success(), "{}", text(&resolved.stderr));
     let replay = sb.run(&["exec", "--key", "cmd-1", "--", "sh", "-c", "kill -9 $$"]);
     assert_eq!(replay.status.code(), Some(0), "{}", text(&replay.stderr));
+    // A command `exec` ran under another tool is told to say its exit code, which resolves it.
+    let killed = [
+        "exec",
+        "--tool",
+        "deploy",
+        "--key",
+        "cmd-2",
+        "--",
+        "sh",
+        "-c",
+        "kill -9 $$",
+    ];
+    let unknown = sb.run(&killed);
+    assert_eq!(unknown.status.code(), Some(76), "{}", text(&unknown.stderr));
+    let said = text(&unknown.stderr);
+    let told = said
+        .split('`')
+        .find(|part| part.starts_with("idemgate keys resolve cmd-2"))
+        .unwrap_or_else(|| panic!("no resolve command in {said}"));
+    assert!(told.ends_with("--completed --exit-code 0"), "{said}");
+    let args: Vec<&str> = told.split_whitespace().skip(1).collect();
+    let resolved = sb.run(&args);
+    assert!(resolved.status.success(), "{}", text(&resolved.stderr));
+    assert_eq!(sb.run(&killed).status.code(), Some(0));
 }
 
 /// `exec --kye K -- CMD` got only the tip to pass `--kye` to the command after `--`: clap's

@@ -48,6 +48,9 @@ pub enum Resolve<'a> {
     /// The `idemgate keys` command line, with the arguments that name the record:
     /// "order-1 --tool charge --tenant acme" (`keys resolve`, `keys reopen`).
     Command(&'a str),
+    /// As [`Resolve::Command`], for a record `idemgate exec` made: a command's, whatever tool it
+    /// is under, so a completion is said with its exit code.
+    Exec(&'a str),
     /// The gateway's `POST /v1/tools/{tool}/records/{key}/resolve`.
     Http,
     /// The Python engine's `Engine.resolve`.
@@ -60,11 +63,15 @@ impl Resolve<'_> {
     /// The instruction for `record` at `fence`: how to say it happened, and that it did not.
     fn instruction(self, fence: Fence, record: Option<&Key>) -> String {
         let (did, did_not) = match self {
-            Resolve::Command(name) => {
-                // Another door's record replays its tool's result: `keys resolve` needs it.
-                let result = match record {
-                    Some(k) if k.tool.as_str() != crate::EXEC_TOOL => " --result JSON",
-                    _ => "",
+            Resolve::Command(name) | Resolve::Exec(name) => {
+                // `keys resolve --completed` stores a command's exit 0 only on a record of exec's
+                // own tool; a command under another tool says its exit code, and another door's
+                // record the result its callers get replayed.
+                let result = match (self, record) {
+                    (_, Some(k)) if k.tool.as_str() == crate::EXEC_TOOL => "",
+                    (_, None) => "",
+                    (Resolve::Exec(_), Some(_)) => " --exit-code 0",
+                    (_, Some(_)) => " --result JSON",
                 };
                 (
                     format!("`idemgate keys resolve {name} --fence {fence} --completed{result}`"),
@@ -96,7 +103,7 @@ impl Resolve<'_> {
     /// again.
     fn reopen(self, fence: Fence, record: Option<&Key>) -> String {
         match self {
-            Resolve::Command(record) => {
+            Resolve::Command(record) | Resolve::Exec(record) => {
                 format!("`idemgate keys reopen {record} --fence {fence} --reason \"…\"`")
             }
             Resolve::Http => format!(
@@ -775,6 +782,16 @@ mod tests {
         assert!(
             command.contains("--fence 3 --completed`") && !command.contains("--result"),
             "{command}"
+        );
+        // A command `exec` ran under another tool says its exit code.
+        let exec = Door {
+            resolve: Resolve::Exec("k --tool deploy --tenant a"),
+            ..CLI
+        };
+        let deploy = record("deploy").for_person(&exec);
+        assert!(
+            deploy.contains("--fence 3 --completed --exit-code 0`"),
+            "{deploy}"
         );
     }
 
