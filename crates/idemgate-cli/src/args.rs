@@ -149,8 +149,9 @@ its timeline from the audit log (--audit-log); resolve and reopen with a reason,
 audit log with who did it; per-tool charts from the audit log.
 
 One operator signs in, with the token in the environment variable named by --token-env
-(IDEMGATE_OPERATOR_TOKEN unless changed; at least 16 characters) and sees every tenant's records.
-It never starts without one. It listens on loopback unless told otherwise: put a TLS-terminating
+(IDEMGATE_OPERATOR_TOKEN unless changed; at least 16 characters) and sees every tenant's records;
+the audit log signs its actions console:operator (operators by name are configured for `idemgate
+serve`, in [[console.operators]]). It never starts without one. It listens on loopback unless told otherwise: put a TLS-terminating
 proxy in front (and pass --secure-cookie) before exposing it.
 
 Example:

@@ -189,7 +189,7 @@ fn login_page(console: &Console, status: StatusCode, error: &str) -> Response {
             r#"{error}<form method="post" action="/ui/login">
 <input type="hidden" name="csrf" value="{csrf}">
 <p><label for="token">Token</label><br><input id="token" name="token" type="password" autocomplete="current-password" required size="70"></p>
-<p class="hint">A tenant's bearer token shows that tenant's records; the operator's token shows every tenant's.</p>
+<p class="hint">A tenant's bearer token shows that tenant's records; an operator's token shows every tenant's.</p>
 <p><button type="submit">Sign in</button></p>
 </form>"#
         ),
@@ -363,7 +363,7 @@ async fn records(
         body,
         r#"<form method="get" action="/ui" class="filters" aria-label="Filter records">"#
     );
-    if s.role == Role::Operator {
+    if matches!(s.role, Role::Operator(_)) {
         let _ = write!(
             body,
             r#"<label for="f-tenant">Tenant</label> <input id="f-tenant" name="tenant" value="{}" size="12"> "#,
@@ -941,7 +941,7 @@ async fn charts(
         .map(|t| t.snapshot())
         .unwrap_or_default();
     let own: Option<TenantId> = match &s.role {
-        Role::Operator => None,
+        Role::Operator(_) => None,
         Role::Tenant(t) => Some(t.clone()),
     };
     let visible = |tenant: &str| own.as_ref().is_none_or(|t| t.as_str() == tenant);

@@ -21,8 +21,8 @@ const MAX_SESSIONS: usize = 10_000;
 /// Who is signed in.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Role {
-    /// Sees and acts on every tenant's records.
-    Operator,
+    /// Sees and acts on every tenant's records; signs what it does with its name.
+    Operator(String),
     /// Sees and acts on this tenant's records only.
     Tenant(TenantId),
 }
@@ -35,7 +35,7 @@ impl Role {
     pub(crate) fn scope(&self, asked: Option<&str>) -> Result<Option<TenantId>, ()> {
         match self {
             // A name no tenant can have names nothing: not every tenant.
-            Role::Operator => asked
+            Role::Operator(_) => asked
                 .filter(|t| !t.is_empty())
                 .map(|t| TenantId::new(t).map_err(|_| ()))
                 .transpose(),
@@ -46,10 +46,10 @@ impl Role {
         }
     }
 
-    /// Who did it, for the audit log.
-    pub(crate) fn by(&self) -> String {
+    /// Who did it, for the audit log: `console:<operator's name>` or `console:tenant:<id>`.
+    pub fn by(&self) -> String {
         match self {
-            Role::Operator => "console:operator".to_owned(),
+            Role::Operator(name) => format!("console:{name}"),
             Role::Tenant(t) => format!("console:tenant:{t}"),
         }
     }
@@ -57,7 +57,7 @@ impl Role {
     /// How the page names the signed-in user.
     pub(crate) fn label(&self) -> String {
         match self {
-            Role::Operator => "operator (all tenants)".to_owned(),
+            Role::Operator(name) => format!("operator {name} (all tenants)"),
             Role::Tenant(t) => format!("tenant {t}"),
         }
     }
@@ -169,21 +169,29 @@ mod tests {
     use super::*;
 
     #[test]
+    fn an_operator_signs_with_its_name() {
+        let alice = Role::Operator("alice@example.com".to_owned());
+        assert_eq!(alice.by(), "console:alice@example.com");
+        assert!(alice.label().contains("alice@example.com"));
+        assert_eq!(
+            Role::Tenant(TenantId::new("acme").unwrap()).by(),
+            "console:tenant:acme"
+        );
+    }
+
+    #[test]
     fn a_tenant_is_kept_to_its_own_records() {
+        let operator = Role::Operator("alice".to_owned());
         let acme = Role::Tenant(TenantId::new("acme").unwrap());
         assert_eq!(acme.scope(None).unwrap().unwrap().as_str(), "acme");
         assert_eq!(acme.scope(Some("")).unwrap().unwrap().as_str(), "acme");
         assert_eq!(acme.scope(Some("acme")).unwrap().unwrap().as_str(), "acme");
         assert!(acme.scope(Some("globex")).is_err());
-        assert_eq!(Role::Operator.scope(None).unwrap(), None);
-        assert_eq!(Role::Operator.scope(Some("")).unwrap(), None);
-        assert!(Role::Operator.scope(Some("no such/tenant")).is_err());
+        assert_eq!(operator.scope(None).unwrap(), None);
+        assert_eq!(operator.scope(Some("")).unwrap(), None);
+        assert!(operator.scope(Some("no such/tenant")).is_err());
         assert_eq!(
-            Role::Operator
-                .scope(Some("globex"))
-                .unwrap()
-                .unwrap()
-                .as_str(),
+            operator.scope(Some("globex")).unwrap().unwrap().as_str(),
             "globex"
         );
     }
@@ -191,7 +199,7 @@ mod tests {
     #[test]
     fn sessions_are_found_by_their_cookie_and_end_at_logout() {
         let sessions = Sessions::default();
-        let (id, s) = sessions.open(Role::Operator);
+        let (id, s) = sessions.open(Role::Operator("alice".to_owned()));
         assert_eq!(id.len(), 64);
         let mut headers = HeaderMap::new();
         headers.insert(

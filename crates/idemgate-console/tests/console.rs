@@ -10,7 +10,7 @@ use http_body_util::BodyExt as _;
 use idemgate::{
     AnyStore, Call, Effect, Engine, IdempotencyKey, Key, RecordState, TenantId, ToolName,
 };
-use idemgate_console::{Console, Settings};
+use idemgate_console::{Console, OperatorConfig, Settings};
 use idemgate_kit::tenants::{token_sha256, Tenant, TenantConfig};
 use idemgate_kit::Instruments;
 use tower::ServiceExt as _;
@@ -18,6 +18,9 @@ use tower::ServiceExt as _;
 const ACME: &str = "acme-token-0123456789";
 const GLOBEX: &str = "globex-token-0123456789";
 const OPERATOR: &str = "operator-token-0123456789";
+/// Operators by name, each with a token of its own.
+const ALICE: &str = "alice-token-0123456789";
+const BOB: &str = "bob-token-0123456789";
 
 struct Rig {
     app: Router,
@@ -46,7 +49,17 @@ async fn rig() -> Rig {
     let console = Console::new(Settings {
         engine: engine.clone(),
         tenants,
-        operator_token_sha256: Some(token_sha256(OPERATOR)),
+        operators: [
+            ("operator", OPERATOR),
+            ("alice@example.com", ALICE),
+            ("bob", BOB),
+        ]
+        .iter()
+        .map(|(name, token)| OperatorConfig {
+            name: (*name).to_owned(),
+            token_sha256: token_sha256(token),
+        })
+        .collect(),
         audit_log: Some(audit.clone()),
         tally: None,
         secure_cookie: false,
@@ -607,6 +620,67 @@ async fn acting_on_a_stale_page_says_what_happened_in_the_browsers_terms() {
 
 /// A browser asks for `/favicon.ico` whatever a page links: it gets the console's icon, which
 /// every page also names.
+#[tokio::test]
+async fn each_operator_signs_what_it_does_with_its_own_name() {
+    let r = rig().await;
+    unknown_record(&r.engine, "acme", "order-5").await;
+    unknown_record(&r.engine, "globex", "order-6").await;
+    let (alice, alice_csrf) = sign_in(&r.app, ALICE).await;
+    let (bob, bob_csrf) = sign_in(&r.app, BOB).await;
+    let list = text(get(&r.app, "/ui", Some(&alice)).await).await;
+    // An operator by name sees every tenant, and the page says who is signed in.
+    assert!(
+        list.contains("order-5") && list.contains("order-6"),
+        "{list}"
+    );
+    assert!(list.contains("alice@example.com"), "{list}");
+    for (cookie, csrf, tenant, k, reason) in [
+        (
+            &alice,
+            &alice_csrf,
+            "acme",
+            "order-5",
+            "alice checked the bank",
+        ),
+        (&bob, &bob_csrf, "globex", "order-6", "bob found no charge"),
+    ] {
+        let form = format!("/ui/resolve?tenant={tenant}&tool=charge&key={k}");
+        let fence = field(&text(get(&r.app, &form, Some(cookie)).await).await, "fence");
+        let res = post(
+            &r.app,
+            "/ui/resolve",
+            Some(cookie),
+            &[
+                ("csrf", csrf),
+                ("tenant", tenant),
+                ("tool", "charge"),
+                ("key", k),
+                ("fence", &fence),
+                ("resolution", "release"),
+                ("reason", reason),
+            ],
+        )
+        .await;
+        assert_eq!(res.status(), StatusCode::OK, "{}", text(res).await);
+    }
+    let audit = std::fs::read_to_string(&r.audit).unwrap();
+    let by_of = |reason: &str| {
+        let line = audit
+            .lines()
+            .find(|l| l.contains(r#""event":"resolved""#) && l.contains(reason))
+            .unwrap_or_else(|| panic!("no resolution {reason:?} in {audit}"));
+        serde_json::from_str::<serde_json::Value>(line).unwrap()["by"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    assert_eq!(by_of("alice checked the bank"), "console:alice@example.com");
+    assert_eq!(by_of("bob found no charge"), "console:bob");
+    // A session's CSRF token is its own: bob's does not carry alice's session.
+    let res = post(&r.app, "/ui/logout", Some(&alice), &[("csrf", &bob_csrf)]).await;
+    assert_eq!(res.status(), StatusCode::FORBIDDEN);
+}
+
 #[tokio::test]
 async fn the_favicon_is_served() {
     let r = rig().await;
