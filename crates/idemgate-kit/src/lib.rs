@@ -5,6 +5,8 @@ pub mod codes;
 pub mod explain;
 pub mod header;
 pub mod identity;
+#[cfg(feature = "jose")]
+pub mod jose;
 pub mod leases;
 pub mod limits;
 pub mod log;
