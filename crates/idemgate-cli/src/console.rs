@@ -41,6 +41,7 @@ pub(crate) async fn run(cli: &Cli, args: &ConsoleArgs) -> Result<u8> {
             name: idemgate_console::DEFAULT_OPERATOR.to_owned(),
             token_sha256: idemgate_http::token_sha256(&token),
         }],
+        oidc: None,
         audit_log: args.audit_log.clone(),
         // This process serves no calls: it has no refusals to count.
         tally: None,

@@ -52,6 +52,34 @@ pub(crate) fn page(
     header: Option<Header<'_>>,
     body: &str,
 ) -> Response {
+    page_with_head(status, title, header, body, "")
+}
+
+/// A page that sends the browser on to `location` (same-site) as soon as it is shown: after a
+/// sign-in that came back from another site, where a redirect would still count as that site's
+/// navigation and the browser would hold back the new `SameSite=Strict` session cookie.
+pub(crate) fn page_moving_on(
+    status: StatusCode,
+    title: &str,
+    header: Option<Header<'_>>,
+    body: &str,
+    location: &str,
+) -> Response {
+    let head = format!(
+        r#"<meta http-equiv="refresh" content="0; url={}">
+"#,
+        esc(location)
+    );
+    page_with_head(status, title, header, body, &head)
+}
+
+fn page_with_head(
+    status: StatusCode,
+    title: &str,
+    header: Option<Header<'_>>,
+    body: &str,
+    head: &str,
+) -> Response {
     let nav = match header {
         Some(h) => format!(
             r#"<nav aria-label="Console"><a href="/ui">Records</a> <a href="/ui/charts">Charts</a>
@@ -72,7 +100,7 @@ pub(crate) fn page(
 <link rel="icon" type="image/svg+xml" href="/ui/assets/favicon.svg">
 <link rel="stylesheet" href="/ui/assets/console.css">
 <script src="/ui/assets/console.js" defer></script>
-</head>
+{head}</head>
 <body>
 <header><p class="brand">idemgate console</p>{nav}</header>
 <main>

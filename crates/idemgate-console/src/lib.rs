@@ -3,6 +3,7 @@
 mod audit;
 mod chart;
 mod html;
+pub mod oidc;
 pub mod operators;
 mod pages;
 mod session;
@@ -17,6 +18,7 @@ use idemgate::{AnyStore, Engine};
 use idemgate_kit::tenants::Tenant;
 use serde::Deserialize;
 
+pub use oidc::OidcConfig;
 pub use operators::{OperatorConfig, DEFAULT_OPERATOR};
 pub use session::Role;
 pub use tally::Tally;
@@ -36,6 +38,9 @@ pub struct ConsoleConfig {
     /// signs what each does `console:<name>`. Without these and `operator_token_sha256` only
     /// tenants sign in.
     pub operators: Vec<OperatorConfig>,
+    /// `[console.oidc]`: operators sign in at an OpenID Connect provider, named by a claim of
+    /// their ID token.
+    pub oidc: Option<OidcConfig>,
     /// Mark the session cookie `Secure`: set it when the console is reached over HTTPS (a
     /// TLS-terminating proxy in front of the gateway), so the browser never sends it in clear.
     pub secure_cookie: bool,
@@ -64,6 +69,9 @@ impl ConsoleConfig {
     /// The field at fault and what is wrong with it.
     pub fn validate(&self, tenant_hashes: &[&str]) -> Result<(), (String, String)> {
         operators::validate(&self.operators, tenant_hashes, "console.operators")?;
+        if let Some(oidc) = &self.oidc {
+            oidc.validate()?;
+        }
         if let Some(h) = &self.operator_token_sha256 {
             let single = [OperatorConfig {
                 name: DEFAULT_OPERATOR.to_owned(),
@@ -91,6 +99,7 @@ struct Inner {
     engine: Arc<Engine<AnyStore>>,
     tenants: Vec<Arc<Tenant>>,
     operators: operators::Operators,
+    oidc: Option<oidc::Oidc>,
     audit_log: Option<PathBuf>,
     tally: Option<Arc<Tally>>,
     secure_cookie: bool,
@@ -116,6 +125,8 @@ pub struct Settings {
     pub tenants: Vec<Arc<Tenant>>,
     /// The operators who sign in with tokens, each by name ([`ConsoleConfig::token_operators`]).
     pub operators: Vec<OperatorConfig>,
+    /// The OpenID Connect provider operators may sign in at.
+    pub oidc: Option<OidcConfig>,
     /// The audit log the engine writes, read for timelines and charts.
     pub audit_log: Option<PathBuf>,
     /// The in-process count of refused calls, when this process serves calls.
@@ -133,10 +144,15 @@ impl Console {
         operators::validate(&settings.operators, &[], "console.operators")
             .map_err(|(field, why)| format!("{field}: {why}"))?;
         let operators = operators::Operators::new(&settings.operators);
+        if let Some(c) = &settings.oidc {
+            c.validate()
+                .map_err(|(field, why)| format!("{field}: {why}"))?;
+        }
         Ok(Console(Arc::new(Inner {
             engine: settings.engine,
             tenants: settings.tenants,
             operators,
+            oidc: settings.oidc.map(oidc::Oidc::new),
             audit_log: settings.audit_log,
             tally: settings.tally,
             secure_cookie: settings.secure_cookie,

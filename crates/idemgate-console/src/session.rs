@@ -15,6 +15,8 @@ pub(crate) const COOKIE: &str = "idemgate_console";
 /// The cookie that carries the sign-in form's CSRF token (double submit: there is no session
 /// yet to hold it).
 pub(crate) const LOGIN_COOKIE: &str = "idemgate_console_login";
+/// The cookie that binds an OpenID Connect sign-in's `state` to the browser that started it.
+pub(crate) const OIDC_COOKIE: &str = "idemgate_console_oidc";
 /// Sessions one process keeps at most; the oldest go first when a sign-in would pass it.
 const MAX_SESSIONS: usize = 10_000;
 
@@ -160,6 +162,14 @@ pub(crate) fn set_cookie(name: &str, value: &str, max_age: u64, secure: bool) ->
         "{name}={value}; Path=/ui; Max-Age={max_age}; HttpOnly; SameSite=Strict{}",
         if secure { "; Secure" } else { "" }
     )
+}
+
+/// As [`set_cookie`], but `SameSite=Lax`: for the cookie of an OpenID Connect sign-in, which
+/// must come back with the issuer's redirect to the callback, a top-level navigation from
+/// another site that a `Strict` cookie would not be sent with. It only names a pending sign-in
+/// (no session), and the callback is a GET that changes nothing but that sign-in.
+pub(crate) fn set_lax_cookie(name: &str, value: &str, max_age: u64, secure: bool) -> String {
+    set_cookie(name, value, max_age, secure).replace("SameSite=Strict", "SameSite=Lax")
 }
 
 #[cfg(test)]

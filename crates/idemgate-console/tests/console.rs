@@ -60,6 +60,7 @@ async fn rig() -> Rig {
             token_sha256: token_sha256(token),
         })
         .collect(),
+        oidc: None,
         audit_log: Some(audit.clone()),
         tally: None,
         secure_cookie: false,

@@ -387,6 +387,28 @@ ttl = "1h"
     }
 
     #[test]
+    fn the_oidc_section_is_checked_at_start() {
+        let tenant = format!("[[tenants]]\nid = \"a\"\ntoken_sha256 = \"{HASH}\"\n");
+        let oidc = "[console.oidc]\nissuer = \"https://login.example.com\"\nclient_id = \"console\"\nredirect_url = \"https://idemgate.example.com/ui/oidc/callback\"\n";
+        let c = Config::parse(&format!(
+            "{tenant}{oidc}allowed_emails = [\"alice@example.com\"]\n"
+        ))
+        .unwrap();
+        assert_eq!(c.console.oidc.unwrap().client_id, "console");
+        // Nobody allowed is a mistake, said at start rather than at every sign-in.
+        let e = Config::parse(&format!("{tenant}{oidc}"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("console.oidc.allowed_emails"), "{e}");
+        let e = Config::parse(&format!(
+            "{tenant}{oidc}allowed_subjects = [\"x\"]\nclient_sercet = \"s\"\n"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("client_sercet"), "{e}");
+    }
+
+    #[test]
     fn operators_have_names_and_tokens_of_their_own() {
         let tenant = format!("[[tenants]]\nid = \"a\"\ntoken_sha256 = \"{HASH}\"\n");
         let (one, two) = ("1".repeat(64), "2".repeat(64));

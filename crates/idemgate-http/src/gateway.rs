@@ -134,6 +134,7 @@ impl Gateway {
                 engine: engine.clone(),
                 tenants: tenants.clone(),
                 operators: config.console.token_operators(),
+                oidc: config.console.oidc.clone(),
                 audit_log: config.server.audit_log.clone(),
                 tally: Some(tally),
                 secure_cookie: config.console.secure_cookie,
