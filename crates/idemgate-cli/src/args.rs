@@ -113,6 +113,11 @@ Without --config the gateway listens on 127.0.0.1:8080 (or --listen) with one te
 unauthenticated mode. Every tool is a coordinated write with the default policy; forwarded tools
 need a config file.
 
+The web console at /ui (docs/OPERATIONS.md) signs in tenants with their tokens, and operators (who
+see every tenant) by name: [[console.operators]] gives each a name and a token of their own, and
+[console.oidc] lets them sign in at an OpenID Connect provider; the audit log signs each console
+action console:<name>. Both need a config file.
+
 Logs are JSON lines on stderr, filtered by IDEMGATE_LOG (default info). SIGTERM or Ctrl-C stops
 accepting, lets in-flight requests finish, flushes the journal and exits 0.";
 
