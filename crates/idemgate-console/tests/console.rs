@@ -10,7 +10,7 @@ use http_body_util::BodyExt as _;
 use idemgate::{
     AnyStore, Call, Effect, Engine, IdempotencyKey, Key, RecordState, TenantId, ToolName,
 };
-use idemgate_console::{Console, OperatorConfig, Settings};
+use idemgate_console::{Console, OidcConfig, OperatorConfig, Settings};
 use idemgate_kit::tenants::{token_sha256, Tenant, TenantConfig};
 use idemgate_kit::Instruments;
 use tower::ServiceExt as _;
@@ -30,6 +30,10 @@ struct Rig {
 }
 
 async fn rig() -> Rig {
+    rig_with_oidc(None).await
+}
+
+async fn rig_with_oidc(oidc: Option<OidcConfig>) -> Rig {
     let dir = tempfile::tempdir().unwrap();
     let audit = dir.path().join("audit.jsonl");
     let store = AnyStore::connect("memory:").await.unwrap();
@@ -60,7 +64,7 @@ async fn rig() -> Rig {
             token_sha256: token_sha256(token),
         })
         .collect(),
-        oidc: None,
+        oidc,
         audit_log: Some(audit.clone()),
         tally: None,
         secure_cookie: false,
@@ -680,6 +684,50 @@ async fn each_operator_signs_what_it_does_with_its_own_name() {
     // A session's CSRF token is its own: bob's does not carry alice's session.
     let res = post(&r.app, "/ui/logout", Some(&alice), &[("csrf", &bob_csrf)]).await;
     assert_eq!(res.status(), StatusCode::FORBIDDEN);
+}
+
+#[tokio::test]
+async fn oidc_sign_in_is_offered_when_configured_and_finishes_only_what_this_browser_started() {
+    let r = rig().await;
+    let page = text(get(&r.app, "/ui/login", None).await).await;
+    assert!(!page.contains("/ui/login/oidc"), "{page}");
+    assert_eq!(
+        get(&r.app, "/ui/login/oidc", None).await.status(),
+        StatusCode::NOT_FOUND
+    );
+
+    // An issuer nothing listens at (port 1 on loopback refuses at once).
+    let oidc: OidcConfig = toml::from_str(
+        r#"
+issuer = "http://127.0.0.1:1"
+client_id = "console"
+redirect_url = "http://127.0.0.1:8080/ui/oidc/callback"
+allowed_emails = ["alice@example.com"]
+"#,
+    )
+    .unwrap();
+    let r = rig_with_oidc(Some(oidc)).await;
+    let page = text(get(&r.app, "/ui/login", None).await).await;
+    assert!(
+        page.contains(r#"href="/ui/login/oidc""#) && page.contains("Sign in at 127.0.0.1"),
+        "{page}"
+    );
+    // The provider cannot be reached: a page that says so, and no sign-in started.
+    let res = get(&r.app, "/ui/login/oidc", None).await;
+    assert_eq!(res.status(), StatusCode::BAD_GATEWAY);
+    assert!(set_cookies(&res).is_empty());
+    assert!(text(res).await.contains("could not be reached"));
+    // A callback for no sign-in of this browser: refused, and no session.
+    for cookie in [None, Some("idemgate_console_oidc=made-up-state")] {
+        let res = get(
+            &r.app,
+            "/ui/oidc/callback?code=c&state=made-up-state",
+            cookie,
+        )
+        .await;
+        assert_eq!(res.status(), StatusCode::BAD_REQUEST);
+        assert!(set_cookies(&res).is_empty());
+    }
 }
 
 #[tokio::test]
