@@ -186,10 +186,11 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// The provider, started with the console's client; its issuer URL.
-fn start_provider(redirect_uri: &str) -> (Reaped, String) {
+/// The provider, started with the console's client (public without a secret); its process and
+/// issuer URL.
+fn start_provider(redirect_uri: &str, client_secret: Option<&str>) -> (Reaped, String) {
     let client = json!({
-        "client_id": CLIENT_ID, "client_secret": CLIENT_SECRET, "redirect_uri": redirect_uri,
+        "client_id": CLIENT_ID, "client_secret": client_secret, "redirect_uri": redirect_uri,
     });
     let mut child = Reaped(
         Command::new(provider_python())
@@ -265,15 +266,27 @@ fn unknown_record(gateway: &str, key: &str) {
     assert_eq!(unknown.status, 200, "{}", unknown.body);
 }
 
-#[test]
-fn console_oidc_sign_in_names_the_operator_in_the_audit_log() {
-    let sb = Sandbox::new();
+/// A gateway whose console lets operators sign in at a provider started for it: the gateway's
+/// process, its address, the provider's process and issuer. `client_secret` None: a public
+/// client. `oidc` is added to `[console.oidc]`.
+struct Rig {
+    gateway: String,
+    issuer: String,
+    audit: PathBuf,
+    _gateway: Reaped,
+    _provider: Reaped,
+}
+
+fn rig(sb: &Sandbox, client_secret: Option<&str>, oidc: &str) -> Rig {
     let port = free_port();
     let gateway = format!("127.0.0.1:{port}");
     let redirect = format!("http://{gateway}/ui/oidc/callback");
-    let (_provider, issuer) = start_provider(&redirect);
+    let (provider, issuer) = start_provider(&redirect, client_secret);
     let audit = sb.path("audit.jsonl");
     let config = sb.path("gateway.toml");
+    let secret = client_secret
+        .map(|s| format!("client_secret = \"{s}\"\n"))
+        .unwrap_or_default();
     std::fs::write(
         &config,
         format!(
@@ -290,9 +303,8 @@ token_sha256 = "{tenant}"
 [console.oidc]
 issuer = "{issuer}"
 client_id = "{CLIENT_ID}"
-client_secret = "{CLIENT_SECRET}"
 redirect_url = "{redirect}"
-allowed_emails = ["alice@example.com"]
+{secret}{oidc}
 "#,
             db = sb.path("idem.db").display(),
             audit = audit.display(),
@@ -313,12 +325,41 @@ allowed_emails = ["alice@example.com"]
         announced(&mut child.0, "idemgate: listening on http://"),
         gateway
     );
-    unknown_record(&gateway, "order-7");
+    Rig {
+        gateway,
+        issuer,
+        audit,
+        _gateway: child,
+        _provider: provider,
+    }
+}
+
+/// What the provider counted: code exchanges, and the reasons of what it refused.
+fn provider_stats(issuer: &str) -> Value {
+    let (addr, _) = split_url(issuer);
+    let stats = Answer::parse(&http(
+        &addr,
+        &format!("GET /stats HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"),
+    ));
+    serde_json::from_str(&stats.body).unwrap()
+}
+
+#[test]
+fn console_oidc_sign_in_names_the_operator_in_the_audit_log() {
+    let sb = Sandbox::new();
+    let rig = rig(
+        &sb,
+        Some(CLIENT_SECRET),
+        r#"allowed_emails = ["alice@example.com"]"#,
+    );
+    let (gateway, issuer, audit) = (&rig.gateway, &rig.issuer, &rig.audit);
+    let redirect = format!("http://{gateway}/ui/oidc/callback");
+    unknown_record(gateway, "order-7");
     let ui = |path: &str| format!("http://{gateway}{path}");
 
     // Alice, whose verified e-mail address is allowed, signs in at the provider.
     provider_user(
-        &issuer,
+        issuer,
         &json!({"sub": "u-alice", "email": "alice@example.com", "email_verified": true,
                 "preferred_username": "alice"}),
     );
@@ -365,14 +406,14 @@ allowed_emails = ["alice@example.com"]
         "{}",
         signed_in.body
     );
-    assert!(alice.cookie(&gateway, "idemgate_console").is_some());
-    assert!(alice.cookie(&gateway, "idemgate_console_oidc").is_none());
+    assert!(alice.cookie(gateway, "idemgate_console").is_some());
+    assert!(alice.cookie(gateway, "idemgate_console_oidc").is_none());
     // The same answer again: the sign-in was taken once.
     let mut replay = Browser {
         jar: alice.jar.clone(),
         visited: Vec::new(),
     };
-    replay.jar.get_mut(&gateway).unwrap().insert(
+    replay.jar.get_mut(gateway).unwrap().insert(
         "idemgate_console_oidc".to_owned(),
         form_value_of_state(&callback),
     );
@@ -397,7 +438,7 @@ allowed_emails = ["alice@example.com"]
         )),
     );
     assert_eq!(resolved.status, 200, "{}", resolved.body);
-    let log = std::fs::read_to_string(&audit).unwrap();
+    let log = std::fs::read_to_string(audit).unwrap();
     let line: Value = log
         .lines()
         .map(|l| serde_json::from_str::<Value>(l).unwrap())
@@ -409,7 +450,7 @@ allowed_emails = ["alice@example.com"]
     // Mallory, whom the provider knows but the console does not allow: a 403 page saying so, and
     // no session.
     provider_user(
-        &issuer,
+        issuer,
         &json!({"sub": "u-mallory", "email": "mallory@example.com", "email_verified": true}),
     );
     let mut mallory = Browser::default();
@@ -421,7 +462,7 @@ allowed_emails = ["alice@example.com"]
         "{}",
         refused.body
     );
-    assert!(mallory.cookie(&gateway, "idemgate_console").is_none());
+    assert!(mallory.cookie(gateway, "idemgate_console").is_none());
     assert_eq!(mallory.navigate(&ui("/ui")).status, 200);
     assert!(
         mallory.visited.last().unwrap().ends_with("/ui/login"),
@@ -431,13 +472,53 @@ allowed_emails = ["alice@example.com"]
     // The provider exchanged a code twice (alice, mallory), refusing nothing: the console's
     // client secret, redirect URI and PKCE verifier were right each time, and the stranger's and
     // the replayed callbacks never reached it.
-    let (addr, _) = split_url(&issuer);
-    let stats = Answer::parse(&http(
-        &addr,
-        &format!("GET /stats HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"),
-    ));
-    let stats: Value = serde_json::from_str(&stats.body).unwrap();
-    assert_eq!(stats, json!({"token_exchanges": 2, "refused": []}));
+    assert_eq!(
+        provider_stats(issuer),
+        json!({"token_exchanges": 2, "refused": []})
+    );
+}
+
+#[test]
+fn console_oidc_public_client_signs_in_a_group_member_by_username() {
+    let sb = Sandbox::new();
+    let rig = rig(
+        &sb,
+        None,
+        "allowed_claim = \"groups\"\nallowed_values = [\"idemgate-operators\"]\nname_claim = \"preferred_username\"",
+    );
+    let ui = |path: &str| format!("http://{}{path}", rig.gateway);
+    // Bob has no verified e-mail address; his group lets him in, his username names him.
+    provider_user(
+        &rig.issuer,
+        &json!({"sub": "u-bob", "preferred_username": "bob",
+                "groups": ["dev", "idemgate-operators"]}),
+    );
+    let mut bob = Browser::default();
+    let signed_in = bob.navigate(&ui("/ui/login/oidc"));
+    assert_eq!(signed_in.status, 200, "{}", signed_in.body);
+    let list = bob.navigate(&ui("/ui"));
+    assert!(
+        list.body.contains("operator bob (all tenants)"),
+        "{}",
+        list.body
+    );
+    // Carol is in another group only.
+    provider_user(
+        &rig.issuer,
+        &json!({"sub": "u-carol", "preferred_username": "carol", "groups": ["dev"]}),
+    );
+    let refused = Browser::default().navigate(&ui("/ui/login/oidc"));
+    assert_eq!(refused.status, 403, "{}", refused.body);
+    assert!(
+        refused.body.contains("carol") && refused.body.contains("groups"),
+        "{}",
+        refused.body
+    );
+    // Public client: the code was exchanged with the verifier and the client id alone.
+    assert_eq!(
+        provider_stats(&rig.issuer),
+        json!({"token_exchanges": 2, "refused": []})
+    );
 }
 
 /// The `state` of a callback URL.
