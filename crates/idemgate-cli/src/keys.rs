@@ -5,7 +5,7 @@ use idemgate::{
     EngineError, Keep, Key, ListFilter, OutcomeKind, Record, RecordState, Resolution, State,
     Store as _, ToolName,
 };
-use idemgate_kit::Payload;
+use idemgate_kit::{Payload, EXEC_TOOL};
 
 use crate::args::{KeysCommand, ReopenArgs, ResolveArgs};
 use crate::{exit, out, Context};
@@ -88,7 +88,12 @@ pub(crate) async fn run(ctx: &Context, cmd: &KeysCommand) -> Result<u8> {
             if ctx.json {
                 out::line(format_args!("{}", serde_json::json!({ "purged": n })));
             } else {
-                out::line(format_args!("purged {n} expired record(s)"));
+                // A reopened record's time is up at once, so it goes with the expired ones; the
+                // store's count does not tell them apart, and calling them all expired told an
+                // operator who had only reopened records that something had expired.
+                out::line(format_args!(
+                    "purged {n} record(s) whose time is up: expired past their tombstone, or reopened"
+                ));
             }
             Ok(0)
         }
@@ -175,23 +180,35 @@ async fn resolve(ctx: &Context, args: &ResolveArgs) -> Result<u8> {
     let key = record.key.clone();
     let fence = args.fence.unwrap_or(record.fence);
     let resolution = if args.completed {
-        let (payload, kind) = match &args.result {
-            Some(json) => (
+        let (payload, kind) = match (&args.result, args.exit_code, &args.stdout) {
+            (Some(json), _, _) => (
                 Payload::json_text(json).context("invalid --result")?,
                 OutcomeKind::Success,
             ),
-            None => (
-                Payload::Command {
-                    exit_code: args.exit_code,
-                    stdout: args.stdout.clone().into_bytes(),
-                    stderr: Vec::new(),
-                },
-                if args.exit_code == 0 {
-                    OutcomeKind::Success
-                } else {
-                    OutcomeKind::Failed
-                },
-            ),
+            // A command's outcome replayed to an HTTP or MCP caller is an exit code where it
+            // expects its tool's result: only a record of `exec`'s own tool gets one unasked.
+            (None, None, None) if key.tool.as_str() != EXEC_TOOL => {
+                eprintln!(
+                    "idemgate: {} (tool {}, tenant {}) is not a record of `idemgate exec` (tool {EXEC_TOOL}), so nothing was resolved: say what the action returned with --result JSON (the result its callers get replayed, as the HTTP gateway, the MCP proxy and the packages replay it), or, if `idemgate exec --tool {}` made it, its command's outcome with --exit-code N [--stdout TEXT]",
+                    key.key, key.tool, key.tenant, key.tool
+                );
+                return Ok(exit::USAGE);
+            }
+            (None, exit_code, stdout) => {
+                let exit_code = exit_code.unwrap_or(0);
+                (
+                    Payload::Command {
+                        exit_code,
+                        stdout: stdout.clone().unwrap_or_default().into_bytes(),
+                        stderr: Vec::new(),
+                    },
+                    if exit_code == 0 {
+                        OutcomeKind::Success
+                    } else {
+                        OutcomeKind::Failed
+                    },
+                )
+            }
         };
         Resolution::Completed {
             // Marked, so that replays say an operator resolved it then, not that it ran then.
@@ -294,6 +311,16 @@ async fn reopen(ctx: &Context, args: &ReopenArgs) -> Result<u8> {
     }
 }
 
+/// What `keys resolve --completed` needs besides for `r`: nothing for a command's record (exit 0
+/// unless told), the result its callers get for any other door's.
+fn completed_needs(r: &Record) -> &'static str {
+    if r.key.tool.as_str() == EXEC_TOOL {
+        ""
+    } else {
+        " --result JSON"
+    }
+}
+
 fn detail(r: &Record) -> String {
     match &r.state {
         RecordState::InFlight { lease_until } => format!("lease until {lease_until}"),
@@ -320,8 +347,12 @@ fn detail(r: &Record) -> String {
             )
         }
         RecordState::Unknown { since } => format!(
-            "since {since}: idemgate keys resolve {} --tool {} --tenant {} --fence {} (--completed | --release)",
-            r.key.key, r.key.tool, r.key.tenant, r.fence
+            "since {since}: idemgate keys resolve {} --tool {} --tenant {} --fence {} (--completed{} | --release)",
+            r.key.key,
+            r.key.tool,
+            r.key.tenant,
+            r.fence,
+            completed_needs(r)
         ),
         RecordState::Expired {
             completed_at,
@@ -350,8 +381,12 @@ fn print_record(r: &Record) {
         }
         RecordState::Unknown { since } => {
             out::line(format_args!("unknown since: {since}"));
+            let completed = match completed_needs(r) {
+                "" => " [--exit-code N | --result JSON]",
+                needs => needs,
+            };
             out::line(format_args!(
-                "resolve with: idemgate keys resolve {} --tool {} --tenant {} --fence {} (--completed [--exit-code N | --result JSON] | --release)",
+                "resolve with: idemgate keys resolve {} --tool {} --tenant {} --fence {} (--completed{completed} | --release)",
                 r.key.key, r.key.tool, r.key.tenant, r.fence
             ));
         }

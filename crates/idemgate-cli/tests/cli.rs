@@ -36,6 +36,7 @@ impl Sandbox {
             )
             .env_remove("IDEMGATE_TENANT")
             .env_remove("IDEMGATE_JOURNAL")
+            .env_remove("IDEMGATE_AUDIT_LOG")
             .stdin(Stdio::null());
         c
     }

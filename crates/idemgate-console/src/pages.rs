@@ -25,6 +25,7 @@ use crate::{audit, chart, Console};
 /// The script and stylesheet, embedded: the console needs nothing from the network.
 const SCRIPT: &str = include_str!("../assets/console.js");
 const STYLE: &str = include_str!("../assets/console.css");
+const ICON: &str = include_str!("../assets/favicon.svg");
 
 /// Most records one list shows.
 const MAX_LIST: usize = 500;
@@ -35,12 +36,22 @@ pub(crate) fn routes() -> Router<Console> {
         .route("/ui/", get(records))
         .route("/ui/login", get(login_form).post(login))
         .route("/ui/logout", post(logout))
+        .route("/ui/login/oidc", get(oidc_start))
+        .route(crate::oidc::CALLBACK_PATH, get(oidc_callback))
         .route("/ui/record", get(record))
         .route("/ui/resolve", get(resolve_form).post(resolve))
         .route("/ui/reopen", get(reopen_form).post(reopen))
         .route("/ui/charts", get(charts))
         .route("/ui/assets/console.js", get(script))
         .route("/ui/assets/console.css", get(style))
+        .route("/ui/assets/favicon.svg", get(icon))
+        // Browsers ask for it at the root whatever the page says (a bookmark, the history, a
+        // tab restored): answered with the icon rather than a 404 in every console session.
+        .route("/favicon.ico", get(icon))
+}
+
+async fn icon() -> Response {
+    html::with_headers(StatusCode::OK, "image/svg+xml", ICON.as_bytes().to_vec())
 }
 
 async fn script() -> Response {
@@ -120,6 +131,12 @@ fn engine_error(s: &Session, e: &EngineError) -> Response {
     if let EngineError::NotFound { .. } = e {
         return not_found(s);
     }
+    explained_error(s, e, r#"<a href="/ui">Back to the records</a>"#)
+}
+
+/// As [`engine_error`], with `next` (HTML: what the operator can do in the console) after the
+/// kit's words.
+fn explained_error(s: &Session, e: &EngineError, next: &str) -> Response {
     let explanation = Explanation::of_error(e);
     let (record, resolve) = match &explanation.key {
         Some(k) => (
@@ -142,10 +159,7 @@ fn engine_error(s: &Session, e: &EngineError) -> Response {
         status,
         problem.title(),
         Some(header_of(s)),
-        &format!(
-            r#"<p>{}</p><p><a href="/ui">Back to the records</a></p>"#,
-            esc(&problem.detail)
-        ),
+        &format!(r#"<p>{}</p><p>{next}</p>"#, esc(&problem.detail)),
     )
 }
 
@@ -177,9 +191,17 @@ fn login_page(console: &Console, status: StatusCode, error: &str) -> Response {
             r#"{error}<form method="post" action="/ui/login">
 <input type="hidden" name="csrf" value="{csrf}">
 <p><label for="token">Token</label><br><input id="token" name="token" type="password" autocomplete="current-password" required size="70"></p>
-<p class="hint">A tenant's bearer token shows that tenant's records; the operator's token shows every tenant's.</p>
+<p class="hint">A tenant's bearer token shows that tenant's records; an operator's token shows every tenant's.</p>
 <p><button type="submit">Sign in</button></p>
-</form>"#
+</form>{oidc}"#,
+            oidc = match &console.0.oidc {
+                Some(o) => format!(
+                    r#"<p class="oidc"><a class="button" href="/ui/login/oidc">Sign in at {}</a></p>
+<p class="hint">Operators may sign in at the identity provider instead of with a token.</p>"#,
+                    esc(&issuer_host(&o.config.issuer))
+                ),
+                None => String::new(),
+            }
         ),
     );
     if let Ok(v) = HeaderValue::from_str(&session::set_cookie(
@@ -225,10 +247,23 @@ async fn login(
             "That token is not valid here.",
         );
     };
+    signed_in(&console, role, see_other("/ui"))
+}
+
+/// The issuer as the sign-in button names it: its host.
+fn issuer_host(issuer: &str) -> String {
+    reqwest::Url::parse(issuer)
+        .ok()
+        .and_then(|u| u.host_str().map(str::to_owned))
+        .unwrap_or_else(|| issuer.to_owned())
+}
+
+/// Opens a session for `role` and answers with its cookie set, by `then` (a response without
+/// cookies yet); clears the cookies of the sign-in forms.
+fn signed_in(console: &Console, role: Role, mut res: Response) -> Response {
     tracing::info!(who = %role.by(), "console sign-in");
     let (id, _) = console.0.sessions.open(role);
     let secure = console.0.secure_cookie;
-    let mut res = see_other("/ui");
     for c in [
         session::set_cookie(
             session::COOKIE,
@@ -237,12 +272,158 @@ async fn login(
             secure,
         ),
         session::set_cookie(session::LOGIN_COOKIE, "", 0, secure),
+        session::set_lax_cookie(session::OIDC_COOKIE, "", 0, secure),
     ] {
         if let Ok(v) = HeaderValue::from_str(&c) {
             res.headers_mut().append(header::SET_COOKIE, v);
         }
     }
     res
+}
+
+/// Starts an OpenID Connect sign-in: the browser goes to the issuer, with the sign-in's state
+/// bound to it in a cookie.
+async fn oidc_start(State(console): State<Console>) -> Response {
+    let Some(oidc) = &console.0.oidc else {
+        return login_page(
+            &console,
+            StatusCode::NOT_FOUND,
+            "Sign-in at an identity provider is not configured here; sign in with a token.",
+        );
+    };
+    match oidc.start().await {
+        Ok((location, state)) => {
+            let mut res = see_other(&location);
+            if let Ok(v) = HeaderValue::from_str(&session::set_lax_cookie(
+                session::OIDC_COOKIE,
+                &state,
+                600,
+                console.0.secure_cookie,
+            )) {
+                res.headers_mut().append(header::SET_COOKIE, v);
+            }
+            res
+        }
+        Err(e) => oidc_failure(&e),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct Callback {
+    code: Option<String>,
+    state: Option<String>,
+    error: Option<String>,
+    error_description: Option<String>,
+}
+
+/// The issuer's answer: a code to exchange for an ID token, or an error.
+async fn oidc_callback(
+    State(console): State<Console>,
+    headers: HeaderMap,
+    Query(q): Query<Callback>,
+) -> Response {
+    let Some(oidc) = &console.0.oidc else {
+        return see_other("/ui/login");
+    };
+    let again = r#"<p><a href="/ui/login">Sign in again</a>.</p>"#;
+    let bound = session::cookie(&headers, session::OIDC_COOKIE);
+    let Some(pending) = oidc.pending.finish(q.state.as_deref().unwrap_or(""), bound) else {
+        tracing::warn!("console sign-in refused: the identity provider's answer is for no sign-in this browser started (state)");
+        return page(
+            StatusCode::BAD_REQUEST,
+            "Sign-in not recognized",
+            None,
+            &format!("<p>This answer of the identity provider belongs to no sign-in started in this browser, or the sign-in took longer than 10 minutes, or it was used already; nobody was signed in.</p>{again}"),
+        );
+    };
+    if let Some(error) = &q.error {
+        tracing::warn!(%error, "console sign-in refused by the identity provider");
+        return page(
+            StatusCode::FORBIDDEN,
+            "Sign-in refused",
+            None,
+            &format!(
+                "<p>The identity provider did not sign you in: {}{}.</p>{again}",
+                esc(error),
+                q.error_description
+                    .as_deref()
+                    .map(|d| format!(" ({})", esc(d)))
+                    .unwrap_or_default()
+            ),
+        );
+    }
+    let Some(code) = q.code.as_deref().filter(|c| !c.is_empty()) else {
+        return page(
+            StatusCode::BAD_REQUEST,
+            "Sign-in not recognized",
+            None,
+            &format!("<p>The identity provider's answer has no code.</p>{again}"),
+        );
+    };
+    let claims = match oidc.finish(code, &pending).await {
+        Ok(c) => c,
+        Err(e) => return oidc_failure(&e),
+    };
+    match crate::oidc::admit(&oidc.config, &claims) {
+        Ok(name) => signed_in(
+            &console,
+            Role::Operator(name.clone()),
+            html::page_moving_on(
+                StatusCode::OK,
+                "Signed in",
+                None,
+                &format!(
+                    r#"<p>Signed in as operator {}. <a href="/ui">Continue to the records</a>.</p>"#,
+                    esc(&name)
+                ),
+                "/ui",
+            ),
+        ),
+        Err(refused) => {
+            tracing::warn!(who = %refused.who, "console sign-in refused: the identity provider's user is not allowed");
+            page(
+                StatusCode::FORBIDDEN,
+                "Not allowed",
+                None,
+                &format!(
+                    "<p>The identity provider signed you in as <strong>{}</strong>, but you may not use this console: {}</p>{again}",
+                    esc(&refused.who),
+                    esc(&refused.why)
+                ),
+            )
+        }
+    }
+}
+
+/// The page of a sign-in that failed at or with the issuer.
+fn oidc_failure(e: &crate::oidc::Failure) -> Response {
+    let again = r#"<p><a href="/ui/login">Back to sign-in</a>.</p>"#;
+    match e {
+        crate::oidc::Failure::Issuer(why) => {
+            tracing::error!(error = %why, "console sign-in failed: the identity provider could not be reached");
+            page(
+                StatusCode::BAD_GATEWAY,
+                "Identity provider unavailable",
+                None,
+                &format!(
+                    "<p>The identity provider could not be reached or answered wrongly: {}. Try again later.</p>{again}",
+                    esc(why)
+                ),
+            )
+        }
+        crate::oidc::Failure::Refused(why) => {
+            tracing::warn!(error = %why, "console sign-in refused: the identity provider's answer did not check out");
+            page(
+                StatusCode::FORBIDDEN,
+                "Sign-in refused",
+                None,
+                &format!(
+                    "<p>The identity provider's answer did not check out, so nobody was signed in: {}.</p>{again}",
+                    esc(why)
+                ),
+            )
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -351,7 +532,7 @@ async fn records(
         body,
         r#"<form method="get" action="/ui" class="filters" aria-label="Filter records">"#
     );
-    if s.role == Role::Operator {
+    if matches!(s.role, Role::Operator(_)) {
         let _ = write!(
             body,
             r#"<label for="f-tenant">Tenant</label> <input id="f-tenant" name="tenant" value="{}" size="12"> "#,
@@ -756,7 +937,7 @@ async fn resolve(
             Some(header_of(&s)),
             r#"<p>Resolved as not applied: the record is released, and the next call with its key runs. <a href="/ui">Back to the records</a>.</p>"#,
         ),
-        Err(e) => engine_error(&s, &e),
+        Err(e) => settle_error(&s, &key, &e),
     }
 }
 
@@ -814,10 +995,57 @@ async fn reopen(
             "Reopened",
             Some(header_of(&s)),
             &format!(
-                r#"<p>The record (was {was}) is reopened: the next call with its key runs the action again. <a href="/ui">Back to the records</a>.</p>"#
+                r#"<p>The record of {} (it was {was}) is reopened: the next call with its key runs the action again. <a href="/ui">Back to the records</a>.</p>"#,
+                record_name(&key)
             ),
         ),
-        Err(e) => engine_error(&s, &e),
+        Err(e) => settle_error(&s, &key, &e),
+    }
+}
+
+/// The record, named in a sentence: its key, tool and tenant.
+fn record_name(key: &Key) -> String {
+    format!(
+        "<code>{}</code> (tool {}, tenant {})",
+        esc(key.key.as_str()),
+        esc(key.tool.as_str()),
+        esc(key.tenant.as_str())
+    )
+}
+
+/// The page of a resolution or reopening the engine refused. The operator acted on the record as
+/// a page showed it, so a record that is not there any more was released (or reopened) since,
+/// and one that moved on is shown again, in the browser, before they decide again.
+fn settle_error(s: &Session, key: &Key, e: &EngineError) -> Response {
+    let page_of = |status, title, words: &str| {
+        page(
+            status,
+            title,
+            Some(header_of(s)),
+            &format!(
+                r#"<p>Nothing was changed: {words}</p><p><a href="/ui">Back to the records</a></p>"#
+            ),
+        )
+    };
+    match e {
+        EngineError::NotFound { .. } => page_of(
+            StatusCode::NOT_FOUND,
+            "Record released",
+            &format!(
+                "the record of {} is no longer there. It was released (or reopened) since you looked at it, so the next call with its key runs the action.",
+                record_name(key)
+            ),
+        ),
+        // The kit's words say where the record stands; what to do next is the browser's.
+        EngineError::NotResolvable { .. } | EngineError::NotReopenable { .. } => explained_error(
+            s,
+            e,
+            &format!(
+                r#"<a href="/ui/record?{}">Open the record as it is now</a> to see what changed since you looked at it, then decide again; or go <a href="/ui">back to the records</a>."#,
+                esc(&record_query(key))
+            ),
+        ),
+        _ => engine_error(s, e),
     }
 }
 
@@ -882,7 +1110,7 @@ async fn charts(
         .map(|t| t.snapshot())
         .unwrap_or_default();
     let own: Option<TenantId> = match &s.role {
-        Role::Operator => None,
+        Role::Operator(_) => None,
         Role::Tenant(t) => Some(t.clone()),
     };
     let visible = |tenant: &str| own.as_ref().is_none_or(|t| t.as_str() == tenant);

@@ -115,7 +115,7 @@ pub(crate) async fn resolve(
     let b: ResolveBody = request::json_body(&request::read_body(body).await?)?;
     let resolution = match (b.resolution.as_str(), b.outcome) {
         ("completed", Some(o)) => Resolution::Completed {
-            outcome: o.into_outcome(),
+            outcome: o.into_resolution(),
             keep: Keep::of(KeyRule::Explicit, &gw.config().policy(tool.as_str())),
         },
         ("completed", None) => {

@@ -2,7 +2,7 @@
 
 use serde_json::{json, Value};
 
-use crate::support::{problem, start, ACME, OTHER};
+use crate::support::{header, problem, start, upstream, ACME, OTHER};
 
 #[tokio::test]
 async fn records_are_listed_shown_and_scoped_to_the_tenant() {
@@ -119,6 +119,90 @@ async fn resolve_refuses_records_that_are_not_unknown() {
     assert_eq!(res.status(), 200);
     assert_eq!(res.json::<Value>().await.unwrap(), Value::Null);
     assert_eq!(gw.begin("t", "k", "{}").await.status(), 201);
+}
+
+/// A replay of an outcome an operator recorded says so, in the coordination API's body and in a
+/// header of forwarded calls too, as the MCP proxy's `_meta` and `exec` say it; an outcome the
+/// action itself returned says nothing of the kind.
+#[tokio::test]
+async fn a_replay_of_an_operators_resolution_says_an_operator_resolved_it() {
+    let up = upstream().await;
+    let gw = start(
+        "",
+        &format!("[tools.charge]\nupstream = \"{}/fail\"\n", up.url),
+    )
+    .await;
+    let call = || {
+        gw.post("/v1/tools/charge/call", ACME)
+            .header("idempotency-key", "c-1")
+            .body("{}")
+            .send()
+    };
+    // The upstream's 500: the outcome is unknown.
+    problem(call().await.unwrap(), 409, "outcome-unknown").await;
+    let lease = gw
+        .begin("t", "k", "{}")
+        .await
+        .json::<Value>()
+        .await
+        .unwrap()["lease"]
+        .clone();
+    gw.post("/v1/tools/t/ambiguous", ACME)
+        .json(&json!({"key": "k", "lease": lease}))
+        .send()
+        .await
+        .unwrap();
+    for (tool, key) in [("charge", "c-1"), ("t", "k")] {
+        let res = gw
+            .post(&format!("/v1/tools/{tool}/records/{key}/resolve"), ACME)
+            .json(
+                &json!({"fence": 1, "resolution": "completed", "reason": "seen at the bank",
+                "outcome": {"kind": "success", "result": {"charged": true}}}),
+            )
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 200);
+    }
+
+    let replayed = call().await.unwrap();
+    assert_eq!(replayed.status(), 200);
+    assert_eq!(header(&replayed, "idempotent-replayed"), Some("true"));
+    assert_eq!(
+        header(&replayed, "idempotency-resolved-by"),
+        Some("operator")
+    );
+    assert_eq!(
+        replayed.json::<Value>().await.unwrap(),
+        json!({"charged": true})
+    );
+    let replayed = gw.begin("t", "k", "{}").await;
+    assert_eq!(
+        header(&replayed, "idempotency-resolved-by"),
+        Some("operator")
+    );
+    let body: Value = replayed.json().await.unwrap();
+    assert_eq!(body["decision"], "replayed");
+    assert_eq!(body["resolved_by"], "operator", "{body}");
+
+    // An outcome the action returned is no operator's.
+    let lease = gw
+        .begin("t", "ran", "{}")
+        .await
+        .json::<Value>()
+        .await
+        .unwrap()["lease"]
+        .clone();
+    gw.post("/v1/tools/t/complete", ACME)
+        .json(&json!({"key": "ran", "lease": lease, "outcome": {"kind": "success", "result": 1}}))
+        .send()
+        .await
+        .unwrap();
+    let replayed = gw.begin("t", "ran", "{}").await;
+    assert_eq!(header(&replayed, "idempotent-replayed"), Some("true"));
+    assert_eq!(header(&replayed, "idempotency-resolved-by"), None);
+    let body: Value = replayed.json().await.unwrap();
+    assert!(body.get("resolved_by").is_none(), "{body}");
 }
 
 #[tokio::test]

@@ -94,11 +94,16 @@ impl Observer for Audit {
             } => {
                 let decision = answer.map(|a| &a.decision);
                 if let Some(name) = transition(*verdict, decision) {
-                    let fence = match decision {
-                        Some(Decision::Unknown { fence, .. }) => Some(*fence),
-                        _ => *fence,
+                    let (fence, reason) = match decision {
+                        // Why the outcome became unknown (the caller's `ambiguous` reason, the
+                        // tool's error, the verifier's doubt): the record itself does not keep
+                        // it, so its trail is where an operator finds it.
+                        Some(Decision::Unknown { fence, message, .. }) => {
+                            (Some(*fence), message.as_deref())
+                        }
+                        _ => (*fence, None),
                     };
-                    self.record(name, key, fence, &[]);
+                    self.record(name, key, fence, &[("reason", json!(reason))]);
                 }
             }
             Event::Resolved {
