@@ -500,3 +500,71 @@ async fn reopen_forgets_a_record_and_says_who() {
     let res = get(&r.app, "/ui/record?tool=charge&key=order-3", Some(&op)).await;
     assert_eq!(res.status(), StatusCode::BAD_REQUEST);
 }
+
+/// More records than a page holds: each page links to the next one until the last, every record
+/// is on exactly one page, the counts are every page's (not the page's), and the key search box
+/// narrows to keys starting with what was typed.
+#[tokio::test]
+async fn every_record_is_reachable_page_by_page() {
+    let r = rig().await;
+    let total = 230;
+    for i in 0..total {
+        let call = Call::new(
+            TenantId::new("acme").unwrap(),
+            ToolName::new("charge").unwrap(),
+        )
+        .key(IdempotencyKey::new(format!("order-{i:03}")).unwrap())
+        .args(&serde_json::json!({"i": i}));
+        engine_ok(&r.engine, call).await;
+    }
+    unknown_record(&r.engine, "acme", "stuck-1").await;
+    let (acme, _) = sign_in(&r.app, ACME).await;
+    let mut seen = std::collections::HashSet::new();
+    let mut url = "/ui".to_owned();
+    let mut pages = 0;
+    loop {
+        pages += 1;
+        assert!(pages < 10, "the pages never end");
+        let page = text(get(&r.app, &url, Some(&acme)).await).await;
+        assert!(!page.contains("are shown"), "{page}");
+        assert!(
+            page.contains(&format!("1 unknown of {} record(s)", total + 1)),
+            "the counts are every page's: {page}"
+        );
+        for i in 0..total {
+            let k = format!(">order-{i:03}<");
+            if page.contains(&k) {
+                assert!(seen.insert(i), "order-{i:03} on two pages");
+            }
+        }
+        if page.contains(">stuck-1<") {
+            assert!(seen.insert(total), "stuck-1 on two pages");
+        }
+        let Some(at) = page.find(r#"rel="next""#) else {
+            break;
+        };
+        let href = &page[..at];
+        let start = href.rfind("href=\"").unwrap() + 6;
+        url = href[start..]
+            .split('"')
+            .next()
+            .unwrap()
+            .replace("&amp;", "&");
+    }
+    assert_eq!(pages, 3, "230 records and one more in pages of 100");
+    assert_eq!(seen.len(), total + 1, "every record once");
+
+    let found = text(get(&r.app, "/ui?key=order-12", Some(&acme)).await).await;
+    assert!(found.contains(r#"name="key" value="order-12""#), "{found}");
+    assert!(found.contains(">order-120<") && found.contains(">order-129<"));
+    assert!(!found.contains(">order-130<") && !found.contains(">order-012<"));
+    assert!(found.contains("0 unknown of 10 record(s)"), "{found}");
+}
+
+/// Runs `call` to a completion.
+async fn engine_ok(engine: &Engine<AnyStore>, call: Call) {
+    engine
+        .call(call, || async { Effect::Success(b"ok".to_vec()) })
+        .await
+        .expect("the call runs");
+}

@@ -401,7 +401,10 @@ fn state_condition(state: Option<State>, now: Now) -> Option<(String, Vec<Value>
     })
 }
 
-fn list_rows(conn: &Connection, filter: &ListFilter, now: Now) -> Result<Vec<Record>> {
+/// The SQL condition and parameters that select the rows `filter` lists (its page included), or
+/// `None` as the condition when it selects every row; and whether SQL says everything the
+/// filter does, so that a LIMIT may go into the query.
+fn list_condition(filter: &ListFilter, now: Now) -> (Option<String>, Vec<Value>, bool) {
     let mut conditions = Vec::new();
     let mut params = Vec::new();
     if let Some(tenant) = &filter.tenant {
@@ -416,17 +419,49 @@ fn list_rows(conn: &Connection, filter: &ListFilter, now: Now) -> Result<Vec<Rec
         conditions.push("scope = ?".to_owned());
         params.push(Value::Text(scope.to_string()));
     }
+    if let Some(prefix) = &filter.key_prefix {
+        // Keys are ASCII, so characters are bytes and substr compares byte-wise, as the
+        // BINARY collation and `ListFilter::matches` do.
+        conditions.push("substr(key, 1, ?) = ?".to_owned());
+        params.push(Value::Integer(
+            i64::try_from(prefix.len()).unwrap_or(i64::MAX),
+        ));
+        params.push(Value::Text(prefix.to_string()));
+    }
+    if let Some(from) = filter.created_from {
+        conditions.push("created_at >= ?".to_owned());
+        params.push(Value::Integer(from.as_millis()));
+    }
+    if let Some(before) = filter.created_before {
+        conditions.push("created_at < ?".to_owned());
+        params.push(Value::Integer(before.as_millis()));
+    }
+    if let Some(after) = &filter.after {
+        // The listing order, as a row value: the next page starts strictly after the cursor.
+        conditions.push("(created_at, tenant, tool, key) > (?, ?, ?, ?)".to_owned());
+        params.push(Value::Integer(after.created_at.as_millis()));
+        params.push(Value::Text(after.key.tenant.as_str().to_owned()));
+        params.push(Value::Text(after.key.tool.as_str().to_owned()));
+        params.push(Value::Text(after.key.key.as_str().to_owned()));
+    }
     let by_state = state_condition(filter.state, now);
-    let limit_in_sql = by_state.is_some() && filter.limit > 0;
-    let limit = i64::try_from(filter.limit).unwrap_or(i64::MAX);
+    let exact = by_state.is_some();
     if let Some((sql, values)) = by_state {
         conditions.push(sql);
         params.extend(values);
     }
+    let condition = (!conditions.is_empty()).then(|| conditions.join(" AND "));
+    (condition, params, exact)
+}
+
+fn list_rows(conn: &Connection, filter: &ListFilter, now: Now) -> Result<Vec<Record>> {
+    let (condition, mut params, exact) = list_condition(filter, now);
+    let limit_in_sql = exact && filter.limit > 0;
+    let limit = i64::try_from(filter.limit).unwrap_or(i64::MAX);
     let mut sql = format!("SELECT {} FROM idemgate_record", row::columns!());
-    if !conditions.is_empty() {
+    if let Some(condition) = condition {
         sql.push_str(" WHERE ");
-        sql.push_str(&conditions.join(" AND "));
+        sql.push_str(&condition);
     }
     // The memory store's order: (created_at, key), keys compared byte-wise as SQLite's BINARY
     // collation does.
@@ -451,6 +486,29 @@ fn list_rows(conn: &Connection, filter: &ListFilter, now: Now) -> Result<Vec<Rec
         }
     }
     Ok(out)
+}
+
+/// How many rows `filter` selects (its page ignored), at most `at_most`: SQL counts them without
+/// decoding a row, and stops at `at_most`.
+fn count_rows(conn: &Connection, filter: &ListFilter, now: Now, at_most: usize) -> Result<usize> {
+    let (condition, mut params, exact) = list_condition(&filter.whole(), now);
+    if !exact {
+        let mut whole = filter.whole();
+        whole.limit = at_most;
+        return Ok(list_rows(conn, &whole, now)?.len());
+    }
+    let mut sql = "SELECT count(*) FROM (SELECT 1 FROM idemgate_record".to_owned();
+    if let Some(condition) = condition {
+        sql.push_str(" WHERE ");
+        sql.push_str(&condition);
+    }
+    sql.push_str(" LIMIT ?)");
+    params.push(Value::Integer(i64::try_from(at_most).unwrap_or(i64::MAX)));
+    let n: i64 = conn
+        .prepare_cached(&sql)
+        .and_then(|mut stmt| stmt.query_row(rusqlite::params_from_iter(params), |r| r.get(0)))
+        .during(Stage::Read, || "count records")?;
+    Ok(usize::try_from(n).unwrap_or(0))
 }
 
 impl Store for SqliteStore {
@@ -526,6 +584,12 @@ impl Store for SqliteStore {
     async fn list(&self, filter: &ListFilter) -> Result<Vec<Record>> {
         let filter = filter.clone();
         self.read(move |conn, clock| list_rows(conn, &filter, clock.read()))
+            .await
+    }
+
+    async fn count(&self, filter: &ListFilter, at_most: usize) -> Result<usize> {
+        let filter = filter.clone();
+        self.read(move |conn, clock| count_rows(conn, &filter, clock.read(), at_most))
             .await
     }
 
