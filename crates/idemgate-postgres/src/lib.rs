@@ -4,6 +4,8 @@ mod error;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 mod options;
+#[cfg(test)]
+mod plans;
 mod row;
 mod schema;
 mod shared_read;
