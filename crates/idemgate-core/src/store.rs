@@ -633,3 +633,88 @@ mod reserve_history_tests {
         assert!(!h.read_first(ReservePath::InsertFirst));
     }
 }
+
+#[cfg(test)]
+mod list_cursor_tests {
+    use super::*;
+    use crate::key::IdempotencyKey;
+
+    fn cursor(key: &str) -> ListCursor {
+        ListCursor {
+            created_at: Timestamp::from_millis(1_800_000_000_123),
+            key: Key::new(
+                TenantId::new("acme").unwrap(),
+                ToolName::new("charge").unwrap(),
+                IdempotencyKey::new(key).unwrap(),
+            ),
+        }
+    }
+
+    #[test]
+    fn a_cursor_reads_back_from_its_text_whatever_its_key_holds() {
+        for key in ["order-1", "a.b.c", "with/slash?&=#%", "~!\"'`"] {
+            let c = cursor(key);
+            let text = c.to_string();
+            assert!(
+                text.chars()
+                    .all(|ch| ch.is_ascii_alphanumeric() || ch == '.'),
+                "travels in a URL as it is: {text}"
+            );
+            assert_eq!(text.parse::<ListCursor>(), Ok(c), "{text}");
+        }
+    }
+
+    #[test]
+    fn text_that_is_no_cursor_is_refused() {
+        let good = cursor("k").to_string();
+        for bad in [
+            String::new(),
+            "nonsense".to_owned(),
+            good.replacen("c1.", "c2.", 1),
+            format!("{good}.00"),
+            good[..good.len() - 1].to_owned(),
+            good.replacen(".61636d65.", ".zz.", 1),
+            // An empty tenant is no tenant.
+            good.replacen(".61636d65.", "..", 1),
+        ] {
+            assert!(bad.parse::<ListCursor>().is_err(), "{bad:?} was read");
+        }
+    }
+
+    #[test]
+    fn the_filter_keeps_only_records_after_the_cursor_in_the_listing_order() {
+        let at = cursor("m");
+        let filter = ListFilter {
+            after: Some(at.clone()),
+            ..ListFilter::default()
+        };
+        let record = |ms: i64, key: &str| {
+            let c = cursor(key);
+            Record {
+                key: c.key,
+                fingerprint: crate::Fingerprint::of_bytes(b""),
+                fence: 1,
+                created_at: Timestamp::from_millis(ms),
+                scope: None,
+                state: crate::RecordState::Unknown {
+                    since: Timestamp::from_millis(ms),
+                },
+            }
+        };
+        let ms = at.created_at.as_millis();
+        assert!(!filter.matches(&record(ms, "m")), "the cursor's own record");
+        assert!(
+            !filter.matches(&record(ms, "a")),
+            "earlier in the same millisecond"
+        );
+        assert!(
+            filter.matches(&record(ms, "z")),
+            "later in the same millisecond"
+        );
+        assert!(filter.matches(&record(ms + 1, "a")), "a later millisecond");
+        assert!(
+            !filter.matches(&record(ms - 1, "z")),
+            "an earlier millisecond"
+        );
+    }
+}
