@@ -161,6 +161,13 @@ fn next_page_command(cursor: &str) -> String {
     while let Some(arg) = args.next() {
         if arg == "--cursor" {
             args.next();
+        } else if arg == "--store" {
+            words.push(arg);
+            if let Some(url) = args.next() {
+                words.push(shell_word(&without_password(&url)));
+            }
+        } else if let Some(url) = arg.strip_prefix("--store=") {
+            words.push(shell_word(&format!("--store={}", without_password(url))));
         } else if !arg.starts_with("--cursor=") {
             words.push(shell_word(&arg));
         }
@@ -168,6 +175,22 @@ fn next_page_command(cursor: &str) -> String {
     words.push("--cursor".to_owned());
     words.push(shell_word(cursor));
     format!("idemgate {}", words.join(" "))
+}
+
+/// `url` with the password of its user part (`scheme://user:password@host`) written as `…`: the
+/// command printed for the next page goes to a terminal or a log, which must not get it.
+fn without_password(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    match rest[..authority_end].rsplit_once('@') {
+        Some((user, _)) if user.contains(':') => {
+            let name = user.split(':').next().unwrap_or("");
+            format!("{scheme}://{name}:…@{}", &rest[user.len() + 1..])
+        }
+        _ => url.to_owned(),
+    }
 }
 
 /// `word` as a POSIX shell reads it back: as it is when it has nothing the shell would read, else
@@ -546,4 +569,29 @@ fn record_json(r: &Record) -> String {
         result: result.as_deref(),
     })
     .expect("a record always serializes")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::without_password;
+
+    #[test]
+    fn the_next_page_command_never_repeats_a_password() {
+        assert_eq!(
+            without_password("postgres://idem:s3cret@db:5432/idem?sslmode=require"),
+            "postgres://idem:…@db:5432/idem?sslmode=require"
+        );
+        assert_eq!(
+            without_password("redis+sentinel://:pw@10.0.0.5,10.0.0.6/mymaster"),
+            "redis+sentinel://:…@10.0.0.5,10.0.0.6/mymaster"
+        );
+        for kept in [
+            "postgres://idem@db/idem",
+            "sqlite:///var/lib/idemgate/idem.db",
+            "sqlite:idem.db",
+            "memory:",
+        ] {
+            assert_eq!(without_password(kept), kept);
+        }
+    }
 }
