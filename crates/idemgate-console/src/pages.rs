@@ -449,27 +449,37 @@ async fn records(
             String::new()
         }
     );
+    // What needs an operator comes first: on the first page of a listing of every state, the
+    // unknown records (the first page of them) stand in a table of their own above the rest.
+    if filter.state.is_none() && !after_given && unknown > 0 {
+        let first_unknown = ListFilter {
+            after: None,
+            limit: PAGE,
+            ..unknown_filter.clone()
+        };
+        let stuck = match console.0.engine.list(&first_unknown).await {
+            Ok(l) => l,
+            Err(e) => return engine_error(&s, &e),
+        };
+        let caption = if unknown > PAGE {
+            format!(
+                r#"Unknown outcomes, which need an operator: the oldest {PAGE} (<a href="/ui?{}">all of them</a>)"#,
+                esc(&here("", "unknown"))
+            )
+        } else {
+            "Unknown outcomes, which need an operator".to_owned()
+        };
+        records_table(&mut body, &caption, &stuck);
+    }
     if list.is_empty() {
         body.push_str("<p>No records match.</p>");
     } else {
-        body.push_str(
-            r#"<table><caption>Records, oldest first</caption><thead><tr><th scope="col">State</th><th scope="col">Tenant</th><th scope="col">Tool</th><th scope="col">Key</th><th scope="col">Fence</th><th scope="col">Created</th><th scope="col">Detail</th></tr></thead><tbody>"#,
-        );
-        for r in &list {
-            let state = r.state_name().to_string();
-            let _ = write!(
-                body,
-                r#"<tr class="row-{state}"><td><span class="state state-{state}">{state}</span></td><td>{}</td><td>{}</td><td><a href="/ui/record?{}">{}</a></td><td>{}</td><td>{}</td><td>{}</td></tr>"#,
-                esc(r.key.tenant.as_str()),
-                esc(r.key.tool.as_str()),
-                record_query(&r.key),
-                esc(r.key.key.as_str()),
-                r.fence,
-                r.created_at,
-                esc(&detail(r)),
-            );
-        }
-        body.push_str("</tbody></table>");
+        let caption = if filter.state.is_none() && !after_given && unknown > 0 {
+            "All records, oldest first"
+        } else {
+            "Records, oldest first"
+        };
+        records_table(&mut body, caption, &list);
     }
     // Every record is reachable: each page links to the one after it (and back to the first).
     let mut links = Vec::new();
@@ -493,6 +503,29 @@ async fn records(
         );
     }
     page(StatusCode::OK, "Records", Some(header_of(&s)), &body)
+}
+
+/// A table of `records` under `caption` (HTML), one row each, each key linking to its record.
+fn records_table(body: &mut String, caption: &str, records: &[Record]) {
+    let _ = write!(
+        body,
+        r#"<table><caption>{caption}</caption><thead><tr><th scope="col">State</th><th scope="col">Tenant</th><th scope="col">Tool</th><th scope="col">Key</th><th scope="col">Fence</th><th scope="col">Created</th><th scope="col">Detail</th></tr></thead><tbody>"#
+    );
+    for r in records {
+        let state = r.state_name().to_string();
+        let _ = write!(
+            body,
+            r#"<tr class="row-{state}"><td><span class="state state-{state}">{state}</span></td><td>{}</td><td>{}</td><td><a href="/ui/record?{}">{}</a></td><td>{}</td><td>{}</td><td>{}</td></tr>"#,
+            esc(r.key.tenant.as_str()),
+            esc(r.key.tool.as_str()),
+            record_query(&r.key),
+            esc(r.key.key.as_str()),
+            r.fence,
+            r.created_at,
+            esc(&detail(r)),
+        );
+    }
+    body.push_str("</tbody></table>");
 }
 
 /// The query string naming one record.
