@@ -190,7 +190,7 @@ impl ListFilter {
 }
 
 /// Where a listing stands: the sort key of the last record a page held. Opaque to callers, who
-/// pass it back as text ([`ListCursor::to_string`], parsed by [`str::parse`]) to get the page after.
+/// pass it back as text (its `Display`, read back by [`str::parse`]) to get the page after.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct ListCursor {
     /// The record's creation time.
