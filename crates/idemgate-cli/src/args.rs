@@ -343,12 +343,28 @@ pub enum KeysCommand {
         /// (the MCP proxy names them `conversation:ID` or `session:ID`).
         #[arg(long)]
         scope: Option<String>,
+        /// Only records whose key starts with this.
+        #[arg(long)]
+        key_prefix: Option<String>,
+        /// Only records created at or after this time (RFC 3339, e.g. 2026-12-05T09:00:00Z).
+        #[arg(long, value_name = "TIME")]
+        created_from: Option<String>,
+        /// Only records created before this time (RFC 3339).
+        #[arg(long, value_name = "TIME")]
+        created_before: Option<String>,
         /// Records of every tenant, not just --tenant's.
         #[arg(long)]
         all_tenants: bool,
-        /// At most this many (0: all).
+        /// At most this many, one page (0: all in one page). With --all, the size of each page.
         #[arg(long, default_value_t = 100)]
         limit: usize,
+        /// Start after this cursor: the next page, as the page before printed it (records are
+        /// listed oldest first, and each page goes on where the one before stopped).
+        #[arg(long)]
+        cursor: Option<String>,
+        /// Every page, one after the other (each of --limit records), until the last.
+        #[arg(long)]
+        all: bool,
     },
     /// Show one record, with its stored outcome.
     Show {

@@ -1012,3 +1012,84 @@ fn console_serves_the_operator_over_a_store_without_a_gateway() {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// `keys list` a page at a time: a page tells on stderr the command for the next page (this one
+/// with `--cursor`), which run as printed reaches every record once; `--all` streams every page
+/// as one JSON array; `--key-prefix` narrows to keys starting with it.
+#[test]
+fn keys_list_pages_through_every_record() {
+    let sb = Sandbox::new();
+    let keys: Vec<String> = (0..5).map(|i| format!("page-{i}")).collect();
+    for k in &keys {
+        assert!(sb.run(&["exec", "--key", k, "--", "true"]).status.success());
+    }
+    assert!(sb
+        .run(&["exec", "--key", "other-1", "--", "true"])
+        .status
+        .success());
+    let listed_keys = |out: &Output| -> Vec<String> {
+        let doc: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {}", text(&out.stdout)));
+        doc.as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["key"]["key"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let mut args: Vec<String> = [
+        "--json",
+        "keys",
+        "list",
+        "--key-prefix",
+        "page-",
+        "--limit",
+        "2",
+    ]
+    .map(String::from)
+    .to_vec();
+    let mut seen = Vec::new();
+    for page in 0.. {
+        assert!(page < 5, "the pages never end");
+        let out = sb.run(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let got = listed_keys(&out);
+        assert!(got.len() <= 2);
+        seen.extend(got);
+        let err = text(&out.stderr);
+        let Some(at) = err.find("the next page: idemgate ") else {
+            break;
+        };
+        // The printed command, run as printed (its words have no quotes to undo here).
+        let line = err[at + "the next page: idemgate ".len()..]
+            .lines()
+            .next()
+            .unwrap();
+        assert!(line.contains("--key-prefix page-"), "{line}");
+        args = line.split(' ').map(String::from).collect();
+    }
+    let mut sorted = seen.clone();
+    sorted.sort();
+    assert_eq!(sorted, keys, "every record once: {seen:?}");
+
+    let all = sb.run(&["--json", "keys", "list", "--all", "--limit", "2"]);
+    assert!(all.status.success());
+    let everything = listed_keys(&all);
+    assert_eq!(everything.len(), 6, "{everything:?}");
+    assert!(!text(&all.stderr).contains("next page"));
+    assert_eq!(
+        &everything
+            .iter()
+            .filter(|k| k.starts_with("page-"))
+            .cloned()
+            .collect::<Vec<_>>(),
+        &seen,
+        "--all lists in the pages' order"
+    );
+    let bad = sb.run(&["keys", "list", "--cursor", "nonsense"]);
+    assert!(!bad.status.success());
+    assert!(
+        text(&bad.stderr).contains("--cursor"),
+        "{}",
+        text(&bad.stderr)
+    );
+}

@@ -12,8 +12,8 @@ use axum::response::Response;
 use axum::routing::{get, post};
 use axum::{Form, Router};
 use idemgate::{
-    EngineError, IdempotencyKey, Keep, Key, KeyRule, ListFilter, OutcomeKind, Record, RecordState,
-    Resolution, State as RecordStateName, TenantId, Timestamp, ToolName,
+    EngineError, IdempotencyKey, Keep, Key, KeyRule, ListCursor, ListFilter, OutcomeKind, Record,
+    RecordState, Resolution, State as RecordStateName, TenantId, Timestamp, ToolName,
 };
 use idemgate_kit::{Door, Explanation, Payload, Resolve};
 use serde::Deserialize;
@@ -27,8 +27,12 @@ const SCRIPT: &str = include_str!("../assets/console.js");
 const STYLE: &str = include_str!("../assets/console.css");
 const ICON: &str = include_str!("../assets/favicon.svg");
 
-/// Most records one list shows.
-const MAX_LIST: usize = 500;
+/// Records one page of the list shows; a link leads to the next page.
+const PAGE: usize = 100;
+
+/// How far the list's counts go: a count of a larger set stops there and says "at least", so
+/// that a page over a table of millions does not count all of them.
+const COUNT_UP_TO: usize = 10_000;
 
 pub(crate) fn routes() -> Router<Console> {
     Router::new()
@@ -461,6 +465,10 @@ struct ListQuery {
     state: Option<String>,
     /// Only records created in the last this many hours.
     hours: Option<String>,
+    /// Only records whose key starts with this (an exact key is a prefix of itself).
+    key: Option<String>,
+    /// The page after this cursor (the last record of the page before).
+    cursor: Option<String>,
 }
 
 /// A query value, trimmed, unless it is empty.
@@ -468,14 +476,12 @@ fn nonempty(v: &Option<String>) -> Option<&str> {
     v.as_deref().map(str::trim).filter(|v| !v.is_empty())
 }
 
-/// Unknown first (what needs an operator), then in flight, then completed, then expired (the
-/// tombstones of actions whose outcomes are gone); oldest first within.
-fn rank(r: &Record) -> u8 {
-    match r.state {
-        RecordState::Unknown { .. } => 0,
-        RecordState::InFlight { .. } => 1,
-        RecordState::Completed { .. } => 2,
-        RecordState::Expired { .. } => 3,
+/// A count as the list says it: exact below [`COUNT_UP_TO`], "at least" from there.
+fn counted(n: usize) -> String {
+    if n >= COUNT_UP_TO {
+        format!("{COUNT_UP_TO} or more")
+    } else {
+        n.to_string()
     }
 }
 
@@ -507,27 +513,64 @@ async fn records(
         Ok(h) => h,
         Err(_) => return bad_request(&s, "hours: expected a whole number of hours"),
     };
+    let after_given = nonempty(&q.cursor).is_some();
+    let after = match nonempty(&q.cursor)
+        .map(str::parse::<ListCursor>)
+        .transpose()
+    {
+        Ok(c) => c,
+        Err(e) => return bad_request(&s, &format!("cursor: {e}")),
+    };
     let filter = ListFilter {
         tenant: tenant.clone(),
         tool,
         state,
-        scope: None,
-        limit: 0,
+        key_prefix: nonempty(&q.key).map(Into::into),
+        created_from: hours.map(|h| {
+            Timestamp::from_millis(Timestamp::now().as_millis() - i64::from(h) * 3_600_000)
+        }),
+        after,
+        // One more than the page, to know whether a next page follows.
+        limit: PAGE + 1,
+        ..ListFilter::default()
     };
     let mut list = match console.0.engine.list(&filter).await {
         Ok(l) => l,
         Err(e) => return engine_error(&s, &e),
     };
-    if let Some(h) = hours {
-        let since = Timestamp::now().as_millis() - i64::from(h) * 3_600_000;
-        list.retain(|r| r.created_at.as_millis() >= since);
-    }
-    list.sort_by_key(|r| (rank(r), r.created_at));
-    let total = list.len();
-    list.truncate(MAX_LIST);
+    let next = (list.len() > PAGE).then(|| ListCursor::of(&list[PAGE - 1]));
+    list.truncate(PAGE);
+    // The counts are of every page, bounded by COUNT_UP_TO; the unknown ones need an operator,
+    // so they are counted (and offered as a filter) whatever the page shows.
+    let unknown_filter = ListFilter {
+        state: Some(RecordStateName::Unknown),
+        ..filter.clone()
+    };
+    let counts = async {
+        let total = console.0.engine.count(&filter, COUNT_UP_TO).await?;
+        let unknown = match filter.state {
+            Some(RecordStateName::Unknown) => total,
+            Some(_) => 0,
+            None => console.0.engine.count(&unknown_filter, COUNT_UP_TO).await?,
+        };
+        Ok::<_, idemgate::EngineError>((total, unknown))
+    };
+    let (total, unknown) = match counts.await {
+        Ok(c) => c,
+        Err(e) => return engine_error(&s, &e),
+    };
+    let here = |cursor: &str, state: &str| {
+        query(&[
+            ("tenant", q.tenant.as_deref().unwrap_or("")),
+            ("tool", q.tool.as_deref().unwrap_or("")),
+            ("state", state),
+            ("hours", q.hours.as_deref().unwrap_or("")),
+            ("key", q.key.as_deref().unwrap_or("")),
+            ("cursor", cursor),
+        ])
+    };
 
     let mut body = String::new();
-    let unknown = list.iter().filter(|r| rank(r) == 0).count();
     let _ = write!(
         body,
         r#"<form method="get" action="/ui" class="filters" aria-label="Filter records">"#
@@ -566,38 +609,104 @@ async fn records(
         body,
         r#"</select>
 <label for="f-hours">Created in the last (hours)</label> <input id="f-hours" name="hours" value="{}" size="4" inputmode="numeric">
+<label for="f-key">Key starts with</label> <input id="f-key" name="key" value="{}" size="16">
 <button type="submit">Filter</button></form>
-<p class="summary">{unknown} unknown of {total} record(s){}.</p>"#,
+<p class="summary">{} unknown of {} record(s){}{}.</p>"#,
         esc(q.hours.as_deref().unwrap_or("")),
-        if total > MAX_LIST {
-            format!("; the first {MAX_LIST} are shown")
+        esc(q.key.as_deref().unwrap_or("")),
+        counted(unknown),
+        counted(total),
+        if unknown > 0 && filter.state.is_none() {
+            format!(
+                r#"; <a href="/ui?{}">show the unknown ones</a>, which need an operator"#,
+                esc(&here("", "unknown"))
+            )
+        } else {
+            String::new()
+        },
+        if after_given || next.is_some() {
+            format!("; {} shown on this page, oldest first", list.len())
         } else {
             String::new()
         }
     );
+    // What needs an operator comes first: on the first page of a listing of every state, the
+    // unknown records (the first page of them) stand in a table of their own above the rest.
+    if filter.state.is_none() && !after_given && unknown > 0 {
+        let first_unknown = ListFilter {
+            after: None,
+            limit: PAGE,
+            ..unknown_filter.clone()
+        };
+        let stuck = match console.0.engine.list(&first_unknown).await {
+            Ok(l) => l,
+            Err(e) => return engine_error(&s, &e),
+        };
+        let caption = if unknown > PAGE {
+            format!(
+                r#"Unknown outcomes, which need an operator: the oldest {PAGE} (<a href="/ui?{}">all of them</a>)"#,
+                esc(&here("", "unknown"))
+            )
+        } else {
+            "Unknown outcomes, which need an operator".to_owned()
+        };
+        records_table(&mut body, &caption, &stuck);
+    }
     if list.is_empty() {
         body.push_str("<p>No records match.</p>");
     } else {
-        body.push_str(
-            r#"<table><caption>Records, unknown first</caption><thead><tr><th scope="col">State</th><th scope="col">Tenant</th><th scope="col">Tool</th><th scope="col">Key</th><th scope="col">Fence</th><th scope="col">Created</th><th scope="col">Detail</th></tr></thead><tbody>"#,
+        let caption = if filter.state.is_none() && !after_given && unknown > 0 {
+            "All records, oldest first"
+        } else {
+            "Records, oldest first"
+        };
+        records_table(&mut body, caption, &list);
+    }
+    // Every record is reachable: each page links to the one after it (and back to the first).
+    let mut links = Vec::new();
+    if after_given {
+        links.push(format!(
+            r#"<a href="/ui?{}">First page</a>"#,
+            esc(&here("", q.state.as_deref().unwrap_or("")))
+        ));
+    }
+    if let Some(next) = &next {
+        links.push(format!(
+            r#"<a href="/ui?{}" rel="next">Next page</a>"#,
+            esc(&here(&next.to_string(), q.state.as_deref().unwrap_or("")))
+        ));
+    }
+    if !links.is_empty() {
+        let _ = write!(
+            body,
+            r#"<nav class="pages" aria-label="Pages">{}</nav>"#,
+            links.join(" ")
         );
-        for r in &list {
-            let state = r.state_name().to_string();
-            let _ = write!(
-                body,
-                r#"<tr class="row-{state}"><td><span class="state state-{state}">{state}</span></td><td>{}</td><td>{}</td><td><a href="/ui/record?{}">{}</a></td><td>{}</td><td>{}</td><td>{}</td></tr>"#,
-                esc(r.key.tenant.as_str()),
-                esc(r.key.tool.as_str()),
-                record_query(&r.key),
-                esc(r.key.key.as_str()),
-                r.fence,
-                r.created_at,
-                esc(&detail(r)),
-            );
-        }
-        body.push_str("</tbody></table>");
     }
     page(StatusCode::OK, "Records", Some(header_of(&s)), &body)
+}
+
+/// A table of `records` under `caption` (HTML), one row each, each key linking to its record.
+fn records_table(body: &mut String, caption: &str, records: &[Record]) {
+    let _ = write!(
+        body,
+        r#"<table><caption>{caption}</caption><thead><tr><th scope="col">State</th><th scope="col">Tenant</th><th scope="col">Tool</th><th scope="col">Key</th><th scope="col">Fence</th><th scope="col">Created</th><th scope="col">Detail</th></tr></thead><tbody>"#
+    );
+    for r in records {
+        let state = r.state_name().to_string();
+        let _ = write!(
+            body,
+            r#"<tr class="row-{state}"><td><span class="state state-{state}">{state}</span></td><td>{}</td><td>{}</td><td><a href="/ui/record?{}">{}</a></td><td>{}</td><td>{}</td><td>{}</td></tr>"#,
+            esc(r.key.tenant.as_str()),
+            esc(r.key.tool.as_str()),
+            record_query(&r.key),
+            esc(r.key.key.as_str()),
+            r.fence,
+            r.created_at,
+            esc(&detail(r)),
+        );
+    }
+    body.push_str("</tbody></table>");
 }
 
 /// The query string naming one record.

@@ -623,8 +623,8 @@ async fn acting_on_a_stale_page_says_what_happened_in_the_browsers_terms() {
     );
 }
 
-/// A browser asks for `/favicon.ico` whatever a page links: it gets the console's icon, which
-/// every page also names.
+/// Operators by name: each signs what it does with its own name, and one's CSRF token is no good
+/// on another's session.
 #[tokio::test]
 async fn each_operator_signs_what_it_does_with_its_own_name() {
     let r = rig().await;
@@ -730,6 +730,8 @@ allowed_emails = ["alice@example.com"]
     }
 }
 
+/// A browser asks for `/favicon.ico` whatever a page links: it gets the console's icon, which
+/// every page also names.
 #[tokio::test]
 async fn the_favicon_is_served() {
     let r = rig().await;
@@ -744,4 +746,81 @@ async fn the_favicon_is_served() {
         login.contains(r#"<link rel="icon" type="image/svg+xml" href="/ui/assets/favicon.svg">"#),
         "{login}"
     );
+/// More records than a page holds: the unknown one heads the first page, each page links to the
+/// next one until the last, every record is on exactly one page of the listing, the counts are
+/// every page's (not the page's), and the key search box narrows to keys starting with it.
+#[tokio::test]
+async fn every_record_is_reachable_page_by_page() {
+    let r = rig().await;
+    let total = 230;
+    for i in 0..total {
+        let call = Call::new(
+            TenantId::new("acme").unwrap(),
+            ToolName::new("charge").unwrap(),
+        )
+        .key(IdempotencyKey::new(format!("order-{i:03}")).unwrap())
+        .args(&serde_json::json!({"i": i}));
+        engine_ok(&r.engine, call).await;
+    }
+    unknown_record(&r.engine, "acme", "stuck-1").await;
+    let (acme, _) = sign_in(&r.app, ACME).await;
+    let mut seen = std::collections::HashSet::new();
+    let mut url = "/ui".to_owned();
+    let mut pages = 0;
+    loop {
+        pages += 1;
+        assert!(pages < 10, "the pages never end");
+        let page = text(get(&r.app, &url, Some(&acme)).await).await;
+        assert!(!page.contains("are shown"), "{page}");
+        assert!(
+            page.contains(&format!("1 unknown of {} record(s)", total + 1)),
+            "the counts are every page's: {page}"
+        );
+        if pages == 1 {
+            // What needs an operator first: the unknown record heads the first page.
+            let first_row = &page[page.find("<tbody>").expect("a table")..];
+            let first_row = &first_row[..first_row.find("</tr>").unwrap()];
+            assert!(
+                first_row.contains(">stuck-1<") && first_row.contains("unknown"),
+                "{page}"
+            );
+        }
+        // The pages' own table: every record, oldest first.
+        let listed = &page[page.find("oldest first</caption>").expect("the records")..];
+        for i in 0..total {
+            let k = format!(">order-{i:03}<");
+            if listed.contains(&k) {
+                assert!(seen.insert(i), "order-{i:03} on two pages");
+            }
+        }
+        if listed.contains(">stuck-1<") {
+            assert!(seen.insert(total), "stuck-1 on two pages");
+        }
+        let Some(at) = page.find(r#"rel="next""#) else {
+            break;
+        };
+        let href = &page[..at];
+        let start = href.rfind("href=\"").unwrap() + 6;
+        url = href[start..]
+            .split('"')
+            .next()
+            .unwrap()
+            .replace("&amp;", "&");
+    }
+    assert_eq!(pages, 3, "230 records and one more in pages of 100");
+    assert_eq!(seen.len(), total + 1, "every record once");
+
+    let found = text(get(&r.app, "/ui?key=order-12", Some(&acme)).await).await;
+    assert!(found.contains(r#"name="key" value="order-12""#), "{found}");
+    assert!(found.contains(">order-120<") && found.contains(">order-129<"));
+    assert!(!found.contains(">order-130<") && !found.contains(">order-012<"));
+    assert!(found.contains("0 unknown of 10 record(s)"), "{found}");
+}
+
+/// Runs `call` to a completion.
+async fn engine_ok(engine: &Engine<AnyStore>, call: Call) {
+    engine
+        .call(call, || async { Effect::Success(b"ok".to_vec()) })
+        .await
+        .expect("the call runs");
 }
