@@ -746,6 +746,8 @@ async fn the_favicon_is_served() {
         login.contains(r#"<link rel="icon" type="image/svg+xml" href="/ui/assets/favicon.svg">"#),
         "{login}"
     );
+}
+
 /// More records than a page holds: the unknown one heads the first page, each page links to the
 /// next one until the last, every record is on exactly one page of the listing, the counts are
 /// every page's (not the page's), and the key search box narrows to keys starting with it.
