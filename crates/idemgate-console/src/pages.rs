@@ -1108,11 +1108,10 @@ async fn charts(
         }
     };
     value_section(&mut body, &log, &visible);
-    let now = Timestamp::now();
-    let first_hour = chart::first_hour(now, hours);
+    let window = chart::Window::ending(Timestamp::now(), hours);
     let _ = write!(
         body,
-        r#"<h2>Calls per tool and hour</h2><p>Over the last {hours} hours, one group of bars an hour (times in UTC). <strong>Executed</strong>, <strong>replayed</strong> and <strong>unknown</strong> (records that turned unknown) come from the audit log, so they survive restarts and include every process that writes it. <strong>Refused</strong> calls (key missing or reused, in flight, over quota) change no record and are not in the audit log: they are counted by this process only, since it started{}.</p>
+        r#"<h2>Calls per tool over time</h2><p>Over the last {hours} hours, one group of bars a {bucket} (times in UTC). <strong>Executed</strong>, <strong>replayed</strong> and <strong>unknown</strong> (records that turned unknown) come from the audit log, so they survive restarts and include every process that writes it. <strong>Refused</strong> calls (key missing or reused, in flight, over quota) change no record and are not in the audit log: they are counted by this process only, since it started{}.</p>
 <ul class="legend">{}</ul>"#,
         if console.0.tally.is_none() {
             " (this process serves no calls, so there are none)"
@@ -1122,7 +1121,8 @@ async fn charts(
         chart::SERIES
             .iter()
             .map(|n| format!(r#"<li><span class="swatch s-{n}"></span>{n}</li>"#))
-            .collect::<String>()
+            .collect::<String>(),
+        bucket = window.bucket_words(),
     );
     let refused = console
         .0
@@ -1130,8 +1130,8 @@ async fn charts(
         .as_ref()
         .map(|t| t.snapshot())
         .unwrap_or_default();
-    let tools = chart::count(&log, &refused, visible, now, hours);
-    let duplicates = chart::duplicates_by_tenant(&log, visible, now, hours);
+    let tools = chart::count(&log, &refused, visible, &window);
+    let duplicates = chart::duplicates_by_tenant(&log, visible, &window);
     if tools.is_empty() {
         body.push_str("<p>No calls in this window.</p>");
     }
@@ -1140,7 +1140,7 @@ async fn charts(
             body,
             r#"<section class="tool"><h3>{}</h3>{}<table class="totals"><caption>Totals</caption><tr>{}</tr><tr>{}</tr></table>"#,
             esc(tool),
-            chart::calls_svg(&format!("c{i}"), tool, counts, first_hour, hours),
+            chart::calls_svg(&format!("c{i}"), tool, counts, &window, hours),
             chart::SERIES
                 .iter()
                 .map(|n| format!(r#"<th scope="col">{n}</th>"#))
@@ -1153,10 +1153,10 @@ async fn charts(
             let series: Vec<chart::Series<'_>> = tenants
                 .iter()
                 .enumerate()
-                .map(|(t, (tenant, per_hour))| chart::Series {
+                .map(|(t, (tenant, per_bucket))| chart::Series {
                     name: tenant,
                     class: chart::tenant_class(t),
-                    per_hour,
+                    per_bucket,
                 })
                 .collect();
             let _ = write!(
@@ -1168,15 +1168,14 @@ async fn charts(
                         r#"<li><span class="swatch {}"></span>{}: {}</li>"#,
                         x.class,
                         esc(x.name),
-                        x.per_hour.iter().sum::<u64>()
+                        x.per_bucket.iter().sum::<u64>()
                     ))
                     .collect::<String>(),
                 chart::svg(
                     &format!("d{i}"),
-                    &format!("{tool}: duplicates answered without running per hour, by tenant, in the last {hours} hours"),
+                    &format!("{tool}: duplicates answered without running, by tenant, in the last {hours} hours"),
                     &series,
-                    first_hour,
-                    hours,
+                    &window,
                 ),
             );
         }

@@ -517,7 +517,7 @@ async fn duplicates_and_resolutions_show_on_the_console_and_in_metrics() {
     assert!(ms >= 60.0, "two replays of a 30 ms execution saved {saved}");
     // The duplicates chart of charge, with acme's series.
     assert!(
-        page.contains("charge: duplicates answered without running per hour, by tenant"),
+        page.contains("charge: duplicates answered without running, by tenant"),
         "{page}"
     );
 
