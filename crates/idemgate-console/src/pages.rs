@@ -1188,7 +1188,7 @@ async fn charts(
 /// duplicates it answered without running, the records operators settled, and the time the
 /// replays did not spend running the action again.
 fn value_section(body: &mut String, log: &audit::Log, visible: &dyn Fn(&str) -> bool) {
-    let value = crate::value::count(log, visible, |_| true);
+    let value = crate::value::count(log, visible);
     let _ = write!(
         body,
         r#"<h2>What idemgate saved</h2><p>Counted from the audit log{}: every process that writes it, across restarts. <code>/metrics</code> has the same counts for this process since it started (<code>idemgate_duplicates_answered_total</code>, <code>idemgate_resolutions_total</code>).</p>"#,

@@ -42,20 +42,15 @@ pub(crate) struct Value {
     pub(crate) untimed: BTreeMap<(String, String), u64>,
 }
 
-/// Counts the lines of `log` that `visible` lets through (a tenant's own, or every tenant's),
-/// and whose tool `tool_visible` lets through.
-pub(crate) fn count(
-    log: &audit::Log,
-    visible: impl Fn(&str) -> bool,
-    tool_visible: impl Fn(&str) -> bool,
-) -> Value {
+/// Counts the lines of `log` that `visible` lets through (a tenant's own, or every tenant's).
+pub(crate) fn count(log: &audit::Log, visible: impl Fn(&str) -> bool) -> Value {
     let mut value = Value::default();
     // Per record (tenant, tool, key digest): when its current reservation was made, and how long
     // its last execution took, as the log saw them in order.
     let mut reserved_at: HashMap<(&str, &str, &str), i64> = HashMap::new();
     let mut took: HashMap<(&str, &str, &str), Took> = HashMap::new();
     for line in &log.lines {
-        if !visible(&line.tenant) || !tool_visible(&line.tool) {
+        if !visible(&line.tenant) {
             continue;
         }
         let record = (
@@ -227,7 +222,7 @@ mod tests {
             ],
             truncated: false,
         };
-        let v = count(&log, |_| true, |_| true);
+        let v = count(&log, |_| true);
         let dup = |t: &str, r: &str| {
             v.duplicates
                 .get(&(t.into(), "charge".into(), r.into()))
@@ -251,7 +246,7 @@ mod tests {
         assert_eq!(res("completed", "console"), Some(1));
         assert_eq!(res("released", "API"), Some(1));
         assert_eq!(res("reopened", "CLI"), Some(1));
-        let only_b = count(&log, |t| t == "b", |_| true);
+        let only_b = count(&log, |t| t == "b");
         assert_eq!(only_b.duplicates.len(), 1);
         assert!(only_b.resolutions.is_empty());
     }
