@@ -1093,3 +1093,117 @@ fn keys_list_pages_through_every_record() {
         text(&bad.stderr)
     );
 }
+
+/// Resolutions and reopenings made at the command line (`keys resolve`, `keys reopen` given the
+/// audit log) are counted by how and through the CLI on the console's "what idemgate saved".
+#[test]
+fn the_console_counts_resolutions_made_at_the_command_line() {
+    let sb = Sandbox::new();
+    let audit = sb.path("audit.jsonl");
+    let audit_arg = audit.to_str().unwrap();
+    for key in ["pay-1", "pay-2"] {
+        let killed = sb.run(&["exec", "--key", key, "--", "sh", "-c", "kill -9 $$"]);
+        assert_eq!(killed.status.code(), Some(76), "{}", text(&killed.stderr));
+    }
+    // Signed with the OS user, as a shell's `USER` names it (a line without one cannot say
+    // which door it came through, and the console counts it as unsigned).
+    let as_alice = |args: &[&str]| {
+        sb.idemgate()
+            .env("USER", "alice")
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let completed = as_alice(&[
+        "keys",
+        "resolve",
+        "pay-1",
+        "--completed",
+        "--reason",
+        "seen",
+        "--audit-log",
+        audit_arg,
+    ]);
+    assert!(completed.status.success(), "{}", text(&completed.stderr));
+    let released = as_alice(&[
+        "keys",
+        "resolve",
+        "pay-2",
+        "--release",
+        "--reason",
+        "not sent",
+        "--audit-log",
+        audit_arg,
+    ]);
+    assert!(released.status.success(), "{}", text(&released.stderr));
+    let shown = sb.run(&["--json", "keys", "show", "pay-1"]);
+    let fence = serde_json::from_slice::<serde_json::Value>(&shown.stdout).unwrap()["fence"]
+        .as_u64()
+        .unwrap()
+        .to_string();
+    let reopened = as_alice(&[
+        "keys",
+        "reopen",
+        "pay-1",
+        "--fence",
+        &fence,
+        "--reason",
+        "refunded",
+        "--audit-log",
+        audit_arg,
+    ]);
+    assert!(reopened.status.success(), "{}", text(&reopened.stderr));
+
+    let token = "operator-token-0123456789abcdef";
+    let mut child = sb
+        .idemgate()
+        .env("IDEMGATE_OPERATOR_TOKEN", token)
+        .args([
+            "console",
+            "--listen",
+            "127.0.0.1:0",
+            "--audit-log",
+            audit_arg,
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let announced = announced(&mut child, "idemgate: console on http://");
+    let addr = announced.strip_suffix("/ui").unwrap().to_owned();
+    let login = http(
+        &addr,
+        "GET /ui/login HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    );
+    let body = format!("csrf={}&token={token}", form_value(&login, "csrf"));
+    let answer = http(
+        &addr,
+        &format!(
+            "POST /ui/login HTTP/1.1\r\nHost: x\r\nCookie: {}\r\n\
+             Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n\
+             Connection: close\r\n\r\n{body}",
+            set_cookie(&login, "idemgate_console_login"),
+            body.len()
+        ),
+    );
+    let session = set_cookie(&answer, "idemgate_console");
+    let page = http(
+        &addr,
+        &format!(
+            "GET /ui/charts HTTP/1.1\r\nHost: x\r\nCookie: {session}\r\nConnection: close\r\n\r\n"
+        ),
+    );
+    for row in [
+        "<tr><td>local</td><td>exec</td><td>completed</td><td>CLI</td><td>1</td></tr>",
+        "<tr><td>local</td><td>exec</td><td>released</td><td>CLI</td><td>1</td></tr>",
+        "<tr><td>local</td><td>exec</td><td>reopened</td><td>CLI</td><td>1</td></tr>",
+    ] {
+        assert!(page.contains(row), "missing {row} in:\n{page}");
+    }
+    // Stopped by its own pid, as the test above stops its console.
+    Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    child.wait().unwrap();
+}

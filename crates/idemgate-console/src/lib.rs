@@ -8,6 +8,7 @@ pub mod operators;
 mod pages;
 mod session;
 mod tally;
+mod value;
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -13,7 +13,7 @@ use axum::routing::{get, post};
 use axum::{Form, Router};
 use idemgate::{
     EngineError, IdempotencyKey, Keep, Key, KeyRule, ListCursor, ListFilter, OutcomeKind, Record,
-    RecordState, Resolution, State as RecordStateName, TenantId, Timestamp, ToolName,
+    RecordState, Resolution, State as RecordStateName, Timestamp, ToolName,
 };
 use idemgate_kit::{Door, Explanation, Payload, Resolve};
 use serde::Deserialize;
@@ -1163,6 +1163,8 @@ fn settle_error(s: &Session, key: &Key, e: &EngineError) -> Response {
 #[derive(Debug, Default, Deserialize)]
 struct ChartQuery {
     hours: Option<String>,
+    /// Only this tenant's calls (the operator's filter; a tenant sees its own anyway).
+    tenant: Option<String>,
 }
 
 async fn charts(
@@ -1180,19 +1182,21 @@ async fn charts(
         .and_then(|h| h.parse::<usize>().ok())
         .filter(|h| (2..=48).contains(h))
         .unwrap_or(24);
-    let mut body = format!(
-        r#"<p>Calls per tool and hour over the last {hours} hours. <strong>Executed</strong>, <strong>replayed</strong> and <strong>unknown</strong> (records that turned unknown) come from the audit log, so they survive restarts and include every process that writes it. <strong>Refused</strong> calls (key missing or reused, in flight, over quota) change no record and are not in the audit log: they are counted by this process only, since it started{}.</p>
-<ul class="legend">{}</ul>"#,
-        if console.0.tally.is_none() {
-            " (this process serves no calls, so there are none)"
-        } else {
-            ""
-        },
-        chart::SERIES
-            .iter()
-            .map(|n| format!(r#"<li><span class="swatch s-{n}"></span>{n}</li>"#))
-            .collect::<String>()
-    );
+    // A tenant sees its own calls whatever it asks for; the operator every tenant's, or the
+    // one the filter names.
+    let only: Option<String> = match &s.role {
+        Role::Operator(_) => nonempty(&q.tenant).map(str::to_owned),
+        Role::Tenant(t) => Some(t.as_str().to_owned()),
+    };
+    let visible = |tenant: &str| only.as_deref().is_none_or(|t| t == tenant);
+    let mut body = String::new();
+    if matches!(s.role, Role::Operator(_)) {
+        let _ = write!(
+            body,
+            r#"<form method="get" action="/ui/charts" class="filters"><label for="f-tenant">Tenant</label> <input id="f-tenant" name="tenant" value="{}" size="16"> <label for="f-hours">Hours</label> <input id="f-hours" name="hours" value="{hours}" size="3" inputmode="numeric"> <button type="submit">Show</button></form>"#,
+            esc(only.as_deref().unwrap_or("")),
+        );
+    }
     let log = match &console.0.audit_log {
         Some(path) => match audit::read(path) {
             Ok(l) => l,
@@ -1207,32 +1211,45 @@ async fn charts(
         },
         None => {
             body.push_str(
-                "<p class=\"error\">No audit log is configured: only refusals are counted.</p>",
+                "<p class=\"error\">No audit log is configured: only refusals are counted, and what idemgate saved cannot be shown.</p>",
             );
             audit::Log::default()
         }
     };
+    value_section(&mut body, &log, &visible);
+    let window = chart::Window::ending(Timestamp::now(), hours);
+    let _ = write!(
+        body,
+        r#"<h2>Calls per tool over time</h2><p>Over the last {hours} hours, one group of bars a {bucket} (times in UTC). <strong>Executed</strong>, <strong>replayed</strong> and <strong>unknown</strong> (records that turned unknown) come from the audit log, so they survive restarts and include every process that writes it. <strong>Refused</strong> calls (key missing or reused, in flight, over quota) change no record and are not in the audit log: they are counted by this process only, since it started{}.</p>
+<ul class="legend">{}</ul>"#,
+        if console.0.tally.is_none() {
+            " (this process serves no calls, so there are none)"
+        } else {
+            ""
+        },
+        chart::SERIES
+            .iter()
+            .map(|n| format!(r#"<li><span class="swatch s-{n}"></span>{n}</li>"#))
+            .collect::<String>(),
+        bucket = window.bucket_words(),
+    );
     let refused = console
         .0
         .tally
         .as_ref()
         .map(|t| t.snapshot())
         .unwrap_or_default();
-    let own: Option<TenantId> = match &s.role {
-        Role::Operator(_) => None,
-        Role::Tenant(t) => Some(t.clone()),
-    };
-    let visible = |tenant: &str| own.as_ref().is_none_or(|t| t.as_str() == tenant);
-    let tools = chart::count(&log, &refused, visible, Timestamp::now(), hours);
+    let tools = chart::count(&log, &refused, visible, &window);
+    let duplicates = chart::duplicates_by_tenant(&log, visible, &window);
     if tools.is_empty() {
         body.push_str("<p>No calls in this window.</p>");
     }
     for (i, (tool, counts)) in tools.iter().enumerate() {
         let _ = write!(
             body,
-            r#"<section class="tool"><h2>{}</h2>{}<table class="totals"><caption>Totals</caption><tr>{}</tr><tr>{}</tr></table></section>"#,
+            r#"<section class="tool"><h3>{}</h3>{}<table class="totals"><caption>Totals</caption><tr>{}</tr><tr>{}</tr></table>"#,
             esc(tool),
-            chart::svg(&format!("c{i}"), tool, counts, hours),
+            chart::calls_svg(&format!("c{i}"), tool, counts, &window, hours),
             chart::SERIES
                 .iter()
                 .map(|n| format!(r#"<th scope="col">{n}</th>"#))
@@ -1241,6 +1258,98 @@ async fn charts(
                 .map(|n| format!("<td>{}</td>", counts.total(n)))
                 .collect::<String>(),
         );
+        if let Some(tenants) = duplicates.get(tool) {
+            let series: Vec<chart::Series<'_>> = tenants
+                .iter()
+                .enumerate()
+                .map(|(t, (tenant, per_bucket))| chart::Series {
+                    name: tenant,
+                    class: chart::tenant_class(t),
+                    per_bucket,
+                })
+                .collect();
+            let _ = write!(
+                body,
+                r#"<h4>Duplicates answered without running, by tenant</h4><ul class="legend">{}</ul>{}"#,
+                series
+                    .iter()
+                    .map(|x| format!(
+                        r#"<li><span class="swatch {}"></span>{}: {}</li>"#,
+                        x.class,
+                        esc(x.name),
+                        x.per_bucket.iter().sum::<u64>()
+                    ))
+                    .collect::<String>(),
+                chart::svg(
+                    &format!("d{i}"),
+                    &format!("{tool}: duplicates answered without running, by tenant, in the last {hours} hours"),
+                    &series,
+                    &window,
+                ),
+            );
+        }
+        body.push_str("</section>");
     }
     page(StatusCode::OK, "Charts", Some(header_of(&s)), &body)
+}
+
+/// What idemgate saved, from the whole audit log read (not only the chart's window): the
+/// duplicates it answered without running, the records operators settled, and the time the
+/// replays did not spend running the action again.
+fn value_section(body: &mut String, log: &audit::Log, visible: &dyn Fn(&str) -> bool) {
+    let value = crate::value::count(log, visible);
+    let _ = write!(
+        body,
+        r#"<h2>What idemgate saved</h2><p>Counted from the audit log{}: every process that writes it, across restarts. <code>/metrics</code> has the same counts for this process since it started (<code>idemgate_duplicates_answered_total</code>, <code>idemgate_resolutions_total</code>).</p>"#,
+        if log.truncated {
+            " (its last 16 MiB: older lines are not counted)"
+        } else {
+            ""
+        }
+    );
+    body.push_str(r#"<table class="value" id="duplicates"><caption>Duplicates answered without running the action</caption><tr><th scope="col">tenant</th><th scope="col">tool</th><th scope="col">rule</th><th scope="col">calls</th></tr>"#);
+    if value.duplicates.is_empty() {
+        body.push_str(r#"<tr><td colspan="4">None in the log.</td></tr>"#);
+    }
+    for ((tenant, tool, rule), n) in &value.duplicates {
+        let _ = write!(
+            body,
+            r#"<tr><td>{}</td><td>{}</td><td>{}</td><td>{n}</td></tr>"#,
+            esc(tenant),
+            esc(tool),
+            esc(rule)
+        );
+    }
+    body.push_str(r#"</table><p class="note">Rules: <strong>key</strong> a replay of a record a key named (the caller's key, or a framework's call id or a model's key, which the engine sees alike), <strong>window</strong> a replay of an identical call within the tool's window, <strong>expired</strong> a retry of an action that ran before and whose outcome is no longer kept, refused rather than run again.</p>"#);
+    body.push_str(r#"<table class="value" id="saved"><caption>Time saved by replays</caption><tr><th scope="col">tenant</th><th scope="col">tool</th><th scope="col">replays timed</th><th scope="col">time not spent again</th><th scope="col">replays not timed</th></tr>"#);
+    let mut pairs: std::collections::BTreeSet<&(String, String)> = value.saved.keys().collect();
+    pairs.extend(value.untimed.keys());
+    if pairs.is_empty() {
+        body.push_str(r#"<tr><td colspan="5">No replays in the log.</td></tr>"#);
+    }
+    for pair in pairs {
+        let (timed, ms) = value.saved.get(pair).copied().unwrap_or((0, 0));
+        let _ = write!(
+            body,
+            r#"<tr><td>{}</td><td>{}</td><td>{timed}</td><td>{}</td><td>{}</td></tr>"#,
+            esc(&pair.0),
+            esc(&pair.1),
+            crate::value::duration(ms),
+            value.untimed.get(pair).copied().unwrap_or(0),
+        );
+    }
+    body.push_str(r#"</table><p class="note">A record keeps when its outcome was recorded, not when its action started, so the time is read from the audit log: from the line that reserved the record to the line that recorded its outcome (the action's run plus idemgate's own store writes), counted once for each replay of it. A replay whose execution is not in the log (older than the log, an operator's resolution, a record reopened since) is counted as not timed.</p>"#);
+    body.push_str(r#"<table class="value" id="resolutions"><caption>Records operators settled</caption><tr><th scope="col">tenant</th><th scope="col">tool</th><th scope="col">how</th><th scope="col">through</th><th scope="col">records</th></tr>"#);
+    if value.resolutions.is_empty() {
+        body.push_str(r#"<tr><td colspan="5">None in the log.</td></tr>"#);
+    }
+    for ((tenant, tool, how, door), n) in &value.resolutions {
+        let _ = write!(
+            body,
+            r#"<tr><td>{}</td><td>{}</td><td>{how}</td><td>{door}</td><td>{n}</td></tr>"#,
+            esc(tenant),
+            esc(tool),
+        );
+    }
+    body.push_str(r#"</table><p class="note"><strong>completed</strong>: resolved as "it happened" (retries get the operator's result); <strong>released</strong>: "it did not happen" (the next call runs); <strong>reopened</strong>: a stored or unknown outcome dropped so the next call runs again. Through: the console, the API (the gateway's records endpoints, signed by the tenant) or the CLI (<code>idemgate keys</code>, signed by the OS user).</p>"#);
 }
