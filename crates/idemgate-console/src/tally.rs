@@ -16,7 +16,7 @@ const KEPT_MS: i64 = 48 * 3_600_000;
 /// (tenant, tool) pairs counted at most; refusals of others count under "other" (callers name tools).
 const MAX_TOOLS: usize = 1000;
 
-/// Refused calls per tenant and tool per [`SLOT_MS`], in this process. An engine [`Observer`].
+/// Refused calls per tenant and tool per five-minute slot, in this process. An engine [`Observer`].
 #[derive(Debug, Default)]
 pub struct Tally(Mutex<HashMap<(String, String), HashMap<i64, u64>>>);
 
