@@ -270,10 +270,10 @@ def main() -> None:
 
             # Charts: the tenant's own tools only; the operator's all.
             res = page.goto(base + "/ui/charts")
-            assert page.locator("section.tool h2").all_inner_texts() == ["charge"]
+            assert page.locator("section.tool h3").all_inner_texts() == ["charge"]
             checks.page(page, "acme-charts", res)
             res = op.goto(base + "/ui/charts")
-            assert op.locator("section.tool h2").all_inner_texts() == ["charge", "invoice"]
+            assert op.locator("section.tool h3").all_inner_texts() == ["charge", "invoice"]
             totals = op.locator("section.tool table").first.inner_text()
             checks.page(op, "operator-charts", res)
 

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -19,6 +20,8 @@ import pytest
 
 from conftest import (
     CALLER,
+    CALLER_SPAN,
+    CALLER_TRACE,
     PROTOCOLS,
     ROOT,
     assert_call,
@@ -37,6 +40,49 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def exported(receiver: OtlpReceiver, service: str, tool: str, calls: int) -> list[dict[str, Any]]:
+    """The spans `service` exported, once its `calls` calls of `tool` have arrived."""
+    return of_service(
+        receiver.wait_for(
+            lambda s: [x["name"] for x in of_service(s, service)].count(f"execute_tool {tool}") == calls
+        ),
+        service,
+    )
+
+
+def start_gateway(
+    binary: Path, tmp_path: Path, env: dict[str, str], upstream: str
+) -> tuple[subprocess.Popen[bytes], str]:
+    """`idemgate serve` with tenant acme (TOKEN) and the forwarded tool `charge`, once it answers
+    /healthz, and its base URL."""
+    port = free_port()
+    config = tmp_path / "idemgate.toml"
+    config.write_text(
+        f'[server]\nlisten = "127.0.0.1:{port}"\nstore = "sqlite://{tmp_path / "r.db"}"\n'
+        f'journal = "{tmp_path / "journal"}"\n\n'
+        f'[[tenants]]\nid = "acme"\ntoken_sha256 = "{hashlib.sha256(TOKEN.encode()).hexdigest()}"\n\n'
+        f'[tools.charge]\nupstream = "{upstream}"\n'
+    )
+    log = open(tmp_path / "serve.log", "wb")
+    proc = subprocess.Popen(
+        [str(binary), "serve", "--config", str(config)], env=env, stdout=log, stderr=subprocess.STDOUT
+    )
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            urllib.request.urlopen(f"{base}/healthz", timeout=2)
+            return proc, base
+        except OSError:
+            if proc.poll() is not None or time.monotonic() >= deadline:
+                proc.kill()
+                proc.wait(timeout=30)
+                raise AssertionError(
+                    f"the gateway never answered /healthz: {(tmp_path / 'serve.log').read_text()}"
+                ) from None
+            time.sleep(0.05)
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
@@ -61,33 +107,11 @@ def test_gateway_forwards_its_effect_span_to_the_upstream(
 
     up = ThreadingHTTPServer(("127.0.0.1", 0), Upstream)
     threading.Thread(target=up.serve_forever, daemon=True).start()
-    port = free_port()
-    config = tmp_path / "idemgate.toml"
-    config.write_text(
-        f'[server]\nlisten = "127.0.0.1:{port}"\nstore = "sqlite://{tmp_path / "r.db"}"\n'
-        f'journal = "{tmp_path / "journal"}"\n\n'
-        f'[[tenants]]\nid = "acme"\ntoken_sha256 = "{hashlib.sha256(TOKEN.encode()).hexdigest()}"\n\n'
-        f'[tools.charge]\nupstream = "http://127.0.0.1:{up.server_address[1]}/charge"\n'
-    )
     service = f"serve-{protocol}"
-    log = open(tmp_path / "serve.log", "wb")
-    proc = subprocess.Popen(
-        [str(binary), "serve", "--config", str(config)],
-        env=door_env(receiver, protocol, service),
-        stdout=log,
-        stderr=subprocess.STDOUT,
+    proc, base = start_gateway(
+        binary, tmp_path, door_env(receiver, protocol, service), f"http://127.0.0.1:{up.server_address[1]}/charge"
     )
     try:
-        base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(f"{base}/healthz", timeout=2)
-                break
-            except OSError:
-                assert proc.poll() is None, (tmp_path / "serve.log").read_text()
-                assert time.monotonic() < deadline, "the gateway never answered /healthz"
-                time.sleep(0.05)
         for _ in range(2):
             req = urllib.request.Request(
                 f"{base}/v1/tools/charge/call",
@@ -102,12 +126,7 @@ def test_gateway_forwards_its_effect_span_to_the_upstream(
             )
             with urllib.request.urlopen(req, timeout=30) as res:
                 assert res.status == 200
-        spans = of_service(
-            receiver.wait_for(
-                lambda s: [x["name"] for x in of_service(s, service)].count("execute_tool charge") == 2
-            ),
-            service,
-        )
+        spans = exported(receiver, service, "charge", 2)
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -119,6 +138,45 @@ def test_gateway_forwards_its_effect_span_to_the_upstream(
     assert headers_seen[0]["tracestate"] == "vendor=1"
     assert_call(spans, "charge", "http", "replayed")
     assert_secret_absent(spans, KEY, "4242")
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_gateway_marks_a_write_refused_for_want_of_a_key(
+    receiver: OtlpReceiver, binary: Path, tmp_path: Path, protocol: str
+) -> None:
+    """A write without an Idempotency-Key, forwarded or coordinated, is refused; its span says
+    so as the other doors' refusals do: the verdict, `error.type` and an error status."""
+    service = f"serve-keyless-{protocol}"
+    # Nothing listens there: a refused call never reaches its upstream.
+    proc, base = start_gateway(binary, tmp_path, door_env(receiver, protocol, service), "http://127.0.0.1:9/charge")
+    try:
+        for path in ("call", "begin"):
+            req = urllib.request.Request(
+                f"{base}/v1/tools/charge/{path}",
+                data=b'{"amount": 4242}',
+                headers={
+                    "content-type": "application/json",
+                    "authorization": f"Bearer {TOKEN}",
+                    "traceparent": CALLER,
+                },
+            )
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(req, timeout=30)
+            assert refused.value.code == 400, refused.value.read()
+            assert json.loads(refused.value.read())["type"].endswith("/key-required")
+        spans = exported(receiver, service, "charge", 2)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    for call in spans:
+        if call["name"] != "execute_tool charge":
+            continue
+        a = call["attributes"]
+        assert a["idemgate.door"] == "http"
+        assert a["idemgate.verdict"] == "key_required", a
+        assert a["error.type"] == "key_required", a
+        assert call["status"] == 2, f"STATUS_CODE_ERROR: {call}"
+        assert call["trace_id"] == CALLER_TRACE and call["parent_span_id"] == CALLER_SPAN
 
 
 def fixture_server(
@@ -195,12 +253,7 @@ def test_mcp_proxy_takes_and_hands_on_meta_trace_context(
                 },
             )
             assert "result" in answer, answer
-        spans = of_service(
-            receiver.wait_for(
-                lambda s: [x["name"] for x in of_service(s, service)].count("execute_tool count") == 2
-            ),
-            service,
-        )
+        spans = exported(receiver, service, "count", 2)
     finally:
         assert proc.stdin is not None
         proc.stdin.close()
@@ -291,10 +344,7 @@ def test_mcp_http_takes_the_traceparent_header(
             {**session, "idempotency-key": KEY, "traceparent": CALLER},
         )
         assert answer is not None and "result" in answer, answer
-        spans = of_service(
-            receiver.wait_for(lambda s: [x["name"] for x in of_service(s, service)].count("execute_tool count") == 1),
-            service,
-        )
+        spans = exported(receiver, service, "count", 1)
     finally:
         proc.terminate()
         proc.wait(timeout=30)

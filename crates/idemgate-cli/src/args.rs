@@ -31,12 +31,13 @@ Examples:
   idemgate keys list --state unknown
   idemgate keys resolve order-1234-charge --completed --exit-code 0
 
-Exit codes of `exec`: the command's own on execution and replay; 65 key reused with other
-arguments; 69 store unavailable (nothing ran); 70 the command ran but its outcome could not be
-recorded; 75 in flight elsewhere; 76 outcome unknown; 77 the command ran but outlived its lease
-and another run took the key over; 79 the command declared it did nothing
-(--not-applied-exit-code; the key is free again); 127 the command could not be started (nothing
-ran; the key is free again); 1 other errors.
+Exit codes of `exec`: the command's own on execution and replay; 2 the command line was not
+understood (nothing ran); 65 key reused with other arguments; 69 store unavailable (nothing ran);
+70 the command ran but its outcome could not be recorded; 75 in flight elsewhere; 76 outcome
+unknown; 77 the command ran but outlived its lease and another run took the key over; 79 the
+command declared it did nothing (--not-applied-exit-code; the key is free again); 80 the command
+ran before and its outcome expired (it was not run again); 127 the command could not be started
+(nothing ran; the key is free again); 1 other errors.
 
 Signals: SIGTERM and SIGINT sent to idemgate are passed on to the command, and idemgate waits for
 it and records what it did: its exit code if it exits, an unknown outcome if the signal kills it.";
@@ -112,6 +113,11 @@ Without --config the gateway listens on 127.0.0.1:8080 (or --listen) with one te
 unauthenticated mode. Every tool is a coordinated write with the default policy; forwarded tools
 need a config file.
 
+The web console at /ui (docs/OPERATIONS.md) signs in tenants with their tokens, and operators (who
+see every tenant) by name: [[console.operators]] gives each a name and a token of their own, and
+[console.oidc] lets them sign in at an OpenID Connect provider; the audit log signs each console
+action console:<name>. Both need a config file.
+
 Logs are JSON lines on stderr, filtered by IDEMGATE_LOG (default info). SIGTERM or Ctrl-C stops
 accepting, lets in-flight requests finish, flushes the journal and exits 0.";
 
@@ -148,8 +154,9 @@ its timeline from the audit log (--audit-log); resolve and reopen with a reason,
 audit log with who did it; per-tool charts from the audit log.
 
 One operator signs in, with the token in the environment variable named by --token-env
-(IDEMGATE_OPERATOR_TOKEN unless changed; at least 16 characters) and sees every tenant's records.
-It never starts without one. It listens on loopback unless told otherwise: put a TLS-terminating
+(IDEMGATE_OPERATOR_TOKEN unless changed; at least 16 characters) and sees every tenant's records;
+the audit log signs its actions console:operator (operators by name are configured for `idemgate
+serve`, in [[console.operators]]). It never starts without one. It listens on loopback unless told otherwise: put a TLS-terminating
 proxy in front (and pass --secure-cookie) before exposing it.
 
 Example:
@@ -277,7 +284,7 @@ pub struct ExecArgs {
     pub key: String,
 
     /// The scope of the key; the same key under another tool is another record.
-    #[arg(long, default_value = "exec")]
+    #[arg(long, default_value = idemgate_kit::EXEC_TOOL)]
     pub tool: String,
 
     /// How long the outcome is kept and replayed.
@@ -336,12 +343,28 @@ pub enum KeysCommand {
         /// (the MCP proxy names them `conversation:ID` or `session:ID`).
         #[arg(long)]
         scope: Option<String>,
+        /// Only records whose key starts with this.
+        #[arg(long)]
+        key_prefix: Option<String>,
+        /// Only records created at or after this time (RFC 3339, e.g. 2026-12-05T09:00:00Z).
+        #[arg(long, value_name = "TIME")]
+        created_from: Option<String>,
+        /// Only records created before this time (RFC 3339).
+        #[arg(long, value_name = "TIME")]
+        created_before: Option<String>,
         /// Records of every tenant, not just --tenant's.
         #[arg(long)]
         all_tenants: bool,
-        /// At most this many (0: all).
+        /// At most this many, one page (0: all in one page). With --all, the size of each page.
         #[arg(long, default_value_t = 100)]
         limit: usize,
+        /// Start after this cursor: the next page, as the page before printed it (records are
+        /// listed oldest first, and each page goes on where the one before stopped).
+        #[arg(long)]
+        cursor: Option<String>,
+        /// Every page, one after the other (each of --limit records), until the last.
+        #[arg(long)]
+        all: bool,
     },
     /// Show one record, with its stored outcome.
     Show {
@@ -358,13 +381,32 @@ pub enum KeysCommand {
     /// again.
     #[command(long_about = REOPEN_ABOUT)]
     Reopen(ReopenArgs),
-    /// Delete completed records whose time is up, and drop the outcomes of tombstones.
+    /// Delete completed records whose time is up (reopened ones too), and drop the outcomes of
+    /// tombstones.
     Purge {
-        /// Required: purge records past their tombstone (or their TTL when they keep none), and
-        /// drop the stored outcome of those past their TTL (unknown records are never purged).
+        /// Required: purge records past their tombstone (or their TTL when they keep none, and
+        /// reopened ones), and drop the stored outcome of those past their TTL (unknown records
+        /// are never purged).
         #[arg(long, required = true)]
         expired: bool,
     },
+}
+
+impl KeysCommand {
+    /// The audit log an operator's command appends to (`resolve`, `reopen`), when it names one;
+    /// `None` for the commands that change no record, and when none is named.
+    pub(crate) fn audit_log(&self) -> Option<&std::path::Path> {
+        match self {
+            KeysCommand::Resolve(args) => args.audit_log.as_deref(),
+            KeysCommand::Reopen(args) => args.audit_log.as_deref(),
+            KeysCommand::List { .. } | KeysCommand::Show { .. } | KeysCommand::Purge { .. } => None,
+        }
+    }
+
+    /// Whether the command is an operator's resolution or reopening, which the audit log is for.
+    pub(crate) fn settles(&self) -> bool {
+        matches!(self, KeysCommand::Resolve(_) | KeysCommand::Reopen(_))
+    }
 }
 
 /// `keys resolve`.
@@ -384,16 +426,18 @@ pub struct ResolveArgs {
     #[arg(long)]
     pub completed: bool,
     /// With --completed: the result to replay, as JSON (for records of the HTTP gateway, the MCP
-    /// proxy and the library; every front door replays a JSON result). Without it the outcome is
-    /// a command's: --exit-code and --stdout.
+    /// proxy and the library; every front door replays a JSON result). Required for a record
+    /// whose tool is not `exec`, unless --exit-code says it is a command's.
     #[arg(long, value_name = "JSON", requires = "completed", conflicts_with_all = ["exit_code", "stdout"])]
     pub result: Option<String>,
-    /// With --completed: the exit code to replay.
-    #[arg(long, default_value_t = 0, requires = "completed")]
-    pub exit_code: i32,
-    /// With --completed: the standard output to replay.
-    #[arg(long, default_value = "", requires = "completed")]
-    pub stdout: String,
+    /// With --completed: the record is a command's (`idemgate exec`); the exit code to replay.
+    /// Default for a record of tool `exec`: 0.
+    #[arg(long, requires = "completed")]
+    pub exit_code: Option<i32>,
+    /// With --completed: the record is a command's (`idemgate exec`); the standard output to
+    /// replay. Default: none.
+    #[arg(long, requires = "completed")]
+    pub stdout: Option<String>,
     /// With --completed: how long to keep it.
     #[arg(long, default_value = "24h", value_parser = humantime::parse_duration, requires = "completed")]
     pub ttl: Duration,
@@ -405,9 +449,13 @@ pub struct ResolveArgs {
     /// runs the action again.
     #[arg(long)]
     pub release: bool,
-    /// Why, in words, for the audit log (which also records your OS user).
+    /// Why, in words, for the audit log (--audit-log), which also records your OS user.
     #[arg(long)]
     pub reason: Option<String>,
+    /// The audit log to append the resolution to, with who (your OS user) and why: the one the
+    /// gateway (server.audit_log), the MCP proxy and the console write.
+    #[arg(long, env = "IDEMGATE_AUDIT_LOG", value_name = "PATH")]
+    pub audit_log: Option<PathBuf>,
 }
 
 /// The long help of `keys reopen`.
@@ -423,7 +471,7 @@ finishes or its lease ends.
 The next call with the key runs the action again, here at once. Other processes using the same
 store (gateways, MCP proxies, Python workers) may still replay the old outcome from their memory
 for up to 2 seconds (the engine's replay_cache_fresh), then run it again too. The audit log
-records who (your OS user) reopened it, at which fence, and why.";
+(--audit-log) records who (your OS user) reopened it, at which fence, and why.";
 
 /// `keys reopen`.
 #[derive(Debug, Args)]
@@ -437,9 +485,13 @@ pub struct ReopenArgs {
     /// it.
     #[arg(long)]
     pub fence: u64,
-    /// Why, in words, for the audit log.
+    /// Why, in words, for the audit log (--audit-log).
     #[arg(long)]
     pub reason: String,
+    /// The audit log to append the reopening to, with who (your OS user) and why: the one the
+    /// gateway (server.audit_log), the MCP proxy and the console write.
+    #[arg(long, env = "IDEMGATE_AUDIT_LOG", value_name = "PATH")]
+    pub audit_log: Option<PathBuf>,
 }
 
 /// `key ...`.

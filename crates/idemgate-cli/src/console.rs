@@ -35,7 +35,13 @@ pub(crate) async fn run(cli: &Cli, args: &ConsoleArgs) -> Result<u8> {
     let console = Console::new(Settings {
         engine: Arc::new(instruments.attach(ctx.engine)),
         tenants: Vec::new(),
-        operator_token_sha256: Some(idemgate_http::token_sha256(&token)),
+        // One token, so one operator, named as the gateway names the one of
+        // `console.operator_token_sha256`.
+        operators: vec![idemgate_console::OperatorConfig {
+            name: idemgate_console::DEFAULT_OPERATOR.to_owned(),
+            token_sha256: idemgate_http::token_sha256(&token),
+        }],
+        oidc: None,
         audit_log: args.audit_log.clone(),
         // This process serves no calls: it has no refusals to count.
         tally: None,

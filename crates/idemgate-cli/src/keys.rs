@@ -2,10 +2,10 @@
 
 use anyhow::{bail, Context as _, Result};
 use idemgate::{
-    EngineError, Keep, Key, ListFilter, OutcomeKind, Record, RecordState, Resolution, State,
-    Store as _, ToolName,
+    EngineError, Keep, Key, ListCursor, ListFilter, OutcomeKind, Record, RecordState, Resolution,
+    State, Store as _, Timestamp, ToolName,
 };
-use idemgate_kit::Payload;
+use idemgate_kit::{Payload, EXEC_TOOL};
 
 use crate::args::{KeysCommand, ReopenArgs, ResolveArgs};
 use crate::{exit, out, Context};
@@ -16,9 +16,20 @@ pub(crate) async fn run(ctx: &Context, cmd: &KeysCommand) -> Result<u8> {
             state,
             tool,
             scope,
+            key_prefix,
+            created_from,
+            created_before,
             all_tenants,
             limit,
+            cursor,
+            all,
         } => {
+            let time = |flag: &str, t: &Option<String>| -> Result<Option<Timestamp>> {
+                t.as_deref()
+                    .map(str::parse::<Timestamp>)
+                    .transpose()
+                    .map_err(|e| anyhow::anyhow!("invalid {flag}: {e}"))
+            };
             let filter = ListFilter {
                 // Without --tenant the operator sees every tenant: the gateway's records live
                 // under its tenants ("default" without a config file), exec's under "local".
@@ -34,33 +45,17 @@ pub(crate) async fn run(ctx: &Context, cmd: &KeysCommand) -> Result<u8> {
                     .transpose()
                     .map_err(anyhow::Error::msg)?,
                 scope: scope.as_deref().map(Into::into),
+                key_prefix: key_prefix.as_deref().map(Into::into),
+                created_from: time("--created-from", created_from)?,
+                created_before: time("--created-before", created_before)?,
+                after: cursor
+                    .as_deref()
+                    .map(str::parse::<ListCursor>)
+                    .transpose()
+                    .map_err(|e| anyhow::anyhow!("invalid --cursor: {e}"))?,
                 limit: *limit,
             };
-            let records = ctx.store().list(&filter).await?;
-            if ctx.json {
-                let rows: Vec<_> = records.iter().map(record_json).collect();
-                out::line(format_args!("[{}]", rows.join(",")));
-            } else if records.is_empty() {
-                eprintln!("no records");
-            } else {
-                out::line(format_args!(
-                    "{:<10} {:<12} {:<16} {:<24} {:>5}  {:<24}  DETAIL",
-                    "STATE", "TENANT", "TOOL", "KEY", "FENCE", "CREATED"
-                ));
-                for r in &records {
-                    out::line(format_args!(
-                        "{:<10} {:<12} {:<16} {:<24} {:>5}  {:<24}  {}",
-                        r.state_name().to_string(),
-                        r.key.tenant.as_str(),
-                        r.key.tool.as_str(),
-                        r.key.key.as_str(),
-                        r.fence,
-                        r.created_at.to_string(),
-                        detail(r)
-                    ));
-                }
-            }
-            Ok(0)
+            list(ctx, filter, *all).await
         }
         KeysCommand::Show { key, tool } => {
             let Some(record) = find(ctx, key, tool.as_deref()).await? else {
@@ -88,10 +83,132 @@ pub(crate) async fn run(ctx: &Context, cmd: &KeysCommand) -> Result<u8> {
             if ctx.json {
                 out::line(format_args!("{}", serde_json::json!({ "purged": n })));
             } else {
-                out::line(format_args!("purged {n} expired record(s)"));
+                // A reopened record's time is up at once, so it goes with the expired ones; the
+                // store's count does not tell them apart, and calling them all expired told an
+                // operator who had only reopened records that something had expired.
+                out::line(format_args!(
+                    "purged {n} record(s) whose time is up: expired past their tombstone, or reopened"
+                ));
             }
             Ok(0)
         }
+    }
+}
+
+/// `keys list`: one page of `filter` (or every page from it, with `all`), as a table or a JSON
+/// array, and how to get the page after when there is one.
+async fn list(ctx: &Context, mut filter: ListFilter, all: bool) -> Result<u8> {
+    let page = filter.limit;
+    let mut printed = 0usize;
+    if ctx.json {
+        // One array however many pages it takes, written as they come.
+        out::bytes(b"[");
+    }
+    let next = loop {
+        // One more than the page, to know whether another follows without asking for it.
+        let asked = ListFilter {
+            limit: if page > 0 { page + 1 } else { 0 },
+            ..filter.clone()
+        };
+        let mut records = ctx.store().list(&asked).await?;
+        let more = page > 0 && records.len() > page;
+        records.truncate(if page > 0 { page } else { records.len() });
+        for r in &records {
+            if ctx.json {
+                let sep = if printed == 0 { "" } else { "," };
+                out::bytes(format!("{sep}{}", record_json(r)).as_bytes());
+            } else {
+                if printed == 0 {
+                    out::line(format_args!(
+                        "{:<10} {:<12} {:<16} {:<24} {:>5}  {:<24}  DETAIL",
+                        "STATE", "TENANT", "TOOL", "KEY", "FENCE", "CREATED"
+                    ));
+                }
+                out::line(format_args!(
+                    "{:<10} {:<12} {:<16} {:<24} {:>5}  {:<24}  {}",
+                    r.state_name().to_string(),
+                    r.key.tenant.as_str(),
+                    r.key.tool.as_str(),
+                    r.key.key.as_str(),
+                    r.fence,
+                    r.created_at.to_string(),
+                    detail(r)
+                ));
+            }
+            printed += 1;
+        }
+        let next = more.then(|| records.last().map(ListCursor::of)).flatten();
+        match next {
+            Some(cursor) if all => filter.after = Some(cursor),
+            next => break next,
+        }
+    };
+    if ctx.json {
+        out::line(format_args!("]"));
+    } else if printed == 0 {
+        eprintln!("no records");
+    }
+    if let Some(cursor) = next {
+        // On stderr, so that the page on stdout stays a table or a JSON array.
+        eprintln!(
+            "more records follow; the next page: {}\n(or --all for every page)",
+            next_page_command(&cursor.to_string())
+        );
+    }
+    Ok(0)
+}
+
+/// This command line again with `--cursor` set to `cursor`, quoted for a POSIX shell, for the
+/// operator to run for the next page.
+fn next_page_command(cursor: &str) -> String {
+    let mut words = Vec::new();
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        if arg == "--cursor" {
+            args.next();
+        } else if arg == "--store" {
+            words.push(arg);
+            if let Some(url) = args.next() {
+                words.push(shell_word(&without_password(&url)));
+            }
+        } else if let Some(url) = arg.strip_prefix("--store=") {
+            words.push(shell_word(&format!("--store={}", without_password(url))));
+        } else if !arg.starts_with("--cursor=") {
+            words.push(shell_word(&arg));
+        }
+    }
+    words.push("--cursor".to_owned());
+    words.push(shell_word(cursor));
+    format!("idemgate {}", words.join(" "))
+}
+
+/// `url` with the password of its user part (`scheme://user:password@host`) written as `…`: the
+/// command printed for the next page goes to a terminal or a log, which must not get it.
+fn without_password(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    match rest[..authority_end].rsplit_once('@') {
+        Some((user, _)) if user.contains(':') => {
+            let name = user.split(':').next().unwrap_or("");
+            format!("{scheme}://{name}:…@{}", &rest[user.len() + 1..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
+/// `word` as a POSIX shell reads it back: as it is when it has nothing the shell would read, else
+/// in single quotes.
+fn shell_word(word: &str) -> String {
+    let plain = !word.is_empty()
+        && word
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.,:/=@%+".contains(c));
+    if plain {
+        word.to_owned()
+    } else {
+        format!("'{}'", word.replace('\'', r"'\''"))
     }
 }
 
@@ -175,23 +292,35 @@ async fn resolve(ctx: &Context, args: &ResolveArgs) -> Result<u8> {
     let key = record.key.clone();
     let fence = args.fence.unwrap_or(record.fence);
     let resolution = if args.completed {
-        let (payload, kind) = match &args.result {
-            Some(json) => (
+        let (payload, kind) = match (&args.result, args.exit_code, &args.stdout) {
+            (Some(json), _, _) => (
                 Payload::json_text(json).context("invalid --result")?,
                 OutcomeKind::Success,
             ),
-            None => (
-                Payload::Command {
-                    exit_code: args.exit_code,
-                    stdout: args.stdout.clone().into_bytes(),
-                    stderr: Vec::new(),
-                },
-                if args.exit_code == 0 {
-                    OutcomeKind::Success
-                } else {
-                    OutcomeKind::Failed
-                },
-            ),
+            // A command's outcome replayed to an HTTP or MCP caller is an exit code where it
+            // expects its tool's result: only a record of `exec`'s own tool gets one unasked.
+            (None, None, None) if key.tool.as_str() != EXEC_TOOL => {
+                eprintln!(
+                    "idemgate: {} (tool {}, tenant {}) is not a record of `idemgate exec` (tool {EXEC_TOOL}), so nothing was resolved: say what the action returned with --result JSON (the result its callers get replayed, as the HTTP gateway, the MCP proxy and the packages replay it), or, if `idemgate exec --tool {}` made it, its command's outcome with --exit-code N [--stdout TEXT]",
+                    key.key, key.tool, key.tenant, key.tool
+                );
+                return Ok(exit::USAGE);
+            }
+            (None, exit_code, stdout) => {
+                let exit_code = exit_code.unwrap_or(0);
+                (
+                    Payload::Command {
+                        exit_code,
+                        stdout: stdout.clone().unwrap_or_default().into_bytes(),
+                        stderr: Vec::new(),
+                    },
+                    if exit_code == 0 {
+                        OutcomeKind::Success
+                    } else {
+                        OutcomeKind::Failed
+                    },
+                )
+            }
         };
         Resolution::Completed {
             // Marked, so that replays say an operator resolved it then, not that it ran then.
@@ -294,6 +423,16 @@ async fn reopen(ctx: &Context, args: &ReopenArgs) -> Result<u8> {
     }
 }
 
+/// What `keys resolve --completed` needs besides for `r`: nothing for a command's record (exit 0
+/// unless told), the result its callers get for any other door's.
+fn completed_needs(r: &Record) -> &'static str {
+    if r.key.tool.as_str() == EXEC_TOOL {
+        ""
+    } else {
+        " --result JSON"
+    }
+}
+
 fn detail(r: &Record) -> String {
     match &r.state {
         RecordState::InFlight { lease_until } => format!("lease until {lease_until}"),
@@ -320,8 +459,12 @@ fn detail(r: &Record) -> String {
             )
         }
         RecordState::Unknown { since } => format!(
-            "since {since}: idemgate keys resolve {} --tool {} --tenant {} --fence {} (--completed | --release)",
-            r.key.key, r.key.tool, r.key.tenant, r.fence
+            "since {since}: idemgate keys resolve {} --tool {} --tenant {} --fence {} (--completed{} | --release)",
+            r.key.key,
+            r.key.tool,
+            r.key.tenant,
+            r.fence,
+            completed_needs(r)
         ),
         RecordState::Expired {
             completed_at,
@@ -350,8 +493,12 @@ fn print_record(r: &Record) {
         }
         RecordState::Unknown { since } => {
             out::line(format_args!("unknown since: {since}"));
+            let completed = match completed_needs(r) {
+                "" => " [--exit-code N | --result JSON]",
+                needs => needs,
+            };
             out::line(format_args!(
-                "resolve with: idemgate keys resolve {} --tool {} --tenant {} --fence {} (--completed [--exit-code N | --result JSON] | --release)",
+                "resolve with: idemgate keys resolve {} --tool {} --tenant {} --fence {} (--completed{completed} | --release)",
                 r.key.key, r.key.tool, r.key.tenant, r.fence
             ));
         }
@@ -457,4 +604,29 @@ fn record_json(r: &Record) -> String {
         result: result.as_deref(),
     })
     .expect("a record always serializes")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::without_password;
+
+    #[test]
+    fn the_next_page_command_never_repeats_a_password() {
+        assert_eq!(
+            without_password("postgres://idem:s3cret@db:5432/idem?sslmode=require"),
+            "postgres://idem:…@db:5432/idem?sslmode=require"
+        );
+        assert_eq!(
+            without_password("redis+sentinel://:pw@10.0.0.5,10.0.0.6/mymaster"),
+            "redis+sentinel://:…@10.0.0.5,10.0.0.6/mymaster"
+        );
+        for kept in [
+            "postgres://idem@db/idem",
+            "sqlite:///var/lib/idemgate/idem.db",
+            "sqlite:idem.db",
+            "memory:",
+        ] {
+            assert_eq!(without_password(kept), kept);
+        }
+    }
 }

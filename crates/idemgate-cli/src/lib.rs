@@ -37,10 +37,12 @@ where
     I: IntoIterator<Item = T>,
     T: Into<std::ffi::OsString> + Clone,
 {
-    let cli = match Cli::try_parse_from(args) {
+    let args: Vec<std::ffi::OsString> = args.into_iter().map(Into::into).collect();
+    let cli = match Cli::try_parse_from(&args) {
         Ok(cli) => cli,
         // `--help` and `--version` print and exit 0; a usage error prints and exits 2.
         Err(e) => {
+            let e = with_near_option(e, &args);
             let _ = e.print();
             return u8::try_from(e.exit_code()).unwrap_or(exit::FAILURE);
         }
@@ -71,6 +73,65 @@ where
     }
 }
 
+/// `e`, naming the option an unknown `--option` was probably meant to be when clap names none.
+/// clap ranks options by Jaro similarity, whose match window is empty for names of three letters
+/// or fewer: `exec --kye` shares only its first letter with `--key` there and got no "similar
+/// argument" at all, just the tip for passing it to the command after `--`. An option of the same
+/// command within one edit of it (a swap of two neighbouring letters included) is named.
+fn with_near_option(mut e: clap::Error, args: &[std::ffi::OsString]) -> clap::Error {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    use clap::CommandFactory as _;
+    if e.kind() != ErrorKind::UnknownArgument || e.get(ContextKind::SuggestedArg).is_some() {
+        return e;
+    }
+    let typed = match e.get(ContextKind::InvalidArg) {
+        Some(ContextValue::String(arg)) => match arg.strip_prefix("--") {
+            Some(name) => name.to_owned(),
+            None => return e,
+        },
+        _ => return e,
+    };
+    // The subcommand the option was given to: the last subcommand name before `--`.
+    let mut cmd = Cli::command();
+    cmd.build();
+    for arg in args.iter().skip(1).filter_map(|a| a.to_str()) {
+        if arg == "--" {
+            break;
+        }
+        if let Some(sub) = cmd.find_subcommand(arg) {
+            cmd = sub.clone();
+        }
+    }
+    let near = cmd
+        .get_arguments()
+        .filter_map(clap::Arg::get_long)
+        .find(|long| within_one_edit(&typed, long));
+    if let Some(long) = near {
+        e.insert(
+            ContextKind::SuggestedArg,
+            ContextValue::String(format!("--{long}")),
+        );
+    }
+    e
+}
+
+/// Whether `a` becomes `b` by at most one edit: a letter added, dropped or changed, or two
+/// neighbouring letters swapped.
+fn within_one_edit(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    let same_start = a.iter().zip(b).take_while(|(x, y)| x == y).count();
+    let (a, b) = (&a[same_start..], &b[same_start..]);
+    match (a.len(), b.len()) {
+        (0, 0) => true,
+        (n, m) if n == m => {
+            a[1..] == b[1..] || (n >= 2 && a[0] == b[1] && a[1] == b[0] && a[2..] == b[2..])
+        }
+        (n, m) if n + 1 == m => a == &b[1..],
+        (n, m) if n == m + 1 => &a[1..] == b,
+        _ => false,
+    }
+}
+
 /// An error and its causes, joined by ": " as `{:#}` joins them, but each said once: an error
 /// whose own message ends with its source's (the MCP proxy's "failed to start the server ...:
 /// No such file or directory") is not followed by that source again. The engine's refusals are
@@ -97,12 +158,12 @@ pub(crate) fn error_text(e: &anyhow::Error) -> String {
 }
 
 /// How the command line names things in what it tells: a record by its key and tool, and
-/// `idemgate keys` with the arguments `resolve` to settle it.
+/// `idemgate keys` with the arguments `resolve` to settle it (a record of `exec`'s: a command's).
 pub(crate) fn door<'a>(record: &'a str, resolve: &'a str) -> Door<'a> {
     Door {
         effect: "the command",
         record,
-        resolve: Resolve::Command(resolve),
+        resolve: Resolve::Exec(resolve),
         repeat: "run it again with a new --key",
         add_key: "pass --key",
         discreet: false,
@@ -151,6 +212,15 @@ async fn dispatch(cli: Cli) -> Result<u8> {
             let ctx = match Context::open(&cli, "local").await? {
                 Ok(ctx) => ctx,
                 Err(code) => return Ok(code),
+            };
+            let ctx = match cmd.audit_log() {
+                Some(path) => ctx.with_audit_log(path)?,
+                None => {
+                    if cmd.settles() {
+                        eprintln!("idemgate: no audit log named (--audit-log or IDEMGATE_AUDIT_LOG): who did this and why is written nowhere");
+                    }
+                    ctx
+                }
             };
             keys::run(&ctx, cmd).await
         }
@@ -254,6 +324,15 @@ impl Context {
         }))
     }
 
+    /// The context whose engine appends its operators' resolutions and reopenings to the audit
+    /// log at `path`, through the kit's writer, as the gateway's and the console's engines do.
+    fn with_audit_log(mut self, path: &std::path::Path) -> Result<Self> {
+        let audit = idemgate_kit::Audit::open(Some(path))
+            .with_context(|| format!("failed to open the audit log {}", path.display()))?;
+        self.engine = self.engine.with_observer(Arc::new(audit));
+        Ok(self)
+    }
+
     pub(crate) fn key(&self, tool: &str, key: &str) -> Result<Key> {
         Ok(Key::new(
             self.tenant.clone(),
@@ -332,6 +411,27 @@ mod tests {
         let e = anyhow::Error::new(gone()).context("failed to open journal /j");
         assert_eq!(error_text(&e), format!("{e:#}"));
         assert!(error_text(&e).ends_with(&gone().to_string()));
+    }
+
+    #[test]
+    fn one_edit_is_a_swap_an_addition_a_removal_or_a_change() {
+        for (typed, option) in [
+            ("kye", "key"),
+            ("ky", "key"),
+            ("keey", "key"),
+            ("kex", "key"),
+        ] {
+            assert!(within_one_edit(typed, option), "{typed}");
+        }
+        for (typed, option) in [
+            ("yek", "key"),
+            ("kyee", "key"),
+            ("lease", "key"),
+            ("", "key"),
+        ] {
+            assert!(!within_one_edit(typed, option), "{typed}");
+        }
+        assert!(within_one_edit("key", "key"));
     }
 
     #[test]

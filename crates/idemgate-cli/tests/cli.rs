@@ -36,6 +36,7 @@ impl Sandbox {
             )
             .env_remove("IDEMGATE_TENANT")
             .env_remove("IDEMGATE_JOURNAL")
+            .env_remove("IDEMGATE_AUDIT_LOG")
             .stdin(Stdio::null());
         c
     }
@@ -1010,4 +1011,199 @@ fn console_serves_the_operator_over_a_store_without_a_gateway() {
         assert!(Instant::now() < deadline, "console did not stop on SIGTERM");
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// `keys list` a page at a time: a page tells on stderr the command for the next page (this one
+/// with `--cursor`), which run as printed reaches every record once; `--all` streams every page
+/// as one JSON array; `--key-prefix` narrows to keys starting with it.
+#[test]
+fn keys_list_pages_through_every_record() {
+    let sb = Sandbox::new();
+    let keys: Vec<String> = (0..5).map(|i| format!("page-{i}")).collect();
+    for k in &keys {
+        assert!(sb.run(&["exec", "--key", k, "--", "true"]).status.success());
+    }
+    assert!(sb
+        .run(&["exec", "--key", "other-1", "--", "true"])
+        .status
+        .success());
+    let listed_keys = |out: &Output| -> Vec<String> {
+        let doc: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {}", text(&out.stdout)));
+        doc.as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["key"]["key"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let mut args: Vec<String> = [
+        "--json",
+        "keys",
+        "list",
+        "--key-prefix",
+        "page-",
+        "--limit",
+        "2",
+    ]
+    .map(String::from)
+    .to_vec();
+    let mut seen = Vec::new();
+    for page in 0.. {
+        assert!(page < 5, "the pages never end");
+        let out = sb.run(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let got = listed_keys(&out);
+        assert!(got.len() <= 2);
+        seen.extend(got);
+        let err = text(&out.stderr);
+        let Some(at) = err.find("the next page: idemgate ") else {
+            break;
+        };
+        // The printed command, run as printed (its words have no quotes to undo here).
+        let line = err[at + "the next page: idemgate ".len()..]
+            .lines()
+            .next()
+            .unwrap();
+        assert!(line.contains("--key-prefix page-"), "{line}");
+        args = line.split(' ').map(String::from).collect();
+    }
+    let mut sorted = seen.clone();
+    sorted.sort();
+    assert_eq!(sorted, keys, "every record once: {seen:?}");
+
+    let all = sb.run(&["--json", "keys", "list", "--all", "--limit", "2"]);
+    assert!(all.status.success());
+    let everything = listed_keys(&all);
+    assert_eq!(everything.len(), 6, "{everything:?}");
+    assert!(!text(&all.stderr).contains("next page"));
+    assert_eq!(
+        &everything
+            .iter()
+            .filter(|k| k.starts_with("page-"))
+            .cloned()
+            .collect::<Vec<_>>(),
+        &seen,
+        "--all lists in the pages' order"
+    );
+    let bad = sb.run(&["keys", "list", "--cursor", "nonsense"]);
+    assert!(!bad.status.success());
+    assert!(
+        text(&bad.stderr).contains("--cursor"),
+        "{}",
+        text(&bad.stderr)
+    );
+}
+
+/// Resolutions and reopenings made at the command line (`keys resolve`, `keys reopen` given the
+/// audit log) are counted by how and through the CLI on the console's "what idemgate saved".
+#[test]
+fn the_console_counts_resolutions_made_at_the_command_line() {
+    let sb = Sandbox::new();
+    let audit = sb.path("audit.jsonl");
+    let audit_arg = audit.to_str().unwrap();
+    for key in ["pay-1", "pay-2"] {
+        let killed = sb.run(&["exec", "--key", key, "--", "sh", "-c", "kill -9 $$"]);
+        assert_eq!(killed.status.code(), Some(76), "{}", text(&killed.stderr));
+    }
+    // Signed with the OS user, as a shell's `USER` names it (a line without one cannot say
+    // which door it came through, and the console counts it as unsigned).
+    let as_alice = |args: &[&str]| {
+        sb.idemgate()
+            .env("USER", "alice")
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let completed = as_alice(&[
+        "keys",
+        "resolve",
+        "pay-1",
+        "--completed",
+        "--reason",
+        "seen",
+        "--audit-log",
+        audit_arg,
+    ]);
+    assert!(completed.status.success(), "{}", text(&completed.stderr));
+    let released = as_alice(&[
+        "keys",
+        "resolve",
+        "pay-2",
+        "--release",
+        "--reason",
+        "not sent",
+        "--audit-log",
+        audit_arg,
+    ]);
+    assert!(released.status.success(), "{}", text(&released.stderr));
+    let shown = sb.run(&["--json", "keys", "show", "pay-1"]);
+    let fence = serde_json::from_slice::<serde_json::Value>(&shown.stdout).unwrap()["fence"]
+        .as_u64()
+        .unwrap()
+        .to_string();
+    let reopened = as_alice(&[
+        "keys",
+        "reopen",
+        "pay-1",
+        "--fence",
+        &fence,
+        "--reason",
+        "refunded",
+        "--audit-log",
+        audit_arg,
+    ]);
+    assert!(reopened.status.success(), "{}", text(&reopened.stderr));
+
+    let token = "operator-token-0123456789abcdef";
+    let mut child = sb
+        .idemgate()
+        .env("IDEMGATE_OPERATOR_TOKEN", token)
+        .args([
+            "console",
+            "--listen",
+            "127.0.0.1:0",
+            "--audit-log",
+            audit_arg,
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let announced = announced(&mut child, "idemgate: console on http://");
+    let addr = announced.strip_suffix("/ui").unwrap().to_owned();
+    let login = http(
+        &addr,
+        "GET /ui/login HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    );
+    let body = format!("csrf={}&token={token}", form_value(&login, "csrf"));
+    let answer = http(
+        &addr,
+        &format!(
+            "POST /ui/login HTTP/1.1\r\nHost: x\r\nCookie: {}\r\n\
+             Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n\
+             Connection: close\r\n\r\n{body}",
+            set_cookie(&login, "idemgate_console_login"),
+            body.len()
+        ),
+    );
+    let session = set_cookie(&answer, "idemgate_console");
+    let page = http(
+        &addr,
+        &format!(
+            "GET /ui/charts HTTP/1.1\r\nHost: x\r\nCookie: {session}\r\nConnection: close\r\n\r\n"
+        ),
+    );
+    for row in [
+        "<tr><td>local</td><td>exec</td><td>completed</td><td>CLI</td><td>1</td></tr>",
+        "<tr><td>local</td><td>exec</td><td>released</td><td>CLI</td><td>1</td></tr>",
+        "<tr><td>local</td><td>exec</td><td>reopened</td><td>CLI</td><td>1</td></tr>",
+    ] {
+        assert!(page.contains(row), "missing {row} in:\n{page}");
+    }
+    // Stopped by its own pid, as the test above stops its console.
+    Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    child.wait().unwrap();
 }

@@ -1,10 +1,10 @@
-//! Regressions of issues 7 and 17: what users ran into with the command line, one test each.
+//! Regressions of issues 7, 17 and 33: what users ran into with the command line, one test each.
 
 use std::io::{BufRead as _, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::cli::{text, Sandbox};
+use crate::cli::{http, serve_on_a_free_port, text, Sandbox};
 
 /// `--store memory:` ran the command on every call: its records die with the process.
 #[test]
@@ -399,4 +399,283 @@ fn a_replay_of_an_operators_resolution_says_so() {
     assert!(again.contains("the command ran at"), "{again}");
     let shown = json_of(&sb.run(&["--json", "keys", "show", "ran"]));
     assert!(shown.get("resolved_by").is_none(), "{shown}");
+}
+
+/// `keys resolve --reason` and `keys reopen --reason` wrote no audit entry anywhere, though their
+/// help says the reason is for the audit log: they append to the audit log the gateway and the
+/// console write (`--audit-log`, or `IDEMGATE_AUDIT_LOG`), with who and why, and say so when
+/// none is named.
+#[test]
+fn operator_commands_write_the_audit_log() {
+    let sb = Sandbox::new();
+    let audit = sb.path("audit.jsonl");
+    let killed = sb.run(&["exec", "--key", "pay-1", "--", "sh", "-c", "kill -9 $$"]);
+    assert_eq!(killed.status.code(), Some(76), "{}", text(&killed.stderr));
+    let resolved = sb
+        .idemgate()
+        .env("USER", "alice")
+        .args([
+            "keys",
+            "resolve",
+            "pay-1",
+            "--completed",
+            "--reason",
+            "seen at the bank",
+        ])
+        .arg("--audit-log")
+        .arg(&audit)
+        .output()
+        .unwrap();
+    assert!(resolved.status.success(), "{}", text(&resolved.stderr));
+    let fence = json_of(&sb.run(&["--json", "keys", "show", "pay-1"]))["fence"]
+        .as_u64()
+        .unwrap()
+        .to_string();
+    let reopened = sb
+        .idemgate()
+        .env("USER", "bob")
+        .env("IDEMGATE_AUDIT_LOG", &audit)
+        .args([
+            "keys", "reopen", "pay-1", "--fence", &fence, "--reason", "refunded",
+        ])
+        .output()
+        .unwrap();
+    assert!(reopened.status.success(), "{}", text(&reopened.stderr));
+
+    let log = std::fs::read_to_string(&audit).unwrap_or_default();
+    let lines: Vec<serde_json::Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let of = |event: &str| {
+        lines
+            .iter()
+            .find(|l| l["event"] == event)
+            .unwrap_or_else(|| panic!("no {event} line in {log:?}"))
+    };
+    let resolution = of("resolved");
+    assert_eq!(
+        (
+            &resolution["by"],
+            &resolution["reason"],
+            &resolution["released"]
+        ),
+        (&"alice".into(), &"seen at the bank".into(), &false.into()),
+        "{resolution}"
+    );
+    assert_eq!(resolution["tenant"], "local");
+    assert_eq!(resolution["tool"], "exec");
+    let reopening = of("reopened");
+    assert_eq!(reopening["by"], "bob", "{reopening}");
+    assert_eq!(reopening["reason"], "refunded");
+    assert_eq!(reopening["was"], "completed");
+    assert!(!log.contains("pay-1"), "the raw key never appears: {log}");
+
+    // Without an audit log the operator is told that the reason is kept nowhere.
+    let killed = sb.run(&["exec", "--key", "pay-2", "--", "sh", "-c", "kill -9 $$"]);
+    assert_eq!(killed.status.code(), Some(76), "{}", text(&killed.stderr));
+    let unaudited = sb.run(&["keys", "resolve", "pay-2", "--release", "--reason", "no"]);
+    assert!(unaudited.status.success(), "{}", text(&unaudited.stderr));
+    assert!(
+        text(&unaudited.stderr).contains("no audit log named"),
+        "{}",
+        text(&unaudited.stderr)
+    );
+}
+
+/// `keys resolve mail-1 --completed` without `--result` on a gateway's record stored a command's
+/// outcome (`{"exit_code":0,...}`) that HTTP then replayed to the caller of `send_mail`: it is
+/// refused, saying what to pass; the result passed is what HTTP replays, said to be an
+/// operator's; `exec`'s own records still take a bare `--completed`.
+#[test]
+fn resolving_another_doors_record_needs_the_result_its_callers_get() {
+    let sb = Sandbox::new();
+    let token = "gateway-token-0123456789abcdef";
+    let mut serve = sb.idemgate();
+    serve.env("IDEMGATE_TOKEN", token);
+    let (mut gateway, addr) = serve_on_a_free_port(serve);
+    let post = |path: &str, key: Option<&str>, body: &str| {
+        let key = key
+            .map(|k| format!("Idempotency-Key: {k}\r\n"))
+            .unwrap_or_default();
+        http(
+            &addr,
+            &format!(
+                "POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n\
+                 Content-Type: application/json\r\n{key}Content-Length: {}\r\n\
+                 Connection: close\r\n\r\n{body}",
+                body.len()
+            ),
+        )
+    };
+    let begun = post("/v1/tools/send_mail/begin", Some("mail-1"), "{}");
+    let lease = begun
+        .split(r#""lease":""#)
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .unwrap_or_else(|| panic!("no lease in {begun}"));
+    let marked = post(
+        "/v1/tools/send_mail/ambiguous",
+        None,
+        &format!(r#"{{"key":"mail-1","lease":"{lease}","reason":"smtp timeout"}}"#),
+    );
+    assert!(marked.starts_with("HTTP/1.1 200"), "{marked}");
+
+    let bare = sb.run(&["keys", "resolve", "mail-1", "--completed"]);
+    assert_eq!(bare.status.code(), Some(2), "{}", text(&bare.stderr));
+    let said = text(&bare.stderr);
+    assert!(
+        said.contains("tool send_mail") && said.contains("--result JSON"),
+        "{said}"
+    );
+    let shown = json_of(&sb.run(&["--json", "keys", "show", "mail-1"]));
+    assert_eq!(shown["state"], "unknown", "nothing was resolved: {shown}");
+
+    let resolved = sb.run(&[
+        "keys",
+        "resolve",
+        "mail-1",
+        "--completed",
+        "--result",
+        r#"{"message_id":"m-1"}"#,
+    ]);
+    assert!(resolved.status.success(), "{}", text(&resolved.stderr));
+    let replay = post("/v1/tools/send_mail/begin", Some("mail-1"), "{}");
+    let _ = Command::new("kill")
+        .args(["-TERM", &gateway.id().to_string()])
+        .status();
+    let _ = gateway.wait();
+    assert!(replay.starts_with("HTTP/1.1 200"), "{replay}");
+    assert!(
+        replay.contains(r#""result":{"message_id":"m-1"}"#) && !replay.contains("exit_code"),
+        "{replay}"
+    );
+    assert!(
+        replay
+            .to_ascii_lowercase()
+            .contains("idempotency-resolved-by: operator"),
+        "{replay}"
+    );
+
+    let killed = sb.run(&["exec", "--key", "cmd-1", "--", "sh", "-c", "kill -9 $$"]);
+    assert_eq!(killed.status.code(), Some(76), "{}", text(&killed.stderr));
+    let resolved = sb.run(&["keys", "resolve", "cmd-1", "--completed"]);
+    assert!(resolved.status.success(), "{}", text(&resolved.stderr));
+    let replay = sb.run(&["exec", "--key", "cmd-1", "--", "sh", "-c", "kill -9 $$"]);
+    assert_eq!(replay.status.code(), Some(0), "{}", text(&replay.stderr));
+    // A command `exec` ran under another tool is told to say its exit code, which resolves it.
+    let killed = [
+        "exec",
+        "--tool",
+        "deploy",
+        "--key",
+        "cmd-2",
+        "--",
+        "sh",
+        "-c",
+        "kill -9 $$",
+    ];
+    let unknown = sb.run(&killed);
+    assert_eq!(unknown.status.code(), Some(76), "{}", text(&unknown.stderr));
+    let said = text(&unknown.stderr);
+    let told = said
+        .split('`')
+        .find(|part| part.starts_with("idemgate keys resolve cmd-2"))
+        .unwrap_or_else(|| panic!("no resolve command in {said}"));
+    assert!(told.ends_with("--completed --exit-code 0"), "{said}");
+    let args: Vec<&str> = told.split_whitespace().skip(1).collect();
+    let resolved = sb.run(&args);
+    assert!(resolved.status.success(), "{}", text(&resolved.stderr));
+    assert_eq!(sb.run(&killed).status.code(), Some(0));
+}
+
+/// `exec --kye K -- CMD` got only the tip to pass `--kye` to the command after `--`: clap's
+/// similarity finds nothing near a three-letter option. It now names `--key`, and exits 2 with
+/// nothing run.
+#[test]
+fn a_mistyped_option_is_told_the_one_it_meant() {
+    let sb = Sandbox::new();
+    let effect = sb.path("effect");
+    let script = format!("echo ran >> '{}'", effect.display());
+    let typo = sb.run(&["exec", "--kye", "k", "--", "sh", "-c", &script]);
+    assert_eq!(typo.status.code(), Some(2));
+    let said = text(&typo.stderr);
+    assert!(
+        said.contains("a similar argument exists: '--key'"),
+        "{said}"
+    );
+    assert!(!effect.exists(), "nothing ran");
+    // A subcommand's own options, not another's: `keys reopen --reasn` means --reason.
+    let typo = sb.run(&["keys", "reopen", "k", "--fence", "1", "--reasn", "x"]);
+    assert!(
+        text(&typo.stderr).contains("'--reason'"),
+        "{}",
+        text(&typo.stderr)
+    );
+}
+
+/// The README's exit-code table and `--help` left out 2 (a usage error: clap's, and a resolution
+/// without the result it needs), and `--help` 80: every code of the one table is in both.
+#[test]
+fn every_exit_code_is_documented() {
+    use idemgate_kit::exit;
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).unwrap();
+    let table = readme
+        .split("The exit codes come from one table")
+        .nth(1)
+        .and_then(|rest| rest.split("\n\n").next())
+        .expect("the README's exit-code paragraph");
+    let help = text(&Sandbox::new().run(&["--help"]).stdout);
+    let help = help
+        .split("Exit codes of `exec`")
+        .nth(1)
+        .and_then(|rest| rest.split("\n\n").next())
+        .expect("the exit codes in --help");
+    for code in [
+        exit::FAILURE,
+        exit::USAGE,
+        exit::KEY_REUSE,
+        exit::STORE_UNAVAILABLE,
+        exit::UNRECORDED,
+        exit::IN_FLIGHT,
+        exit::UNKNOWN,
+        exit::LEASE_LOST,
+        exit::NOT_APPLIED,
+        exit::EXPIRED,
+        exit::NOT_STARTED,
+    ] {
+        let listed = |text: &str| text.split_whitespace().any(|w| w == code.to_string());
+        assert!(listed(table), "exit {code} is not in the README: {table}");
+        assert!(listed(help), "exit {code} is not in --help: {help}");
+    }
+}
+
+/// `keys purge --expired` after a reopening said "purged 1 expired record(s)": nothing had
+/// expired. The count is of records whose time is up, reopened ones included, and says so.
+#[test]
+fn purge_does_not_call_a_reopened_record_expired() {
+    let sb = Sandbox::new();
+    assert!(sb
+        .run(&["exec", "--key", "r-1", "--", "true"])
+        .status
+        .success());
+    let fence = json_of(&sb.run(&["--json", "keys", "show", "r-1"]))["fence"]
+        .as_u64()
+        .unwrap()
+        .to_string();
+    let reopened = sb.run(&[
+        "keys", "reopen", "r-1", "--fence", &fence, "--reason", "redo",
+    ]);
+    assert!(reopened.status.success(), "{}", text(&reopened.stderr));
+    let purged = sb.run(&["keys", "purge", "--expired"]);
+    assert!(purged.status.success(), "{}", text(&purged.stderr));
+    let said = text(&purged.stdout);
+    assert!(
+        said.contains("purged 1 record(s)") && said.contains("reopened"),
+        "{said}"
+    );
+    assert!(!said.contains("1 expired record"), "{said}");
+    let purged = json_of(&sb.run(&["--json", "keys", "purge", "--expired"]));
+    assert_eq!(purged["purged"], 0, "gone: {purged}");
 }

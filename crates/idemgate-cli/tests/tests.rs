@@ -2,6 +2,7 @@
 
 mod cli;
 mod clock;
+mod console_oidc;
 mod faultproxy;
 // Shared with idemgate-redis's cluster tests, which use all of it.
 #[allow(dead_code)]

@@ -56,6 +56,7 @@ macro_rules! store_conformance {
             records_keep_their_scope_and_list_by_it,
             tombstone_answers_after_the_ttl_until_it_goes,
             reopen_clears_a_tombstone,
+            pages_list_every_record_once,
         );
     };
     (@each $setup:expr; $($name:ident),* $(,)?) => {

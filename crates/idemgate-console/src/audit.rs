@@ -24,6 +24,8 @@ pub(crate) struct Line {
     pub(crate) was: Option<String>,
     pub(crate) by: Option<String>,
     pub(crate) reason: Option<String>,
+    /// What made a replayed or expired call a duplicate (`key`, `window`, `expired`).
+    pub(crate) rule: Option<String>,
 }
 
 /// What was read of the log.

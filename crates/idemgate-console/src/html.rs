@@ -1,7 +1,5 @@
 //! HTML by hand: escaping, query strings, and the page every view sits in.
 
-use std::fmt::Write as _;
-
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 
@@ -25,17 +23,10 @@ pub(crate) fn esc(s: &str) -> String {
     out
 }
 
-/// Percent-encoding for a query string value (everything but RFC 3986's unreserved characters).
+/// Percent-encoding for a query string value (everything but RFC 3986's unreserved characters),
+/// as the kit encodes the gateway's paths.
 pub(crate) fn enc(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
-            out.push(char::from(b));
-        } else {
-            let _ = write!(out, "%{b:02X}");
-        }
-    }
-    out
+    idemgate_kit::path_segment(s)
 }
 
 /// A query string of `pairs`, with those whose value is empty left out.
@@ -61,6 +52,34 @@ pub(crate) fn page(
     header: Option<Header<'_>>,
     body: &str,
 ) -> Response {
+    page_with_head(status, title, header, body, "")
+}
+
+/// A page that sends the browser on to `location` (same-site) as soon as it is shown: after a
+/// sign-in that came back from another site, where a redirect would still count as that site's
+/// navigation and the browser would hold back the new `SameSite=Strict` session cookie.
+pub(crate) fn page_moving_on(
+    status: StatusCode,
+    title: &str,
+    header: Option<Header<'_>>,
+    body: &str,
+    location: &str,
+) -> Response {
+    let head = format!(
+        r#"<meta http-equiv="refresh" content="0; url={}">
+"#,
+        esc(location)
+    );
+    page_with_head(status, title, header, body, &head)
+}
+
+fn page_with_head(
+    status: StatusCode,
+    title: &str,
+    header: Option<Header<'_>>,
+    body: &str,
+    head: &str,
+) -> Response {
     let nav = match header {
         Some(h) => format!(
             r#"<nav aria-label="Console"><a href="/ui">Records</a> <a href="/ui/charts">Charts</a>
@@ -78,9 +97,10 @@ pub(crate) fn page(
 <meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>{title} · idemgate console</title>
+<link rel="icon" type="image/svg+xml" href="/ui/assets/favicon.svg">
 <link rel="stylesheet" href="/ui/assets/console.css">
 <script src="/ui/assets/console.js" defer></script>
-</head>
+{head}</head>
 <body>
 <header><p class="brand">idemgate console</p>{nav}</header>
 <main>

@@ -3,19 +3,24 @@
 mod audit;
 mod chart;
 mod html;
+pub mod oidc;
+pub mod operators;
 mod pages;
 mod session;
 mod tally;
+mod value;
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use idemgate::{AnyStore, Engine, TenantId};
-use idemgate_kit::tenants::{Tenant, TenantConfig};
+use idemgate::{AnyStore, Engine};
+use idemgate_kit::tenants::Tenant;
 use serde::Deserialize;
 
+pub use oidc::OidcConfig;
+pub use operators::{OperatorConfig, DEFAULT_OPERATOR};
 pub use session::Role;
 pub use tally::Tally;
 
@@ -27,13 +32,64 @@ pub const SESSION_LIFETIME: Duration = Duration::from_secs(8 * 60 * 60);
 #[serde(deny_unknown_fields, default)]
 pub struct ConsoleConfig {
     /// Lower-case hex SHA-256 of the operator's token (`idemgate token hash TOKEN`): who signs in
-    /// with it sees and acts on every tenant's records. Without it only tenants sign in.
+    /// with it sees and acts on every tenant's records, as the operator named
+    /// [`DEFAULT_OPERATOR`] (`operator`). One token for everyone; `operators` names each.
     pub operator_token_sha256: Option<String>,
+    /// `[[console.operators]]`: operators by name, each with a token of its own; the audit log
+    /// signs what each does `console:<name>`. Without these and `operator_token_sha256` only
+    /// tenants sign in.
+    pub operators: Vec<OperatorConfig>,
+    /// `[console.oidc]`: operators sign in at an OpenID Connect provider, named by a claim of
+    /// their ID token.
+    pub oidc: Option<OidcConfig>,
     /// Mark the session cookie `Secure`: set it when the console is reached over HTTPS (a
     /// TLS-terminating proxy in front of the gateway), so the browser never sends it in clear.
     pub secure_cookie: bool,
     /// Serve no console at all.
     pub disabled: bool,
+}
+
+impl ConsoleConfig {
+    /// Every operator who signs in with a token: those of `[[console.operators]]`, and the one
+    /// of `operator_token_sha256`, named [`DEFAULT_OPERATOR`].
+    pub fn token_operators(&self) -> Vec<OperatorConfig> {
+        let mut all = self.operators.clone();
+        if let Some(hash) = &self.operator_token_sha256 {
+            all.push(OperatorConfig {
+                name: DEFAULT_OPERATOR.to_owned(),
+                token_sha256: hash.clone(),
+            });
+        }
+        all
+    }
+
+    /// Checks what serde cannot, against the tenants' token hashes (an operator's token must not
+    /// be a tenant's).
+    ///
+    /// # Errors
+    /// The field at fault and what is wrong with it.
+    pub fn validate(&self, tenant_hashes: &[&str]) -> Result<(), (String, String)> {
+        operators::validate(&self.operators, tenant_hashes, "console.operators")?;
+        if let Some(oidc) = &self.oidc {
+            oidc.validate()?;
+        }
+        if let Some(h) = &self.operator_token_sha256 {
+            let single = [OperatorConfig {
+                name: DEFAULT_OPERATOR.to_owned(),
+                token_sha256: h.clone(),
+            }];
+            operators::validate(&single, tenant_hashes, "console.operator_token_sha256")
+                .map_err(|(_, why)| ("console.operator_token_sha256".to_owned(), why))?;
+            if self.operators.iter().any(|o| o.name == DEFAULT_OPERATOR) {
+                return Err((
+                    "console.operators".to_owned(),
+                    format!("an operator is named {DEFAULT_OPERATOR:?}, the name of console.operator_token_sha256's: rename it, or list the token there only"),
+                ));
+            }
+            operators::validate(&self.token_operators(), tenant_hashes, "console.operators")?;
+        }
+        Ok(())
+    }
 }
 
 /// One console: cheap to clone, shared by every request.
@@ -43,7 +99,8 @@ pub struct Console(Arc<Inner>);
 struct Inner {
     engine: Arc<Engine<AnyStore>>,
     tenants: Vec<Arc<Tenant>>,
-    operator: Vec<Arc<Tenant>>,
+    operators: operators::Operators,
+    oidc: Option<oidc::Oidc>,
     audit_log: Option<PathBuf>,
     tally: Option<Arc<Tally>>,
     secure_cookie: bool,
@@ -54,7 +111,7 @@ impl std::fmt::Debug for Console {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Console")
             .field("tenants", &self.0.tenants.len())
-            .field("operator", &!self.0.operator.is_empty())
+            .field("operators", &!self.0.operators.is_empty())
             .field("audit_log", &self.0.audit_log)
             .finish_non_exhaustive()
     }
@@ -67,8 +124,10 @@ pub struct Settings {
     pub engine: Arc<Engine<AnyStore>>,
     /// The tenants that may sign in with their own tokens.
     pub tenants: Vec<Arc<Tenant>>,
-    /// Hex SHA-256 of the operator's token, if there is an operator.
-    pub operator_token_sha256: Option<String>,
+    /// The operators who sign in with tokens, each by name ([`ConsoleConfig::token_operators`]).
+    pub operators: Vec<OperatorConfig>,
+    /// The OpenID Connect provider operators may sign in at.
+    pub oidc: Option<OidcConfig>,
     /// The audit log the engine writes, read for timelines and charts.
     pub audit_log: Option<PathBuf>,
     /// The in-process count of refused calls, when this process serves calls.
@@ -81,26 +140,20 @@ impl Console {
     /// A console over `settings`.
     ///
     /// # Errors
-    /// When the operator's token hash is not 64 hex digits.
+    /// When an operator's name or token hash is not valid, or two operators share one.
     pub fn new(settings: Settings) -> Result<Self, String> {
-        let operator = match settings.operator_token_sha256 {
-            Some(hash) => {
-                let c = TenantConfig {
-                    id: TenantId::new("operator").map_err(|e| e.to_string())?,
-                    token_sha256: hash,
-                    rate_limit_per_second: None,
-                    max_live_keys: None,
-                };
-                idemgate_kit::tenants::validate(std::slice::from_ref(&c))
-                    .map_err(|(_, why)| format!("console.operator_token_sha256: {why}"))?;
-                vec![Arc::new(Tenant::new(&c))]
-            }
-            None => Vec::new(),
-        };
+        operators::validate(&settings.operators, &[], "console.operators")
+            .map_err(|(field, why)| format!("{field}: {why}"))?;
+        let operators = operators::Operators::new(&settings.operators);
+        if let Some(c) = &settings.oidc {
+            c.validate()
+                .map_err(|(field, why)| format!("{field}: {why}"))?;
+        }
         Ok(Console(Arc::new(Inner {
             engine: settings.engine,
             tenants: settings.tenants,
-            operator,
+            operators,
+            oidc: settings.oidc.map(oidc::Oidc::new),
             audit_log: settings.audit_log,
             tally: settings.tally,
             secure_cookie: settings.secure_cookie,
@@ -108,12 +161,15 @@ impl Console {
         })))
     }
 
-    /// Who a token names: the operator, a tenant, or nobody.
+    /// Who a token names: an operator (by name), a tenant, or nobody.
     pub fn sign_in(&self, token: &str) -> Option<Role> {
-        let header = format!("Bearer {token}");
-        if idemgate_kit::tenants::authenticate(&self.0.operator, Some(&header)).is_ok() {
-            return Some(Role::Operator);
+        if token.is_empty() {
+            return None;
         }
+        if let Some(name) = self.0.operators.named_by(token) {
+            return Some(Role::Operator(name));
+        }
+        let header = format!("Bearer {token}");
         idemgate_kit::tenants::authenticate(&self.0.tenants, Some(&header))
             .ok()
             .map(|t| Role::Tenant(t.id.clone()))

@@ -12,8 +12,8 @@ use axum::response::Response;
 use axum::routing::{get, post};
 use axum::{Form, Router};
 use idemgate::{
-    EngineError, IdempotencyKey, Keep, Key, KeyRule, ListFilter, OutcomeKind, Record, RecordState,
-    Resolution, State as RecordStateName, TenantId, Timestamp, ToolName,
+    EngineError, IdempotencyKey, Keep, Key, KeyRule, ListCursor, ListFilter, OutcomeKind, Record,
+    RecordState, Resolution, State as RecordStateName, Timestamp, ToolName,
 };
 use idemgate_kit::{Door, Explanation, Payload, Resolve};
 use serde::Deserialize;
@@ -25,9 +25,14 @@ use crate::{audit, chart, Console};
 /// The script and stylesheet, embedded: the console needs nothing from the network.
 const SCRIPT: &str = include_str!("../assets/console.js");
 const STYLE: &str = include_str!("../assets/console.css");
+const ICON: &str = include_str!("../assets/favicon.svg");
 
-/// Most records one list shows.
-const MAX_LIST: usize = 500;
+/// Records one page of the list shows; a link leads to the next page.
+const PAGE: usize = 100;
+
+/// How far the list's counts go: a count of a larger set stops there and says "at least", so
+/// that a page over a table of millions does not count all of them.
+const COUNT_UP_TO: usize = 10_000;
 
 pub(crate) fn routes() -> Router<Console> {
     Router::new()
@@ -35,12 +40,22 @@ pub(crate) fn routes() -> Router<Console> {
         .route("/ui/", get(records))
         .route("/ui/login", get(login_form).post(login))
         .route("/ui/logout", post(logout))
+        .route("/ui/login/oidc", get(oidc_start))
+        .route(crate::oidc::CALLBACK_PATH, get(oidc_callback))
         .route("/ui/record", get(record))
         .route("/ui/resolve", get(resolve_form).post(resolve))
         .route("/ui/reopen", get(reopen_form).post(reopen))
         .route("/ui/charts", get(charts))
         .route("/ui/assets/console.js", get(script))
         .route("/ui/assets/console.css", get(style))
+        .route("/ui/assets/favicon.svg", get(icon))
+        // Browsers ask for it at the root whatever the page says (a bookmark, the history, a
+        // tab restored): answered with the icon rather than a 404 in every console session.
+        .route("/favicon.ico", get(icon))
+}
+
+async fn icon() -> Response {
+    html::with_headers(StatusCode::OK, "image/svg+xml", ICON.as_bytes().to_vec())
 }
 
 async fn script() -> Response {
@@ -120,6 +135,12 @@ fn engine_error(s: &Session, e: &EngineError) -> Response {
     if let EngineError::NotFound { .. } = e {
         return not_found(s);
     }
+    explained_error(s, e, r#"<a href="/ui">Back to the records</a>"#)
+}
+
+/// As [`engine_error`], with `next` (HTML: what the operator can do in the console) after the
+/// kit's words.
+fn explained_error(s: &Session, e: &EngineError, next: &str) -> Response {
     let explanation = Explanation::of_error(e);
     let (record, resolve) = match &explanation.key {
         Some(k) => (
@@ -142,10 +163,7 @@ fn engine_error(s: &Session, e: &EngineError) -> Response {
         status,
         problem.title(),
         Some(header_of(s)),
-        &format!(
-            r#"<p>{}</p><p><a href="/ui">Back to the records</a></p>"#,
-            esc(&problem.detail)
-        ),
+        &format!(r#"<p>{}</p><p>{next}</p>"#, esc(&problem.detail)),
     )
 }
 
@@ -177,9 +195,17 @@ fn login_page(console: &Console, status: StatusCode, error: &str) -> Response {
             r#"{error}<form method="post" action="/ui/login">
 <input type="hidden" name="csrf" value="{csrf}">
 <p><label for="token">Token</label><br><input id="token" name="token" type="password" autocomplete="current-password" required size="70"></p>
-<p class="hint">A tenant's bearer token shows that tenant's records; the operator's token shows every tenant's.</p>
+<p class="hint">A tenant's bearer token shows that tenant's records; an operator's token shows every tenant's.</p>
 <p><button type="submit">Sign in</button></p>
-</form>"#
+</form>{oidc}"#,
+            oidc = match &console.0.oidc {
+                Some(o) => format!(
+                    r#"<p class="oidc"><a class="button" href="/ui/login/oidc">Sign in at {}</a></p>
+<p class="hint">Operators may sign in at the identity provider instead of with a token.</p>"#,
+                    esc(&issuer_host(&o.config.issuer))
+                ),
+                None => String::new(),
+            }
         ),
     );
     if let Ok(v) = HeaderValue::from_str(&session::set_cookie(
@@ -225,10 +251,23 @@ async fn login(
             "That token is not valid here.",
         );
     };
+    signed_in(&console, role, see_other("/ui"))
+}
+
+/// The issuer as the sign-in button names it: its host.
+fn issuer_host(issuer: &str) -> String {
+    reqwest::Url::parse(issuer)
+        .ok()
+        .and_then(|u| u.host_str().map(str::to_owned))
+        .unwrap_or_else(|| issuer.to_owned())
+}
+
+/// Opens a session for `role` and answers with its cookie set, by `then` (a response without
+/// cookies yet); clears the cookies of the sign-in forms.
+fn signed_in(console: &Console, role: Role, mut res: Response) -> Response {
     tracing::info!(who = %role.by(), "console sign-in");
     let (id, _) = console.0.sessions.open(role);
     let secure = console.0.secure_cookie;
-    let mut res = see_other("/ui");
     for c in [
         session::set_cookie(
             session::COOKIE,
@@ -237,12 +276,158 @@ async fn login(
             secure,
         ),
         session::set_cookie(session::LOGIN_COOKIE, "", 0, secure),
+        session::set_lax_cookie(session::OIDC_COOKIE, "", 0, secure),
     ] {
         if let Ok(v) = HeaderValue::from_str(&c) {
             res.headers_mut().append(header::SET_COOKIE, v);
         }
     }
     res
+}
+
+/// Starts an OpenID Connect sign-in: the browser goes to the issuer, with the sign-in's state
+/// bound to it in a cookie.
+async fn oidc_start(State(console): State<Console>) -> Response {
+    let Some(oidc) = &console.0.oidc else {
+        return login_page(
+            &console,
+            StatusCode::NOT_FOUND,
+            "Sign-in at an identity provider is not configured here; sign in with a token.",
+        );
+    };
+    match oidc.start().await {
+        Ok((location, state)) => {
+            let mut res = see_other(&location);
+            if let Ok(v) = HeaderValue::from_str(&session::set_lax_cookie(
+                session::OIDC_COOKIE,
+                &state,
+                600,
+                console.0.secure_cookie,
+            )) {
+                res.headers_mut().append(header::SET_COOKIE, v);
+            }
+            res
+        }
+        Err(e) => oidc_failure(&e),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct Callback {
+    code: Option<String>,
+    state: Option<String>,
+    error: Option<String>,
+    error_description: Option<String>,
+}
+
+/// The issuer's answer: a code to exchange for an ID token, or an error.
+async fn oidc_callback(
+    State(console): State<Console>,
+    headers: HeaderMap,
+    Query(q): Query<Callback>,
+) -> Response {
+    let Some(oidc) = &console.0.oidc else {
+        return see_other("/ui/login");
+    };
+    let again = r#"<p><a href="/ui/login">Sign in again</a>.</p>"#;
+    let bound = session::cookie(&headers, session::OIDC_COOKIE);
+    let Some(pending) = oidc.pending.finish(q.state.as_deref().unwrap_or(""), bound) else {
+        tracing::warn!("console sign-in refused: the identity provider's answer is for no sign-in this browser started (state)");
+        return page(
+            StatusCode::BAD_REQUEST,
+            "Sign-in not recognized",
+            None,
+            &format!("<p>This answer of the identity provider belongs to no sign-in started in this browser, or the sign-in took longer than 10 minutes, or it was used already; nobody was signed in.</p>{again}"),
+        );
+    };
+    if let Some(error) = &q.error {
+        tracing::warn!(%error, "console sign-in refused by the identity provider");
+        return page(
+            StatusCode::FORBIDDEN,
+            "Sign-in refused",
+            None,
+            &format!(
+                "<p>The identity provider did not sign you in: {}{}.</p>{again}",
+                esc(error),
+                q.error_description
+                    .as_deref()
+                    .map(|d| format!(" ({})", esc(d)))
+                    .unwrap_or_default()
+            ),
+        );
+    }
+    let Some(code) = q.code.as_deref().filter(|c| !c.is_empty()) else {
+        return page(
+            StatusCode::BAD_REQUEST,
+            "Sign-in not recognized",
+            None,
+            &format!("<p>The identity provider's answer has no code.</p>{again}"),
+        );
+    };
+    let claims = match oidc.finish(code, &pending).await {
+        Ok(c) => c,
+        Err(e) => return oidc_failure(&e),
+    };
+    match crate::oidc::admit(&oidc.config, &claims) {
+        Ok(name) => signed_in(
+            &console,
+            Role::Operator(name.clone()),
+            html::page_moving_on(
+                StatusCode::OK,
+                "Signed in",
+                None,
+                &format!(
+                    r#"<p>Signed in as operator {}. <a href="/ui">Continue to the records</a>.</p>"#,
+                    esc(&name)
+                ),
+                "/ui",
+            ),
+        ),
+        Err(refused) => {
+            tracing::warn!(who = %refused.who, "console sign-in refused: the identity provider's user is not allowed");
+            page(
+                StatusCode::FORBIDDEN,
+                "Not allowed",
+                None,
+                &format!(
+                    "<p>The identity provider signed you in as <strong>{}</strong>, but you may not use this console: {}</p>{again}",
+                    esc(&refused.who),
+                    esc(&refused.why)
+                ),
+            )
+        }
+    }
+}
+
+/// The page of a sign-in that failed at or with the issuer.
+fn oidc_failure(e: &crate::oidc::Failure) -> Response {
+    let again = r#"<p><a href="/ui/login">Back to sign-in</a>.</p>"#;
+    match e {
+        crate::oidc::Failure::Issuer(why) => {
+            tracing::error!(error = %why, "console sign-in failed: the identity provider could not be reached");
+            page(
+                StatusCode::BAD_GATEWAY,
+                "Identity provider unavailable",
+                None,
+                &format!(
+                    "<p>The identity provider could not be reached or answered wrongly: {}. Try again later.</p>{again}",
+                    esc(why)
+                ),
+            )
+        }
+        crate::oidc::Failure::Refused(why) => {
+            tracing::warn!(error = %why, "console sign-in refused: the identity provider's answer did not check out");
+            page(
+                StatusCode::FORBIDDEN,
+                "Sign-in refused",
+                None,
+                &format!(
+                    "<p>The identity provider's answer did not check out, so nobody was signed in: {}.</p>{again}",
+                    esc(why)
+                ),
+            )
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -280,6 +465,10 @@ struct ListQuery {
     state: Option<String>,
     /// Only records created in the last this many hours.
     hours: Option<String>,
+    /// Only records whose key starts with this (an exact key is a prefix of itself).
+    key: Option<String>,
+    /// The page after this cursor (the last record of the page before).
+    cursor: Option<String>,
 }
 
 /// A query value, trimmed, unless it is empty.
@@ -287,14 +476,12 @@ fn nonempty(v: &Option<String>) -> Option<&str> {
     v.as_deref().map(str::trim).filter(|v| !v.is_empty())
 }
 
-/// Unknown first (what needs an operator), then in flight, then completed, then expired (the
-/// tombstones of actions whose outcomes are gone); oldest first within.
-fn rank(r: &Record) -> u8 {
-    match r.state {
-        RecordState::Unknown { .. } => 0,
-        RecordState::InFlight { .. } => 1,
-        RecordState::Completed { .. } => 2,
-        RecordState::Expired { .. } => 3,
+/// A count as the list says it: exact below [`COUNT_UP_TO`], "at least" from there.
+fn counted(n: usize) -> String {
+    if n >= COUNT_UP_TO {
+        format!("{COUNT_UP_TO} or more")
+    } else {
+        n.to_string()
     }
 }
 
@@ -326,32 +513,69 @@ async fn records(
         Ok(h) => h,
         Err(_) => return bad_request(&s, "hours: expected a whole number of hours"),
     };
+    let after_given = nonempty(&q.cursor).is_some();
+    let after = match nonempty(&q.cursor)
+        .map(str::parse::<ListCursor>)
+        .transpose()
+    {
+        Ok(c) => c,
+        Err(e) => return bad_request(&s, &format!("cursor: {e}")),
+    };
     let filter = ListFilter {
         tenant: tenant.clone(),
         tool,
         state,
-        scope: None,
-        limit: 0,
+        key_prefix: nonempty(&q.key).map(Into::into),
+        created_from: hours.map(|h| {
+            Timestamp::from_millis(Timestamp::now().as_millis() - i64::from(h) * 3_600_000)
+        }),
+        after,
+        // One more than the page, to know whether a next page follows.
+        limit: PAGE + 1,
+        ..ListFilter::default()
     };
     let mut list = match console.0.engine.list(&filter).await {
         Ok(l) => l,
         Err(e) => return engine_error(&s, &e),
     };
-    if let Some(h) = hours {
-        let since = Timestamp::now().as_millis() - i64::from(h) * 3_600_000;
-        list.retain(|r| r.created_at.as_millis() >= since);
-    }
-    list.sort_by_key(|r| (rank(r), r.created_at));
-    let total = list.len();
-    list.truncate(MAX_LIST);
+    let next = (list.len() > PAGE).then(|| ListCursor::of(&list[PAGE - 1]));
+    list.truncate(PAGE);
+    // The counts are of every page, bounded by COUNT_UP_TO; the unknown ones need an operator,
+    // so they are counted (and offered as a filter) whatever the page shows.
+    let unknown_filter = ListFilter {
+        state: Some(RecordStateName::Unknown),
+        ..filter.clone()
+    };
+    let counts = async {
+        let total = console.0.engine.count(&filter, COUNT_UP_TO).await?;
+        let unknown = match filter.state {
+            Some(RecordStateName::Unknown) => total,
+            Some(_) => 0,
+            None => console.0.engine.count(&unknown_filter, COUNT_UP_TO).await?,
+        };
+        Ok::<_, idemgate::EngineError>((total, unknown))
+    };
+    let (total, unknown) = match counts.await {
+        Ok(c) => c,
+        Err(e) => return engine_error(&s, &e),
+    };
+    let here = |cursor: &str, state: &str| {
+        query(&[
+            ("tenant", q.tenant.as_deref().unwrap_or("")),
+            ("tool", q.tool.as_deref().unwrap_or("")),
+            ("state", state),
+            ("hours", q.hours.as_deref().unwrap_or("")),
+            ("key", q.key.as_deref().unwrap_or("")),
+            ("cursor", cursor),
+        ])
+    };
 
     let mut body = String::new();
-    let unknown = list.iter().filter(|r| rank(r) == 0).count();
     let _ = write!(
         body,
         r#"<form method="get" action="/ui" class="filters" aria-label="Filter records">"#
     );
-    if s.role == Role::Operator {
+    if matches!(s.role, Role::Operator(_)) {
         let _ = write!(
             body,
             r#"<label for="f-tenant">Tenant</label> <input id="f-tenant" name="tenant" value="{}" size="12"> "#,
@@ -385,38 +609,104 @@ async fn records(
         body,
         r#"</select>
 <label for="f-hours">Created in the last (hours)</label> <input id="f-hours" name="hours" value="{}" size="4" inputmode="numeric">
+<label for="f-key">Key starts with</label> <input id="f-key" name="key" value="{}" size="16">
 <button type="submit">Filter</button></form>
-<p class="summary">{unknown} unknown of {total} record(s){}.</p>"#,
+<p class="summary">{} unknown of {} record(s){}{}.</p>"#,
         esc(q.hours.as_deref().unwrap_or("")),
-        if total > MAX_LIST {
-            format!("; the first {MAX_LIST} are shown")
+        esc(q.key.as_deref().unwrap_or("")),
+        counted(unknown),
+        counted(total),
+        if unknown > 0 && filter.state.is_none() {
+            format!(
+                r#"; <a href="/ui?{}">show the unknown ones</a>, which need an operator"#,
+                esc(&here("", "unknown"))
+            )
+        } else {
+            String::new()
+        },
+        if after_given || next.is_some() {
+            format!("; {} shown on this page, oldest first", list.len())
         } else {
             String::new()
         }
     );
+    // What needs an operator comes first: on the first page of a listing of every state, the
+    // unknown records (the first page of them) stand in a table of their own above the rest.
+    if filter.state.is_none() && !after_given && unknown > 0 {
+        let first_unknown = ListFilter {
+            after: None,
+            limit: PAGE,
+            ..unknown_filter.clone()
+        };
+        let stuck = match console.0.engine.list(&first_unknown).await {
+            Ok(l) => l,
+            Err(e) => return engine_error(&s, &e),
+        };
+        let caption = if unknown > PAGE {
+            format!(
+                r#"Unknown outcomes, which need an operator: the oldest {PAGE} (<a href="/ui?{}">all of them</a>)"#,
+                esc(&here("", "unknown"))
+            )
+        } else {
+            "Unknown outcomes, which need an operator".to_owned()
+        };
+        records_table(&mut body, &caption, &stuck);
+    }
     if list.is_empty() {
         body.push_str("<p>No records match.</p>");
     } else {
-        body.push_str(
-            r#"<table><caption>Records, unknown first</caption><thead><tr><th scope="col">State</th><th scope="col">Tenant</th><th scope="col">Tool</th><th scope="col">Key</th><th scope="col">Fence</th><th scope="col">Created</th><th scope="col">Detail</th></tr></thead><tbody>"#,
+        let caption = if filter.state.is_none() && !after_given && unknown > 0 {
+            "All records, oldest first"
+        } else {
+            "Records, oldest first"
+        };
+        records_table(&mut body, caption, &list);
+    }
+    // Every record is reachable: each page links to the one after it (and back to the first).
+    let mut links = Vec::new();
+    if after_given {
+        links.push(format!(
+            r#"<a href="/ui?{}">First page</a>"#,
+            esc(&here("", q.state.as_deref().unwrap_or("")))
+        ));
+    }
+    if let Some(next) = &next {
+        links.push(format!(
+            r#"<a href="/ui?{}" rel="next">Next page</a>"#,
+            esc(&here(&next.to_string(), q.state.as_deref().unwrap_or("")))
+        ));
+    }
+    if !links.is_empty() {
+        let _ = write!(
+            body,
+            r#"<nav class="pages" aria-label="Pages">{}</nav>"#,
+            links.join(" ")
         );
-        for r in &list {
-            let state = r.state_name().to_string();
-            let _ = write!(
-                body,
-                r#"<tr class="row-{state}"><td><span class="state state-{state}">{state}</span></td><td>{}</td><td>{}</td><td><a href="/ui/record?{}">{}</a></td><td>{}</td><td>{}</td><td>{}</td></tr>"#,
-                esc(r.key.tenant.as_str()),
-                esc(r.key.tool.as_str()),
-                record_query(&r.key),
-                esc(r.key.key.as_str()),
-                r.fence,
-                r.created_at,
-                esc(&detail(r)),
-            );
-        }
-        body.push_str("</tbody></table>");
     }
     page(StatusCode::OK, "Records", Some(header_of(&s)), &body)
+}
+
+/// A table of `records` under `caption` (HTML), one row each, each key linking to its record.
+fn records_table(body: &mut String, caption: &str, records: &[Record]) {
+    let _ = write!(
+        body,
+        r#"<table><caption>{caption}</caption><thead><tr><th scope="col">State</th><th scope="col">Tenant</th><th scope="col">Tool</th><th scope="col">Key</th><th scope="col">Fence</th><th scope="col">Created</th><th scope="col">Detail</th></tr></thead><tbody>"#
+    );
+    for r in records {
+        let state = r.state_name().to_string();
+        let _ = write!(
+            body,
+            r#"<tr class="row-{state}"><td><span class="state state-{state}">{state}</span></td><td>{}</td><td>{}</td><td><a href="/ui/record?{}">{}</a></td><td>{}</td><td>{}</td><td>{}</td></tr>"#,
+            esc(r.key.tenant.as_str()),
+            esc(r.key.tool.as_str()),
+            record_query(&r.key),
+            esc(r.key.key.as_str()),
+            r.fence,
+            r.created_at,
+            esc(&detail(r)),
+        );
+    }
+    body.push_str("</tbody></table>");
 }
 
 /// The query string naming one record.
@@ -756,7 +1046,7 @@ async fn resolve(
             Some(header_of(&s)),
             r#"<p>Resolved as not applied: the record is released, and the next call with its key runs. <a href="/ui">Back to the records</a>.</p>"#,
         ),
-        Err(e) => engine_error(&s, &e),
+        Err(e) => settle_error(&s, &key, &e),
     }
 }
 
@@ -814,10 +1104,57 @@ async fn reopen(
             "Reopened",
             Some(header_of(&s)),
             &format!(
-                r#"<p>The record (was {was}) is reopened: the next call with its key runs the action again. <a href="/ui">Back to the records</a>.</p>"#
+                r#"<p>The record of {} (it was {was}) is reopened: the next call with its key runs the action again. <a href="/ui">Back to the records</a>.</p>"#,
+                record_name(&key)
             ),
         ),
-        Err(e) => engine_error(&s, &e),
+        Err(e) => settle_error(&s, &key, &e),
+    }
+}
+
+/// The record, named in a sentence: its key, tool and tenant.
+fn record_name(key: &Key) -> String {
+    format!(
+        "<code>{}</code> (tool {}, tenant {})",
+        esc(key.key.as_str()),
+        esc(key.tool.as_str()),
+        esc(key.tenant.as_str())
+    )
+}
+
+/// The page of a resolution or reopening the engine refused. The operator acted on the record as
+/// a page showed it, so a record that is not there any more was released (or reopened) since,
+/// and one that moved on is shown again, in the browser, before they decide again.
+fn settle_error(s: &Session, key: &Key, e: &EngineError) -> Response {
+    let page_of = |status, title, words: &str| {
+        page(
+            status,
+            title,
+            Some(header_of(s)),
+            &format!(
+                r#"<p>Nothing was changed: {words}</p><p><a href="/ui">Back to the records</a></p>"#
+            ),
+        )
+    };
+    match e {
+        EngineError::NotFound { .. } => page_of(
+            StatusCode::NOT_FOUND,
+            "Record released",
+            &format!(
+                "the record of {} is no longer there. It was released (or reopened) since you looked at it, so the next call with its key runs the action.",
+                record_name(key)
+            ),
+        ),
+        // The kit's words say where the record stands; what to do next is the browser's.
+        EngineError::NotResolvable { .. } | EngineError::NotReopenable { .. } => explained_error(
+            s,
+            e,
+            &format!(
+                r#"<a href="/ui/record?{}">Open the record as it is now</a> to see what changed since you looked at it, then decide again; or go <a href="/ui">back to the records</a>."#,
+                esc(&record_query(key))
+            ),
+        ),
+        _ => engine_error(s, e),
     }
 }
 
@@ -826,6 +1163,8 @@ async fn reopen(
 #[derive(Debug, Default, Deserialize)]
 struct ChartQuery {
     hours: Option<String>,
+    /// Only this tenant's calls (the operator's filter; a tenant sees its own anyway).
+    tenant: Option<String>,
 }
 
 async fn charts(
@@ -843,19 +1182,21 @@ async fn charts(
         .and_then(|h| h.parse::<usize>().ok())
         .filter(|h| (2..=48).contains(h))
         .unwrap_or(24);
-    let mut body = format!(
-        r#"<p>Calls per tool and hour over the last {hours} hours. <strong>Executed</strong>, <strong>replayed</strong> and <strong>unknown</strong> (records that turned unknown) come from the audit log, so they survive restarts and include every process that writes it. <strong>Refused</strong> calls (key missing or reused, in flight, over quota) change no record and are not in the audit log: they are counted by this process only, since it started{}.</p>
-<ul class="legend">{}</ul>"#,
-        if console.0.tally.is_none() {
-            " (this process serves no calls, so there are none)"
-        } else {
-            ""
-        },
-        chart::SERIES
-            .iter()
-            .map(|n| format!(r#"<li><span class="swatch s-{n}"></span>{n}</li>"#))
-            .collect::<String>()
-    );
+    // A tenant sees its own calls whatever it asks for; the operator every tenant's, or the
+    // one the filter names.
+    let only: Option<String> = match &s.role {
+        Role::Operator(_) => nonempty(&q.tenant).map(str::to_owned),
+        Role::Tenant(t) => Some(t.as_str().to_owned()),
+    };
+    let visible = |tenant: &str| only.as_deref().is_none_or(|t| t == tenant);
+    let mut body = String::new();
+    if matches!(s.role, Role::Operator(_)) {
+        let _ = write!(
+            body,
+            r#"<form method="get" action="/ui/charts" class="filters"><label for="f-tenant">Tenant</label> <input id="f-tenant" name="tenant" value="{}" size="16"> <label for="f-hours">Hours</label> <input id="f-hours" name="hours" value="{hours}" size="3" inputmode="numeric"> <button type="submit">Show</button></form>"#,
+            esc(only.as_deref().unwrap_or("")),
+        );
+    }
     let log = match &console.0.audit_log {
         Some(path) => match audit::read(path) {
             Ok(l) => l,
@@ -870,32 +1211,45 @@ async fn charts(
         },
         None => {
             body.push_str(
-                "<p class=\"error\">No audit log is configured: only refusals are counted.</p>",
+                "<p class=\"error\">No audit log is configured: only refusals are counted, and what idemgate saved cannot be shown.</p>",
             );
             audit::Log::default()
         }
     };
+    value_section(&mut body, &log, &visible);
+    let window = chart::Window::ending(Timestamp::now(), hours);
+    let _ = write!(
+        body,
+        r#"<h2>Calls per tool over time</h2><p>Over the last {hours} hours, one group of bars a {bucket} (times in UTC). <strong>Executed</strong>, <strong>replayed</strong> and <strong>unknown</strong> (records that turned unknown) come from the audit log, so they survive restarts and include every process that writes it. <strong>Refused</strong> calls (key missing or reused, in flight, over quota) change no record and are not in the audit log: they are counted by this process only, since it started{}.</p>
+<ul class="legend">{}</ul>"#,
+        if console.0.tally.is_none() {
+            " (this process serves no calls, so there are none)"
+        } else {
+            ""
+        },
+        chart::SERIES
+            .iter()
+            .map(|n| format!(r#"<li><span class="swatch s-{n}"></span>{n}</li>"#))
+            .collect::<String>(),
+        bucket = window.bucket_words(),
+    );
     let refused = console
         .0
         .tally
         .as_ref()
         .map(|t| t.snapshot())
         .unwrap_or_default();
-    let own: Option<TenantId> = match &s.role {
-        Role::Operator => None,
-        Role::Tenant(t) => Some(t.clone()),
-    };
-    let visible = |tenant: &str| own.as_ref().is_none_or(|t| t.as_str() == tenant);
-    let tools = chart::count(&log, &refused, visible, Timestamp::now(), hours);
+    let tools = chart::count(&log, &refused, visible, &window);
+    let duplicates = chart::duplicates_by_tenant(&log, visible, &window);
     if tools.is_empty() {
         body.push_str("<p>No calls in this window.</p>");
     }
     for (i, (tool, counts)) in tools.iter().enumerate() {
         let _ = write!(
             body,
-            r#"<section class="tool"><h2>{}</h2>{}<table class="totals"><caption>Totals</caption><tr>{}</tr><tr>{}</tr></table></section>"#,
+            r#"<section class="tool"><h3>{}</h3>{}<table class="totals"><caption>Totals</caption><tr>{}</tr><tr>{}</tr></table>"#,
             esc(tool),
-            chart::svg(&format!("c{i}"), tool, counts, hours),
+            chart::calls_svg(&format!("c{i}"), tool, counts, &window, hours),
             chart::SERIES
                 .iter()
                 .map(|n| format!(r#"<th scope="col">{n}</th>"#))
@@ -904,6 +1258,98 @@ async fn charts(
                 .map(|n| format!("<td>{}</td>", counts.total(n)))
                 .collect::<String>(),
         );
+        if let Some(tenants) = duplicates.get(tool) {
+            let series: Vec<chart::Series<'_>> = tenants
+                .iter()
+                .enumerate()
+                .map(|(t, (tenant, per_bucket))| chart::Series {
+                    name: tenant,
+                    class: chart::tenant_class(t),
+                    per_bucket,
+                })
+                .collect();
+            let _ = write!(
+                body,
+                r#"<h4>Duplicates answered without running, by tenant</h4><ul class="legend">{}</ul>{}"#,
+                series
+                    .iter()
+                    .map(|x| format!(
+                        r#"<li><span class="swatch {}"></span>{}: {}</li>"#,
+                        x.class,
+                        esc(x.name),
+                        x.per_bucket.iter().sum::<u64>()
+                    ))
+                    .collect::<String>(),
+                chart::svg(
+                    &format!("d{i}"),
+                    &format!("{tool}: duplicates answered without running, by tenant, in the last {hours} hours"),
+                    &series,
+                    &window,
+                ),
+            );
+        }
+        body.push_str("</section>");
     }
     page(StatusCode::OK, "Charts", Some(header_of(&s)), &body)
+}
+
+/// What idemgate saved, from the whole audit log read (not only the chart's window): the
+/// duplicates it answered without running, the records operators settled, and the time the
+/// replays did not spend running the action again.
+fn value_section(body: &mut String, log: &audit::Log, visible: &dyn Fn(&str) -> bool) {
+    let value = crate::value::count(log, visible);
+    let _ = write!(
+        body,
+        r#"<h2>What idemgate saved</h2><p>Counted from the audit log{}: every process that writes it, across restarts. <code>/metrics</code> has the same counts for this process since it started (<code>idemgate_duplicates_answered_total</code>, <code>idemgate_resolutions_total</code>).</p>"#,
+        if log.truncated {
+            " (its last 16 MiB: older lines are not counted)"
+        } else {
+            ""
+        }
+    );
+    body.push_str(r#"<table class="value" id="duplicates"><caption>Duplicates answered without running the action</caption><tr><th scope="col">tenant</th><th scope="col">tool</th><th scope="col">rule</th><th scope="col">calls</th></tr>"#);
+    if value.duplicates.is_empty() {
+        body.push_str(r#"<tr><td colspan="4">None in the log.</td></tr>"#);
+    }
+    for ((tenant, tool, rule), n) in &value.duplicates {
+        let _ = write!(
+            body,
+            r#"<tr><td>{}</td><td>{}</td><td>{}</td><td>{n}</td></tr>"#,
+            esc(tenant),
+            esc(tool),
+            esc(rule)
+        );
+    }
+    body.push_str(r#"</table><p class="note">Rules: <strong>key</strong> a replay of a record a key named (the caller's key, or a framework's call id or a model's key, which the engine sees alike), <strong>window</strong> a replay of an identical call within the tool's window, <strong>expired</strong> a retry of an action that ran before and whose outcome is no longer kept, refused rather than run again.</p>"#);
+    body.push_str(r#"<table class="value" id="saved"><caption>Time saved by replays</caption><tr><th scope="col">tenant</th><th scope="col">tool</th><th scope="col">replays timed</th><th scope="col">time not spent again</th><th scope="col">replays not timed</th></tr>"#);
+    let mut pairs: std::collections::BTreeSet<&(String, String)> = value.saved.keys().collect();
+    pairs.extend(value.untimed.keys());
+    if pairs.is_empty() {
+        body.push_str(r#"<tr><td colspan="5">No replays in the log.</td></tr>"#);
+    }
+    for pair in pairs {
+        let (timed, ms) = value.saved.get(pair).copied().unwrap_or((0, 0));
+        let _ = write!(
+            body,
+            r#"<tr><td>{}</td><td>{}</td><td>{timed}</td><td>{}</td><td>{}</td></tr>"#,
+            esc(&pair.0),
+            esc(&pair.1),
+            crate::value::duration(ms),
+            value.untimed.get(pair).copied().unwrap_or(0),
+        );
+    }
+    body.push_str(r#"</table><p class="note">A record keeps when its outcome was recorded, not when its action started, so the time is read from the audit log: from the line that reserved the record to the line that recorded its outcome (the action's run plus idemgate's own store writes), counted once for each replay of it. A replay whose execution is not in the log (older than the log, an operator's resolution, a record reopened since) is counted as not timed.</p>"#);
+    body.push_str(r#"<table class="value" id="resolutions"><caption>Records operators settled</caption><tr><th scope="col">tenant</th><th scope="col">tool</th><th scope="col">how</th><th scope="col">through</th><th scope="col">records</th></tr>"#);
+    if value.resolutions.is_empty() {
+        body.push_str(r#"<tr><td colspan="5">None in the log.</td></tr>"#);
+    }
+    for ((tenant, tool, how, door), n) in &value.resolutions {
+        let _ = write!(
+            body,
+            r#"<tr><td>{}</td><td>{}</td><td>{how}</td><td>{door}</td><td>{n}</td></tr>"#,
+            esc(tenant),
+            esc(tool),
+        );
+    }
+    body.push_str(r#"</table><p class="note"><strong>completed</strong>: resolved as "it happened" (retries get the operator's result); <strong>released</strong>: "it did not happen" (the next call runs); <strong>reopened</strong>: a stored or unknown outcome dropped so the next call runs again. Through: the console, the API (the gateway's records endpoints, signed by the tenant) or the CLI (<code>idemgate keys</code>, signed by the OS user).</p>"#);
 }

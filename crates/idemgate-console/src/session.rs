@@ -15,14 +15,16 @@ pub(crate) const COOKIE: &str = "idemgate_console";
 /// The cookie that carries the sign-in form's CSRF token (double submit: there is no session
 /// yet to hold it).
 pub(crate) const LOGIN_COOKIE: &str = "idemgate_console_login";
+/// The cookie that binds an OpenID Connect sign-in's `state` to the browser that started it.
+pub(crate) const OIDC_COOKIE: &str = "idemgate_console_oidc";
 /// Sessions one process keeps at most; the oldest go first when a sign-in would pass it.
 const MAX_SESSIONS: usize = 10_000;
 
 /// Who is signed in.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Role {
-    /// Sees and acts on every tenant's records.
-    Operator,
+    /// Sees and acts on every tenant's records; signs what it does with its name.
+    Operator(String),
     /// Sees and acts on this tenant's records only.
     Tenant(TenantId),
 }
@@ -35,7 +37,7 @@ impl Role {
     pub(crate) fn scope(&self, asked: Option<&str>) -> Result<Option<TenantId>, ()> {
         match self {
             // A name no tenant can have names nothing: not every tenant.
-            Role::Operator => asked
+            Role::Operator(_) => asked
                 .filter(|t| !t.is_empty())
                 .map(|t| TenantId::new(t).map_err(|_| ()))
                 .transpose(),
@@ -46,10 +48,10 @@ impl Role {
         }
     }
 
-    /// Who did it, for the audit log.
-    pub(crate) fn by(&self) -> String {
+    /// Who did it, for the audit log: `console:<operator's name>` or `console:tenant:<id>`.
+    pub fn by(&self) -> String {
         match self {
-            Role::Operator => "console:operator".to_owned(),
+            Role::Operator(name) => format!("console:{name}"),
             Role::Tenant(t) => format!("console:tenant:{t}"),
         }
     }
@@ -57,7 +59,11 @@ impl Role {
     /// How the page names the signed-in user.
     pub(crate) fn label(&self) -> String {
         match self {
-            Role::Operator => "operator (all tenants)".to_owned(),
+            // The single shared token's operator is named "operator": said once.
+            Role::Operator(name) if name == crate::DEFAULT_OPERATOR => {
+                "operator (all tenants)".to_owned()
+            }
+            Role::Operator(name) => format!("operator {name} (all tenants)"),
             Role::Tenant(t) => format!("tenant {t}"),
         }
     }
@@ -162,6 +168,14 @@ pub(crate) fn set_cookie(name: &str, value: &str, max_age: u64, secure: bool) ->
     )
 }
 
+/// As [`set_cookie`], but `SameSite=Lax`: for the cookie of an OpenID Connect sign-in, which
+/// must come back with the issuer's redirect to the callback, a top-level navigation from
+/// another site that a `Strict` cookie would not be sent with. It only names a pending sign-in
+/// (no session), and the callback is a GET that changes nothing but that sign-in.
+pub(crate) fn set_lax_cookie(name: &str, value: &str, max_age: u64, secure: bool) -> String {
+    set_cookie(name, value, max_age, secure).replace("SameSite=Strict", "SameSite=Lax")
+}
+
 #[cfg(test)]
 mod tests {
     use axum::http::HeaderValue;
@@ -169,21 +183,32 @@ mod tests {
     use super::*;
 
     #[test]
+    fn an_operator_signs_with_its_name() {
+        let alice = Role::Operator("alice@example.com".to_owned());
+        assert_eq!(alice.by(), "console:alice@example.com");
+        assert_eq!(alice.label(), "operator alice@example.com (all tenants)");
+        let shared = Role::Operator(crate::DEFAULT_OPERATOR.to_owned());
+        assert_eq!(shared.by(), "console:operator");
+        assert_eq!(shared.label(), "operator (all tenants)");
+        assert_eq!(
+            Role::Tenant(TenantId::new("acme").unwrap()).by(),
+            "console:tenant:acme"
+        );
+    }
+
+    #[test]
     fn a_tenant_is_kept_to_its_own_records() {
+        let operator = Role::Operator("alice".to_owned());
         let acme = Role::Tenant(TenantId::new("acme").unwrap());
         assert_eq!(acme.scope(None).unwrap().unwrap().as_str(), "acme");
         assert_eq!(acme.scope(Some("")).unwrap().unwrap().as_str(), "acme");
         assert_eq!(acme.scope(Some("acme")).unwrap().unwrap().as_str(), "acme");
         assert!(acme.scope(Some("globex")).is_err());
-        assert_eq!(Role::Operator.scope(None).unwrap(), None);
-        assert_eq!(Role::Operator.scope(Some("")).unwrap(), None);
-        assert!(Role::Operator.scope(Some("no such/tenant")).is_err());
+        assert_eq!(operator.scope(None).unwrap(), None);
+        assert_eq!(operator.scope(Some("")).unwrap(), None);
+        assert!(operator.scope(Some("no such/tenant")).is_err());
         assert_eq!(
-            Role::Operator
-                .scope(Some("globex"))
-                .unwrap()
-                .unwrap()
-                .as_str(),
+            operator.scope(Some("globex")).unwrap().unwrap().as_str(),
             "globex"
         );
     }
@@ -191,7 +216,7 @@ mod tests {
     #[test]
     fn sessions_are_found_by_their_cookie_and_end_at_logout() {
         let sessions = Sessions::default();
-        let (id, s) = sessions.open(Role::Operator);
+        let (id, s) = sessions.open(Role::Operator("alice".to_owned()));
         assert_eq!(id.len(), 64);
         let mut headers = HeaderMap::new();
         headers.insert(

@@ -171,6 +171,9 @@ impl<S: Store> Store for FaultyStore<S> {
     async fn list(&self, filter: &ListFilter) -> Result<Vec<Record>> {
         self.inner.list(filter).await
     }
+    async fn count(&self, filter: &ListFilter, at_most: usize) -> Result<usize> {
+        self.inner.count(filter, at_most).await
+    }
     async fn purge_expired(&self) -> Result<u64> {
         self.inner.purge_expired().await
     }

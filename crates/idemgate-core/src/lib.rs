@@ -35,7 +35,8 @@ pub use observe::{Event, Observer, Observers};
 pub use policy::{Policies, ToolKind, ToolPolicy, UnknownPolicy, DEFAULT_TOMBSTONE};
 pub use record::{Fence, Lease, LeaseToken, Outcome, OutcomeKind, Record, RecordState, State};
 pub use store::{
-    Claim, Completion, Keep, ListFilter, Reopened, Reservation, ReserveHistory, ReservePath, Store,
+    Claim, Completion, Keep, ListCursor, ListFilter, Reopened, Reservation, ReserveHistory,
+    ReservePath, Store,
 };
 pub use time::{Clock, HostInstant, ManualClock, Now, SystemClock, Timestamp};
 pub use verdict::Verdict;

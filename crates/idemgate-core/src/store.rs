@@ -127,7 +127,13 @@ pub enum Reopened {
     Kept(Option<Record>),
 }
 
-/// Which records an operator lists.
+/// Which records an operator lists, and from where: one page of a listing.
+///
+/// Every store lists in one total order, the records' [`ListCursor`] order: creation time, then
+/// tenant, tool and key (byte-wise). A page is asked for with [`ListFilter::after`] set to the
+/// cursor of the last record of the page before ([`ListCursor::of`]), so that each record that
+/// stands for the whole listing is on exactly one page, and a record created meanwhile comes
+/// after every record that was there (it is created later) instead of shifting the pages.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ListFilter {
     /// Only this tenant's.
@@ -139,6 +145,14 @@ pub struct ListFilter {
     pub state: Option<State>,
     /// Only records reserved in this scope ([`Reservation::scope`]).
     pub scope: Option<Arc<str>>,
+    /// Only records whose key starts with this (byte-wise; an empty prefix is every key).
+    pub key_prefix: Option<Arc<str>>,
+    /// Only records created at or after this.
+    pub created_from: Option<Timestamp>,
+    /// Only records created before this.
+    pub created_before: Option<Timestamp>,
+    /// Only records after this one in the listing order: the next page.
+    pub after: Option<ListCursor>,
     /// At most this many (0: no limit).
     pub limit: usize,
 }
@@ -153,6 +167,112 @@ impl ListFilter {
                 .scope
                 .as_ref()
                 .is_none_or(|s| r.scope.as_ref() == Some(s))
+            && self
+                .key_prefix
+                .as_deref()
+                .is_none_or(|p| r.key.key.as_str().starts_with(p))
+            && self.created_from.is_none_or(|t| r.created_at >= t)
+            && self.created_before.is_none_or(|t| r.created_at < t)
+            && self
+                .after
+                .as_ref()
+                .is_none_or(|c| ListCursor::of(r).sort_key() > c.sort_key())
+    }
+
+    /// The same filter without the page: every record it selects, from the first.
+    pub fn whole(&self) -> ListFilter {
+        ListFilter {
+            after: None,
+            limit: 0,
+            ..self.clone()
+        }
+    }
+}
+
+/// Where a listing stands: the sort key of the last record a page held. Opaque to callers, who
+/// pass it back as text (its `Display`, read back by [`str::parse`]) to get the page after.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ListCursor {
+    /// The record's creation time.
+    pub created_at: Timestamp,
+    /// The record's name.
+    pub key: Key,
+}
+
+impl ListCursor {
+    /// The cursor just after `r`: the next page starts with the record after it.
+    pub fn of(r: &Record) -> Self {
+        ListCursor {
+            created_at: r.created_at,
+            key: r.key.clone(),
+        }
+    }
+
+    /// What the listing order compares: creation time, then tenant, tool and key byte-wise.
+    pub fn sort_key(&self) -> (Timestamp, &str, &str, &str) {
+        (
+            self.created_at,
+            self.key.tenant.as_str(),
+            self.key.tool.as_str(),
+            self.key.key.as_str(),
+        )
+    }
+}
+
+/// The text of a cursor: `c1.<created ms>.<tenant>.<tool>.<key>`, each name in hex, so that it
+/// travels in a URL's query and a shell argument as it is, whatever characters a key has.
+impl std::fmt::Display for ListCursor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "c1.{}.{}.{}.{}",
+            self.created_at.as_millis(),
+            crate::key::hex(self.key.tenant.as_str().as_bytes()),
+            crate::key::hex(self.key.tool.as_str().as_bytes()),
+            crate::key::hex(self.key.key.as_str().as_bytes()),
+        )
+    }
+}
+
+impl std::str::FromStr for ListCursor {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        let bad =
+            || format!("not a listing cursor: {s:?} (pass back the `next` of a page as it is)");
+        let mut parts = s.split('.');
+        if parts.next() != Some("c1") {
+            return Err(bad());
+        }
+        let mut next = || parts.next().ok_or_else(bad);
+        let created: i64 = next()?.parse().map_err(|_| bad())?;
+        let mut name = || -> std::result::Result<String, String> {
+            let hex = next()?;
+            if hex.len() % 2 != 0 {
+                return Err(bad());
+            }
+            let bytes = (0..hex.len())
+                .step_by(2)
+                .map(|i| {
+                    hex.get(i..i + 2)
+                        .and_then(|b| u8::from_str_radix(b, 16).ok())
+                })
+                .collect::<Option<Vec<u8>>>()
+                .ok_or_else(bad)?;
+            String::from_utf8(bytes).map_err(|_| bad())
+        };
+        let (tenant, tool, key) = (name()?, name()?, name()?);
+        if parts.next().is_some() {
+            return Err(bad());
+        }
+        let key = Key::new(
+            TenantId::new(tenant).map_err(|_| bad())?,
+            ToolName::new(tool).map_err(|_| bad())?,
+            crate::key::IdempotencyKey::new(key).map_err(|_| bad())?,
+        );
+        Ok(ListCursor {
+            created_at: Timestamp::from_millis(created),
+            key,
+        })
     }
 }
 
@@ -254,6 +374,24 @@ pub trait Store: Send + Sync + 'static {
     /// Records that pass `filter`, oldest first. Tombstones are listed (as expired); completed
     /// records past their tombstone are left out.
     fn list(&self, filter: &ListFilter) -> impl Future<Output = Result<Vec<Record>>> + Send;
+
+    /// How many records pass `filter` (its page ignored: [`ListFilter::whole`]), counting at most
+    /// `at_most` of them, so that a count over a large table stays bounded. The default lists
+    /// them; stores that can count on the server do.
+    fn count(
+        &self,
+        filter: &ListFilter,
+        at_most: usize,
+    ) -> impl Future<Output = Result<usize>> + Send {
+        let mut whole = filter.whole();
+        whole.limit = at_most;
+        async move {
+            if at_most == 0 {
+                return Ok(0);
+            }
+            Ok(self.list(&whole).await?.len().min(at_most))
+        }
+    }
 
     /// Deletes completed records past their tombstone and returns how many went; drops the
     /// outcomes of those past their ttl whose tombstone stays (they are never read again).
@@ -380,6 +518,13 @@ impl<S: Store> Store for std::sync::Arc<S> {
     fn list(&self, filter: &ListFilter) -> impl Future<Output = Result<Vec<Record>>> + Send {
         (**self).list(filter)
     }
+    fn count(
+        &self,
+        filter: &ListFilter,
+        at_most: usize,
+    ) -> impl Future<Output = Result<usize>> + Send {
+        (**self).count(filter, at_most)
+    }
     fn purge_expired(&self) -> impl Future<Output = Result<u64>> + Send {
         (**self).purge_expired()
     }
@@ -486,5 +631,90 @@ mod reserve_history_tests {
         );
         assert!(h.read_first(ReservePath::ReadFirst));
         assert!(!h.read_first(ReservePath::InsertFirst));
+    }
+}
+
+#[cfg(test)]
+mod list_cursor_tests {
+    use super::*;
+    use crate::key::IdempotencyKey;
+
+    fn cursor(key: &str) -> ListCursor {
+        ListCursor {
+            created_at: Timestamp::from_millis(1_800_000_000_123),
+            key: Key::new(
+                TenantId::new("acme").unwrap(),
+                ToolName::new("charge").unwrap(),
+                IdempotencyKey::new(key).unwrap(),
+            ),
+        }
+    }
+
+    #[test]
+    fn a_cursor_reads_back_from_its_text_whatever_its_key_holds() {
+        for key in ["order-1", "a.b.c", "with/slash?&=#%", "~!\"'`"] {
+            let c = cursor(key);
+            let text = c.to_string();
+            assert!(
+                text.chars()
+                    .all(|ch| ch.is_ascii_alphanumeric() || ch == '.'),
+                "travels in a URL as it is: {text}"
+            );
+            assert_eq!(text.parse::<ListCursor>(), Ok(c), "{text}");
+        }
+    }
+
+    #[test]
+    fn text_that_is_no_cursor_is_refused() {
+        let good = cursor("k").to_string();
+        for bad in [
+            String::new(),
+            "nonsense".to_owned(),
+            good.replacen("c1.", "c2.", 1),
+            format!("{good}.00"),
+            good[..good.len() - 1].to_owned(),
+            good.replacen(".61636d65.", ".zz.", 1),
+            // An empty tenant is no tenant.
+            good.replacen(".61636d65.", "..", 1),
+        ] {
+            assert!(bad.parse::<ListCursor>().is_err(), "{bad:?} was read");
+        }
+    }
+
+    #[test]
+    fn the_filter_keeps_only_records_after_the_cursor_in_the_listing_order() {
+        let at = cursor("m");
+        let filter = ListFilter {
+            after: Some(at.clone()),
+            ..ListFilter::default()
+        };
+        let record = |ms: i64, key: &str| {
+            let c = cursor(key);
+            Record {
+                key: c.key,
+                fingerprint: crate::Fingerprint::of_bytes(b""),
+                fence: 1,
+                created_at: Timestamp::from_millis(ms),
+                scope: None,
+                state: crate::RecordState::Unknown {
+                    since: Timestamp::from_millis(ms),
+                },
+            }
+        };
+        let ms = at.created_at.as_millis();
+        assert!(!filter.matches(&record(ms, "m")), "the cursor's own record");
+        assert!(
+            !filter.matches(&record(ms, "a")),
+            "earlier in the same millisecond"
+        );
+        assert!(
+            filter.matches(&record(ms, "z")),
+            "later in the same millisecond"
+        );
+        assert!(filter.matches(&record(ms + 1, "a")), "a later millisecond");
+        assert!(
+            !filter.matches(&record(ms - 1, "z")),
+            "an earlier millisecond"
+        );
     }
 }

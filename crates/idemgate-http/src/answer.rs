@@ -14,7 +14,7 @@ use serde::Serialize;
 use serde_json::json;
 
 use crate::error::{Problem, DOOR};
-use crate::headers::{set_record_headers, RECORDING};
+use crate::headers::{set_record_headers, RECORDING, RESOLVED_BY};
 use crate::request::OutcomeView;
 
 /// How an endpoint shows outcomes.
@@ -67,6 +67,9 @@ pub(crate) fn respond(
             expires_at,
             ..
         } => {
+            // An operator's resolution: `executed_at` is when they resolved it, and nothing ran
+            // then; the caller is told so, as the MCP proxy and `exec` tell theirs.
+            let resolved_by = Payload::is_resolution(&outcome).then_some(OPERATOR);
             let mut res = match shape {
                 // Serialized straight from the view (not through `json!`), so the stored result
                 // goes out as its own text: big integers stay exact.
@@ -76,17 +79,16 @@ pub(crate) fn respond(
                     executed_at,
                     expires_at,
                     rule,
+                    resolved_by,
                 })
                 .into_response(),
                 Shape::Forwarded => upstream_answer(&outcome)?,
             };
-            set_record_headers(
-                res.headers_mut(),
-                true,
-                rule,
-                Some(executed_at),
-                Some(expires_at),
-            );
+            let h = res.headers_mut();
+            set_record_headers(h, true, rule, Some(executed_at), Some(expires_at));
+            if let Some(by) = resolved_by {
+                h.insert(RESOLVED_BY, HeaderValue::from_static(by));
+            }
             Ok(res)
         }
         Decision::NotApplied {
@@ -181,6 +183,10 @@ pub(crate) fn upstream_answer(outcome: &Outcome) -> Result<Response, Problem> {
     Ok(res)
 }
 
+/// Who a replayed outcome was resolved by, when an operator recorded it (`resolved_by`, the
+/// `Idempotency-Resolved-By` header): the word the MCP proxy's `_meta` and `exec --json` use.
+const OPERATOR: &str = "operator";
+
 /// The body of a replayed `begin`.
 #[derive(Debug, Serialize)]
 struct ReplayedBody {
@@ -189,4 +195,7 @@ struct ReplayedBody {
     executed_at: Timestamp,
     expires_at: Timestamp,
     rule: KeyRule,
+    /// `operator` when the outcome is an operator's resolution, not one the action returned.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    resolved_by: Option<&'static str>,
 }

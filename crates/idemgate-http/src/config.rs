@@ -177,24 +177,13 @@ impl Config {
         if let Err((field, message)) = idemgate_kit::tenants::validate(&self.tenants) {
             return fail(field, message);
         }
-        if let Some(h) = &self.console.operator_token_sha256 {
-            if h.len() != 64 || !h.bytes().all(|b| b.is_ascii_hexdigit()) {
-                return fail(
-                    "console.operator_token_sha256".to_owned(),
-                    "expected 64 hex digits (`idemgate token hash TOKEN` prints them)".to_owned(),
-                );
-            }
-            if self
-                .tenants
-                .iter()
-                .any(|t| t.token_sha256.eq_ignore_ascii_case(h))
-            {
-                return fail(
-                    "console.operator_token_sha256".to_owned(),
-                    "the operator's token is also a tenant's: give the operator a token of its own"
-                        .to_owned(),
-                );
-            }
+        let tenant_hashes: Vec<&str> = self
+            .tenants
+            .iter()
+            .map(|t| t.token_sha256.as_str())
+            .collect();
+        if let Err((field, message)) = self.console.validate(&tenant_hashes) {
+            return fail(field, message);
         }
         if self.server.max_body_bytes == 0 {
             return fail(
@@ -395,6 +384,72 @@ ttl = "1h"
         assert!(e.contains("also a tenant's"), "{e}");
         let e = err(&format!("{tenant}[console]\nenabled = true\n"));
         assert!(e.contains("enabled"), "{e}");
+    }
+
+    #[test]
+    fn the_oidc_section_is_checked_at_start() {
+        let tenant = format!("[[tenants]]\nid = \"a\"\ntoken_sha256 = \"{HASH}\"\n");
+        let oidc = "[console.oidc]\nissuer = \"https://login.example.com\"\nclient_id = \"console\"\nredirect_url = \"https://idemgate.example.com/ui/oidc/callback\"\n";
+        let c = Config::parse(&format!(
+            "{tenant}{oidc}allowed_emails = [\"alice@example.com\"]\n"
+        ))
+        .unwrap();
+        assert_eq!(c.console.oidc.unwrap().client_id, "console");
+        // Nobody allowed is a mistake, said at start rather than at every sign-in.
+        let e = Config::parse(&format!("{tenant}{oidc}"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("console.oidc.allowed_emails"), "{e}");
+        let e = Config::parse(&format!(
+            "{tenant}{oidc}allowed_subjects = [\"x\"]\nclient_sercet = \"s\"\n"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("client_sercet"), "{e}");
+    }
+
+    #[test]
+    fn operators_have_names_and_tokens_of_their_own() {
+        let tenant = format!("[[tenants]]\nid = \"a\"\ntoken_sha256 = \"{HASH}\"\n");
+        let (one, two) = ("1".repeat(64), "2".repeat(64));
+        let c = Config::parse(&format!(
+            "{tenant}[console]\noperator_token_sha256 = \"{one}\"\n[[console.operators]]\nname = \"alice\"\ntoken_sha256 = \"{two}\"\n"
+        ))
+        .unwrap();
+        let names: Vec<String> = c
+            .console
+            .token_operators()
+            .into_iter()
+            .map(|o| o.name)
+            .collect();
+        assert_eq!(names, ["alice", "operator"]);
+        let err = |text: &str| Config::parse(text).unwrap_err().to_string();
+        let e = err(&format!(
+            "{tenant}[[console.operators]]\nname = \"alice\"\ntoken_sha256 = \"{HASH}\"\n"
+        ));
+        assert!(
+            e.contains("console.operators[0].token_sha256") && e.contains("also a tenant's"),
+            "{e}"
+        );
+        let e = err(&format!(
+            "{tenant}[console]\noperator_token_sha256 = \"{one}\"\n[[console.operators]]\nname = \"bob\"\ntoken_sha256 = \"{one}\"\n"
+        ));
+        assert!(e.contains("share one token"), "{e}");
+        let e = err(&format!(
+            "{tenant}[console]\noperator_token_sha256 = \"{one}\"\n[[console.operators]]\nname = \"operator\"\ntoken_sha256 = \"{two}\"\n"
+        ));
+        assert!(
+            e.contains("console.operators") && e.contains("rename"),
+            "{e}"
+        );
+        let e = err(&format!(
+            "{tenant}[[console.operators]]\nname = \"alice smith\"\ntoken_sha256 = \"{two}\"\n"
+        ));
+        assert!(e.contains("console.operators[0].name"), "{e}");
+        let e = err(&format!(
+            "{tenant}[[console.operators]]\nname = \"alice\"\ntoken = \"{two}\"\n"
+        ));
+        assert!(e.contains("token"), "{e}");
     }
 
     #[test]

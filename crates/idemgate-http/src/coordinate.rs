@@ -34,7 +34,14 @@ pub(crate) async fn begin(
     let policy = gw.config().policy(tool.as_str());
     // The reservation of a call the caller runs itself; `idemgate.reserve` says what was decided.
     let (_, span) = call_span(&headers, &tenant.id, &tool);
-    let begun = gw.engine().begin(call, &policy).instrument(span).await;
+    let begun = gw
+        .engine()
+        .begin(call, &policy)
+        .instrument(span.clone())
+        .await;
+    // The span says how `begin` ended, refusals (a write without a key) included, as every
+    // door's call span does.
+    idemgate_trace::record_begun(&span, &begun);
     let begun = begun.map_err(|e| Problem::from_engine(&e))?;
     let ticket = match begun {
         Begun::Execute(ticket) => ticket,

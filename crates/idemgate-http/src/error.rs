@@ -9,7 +9,8 @@ use idemgate_kit::{Door, Explanation, Refusal, Resolve, VerdictCodes, What};
 use serde_json::{json, Map, Value};
 
 /// How the gateway's problems name things: never the raw key (callers know it; answers and logs
-/// stay free of it), and never the store's insides.
+/// stay free of it) but in the path that settles its record, which the caller sends as it is, and
+/// never the store's insides.
 pub(crate) const DOOR: Door<'static> = Door {
     effect: "the side effect",
     record: "this key",

@@ -98,16 +98,17 @@ async fn forward(
 ) -> Result<Response, Problem> {
     let deadline = upstream_deadline(gw.config().server.request_timeout);
     // The record's name, known before the engine reserves it, so the downstream key can be sent.
-    let Some(named) = gw
-        .engine()
-        .key_for(&call, &policy)
-        .map_err(|e| Problem::from_engine(&e))?
-    else {
+    // A call refused before the engine runs it (a write without a key) ends here: its span says
+    // so, as the engine's refusals say it below.
+    let refused = |e: idemgate::EngineError| {
+        idemgate_trace::record_refusal(&tracing::Span::current(), &e);
+        Problem::from_engine(&e)
+    };
+    let Some(named) = gw.engine().key_for(&call, &policy).map_err(refused)? else {
         // Reads and naturally idempotent tools: no record, the upstream answers as it is.
-        gw.engine()
-            .begin(call, &policy)
-            .await
-            .map_err(|e| Problem::from_engine(&e))?;
+        let begun = gw.engine().begin(call, &policy).await;
+        idemgate_trace::record_begun(&tracing::Span::current(), &begun);
+        begun.map_err(|e| Problem::from_engine(&e))?;
         let trace = idemgate_trace::outgoing(caller.as_ref());
         return match send(&gw, &upstream, None, trace, body, deadline).await {
             Ok(up) => Ok(up.into_response()),

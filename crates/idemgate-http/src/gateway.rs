@@ -133,7 +133,8 @@ impl Gateway {
             let settings = idemgate_console::Settings {
                 engine: engine.clone(),
                 tenants: tenants.clone(),
-                operator_token_sha256: config.console.operator_token_sha256.clone(),
+                operators: config.console.token_operators(),
+                oidc: config.console.oidc.clone(),
                 audit_log: config.server.audit_log.clone(),
                 tally: Some(tally),
                 secure_cookie: config.console.secure_cookie,

@@ -16,6 +16,10 @@ pub(crate) const EXECUTED_AT: HeaderName = HeaderName::from_static("idempotency-
 pub(crate) const RECORDING: HeaderName = HeaderName::from_static("idempotency-recording");
 /// Until when the record is kept.
 pub(crate) const EXPIRES_AT: HeaderName = HeaderName::from_static("idempotency-expires-at");
+/// On a replay of an operator's resolution (`keys resolve`, the console, `POST …/resolve`):
+/// `operator`. Its `Idempotency-Executed-At` is then when the operator resolved the record, not
+/// when the action ran.
+pub(crate) const RESOLVED_BY: HeaderName = HeaderName::from_static("idempotency-resolved-by");
 
 /// Sets the headers every answer about a keyed record carries.
 pub(crate) fn set_record_headers(

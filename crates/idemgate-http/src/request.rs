@@ -259,4 +259,11 @@ impl OutcomeBody {
     pub(crate) fn into_outcome(self) -> Outcome {
         Payload::Json(self.result).into_outcome(self.kind)
     }
+
+    /// The outcome an operator records to resolve an unknown record, stored as a JSON result and
+    /// marked as a resolution, so that every door's replay says an operator resolved it then
+    /// instead of that the action ran then.
+    pub(crate) fn into_resolution(self) -> Outcome {
+        Payload::Json(self.result).into_resolution(self.kind)
+    }
 }

@@ -299,6 +299,56 @@ async fn ambiguous_blocks_until_resolved() {
     );
 }
 
+/// The reason a caller gives with `ambiguous` is kept on the record's audit trail, and a later
+/// call's outcome-unknown answer neither invents a cause (a call that stopped) nor hands out a
+/// path template: it names the record's own resolve path, its key percent-encoded.
+#[tokio::test]
+async fn an_ambiguous_reason_is_audited_and_the_unknown_answer_names_the_resolve_path() {
+    let gw = start("audit_log = \"AUDIT\"", "").await;
+    let lease = lease_of(gw.begin("send_mail", "mail/1?x", "{}").await).await;
+    let res = gw
+        .post("/v1/tools/send_mail/ambiguous", ACME)
+        .json(&json!({"key": "mail/1?x", "lease": lease, "reason": "smtp timeout"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+
+    let audit = std::fs::read_to_string(gw.dir.path().join("audit.jsonl")).unwrap();
+    let unknown: Value = audit
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .find(|l| l["event"] == "unknown")
+        .unwrap_or_else(|| panic!("no unknown line in {audit}"));
+    assert_eq!(unknown["reason"], "smtp timeout", "{unknown}");
+    assert_eq!(unknown["fence"], 1);
+
+    let body = problem(
+        gw.begin("send_mail", "mail/1?x", "{}").await,
+        409,
+        "outcome-unknown",
+    )
+    .await;
+    let detail = body["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("`POST /v1/tools/send_mail/records/mail%2F1%3Fx/resolve`"),
+        "{detail}"
+    );
+    assert!(
+        !detail.contains("{tool}") && !detail.contains("{key}"),
+        "{detail}"
+    );
+    assert!(!detail.contains("stopped before its outcome"), "{detail}");
+    // The path it names is the one that resolves the record.
+    let res = gw
+        .post("/v1/tools/send_mail/records/mail%2F1%3Fx/resolve", ACME)
+        .json(&json!({"fence": 1, "resolution": "release"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_taken_over_lease_is_lost() {
     let gw = start("", "[tools.t]\nlease = \"200ms\"\non_unknown = \"retry\"\n").await;

@@ -323,7 +323,7 @@ async fn the_console_is_served_at_ui_and_counts_refusals_for_its_charts() {
         .text()
         .await
         .unwrap();
-    assert!(page.contains("<h2>charge</h2>"), "{page}");
+    assert!(page.contains("<h3>charge</h3>"), "{page}");
     assert!(
         page.contains("0 executed, 0 replayed, 1 refused, 0 unknown"),
         "{page}"
@@ -340,4 +340,199 @@ async fn the_console_can_be_turned_off() {
         .await
         .unwrap();
     assert_eq!(res.status(), 404);
+}
+
+/// Runs a call of `tool` under `key` (none: the fallback window names it) to its end, as a
+/// caller of the coordination endpoints does: begin, then complete with a result.
+async fn executed(gw: &crate::support::Gw, tool: &str, key: Option<&str>, body: &str) {
+    let mut req = gw
+        .post(&format!("/v1/tools/{tool}/begin"), ACME)
+        .body(body.to_owned());
+    if let Some(k) = key {
+        req = req.header("idempotency-key", k);
+    }
+    let b: Value = req.send().await.unwrap().json().await.unwrap();
+    // The action takes a while, so the time a replay saves is more than nothing.
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let res = gw
+        .post(&format!("/v1/tools/{tool}/complete"), ACME)
+        .json(&serde_json::json!({"key": b["key"], "lease": b["lease"], "outcome": {"kind": "success", "result": "done"}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200, "{b}");
+}
+
+/// A record of `tool` under `key` whose outcome is unknown (its caller said `ambiguous`).
+async fn unknown(gw: &crate::support::Gw, tool: &str, key: &str) {
+    let b: Value = gw.begin(tool, key, "{}").await.json().await.unwrap();
+    let res = gw
+        .post(&format!("/v1/tools/{tool}/ambiguous"), ACME)
+        .json(&serde_json::json!({"key": key, "lease": b["lease"], "reason": "timed out"}))
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        res.status().is_client_error() || res.status().is_success(),
+        "{}",
+        res.status()
+    );
+}
+
+/// What the operator can show: duplicates the gateway answered without running (by rule: a
+/// key, the fallback window, an expired outcome) and resolutions by how and through which door
+/// are on the console's charts page and in `/metrics`, with their tenant, tool and rule.
+#[tokio::test]
+async fn duplicates_and_resolutions_show_on_the_console_and_in_metrics() {
+    let gw = start(
+        "audit_log = \"AUDIT\"",
+        "[tools.charge]\n[tools.mail]\nfallback_window = \"1m\"\n[tools.brief]\nttl = \"1s\"\n",
+    )
+    .await;
+    // A key's replay, twice; the window's replay once; an expired outcome's retry once.
+    executed(&gw, "charge", Some("order-1"), "{}").await;
+    for _ in 0..2 {
+        let res = gw.begin("charge", "order-1", "{}").await;
+        assert_eq!(
+            crate::support::header(&res, "idempotent-replayed"),
+            Some("true")
+        );
+    }
+    executed(&gw, "mail", None, r#"{"to":"bob"}"#).await;
+    let res = gw
+        .post("/v1/tools/mail/begin", ACME)
+        .body(r#"{"to":"bob"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        crate::support::header(&res, "idempotent-replayed"),
+        Some("true")
+    );
+    executed(&gw, "brief", Some("b-1"), "{}").await;
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    problem(gw.begin("brief", "b-1", "{}").await, 410, "outcome-expired").await;
+
+    // Resolutions: released and reopened through the API, completed through the console.
+    unknown(&gw, "charge", "u-api").await;
+    let res = gw
+        .post("/v1/tools/charge/records/u-api/resolve", ACME)
+        .json(&serde_json::json!({"fence": 1, "resolution": "release", "reason": "not sent"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200, "{}", res.text().await.unwrap());
+    let res = gw
+        .post("/v1/tools/charge/records/order-1/reopen", ACME)
+        .json(&serde_json::json!({"fence": 1, "reason": "refunded"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    unknown(&gw, "charge", "u-console").await;
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .tls_certs_only([])
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let res = http
+        .get(format!("{}/ui/login", gw.url))
+        .send()
+        .await
+        .unwrap();
+    let login = cookie(&res, "idemgate_console_login");
+    let csrf = form_value(&res.text().await.unwrap(), "csrf");
+    let res = http
+        .post(format!("{}/ui/login", gw.url))
+        .header("cookie", &login)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(format!("csrf={csrf}&token={ACME}"))
+        .send()
+        .await
+        .unwrap();
+    let session = cookie(&res, "idemgate_console");
+    let form = http
+        .get(format!(
+            "{}/ui/resolve?tenant=acme&tool=charge&key=u-console",
+            gw.url
+        ))
+        .header("cookie", &session)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let csrf = form_value(&form, "csrf");
+    let res = http
+        .post(format!("{}/ui/resolve", gw.url))
+        .header("cookie", &session)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(format!(
+            "csrf={csrf}&tenant=acme&tool=charge&key=u-console&fence=1&resolution=completed&result=%7B%22ok%22%3Atrue%7D&reason=seen"
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        res.status().is_redirection() || res.status().is_success(),
+        "{}",
+        res.status()
+    );
+
+    let page = http
+        .get(format!("{}/ui/charts", gw.url))
+        .header("cookie", &session)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for row in [
+        "<tr><td>acme</td><td>charge</td><td>key</td><td>2</td></tr>",
+        "<tr><td>acme</td><td>mail</td><td>window</td><td>1</td></tr>",
+        "<tr><td>acme</td><td>brief</td><td>expired</td><td>1</td></tr>",
+        "<tr><td>acme</td><td>charge</td><td>released</td><td>API</td><td>1</td></tr>",
+        "<tr><td>acme</td><td>charge</td><td>reopened</td><td>API</td><td>1</td></tr>",
+        "<tr><td>acme</td><td>charge</td><td>completed</td><td>console</td><td>1</td></tr>",
+    ] {
+        assert!(
+            page.contains(row),
+            "missing {row} in the console's page:\n{page}"
+        );
+    }
+    // Two replays of a timed execution of order-1: the time saved is twice its time, at least
+    // the 30 ms it took each.
+    let saved = page
+        .split("<tr><td>acme</td><td>charge</td><td>2</td><td>")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no timed replays of charge: {page}"));
+    let saved = &saved[..saved.find('<').unwrap()];
+    let ms: f64 = saved
+        .trim_end_matches(" ms")
+        .parse()
+        .unwrap_or_else(|_| panic!("{saved}"));
+    assert!(ms >= 60.0, "two replays of a 30 ms execution saved {saved}");
+    // The duplicates chart of charge, with acme's series.
+    assert!(
+        page.contains("charge: duplicates answered without running, by tenant"),
+        "{page}"
+    );
+
+    let metrics = gw.metrics().await;
+    for line in [
+        "idemgate_duplicates_answered_total{tenant=\"acme\",tool=\"charge\",rule=\"key\"} 2",
+        "idemgate_duplicates_answered_total{tenant=\"acme\",tool=\"mail\",rule=\"window\"} 1",
+        "idemgate_duplicates_answered_total{tenant=\"acme\",tool=\"brief\",rule=\"expired\"} 1",
+        "idemgate_resolutions_total{tenant=\"acme\",tool=\"charge\",how=\"released\"} 1",
+        "idemgate_resolutions_total{tenant=\"acme\",tool=\"charge\",how=\"reopened\"} 1",
+        "idemgate_resolutions_total{tenant=\"acme\",tool=\"charge\",how=\"completed\"} 1",
+    ] {
+        assert!(
+            metrics.contains(line),
+            "missing {line} in /metrics:\n{metrics}"
+        );
+    }
 }

@@ -2,7 +2,103 @@
 
 use serde_json::{json, Value};
 
-use crate::support::{problem, start, ACME, OTHER};
+use crate::support::{header, problem, start, upstream, ACME, OTHER};
+
+/// The records of a list answer's page.
+fn records(page: Value) -> Vec<Value> {
+    page["records"]
+        .as_array()
+        .unwrap_or_else(|| panic!("a page of records: {page}"))
+        .clone()
+}
+
+/// Following `next` (and the `Link` header, which must name the same page) from the first page
+/// of `query` with pages of two reaches every record once, in order; the count is every record's,
+/// not the page's, and a cursor that is not one is refused.
+#[tokio::test]
+async fn records_page_through_every_record_with_next_and_link() {
+    let gw = start("", "").await;
+    let mut keys = Vec::new();
+    for i in 0..7 {
+        let key = format!("{}-{i}", if i % 2 == 0 { "even" } else { "odd" });
+        assert_eq!(gw.begin("t", &key, "{}").await.status(), 201);
+        keys.push(key);
+    }
+    for (filter, mut wanted) in [
+        ("", keys.clone()),
+        (
+            "key_prefix=even-",
+            keys.iter()
+                .filter(|k| k.starts_with("even-"))
+                .cloned()
+                .collect::<Vec<_>>(),
+        ),
+    ] {
+        // The order is the listing's (creation time, then names): the whole listing says it.
+        let whole: Vec<String> = records(
+            gw.get_json(&format!("/v1/records?limit=1000&{filter}"), ACME)
+                .await,
+        )
+        .iter()
+        .map(|r| r["key"].as_str().unwrap().to_owned())
+        .collect();
+        let mut sorted = whole.clone();
+        sorted.sort();
+        wanted.sort();
+        assert_eq!(sorted, wanted, "{filter}: the whole listing");
+        let wanted = whole;
+        let query = format!("limit=2&{filter}");
+        let query = query.trim_end_matches('&');
+        let mut seen = Vec::new();
+        let mut url = format!("/v1/records?{query}");
+        let mut pages = 0;
+        loop {
+            pages += 1;
+            assert!(pages <= keys.len(), "{query}: the pages never end");
+            let res = gw.get(&url, ACME).send().await.unwrap();
+            assert_eq!(res.status(), 200);
+            let link = res
+                .headers()
+                .get("link")
+                .map(|v| v.to_str().unwrap().to_owned());
+            let page: Value = res.json().await.unwrap();
+            assert_eq!(page["count"], wanted.len(), "{query}: the count: {page}");
+            assert_eq!(page["count_exact"], true);
+            let got = records(page.clone());
+            assert!(got.len() <= 2);
+            seen.extend(got.iter().map(|r| r["key"].as_str().unwrap().to_owned()));
+            match page["next"].as_str() {
+                Some(next) => {
+                    let link = link.expect("a Link header with a next page");
+                    let target = link
+                        .strip_prefix('<')
+                        .and_then(|l| l.strip_suffix(">; rel=\"next\""))
+                        .unwrap_or_else(|| panic!("a next link: {link}"));
+                    assert!(target.starts_with("/v1/records?"), "{target}");
+                    assert!(target.contains(&format!("cursor={next}")), "{target}");
+                    for part in query.split('&') {
+                        assert!(target.contains(part), "{target} keeps {part}");
+                    }
+                    url = target.to_owned();
+                }
+                None => {
+                    assert!(link.is_none(), "no Link header on the last page");
+                    break;
+                }
+            }
+        }
+        assert_eq!(seen, wanted, "{query}: every record once, in order");
+    }
+    problem(
+        gw.get("/v1/records?cursor=not-a-cursor", ACME)
+            .send()
+            .await
+            .unwrap(),
+        400,
+        "bad-request",
+    )
+    .await;
+}
 
 #[tokio::test]
 async fn records_are_listed_shown_and_scoped_to_the_tenant() {
@@ -17,37 +113,40 @@ async fn records_are_listed_shown_and_scoped_to_the_tenant() {
             .unwrap();
         assert_eq!(res.status(), 201);
     }
-    let list: Vec<Value> = gw
-        .get("/v1/records?state=in_flight&tool=t&limit=10", ACME)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let list = records(
+        gw.get("/v1/records?state=in_flight&tool=t&limit=10", ACME)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap(),
+    );
     assert_eq!(list.len(), 2);
     assert_eq!(list[0]["key"], "a");
     assert_eq!(list[0]["tenant"], "acme");
     assert_eq!(list[0]["state"], "in_flight");
     assert!(list[0]["lease_until"].is_string());
     assert_eq!(list[0]["fence"], 1);
-    let empty: Vec<Value> = gw
-        .get("/v1/records", OTHER)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let empty = records(
+        gw.get("/v1/records", OTHER)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap(),
+    );
     assert!(empty.is_empty(), "another tenant sees nothing");
-    let none: Vec<Value> = gw
-        .get("/v1/records?state=unknown", ACME)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let none = records(
+        gw.get("/v1/records?state=unknown", ACME)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap(),
+    );
     assert!(none.is_empty());
     problem(
         gw.get("/v1/records?state=bogus", ACME)
@@ -119,6 +218,90 @@ async fn resolve_refuses_records_that_are_not_unknown() {
     assert_eq!(res.status(), 200);
     assert_eq!(res.json::<Value>().await.unwrap(), Value::Null);
     assert_eq!(gw.begin("t", "k", "{}").await.status(), 201);
+}
+
+/// A replay of an outcome an operator recorded says so, in the coordination API's body and in a
+/// header of forwarded calls too, as the MCP proxy's `_meta` and `exec` say it; an outcome the
+/// action itself returned says nothing of the kind.
+#[tokio::test]
+async fn a_replay_of_an_operators_resolution_says_an_operator_resolved_it() {
+    let up = upstream().await;
+    let gw = start(
+        "",
+        &format!("[tools.charge]\nupstream = \"{}/fail\"\n", up.url),
+    )
+    .await;
+    let call = || {
+        gw.post("/v1/tools/charge/call", ACME)
+            .header("idempotency-key", "c-1")
+            .body("{}")
+            .send()
+    };
+    // The upstream's 500: the outcome is unknown.
+    problem(call().await.unwrap(), 409, "outcome-unknown").await;
+    let lease = gw
+        .begin("t", "k", "{}")
+        .await
+        .json::<Value>()
+        .await
+        .unwrap()["lease"]
+        .clone();
+    gw.post("/v1/tools/t/ambiguous", ACME)
+        .json(&json!({"key": "k", "lease": lease}))
+        .send()
+        .await
+        .unwrap();
+    for (tool, key) in [("charge", "c-1"), ("t", "k")] {
+        let res = gw
+            .post(&format!("/v1/tools/{tool}/records/{key}/resolve"), ACME)
+            .json(
+                &json!({"fence": 1, "resolution": "completed", "reason": "seen at the bank",
+                "outcome": {"kind": "success", "result": {"charged": true}}}),
+            )
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 200);
+    }
+
+    let replayed = call().await.unwrap();
+    assert_eq!(replayed.status(), 200);
+    assert_eq!(header(&replayed, "idempotent-replayed"), Some("true"));
+    assert_eq!(
+        header(&replayed, "idempotency-resolved-by"),
+        Some("operator")
+    );
+    assert_eq!(
+        replayed.json::<Value>().await.unwrap(),
+        json!({"charged": true})
+    );
+    let replayed = gw.begin("t", "k", "{}").await;
+    assert_eq!(
+        header(&replayed, "idempotency-resolved-by"),
+        Some("operator")
+    );
+    let body: Value = replayed.json().await.unwrap();
+    assert_eq!(body["decision"], "replayed");
+    assert_eq!(body["resolved_by"], "operator", "{body}");
+
+    // An outcome the action returned is no operator's.
+    let lease = gw
+        .begin("t", "ran", "{}")
+        .await
+        .json::<Value>()
+        .await
+        .unwrap()["lease"]
+        .clone();
+    gw.post("/v1/tools/t/complete", ACME)
+        .json(&json!({"key": "ran", "lease": lease, "outcome": {"kind": "success", "result": 1}}))
+        .send()
+        .await
+        .unwrap();
+    let replayed = gw.begin("t", "ran", "{}").await;
+    assert_eq!(header(&replayed, "idempotent-replayed"), Some("true"));
+    assert_eq!(header(&replayed, "idempotency-resolved-by"), None);
+    let body: Value = replayed.json().await.unwrap();
+    assert!(body.get("resolved_by").is_none(), "{body}");
 }
 
 #[tokio::test]
@@ -204,12 +387,7 @@ async fn reopen_lets_a_completed_call_run_again_and_is_audited() {
 async fn records_list_by_scope() {
     let gw = start("", "").await;
     assert_eq!(gw.begin("t", "k", "{}").await.status(), 201);
-    let all: Vec<Value> = gw
-        .get_json("/v1/records", ACME)
-        .await
-        .as_array()
-        .unwrap()
-        .clone();
+    let all = records(gw.get_json("/v1/records", ACME).await);
     assert_eq!(all.len(), 1);
     assert!(
         all[0].get("scope").is_none(),
@@ -219,5 +397,8 @@ async fn records_list_by_scope() {
     let scoped = gw
         .get_json("/v1/records?scope=conversation%3A1", ACME)
         .await;
-    assert_eq!(scoped, json!([]));
+    assert_eq!(
+        scoped,
+        json!({"records": [], "next": null, "count": 0, "count_exact": true})
+    );
 }

@@ -66,6 +66,10 @@ fn transition(verdict: Verdict, decision: Option<&Decision>) -> Option<&'static 
         Verdict::LeaseLost => "lease_lost",
         Verdict::Unrecorded => "unrecorded",
         Verdict::Replayed => "replayed",
+        // A duplicate refused because its action ran before and its outcome is no longer kept:
+        // like a replay it changes no record, and like one it is a call answered without
+        // running, which the console counts.
+        Verdict::Expired => "expired",
         Verdict::NotApplied => "released",
         // Only the call that marked the record unknown changed it; duplicates that find it
         // unknown did not.
@@ -94,11 +98,24 @@ impl Observer for Audit {
             } => {
                 let decision = answer.map(|a| &a.decision);
                 if let Some(name) = transition(*verdict, decision) {
-                    let fence = match decision {
-                        Some(Decision::Unknown { fence, .. }) => Some(*fence),
-                        _ => *fence,
+                    let (fence, reason) = match decision {
+                        // Why the outcome became unknown (the caller's `ambiguous` reason, the
+                        // tool's error, the verifier's doubt): the record itself does not keep
+                        // it, so its trail is where an operator finds it.
+                        Some(Decision::Unknown { fence, message, .. }) => {
+                            (Some(*fence), message.as_deref())
+                        }
+                        _ => (*fence, None),
                     };
-                    self.record(name, key, fence, &[]);
+                    // The rule that made a replay (or an expired refusal) a duplicate, so the
+                    // console can count duplicates by rule from the log alone.
+                    let rule = answer.and_then(crate::metrics::duplicate_rule);
+                    self.record(
+                        name,
+                        key,
+                        fence,
+                        &[("reason", json!(reason)), ("rule", json!(rule))],
+                    );
                 }
             }
             Event::Resolved {

@@ -100,6 +100,10 @@ impl VerdictCodes for Verdict {
 pub mod exit {
     /// Something else went wrong (bad input, an I/O error, a record that is not there).
     pub const FAILURE: u8 = 1;
+    /// The command line was not understood, or lacks what the command needs (an unknown option,
+    /// a missing argument, a resolution without the result it must store): nothing ran. The
+    /// argument parser's own code for usage errors.
+    pub const USAGE: u8 = 2;
     /// The key was used before with other arguments; nothing ran.
     pub const KEY_REUSE: u8 = 65;
     /// The store could not be opened or could not reserve the key; nothing ran.

@@ -34,10 +34,11 @@ pub struct Door<'a> {
     /// How the caller sends a key, for a write refused without one.
     pub add_key: &'a str,
     /// The door answers callers it keeps its insides from (the gateway's, over the network): its
-    /// answers never name the caller's key (a `key` member; `record` names it in words) nor say
-    /// why the store could not be reached (its hosts, its drivers' errors). A record the store
-    /// cannot read is named all the same: it is the caller's own, and an operator needs to know
-    /// which it is and, for a sealed one, which key id it needs.
+    /// answers never name the caller's key (a `key` member; `record` names it in words) but in
+    /// the path that settles its record, nor say why the store could not be reached (its hosts,
+    /// its drivers' errors). A record the store cannot read is named all the same: it is the
+    /// caller's own, and an operator needs to know which it is and, for a sealed one, which key
+    /// id it needs.
     pub discreet: bool,
 }
 
@@ -47,6 +48,9 @@ pub enum Resolve<'a> {
     /// The `idemgate keys` command line, with the arguments that name the record:
     /// "order-1 --tool charge --tenant acme" (`keys resolve`, `keys reopen`).
     Command(&'a str),
+    /// As [`Resolve::Command`], for a record `idemgate exec` made: a command's, whatever tool it
+    /// is under, so a completion is said with its exit code.
+    Exec(&'a str),
     /// The gateway's `POST /v1/tools/{tool}/records/{key}/resolve`.
     Http,
     /// The Python engine's `Engine.resolve`.
@@ -56,15 +60,29 @@ pub enum Resolve<'a> {
 }
 
 impl Resolve<'_> {
-    /// The instruction for a record at `fence`: how to say it happened, and that it did not.
-    fn instruction(self, fence: Fence) -> String {
+    /// The instruction for `record` at `fence`: how to say it happened, and that it did not.
+    fn instruction(self, fence: Fence, record: Option<&Key>) -> String {
         let (did, did_not) = match self {
-            Resolve::Command(record) => (
-                format!("`idemgate keys resolve {record} --fence {fence} --completed`"),
-                "`--release`".to_owned(),
-            ),
+            Resolve::Command(name) | Resolve::Exec(name) => {
+                // `keys resolve --completed` stores a command's exit 0 only on a record of exec's
+                // own tool; a command under another tool says its exit code, and another door's
+                // record the result its callers get replayed.
+                let result = match (self, record) {
+                    (_, Some(k)) if k.tool.as_str() == crate::EXEC_TOOL => "",
+                    (_, None) => "",
+                    (Resolve::Exec(_), Some(_)) => " --exit-code 0",
+                    (_, Some(_)) => " --result JSON",
+                };
+                (
+                    format!("`idemgate keys resolve {name} --fence {fence} --completed{result}`"),
+                    "`--release`".to_owned(),
+                )
+            }
             Resolve::Http => (
-                format!("`POST /v1/tools/{{tool}}/records/{{key}}/resolve` with `{{\"fence\": {fence}, \"resolution\": \"completed\", \"outcome\": …}}`"),
+                format!(
+                    "`POST {}` with `{{\"fence\": {fence}, \"resolution\": \"completed\", \"outcome\": …}}`",
+                    records_path(record, "resolve")
+                ),
                 "`\"resolution\": \"release\"`".to_owned(),
             ),
             Resolve::Python => (
@@ -83,16 +101,51 @@ impl Resolve<'_> {
 
     /// How a record at `fence` is reopened, so that the next call with its key runs the action
     /// again.
-    fn reopen(self, fence: Fence) -> String {
+    fn reopen(self, fence: Fence, record: Option<&Key>) -> String {
         match self {
-            Resolve::Command(record) => {
+            Resolve::Command(record) | Resolve::Exec(record) => {
                 format!("`idemgate keys reopen {record} --fence {fence} --reason \"…\"`")
             }
-            Resolve::Http => format!("`POST /v1/tools/{{tool}}/records/{{key}}/reopen` with `{{\"fence\": {fence}, \"reason\": \"…\"}}`"),
+            Resolve::Http => format!(
+                "`POST {}` with `{{\"fence\": {fence}, \"reason\": \"…\"}}`",
+                records_path(record, "reopen")
+            ),
             Resolve::Python => format!("`engine.reopen(tool, key, {fence}, reason=\"…\")` (or `idemgate keys reopen`)"),
             Resolve::Node => format!("`await engine.reopen(tool, key, {fence}, {{ reason: '…' }})` (or `idemgate keys reopen`)"),
         }
     }
+}
+
+/// The gateway's path that settles `record` (`resolve`, `reopen`): its tool and key as path
+/// segments, percent-encoded, so that the caller can send it as it is. The key is the caller's own
+/// (it sent it in the `Idempotency-Key` header): an instruction with a `{key}` placeholder would
+/// leave the caller to build the path, and to get its encoding wrong.
+fn records_path(record: Option<&Key>, action: &str) -> String {
+    match record {
+        Some(k) => format!(
+            "/v1/tools/{}/records/{}/{action}",
+            path_segment(k.tool.as_str()),
+            path_segment(k.key.as_str())
+        ),
+        // Every answer that asks for a resolution names its record; this is only the words for
+        // one that would not.
+        None => format!("/v1/tools/TOOL/records/KEY/{action}"),
+    }
+}
+
+/// `text` percent-encoded for one URL path segment or query value: every byte but RFC 3986's
+/// unreserved characters encoded.
+pub fn path_segment(text: &str) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::with_capacity(text.len());
+    for b in text.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(char::from(b));
+        } else {
+            let _ = write!(out, "%{b:02X}");
+        }
+    }
+    out
 }
 
 /// What a call's answer says, as facts every door shows.
@@ -418,10 +471,14 @@ impl Explanation {
             },
             What::InFlight { since, .. } => format!("another call holds {record} (since {since}) and did not finish within the wait bound, so this one did not start it again{next}"),
             What::Unknown { since, fence, ran_here, why } => {
+                // A record does not keep why it became unknown: a call that stopped (a crash, a
+                // lease that ran out) and one that reported its outcome ambiguous look alike, so
+                // the words name both rather than guess (the reason, when one was given, is on
+                // the record's audit trail).
                 let why = why.clone().unwrap_or_else(|| if *ran_here {
                     "the side effect said its outcome is ambiguous".to_owned()
                 } else {
-                    "an earlier call stopped before its outcome was recorded".to_owned()
+                    "no outcome was ever recorded for it (the call that ran it stopped first, or reported that it could not tell whether it took effect)".to_owned()
                 });
                 format!("the outcome of {record} is unknown since {since} (fence {fence}): {why}{next}")
             }
@@ -452,12 +509,12 @@ impl Explanation {
             }
             Next::Resolve(fence) => format!(
                 ". It is not run again: check whether it took effect, then record what happened with {}",
-                door.resolve.instruction(fence)
+                door.resolve.instruction(fence, self.key.as_ref())
             ),
             Next::NewKeyOrReopen(fence) => format!(
                 ". To run it again on purpose: {}, or reopen the record with {}",
                 door.repeat,
-                door.resolve.reopen(fence)
+                door.resolve.reopen(fence, self.key.as_ref())
             ),
             Next::LookAtRecord => " (look at the record to see it)".to_owned(),
             Next::TryLater => "; try again later".to_owned(),
@@ -494,7 +551,7 @@ impl Explanation {
                 why,
             } => {
                 let why = why.clone().unwrap_or_else(|| {
-                    "an earlier attempt stopped before its outcome was recorded".to_owned()
+                    "no outcome was ever recorded for an earlier attempt (it stopped first, or could not tell whether it took effect)".to_owned()
                 });
                 // The model cannot resolve a record (it has no operator's tools), and a retry under
                 // a new key could do the action twice: it is told to stop and to tell the user,
@@ -502,7 +559,7 @@ impl Explanation {
                 let resolve = format!(
                     "You cannot resolve this yourself, and calling again under a new key could do it twice: tell the user that a person must check whether it took effect and record what happened for {} with {}.",
                     door.record,
-                    door.resolve.instruction(*fence)
+                    door.resolve.instruction(*fence, self.key.as_ref())
                 );
                 let next = match (ran_here, self.next) {
                     (false, Next::NextCallRuns) => {
@@ -692,6 +749,49 @@ mod tests {
         assert!(
             person.contains("runs it again") && !person.contains("--fence"),
             "{person}"
+        );
+    }
+
+    #[test]
+    fn the_command_lines_resolution_of_another_doors_record_names_its_result() {
+        let record = |tool: &str| {
+            Explanation::of_answer(&Answer {
+                key: Some(Key::new(
+                    idemgate_core::TenantId::new("a").unwrap(),
+                    idemgate_core::ToolName::new(tool).unwrap(),
+                    idemgate_core::IdempotencyKey::new("k").unwrap(),
+                )),
+                rule: Some(KeyRule::Explicit),
+                decision: Decision::Unknown {
+                    since: at(1_000),
+                    fence: 3,
+                    ran_here: false,
+                    message: None,
+                    recording: None,
+                },
+            })
+        };
+        // A gateway's or MCP server's tool replays a result, not a command's exit code.
+        let mail = record("send_mail").for_person(&CLI);
+        assert!(
+            mail.contains("--fence 3 --completed --result JSON`"),
+            "{mail}"
+        );
+        // `exec`'s own records take a bare `--completed` (exit 0).
+        let command = record(crate::EXEC_TOOL).for_person(&CLI);
+        assert!(
+            command.contains("--fence 3 --completed`") && !command.contains("--result"),
+            "{command}"
+        );
+        // A command `exec` ran under another tool says its exit code.
+        let exec = Door {
+            resolve: Resolve::Exec("k --tool deploy --tenant a"),
+            ..CLI
+        };
+        let deploy = record("deploy").for_person(&exec);
+        assert!(
+            deploy.contains("--fence 3 --completed --exit-code 0`"),
+            "{deploy}"
         );
     }
 

@@ -5,6 +5,8 @@ pub mod codes;
 pub mod explain;
 pub mod header;
 pub mod identity;
+#[cfg(feature = "jose")]
+pub mod jose;
 pub mod leases;
 pub mod limits;
 pub mod log;
@@ -22,13 +24,19 @@ use idemgate_core::{Engine, Store};
 
 pub use audit::Audit;
 pub use codes::{exit, problem_type, VerdictCodes, PROBLEM_TYPE_BASE};
-pub use explain::{Door, Explanation, Next, Resolve, What, MODEL_REPEAT};
+pub use explain::{path_segment, Door, Explanation, Next, Resolve, What, MODEL_REPEAT};
 pub use limits::{LiveKeys, RateLimit};
 pub use log::Log;
 pub use metrics::Metrics;
 pub use payload::{reported_effect, HttpAnswer, Payload, PayloadError};
 pub use problem::Problem;
 pub use refusal::{Refusal, Settle, StoreFailure};
+
+/// The tool `idemgate exec` records its commands under unless `--tool` names another. A record
+/// of this tool is a command's, so an operator who says it completed without saying what it
+/// returned gets a command's outcome (exit 0) stored; a record of any other tool is another
+/// door's, whose callers get its result replayed, so `keys resolve` asks for that result.
+pub const EXEC_TOOL: &str = "exec";
 
 /// Metrics, the audit log and logs of one front door.
 #[derive(Clone, Debug)]

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use idemgate_core::{Event, Observer, Verdict};
+use idemgate_core::{Answer, Decision, Event, KeyRule, Observer, Verdict};
 
 /// Upper bounds of the latency buckets, in seconds.
 const BUCKETS: [f64; 12] = [
@@ -37,6 +37,10 @@ pub struct Metrics {
     /// known in advance, such as a single command).
     tools: Option<BTreeSet<String>>,
     calls: Mutex<BTreeMap<(String, String, &'static str), u64>>,
+    /// Duplicates answered without running, by (tenant, tool, [`duplicate_rule`]).
+    duplicates: Mutex<BTreeMap<(String, String, &'static str), u64>>,
+    /// Operators' resolutions and reopenings, by (tenant, tool, [`resolution_how`]).
+    resolutions: Mutex<BTreeMap<(String, String, &'static str), u64>>,
     in_flight_waits: AtomicU64,
     key_reuse: AtomicU64,
     unknown: AtomicU64,
@@ -64,19 +68,36 @@ impl Metrics {
         }
     }
 
-    /// Counts one call's verdict.
-    pub fn call(&self, tenant: &str, tool: &str, verdict: Verdict) {
-        let tool = match &self.tools {
+    /// The tool label of `tool`: its name when configured (or every name is), else
+    /// [`OTHER_TOOL`].
+    fn tool_label<'a>(&self, tool: &'a str) -> &'a str {
+        match &self.tools {
             Some(known) if !known.contains(tool) => OTHER_TOOL,
             _ => tool,
-        };
-        let mut calls = self.calls.lock().unwrap_or_else(|p| p.into_inner());
-        let mut series = (tenant.to_owned(), tool.to_owned(), verdict.label());
-        if !calls.contains_key(&series) && calls.len() >= MAX_CALL_SERIES {
+        }
+    }
+
+    /// Adds one to a (tenant, tool, label) series, folding a new series into tool
+    /// [`OTHER_TOOL`] once the map holds [`MAX_CALL_SERIES`]: the same two bounds as every
+    /// labelled counter here (configured tools, then a ceiling).
+    fn count(
+        &self,
+        map: &Mutex<BTreeMap<(String, String, &'static str), u64>>,
+        tenant: &str,
+        tool: &str,
+        label: &'static str,
+    ) {
+        let mut series_map = map.lock().unwrap_or_else(|p| p.into_inner());
+        let mut series = (tenant.to_owned(), self.tool_label(tool).to_owned(), label);
+        if !series_map.contains_key(&series) && series_map.len() >= MAX_CALL_SERIES {
             OTHER_TOOL.clone_into(&mut series.1);
         }
-        *calls.entry(series).or_default() += 1;
-        drop(calls);
+        *series_map.entry(series).or_default() += 1;
+    }
+
+    /// Counts one call's verdict.
+    pub fn call(&self, tenant: &str, tool: &str, verdict: Verdict) {
+        self.count(&self.calls, tenant, tool, verdict.label());
         match verdict {
             Verdict::InFlight => self.in_flight_waits.fetch_add(1, Ordering::Relaxed),
             Verdict::KeyReused => self.key_reuse.fetch_add(1, Ordering::Relaxed),
@@ -86,6 +107,17 @@ impl Metrics {
             }
             _ => 0,
         };
+    }
+
+    /// Counts one duplicate answered without running, under the rule that made it one
+    /// ([`duplicate_rule`]).
+    pub fn duplicate(&self, tenant: &str, tool: &str, rule: &'static str) {
+        self.count(&self.duplicates, tenant, tool, rule);
+    }
+
+    /// Counts one operator's resolution or reopening, by how ([`resolution_how`]).
+    pub fn resolution(&self, tenant: &str, tool: &str, how: &'static str) {
+        self.count(&self.resolutions, tenant, tool, how);
     }
 
     /// Counts one failed store operation that no call verdict shows (a heartbeat, an operator's
@@ -122,6 +154,31 @@ impl Metrics {
                 escape(tenant),
                 escape(tool)
             );
+        }
+        for (name, help, label, map) in [
+            (
+                "idemgate_duplicates_answered_total",
+                "Duplicates answered without running the action, by tenant, tool and the rule that made them duplicates (key, window, expired).",
+                "rule",
+                &self.duplicates,
+            ),
+            (
+                "idemgate_resolutions_total",
+                "Records an operator resolved or reopened, by tenant, tool and how (completed, released, reopened).",
+                "how",
+                &self.resolutions,
+            ),
+        ] {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+            for ((tenant, tool, value), n) in map.lock().unwrap_or_else(|p| p.into_inner()).iter()
+            {
+                let _ = writeln!(
+                    out,
+                    "{name}{{tenant=\"{}\",tool=\"{}\",{label}=\"{value}\"}} {n}",
+                    escape(tenant),
+                    escape(tool)
+                );
+            }
         }
         for (name, help, v) in [
             (
@@ -189,8 +246,22 @@ impl Observer for Metrics {
                 tenant,
                 tool,
                 verdict,
+                answer,
                 ..
-            } => self.call(tenant.as_str(), tool.as_str(), *verdict),
+            } => {
+                self.call(tenant.as_str(), tool.as_str(), *verdict);
+                if let Some(rule) = answer.and_then(duplicate_rule) {
+                    self.duplicate(tenant.as_str(), tool.as_str(), rule);
+                }
+            }
+            Event::Resolved { key, released, .. } => self.resolution(
+                key.tenant.as_str(),
+                key.tool.as_str(),
+                resolution_how(Some(*released)),
+            ),
+            Event::Reopened { key, .. } => {
+                self.resolution(key.tenant.as_str(), key.tool.as_str(), resolution_how(None));
+            }
             Event::Flushed(Err(_)) => self.store_error(),
             Event::Flushed(Ok(r)) => {
                 self.superseded
@@ -198,6 +269,34 @@ impl Observer for Metrics {
             }
             _ => {}
         }
+    }
+}
+
+/// The rule by which an answer was a duplicate answered without running the action, when it
+/// was one: `key` (a replay of a record a key named: the caller's, a call id's or a model's,
+/// which the engine sees alike), `window` (a replay of an identical call within the fallback
+/// window) or `expired` (the action ran before and its outcome is no longer kept: refused, not
+/// run again). The engine knows only whether a key or the window named the record; which door's
+/// fact the key came from is the door's (`idemgate_kit::identity`) and is not in the answer.
+pub fn duplicate_rule(answer: &Answer) -> Option<&'static str> {
+    match answer.decision {
+        Decision::Replayed { .. } => Some(match answer.rule {
+            Some(KeyRule::Fallback) => "window",
+            // A replay always has a record, so a rule; `key` if a door ever left it out.
+            Some(KeyRule::Explicit) | None => "key",
+        }),
+        Decision::Expired { .. } => Some("expired"),
+        _ => None,
+    }
+}
+
+/// How an operator settled a record: `completed` or `released` for a resolution (`Some(released)`),
+/// `reopened` for a reopening (`None`). The labels the metrics and the audit log's readers share.
+pub fn resolution_how(released: Option<bool>) -> &'static str {
+    match released {
+        Some(false) => "completed",
+        Some(true) => "released",
+        None => "reopened",
     }
 }
 
@@ -249,6 +348,126 @@ mod tests {
         assert!(text.contains(
             "idemgate_calls_total{tenant=\"acme\",tool=\"charge\",decision=\"replayed\"} 1"
         ));
+        assert!(!text.contains("made-up"), "{text}");
+    }
+
+    /// An answer of `decision` under `rule`, as the engine hands it to observers.
+    fn answer(rule: KeyRule, decision: Decision) -> Answer {
+        Answer {
+            key: None,
+            rule: Some(rule),
+            decision,
+        }
+    }
+
+    #[test]
+    fn duplicates_count_by_rule_and_resolutions_by_how() {
+        use idemgate_core::{IdempotencyKey, Key, Outcome, State, TenantId, Timestamp, ToolName};
+        let m = Metrics::for_tools(["charge"]);
+        let tenant = TenantId::new("acme").unwrap();
+        let charge = ToolName::new("charge").unwrap();
+        let made_up = ToolName::new("made-up").unwrap();
+        let at = Timestamp::from_millis(1_000);
+        let replayed = Decision::Replayed {
+            outcome: Outcome::success(b"ok".to_vec()),
+            executed_at: at,
+            expires_at: at,
+            verified: false,
+        };
+        let expired = Decision::Expired {
+            executed_at: at,
+            expired_at: at,
+            retain_until: at,
+            fence: 1,
+        };
+        let executed = Decision::Executed {
+            outcome: Outcome::success(b"ok".to_vec()),
+            executed_at: at,
+            expires_at: at,
+            recording: idemgate_core::Recording::Stored,
+        };
+        for (tool, verdict, answer) in [
+            (
+                &charge,
+                Verdict::Replayed,
+                answer(KeyRule::Explicit, replayed.clone()),
+            ),
+            (
+                &charge,
+                Verdict::Replayed,
+                answer(KeyRule::Explicit, replayed.clone()),
+            ),
+            (
+                &charge,
+                Verdict::Replayed,
+                answer(KeyRule::Fallback, replayed.clone()),
+            ),
+            (
+                &charge,
+                Verdict::Expired,
+                answer(KeyRule::Explicit, expired),
+            ),
+            // Ran the action: not a duplicate.
+            (
+                &charge,
+                Verdict::Executed,
+                answer(KeyRule::Explicit, executed),
+            ),
+            // A tool nobody configured counts under "other", as its calls do.
+            (
+                &made_up,
+                Verdict::Replayed,
+                answer(KeyRule::Explicit, replayed),
+            ),
+        ] {
+            m.observe(&Event::Call {
+                tenant: &tenant,
+                tool,
+                key: None,
+                verdict,
+                fence: None,
+                answer: Some(&answer),
+                error: None,
+            });
+        }
+        let key = Key::new(
+            tenant.clone(),
+            charge.clone(),
+            IdempotencyKey::new("order-1").unwrap(),
+        );
+        for released in [false, true, true] {
+            m.observe(&Event::Resolved {
+                key: &key,
+                fence: 1,
+                released,
+                by: None,
+                reason: None,
+            });
+        }
+        m.observe(&Event::Reopened {
+            key: &key,
+            fence: 2,
+            was: State::Completed,
+            by: None,
+            reason: None,
+        });
+        let text = m.render();
+        for line in [
+            "idemgate_duplicates_answered_total{tenant=\"acme\",tool=\"charge\",rule=\"key\"} 2",
+            "idemgate_duplicates_answered_total{tenant=\"acme\",tool=\"charge\",rule=\"window\"} 1",
+            "idemgate_duplicates_answered_total{tenant=\"acme\",tool=\"charge\",rule=\"expired\"} 1",
+            "idemgate_duplicates_answered_total{tenant=\"acme\",tool=\"other\",rule=\"key\"} 1",
+            "idemgate_resolutions_total{tenant=\"acme\",tool=\"charge\",how=\"completed\"} 1",
+            "idemgate_resolutions_total{tenant=\"acme\",tool=\"charge\",how=\"released\"} 2",
+            "idemgate_resolutions_total{tenant=\"acme\",tool=\"charge\",how=\"reopened\"} 1",
+        ] {
+            assert!(text.contains(line), "missing {line} in:\n{text}");
+        }
+        assert_eq!(
+            text.matches("idemgate_duplicates_answered_total{").count(),
+            4,
+            "the executed call is no duplicate: {text}"
+        );
         assert!(!text.contains("made-up"), "{text}");
     }
 }

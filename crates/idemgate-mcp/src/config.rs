@@ -226,21 +226,7 @@ impl OAuthConfig {
 
 /// An authorization server's URLs are `https`, or `http` on a loopback host (OAuth 2.1, 1.5).
 fn secure_url(at: &str, url: &reqwest::Url) -> Result<(), String> {
-    let host = url.host_str().unwrap_or_default();
-    let loopback = host.eq_ignore_ascii_case("localhost")
-        || host
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback());
-    match url.scheme() {
-        "https" if !host.is_empty() => Ok(()),
-        "http" if loopback => Ok(()),
-        _ => Err(format!(
-            "{at} {:?} must be an https URL (http only on a loopback host)",
-            url.as_str()
-        )),
-    }
+    idemgate_kit::jose::secure_url(at, url)
 }
 
 /// `[http]`: the Streamable HTTP transport.

@@ -542,6 +542,7 @@ impl NativeEngine {
                 .map_err(Error::from_reason)?,
             scope: scope.map(Into::into),
             limit: limit.unwrap_or(0) as usize,
+            ..idemgate::ListFilter::default()
         };
         let shared = Arc::clone(&self.shared);
         now_or_later(env, async move {

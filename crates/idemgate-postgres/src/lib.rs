@@ -4,6 +4,8 @@ mod error;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 mod options;
+#[cfg(test)]
+mod plans;
 mod row;
 mod schema;
 mod shared_read;
@@ -23,8 +25,8 @@ use idemgate_core::time::duration_millis;
 use idemgate_core::transition::{self, Change};
 use idemgate_core::url::UrlQuery;
 use idemgate_core::{
-    Cause, ChangeMark, Fence, Key, Lease, Outcome, Record, RecordState, StoreError, TenantId,
-    Timestamp, ToolName,
+    Cause, ChangeMark, Fence, Key, Lease, Outcome, Record, RecordState, State, StoreError,
+    Timestamp,
 };
 use tokio::sync::{broadcast, oneshot, watch};
 use tokio::task::JoinHandle;
@@ -32,9 +34,7 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::{NoTls, Row};
 
 use crate::options::{own_options, probe_idle_connections, OWN_OPTIONS, URL_OPTIONS};
-use crate::row::{
-    decode, fence_param, get, key_of, lease_of, outcome_kind_code, state_code, token_bytes,
-};
+use crate::row::{decode, fence_param, get, key_of, lease_of, outcome_kind_code, token_bytes};
 
 pub use crate::options::{PgOptions, SyncCommit};
 pub use crate::schema::SCHEMA_VERSION;
@@ -54,6 +54,7 @@ struct Sql {
     reopen: String,
     get: String,
     list: String,
+    count: String,
     purge: String,
     wait: String,
 }
@@ -74,6 +75,7 @@ impl Sql {
             reopen: fill(include_str!("sql/reopen.sql")),
             get: fill(include_str!("sql/get.sql")),
             list: fill(include_str!("sql/list.sql")),
+            count: fill(include_str!("sql/count.sql")),
             purge: fill(include_str!("sql/purge.sql")),
             wait: fill(include_str!("sql/wait.sql")),
         }
@@ -576,6 +578,97 @@ impl PgStore {
     }
 }
 
+/// The conditions a listing adds to `sql/list.sql`, each starting with `AND`, and their
+/// parameters (`$1` on).
+struct ListQuery {
+    conditions: String,
+    params: Vec<Box<dyn ToSql + Sync + Send>>,
+}
+
+impl ListQuery {
+    fn of(filter: &ListFilter) -> Self {
+        let mut q = ListQuery {
+            conditions: String::new(),
+            params: Vec::new(),
+        };
+        if let Some(tenant) = &filter.tenant {
+            q.push("r.tenant = $", tenant.as_str().to_owned());
+        }
+        if let Some(tool) = &filter.tool {
+            q.push("r.tool = $", tool.as_str().to_owned());
+        }
+        if let Some(scope) = &filter.scope {
+            q.push("r.scope = $", scope.to_string());
+        }
+        if let Some(prefix) = &filter.key_prefix {
+            q.push("starts_with(r.key, $", prefix.to_string());
+            q.conditions.push(')');
+        }
+        if let Some(from) = filter.created_from {
+            q.push("r.created_at >= $", from.as_millis());
+        }
+        if let Some(before) = filter.created_before {
+            q.push("r.created_at < $", before.as_millis());
+        }
+        if let Some(after) = &filter.after {
+            // The listing order as a row comparison (the names byte-wise, as ORDER BY sorts
+            // them): the next page starts strictly after the cursor.
+            q.push(
+                "(r.created_at, r.tenant COLLATE \"C\", r.tool COLLATE \"C\", r.key COLLATE \"C\") > ($",
+                after.created_at.as_millis(),
+            );
+            for name in [
+                after.key.tenant.as_str(),
+                after.key.tool.as_str(),
+                after.key.key.as_str(),
+            ] {
+                q.params.push(Box::new(name.to_owned()));
+                q.conditions
+                    .push_str(&format!(", ${}::text", q.params.len()));
+            }
+            q.conditions.push(')');
+        }
+        // Constants, not parameters: a partial index serves a query only when the planner can
+        // prove its predicate from the query's own text (migration 7).
+        let state = match filter.state {
+            None => "",
+            Some(State::InFlight) => "r.state = 0 AND r.lease_until > c.now",
+            Some(State::Completed) => "r.state = 1 AND r.expires_at > c.now",
+            Some(State::Expired) => "r.state = 1 AND r.expires_at <= c.now",
+            // `State` is non-exhaustive; anything else is asked as unknown, as before.
+            Some(_) => "(r.state = 2 OR (r.state = 0 AND r.lease_until <= c.now))",
+        };
+        if !state.is_empty() {
+            q.conditions.push_str(" AND ");
+            q.conditions.push_str(state);
+        }
+        q
+    }
+
+    /// `template` (list.sql or count.sql) with these conditions and at most `limit` rows (0: no
+    /// limit), and its parameters.
+    fn fill(self, template: &str, limit: usize) -> (String, Vec<Box<dyn ToSql + Sync + Send>>) {
+        let mut params = self.params;
+        let limit = if limit > 0 {
+            params.push(Box::new(i64::try_from(limit).unwrap_or(i64::MAX)));
+            format!("LIMIT ${}", params.len())
+        } else {
+            String::new()
+        };
+        let sql = template
+            .replace("{conditions}", &self.conditions)
+            .replace("{limit}", &limit);
+        (sql, params)
+    }
+
+    /// Adds `condition` followed by the number of the parameter `value` becomes.
+    fn push<T: ToSql + Sync + Send + 'static>(&mut self, condition: &str, value: T) {
+        self.params.push(Box::new(value));
+        self.conditions
+            .push_str(&format!(" AND {condition}{}", self.params.len()));
+    }
+}
+
 impl Store for PgStore {
     async fn reserve(&self, r: &Reservation) -> Result<Claim> {
         self.reserve_inner(r).await
@@ -758,17 +851,9 @@ impl Store for PgStore {
     }
 
     async fn list(&self, filter: &ListFilter) -> Result<Vec<Record>> {
-        let tenant = filter.tenant.as_ref().map(TenantId::as_str);
-        let tool = filter.tool.as_ref().map(ToolName::as_str);
-        let state = filter.state.map(state_code);
-        let limit = (filter.limit > 0).then(|| i64::try_from(filter.limit).unwrap_or(i64::MAX));
-        let scope = filter.scope.as_deref();
-        let rows = self
-            .run(
-                &self.inner.sql.list,
-                &[&tenant, &tool, &state, &limit, &scope],
-            )
-            .await?;
+        let (sql, params) = ListQuery::of(filter).fill(&self.inner.sql.list, filter.limit);
+        let refs: Vec<&(dyn ToSql + Sync)> = params.iter().map(|p| &**p as _).collect();
+        let rows = self.run(&sql, &refs).await?;
         let mut out = Vec::with_capacity(rows.len());
         for row in &rows {
             let (rec, now) = decode(key_of(row)?, row)?;
@@ -777,6 +862,20 @@ impl Store for PgStore {
             }
         }
         Ok(out)
+    }
+
+    async fn count(&self, filter: &ListFilter, at_most: usize) -> Result<usize> {
+        if at_most == 0 {
+            return Ok(0);
+        }
+        let (sql, params) = ListQuery::of(&filter.whole()).fill(&self.inner.sql.count, at_most);
+        let refs: Vec<&(dyn ToSql + Sync)> = params.iter().map(|p| &**p as _).collect();
+        let rows = self.run(&sql, &refs).await?;
+        let n: i64 = match rows.first() {
+            Some(row) => get(row, "n")?,
+            None => 0,
+        };
+        Ok(usize::try_from(n).unwrap_or(0))
     }
 
     async fn purge_expired(&self) -> Result<u64> {

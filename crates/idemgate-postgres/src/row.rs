@@ -6,7 +6,7 @@ use idemgate_core::store::Result;
 use idemgate_core::transition::StoredRecord;
 use idemgate_core::{
     Fence, Fingerprint, IdempotencyKey, Key, Lease, LeaseToken, Outcome, OutcomeKind, RecordState,
-    State, StoreError, TenantId, Timestamp, ToolName,
+    StoreError, TenantId, Timestamp, ToolName,
 };
 use tokio_postgres::types::FromSql;
 use tokio_postgres::Row;
@@ -19,9 +19,6 @@ const IN_FLIGHT: i16 = 0;
 const COMPLETED: i16 = 1;
 /// The `state` column of an unknown record.
 const UNKNOWN: i16 = 2;
-/// The state `list.sql` selects tombstones by: completed rows past their expiry and within their
-/// tombstone. Never a `state` column: a tombstone is a completed row, reported expired.
-const EXPIRED: i16 = 3;
 
 /// The `outcome_kind` column of a success.
 const SUCCESS: i16 = 0;
@@ -36,17 +33,6 @@ pub(crate) fn token_bytes(t: LeaseToken) -> [u8; 16] {
 /// The `fence` column of a fence; one beyond `bigint` matches no row, so its lease is lost.
 pub(crate) fn fence_param(f: Fence) -> Result<i64> {
     i64::try_from(f).map_err(|_| StoreError::LeaseLost)
-}
-
-/// The `state` code `list.sql` filters by.
-pub(crate) fn state_code(s: State) -> i16 {
-    match s {
-        State::InFlight => IN_FLIGHT,
-        State::Completed => COMPLETED,
-        State::Expired => EXPIRED,
-        // `State` is non-exhaustive; anything else than these is asked as unknown.
-        _ => UNKNOWN,
-    }
 }
 
 /// The `outcome_kind` column of an outcome.
@@ -250,7 +236,7 @@ mod tests {
                 if retain_until == Timestamp::from_millis(9_000)
         ));
         let in_flight = Columns {
-            state: state_code(State::InFlight),
+            state: IN_FLIGHT,
             lease_until: Some(5_000),
             ..completed()
         };
@@ -262,7 +248,7 @@ mod tests {
             }
         );
         let unknown = Columns {
-            state: state_code(State::Unknown),
+            state: UNKNOWN,
             since: Some(4_000),
             ..completed()
         };
@@ -307,10 +293,10 @@ mod tests {
                 },
                 "unknown state 7",
             ),
-            // The listing's code for tombstones is never a stored state.
+            // The code the listing once asked tombstones by is never a stored state.
             (
                 Columns {
-                    state: state_code(State::Expired),
+                    state: 3,
                     ..completed()
                 },
                 "unknown state 3",
@@ -367,10 +353,6 @@ mod tests {
 
     #[test]
     fn parameters_encode_what_rows_decode() {
-        assert_eq!(state_code(State::InFlight), IN_FLIGHT);
-        assert_eq!(state_code(State::Completed), COMPLETED);
-        assert_eq!(state_code(State::Unknown), UNKNOWN);
-        assert_eq!(state_code(State::Expired), EXPIRED);
         for kind in [OutcomeKind::Success, OutcomeKind::Failed] {
             let cols = Columns {
                 outcome_kind: Some(outcome_kind_code(kind)),

@@ -25,10 +25,15 @@ pub(crate) const MIGRATIONS: &[(i32, &str, &str)] = &[
         "tombstones",
         include_str!("migrations/0006_tombstones.sql"),
     ),
+    (
+        7,
+        "operator_indexes",
+        include_str!("migrations/0007_operator_indexes.sql"),
+    ),
 ];
 
 /// The schema version this code writes and reads.
-pub const SCHEMA_VERSION: i32 = 6;
+pub const SCHEMA_VERSION: i32 = 7;
 
 /// First half of the advisory lock key ("idem"); the second is a hash of the schema name.
 const LOCK_CLASS: i32 = 0x6964_656d;

@@ -101,7 +101,8 @@ async fn a_version_4_schema_opens_upgraded_with_its_records() {
     let client = support::raw_client(&url).await;
     client
         .batch_execute(&format!(
-            "ALTER TABLE \"{schema}\".idemgate_records DROP COLUMN scope, DROP COLUMN retain_until;
+            "DROP INDEX \"{schema}\".idemgate_records_unsettled, \"{schema}\".idemgate_records_purge_due;
+             ALTER TABLE \"{schema}\".idemgate_records DROP COLUMN scope, DROP COLUMN retain_until;
              DELETE FROM \"{schema}\".idemgate_schema_version WHERE version > 4;
              INSERT INTO \"{schema}\".idemgate_records
                  (tenant, tool, key, fingerprint, fence, token, created_at, state, completed_at,
@@ -153,7 +154,8 @@ async fn a_version_5_schema_opens_upgraded_with_its_records() {
     let client = support::raw_client(&url).await;
     client
         .batch_execute(&format!(
-            "ALTER TABLE \"{schema}\".idemgate_records DROP COLUMN retain_until;
+            "DROP INDEX \"{schema}\".idemgate_records_unsettled, \"{schema}\".idemgate_records_purge_due;
+             ALTER TABLE \"{schema}\".idemgate_records DROP COLUMN retain_until;
              DELETE FROM \"{schema}\".idemgate_schema_version WHERE version > 5;
              INSERT INTO \"{schema}\".idemgate_records
                  (tenant, tool, key, fingerprint, fence, token, created_at, state, completed_at,
@@ -1000,18 +1002,31 @@ async fn rows_breaking_the_record_rules_are_corrupt_on_read_and_only_for_their_k
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_primary_key_is_the_records_only_index() {
-    // Every other index made reservations or completions write more (migrations 3 and 4).
+async fn the_records_carry_only_the_key_and_the_operators_partial_indexes() {
+    // Every other index made reservations or completions write more (migrations 3 and 4); the
+    // two of migration 7 hold only the rows not completed, and the completed ones by when a
+    // purge has work on them.
     connect().await;
     let client = support::raw_client(&support::url()).await;
     let rows = client
         .query(
-            "SELECT indexname FROM pg_indexes WHERE schemaname = $1 \
+            "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = $1 \
              AND tablename = 'idemgate_records' ORDER BY indexname",
             &[&support::schema()],
         )
         .await
         .unwrap();
     let names: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
-    assert_eq!(names, ["idemgate_records_pkey"]);
+    assert_eq!(
+        names,
+        [
+            "idemgate_records_pkey",
+            "idemgate_records_purge_due",
+            "idemgate_records_unsettled"
+        ]
+    );
+    for row in &rows[1..] {
+        let def: String = row.get(1);
+        assert!(def.contains("WHERE (state "), "partial: {def}");
+    }
 }

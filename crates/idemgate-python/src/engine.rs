@@ -415,6 +415,7 @@ impl Engine {
                 .map_err(PyValueError::new_err)?,
             scope: scope.map(Into::into),
             limit,
+            ..idemgate::ListFilter::default()
         };
         let records = self
             .run(py, self.shared.engine.list(&filter))?

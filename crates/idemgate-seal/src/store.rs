@@ -83,6 +83,19 @@ fn corrupt(stored: &Key, key: Option<&Key>, e: &SealError) -> StoreError {
     StoreError::corrupt(format!("record {name}: {e}"))
 }
 
+/// A sealed store keeps every key as its HMAC, so what a key starts with is not in the store:
+/// listing by a key prefix is refused rather than answered with nothing.
+fn refuse_key_prefix(filter: &ListFilter) -> Result<()> {
+    match filter.key_prefix {
+        Some(_) => Err(StoreError::misconfigured(
+            "a sealed store keeps keys as their HMACs: it cannot list records by what their key \
+             starts with"
+                .to_owned(),
+        )),
+        None => Ok(()),
+    }
+}
+
 impl<S: Store> Store for Sealed<S> {
     async fn reserve(&self, r: &Reservation) -> Result<Claim> {
         let claim = self.inner.reserve(&self.reservation(r)).await?;
@@ -144,15 +157,41 @@ impl<S: Store> Store for Sealed<S> {
     }
 
     async fn list(&self, filter: &ListFilter) -> Result<Vec<Record>> {
+        refuse_key_prefix(filter)?;
         // The store's seal marker is the store's, not a call's record: operators never see it.
+        // One more than the page, so that leaving the marker out never makes a page shorter
+        // than its limit while records follow (a caller would take it for the last page).
         let marker = crate::marker::marker_key();
-        self.inner
-            .list(filter)
+        let mut inner = filter.clone();
+        if inner.limit > 0 {
+            inner.limit = inner.limit.saturating_add(1);
+        }
+        let mut page = self
+            .inner
+            .list(&inner)
             .await?
             .into_iter()
             .filter(|r| r.key != marker)
             .map(|r| self.open(r, None))
-            .collect()
+            .collect::<Result<Vec<_>>>()?;
+        if filter.limit > 0 {
+            page.truncate(filter.limit);
+        }
+        Ok(page)
+    }
+
+    async fn count(&self, filter: &ListFilter, at_most: usize) -> Result<usize> {
+        refuse_key_prefix(filter)?;
+        // The marker is one record of the inner store's that operators never see: count one more
+        // and take it off when it is among them.
+        let inner = self.inner.count(filter, at_most.saturating_add(1)).await?;
+        let marker = crate::marker::marker_key();
+        let marked = self
+            .inner
+            .get(&marker)
+            .await?
+            .is_some_and(|m| filter.whole().matches(&m));
+        Ok(inner.saturating_sub(usize::from(marked)).min(at_most))
     }
 
     async fn purge_expired(&self) -> Result<u64> {

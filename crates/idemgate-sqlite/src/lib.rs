@@ -52,8 +52,13 @@ pub struct WriterStats {
 const QUEUE: usize = 4096;
 /// Read connections kept open between reads.
 const IDLE_READERS: usize = 4;
-/// Row ids per transaction of [`SqliteStore::purge_expired`]: a few milliseconds of writing.
-const PURGE_RANGE: i64 = 4096;
+/// Records per transaction of [`SqliteStore::purge_expired`]: a few milliseconds of writing.
+const PURGE_BATCH: i64 = 4096;
+/// When a purge next has work on a completed row: its expiry while it holds an outcome, else the
+/// end of its tombstone. The expression of the index `idemgate_record_purge_due` (schema_v6.sql),
+/// written here exactly as there: SQLite uses an index on an expression only for that expression.
+const PURGE_DUE: &str = "(CASE WHEN length(outcome_body) > 0 THEN expires_at \
+                         ELSE coalesce(retain_until, expires_at) END)";
 /// Idempotency records in one SQLite file, shared by every process that opens it. Clones share one
 /// writer thread and its connections; dropping the last clone ends the thread, after waiting for
 /// the batch it is running (at most about `busy_timeout` when another process holds the lock).
@@ -401,32 +406,101 @@ fn state_condition(state: Option<State>, now: Now) -> Option<(String, Vec<Value>
     })
 }
 
-fn list_rows(conn: &Connection, filter: &ListFilter, now: Now) -> Result<Vec<Record>> {
+/// Whether any completed row is due for a purge at `?1` (milliseconds), through the index
+/// `idemgate_record_purge_due`.
+fn purge_due_sql() -> String {
+    format!("SELECT EXISTS (SELECT 1 FROM idemgate_record WHERE state = 1 AND {PURGE_DUE} <= ?1)")
+}
+
+/// Deletes up to `?2` completed rows past their tombstone at `?1`, found through the index.
+fn purge_delete_sql() -> String {
+    format!(
+        "DELETE FROM idemgate_record WHERE rowid IN (\
+         SELECT rowid FROM idemgate_record WHERE state = 1 \
+         AND {PURGE_DUE} <= ?1 AND coalesce(retain_until, expires_at) <= ?1 LIMIT ?2)"
+    )
+}
+
+/// Drops the outcomes of up to `?2` tombstones past their ttl at `?1`, found through the index.
+fn purge_compact_sql() -> String {
+    format!(
+        "UPDATE idemgate_record SET outcome_body = x'' WHERE rowid IN (\
+         SELECT rowid FROM idemgate_record WHERE state = 1 \
+         AND {PURGE_DUE} <= ?1 AND expires_at <= ?1 AND length(outcome_body) > 0 LIMIT ?2)"
+    )
+}
+
+/// The SQL condition and parameters that select the rows `filter` lists (its page included), or
+/// `None` as the condition when it selects every row; and whether SQL says everything the
+/// filter does, so that a LIMIT may go into the query.
+fn list_condition(filter: &ListFilter, now: Now) -> (Option<String>, Vec<Value>, bool) {
     let mut conditions = Vec::new();
     let mut params = Vec::new();
+    // Records in flight or unknown are few, and `idemgate_record_unsettled` holds just them; a
+    // tenant's records may be millions. Without statistics SQLite takes an equality on the
+    // primary key's first column for the better search and would scan the tenant, so for these
+    // states the names are compared as `+tenant` (the same value, but no index column).
+    let by_name = if matches!(filter.state, Some(State::InFlight | State::Unknown)) {
+        "+"
+    } else {
+        ""
+    };
     if let Some(tenant) = &filter.tenant {
-        conditions.push("tenant = ?".to_owned());
+        conditions.push(format!("{by_name}tenant = ?"));
         params.push(Value::Text(tenant.as_str().to_owned()));
     }
     if let Some(tool) = &filter.tool {
-        conditions.push("tool = ?".to_owned());
+        conditions.push(format!("{by_name}tool = ?"));
         params.push(Value::Text(tool.as_str().to_owned()));
     }
     if let Some(scope) = &filter.scope {
         conditions.push("scope = ?".to_owned());
         params.push(Value::Text(scope.to_string()));
     }
+    if let Some(prefix) = &filter.key_prefix {
+        // Keys are ASCII, so characters are bytes and substr compares byte-wise, as the
+        // BINARY collation and `ListFilter::matches` do.
+        conditions.push("substr(key, 1, ?) = ?".to_owned());
+        params.push(Value::Integer(
+            i64::try_from(prefix.len()).unwrap_or(i64::MAX),
+        ));
+        params.push(Value::Text(prefix.to_string()));
+    }
+    if let Some(from) = filter.created_from {
+        conditions.push("created_at >= ?".to_owned());
+        params.push(Value::Integer(from.as_millis()));
+    }
+    if let Some(before) = filter.created_before {
+        conditions.push("created_at < ?".to_owned());
+        params.push(Value::Integer(before.as_millis()));
+    }
+    if let Some(after) = &filter.after {
+        // The listing order, as a row value: the next page starts strictly after the cursor.
+        conditions.push("(created_at, tenant, tool, key) > (?, ?, ?, ?)".to_owned());
+        params.push(Value::Integer(after.created_at.as_millis()));
+        params.push(Value::Text(after.key.tenant.as_str().to_owned()));
+        params.push(Value::Text(after.key.tool.as_str().to_owned()));
+        params.push(Value::Text(after.key.key.as_str().to_owned()));
+    }
     let by_state = state_condition(filter.state, now);
-    let limit_in_sql = by_state.is_some() && filter.limit > 0;
-    let limit = i64::try_from(filter.limit).unwrap_or(i64::MAX);
+    let exact = by_state.is_some();
     if let Some((sql, values)) = by_state {
         conditions.push(sql);
         params.extend(values);
     }
+    let condition = (!conditions.is_empty()).then(|| conditions.join(" AND "));
+    (condition, params, exact)
+}
+
+/// The statement that lists `filter`'s rows, and its parameters.
+fn list_sql(filter: &ListFilter, now: Now) -> (String, Vec<Value>) {
+    let (condition, mut params, exact) = list_condition(filter, now);
+    let limit_in_sql = exact && filter.limit > 0;
+    let limit = i64::try_from(filter.limit).unwrap_or(i64::MAX);
     let mut sql = format!("SELECT {} FROM idemgate_record", row::columns!());
-    if !conditions.is_empty() {
+    if let Some(condition) = condition {
         sql.push_str(" WHERE ");
-        sql.push_str(&conditions.join(" AND "));
+        sql.push_str(&condition);
     }
     // The memory store's order: (created_at, key), keys compared byte-wise as SQLite's BINARY
     // collation does.
@@ -435,6 +509,11 @@ fn list_rows(conn: &Connection, filter: &ListFilter, now: Now) -> Result<Vec<Rec
         sql.push_str(" LIMIT ?");
         params.push(Value::Integer(limit));
     }
+    (sql, params)
+}
+
+fn list_rows(conn: &Connection, filter: &ListFilter, now: Now) -> Result<Vec<Record>> {
+    let (sql, params) = list_sql(filter, now);
     let what = || "list records";
     let mut stmt = conn.prepare_cached(&sql).during(Stage::Read, what)?;
     let mut rows = stmt
@@ -451,6 +530,40 @@ fn list_rows(conn: &Connection, filter: &ListFilter, now: Now) -> Result<Vec<Rec
         }
     }
     Ok(out)
+}
+
+/// How many rows `filter` selects (its page ignored), at most `at_most`: SQL counts them without
+/// decoding a row, and stops at `at_most`.
+/// The statement that counts the rows `filter` selects (its page ignored), at most `at_most`,
+/// and its parameters; `None` when SQL cannot say everything the filter does.
+fn count_sql(filter: &ListFilter, now: Now, at_most: usize) -> Option<(String, Vec<Value>)> {
+    let (condition, mut params, exact) = list_condition(&filter.whole(), now);
+    if !exact {
+        return None;
+    }
+    let mut sql = "SELECT count(*) FROM (SELECT 1 FROM idemgate_record".to_owned();
+    if let Some(condition) = condition {
+        sql.push_str(" WHERE ");
+        sql.push_str(&condition);
+    }
+    sql.push_str(" LIMIT ?)");
+    params.push(Value::Integer(i64::try_from(at_most).unwrap_or(i64::MAX)));
+    Some((sql, params))
+}
+
+/// How many rows `filter` selects (its page ignored), at most `at_most`: SQL counts them without
+/// decoding a row, and stops at `at_most`.
+fn count_rows(conn: &Connection, filter: &ListFilter, now: Now, at_most: usize) -> Result<usize> {
+    let Some((sql, params)) = count_sql(filter, now, at_most) else {
+        let mut whole = filter.whole();
+        whole.limit = at_most;
+        return Ok(list_rows(conn, &whole, now)?.len());
+    };
+    let n: i64 = conn
+        .prepare_cached(&sql)
+        .and_then(|mut stmt| stmt.query_row(rusqlite::params_from_iter(params), |r| r.get(0)))
+        .during(Stage::Read, || "count records")?;
+    Ok(usize::try_from(n).unwrap_or(0))
 }
 
 impl Store for SqliteStore {
@@ -529,59 +642,62 @@ impl Store for SqliteStore {
             .await
     }
 
+    async fn count(&self, filter: &ListFilter, at_most: usize) -> Result<usize> {
+        let filter = filter.clone();
+        self.read(move |conn, clock| count_rows(conn, &filter, clock.read(), at_most))
+            .await
+    }
+
     async fn purge_expired(&self) -> Result<u64> {
-        // Without an index on the state (see schema_v2.sql) one DELETE would scan the whole table
-        // while it holds the write lock, and every write would wait for it. Ranges of row ids
-        // keep each transaction short; rows added meanwhile are past the last range, and too new
-        // to have expired.
+        // Mirrors transition::purge: completed rows past their tombstone go (a row completed
+        // before schema version 4 has no `retain_until` and goes at its `expires_at`, see
+        // row::decode); completed rows past their ttl that stay as tombstones lose their
+        // outcome's body, which nothing reads again (they are reported expired, without an
+        // outcome), so that a long tombstone costs its key and a few numbers rather than a whole
+        // result. Only deletions are counted. Unknown rows stay.
         //
-        // Mirrors transition::purge, range by range: completed rows past their tombstone go
-        // (a row completed before schema version 4 has no `retain_until` and goes at its
-        // `expires_at`, see row::decode); completed rows past their ttl that stay as tombstones
-        // lose their outcome's body, which nothing reads again (they are reported expired,
-        // without an outcome), so that a long tombstone costs its key and a few numbers rather
-        // than a whole result. Only deletions are counted. Unknown rows stay.
-        let last: i64 = self
-            .read(|conn, _| {
-                conn.query_row(
-                    "SELECT coalesce(max(rowid), 0) FROM idemgate_record",
-                    [],
-                    |r| r.get(0),
-                )
-                .during(Stage::Read, || "find the last record to purge")
+        // The rows due are found through `idemgate_record_purge_due` (schema version 6), so a
+        // purge reads what it purges and no more. Nothing due is one read, and no write
+        // transaction at all.
+        let due: bool = self
+            .read(|conn, clock| {
+                conn.prepare_cached(&purge_due_sql())
+                    .and_then(|mut stmt| {
+                        stmt.query_row([clock.read().wall.as_millis()], |r| r.get(0))
+                    })
+                    .during(Stage::Read, || "find records to purge")
             })
             .await?;
+        if !due {
+            return Ok(0);
+        }
+        // Batches of PURGE_BATCH rows, one short transaction each, so that a large purge never
+        // holds the write lock long. Every row a batch finds due is deleted or loses its
+        // outcome (which moves it to its tombstone's end, no longer due), so the batches end.
         let mut purged = 0;
-        let mut from = 0;
-        while from < last {
-            let to = from.saturating_add(PURGE_RANGE);
-            purged += self
+        loop {
+            let (deleted, compacted) = self
                 .write(move |conn, now| {
-                    let args = (from, to, row::COMPLETED, now.wall.as_millis());
+                    let args = (now.wall.as_millis(), PURGE_BATCH);
                     let deleted = conn
-                        .prepare_cached(
-                            "DELETE FROM idemgate_record WHERE rowid > ?1 AND rowid <= ?2 \
-                             AND state = ?3 AND coalesce(retain_until, expires_at) <= ?4",
-                        )
+                        .prepare_cached(&purge_delete_sql())
                         .and_then(|mut stmt| stmt.execute(args))
                         .during(Stage::Write, || "purge expired records")?;
-                    // After the DELETE in the same transaction, every completed row of the range
-                    // past its ttl is a tombstone that stays. Bodies already empty are left
-                    // alone, so that purging again rewrites no page.
+                    // After the DELETE in the same transaction, every row due that is left is a
+                    // tombstone that stays and still holds its outcome.
                     let compacted = conn
-                        .prepare_cached(
-                            "UPDATE idemgate_record SET outcome_body = x'' \
-                             WHERE rowid > ?1 AND rowid <= ?2 AND state = ?3 \
-                             AND expires_at <= ?4 AND length(outcome_body) > 0",
-                        )
+                        .prepare_cached(&purge_compact_sql())
                         .and_then(|mut stmt| stmt.execute(args))
                         .during(Stage::Write, || "drop the outcomes of tombstones")?;
-                    Ok((deleted as u64, deleted + compacted > 0))
+                    Ok(((deleted, compacted), deleted + compacted > 0))
                 })
                 .await?;
-            from = to;
+            purged += deleted as u64;
+            let batch = usize::try_from(PURGE_BATCH).unwrap_or(usize::MAX);
+            if deleted < batch && compacted < batch {
+                return Ok(purged);
+            }
         }
-        Ok(purged)
     }
 
     fn change_mark(&self, key: &Key) -> ChangeMark {

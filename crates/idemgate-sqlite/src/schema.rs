@@ -45,10 +45,14 @@ const MIGRATIONS: &[Migration] = &[
         version: 5,
         sql: include_str!("schema_v5.sql"),
     },
+    Migration {
+        version: 6,
+        sql: include_str!("schema_v6.sql"),
+    },
 ];
 
 /// The schema version this code writes and reads (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 5;
+pub const SCHEMA_VERSION: i64 = 6;
 
 /// `PRAGMA application_id` of idemgate databases ("IDMG"), so that another program's SQLite file
 /// is not mistaken for one of ours.

@@ -6,7 +6,9 @@ mod span;
 
 pub use context::TraceContext;
 pub use pipeline::{flush_process, install, install_for_process, Protocol, TraceError, Tracing};
-pub use span::{call_span, outgoing, record, record_answer, Door, SplitCall};
+pub use span::{
+    call_span, outgoing, record, record_answer, record_begun, record_refusal, Door, SplitCall,
+};
 /// For a door's own attributes on its call's span (`span.set_attribute(...)`).
 pub use tracing_opentelemetry::OpenTelemetrySpanExt as SpanExt;
 

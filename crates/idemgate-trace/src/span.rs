@@ -103,6 +103,36 @@ pub fn record_answer(span: &Span, answer: &Answer) {
     }
 }
 
+/// As [`record`], for a refusal a door met before the engine's call (naming the record of a call
+/// without a key, say): the verdict, `error.type` and an error status, as every refusal has.
+pub fn record_refusal(span: &Span, refused: &EngineError) {
+    if !span.is_disabled() {
+        record_facts(span, &Explanation::of_error(refused), refused_key(refused));
+    }
+}
+
+/// As [`record`], for what `begin` decided, in a door whose caller runs the side effect itself
+/// (the gateway's coordination API, the in-process packages): an answer or a refusal is the
+/// call's end and is recorded; a call that runs is marked `execute`, and its outcome is recorded
+/// where it is reported.
+pub fn record_begun(span: &Span, begun: &Result<Begun, EngineError>) {
+    if span.is_disabled() {
+        return;
+    }
+    match begun {
+        Ok(Begun::Execute(ticket)) => {
+            span.set_attribute("idemgate.verdict", Verdict::Execute.label());
+            span.set_attribute("idemgate.rule", ticket.rule.to_string());
+            span.set_attribute("idemgate.key_hash", idemgate_kit::log::short(&ticket.key));
+        }
+        Ok(Begun::PassThrough) => {
+            span.set_attribute("idemgate.verdict", Verdict::PassedThrough.label());
+        }
+        Ok(Begun::Answered(answer)) => record_answer(span, answer),
+        Err(e) => record_refusal(span, e),
+    }
+}
+
 fn record_facts(span: &Span, facts: &Explanation, key: Option<&Key>) {
     let label = facts.verdict.label();
     span.set_attribute("idemgate.verdict", label);
@@ -220,18 +250,12 @@ impl SplitCall {
         let Some(span) = call.as_ref().filter(|s| !s.is_disabled()) else {
             return;
         };
-        match begun {
-            Ok(Begun::Execute(_)) => {
-                let effect = tracing::info_span!(target: TARGET, parent: span, "idemgate.effect");
-                *lock(&self.effect) = Some(effect);
-                return;
-            }
-            Ok(Begun::PassThrough) => {
-                span.set_attribute("idemgate.verdict", Verdict::PassedThrough.label());
-            }
-            Ok(Begun::Answered(answer)) => record_answer(span, answer),
-            Err(e) => record_facts(span, &Explanation::of_error(e), refused_key(e)),
+        if let Ok(Begun::Execute(_)) = begun {
+            let effect = tracing::info_span!(target: TARGET, parent: span, "idemgate.effect");
+            *lock(&self.effect) = Some(effect);
+            return;
         }
+        record_begun(span, begun);
         *call = None;
     }
 

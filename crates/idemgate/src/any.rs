@@ -268,6 +268,7 @@ erased! {
     reopen(key: &'a Key, fence: Fence) -> Result<Reopened>;
     get(key: &'a Key) -> Result<Option<Record>>;
     list(filter: &'a ListFilter) -> Result<Vec<Record>>;
+    count(filter: &'a ListFilter, at_most: usize) -> Result<usize>;
     purge_expired() -> Result<u64>;
     wait_changed(key: &'a Key, since: ChangeMark, timeout: Duration) -> ();
     probe_write() -> Result<()>;
@@ -307,6 +308,9 @@ impl Store for AnyStore {
     }
     async fn list(&self, filter: &ListFilter) -> Result<Vec<Record>> {
         dispatch!(self, list(filter))
+    }
+    async fn count(&self, filter: &ListFilter, at_most: usize) -> Result<usize> {
+        dispatch!(self, count(filter, at_most))
     }
     async fn purge_expired(&self) -> Result<u64> {
         dispatch!(self, purge_expired())

@@ -308,7 +308,11 @@ def _record_of(answer: Answer) -> Record | None:
 
 
 def _records_of(answer: Answer) -> list[Record]:
-    return [Record.from_json(doc) for doc in _expect_json(answer)]
+    # A page: {"records": [...], "next": ..., "count": ...}; a gateway before pages answered the
+    # array alone.
+    doc = _expect_json(answer)
+    page = doc["records"] if isinstance(doc, Mapping) else doc
+    return [Record.from_json(r) for r in page]
 
 
 def _resolved_of(answer: Answer) -> Record | None:

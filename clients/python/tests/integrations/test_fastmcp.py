@@ -342,6 +342,10 @@ def test_an_unlisted_tool_is_a_write_and_a_call_without_key_is_told_what_to_send
     assert (again.meta or {}).get("dev.idemgate/replayed") is True
     assert state["mails"] == ["ann", "ann"], "the retry ran again (nothing had been sent), once"
     assert reused.is_error and "idemgate:" in texts(reused) and "other arguments" in texts(reused)
+    # Said once, with when the key was first used (the exception's own words repeated it).
+    told = texts(reused)
+    assert told.count("already used") == 1 and told.count("new key for a new action") == 1, told
+    assert "(first at " in told, told
     told = texts(keyless)
     assert keyless.is_error and told.startswith("idemgate:") and '"idempotency_key"' in told, told
     assert read1.data == read2.data == 42 and state["reads"] == 2

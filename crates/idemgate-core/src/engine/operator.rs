@@ -20,6 +20,15 @@ impl<S: Store> Engine<S> {
         Ok(self.store.list(filter).await?)
     }
 
+    /// How many records pass `filter`, all pages together, counting at most `at_most`
+    /// ([`Store::count`]).
+    ///
+    /// # Errors
+    /// [`EngineError::Store`] when the store fails.
+    pub async fn count(&self, filter: &ListFilter, at_most: usize) -> Result<usize, EngineError> {
+        Ok(self.store.count(filter, at_most).await?)
+    }
+
     /// Deletes expired completed records; returns how many.
     ///
     /// # Errors

@@ -13,6 +13,7 @@ use super::*;
 use crate::options::{UrlOptions, MAX_WAL_LIMIT};
 
 mod clock;
+mod plans;
 mod purge;
 mod schema;
 mod wake;

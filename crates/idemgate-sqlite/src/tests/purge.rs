@@ -1,19 +1,19 @@
-//! Purging: expired records deleted range by range, tombstones kept without their outcome.
+//! Purging: expired records deleted batch by batch, tombstones kept without their outcome.
 
 use super::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn purge_deletes_expired_completions_across_many_ranges_and_keeps_the_rest() {
+async fn purge_deletes_expired_completions_in_batches_and_keeps_the_rest() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("db");
     let store = SqliteStore::open(&path, manual()).unwrap();
     let now = 1_800_000_000_000_i64;
-    // Rows straight into the table, three ranges' worth: completed and past its tombstone
+    // Rows straight into the table, three batches' worth of expired ones: completed and past its tombstone
     // (every fourth row; every other one of them written before schema version 4, without
     // `retain_until`, so gone at its `expires_at`), completed and not yet expired, unknown
     // (kept whatever its age), and completed past its ttl within its tombstone (kept, with
     // its outcome's body dropped).
-    let rows = 3 * PURGE_RANGE + 17;
+    let rows = 4 * 3 * PURGE_BATCH + 17;
     let conn = raw(&path);
     conn.execute_batch("BEGIN").unwrap();
     let (mut expired, mut tombstones) = (0, 0);
@@ -70,7 +70,7 @@ async fn purge_deletes_expired_completions_across_many_ranges_and_keeps_the_rest
     conn.execute_batch("COMMIT").unwrap();
     let batches = store.writer_stats().batches;
     assert_eq!(store.purge_expired().await.unwrap(), expired);
-    // One write transaction per range of row ids, not one for the whole table.
+    // One write transaction per batch of rows, not one for the whole table.
     assert!(store.writer_stats().batches - batches >= 4);
     // Rows of the table where `condition` holds (of `?1`, a completed row's state, and
     // `?2`, now).
@@ -100,7 +100,10 @@ async fn purge_deletes_expired_completions_across_many_ranges_and_keeps_the_rest
         count("state = ?1 AND expires_at > ?2 AND outcome_body = x'78'"),
         (rows + 2) / 4
     );
+    // Nothing left to do is one read, and no write transaction.
+    let batches = store.writer_stats().batches;
     assert_eq!(store.purge_expired().await.unwrap(), 0);
+    assert_eq!(store.writer_stats().batches, batches);
     assert_eq!(
         store
             .list(&ListFilter {

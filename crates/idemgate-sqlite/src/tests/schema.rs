@@ -3,19 +3,33 @@
 use super::*;
 
 #[tokio::test]
-async fn records_carry_no_index_besides_their_key() {
-    // Each index is written by every reservation and completion (see schema_v2.sql).
+async fn records_carry_only_their_key_and_the_operators_partial_indexes() {
+    // Each index is written by the calls whose rows it holds (see schema_v2.sql): besides the
+    // key, only the partial indexes of schema_v6.sql, which hold the rows not completed and
+    // the completed ones.
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("db");
     let _store = SqliteStore::open(&path, manual()).unwrap();
-    let indexes: Vec<String> = raw(&path)
-        .prepare("SELECT name FROM sqlite_master WHERE type = 'index' ORDER BY name")
+    let indexes: Vec<(String, Option<String>)> = raw(&path)
+        .prepare("SELECT name, sql FROM sqlite_master WHERE type = 'index' ORDER BY name")
         .unwrap()
-        .query_map([], |r| r.get(0))
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
         .unwrap()
         .collect::<rusqlite::Result<_>>()
         .unwrap();
-    assert_eq!(indexes, ["sqlite_autoindex_idemgate_record_1"]);
+    let names: Vec<&str> = indexes.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "idemgate_record_purge_due",
+            "idemgate_record_unsettled",
+            "sqlite_autoindex_idemgate_record_1"
+        ]
+    );
+    for (name, sql) in &indexes[..2] {
+        let sql = sql.as_deref().unwrap_or_default();
+        assert!(sql.contains("WHERE state = "), "{name} is partial: {sql}");
+    }
 }
 
 #[tokio::test]

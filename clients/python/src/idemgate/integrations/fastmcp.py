@@ -360,10 +360,14 @@ def IdempotencyMiddleware(  # noqa: N802 - a class factory: fastmcp is imported 
                 f'{KEY_META}"], or give the tool a fallback_window.'
             )
         if isinstance(e, KeyReused):
+            # The exception's own message says the same for a person: appended, the model read
+            # every sentence twice. Only the fact it adds, when the key was first used, is kept.
+            first_seen = e.problem.get("first_seen")
             return (
-                f"idemgate: this idempotency key was already used for {called} with other "
-                "arguments, so nothing was done. Use a new key for a new action, and the same "
-                f"arguments when retrying an action. ({e})"
+                f"idemgate: this idempotency key was already used for {called} with other arguments"
+                + (f" (first at {first_seen})" if first_seen else "")
+                + ", so nothing was done. Use a new key for a new action, and the same arguments "
+                "when retrying an action."
             )
         if isinstance(e, OutcomeUnknown):
             return unknown(called, e.problem.get("key"), e.fence, e.since, e.problem.get("message"), False)
@@ -403,7 +407,8 @@ def IdempotencyMiddleware(  # noqa: N802 - a class factory: fastmcp is imported 
         how = why or (
             "the tool failed without saying whether it took effect"
             if ran_here
-            else "an earlier attempt stopped before its outcome was recorded"
+            else "no outcome was ever recorded for an earlier attempt (it stopped first, or could not tell "
+            "whether it took effect)"
         )
         done = (
             f"It was sent to {called} once, and calls with the same key will not send it again."
