@@ -392,10 +392,27 @@ async fn handle(
     }
 }
 
-/// A loopback address nothing listens on.
-pub(crate) async fn closed_port() -> String {
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    drop(l);
-    format!("http://{addr}")
+/// A loopback address nothing listens on, for as long as the value lives (`{dead}` formats as
+/// its `http://` URL). Its port stays bound but is never listened on, so a connection is refused;
+/// a port merely freed was once handed to a listener the same test started next (the verifier
+/// test then read that server's 404 where it expected a refused connection).
+pub(crate) struct ClosedPort {
+    url: String,
+    _bound: tokio::net::TcpSocket,
+}
+
+impl std::fmt::Display for ClosedPort {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.url)
+    }
+}
+
+pub(crate) async fn closed_port() -> ClosedPort {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let url = format!("http://{}", socket.local_addr().unwrap());
+    ClosedPort {
+        url,
+        _bound: socket,
+    }
 }
