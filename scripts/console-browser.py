@@ -188,12 +188,18 @@ def main() -> None:
             record_path = "/ui/record?tenant=acme&tool=charge&key=order-42"
             resolve_path = "/ui/resolve?tenant=acme&tool=charge&key=order-42"
 
-            # The operator sees both tenants' records, the unknown one first.
+            # The operator sees the unknown outcome first, in a table of its own, then both
+            # tenants' records, oldest first.
             op_ctx = browser.new_context(viewport={"width": 1280, "height": 720})
             op = op_ctx.new_page()
             checks.watch(op)
             sign_in(op, checks, base, OPERATOR, "operator")
-            rows = op.locator("tbody tr")
+            stuck, everything = op.locator("table").nth(0), op.locator("table").nth(1)
+            assert "Unknown outcomes" in stuck.locator("caption").inner_text()
+            unknown_rows = stuck.locator("tbody tr")
+            assert unknown_rows.count() == 1, unknown_rows.all_inner_texts()
+            assert "order-42" in unknown_rows.nth(0).inner_text()
+            rows = everything.locator("tbody tr")
             assert rows.count() == 2, rows.all_inner_texts()
             assert "order-42" in rows.nth(0).inner_text() and "unknown" in rows.nth(0).inner_text()
             assert "invoice-7" in rows.nth(1).inner_text()
@@ -240,7 +246,8 @@ def main() -> None:
             assert res.status == 403, res.status
             assert record_state(base) == "unknown"
             with page.expect_navigation():
-                page.get_by_role("link", name="order-42").click()
+                # From the unknown outcomes' table (the record is in the listing's too).
+                page.get_by_role("link", name="order-42").first.click()
             timeline = page.locator("ol.timeline").inner_text()
             assert "reserved" in timeline and "unknown" in timeline, timeline
             checks.page(page, "acme-record-unknown")
