@@ -14,6 +14,7 @@ use serde_json::{json, Value};
 
 use crate::cli::{announced, http, Sandbox};
 use crate::mcp::Reaped;
+use crate::mcp_http::Answer;
 
 const PROVIDER: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
@@ -49,33 +50,13 @@ fn provider_python() -> PathBuf {
     python
 }
 
-/// One answer, its headers by lower-case name.
-struct Answer {
-    status: u16,
-    headers: Vec<(String, String)>,
-    body: String,
-}
-
+/// What the sign-in reads of an answer beyond `mcp_http::Answer`'s own.
 impl Answer {
-    fn parse(raw: &str) -> Answer {
-        let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((raw, ""));
-        let mut lines = head.lines();
-        let status = lines.next().unwrap()[9..12].parse().unwrap();
-        let headers = lines
-            .filter_map(|l| l.split_once(':'))
-            .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
-            .collect();
-        Answer {
-            status,
-            headers,
-            body: body.to_owned(),
-        }
-    }
-
-    fn header(&self, name: &str) -> Option<&str> {
+    /// The redirect's target, when the answer has one.
+    fn location(&self) -> Option<&str> {
         self.headers
             .iter()
-            .find(|(k, _)| k == name)
+            .find(|(k, _)| k == "location")
             .map(|(_, v)| v.as_str())
     }
 
@@ -151,9 +132,7 @@ impl Browser {
             if !matches!(answer.status, 301 | 302 | 303 | 307) {
                 return answer;
             }
-            let location = answer
-                .header("location")
-                .expect("a redirect without Location");
+            let location = answer.location().expect("a redirect without Location");
             url = if location.starts_with('/') {
                 format!("http://{}{location}", split_url(&url).0)
             } else {
@@ -372,7 +351,7 @@ fn console_oidc_sign_in_names_the_operator_in_the_audit_log() {
     );
     let start = alice.send("GET", &ui("/ui/login/oidc"), None);
     assert_eq!(start.status, 303, "{}", start.body);
-    let to_provider = start.header("location").unwrap().to_owned();
+    let to_provider = start.location().unwrap().to_owned();
     assert!(
         to_provider.starts_with(&format!("{issuer}/authorize?"))
             && to_provider.contains("code_challenge_method=S256")
@@ -394,7 +373,7 @@ fn console_oidc_sign_in_names_the_operator_in_the_audit_log() {
     // that answer signs nobody in.
     let at_provider = alice.send("GET", &to_provider, None);
     assert_eq!(at_provider.status, 302, "{}", at_provider.body);
-    let callback = at_provider.header("location").unwrap().to_owned();
+    let callback = at_provider.location().unwrap().to_owned();
     assert!(callback.starts_with(&redirect), "{callback}");
     let stranger = Browser::default().navigate(&callback);
     assert_eq!(stranger.status, 400, "{}", stranger.body);

@@ -213,18 +213,7 @@ pub(crate) fn http_to(
     let mut s = send_to(addr, method, path, headers, body);
     let mut raw = String::new();
     s.read_to_string(&mut raw).unwrap();
-    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
-    let mut lines = head.lines();
-    let status = lines.next().unwrap()[9..12].parse().unwrap();
-    let headers = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
-        .collect();
-    Answer {
-        status,
-        headers,
-        body: body.to_owned(),
-    }
+    Answer::parse(&raw)
 }
 
 pub(crate) struct Answer {
@@ -234,6 +223,22 @@ pub(crate) struct Answer {
 }
 
 impl Answer {
+    /// A whole HTTP/1.1 response as read from its connection.
+    pub(crate) fn parse(raw: &str) -> Answer {
+        let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((raw, ""));
+        let mut lines = head.lines();
+        let status = lines.next().unwrap()[9..12].parse().unwrap();
+        let headers = lines
+            .filter_map(|l| l.split_once(':'))
+            .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
+            .collect();
+        Answer {
+            status,
+            headers,
+            body: body.to_owned(),
+        }
+    }
+
     pub(crate) fn header(&self, name: &str) -> &str {
         self.headers
             .iter()
