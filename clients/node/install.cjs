@@ -10,9 +10,7 @@
 const { spawnSync } = require('node:child_process');
 const fs = require('node:fs');
 const path = require('node:path');
-const { platformPackage } = require('./platform.cjs');
-
-const local = path.join(__dirname, `idemgate.${process.platform}-${process.arch}.node`);
+const { LOCAL_ADDON: local, platformPackage } = require('./platform.cjs');
 
 function found() {
   if (process.env.IDEMGATE_NODE_ADDON || fs.existsSync(local)) return true;

@@ -6,14 +6,12 @@
 // 3. the platform package `@idemgate/<platform>-<arch>[-<libc>]` (platform.cjs), which the
 //    published package names as an optional dependency.
 const fs = require('node:fs');
-const path = require('node:path');
-const { platformPackage, missingPackage } = require('./platform.cjs');
+const { LOCAL_ADDON, platformPackage, missingPackage } = require('./platform.cjs');
 
 function load() {
   const named = process.env.IDEMGATE_NODE_ADDON;
   if (named) return loadFile(named);
-  const local = path.join(__dirname, `idemgate.${process.platform}-${process.arch}.node`);
-  if (fs.existsSync(local)) return loadFile(local);
+  if (fs.existsSync(LOCAL_ADDON)) return loadFile(LOCAL_ADDON);
   const { name } = platformPackage();
   let file;
   try {

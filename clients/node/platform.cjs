@@ -8,6 +8,12 @@
 // Only packages published under the `@idemgate` scope by the idemgate project may provide them;
 // IDEMGATE_NODE_ADDON and IDEMGATE_BIN name files you built yourself.
 
+const path = require('node:path');
+
+/** Where a checkout's own build of the addon goes, beside this file (install.cjs or
+ * scripts/test-node puts it there; native.cjs loads it before any platform package). */
+const LOCAL_ADDON = path.join(__dirname, `idemgate.${process.platform}-${process.arch}.node`);
+
 /** The platforms `scripts/release` builds packages for (scripts/npm-packages.mjs writes them). */
 const PLATFORMS = ['linux-x64-gnu', 'linux-x64-musl', 'linux-arm64-gnu', 'linux-arm64-musl'];
 
@@ -49,4 +55,4 @@ function missingPackage(what, envVar) {
   );
 }
 
-module.exports = { PLATFORMS, libc, platformId, platformPackage, missingPackage };
+module.exports = { LOCAL_ADDON, PLATFORMS, libc, platformId, platformPackage, missingPackage };
