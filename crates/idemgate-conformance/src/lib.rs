@@ -12,6 +12,7 @@ pub use proptest;
 // The behaviours and the fixture live in modules of their own (the behaviours by what they
 // exercise); the crate's face stays flat, as `store_conformance!` and the stores' tests name them.
 pub use behaviours::expiry::*;
+pub use behaviours::history::*;
 pub use behaviours::leases::*;
 pub use behaviours::listing::*;
 pub use fixture::{
@@ -57,6 +58,8 @@ macro_rules! store_conformance {
             tombstone_answers_after_the_ttl_until_it_goes,
             reopen_clears_a_tombstone,
             pages_list_every_record_once,
+            history_follows_the_record_until_it_goes,
+            purge_takes_a_records_history_with_it,
         );
     };
     (@each $setup:expr; $($name:ident),* $(,)?) => {

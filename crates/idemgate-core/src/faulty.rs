@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use crate::change::ChangeMark;
 use crate::error::StoreError;
+use crate::history::HistoryEntry;
 use crate::key::Key;
 use crate::record::{Fence, Lease, Outcome, Record};
 use crate::store::{Claim, Completion, Keep, ListFilter, Reopened, Reservation, Result, Store};
@@ -30,6 +31,8 @@ pub enum Op {
     Get,
     /// [`Store::reopen`].
     Reopen,
+    /// [`Store::append_history`].
+    AppendHistory,
 }
 
 /// What goes wrong.
@@ -167,6 +170,13 @@ impl<S: Store> Store for FaultyStore<S> {
     }
     async fn get(&self, key: &Key) -> Result<Option<Record>> {
         self.run(Op::Get, self.inner.get(key)).await
+    }
+    async fn append_history(&self, key: &Key, entry: &HistoryEntry) -> Result<bool> {
+        self.run(Op::AppendHistory, self.inner.append_history(key, entry))
+            .await
+    }
+    async fn history(&self, key: &Key) -> Result<Vec<HistoryEntry>> {
+        self.inner.history(key).await
     }
     async fn list(&self, filter: &ListFilter) -> Result<Vec<Record>> {
         self.inner.list(filter).await

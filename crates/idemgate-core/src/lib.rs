@@ -7,6 +7,7 @@ pub mod change;
 pub mod engine;
 pub mod error;
 pub mod faulty;
+pub mod history;
 pub mod journal;
 pub mod key;
 pub mod memory;
@@ -28,6 +29,7 @@ pub use engine::{
     ProbeFuture, Recording, Resolution, Settings, Ticket, Verifier, FLUSH_RETRY,
 };
 pub use error::{CanonicalError, Cause, EngineError, JournalError, KeyError, StoreError};
+pub use history::{Happening, HistoryEntry};
 pub use journal::{Journal, JournalEntry, JournalOp, MemoryJournal};
 pub use key::{IdempotencyKey, Key, KeyRule, TenantId, ToolName};
 pub use memory::MemoryStore;

@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use crate::change::{ChangeMark, Changes};
+use crate::history::HistoryEntry;
 use crate::key::Key;
 use crate::record::{Fence, Lease, Outcome, Record};
 use crate::store::{Claim, Completion, Keep, ListFilter, Reopened, Reservation, Result, Store};
@@ -114,6 +115,9 @@ struct Records {
     seed: SeededState,
     map: HashMap<u64, Bucket, BuildHasherDefault<PassThrough>>,
     len: usize,
+    /// The histories of the records that have one (few: they are written on rare paths only),
+    /// removed with their record.
+    history: HashMap<Key, Vec<HistoryEntry>>,
 }
 
 #[derive(Debug)]
@@ -128,6 +132,7 @@ impl Records {
             seed: SeededState::new(),
             map: HashMap::default(),
             len: 0,
+            history: HashMap::new(),
         }
     }
 
@@ -172,6 +177,9 @@ impl Records {
 
     fn remove(&mut self, hash: u64, key: &Key) {
         use std::collections::hash_map::Entry;
+        if !self.history.is_empty() {
+            self.history.remove(key);
+        }
         let Entry::Occupied(mut o) = self.map.entry(hash) else {
             return;
         };
@@ -201,6 +209,15 @@ impl Records {
 
     fn retain(&mut self, mut keep: impl FnMut(&mut StoredRecord) -> bool) {
         let mut len = 0;
+        let history = &mut self.history;
+        // A record that goes takes its history with it.
+        let mut keep = |r: &mut StoredRecord| {
+            let kept = keep(r);
+            if !kept && !history.is_empty() {
+                history.remove(&r.key);
+            }
+            kept
+        };
         self.map.retain(|_, b| match b {
             Bucket::One(r) => {
                 let kept = keep(r);
@@ -344,6 +361,22 @@ impl Store for MemoryStore {
     async fn get(&self, key: &Key) -> Result<Option<Record>> {
         let now = self.inner.clock.now();
         Ok(self.lock().get(key).and_then(|c| c.view(now)))
+    }
+
+    async fn append_history(&self, key: &Key, entry: &HistoryEntry) -> Result<bool> {
+        let mut map = self.lock();
+        if map.get(key).is_none() {
+            return Ok(false);
+        }
+        map.history
+            .entry(key.clone())
+            .or_default()
+            .push(entry.clone());
+        Ok(true)
+    }
+
+    async fn history(&self, key: &Key) -> Result<Vec<HistoryEntry>> {
+        Ok(self.lock().history.get(key).cloned().unwrap_or_default())
     }
 
     async fn list(&self, filter: &ListFilter) -> Result<Vec<Record>> {

@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 use crate::canonical::Fingerprint;
 use crate::change::ChangeMark;
 use crate::error::StoreError;
+use crate::history::HistoryEntry;
 use crate::key::{Key, KeyRule, TenantId, ToolName};
 use crate::policy::ToolPolicy;
 use crate::record::{Fence, Lease, LeaseToken, Outcome, Record, State};
@@ -246,18 +247,7 @@ impl std::str::FromStr for ListCursor {
         let mut next = || parts.next().ok_or_else(bad);
         let created: i64 = next()?.parse().map_err(|_| bad())?;
         let mut name = || -> std::result::Result<String, String> {
-            let hex = next()?;
-            if hex.len() % 2 != 0 {
-                return Err(bad());
-            }
-            let bytes = (0..hex.len())
-                .step_by(2)
-                .map(|i| {
-                    hex.get(i..i + 2)
-                        .and_then(|b| u8::from_str_radix(b, 16).ok())
-                })
-                .collect::<Option<Vec<u8>>>()
-                .ok_or_else(bad)?;
+            let bytes = crate::key::unhex(next()?).ok_or_else(bad)?;
             String::from_utf8(bytes).map_err(|_| bad())
         };
         let (tenant, tool, key) = (name()?, name()?, name()?);
@@ -370,6 +360,23 @@ pub trait Store: Send + Sync + 'static {
 
     /// The record, if one counts.
     fn get(&self, key: &Key) -> impl Future<Output = Result<Option<Record>>> + Send;
+
+    /// Appends `entry` to the history of the record stored under `key` ([`crate::history`]), in
+    /// whatever state it is, also one that counts as absent and is not purged yet. Returns
+    /// whether a record was there to take it. One atomic append: concurrent appends all land,
+    /// in some order.
+    fn append_history(
+        &self,
+        key: &Key,
+        entry: &HistoryEntry,
+    ) -> impl Future<Output = Result<bool>> + Send;
+
+    /// The history of the record stored under `key`, oldest first: empty when it has none, or
+    /// when no record is stored (a purge deletes a record's history with it). A record that
+    /// counts as absent but is still stored (reopened, released by an operator, expired past
+    /// its tombstone and not purged yet) still has its history; so does the record a later
+    /// reservation of the same key makes there, which continues it.
+    fn history(&self, key: &Key) -> impl Future<Output = Result<Vec<HistoryEntry>>> + Send;
 
     /// Records that pass `filter`, oldest first. Tombstones are listed (as expired); completed
     /// records past their tombstone are left out.
@@ -514,6 +521,16 @@ impl<S: Store> Store for std::sync::Arc<S> {
     }
     fn get(&self, key: &Key) -> impl Future<Output = Result<Option<Record>>> + Send {
         (**self).get(key)
+    }
+    fn append_history(
+        &self,
+        key: &Key,
+        entry: &HistoryEntry,
+    ) -> impl Future<Output = Result<bool>> + Send {
+        (**self).append_history(key, entry)
+    }
+    fn history(&self, key: &Key) -> impl Future<Output = Result<Vec<HistoryEntry>>> + Send {
+        (**self).history(key)
     }
     fn list(&self, filter: &ListFilter) -> impl Future<Output = Result<Vec<Record>>> + Send {
         (**self).list(filter)

@@ -1281,6 +1281,19 @@ impl Store for HoldInFlightAnswer {
         hold_if_armed(&self.armed_get, rec.as_ref()).await;
         Ok(rec)
     }
+    async fn append_history(
+        &self,
+        key: &idemgate_core::Key,
+        entry: &idemgate_core::HistoryEntry,
+    ) -> StoreResult<bool> {
+        self.inner.append_history(key, entry).await
+    }
+    async fn history(
+        &self,
+        key: &idemgate_core::Key,
+    ) -> StoreResult<Vec<idemgate_core::HistoryEntry>> {
+        self.inner.history(key).await
+    }
     async fn list(
         &self,
         filter: &idemgate_core::ListFilter,

@@ -25,8 +25,8 @@ use idemgate_core::time::duration_millis;
 use idemgate_core::transition::{self, Change};
 use idemgate_core::url::UrlQuery;
 use idemgate_core::{
-    Cause, ChangeMark, Fence, Key, Lease, Outcome, Record, RecordState, State, StoreError,
-    Timestamp,
+    Cause, ChangeMark, Fence, HistoryEntry, Key, Lease, Outcome, Record, RecordState, State,
+    StoreError, Timestamp,
 };
 use tokio::sync::{broadcast, oneshot, watch};
 use tokio::task::JoinHandle;
@@ -53,6 +53,8 @@ struct Sql {
     mark_unknown: String,
     reopen: String,
     get: String,
+    append_history: String,
+    history: String,
     list: String,
     count: String,
     purge: String,
@@ -74,6 +76,8 @@ impl Sql {
             mark_unknown: fill(include_str!("sql/mark_unknown.sql")),
             reopen: fill(include_str!("sql/reopen.sql")),
             get: fill(include_str!("sql/get.sql")),
+            append_history: fill(include_str!("sql/append_history.sql")),
+            history: fill(include_str!("sql/history.sql")),
             list: fill(include_str!("sql/list.sql")),
             count: fill(include_str!("sql/count.sql")),
             purge: fill(include_str!("sql/purge.sql")),
@@ -848,6 +852,39 @@ impl Store for PgStore {
             .read_row(key)
             .await?
             .and_then(|(rec, now)| rec.view(now)))
+    }
+
+    async fn append_history(&self, key: &Key, entry: &HistoryEntry) -> Result<bool> {
+        let line = entry.to_line() + "\n";
+        let rows = self
+            .run(
+                &self.inner.sql.append_history,
+                &[
+                    &key.tenant.as_str(),
+                    &key.tool.as_str(),
+                    &key.key.as_str(),
+                    &line,
+                ],
+            )
+            .await?;
+        Ok(!rows.is_empty())
+    }
+
+    async fn history(&self, key: &Key) -> Result<Vec<HistoryEntry>> {
+        let rows = self
+            .run(
+                &self.inner.sql.history,
+                &[&key.tenant.as_str(), &key.tool.as_str(), &key.key.as_str()],
+            )
+            .await?;
+        let unreadable = |e: &dyn std::fmt::Display| {
+            StoreError::corrupt(format!("the history of record {key} is unreadable: {e}"))
+        };
+        let text: Option<String> = match rows.first() {
+            Some(row) => row.try_get(0).map_err(|e| unreadable(&e))?,
+            None => None,
+        };
+        HistoryEntry::from_lines(text.as_deref().unwrap_or("")).map_err(|e| unreadable(&e))
     }
 
     async fn list(&self, filter: &ListFilter) -> Result<Vec<Record>> {

@@ -30,10 +30,11 @@ pub(crate) const MIGRATIONS: &[(i32, &str, &str)] = &[
         "operator_indexes",
         include_str!("migrations/0007_operator_indexes.sql"),
     ),
+    (8, "history", include_str!("migrations/0008_history.sql")),
 ];
 
 /// The schema version this code writes and reads.
-pub const SCHEMA_VERSION: i32 = 7;
+pub const SCHEMA_VERSION: i32 = 8;
 
 /// First half of the advisory lock key ("idem"); the second is a hash of the schema name.
 const LOCK_CLASS: i32 = 0x6964_656d;

@@ -102,7 +102,7 @@ async fn a_version_4_schema_opens_upgraded_with_its_records() {
     client
         .batch_execute(&format!(
             "DROP INDEX \"{schema}\".idemgate_records_unsettled, \"{schema}\".idemgate_records_purge_due;
-             ALTER TABLE \"{schema}\".idemgate_records DROP COLUMN scope, DROP COLUMN retain_until;
+             ALTER TABLE \"{schema}\".idemgate_records DROP COLUMN scope, DROP COLUMN retain_until, DROP COLUMN history;
              DELETE FROM \"{schema}\".idemgate_schema_version WHERE version > 4;
              INSERT INTO \"{schema}\".idemgate_records
                  (tenant, tool, key, fingerprint, fence, token, created_at, state, completed_at,
@@ -155,7 +155,7 @@ async fn a_version_5_schema_opens_upgraded_with_its_records() {
     client
         .batch_execute(&format!(
             "DROP INDEX \"{schema}\".idemgate_records_unsettled, \"{schema}\".idemgate_records_purge_due;
-             ALTER TABLE \"{schema}\".idemgate_records DROP COLUMN retain_until;
+             ALTER TABLE \"{schema}\".idemgate_records DROP COLUMN retain_until, DROP COLUMN history;
              DELETE FROM \"{schema}\".idemgate_schema_version WHERE version > 5;
              INSERT INTO \"{schema}\".idemgate_records
                  (tenant, tool, key, fingerprint, fence, token, created_at, state, completed_at,

@@ -10,6 +10,8 @@
 --        (nothing reads it any more), so an absent body is an empty one.
 --        The key's Redis expiry is retain_until plus the store's grace (see complete.lua).
 --   waiters: '1' while a duplicate waits for the in-flight record to settle (set by wait.lua)
+--   history: what happened to the record that its state does not say, one JSON object per line
+--        (append_history.lua); absent for nearly every record. Kept across put_fresh.
 -- Times are milliseconds since the epoch by the server's clock (TIME), never the client's.
 -- Numbers are written with string.format('%d') so that large values never turn into '1.8e+12'.
 
@@ -61,6 +63,8 @@ end
 -- reservation in ARGV[1..6]: tenant, tool, key, fingerprint, token, lease in ms; `scope` is the
 -- record's scope (nil: none).
 local function put_fresh(k, fence, created, now, scope)
+  -- The history continues across a takeover and the next reservation of a reopened key.
+  local history = redis.call('HGET', k, 'history')
   redis.call('DEL', k)
   redis.call('HSET', k,
     'tenant', ARGV[1], 'tool', ARGV[2], 'key', ARGV[3], 'fp', ARGV[4],
@@ -68,6 +72,9 @@ local function put_fresh(k, fence, created, now, scope)
     'state', 'i', 'lease_until', fmt(now + tonumber(ARGV[6])))
   if scope ~= nil then
     redis.call('HSET', k, 'scope', scope)
+  end
+  if history then
+    redis.call('HSET', k, 'history', history)
   end
 end
 

@@ -22,8 +22,9 @@ use idemgate_core::key::hex;
 use idemgate_core::store::Result;
 use idemgate_core::transition::{self, Change, StoredRecord};
 use idemgate_core::{
-    Cause, ChangeMark, Changes, Claim, Completion, Fence, Keep, Key, Lease, ListFilter, Outcome,
-    Record, Reopened, Reservation, ReserveHistory, Store, StoreError, Timestamp,
+    Cause, ChangeMark, Changes, Claim, Completion, Fence, HistoryEntry, Keep, Key, Lease,
+    ListFilter, Outcome, Record, Reopened, Reservation, ReserveHistory, Store, StoreError,
+    Timestamp,
 };
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
@@ -60,6 +61,8 @@ struct Scripts {
     mark_unknown: Script,
     reopen: Script,
     get: Script,
+    append_history: Script,
+    history: Script,
     purge: Script,
     wait: Script,
 }
@@ -77,6 +80,8 @@ impl Scripts {
             mark_unknown: script(include_str!("mark_unknown.lua")),
             reopen: script(include_str!("reopen.lua")),
             get: script(include_str!("get.lua")),
+            append_history: script(include_str!("append_history.lua")),
+            history: script(include_str!("history.lua")),
             purge: script(include_str!("purge.lua")),
             wait: script(include_str!("wait.lua")),
         }
@@ -635,6 +640,31 @@ impl Store for RedisStore {
                 "get script answered {reply:?}, expected a time and a record"
             ))),
         }
+    }
+
+    async fn append_history(&self, key: &Key, entry: &HistoryEntry) -> Result<bool> {
+        let name = self.record_key(key);
+        let mut inv = Invocation::new(&self.inner.scripts.append_history);
+        inv.key(&name).arg(entry.to_line() + "\n");
+        let reply = self
+            .write(&name, &inv, "append to a record's history")
+            .await?;
+        Ok(number::<i64>(&reply)? == 1)
+    }
+
+    async fn history(&self, key: &Key) -> Result<Vec<HistoryEntry>> {
+        let mut inv = Invocation::new(&self.inner.scripts.history);
+        inv.key(self.record_key(key));
+        let reply = self.read(&inv, "read a record's history").await?;
+        let text = match &reply {
+            Value::Nil => "",
+            v => text(v)?,
+        };
+        HistoryEntry::from_lines(text).map_err(|e| {
+            corrupt(format_args!(
+                "the history of record {key} is unreadable: {e}"
+            ))
+        })
     }
 
     fn change_mark(&self, key: &Key) -> ChangeMark {

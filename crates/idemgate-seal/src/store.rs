@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use idemgate_core::store::Result;
 use idemgate_core::{
-    ChangeMark, Claim, Completion, Fence, Keep, Key, Lease, ListFilter, Outcome, Record,
-    RecordState, Reopened, Reservation, Store, StoreError, Timestamp,
+    ChangeMark, Claim, Completion, Fence, HistoryEntry, Keep, Key, Lease, ListFilter, Outcome,
+    Record, RecordState, Reopened, Reservation, Store, StoreError, Timestamp,
 };
 
 use crate::seal::{Seal, SealError};
@@ -13,7 +13,9 @@ use crate::seal::{Seal, SealError};
 /// A store of sealed records: `S` keeps each record under [`Seal::stored_name`] of its key, with
 /// its outcome's body sealed for that record and fence ([`Seal::seal_outcome`]); this wrapper
 /// names, seals and opens on every operation, so the engine above sees the store as if nothing
-/// were sealed. Tenants, tools, scopes, fingerprints, fences, states and times stay in clear.
+/// were sealed. Tenants, tools, scopes, fingerprints, fences, states and times stay in clear; so
+/// does what a history entry is and when, while its `by` and `reason` (people's names, the words
+/// of a tool's error) are sealed for the record and fence like an outcome.
 ///
 /// A record found by its key comes back under that key; a listed record under its stored name
 /// (the store cannot say which key it was named from), which operators pass back as it is
@@ -67,6 +69,52 @@ impl<S> Sealed<S> {
         Ok(rec)
     }
 
+    /// `entry` with its `by` and `reason` sealed for the record stored as `name`, as hex text.
+    fn seal_entry(&self, name: &Key, entry: &HistoryEntry) -> HistoryEntry {
+        let fence = entry.fence.to_be_bytes();
+        let seal = |field: &str, text: &Option<String>| {
+            text.as_ref().map(|t| {
+                let sealed = self
+                    .seal
+                    .seal(&history_context(name, &fence, field), t.as_bytes());
+                idemgate_core::key::hex(&sealed)
+            })
+        };
+        HistoryEntry {
+            by: seal("by", &entry.by),
+            reason: seal("reason", &entry.reason),
+            ..entry.clone()
+        }
+    }
+
+    /// Opens what [`Sealed::seal_entry`] sealed.
+    fn open_entry(&self, name: &Key, key: &Key, entry: HistoryEntry) -> Result<HistoryEntry> {
+        let fence = entry.fence.to_be_bytes();
+        let open = |field: &str, text: Option<String>| -> Result<Option<String>> {
+            let Some(hex) = text else { return Ok(None) };
+            let broken = |why: String| {
+                StoreError::corrupt(format!(
+                    "record {key}: the {field} of a history entry at fence {} {why}",
+                    entry.fence
+                ))
+            };
+            let sealed = idemgate_core::key::unhex(&hex)
+                .ok_or_else(|| broken("is not sealed".to_owned()))?;
+            let plain = self
+                .seal
+                .open(&history_context(name, &fence, field), &sealed)
+                .map_err(|e| broken(format!("does not open: {e}")))?;
+            String::from_utf8(plain)
+                .map(Some)
+                .map_err(|_| broken("is not text".to_owned()))
+        };
+        Ok(HistoryEntry {
+            by: open("by", entry.by.clone())?,
+            reason: open("reason", entry.reason.clone())?,
+            ..entry
+        })
+    }
+
     fn claim(&self, claim: Claim, key: &Key) -> Result<Claim> {
         Ok(match claim {
             Claim::Acquired(lease) => Claim::Acquired(lease),
@@ -81,6 +129,18 @@ fn corrupt(stored: &Key, key: Option<&Key>, e: &SealError) -> StoreError {
         _ => stored.to_string(),
     };
     StoreError::corrupt(format!("record {name}: {e}"))
+}
+
+/// What a history entry's `by` or `reason` is sealed for: the record, the fence, the field.
+fn history_context<'a>(stored: &'a Key, fence: &'a [u8; 8], field: &'a str) -> [&'a [u8]; 6] {
+    [
+        b"idemgate history v1",
+        stored.tenant.as_str().as_bytes(),
+        stored.tool.as_str().as_bytes(),
+        stored.key.as_str().as_bytes(),
+        fence,
+        field.as_bytes(),
+    ]
 }
 
 /// A sealed store keeps every key as its HMAC, so what a key starts with is not in the store:
@@ -154,6 +214,22 @@ impl<S: Store> Store for Sealed<S> {
             .await?
             .map(|r| self.open(r, Some(key)))
             .transpose()
+    }
+
+    async fn append_history(&self, key: &Key, entry: &HistoryEntry) -> Result<bool> {
+        let name = self.name(key);
+        let sealed = self.seal_entry(&name, entry);
+        self.inner.append_history(&name, &sealed).await
+    }
+
+    async fn history(&self, key: &Key) -> Result<Vec<HistoryEntry>> {
+        let name = self.name(key);
+        self.inner
+            .history(&name)
+            .await?
+            .into_iter()
+            .map(|e| self.open_entry(&name, key, e))
+            .collect()
     }
 
     async fn list(&self, filter: &ListFilter) -> Result<Vec<Record>> {

@@ -352,3 +352,25 @@ fn base64_of(bytes: &[u8]) -> String {
     use base64::Engine as _;
     base64::engine::general_purpose::STANDARD.encode(bytes)
 }
+
+#[tokio::test]
+async fn a_history_reads_back_in_clear_and_is_stored_sealed() {
+    use idemgate_core::{Happening, HistoryEntry, Timestamp};
+    let store = MemoryStore::new();
+    let sealed = Sealed::new(store.clone(), testing::seal(&["k1"]));
+    let k = key(SECRET_KEY);
+    write(&sealed, &k, SECRET_RESULT).await;
+    let entry = HistoryEntry::new(
+        Timestamp::from_millis(1_800_000_000_000),
+        1,
+        Happening::Reopened,
+        Some("alice-secret-operator"),
+        Some(SECRET_RESULT),
+    );
+    assert!(sealed.append_history(&k, &entry).await.unwrap());
+    assert_eq!(sealed.history(&k).await.unwrap(), vec![entry]);
+    let dump = format!("{store:?}");
+    for secret in [SECRET_RESULT, "alice-secret-operator", SECRET_KEY] {
+        assert!(!dump.contains(secret), "{secret} in the dump: {dump}");
+    }
+}

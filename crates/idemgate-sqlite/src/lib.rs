@@ -18,11 +18,11 @@ use std::time::Duration;
 
 use idemgate_core::transition::{self, Change, StoredRecord};
 use idemgate_core::{
-    Cause, ChangeMark, Changes, Claim, Clock, Completion, Fence, Keep, Key, Lease, ListFilter, Now,
-    Outcome, Record, Reopened, Reservation, State, Store, StoreError, Timestamp,
+    Cause, ChangeMark, Changes, Claim, Clock, Completion, Fence, HistoryEntry, Keep, Key, Lease,
+    ListFilter, Now, Outcome, Record, Reopened, Reservation, State, Store, StoreError, Timestamp,
 };
 use rusqlite::types::Value;
-use rusqlite::Connection;
+use rusqlite::{Connection, OptionalExtension as _};
 use tokio::sync::mpsc;
 
 use crate::error::{Context, Stage};
@@ -632,6 +632,52 @@ impl Store for SqliteStore {
             let stored = row::load(conn, &key, Stage::Read, || *read_at.insert(clock.read()))?;
             let now = read_at.map_or_else(|| clock.now(), |n| n.wall);
             Ok(stored.and_then(|s| s.view(now)))
+        })
+        .await
+    }
+
+    async fn append_history(&self, key: &Key, entry: &HistoryEntry) -> Result<bool> {
+        let (key, line) = (key.clone(), entry.to_line() + "\n");
+        self.write(move |conn, _| {
+            let appended = conn
+                .prepare_cached(
+                    "UPDATE idemgate_record SET history = coalesce(history, '') || ?4 \
+                     WHERE tenant = ?1 AND tool = ?2 AND key = ?3",
+                )
+                .and_then(|mut stmt| {
+                    stmt.execute((
+                        key.tenant.as_str(),
+                        key.tool.as_str(),
+                        key.key.as_str(),
+                        &line,
+                    ))
+                })
+                .during(Stage::Write, || "append to a record's history")?;
+            Ok((appended > 0, appended > 0))
+        })
+        .await
+    }
+
+    async fn history(&self, key: &Key) -> Result<Vec<HistoryEntry>> {
+        let key = key.clone();
+        self.read(move |conn, _| {
+            let text: Option<String> = conn
+                .prepare_cached(
+                    "SELECT history FROM idemgate_record \
+                     WHERE tenant = ?1 AND tool = ?2 AND key = ?3",
+                )
+                .and_then(|mut stmt| {
+                    stmt.query_row(
+                        (key.tenant.as_str(), key.tool.as_str(), key.key.as_str()),
+                        |r| r.get(0),
+                    )
+                    .optional()
+                })
+                .during(Stage::Read, || "read a record's history")?
+                .flatten();
+            HistoryEntry::from_lines(text.as_deref().unwrap_or("")).map_err(|e| {
+                StoreError::corrupt(format!("the history of record {key} is unreadable: {e}"))
+            })
         })
         .await
     }

@@ -49,10 +49,14 @@ const MIGRATIONS: &[Migration] = &[
         version: 6,
         sql: include_str!("schema_v6.sql"),
     },
+    Migration {
+        version: 7,
+        sql: include_str!("schema_v7.sql"),
+    },
 ];
 
 /// The schema version this code writes and reads (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 6;
+pub const SCHEMA_VERSION: i64 = 7;
 
 /// `PRAGMA application_id` of idemgate databases ("IDMG"), so that another program's SQLite file
 /// is not mistaken for one of ours.

@@ -8,8 +8,8 @@ use std::time::Duration;
 use idemgate_core::store::Result;
 use idemgate_core::url::UrlQuery;
 use idemgate_core::{
-    ChangeMark, Claim, Completion, Fence, Keep, Key, Lease, ListFilter, MemoryStore, Outcome,
-    Record, Reopened, Reservation, Store, StoreError, Timestamp,
+    ChangeMark, Claim, Completion, Fence, HistoryEntry, Keep, Key, Lease, ListFilter, MemoryStore,
+    Outcome, Record, Reopened, Reservation, Store, StoreError, Timestamp,
 };
 use idemgate_seal::{Seal, Sealed};
 
@@ -267,6 +267,8 @@ erased! {
     mark_unknown(key: &'a Key, lease: Lease) -> Result<()>;
     reopen(key: &'a Key, fence: Fence) -> Result<Reopened>;
     get(key: &'a Key) -> Result<Option<Record>>;
+    append_history(key: &'a Key, entry: &'a HistoryEntry) -> Result<bool>;
+    history(key: &'a Key) -> Result<Vec<HistoryEntry>>;
     list(filter: &'a ListFilter) -> Result<Vec<Record>>;
     count(filter: &'a ListFilter, at_most: usize) -> Result<usize>;
     purge_expired() -> Result<u64>;
@@ -305,6 +307,12 @@ impl Store for AnyStore {
     }
     async fn get(&self, key: &Key) -> Result<Option<Record>> {
         dispatch!(self, get(key))
+    }
+    async fn append_history(&self, key: &Key, entry: &HistoryEntry) -> Result<bool> {
+        dispatch!(self, append_history(key, entry))
+    }
+    async fn history(&self, key: &Key) -> Result<Vec<HistoryEntry>> {
+        dispatch!(self, history(key))
     }
     async fn list(&self, filter: &ListFilter) -> Result<Vec<Record>> {
         dispatch!(self, list(filter))

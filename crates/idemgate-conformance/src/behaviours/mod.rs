@@ -3,6 +3,7 @@
 //! calls each by its name at the root (`$crate::$name`).
 
 pub(crate) mod expiry;
+pub(crate) mod history;
 pub(crate) mod leases;
 pub(crate) mod listing;
 mod steps;

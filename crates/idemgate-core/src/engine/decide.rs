@@ -240,7 +240,21 @@ impl<S: Store> Engine<S> {
                         continue;
                     };
                     return match verifier {
-                        None => Ok(ticket(reservation, lease)),
+                        None => {
+                            let entry = HistoryEntry::new(
+                                self.clock.now(),
+                                record.fence,
+                                Happening::RetriedAfterUnknown,
+                                None,
+                                Some(&format!(
+                                    "unknown since {since}; the tool's on_unknown = retry ran the \
+                                     action again at fence {}",
+                                    lease.fence
+                                )),
+                            );
+                            Box::pin(self.note(&reservation.key, entry)).await;
+                            Ok(ticket(reservation, lease))
+                        }
                         Some(v) => {
                             Box::pin(self.verify(&**v, reservation, rule, keep, lease, since)).await
                         }
@@ -263,6 +277,25 @@ impl<S: Store> Engine<S> {
         since: Timestamp,
     ) -> Result<Begun, EngineError> {
         let probe = verifier.verify(&reservation.key).await;
+        let found = match &probe {
+            Ok(Probe::NotApplied) => Some(
+                "the verifier found that the action did not happen downstream: the call runs it",
+            ),
+            Ok(Probe::Applied(_)) => Some(
+                "the verifier found that the action happened downstream: its outcome is stored",
+            ),
+            Ok(Probe::Unknown) | Err(_) => None,
+        };
+        if let Some(found) = found {
+            let entry = HistoryEntry::new(
+                self.clock.now(),
+                lease.fence,
+                Happening::Verified,
+                None,
+                Some(found),
+            );
+            self.note(&reservation.key, entry).await;
+        }
         let decision = match probe {
             Ok(Probe::NotApplied) => return Ok(executing(reservation, rule, keep, lease)),
             Ok(Probe::Applied(outcome)) => {
@@ -287,6 +320,16 @@ impl<S: Store> Engine<S> {
                     Err(e) => format!("verifier failed: {e}"),
                     _ => "verifier could not tell".to_owned(),
                 };
+                if recording == Recording::Stored {
+                    let entry = HistoryEntry::new(
+                        self.clock.now(),
+                        lease.fence,
+                        Happening::BecameUnknown,
+                        None,
+                        Some(&message),
+                    );
+                    self.note(&reservation.key, entry).await;
+                }
                 // The takeover raised the fence: an operator resolves the record at the new one.
                 Decision::Unknown {
                     since: marked.unwrap_or(since),

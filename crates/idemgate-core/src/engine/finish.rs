@@ -52,6 +52,13 @@ impl<S: Store> Engine<S> {
     /// What [`Engine::finish`] does, inside its span.
     pub(super) async fn record_outcome(&self, ticket: &Ticket, reported: Effect) -> Answer {
         let (key, lease, keep) = (&ticket.key, ticket.lease, ticket.keep);
+        // What the holder reported, for the history when its outcome comes too late to count.
+        let reported_kind = match &reported {
+            Effect::Success(_) => "success",
+            Effect::Failed(_) => "a failure",
+            Effect::NotApplied { .. } => "that the action did not apply",
+            Effect::Ambiguous(_) => "an ambiguous outcome",
+        };
         let decision = match reported {
             Effect::Success(body) => {
                 self.store_outcome(key, lease, keep, Outcome::success(body), ticket.fingerprint)
@@ -80,6 +87,9 @@ impl<S: Store> Engine<S> {
                 }
             }
         };
+        if let Some(entry) = self.history_of(&decision, lease.fence, reported_kind) {
+            Box::pin(self.note(key, entry)).await;
+        }
         let answer = Answer {
             key: Some(ticket.key.clone()),
             rule: Some(ticket.rule),
@@ -95,6 +105,72 @@ impl<S: Store> Engine<S> {
             error: None,
         });
         answer
+    }
+
+    /// The history entry a finished call leaves on its record, if any: why its outcome became
+    /// unknown, or that its outcome came after its lease was taken over and what it was
+    /// (`reported`). A call that completes or releases its record leaves none: the record's
+    /// state says it all.
+    fn history_of(
+        &self,
+        decision: &Decision,
+        fence: Fence,
+        reported: &str,
+    ) -> Option<HistoryEntry> {
+        let (what, reason) = match decision {
+            Decision::Unknown {
+                recording: Some(Recording::Stored),
+                message,
+                ..
+            } => (Happening::BecameUnknown, message.clone()),
+            Decision::Executed {
+                recording: Recording::LeaseLost,
+                ..
+            }
+            | Decision::NotApplied {
+                recording: Recording::LeaseLost,
+                ..
+            }
+            | Decision::Unknown {
+                recording: Some(Recording::LeaseLost),
+                ..
+            } => (
+                Happening::LateOutcomeRefused,
+                Some(format!(
+                    "the call holding fence {fence} reported {reported} after its lease was \
+                     taken over; the store refused it"
+                )),
+            ),
+            _ => return None,
+        };
+        Some(HistoryEntry::new(
+            self.clock.now(),
+            fence,
+            what,
+            None,
+            reason.as_deref(),
+        ))
+    }
+
+    /// Appends `entry` to the history of `key`'s record, after the change it tells of landed.
+    /// Best effort: a failed append loses the entry, never the change, and says so in the log
+    /// (the audit log, where one is kept, has the same line).
+    pub(super) async fn note(&self, key: &Key, entry: HistoryEntry) {
+        match self.store.append_history(key, &entry).await {
+            Ok(true) => {}
+            Ok(false) => tracing::warn!(
+                record = %key,
+                what = %entry.what,
+                "no record was there to keep this history entry"
+            ),
+            Err(e) => tracing::warn!(
+                record = %key,
+                what = %entry.what,
+                reason = entry.reason.as_deref().unwrap_or(""),
+                error = %e,
+                "failed to append to the record's history"
+            ),
+        }
     }
 
     /// Extends the lease of a call begun with [`Engine::begin`] while its side effect runs.

@@ -16,6 +16,7 @@ use tracing::Instrument as _;
 
 use crate::canonical::Fingerprint;
 use crate::error::{retry_after, CanonicalError, EngineError, StoreError};
+use crate::history::{Happening, HistoryEntry};
 use crate::journal::{Journal, JournalEntry, JournalOp, MemoryJournal};
 use crate::key::{IdempotencyKey, Key, KeyRule, TenantId, ToolName};
 use crate::observe::{Event, Observer, Observers};
@@ -196,7 +197,10 @@ pub enum Resolution {
         /// How long to replay it, and remember the record (the tool's policy: [`Keep::of`]).
         keep: Keep,
     },
-    /// The side effect did not happen: remove the record so the next call runs.
+    /// The side effect did not happen: the record counts as absent from now on, so the next
+    /// call runs. It stays stored (with its fence and history) until a purge, as a reopened
+    /// record does, so that its trail says who released it and a retried resolution at the old
+    /// fence can never meet the record of the call that ran.
     Release,
 }
 

@@ -72,8 +72,19 @@ impl<S: Store> Engine<S> {
                     .complete_at(key, lease, &outcome, keep, None)
                     .await?;
             }
-            Resolution::Release => self.store.release(key, lease).await?,
+            // Settled as absent rather than removed, so that the record keeps its fence and
+            // its history: see `Resolution::Release`.
+            Resolution::Release => self.settle_as_absent(key, lease).await?,
         }
+        let what = match released {
+            true => Happening::ResolvedReleased,
+            false => Happening::ResolvedCompleted,
+        };
+        self.note(
+            key,
+            HistoryEntry::new(self.clock.now(), fence, what, by, reason),
+        )
+        .await;
         self.observers.observe(&Event::Resolved {
             key,
             fence,
@@ -133,16 +144,13 @@ impl<S: Store> Engine<S> {
                     .take_over_unknown(&record)
                     .await?
                     .map_err(|now| not_reopenable(&now))?;
-                // As a resolution to "completed" that expires at once, rather than a release: the
-                // record keeps counting its fence up (see `Store::reopen`). Its outcome is never
-                // replayed.
-                let nothing = Outcome::failed(Vec::new());
-                self.store
-                    .complete(key, lease, &nothing, Duration::ZERO)
-                    .await?;
+                self.settle_as_absent(key, lease).await?;
             }
         }
         self.replays.remove(key);
+        let mut entry = HistoryEntry::new(self.clock.now(), fence, Happening::Reopened, by, reason);
+        entry.was = Some(was);
+        self.note(key, entry).await;
         self.observers.observe(&Event::Reopened {
             key,
             fence,
@@ -151,6 +159,25 @@ impl<S: Store> Engine<S> {
             reason,
         });
         Ok(was)
+    }
+
+    /// The history of `key`'s record ([`Store::history`]), oldest first.
+    ///
+    /// # Errors
+    /// [`EngineError::Store`] when the store fails.
+    pub async fn history(&self, key: &Key) -> Result<Vec<HistoryEntry>, EngineError> {
+        Ok(self.store.history(key).await?)
+    }
+
+    /// Settles the record held under `lease` as absent: as a completion that expires at once,
+    /// rather than a release, so that the record keeps its fence (the next reservation takes a
+    /// higher one, see `Store::reopen`) and its history. Its outcome is never replayed.
+    async fn settle_as_absent(&self, key: &Key, lease: Lease) -> Result<(), EngineError> {
+        let nothing = Outcome::failed(Vec::new());
+        self.store
+            .complete(key, lease, &nothing, Duration::ZERO)
+            .await?;
+        Ok(())
     }
 
     /// The record an operator acts on, read from the store (never from the replay cache).
