@@ -90,7 +90,27 @@ export interface StoredRecord {
   expires_at?: string;
   /** A completed record's outcome: its kind, and its content as JSON. */
   outcome?: { kind: 'success' | 'failed'; content: string; body: unknown };
+  /** The key a downstream sees for this record (hex SHA-256): what to search for there. */
+  downstream_key: string;
+  /** Why an unknown record is unknown: the reason its call gave, or that none is on record. */
+  reason?: string;
+  /** Its story, oldest first, from its state and the history the store keeps with it. */
+  history: RecordStep[];
   [field: string]: unknown;
+}
+
+/** One step of a record's story. */
+export interface RecordStep {
+  at: string;
+  fence?: number;
+  /** `reserved`, `completed`, `expired`, `unknown`, `became_unknown`, `late_outcome_refused`,
+   * `retried_after_unknown`, `verified`, `resolved_completed`, `resolved_released`, `reopened`. */
+  what: string;
+  /** Who acted, when a person did. */
+  by?: string;
+  reason?: string;
+  /** The step in one sentence. */
+  text: string;
 }
 
 export interface RecordsFilter {

@@ -182,6 +182,13 @@ for (const [store, open] of Object.entries(STORES)) {
       const again = await engine.call('mail', 'm-1', { to: 'ann' }, mail, { ttl });
       assert.equal(again.executed, true);
       assert.deepEqual(again.value, { sent: 2 });
+      // The record's story, from the store: the reopening, who and why, then the new run.
+      const told = await engine.record('mail', 'm-1');
+      assert.match(told.downstream_key, /^[0-9a-f]{64}$/);
+      const reopened = told.history.find((s) => s.what === 'reopened');
+      assert.equal(reopened.reason, 'the mail bounced; send it again');
+      assert.match(reopened.text, /^reopened \(was expired\)/);
+      assert.equal(told.history.at(-1).what, 'completed');
       // A tool that keeps no tombstone runs a retry after its ttl again; so does its wrapper.
       const bare = idempotent(engine, 'ping', mail, { key: () => 'p-1', ttl, tombstone: 0 });
       await bare();

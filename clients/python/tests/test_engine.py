@@ -172,14 +172,27 @@ def test_an_operator_lists_unknown_records_and_resolves_them(engine: Engine) -> 
             engine.call(tool, key, {"order": 7}, maybe)
     unknown = engine.records(state="unknown", tool=tool)
     assert sorted(r["key"]["key"] for r in unknown) == sorted([done, gone])
+    # Each says why, from the store: the reason the call gave, and the key to search for.
+    assert {r["reason"] for r in unknown} == {"MaybeApplied: the provider timed out after sending"}
+    assert all(len(r["downstream_key"]) == 64 for r in unknown)
+    assert [s["what"] for s in unknown[0]["history"]] == ["reserved", "became_unknown"]
     assert engine.records(state="completed", tool=tool) == []
     fences = {r["key"]["key"]: r["fence"] for r in unknown}
     with pytest.raises(idemgate.NotResolvable):
         engine.resolve(tool, done, fence=fences[done] + 1, resolution="release")
     after = engine.resolve(
-        tool, done, fence=fences[done], resolution="completed", result={"charge_id": "ch_7"}
+        tool,
+        done,
+        fence=fences[done],
+        resolution="completed",
+        result={"charge_id": "ch_7"},
+        by="ops:ann",
+        reason="the provider's dashboard shows ch_7",
     )
     assert after is not None and after["state"] == "completed"
+    resolved = after["history"][-1]
+    assert resolved["what"] == "resolved_completed" and resolved["by"] == "ops:ann"
+    assert resolved["reason"] == "the provider's dashboard shows ch_7"
     assert engine.resolve(tool, gone, fence=fences[gone], resolution="release") is None
     runs = Counter()
     replay = engine.call(tool, done, {"order": 7}, runs.bump)

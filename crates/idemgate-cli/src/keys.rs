@@ -2,10 +2,10 @@
 
 use anyhow::{bail, Context as _, Result};
 use idemgate::{
-    EngineError, Keep, Key, ListCursor, ListFilter, OutcomeKind, Record, RecordState, Resolution,
-    State, Store as _, Timestamp, ToolName,
+    EngineError, HistoryEntry, Keep, Key, ListCursor, ListFilter, OutcomeKind, Record, RecordState,
+    Resolution, State, Store as _, Timestamp, ToolName,
 };
-use idemgate_kit::{Payload, EXEC_TOOL};
+use idemgate_kit::{story, Payload, EXEC_TOOL};
 
 use crate::args::{KeysCommand, ReopenArgs, ResolveArgs};
 use crate::{exit, out, Context};
@@ -59,17 +59,44 @@ pub(crate) async fn run(ctx: &Context, cmd: &KeysCommand) -> Result<u8> {
         }
         KeysCommand::Show { key, tool } => {
             let Some(record) = find(ctx, key, tool.as_deref()).await? else {
+                // A record released or reopened by an operator counts as absent but keeps its
+                // history until a purge: shown when the record is named in full.
+                let history = match (ctx.tenant_given, tool.as_deref()) {
+                    (true, Some(tool)) => {
+                        let name = Key::new(
+                            ctx.tenant.clone(),
+                            ToolName::new(tool).context("invalid --tool")?,
+                            idemgate::IdempotencyKey::new(key.as_str()).context("invalid key")?,
+                        );
+                        ctx.store().history(&name).await?
+                    }
+                    _ => Vec::new(),
+                };
+                let steps = story::story(None, &history);
                 if ctx.json {
-                    out::line(format_args!("null"));
+                    match steps.is_empty() {
+                        true => out::line(format_args!("null")),
+                        false => out::line(format_args!(
+                            "{}",
+                            serde_json::json!({ "record": null, "history": steps })
+                        )),
+                    }
                 } else {
                     eprintln!("no record for key {key}{}", scope(ctx, tool.as_deref()));
+                    if !steps.is_empty() {
+                        eprintln!(
+                            "it counts as absent now (the next call runs the action); its history:"
+                        );
+                        print_steps(&steps, true);
+                    }
                 }
                 return Ok(exit::FAILURE);
             };
+            let history = ctx.store().history(&record.key).await?;
             if ctx.json {
-                out::line(format_args!("{}", record_json(&record)));
+                out::line(format_args!("{}", record_json(&record, Some(&history))));
             } else {
-                print_record(&record);
+                print_record(&record, &history);
             }
             Ok(0)
         }
@@ -116,7 +143,7 @@ async fn list(ctx: &Context, mut filter: ListFilter, all: bool) -> Result<u8> {
         for r in &records {
             if ctx.json {
                 let sep = if printed == 0 { "" } else { "," };
-                out::bytes(format!("{sep}{}", record_json(r)).as_bytes());
+                out::bytes(format!("{sep}{}", record_json(r, None)).as_bytes());
             } else {
                 if printed == 0 {
                     out::line(format_args!(
@@ -350,7 +377,7 @@ async fn resolve(ctx: &Context, args: &ResolveArgs) -> Result<u8> {
                     "{}",
                     after
                         .as_ref()
-                        .map_or_else(|| "null".to_owned(), record_json)
+                        .map_or_else(|| "null".to_owned(), |r| record_json(r, None))
                 ));
             } else if let Some(r) = after {
                 out::line(format_args!(
@@ -476,7 +503,20 @@ fn detail(r: &Record) -> String {
     }
 }
 
-fn print_record(r: &Record) {
+/// The steps of a record's story, one per line (to stderr with `to_stderr`, beside a message
+/// that went there).
+fn print_steps(steps: &[story::Step], to_stderr: bool) {
+    for s in steps {
+        let fence = s.fence.map(|f| format!(" [fence {f}]")).unwrap_or_default();
+        let line = format!("  {}{fence}  {}", s.at, s.text);
+        match to_stderr {
+            true => eprintln!("{line}"),
+            false => out::line(format_args!("{line}")),
+        }
+    }
+}
+
+fn print_record(r: &Record, history: &[HistoryEntry]) {
     out::line(format_args!("key:          {}", r.key.key));
     out::line(format_args!("tool:         {}", r.key.tool));
     out::line(format_args!("tenant:       {}", r.key.tenant));
@@ -487,6 +527,20 @@ fn print_record(r: &Record) {
     if let Some(scope) = &r.scope {
         out::line(format_args!("scope:        {scope}"));
     }
+    out::line(format_args!(
+        "downstream:   {} (the key the upstream got: search for it there)",
+        story::downstream_key(&r.key)
+    ));
+    if let Some(reason) = story::unknown_reason(r, history) {
+        out::line(format_args!("reason:       {reason}"));
+    }
+    print_record_state(r);
+    out::line(format_args!("history:"));
+    print_steps(&story::story(Some(r), history), false);
+}
+
+/// What `keys show` says of the record's state, and how to settle it.
+fn print_record_state(r: &Record) {
     match &r.state {
         RecordState::InFlight { lease_until } => {
             out::line(format_args!("lease until:  {lease_until}"));
@@ -570,7 +624,7 @@ fn print_record(r: &Record) {
 
 /// A record as JSON text. A stored result goes in as its own text (not through a JSON value), so
 /// integers of any size keep their digits.
-fn record_json(r: &Record) -> String {
+fn record_json(r: &Record, history: Option<&[HistoryEntry]>) -> String {
     #[derive(serde::Serialize)]
     struct Out<'a> {
         #[serde(flatten)]
@@ -582,6 +636,20 @@ fn record_json(r: &Record) -> String {
         Ok(serde_json::Value::Object(map)) => map,
         _ => serde_json::Map::new(),
     };
+    fields.insert(
+        "downstream_key".into(),
+        story::downstream_key(&r.key).into(),
+    );
+    // One record's view tells its story; a listing leaves it out (a read per record).
+    if let Some(history) = history {
+        if let Some(reason) = story::unknown_reason(r, history) {
+            fields.insert("reason".into(), reason.into());
+        }
+        fields.insert(
+            "history".into(),
+            serde_json::to_value(story::story(Some(r), history)).unwrap_or_default(),
+        );
+    }
     let mut result = None;
     if let RecordState::Completed { outcome, .. } = &r.state {
         fields.remove("outcome");

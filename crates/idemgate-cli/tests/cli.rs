@@ -464,21 +464,43 @@ fn sigkill_mid_command_leaves_unknown_never_a_second_run() {
     assert_eq!(rows.as_array().unwrap().len(), 1);
     let fence = rows[0]["fence"].as_u64().unwrap().to_string();
 
+    // What the operator needs to decide: why it is unknown, and the key to search downstream.
+    let shown = sb.run(&["keys", "show", "pay-7"]);
+    let page = text(&shown.stdout);
+    assert!(
+        page.contains("reason:       no reason is on record: most likely the lease ended")
+            && page.contains("downstream:   "),
+        "{page}"
+    );
+
     let wrong = sb.run(&["keys", "resolve", "pay-7", "--fence", "99", "--release"]);
     assert_eq!(wrong.status.code(), Some(1));
-    let resolved = sb.run(&[
-        "keys",
-        "resolve",
-        "pay-7",
-        "--fence",
-        &fence,
-        "--completed",
-        "--exit-code",
-        "0",
-        "--stdout",
-        "paid by hand\n",
-    ]);
+    let resolved = sb
+        .idemgate()
+        .env("USER", "ops-alice")
+        .args([
+            "keys",
+            "resolve",
+            "pay-7",
+            "--fence",
+            &fence,
+            "--completed",
+            "--exit-code",
+            "0",
+            "--stdout",
+            "paid by hand\n",
+            "--reason",
+            "the ledger shows it",
+        ])
+        .output()
+        .unwrap();
     assert!(resolved.status.success(), "{}", text(&resolved.stderr));
+    let shown = sb.run(&["keys", "show", "pay-7"]);
+    let page = text(&shown.stdout);
+    assert!(
+        page.contains("resolved as completed by ops-alice: the ledger shows it"),
+        "{page}"
+    );
     let replay = sb.run(&["exec", "-q", "--key", "pay-7", "--", "sh", "-c", &script]);
     assert!(replay.status.success());
     assert_eq!(text(&replay.stdout), "paid by hand\n");
@@ -998,6 +1020,19 @@ fn console_serves_the_operator_over_a_store_without_a_gateway() {
     let again = sb.exec_append("order-1", &effect, &[]);
     assert_eq!(again.status.code(), Some(0), "{}", text(&again.stderr));
     assert_eq!(lines(&effect), 2);
+    // Another process, another door, the same trail: the console's reopening is in the store's
+    // history of the record the next exec made, named and with its reason.
+    let shown = sb.run(&["--json", "keys", "show", "order-1"]);
+    assert!(shown.status.success(), "{}", text(&shown.stderr));
+    let view: serde_json::Value = serde_json::from_slice(&shown.stdout).unwrap();
+    let steps = view["history"].as_array().unwrap();
+    let reopened = steps
+        .iter()
+        .find(|s| s["what"] == "reopened")
+        .unwrap_or_else(|| panic!("no reopening in {view}"));
+    assert_eq!(reopened["by"], "console:operator", "{view}");
+    assert_eq!(reopened["reason"], "run it again", "{view}");
+    assert_eq!(steps.last().unwrap()["what"], "completed", "{view}");
     Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status()

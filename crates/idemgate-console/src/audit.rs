@@ -1,14 +1,15 @@
 //! Reading the audit log (`idemgate_kit::Audit` writes it: one JSON line per transition, the key
-//! as its digest) back, for timelines and charts.
+//! as its digest) back, for the charts. A record's trail is its history in the store
+//! (`idemgate_kit::story`), not this log: the log is the export.
 
 use std::io::{Read as _, Seek as _, SeekFrom};
 use std::path::Path;
 
-use idemgate::{Key, Timestamp};
+use idemgate::Timestamp;
 use serde::Deserialize;
 
 /// The most of the log's end that one page reads: a long log's oldest lines are left out
-/// (timelines and charts then start later, and the page says so).
+/// (the charts then start later, and the page says so).
 pub(crate) const TAIL_BYTES: u64 = 16 * 1024 * 1024;
 
 /// One line of the audit log.
@@ -19,11 +20,9 @@ pub(crate) struct Line {
     pub(crate) tenant: String,
     pub(crate) tool: String,
     pub(crate) key_digest: String,
-    pub(crate) fence: Option<u64>,
     pub(crate) released: Option<bool>,
-    pub(crate) was: Option<String>,
+    /// Who resolved or reopened it (which door, for the value page).
     pub(crate) by: Option<String>,
-    pub(crate) reason: Option<String>,
     /// What made a replayed or expired call a duplicate (`key`, `window`, `expired`).
     pub(crate) rule: Option<String>,
 }
@@ -66,19 +65,4 @@ pub(crate) fn read(path: &Path) -> std::io::Result<Log> {
             .collect(),
         truncated,
     })
-}
-
-impl Log {
-    /// The lines about one record, oldest first.
-    pub(crate) fn of(&self, key: &Key) -> Vec<&Line> {
-        let digest = idemgate::key::hex(&key.digest());
-        self.lines
-            .iter()
-            .filter(|l| {
-                l.key_digest == digest
-                    && l.tenant == key.tenant.as_str()
-                    && l.tool == key.tool.as_str()
-            })
-            .collect()
-    }
 }

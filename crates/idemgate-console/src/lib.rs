@@ -128,7 +128,7 @@ pub struct Settings {
     pub operators: Vec<OperatorConfig>,
     /// The OpenID Connect provider operators may sign in at.
     pub oidc: Option<OidcConfig>,
-    /// The audit log the engine writes, read for timelines and charts.
+    /// The audit log the engine writes, read for the charts.
     pub audit_log: Option<PathBuf>,
     /// The in-process count of refused calls, when this process serves calls.
     pub tally: Option<Arc<Tally>>,

@@ -12,10 +12,10 @@ use axum::response::Response;
 use axum::routing::{get, post};
 use axum::{Form, Router};
 use idemgate::{
-    EngineError, IdempotencyKey, Keep, Key, KeyRule, ListCursor, ListFilter, OutcomeKind, Record,
-    RecordState, Resolution, State as RecordStateName, Timestamp, ToolName,
+    EngineError, HistoryEntry, IdempotencyKey, Keep, Key, KeyRule, ListCursor, ListFilter,
+    OutcomeKind, Record, RecordState, Resolution, State as RecordStateName, Timestamp, ToolName,
 };
-use idemgate_kit::{Door, Explanation, Payload, Resolve};
+use idemgate_kit::{story, Door, Explanation, Payload, Resolve};
 use serde::Deserialize;
 
 use crate::html::{self, esc, page, query, see_other, Header};
@@ -786,18 +786,24 @@ async fn shown(
     console: &Console,
     headers: &HeaderMap,
     q: &RecordQuery,
-) -> Result<(Session, Record), Response> {
+) -> Result<(Session, Record, Vec<HistoryEntry>), Response> {
     let s = viewer(console, headers)?;
     let key = named_key(&s, q.tenant.as_deref(), q.tool.as_deref(), q.key.as_deref())?;
-    match console.0.engine.get(&key).await {
-        Ok(Some(r)) => Ok((s, r)),
+    let engine = &console.0.engine;
+    let found = match engine.get(&key).await {
+        Ok(Some(r)) => engine.history(&key).await.map(|h| Some((r, h))),
+        Ok(None) => Ok(None),
+        Err(e) => Err(e),
+    };
+    match found {
+        Ok(Some((r, trail))) => Ok((s, r, trail)),
         Ok(None) => Err(not_found(&s)),
         Err(e) => Err(engine_error(&s, &e)),
     }
 }
 
-/// The record's facts as a definition list.
-fn facts(r: &Record) -> String {
+/// The record's facts as a definition list; with its `trail`, why it is unknown.
+fn facts(r: &Record, trail: &[HistoryEntry]) -> String {
     let state = r.state_name().to_string();
     let mut out = format!(
         r#"<dl class="facts"><dt>State</dt><dd><span class="state state-{state}">{state}</span></dd><dt>Tenant</dt><dd>{}</dd><dt>Tool</dt><dd>{}</dd><dt>Key</dt><dd><code>{}</code></dd><dt>Fence</dt><dd>{}</dd><dt>Reserved</dt><dd>{}</dd>"#,
@@ -811,6 +817,14 @@ fn facts(r: &Record) -> String {
         let _ = write!(out, "<dt>Scope</dt><dd>{}</dd>", esc(scope));
     }
     let _ = write!(out, "<dt>Detail</dt><dd>{}</dd>", esc(&detail(r)));
+    if let Some(reason) = story::unknown_reason(r, trail) {
+        let _ = write!(out, "<dt>Why unknown</dt><dd>{}</dd>", esc(&reason));
+    }
+    let _ = write!(
+        out,
+        r#"<dt>Downstream key</dt><dd><code>{}</code> <span class="hint">(what the upstream got: search for it there)</span></dd>"#,
+        story::downstream_key(&r.key)
+    );
     if let RecordState::Completed { outcome, .. } = &r.state {
         let shown = match Payload::of(outcome) {
             Ok(p) => p.to_json().get().to_owned(),
@@ -831,11 +845,38 @@ async fn record(
     headers: HeaderMap,
     Query(q): Query<RecordQuery>,
 ) -> Response {
-    let (s, r) = match shown(&console, &headers, &q).await {
-        Ok(v) => v,
+    let s = match viewer(&console, &headers) {
+        Ok(s) => s,
         Err(res) => return res,
     };
-    let mut body = facts(&r);
+    let key = match named_key(&s, q.tenant.as_deref(), q.tool.as_deref(), q.key.as_deref()) {
+        Ok(k) => k,
+        Err(res) => return res,
+    };
+    let engine = &console.0.engine;
+    let (r, trail) = match engine.get(&key).await {
+        Ok(r) => match engine.history(&key).await {
+            Ok(trail) => (r, trail),
+            Err(e) => return engine_error(&s, &e),
+        },
+        Err(e) => return engine_error(&s, &e),
+    };
+    let Some(r) = r else {
+        if trail.is_empty() {
+            return not_found(&s);
+        }
+        // Released or reopened (perhaps by someone else meanwhile): no record counts, but its
+        // trail says what became of it.
+        let body = format!(
+            "<p>No record counts under <code>{}</code> (tool {}, tenant {}) now: the next call with this key runs the action.</p>{}",
+            esc(key.key.as_str()),
+            esc(key.tool.as_str()),
+            esc(key.tenant.as_str()),
+            history(&story::story(None, &trail))
+        );
+        return page(StatusCode::OK, "Record", Some(header_of(&s)), &body);
+    };
+    let mut body = facts(&r, &trail);
     let q = record_query(&r.key);
     body.push_str(r#"<p class="actions">"#);
     if matches!(r.state, RecordState::Unknown { .. }) {
@@ -851,67 +892,38 @@ async fn record(
         );
     }
     body.push_str("</p>");
-    body.push_str(&timeline(&console, &r));
+    body.push_str(&history(&story::story(Some(&r), &trail)));
     page(StatusCode::OK, "Record", Some(header_of(&s)), &body)
 }
 
-/// The record's timeline from the audit log.
-fn timeline(console: &Console, r: &Record) -> String {
-    let mut out = String::from("<h2>Timeline</h2>");
-    let Some(path) = &console.0.audit_log else {
-        out.push_str("<p>No audit log is configured (<code>server.audit_log</code>, or <code>--audit-log</code> for <code>idemgate console</code>), so there is no timeline: the record's own times are above.</p>");
+/// The record's history from the store ([`idemgate_kit::story`]): the same trail every door
+/// shows, whichever process or door wrote it.
+fn history(steps: &[story::Step]) -> String {
+    let mut out = String::from("<h2>History</h2>");
+    if steps.is_empty() {
+        out.push_str("<p>Nothing is on record.</p>");
         return out;
-    };
-    let log = match audit::read(path) {
-        Ok(l) => l,
-        Err(e) => {
-            let _ = write!(
-                out,
-                "<p class=\"error\">Failed to read the audit log {}: {}</p>",
-                esc(&path.display().to_string()),
-                esc(&e.to_string())
-            );
-            return out;
-        }
-    };
-    let lines = log.of(&r.key);
-    if lines.is_empty() {
-        out.push_str("<p>The audit log has no lines about this record.</p>");
-    } else {
-        out.push_str(r#"<ol class="timeline">"#);
-        for l in lines {
-            let mut what = esc(&l.event);
-            if let Some(f) = l.fence {
-                let _ = write!(what, " at fence {f}");
-            }
-            match (l.event.as_str(), l.released) {
-                ("resolved", Some(true)) => what.push_str(": not applied (released)"),
-                ("resolved", Some(false)) => what.push_str(": completed with a result"),
-                _ => {}
-            }
-            if let Some(was) = &l.was {
-                let _ = write!(what, " (was {})", esc(was));
-            }
-            if let Some(by) = &l.by {
-                let _ = write!(what, " by <strong>{}</strong>", esc(by));
-            }
-            if let Some(reason) = &l.reason {
-                let _ = write!(what, ": “{}”", esc(reason));
-            }
-            let _ = write!(
-                out,
-                r#"<li><time datetime="{t}">{t}</time> <span class="event event-{e}">{what}</span></li>"#,
-                t = l.time,
-                e = esc(&l.event),
-            );
-        }
-        out.push_str("</ol>");
     }
-    if log.truncated {
-        out.push_str(
-            "<p class=\"hint\">The audit log is long: only its most recent 16 MiB were read.</p>",
+    out.push_str(r#"<ol class="timeline">"#);
+    for step in steps {
+        let mut text = esc(&step.text);
+        // The person, where one acted, stands out of the sentence.
+        if let Some(by) = &step.by {
+            let plain = format!(" by {}", esc(by));
+            text = text.replacen(&plain, &format!(" by <strong>{}</strong>", esc(by)), 1);
+        }
+        let fence = step
+            .fence
+            .map(|f| format!(r#" <span class="fence">fence {f}</span>"#))
+            .unwrap_or_default();
+        let _ = write!(
+            out,
+            r#"<li><time datetime="{t}">{t}</time>{fence} <span class="event event-{e}">{text}</span></li>"#,
+            t = step.at,
+            e = esc(&step.what),
         );
     }
+    out.push_str("</ol>");
     out
 }
 
@@ -922,11 +934,11 @@ async fn resolve_form(
     headers: HeaderMap,
     Query(q): Query<RecordQuery>,
 ) -> Response {
-    let (s, r) = match shown(&console, &headers, &q).await {
+    let (s, r, trail) = match shown(&console, &headers, &q).await {
         Ok(v) => v,
         Err(res) => return res,
     };
-    let mut body = facts(&r);
+    let mut body = facts(&r, &trail);
     if !matches!(r.state, RecordState::Unknown { .. }) {
         body.push_str("<p>Only an unknown record can be resolved; this one is not.</p>");
         return page(StatusCode::CONFLICT, "Resolve", Some(header_of(&s)), &body);
@@ -1055,11 +1067,11 @@ async fn reopen_form(
     headers: HeaderMap,
     Query(q): Query<RecordQuery>,
 ) -> Response {
-    let (s, r) = match shown(&console, &headers, &q).await {
+    let (s, r, trail) = match shown(&console, &headers, &q).await {
         Ok(v) => v,
         Err(res) => return res,
     };
-    let mut body = facts(&r);
+    let mut body = facts(&r, &trail);
     if matches!(r.state, RecordState::InFlight { .. }) {
         body.push_str("<p>A record in flight is never reopened: its call may be running the action now. Once its lease ends it reads unknown.</p>");
         return page(StatusCode::CONFLICT, "Reopen", Some(header_of(&s)), &body);

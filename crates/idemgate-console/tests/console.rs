@@ -376,7 +376,7 @@ async fn a_tenant_sees_and_resolves_only_its_own_records() {
         "{resolved}"
     );
     assert!(resolved.contains("the bank shows the charge"), "{resolved}");
-    // The record's timeline shows it.
+    // The record's history (from the store, not the audit log) shows who and why.
     let page = text(
         get(
             &r.app,
@@ -387,7 +387,7 @@ async fn a_tenant_sees_and_resolves_only_its_own_records() {
     )
     .await;
     assert!(
-        page.contains("resolved at fence") && page.contains("the bank shows the charge"),
+        page.contains("resolved as completed by <strong>console:tenant:acme</strong>: the bank shows the charge"),
         "{page}"
     );
 

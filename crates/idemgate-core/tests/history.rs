@@ -218,3 +218,28 @@ async fn a_history_that_cannot_be_written_never_fails_the_call() {
     );
     assert!(r.engine.history(&k).await.unwrap().is_empty());
 }
+
+#[tokio::test]
+async fn a_duplicate_of_an_unknown_outcome_is_told_the_reason_its_call_gave() {
+    let r = default_rig();
+    let c = || call("acme", "mail", Some("m-2"), json!(1));
+    r.engine
+        .call(c(), || async { Effect::Ambiguous("smtp timeout".into()) })
+        .await
+        .unwrap();
+    let dup = r
+        .engine
+        .call(c(), || async {
+            unreachable!("an unknown outcome never runs again")
+        })
+        .await
+        .unwrap();
+    match dup.decision {
+        Decision::Unknown {
+            ran_here: false,
+            message: Some(m),
+            ..
+        } => assert_eq!(m, "the call that ran it reported: smtp timeout"),
+        other => panic!("{other:?}"),
+    }
+}

@@ -192,9 +192,27 @@ pub(crate) struct RecordView {
     /// answered 410 "outcome expired").
     #[serde(skip_serializing_if = "Option::is_none")]
     retain_until: Option<Timestamp>,
+    /// The key the upstream got in `Idempotency-Key`: what an operator searches for there.
+    downstream_key: String,
+    /// Why an unknown record is unknown (only where its history was read: one record's view).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<String>,
+    /// Its story, from its state and its history (only in one record's view).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    history: Option<Vec<idemgate_kit::story::Step>>,
 }
 
 impl RecordView {
+    /// `r` with its story told from `history`: one record's view.
+    pub(crate) fn with_history(r: &Record, history: &[idemgate::HistoryEntry]) -> Self {
+        RecordView {
+            reason: idemgate_kit::story::unknown_reason(r, history),
+            history: Some(idemgate_kit::story::story(Some(r), history)),
+            ..RecordView::of(r)
+        }
+    }
+
+    /// `r` as a listing shows it, without its history.
     pub(crate) fn of(r: &Record) -> Self {
         let mut v = RecordView {
             key: r.key.key.clone(),
@@ -211,6 +229,9 @@ impl RecordView {
             completed_at: None,
             expires_at: None,
             retain_until: None,
+            downstream_key: idemgate_kit::story::downstream_key(&r.key),
+            reason: None,
+            history: None,
         };
         match &r.state {
             RecordState::InFlight { lease_until } => v.lease_until = Some(*lease_until),

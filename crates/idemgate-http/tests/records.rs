@@ -159,13 +159,8 @@ async fn records_are_listed_shown_and_scoped_to_the_tenant() {
     .await;
 
     let one: Value = gw
-        .get("/v1/tools/t/records/b%2Fwith_slash", ACME)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+        .get_json("/v1/tools/t/records/b%2Fwith_slash", ACME)
+        .await;
     assert_eq!(one["key"], "b/with_slash");
     problem(
         gw.get("/v1/tools/t/records/a", OTHER).send().await.unwrap(),
@@ -401,4 +396,53 @@ async fn records_list_by_scope() {
         scoped,
         json!({"records": [], "next": null, "count": 0, "count_exact": true})
     );
+}
+
+/// A record carries its story: the reason `ambiguous` gave, the key the upstream got, and who
+/// resolved it and why, read from the store by `GET …/records/{key}`.
+#[tokio::test]
+async fn a_record_shows_why_it_became_unknown_and_who_resolved_it() {
+    let gw = start("", "").await;
+    let b: Value = gw.begin("mail", "m-1", "{}").await.json().await.unwrap();
+    let res = gw
+        .post("/v1/tools/mail/ambiguous", ACME)
+        .json(&json!({"key": "m-1", "lease": b["lease"], "reason": "smtp timeout"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200, "{}", res.text().await.unwrap());
+    let view: Value = gw.get_json("/v1/tools/mail/records/m-1", ACME).await;
+    assert_eq!(view["reason"], "smtp timeout", "{view}");
+    let downstream = view["downstream_key"].as_str().unwrap();
+    assert!(
+        downstream.len() == 64 && downstream.bytes().all(|b| b.is_ascii_hexdigit()),
+        "{view}"
+    );
+    let whats: Vec<&str> = view["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["what"].as_str().unwrap())
+        .collect();
+    assert_eq!(whats, ["reserved", "became_unknown"], "{view}");
+
+    let res = gw
+        .post("/v1/tools/mail/records/m-1/resolve", ACME)
+        .json(&json!({"fence": 1, "resolution": "release", "reason": "bounced: never delivered"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    // Released, it counts as absent; the next call runs and its record continues the trail.
+    assert_eq!(gw.begin("mail", "m-1", "{}").await.status(), 201);
+    let view: Value = gw.get_json("/v1/tools/mail/records/m-1", ACME).await;
+    let released = view["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["what"] == "resolved_released")
+        .unwrap_or_else(|| panic!("{view}"));
+    assert_eq!(released["by"], "tenant:acme", "{view}");
+    assert_eq!(released["reason"], "bounced: never delivered", "{view}");
+    assert!(view.get("reason").is_none(), "in flight now: {view}");
 }

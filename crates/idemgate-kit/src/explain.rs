@@ -471,10 +471,9 @@ impl Explanation {
             },
             What::InFlight { since, .. } => format!("another call holds {record} (since {since}) and did not finish within the wait bound, so this one did not start it again{next}"),
             What::Unknown { since, fence, ran_here, why } => {
-                // A record does not keep why it became unknown: a call that stopped (a crash, a
-                // lease that ran out) and one that reported its outcome ambiguous look alike, so
-                // the words name both rather than guess (the reason, when one was given, is on
-                // the record's audit trail).
+                // `why` is the reason the record's history keeps, when the call that ran it gave
+                // one. Without it, a call that stopped (a crash, a lease that ran out) and one
+                // whose reason was lost look alike, so the words name both rather than guess.
                 let why = why.clone().unwrap_or_else(|| if *ran_here {
                     "the side effect said its outcome is ambiguous".to_owned()
                 } else {

@@ -15,6 +15,7 @@ pub mod payload;
 pub mod problem;
 pub mod records;
 pub mod refusal;
+pub mod story;
 pub mod tenants;
 
 use std::path::Path;

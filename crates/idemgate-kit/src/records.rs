@@ -4,10 +4,12 @@
 
 use std::time::Duration;
 
-use idemgate_core::{Keep, OutcomeKind, Record, RecordState, Resolution};
+use idemgate_core::{
+    Engine, EngineError, HistoryEntry, Keep, OutcomeKind, Record, RecordState, Resolution, Store,
+};
 use serde_json::Value;
 
-use crate::Payload;
+use crate::{story, Payload};
 
 /// A duration a caller gave in seconds (`what` names it in the error).
 pub fn seconds(what: &str, s: f64) -> Result<Duration, String> {
@@ -16,9 +18,16 @@ pub fn seconds(what: &str, s: f64) -> Result<Duration, String> {
 }
 
 /// A record as JSON, the shape `idemgate keys show --json` prints from, with the outcome as every
-/// door shows it: its kind and its content as JSON, not raw bytes.
-pub fn record_view(record: &Record) -> Result<Value, serde_json::Error> {
+/// door shows it (its kind and its content as JSON, not raw bytes), and its story: the key a
+/// downstream sees (`downstream_key`), why it is unknown (`reason`, for an unknown record), and
+/// every step from its state and its `history` ([`crate::story`]).
+pub fn record_view(record: &Record, history: &[HistoryEntry]) -> Result<Value, serde_json::Error> {
     let mut view = serde_json::to_value(record)?;
+    view["downstream_key"] = story::downstream_key(&record.key).into();
+    if let Some(reason) = story::unknown_reason(record, history) {
+        view["reason"] = reason.into();
+    }
+    view["history"] = serde_json::to_value(story::story(Some(record), history))?;
     if let (RecordState::Completed { outcome, .. }, Some(o)) =
         (&record.state, view.get_mut("outcome"))
     {
@@ -28,6 +37,17 @@ pub fn record_view(record: &Record) -> Result<Value, serde_json::Error> {
         }
     }
     Ok(view)
+}
+
+/// `record` as [`record_view`] shows it, its history read from `engine`'s store: what the Python
+/// and Node packages' `record()` and `records()` answer.
+///
+/// # Errors
+/// When the store fails to give the history.
+pub async fn viewed<S: Store>(engine: &Engine<S>, record: &Record) -> Result<Value, EngineError> {
+    let history = engine.history(&record.key).await?;
+    // A record and its history are plain data: serializing them cannot fail.
+    Ok(record_view(record, &history).unwrap_or(Value::Null))
 }
 
 /// How an operator resolves an unknown record, from a package's words (`resolution`, and
@@ -142,8 +162,12 @@ mod tests {
         let body = Payload::json_text(r#"{"sent":true}"#).unwrap().encode();
         engine.finish(&t, Effect::Success(body)).await;
         let record = engine.get(&t.key).await.unwrap().unwrap();
-        let view = record_view(&record).unwrap();
+        let view = viewed(&engine, &record).await.unwrap();
         assert_eq!(view["key"]["key"], "k-view", "{view}");
+        assert_eq!(view["downstream_key"], story::downstream_key(&t.key));
+        assert_eq!(view["history"][0]["what"], "reserved", "{view}");
+        assert_eq!(view["history"][1]["what"], "completed", "{view}");
+        assert!(view.get("reason").is_none(), "{view}");
         assert_eq!(view["outcome"]["content"], "json", "{view}");
         assert_eq!(
             view["outcome"]["body"],

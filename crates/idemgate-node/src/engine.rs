@@ -16,7 +16,7 @@ use idemgate::{
     TenantId, Ticket, ToolKind, ToolName, ToolPolicy, UnknownPolicy,
 };
 use idemgate_kit::leases::{keep_leases, Leases};
-use idemgate_kit::records::{record_view, resolution, seconds as seconds_of};
+use idemgate_kit::records::{resolution, seconds as seconds_of, viewed};
 use idemgate_kit::reported_effect as effect;
 use idemgate_trace::{Door, SplitCall};
 use napi::bindgen_prelude::{within_runtime_if_available, Either, PromiseRaw};
@@ -286,11 +286,15 @@ impl Shared {
     }
 }
 
-/// A record as the package shows it (`record_view`), or `null`.
-fn view(record: Option<&idemgate::Record>) -> Value {
-    record
-        .and_then(|r| record_view(r).ok())
-        .unwrap_or(Value::Null)
+/// A record as the package shows it (`viewed`: with its history), or `null`.
+async fn view<S: idemgate::Store>(
+    engine: &idemgate::Engine<S>,
+    record: Option<&idemgate::Record>,
+) -> std::result::Result<Value, idemgate::EngineError> {
+    match record {
+        Some(r) => viewed(engine, r).await,
+        None => Ok(Value::Null),
+    }
 }
 
 impl NativeEngine {
@@ -511,7 +515,8 @@ impl NativeEngine {
     #[napi(ts_return_type = "string | Promise<string>")]
     pub fn record<'env>(&self, env: &'env Env, tool: String, key: String) -> Result<Reply<'env>> {
         self.on_record(env, &tool, &key, |shared, name| async move {
-            Ok(view(shared.engine.get(&name).await?.as_ref()))
+            let record = shared.engine.get(&name).await?;
+            view(&shared.engine, record.as_ref()).await
         })
     }
 
@@ -546,11 +551,17 @@ impl NativeEngine {
         };
         let shared = Arc::clone(&self.shared);
         now_or_later(env, async move {
-            Ok(match shared.engine.list(&filter).await {
-                Err(e) => reply::engine_error(&e),
-                Ok(records) => records.iter().map(|r| view(Some(r))).collect(),
-            }
-            .to_string())
+            let views = async {
+                let mut views = Vec::new();
+                for r in shared.engine.list(&filter).await? {
+                    views.push(view(&shared.engine, Some(&r)).await?);
+                }
+                Ok::<_, idemgate::EngineError>(Value::Array(views))
+            };
+            Ok(views
+                .await
+                .unwrap_or_else(|e| reply::engine_error(&e))
+                .to_string())
         })
     }
 
@@ -588,7 +599,7 @@ impl NativeEngine {
                 .engine
                 .resolve(&name, fence, how, by.as_deref(), reason.as_deref())
                 .await?;
-            Ok(view(after.as_ref()))
+            view(&shared.engine, after.as_ref()).await
         })
     }
 

@@ -15,7 +15,7 @@ use idemgate::{
     Answer, AnyStore, FileJournal, IdempotencyKey, JournalFlusher, Key, TenantId, ToolName,
 };
 use idemgate_kit::leases::keep_leases;
-use idemgate_kit::records::record_view;
+use idemgate_kit::records::viewed;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -31,13 +31,6 @@ use crate::verifier::PyVerifier;
 
 /// How often the journal of unconfirmed outcomes is flushed into the store.
 const FLUSH_EVERY: Duration = Duration::from_secs(5);
-
-/// A record as JSON text (see [`record_view`]).
-fn view(record: &idemgate::Record) -> PyResult<String> {
-    record_view(record)
-        .map(|v| v.to_string())
-        .map_err(|e| PyValueError::new_err(e.to_string()))
-}
 
 /// The engine over one store (see `Engine.open`).
 #[pyclass(frozen, weakref, module = "idemgate._native", name = "Engine")]
@@ -385,10 +378,16 @@ impl Engine {
     /// from), or `None`.
     fn record(&self, py: Python<'_>, tool: &str, key: &str) -> PyResult<Option<String>> {
         let name = self.key_named(tool, key)?;
-        let record = self
-            .run(py, self.shared.engine.get(&name))?
+        let engine = &self.shared.engine;
+        let view = self
+            .run(py, async {
+                match engine.get(&name).await? {
+                    Some(record) => viewed(engine, &record).await.map(Some),
+                    None => Ok(None),
+                }
+            })?
             .map_err(|e| engine_error(py, &e))?;
-        record.as_ref().map(view).transpose()
+        Ok(view.map(|v| v.to_string()))
     }
 
     /// This tenant's records, oldest first, as JSON texts (`record`'s shape): only `tool`'s,
@@ -417,10 +416,17 @@ impl Engine {
             limit,
             ..idemgate::ListFilter::default()
         };
-        let records = self
-            .run(py, self.shared.engine.list(&filter))?
+        let engine = &self.shared.engine;
+        let views = self
+            .run(py, async {
+                let mut views = Vec::new();
+                for record in engine.list(&filter).await? {
+                    views.push(viewed(engine, &record).await?.to_string());
+                }
+                Ok(views)
+            })?
             .map_err(|e| engine_error(py, &e))?;
-        records.iter().map(view).collect()
+        Ok(views)
     }
 
     /// Resolves the unknown record of `(tool, key)` as an operator decided, if its fence is still
@@ -449,15 +455,16 @@ impl Engine {
         let resolution =
             idemgate_kit::records::resolution(resolution, result, failed, ttl, tombstone)
                 .map_err(PyValueError::new_err)?;
+        let engine = &self.shared.engine;
         let after = self
-            .run(
-                py,
-                self.shared
-                    .engine
-                    .resolve(&name, fence, resolution, by, reason),
-            )?
+            .run(py, async {
+                match engine.resolve(&name, fence, resolution, by, reason).await? {
+                    Some(record) => viewed(engine, &record).await.map(Some),
+                    None => Ok(None),
+                }
+            })?
             .map_err(|e| engine_error(py, &e))?;
-        after.as_ref().map(view).transpose()
+        Ok(after.map(|v| v.to_string()))
     }
 
     /// Reopens the completed or unknown record of `(tool, key)` at `fence`, so the next call runs

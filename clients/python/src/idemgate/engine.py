@@ -515,7 +515,10 @@ class Engine:
         return self.native.key_for(tool, key, args, self.policy(tool, **overrides), scope=scope)
 
     def record(self, tool: str, key: str) -> dict[str, Any] | None:
-        """The record of ``(tool, key)`` (``state``, ``fence``, ``outcome``...), or ``None``."""
+        """The record of ``(tool, key)`` (``state``, ``fence``, ``outcome``...), or ``None``.
+        It tells its story from the store: ``downstream_key`` (what to search for at the
+        provider), ``reason`` (why an unknown record is unknown) and ``history`` (its steps, oldest
+        first: reserved, completed, why it became unknown, who resolved or reopened it and why)."""
         text = self.native.record(tool, key)
         return None if text is None else json.loads(text)
 

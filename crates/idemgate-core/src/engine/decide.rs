@@ -219,7 +219,11 @@ impl<S: Store> Engine<S> {
                         recording: None,
                     };
                     let verifier = match policy.on_unknown {
-                        UnknownPolicy::Block => return Ok(answer(reservation, found(None))),
+                        UnknownPolicy::Block => {
+                            let why =
+                                Box::pin(self.why_unknown(&reservation.key, record.fence)).await;
+                            return Ok(answer(reservation, found(why)));
+                        }
                         UnknownPolicy::Retry => None,
                         UnknownPolicy::Verify => {
                             match self.verifiers.get(reservation.key.tool.as_str()) {
@@ -262,6 +266,22 @@ impl<S: Store> Engine<S> {
                 }
             }
         }
+    }
+
+    /// Why the record of `key` at `fence` is unknown, as its history says (the reason the call
+    /// that ran it gave), for a duplicate's answer; `None` when it says nothing or cannot be read
+    /// (the answer then names the likely causes).
+    async fn why_unknown(&self, key: &Key, fence: Fence) -> Option<String> {
+        let history = self.store.history(key).await.ok()?;
+        let entry = history
+            .iter()
+            .rev()
+            .find(|e| e.what == Happening::BecameUnknown && e.fence == fence)?;
+        Some(match &entry.reason {
+            Some(reason) => format!("the call that ran it reported: {reason}"),
+            None => "the call that ran it reported that it could not tell whether it took effect"
+                .to_owned(),
+        })
     }
 
     /// Asks `verifier` about a record this call took over from unknown (holding `lease`): runs the
