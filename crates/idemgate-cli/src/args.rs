@@ -49,7 +49,9 @@ pub struct Cli {
     /// Where records live: sqlite://PATH, postgres://..., redis://... (a Redis Cluster:
     /// redis+cluster://HOST:PORT,HOST:PORT...; behind Sentinel:
     /// redis+sentinel://HOST:PORT,HOST:PORT/SERVICE), or memory:.
-    /// Default: sqlite://$XDG_DATA_HOME/idemgate/idemgate.db (~/.local/share/idemgate/idemgate.db).
+    /// Default: idemgate.db in the data directory: $XDG_DATA_HOME/idemgate when set, else
+    /// ~/.local/share/idemgate (Linux), %LOCALAPPDATA%\idemgate (Windows), ~/Library/Application
+    /// Support/idemgate (macOS).
     #[arg(long, global = true, env = "IDEMGATE_STORE", value_name = "URL")]
     pub store: Option<String>,
 

@@ -158,6 +158,7 @@ async fn run_command(
 
 /// Drives `finished` (the command and its output) to its end, passing SIGTERM and SIGINT that
 /// reach idemgate on to the command meanwhile: idemgate stays to record what the command did.
+#[cfg(unix)]
 async fn forward_signals<T>(pid: Option<u32>, finished: impl std::future::Future<Output = T>) -> T {
     use tokio::signal::unix::{signal, SignalKind};
     let mut finished = std::pin::pin!(finished);
@@ -177,6 +178,27 @@ async fn forward_signals<T>(pid: Option<u32>, finished: impl std::future::Future
             _ = int.recv() => nix::sys::signal::Signal::SIGINT,
         };
         let _ = nix::sys::signal::kill(child, sig);
+    }
+}
+
+/// Drives `finished` (the command and its output) to its end. A console's Ctrl-C and Ctrl-Break
+/// reach every process attached to it, the command included, so there is nothing to pass on:
+/// idemgate only keeps them from ending itself, and stays to record what the command did.
+#[cfg(windows)]
+async fn forward_signals<T>(
+    _pid: Option<u32>,
+    finished: impl std::future::Future<Output = T>,
+) -> T {
+    let mut finished = std::pin::pin!(finished);
+    loop {
+        tokio::select! {
+            done = &mut finished => return done,
+            heard = tokio::signal::ctrl_c() => {
+                if heard.is_err() {
+                    return finished.await;
+                }
+            }
+        }
     }
 }
 

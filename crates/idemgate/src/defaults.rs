@@ -48,14 +48,25 @@ pub fn create_private_dir(dir: &Path) -> std::io::Result<()> {
     builder.create(dir)
 }
 
-/// The data directory: `$XDG_DATA_HOME/idemgate`, else `~/.local/share/idemgate`.
+/// The data directory: `$XDG_DATA_HOME/idemgate` when that is set (on every platform, so that
+/// a test or a user can point it anywhere), else the platform's place for an application's
+/// data: `%LOCALAPPDATA%\idemgate` on Windows (local, not roaming: a store is this machine's),
+/// `~/Library/Application Support/idemgate` on macOS, `~/.local/share/idemgate` elsewhere.
 pub fn data_dir() -> PathBuf {
-    let base = std::env::var_os("XDG_DATA_HOME")
-        .filter(|v| !v.is_empty())
+    let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
+    let home = |under: &str| var("HOME").map(|h| PathBuf::from(h).join(under));
+    let platform = if cfg!(windows) {
+        var("LOCALAPPDATA").map(PathBuf::from)
+    } else if cfg!(target_os = "macos") {
+        home("Library/Application Support")
+    } else {
+        home(".local/share")
+    };
+    var("XDG_DATA_HOME")
         .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")))
-        .unwrap_or_else(|| PathBuf::from("."));
-    base.join("idemgate")
+        .or(platform)
+        .unwrap_or_else(|| PathBuf::from("."))
+        .join("idemgate")
 }
 
 fn sqlite_path(url: &str) -> Option<PathBuf> {

@@ -17,6 +17,8 @@
 
 pub(crate) mod child;
 pub mod http;
+#[cfg(unix)]
+mod nonblocking;
 pub(crate) mod pump;
 pub mod stdio;
 pub mod upstream;

@@ -202,6 +202,7 @@ pub(super) fn frame_text(buf: &[u8]) -> Option<String> {
 
 /// Completes at SIGTERM or SIGINT: the proxy stops reading the client and lets calls in flight
 /// finish, so that their outcomes are recorded.
+#[cfg(unix)]
 pub(crate) async fn shutdown_signal() {
     use tokio::signal::unix::{signal, SignalKind};
     match (
@@ -215,5 +216,25 @@ pub(crate) async fn shutdown_signal() {
             }
         }
         _ => std::future::pending().await,
+    }
+}
+
+/// Completes at Ctrl-C, Ctrl-Break or the console closing (Windows has no SIGTERM: a service
+/// manager or an agent ending the proxy closes its console or kills it outright), as the Unix
+/// signals do there.
+#[cfg(windows)]
+pub(crate) async fn shutdown_signal() {
+    use tokio::signal::windows::{ctrl_break, ctrl_close};
+    match (ctrl_break(), ctrl_close()) {
+        (Ok(mut brk), Ok(mut close)) => {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {},
+                _ = brk.recv() => {},
+                _ = close.recv() => {},
+            }
+        }
+        _ => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }
