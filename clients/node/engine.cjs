@@ -147,16 +147,13 @@ function inEffect(traceparent, fn) {
   return otelApi.context.with(effect, fn);
 }
 
-/** A call as the addon takes it (its optional fields absent, never null). */
-const callInit = (tool, key, argsJson, policy, scope, callId) => ({
-  tool,
-  key: key ?? undefined,
-  argsJson: argsJson ?? undefined,
-  policy,
-  scope: scope ?? undefined,
-  callId: callId ?? undefined,
-  ...callerTrace(),
-});
+/** A policy as the addon's `begin` and `keyFor` take it: JSON text, none for the engine's
+ * defaults. A call is given to them field by field (its optional fields absent, never null):
+ * reading an object's fields across the boundary costs more than the engine's work. */
+const policyJson = (policy) => {
+  for (const _ in policy) return jsonText(policy);
+  return undefined;
+};
 
 /** Rejects with the signal's reason when it aborts first; `work` goes on, its outcome recorded. */
 function untilAborted(work, signal) {
@@ -235,7 +232,8 @@ class Engine {
    * or window. */
   keyFor(tool, key, args, { scope, ...overrides } = {}) {
     const argsJson = args === undefined ? null : jsonText(args);
-    return parsed(this.#native.keyFor(callInit(tool, key, argsJson, this.policy(tool, overrides), scope)));
+    const policy = policyJson(this.policy(tool, overrides));
+    return parsed(this.#native.keyFor(tool, key ?? undefined, argsJson ?? undefined, policy, scope ?? undefined));
   }
 
   /** The state of the record of `(tool, key)`: `{state, fence}` or null. */
@@ -307,8 +305,10 @@ class Engine {
   async #call(tool, key, args, fn, scope, overrides, signal, callId) {
     const n = this.#native;
     const argsJson = args === undefined ? null : jsonText(args);
-    const init = callInit(tool, key, argsJson, this.policy(tool, overrides), scope, callId);
-    const begun = parsed(await n.begin(init));
+    const policy = policyJson(this.policy(tool, overrides));
+    const trace = callerTrace();
+    const begun = parsed(await n.begin(tool, key ?? undefined, argsJson ?? undefined, policy, scope ?? undefined,
+      callId ?? undefined, trace?.traceparent, trace?.tracestate));
     if (begun.pass_through) {
       const value = await fn();
       return new Result({
