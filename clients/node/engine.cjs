@@ -36,10 +36,10 @@ const time = (ms) => (ms === null || ms === undefined ? null : new Date(ms));
 /** The Result of a native answer reply, with `value` (what the function returned) or else the
  * stored value; a stored failure throws `Failed`. */
 function resultOf(reply, value, useStored) {
-  const stored = reply.value_json === undefined ? null : JSON.parse(reply.value_json);
-  if (reply.failed) throw new Failed(stored, { replayed: reply.replayed });
+  const stored = () => (reply.value_json === undefined ? null : JSON.parse(reply.value_json));
+  if (reply.failed) throw new Failed(stored(), { replayed: reply.replayed });
   return new Result({
-    value: useStored ? stored : value,
+    value: useStored ? stored() : value,
     executed: reply.executed,
     replayed: reply.replayed,
     executedAt: time(reply.executed_at_ms),
@@ -73,13 +73,17 @@ function parsed(text) {
 
 /** `JSON.stringify(value)` as the Python package's `json.dumps(value, allow_nan=False)`: NaN and
  * the infinities are not JSON and throw (JSON.stringify would write them as null), as do
- * BigInts and cycles; `undefined` is stored as null. */
+ * BigInts and cycles; `undefined` is stored as null. A text without `null` had none of them, so
+ * only one with `null` is written again with the replacer that finds them (a replacer costs
+ * a call of it per value: as much as the rest of a replay). */
 function jsonText(value) {
-  const text = JSON.stringify(value, (_, v) => {
+  const text = JSON.stringify(value);
+  if (text === undefined) return 'null';
+  if (!text.includes('null')) return text;
+  return JSON.stringify(value, (_, v) => {
     if (typeof v === 'number' && !Number.isFinite(v)) throw new TypeError(`${v} is not JSON`);
     return v;
   });
-  return text === undefined ? 'null' : text;
 }
 
 /** What a function's exception tells the engine (the Python package's `_report`). */
