@@ -404,8 +404,8 @@ impl NativeEngine {
                 .await;
             trace.begun(&begun);
             let out = match begun {
-                Err(e) => reply::engine_error(&e),
-                Ok(Begun::PassThrough) => json!({ "pass_through": true }),
+                Err(e) => reply::engine_error(&e).to_string(),
+                Ok(Begun::PassThrough) => json!({ "pass_through": true }).to_string(),
                 Ok(Begun::Answered(answer)) => reply::answer(&answer),
                 Ok(Begun::Execute(ticket)) => {
                     let mut facts = json!({
@@ -419,10 +419,10 @@ impl NativeEngine {
                         facts["traceparent"] = out.traceparent().into();
                     }
                     facts["execute"] = shared.hold(ticket, trace).into();
-                    facts
+                    facts.to_string()
                 }
             };
-            Ok(out.to_string())
+            Ok(out)
         })
     }
 
@@ -488,10 +488,9 @@ impl NativeEngine {
                 .await;
             trace.finished(&answer);
             Ok(match not_json {
-                Some(why) => json!({ "error": "not_json", "message": why }),
+                Some(why) => json!({ "error": "not_json", "message": why }).to_string(),
                 None => reply::answer(&answer),
-            }
-            .to_string())
+            })
         })
     }
 
