@@ -36,10 +36,10 @@ const time = (ms) => (ms === null || ms === undefined ? null : new Date(ms));
 /** The Result of a native answer reply, with `value` (what the function returned) or else the
  * stored value; a stored failure throws `Failed`. */
 function resultOf(reply, value, useStored) {
-  const stored = reply.value_json === undefined ? null : JSON.parse(reply.value_json);
-  if (reply.failed) throw new Failed(stored, { replayed: reply.replayed });
+  const stored = () => (reply.value_json === undefined ? null : JSON.parse(reply.value_json));
+  if (reply.failed) throw new Failed(stored(), { replayed: reply.replayed });
   return new Result({
-    value: useStored ? stored : value,
+    value: useStored ? stored() : value,
     executed: reply.executed,
     replayed: reply.replayed,
     executedAt: time(reply.executed_at_ms),
@@ -73,13 +73,17 @@ function parsed(text) {
 
 /** `JSON.stringify(value)` as the Python package's `json.dumps(value, allow_nan=False)`: NaN and
  * the infinities are not JSON and throw (JSON.stringify would write them as null), as do
- * BigInts and cycles; `undefined` is stored as null. */
+ * BigInts and cycles; `undefined` is stored as null. A text without `null` had none of them, so
+ * only one with `null` is written again with the replacer that finds them (a replacer costs
+ * a call of it per value: as much as the rest of a replay). */
 function jsonText(value) {
-  const text = JSON.stringify(value, (_, v) => {
+  const text = JSON.stringify(value);
+  if (text === undefined) return 'null';
+  if (!text.includes('null')) return text;
+  return JSON.stringify(value, (_, v) => {
     if (typeof v === 'number' && !Number.isFinite(v)) throw new TypeError(`${v} is not JSON`);
     return v;
   });
-  return text === undefined ? 'null' : text;
 }
 
 /** What a function's exception tells the engine (the Python package's `_report`). */
@@ -147,16 +151,13 @@ function inEffect(traceparent, fn) {
   return otelApi.context.with(effect, fn);
 }
 
-/** A call as the addon takes it (its optional fields absent, never null). */
-const callInit = (tool, key, argsJson, policy, scope, callId) => ({
-  tool,
-  key: key ?? undefined,
-  argsJson: argsJson ?? undefined,
-  policy,
-  scope: scope ?? undefined,
-  callId: callId ?? undefined,
-  ...callerTrace(),
-});
+/** A policy as the addon's `begin` and `keyFor` take it: JSON text, none for the engine's
+ * defaults. A call is given to them field by field (its optional fields absent, never null):
+ * reading an object's fields across the boundary costs more than the engine's work. */
+const policyJson = (policy) => {
+  for (const _ in policy) return jsonText(policy);
+  return undefined;
+};
 
 /** Rejects with the signal's reason when it aborts first; `work` goes on, its outcome recorded. */
 function untilAborted(work, signal) {
@@ -235,7 +236,8 @@ class Engine {
    * or window. */
   keyFor(tool, key, args, { scope, ...overrides } = {}) {
     const argsJson = args === undefined ? null : jsonText(args);
-    return parsed(this.#native.keyFor(callInit(tool, key, argsJson, this.policy(tool, overrides), scope)));
+    const policy = policyJson(this.policy(tool, overrides));
+    return parsed(this.#native.keyFor(tool, key ?? undefined, argsJson ?? undefined, policy, scope ?? undefined));
   }
 
   /** The state of the record of `(tool, key)`: `{state, fence}` or null. */
@@ -307,8 +309,10 @@ class Engine {
   async #call(tool, key, args, fn, scope, overrides, signal, callId) {
     const n = this.#native;
     const argsJson = args === undefined ? null : jsonText(args);
-    const init = callInit(tool, key, argsJson, this.policy(tool, overrides), scope, callId);
-    const begun = parsed(await n.begin(init));
+    const policy = policyJson(this.policy(tool, overrides));
+    const trace = callerTrace();
+    const begun = parsed(await n.begin(tool, key ?? undefined, argsJson ?? undefined, policy, scope ?? undefined,
+      callId ?? undefined, trace?.traceparent, trace?.tracestate));
     if (begun.pass_through) {
       const value = await fn();
       return new Result({

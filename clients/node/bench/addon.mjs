@@ -11,15 +11,15 @@ import { createRequire } from 'node:module';
 const native = createRequire(import.meta.url)('../native.cjs');
 const CALLS = Number(process.argv[2] ?? 50_000);
 const n = await native.openEngine('memory:', null, 'bench');
-const call = { tool: 'charge', key: 'o-1', argsJson: JSON.stringify({ id: 'o-1', amount: 3 }), policy: {} };
-const { execute } = JSON.parse(n.begin(call));
+const call = ['charge', 'o-1', JSON.stringify({ id: 'o-1', amount: 3 })]; // tool, key, arguments
+const { execute } = JSON.parse(n.begin(...call));
 n.finish(execute, 'success', '{"charged":3,"order":"o-1"}');
 
 const cases = {
   'deriveKey (the smallest call)': () => native.deriveKey('run', 'step'),
   'recordState (a record read)': () => n.recordState('charge', 'o-1'),
-  'keyFor (name + fingerprint)': () => n.keyFor(call),
-  'begin, a replay (the whole duplicate)': () => n.begin(call),
+  'keyFor (name + fingerprint)': () => n.keyFor(...call),
+  'begin, a replay (the whole duplicate)': () => n.begin(...call),
 };
 const median = (xs) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
 console.log(`node ${process.version}, ${CALLS} calls a round, 5 rounds: µs per call, median (min–max)`);

@@ -202,24 +202,24 @@ for (const [store, open] of Object.entries(STORES)) {
 describe('the addon answers at once when no I/O is needed', () => {
   test('on the memory store begin and finish return their reply, not a promise; on SQLite a promise', async () => {
     const native = require('../native.cjs');
-    const call = { tool: 'fast', key: 'f-1', argsJson: '{}', policy: {} };
+    const call = ['fast', 'f-1', '{}']; // tool, key, arguments' JSON (the policy's defaults)
     const memory = await native.openEngine('memory:', null, unique('t'));
-    const begun = memory.begin(call);
+    const begun = memory.begin(...call);
     assert.equal(typeof begun, 'string', 'a fresh reservation in memory needs no runtime hop');
     const { execute } = JSON.parse(begun);
     assert.equal(typeof memory.finish(execute, 'success', '1'), 'string');
-    assert.equal(JSON.parse(memory.begin(call)).verdict, 'replayed');
+    assert.equal(JSON.parse(memory.begin(...call)).verdict, 'replayed');
     memory.close();
     const { url, journal } = sqliteStore();
     const disk = await native.openEngine(url, journal, unique('t'));
-    const pending = disk.begin(call);
+    const pending = disk.begin(...call);
     assert.ok(pending instanceof Promise, 'a SQLite write goes through the runtime');
     const ticket = JSON.parse(await pending).execute;
     assert.equal(typeof ticket, 'number');
     assert.equal(JSON.parse(await disk.finish(ticket, 'success', '1')).verdict, 'executed');
     // A replay the engine read a moment ago comes from its cache: no store round trip.
-    assert.equal(JSON.parse(await disk.begin(call)).verdict, 'replayed');
-    assert.equal(typeof disk.begin(call), 'string');
+    assert.equal(JSON.parse(await disk.begin(...call)).verdict, 'replayed');
+    assert.equal(typeof disk.begin(...call), 'string');
     disk.close();
   });
 });

@@ -89,47 +89,26 @@ pub struct NativeEngine {
     journal: Option<String>,
 }
 
-/// How one tool's calls are treated (`idemgate_core::ToolPolicy`), durations in seconds; a field
-/// left out keeps the engine's default.
-#[napi(object)]
-#[derive(Default)]
-pub struct PolicyInit {
-    /// `write` (the default), `read` or `natural_idempotent`.
-    pub kind: Option<String>,
-    /// How long a completed outcome is kept and replayed.
-    pub ttl: Option<f64>,
-    /// How long a reservation holds without a heartbeat.
-    pub lease: Option<f64>,
-    /// How long a duplicate waits for an in-flight call before `InFlight`.
-    pub wait: Option<f64>,
-    /// When set, calls without a key are joined by (tool, arguments, scope) for this long.
-    pub fallback_window: Option<f64>,
-    /// `block` (the default), `verify` or `retry`.
-    pub on_unknown: Option<String>,
-    /// How long after a call ran its record is remembered: a retry past the ttl and within this
-    /// is refused as `OutcomeExpired` instead of running again (default 30 days; 0: none).
-    pub tombstone: Option<f64>,
-}
-
-/// A call as the package describes it to `begin` and `keyFor`.
-#[napi(object)]
-pub struct CallInit {
+/// A call as the package describes it to `begin` and `keyFor`, given field by field: each field
+/// of an object the addon reads costs a property lookup across the boundary (about a microsecond
+/// for fifteen of them, more than the engine's work on a replay), an argument next to nothing.
+struct CallInit {
     /// The tool's name.
-    pub tool: String,
+    tool: String,
     /// The idempotency key (none: the fallback window names the record, if the policy has one).
-    pub key: Option<String>,
+    key: Option<String>,
     /// The call's arguments as JSON text, fingerprinted.
-    pub args_json: Option<String>,
-    /// How the tool's calls are treated.
-    pub policy: PolicyInit,
+    args_json: Option<String>,
+    /// How the tool's calls are treated (see `policy`).
+    policy_json: Option<String>,
     /// Where the call was made (a conversation): the fallback window joins only its calls.
-    pub scope: Option<String>,
-    /// The caller's W3C `traceparent` (the package passes its active OpenTelemetry span's).
-    pub traceparent: Option<String>,
-    /// The caller's W3C `tracestate`.
-    pub tracestate: Option<String>,
+    scope: Option<String>,
     /// The model's tool call id, for the call's span (`gen_ai.tool.call.id`).
-    pub call_id: Option<String>,
+    call_id: Option<String>,
+    /// The caller's W3C `traceparent` (the package passes its active OpenTelemetry span's).
+    traceparent: Option<String>,
+    /// The caller's W3C `tracestate`.
+    tracestate: Option<String>,
 }
 
 /// A duration given in seconds; `what` names it in the error.
@@ -137,33 +116,62 @@ fn seconds(what: &str, s: f64) -> Result<Duration> {
     seconds_of(what, s).map_err(Error::from_reason)
 }
 
-impl PolicyInit {
-    /// The engine's policy: its defaults, overridden by every field that is set.
-    fn policy(&self) -> Result<ToolPolicy> {
-        let mut p = ToolPolicy::default();
-        if let Some(kind) = &self.kind {
-            p.kind = kind.parse::<ToolKind>().map_err(Error::from_reason)?;
+/// How one tool's calls are treated (`idemgate_core::ToolPolicy`), from the JSON text of an
+/// object whose fields are each optional (absent or null: the engine's default): `kind`
+/// (`write`, the default, `read` or `natural_idempotent`), `ttl` (how long a completed outcome
+/// is kept and replayed), `lease` (how long a reservation holds without a heartbeat), `wait` (how
+/// long a duplicate waits for an in-flight call before `InFlight`), `fallbackWindow` (when set,
+/// calls without a key are joined by tool, arguments and scope for this long), `onUnknown`
+/// (`block`, the default, `verify` or `retry`), `tombstone` (how long after a call ran its record
+/// is remembered: a retry past the ttl and within this is refused as `OutcomeExpired` instead of
+/// running again; default 30 days, 0: none); durations in seconds.
+fn policy(json: Option<&str>) -> Result<ToolPolicy> {
+    let mut p = ToolPolicy::default();
+    let Some(json) = json else {
+        return Ok(p);
+    };
+    let fields: serde_json::Map<String, Value> = serde_json::from_str(json)
+        .map_err(|e| Error::from_reason(format!("a policy must be a JSON object: {e}")))?;
+    let text = |name: &str| -> Result<Option<&str>> {
+        match fields.get(name) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s)),
+            Some(other) => Err(Error::from_reason(format!(
+                "policy field {name} must be a string, not {other}"
+            ))),
         }
-        if let Some(s) = self.ttl {
-            p.ttl = seconds("ttl", s)?;
+    };
+    let duration = |name: &str, what: &str| -> Result<Option<Duration>> {
+        match fields.get(name) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::Number(n)) => seconds(what, n.as_f64().unwrap_or(f64::NAN)).map(Some),
+            Some(other) => Err(Error::from_reason(format!(
+                "policy field {name} must be a number of seconds, not {other}"
+            ))),
         }
-        if let Some(s) = self.lease {
-            p.lease = seconds("lease", s)?;
-        }
-        if let Some(s) = self.wait {
-            p.wait = seconds("wait", s)?;
-        }
-        if let Some(s) = self.fallback_window {
-            p.fallback_window = Some(seconds("fallback_window", s)?);
-        }
-        if let Some(u) = &self.on_unknown {
-            p.on_unknown = u.parse::<UnknownPolicy>().map_err(Error::from_reason)?;
-        }
-        if let Some(s) = self.tombstone {
-            p.tombstone = seconds("tombstone", s)?;
-        }
-        Ok(p)
+    };
+    if let Some(kind) = text("kind")? {
+        p.kind = kind.parse::<ToolKind>().map_err(Error::from_reason)?;
     }
+    if let Some(d) = duration("ttl", "ttl")? {
+        p.ttl = d;
+    }
+    if let Some(d) = duration("lease", "lease")? {
+        p.lease = d;
+    }
+    if let Some(d) = duration("wait", "wait")? {
+        p.wait = d;
+    }
+    if let Some(d) = duration("fallbackWindow", "fallback_window")? {
+        p.fallback_window = Some(d);
+    }
+    if let Some(u) = text("onUnknown")? {
+        p.on_unknown = u.parse::<UnknownPolicy>().map_err(Error::from_reason)?;
+    }
+    if let Some(d) = duration("tombstone", "tombstone")? {
+        p.tombstone = d;
+    }
+    Ok(p)
 }
 
 /// Opens the store at `url` (`sqlite:///path`, `postgres://…`, `redis://…`, `memory:`; none: the
@@ -235,7 +243,7 @@ impl Shared {
 
     /// The engine's call and its policy; a call the engine refuses is the error reply.
     fn call(&self, init: CallInit) -> Result<std::result::Result<(Call, ToolPolicy), Value>> {
-        let policy = init.policy.policy()?;
+        let policy = policy(init.policy_json.as_deref())?;
         let call = || -> std::result::Result<Call, idemgate::EngineError> {
             let mut call = Call::new(self.tenant.clone(), ToolName::new(&init.tool)?);
             if let Some(key) = &init.key {
@@ -349,10 +357,36 @@ impl NativeEngine {
     /// Decides whether a call may run now, waiting up to the policy's `wait` for a racing call:
     /// `{"execute": id, "key", "rule", "fence", "digest"}` (run the function, then `finish(id,
     /// …)`), `{"pass_through": true}` (a read: run it, nothing is recorded), an answer (a replay)
-    /// or an error (in flight, unknown, key reused, refused...).
+    /// or an error (in flight, unknown, key reused, refused...). The call: its `tool`, its `key`
+    /// (none: the fallback window names the record, if the policy has one), its arguments as
+    /// JSON text (fingerprinted), its tool's policy as JSON text (see `policy`), where it was made
+    /// (`scope`: the fallback window joins only its calls), the model's tool call id (for the
+    /// call's span) and the caller's W3C `traceparent` and `tracestate`.
     #[napi(ts_return_type = "string | Promise<string>")]
-    pub fn begin<'env>(&self, env: &'env Env, call: CallInit) -> Result<Reply<'env>> {
+    #[allow(clippy::too_many_arguments)] // the call's fields, each one argument (see `CallInit`)
+    pub fn begin<'env>(
+        &self,
+        env: &'env Env,
+        tool: String,
+        key: Option<String>,
+        args_json: Option<String>,
+        policy_json: Option<String>,
+        scope: Option<String>,
+        call_id: Option<String>,
+        traceparent: Option<String>,
+        tracestate: Option<String>,
+    ) -> Result<Reply<'env>> {
         self.shared.check_open()?;
+        let call = CallInit {
+            tool,
+            key,
+            args_json,
+            policy_json,
+            scope,
+            call_id,
+            traceparent,
+            tracestate,
+        };
         let trace = Arc::new(SplitCall::start(
             Door::Node,
             self.shared.tenant.as_str(),
@@ -374,8 +408,8 @@ impl NativeEngine {
                 .await;
             trace.begun(&begun);
             let out = match begun {
-                Err(e) => reply::engine_error(&e),
-                Ok(Begun::PassThrough) => json!({ "pass_through": true }),
+                Err(e) => reply::engine_error(&e).to_string(),
+                Ok(Begun::PassThrough) => json!({ "pass_through": true }).to_string(),
                 Ok(Begun::Answered(answer)) => reply::answer(&answer),
                 Ok(Begun::Execute(ticket)) => {
                     let mut facts = json!({
@@ -389,10 +423,10 @@ impl NativeEngine {
                         facts["traceparent"] = out.traceparent().into();
                     }
                     facts["execute"] = shared.hold(ticket, trace).into();
-                    facts
+                    facts.to_string()
                 }
             };
-            Ok(out.to_string())
+            Ok(out)
         })
     }
 
@@ -458,17 +492,34 @@ impl NativeEngine {
                 .await;
             trace.finished(&answer);
             Ok(match not_json {
-                Some(why) => json!({ "error": "not_json", "message": why }),
+                Some(why) => json!({ "error": "not_json", "message": why }).to_string(),
                 None => reply::answer(&answer),
-            }
-            .to_string())
+            })
         })
     }
 
     /// The record a call is judged by, as `Engine::key_for` names it: `{tenant, tool, key, rule,
-    /// ttl, digest}`, `null` for reads and naturally idempotent tools, or an error.
+    /// ttl, digest}`, `null` for reads and naturally idempotent tools, or an error. The call as
+    /// `begin` takes it, up to its scope.
     #[napi]
-    pub fn key_for(&self, call: CallInit) -> Result<String> {
+    pub fn key_for(
+        &self,
+        tool: String,
+        key: Option<String>,
+        args_json: Option<String>,
+        policy_json: Option<String>,
+        scope: Option<String>,
+    ) -> Result<String> {
+        let call = CallInit {
+            tool,
+            key,
+            args_json,
+            policy_json,
+            scope,
+            call_id: None,
+            traceparent: None,
+            tracestate: None,
+        };
         let named = self.shared.call(call)?.and_then(|(call, policy)| {
             self.shared
                 .engine

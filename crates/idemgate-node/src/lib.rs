@@ -4,7 +4,7 @@ mod engine;
 mod keys;
 mod reply;
 
-pub use engine::{flush_traces, open_engine, tracing, CallInit, NativeEngine, PolicyInit};
+pub use engine::{flush_traces, open_engine, tracing, NativeEngine};
 pub use keys::{
     check_key, derive_key, fingerprint, invocation_scope, mint_key, name_action, verdict_labels,
     ActionFacts, ActionName,

@@ -1,0 +1,67 @@
+// One system's calls one after another, nothing else, for counting what a call costs from
+// outside: run it under `strace -f -c` or `perf stat` at two call counts and divide the
+// difference by the difference of the counts (what the process does to start and open its store
+// cancels out). The systems are bench/peers.mjs's, on the same stores. Never a test.
+//
+// Usage (from clients/node, after scripts/test-node --build-only; IDEMGATE_NODE_ADDON as for
+// bench/peers.mjs):
+//   node bench/calls.mjs <system> <fresh|replay> <calls>
+//   system: idemgate-memory, node-idempotency-memory, idemgate-redis, powertools-redis
+//   IDEMGATE_TEST_REDIS_URL (default redis://127.0.0.1:6379); keys have a prefix of their own.
+// e.g. for n in 1000 3000; do strace -f -c -o /tmp/s.$n node bench/calls.mjs idemgate-redis fresh $n; done
+import { mkdtempSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import { randomBytes } from 'node:crypto';
+import { performance } from 'node:perf_hooks';
+
+const [system, phase, count] = process.argv.slice(2);
+const CALLS = Number(count ?? 1000);
+const REDIS = process.env.IDEMGATE_TEST_REDIS_URL ?? 'redis://127.0.0.1:6379';
+const run = randomBytes(4).toString('hex');
+const work = async (order) => ({ charged: order.amount, order: order.id });
+
+let wrapped;
+let close = async () => {};
+if (system.startsWith('idemgate-')) {
+  const { Engine, idempotent } = await import('../index.mjs');
+  const dir = mkdtempSync(path.join(tmpdir(), 'idemgate-calls-'));
+  const url = system === 'idemgate-memory' ? 'memory:' : `${REDIS}?key_prefix=calls-${run}:&allow_volatile=true`;
+  const engine = await Engine.open(url, { journal: path.join(dir, 'journal'), tenant: `calls-${run}` });
+  wrapped = idempotent(engine, 'charge', work, { key: (o) => o.id, args: (o) => o, wait: 60 });
+  close = async () => engine.close();
+} else if (system === 'node-idempotency-memory') {
+  const { Idempotency } = await import('@node-idempotency/core');
+  const { MemoryStorageAdapter } = await import('@node-idempotency/storage-adapter-memory');
+  const gate = new Idempotency(new MemoryStorageAdapter(), { inProgressStrategy: { wait: true, maxWaitMs: 60_000 } });
+  wrapped = async (order) => {
+    const req = { headers: { 'idempotency-key': order.id }, path: '/charge', method: 'POST', body: order };
+    const stored = await gate.onRequest(req);
+    if (stored) return stored.body;
+    const body = await work(order);
+    await gate.onResponse(req, { body });
+    return body;
+  };
+} else if (system === 'powertools-redis') {
+  const { createClient } = await import('@redis/client');
+  const { makeIdempotent, IdempotencyConfig } = await import('@aws-lambda-powertools/idempotency');
+  const { CachePersistenceLayer } = await import('@aws-lambda-powertools/idempotency/cache');
+  const redis = await createClient({ url: REDIS }).connect();
+  const config = new IdempotencyConfig({ eventKeyJmesPath: 'id' });
+  config.registerLambdaContext({ getRemainingTimeInMillis: () => 900_000 });
+  wrapped = makeIdempotent(work, {
+    persistenceStore: new CachePersistenceLayer({ client: redis, keyPrefix: `calls-${run}-pt` }),
+    config,
+  });
+  close = async () => redis.quit();
+} else {
+  throw new Error(`unknown system ${system}`);
+}
+
+const orders = Array.from({ length: CALLS }, (_, i) => ({ id: `${run}-${i}`, amount: i }));
+if (phase === 'replay') for (const o of orders) await wrapped(o);
+const t = performance.now();
+for (const o of orders) await wrapped(o);
+const us = ((performance.now() - t) * 1000) / CALLS;
+process.stderr.write(`${system} ${phase}: ${CALLS} calls, ${us.toFixed(1)} µs/call\n`);
+await close();
