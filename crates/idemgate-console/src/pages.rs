@@ -1337,7 +1337,7 @@ fn value_section(body: &mut String, log: &audit::Log, visible: &dyn Fn(&str) -> 
             esc(rule)
         );
     }
-    body.push_str(r#"</table><p class="note">Rules: <strong>key</strong> a replay of a record a key named (the caller's key, or a framework's call id or a model's key, which the engine sees alike), <strong>window</strong> a replay of an identical call within the tool's window, <strong>expired</strong> a retry of an action that ran before and whose outcome is no longer kept, refused rather than run again.</p>"#);
+    body.push_str(r#"</table><p class="note">Rules: <strong>key</strong> a replay of a record the caller's key named (the orchestration layer's or the program's), <strong>call_id</strong> one a framework's tool-call id named (in its conversation), <strong>model_key</strong> one the model's own <code>idempotency_key</code> named (in its conversation), <strong>window</strong> a replay of an identical call within the tool's window, <strong>expired</strong> a retry of an action that ran before and whose outcome is no longer kept, refused rather than run again.</p>"#);
     body.push_str(r#"<table class="value" id="saved"><caption>Time saved by replays</caption><tr><th scope="col">tenant</th><th scope="col">tool</th><th scope="col">replays timed</th><th scope="col">time not spent again</th><th scope="col">replays not timed</th></tr>"#);
     let mut pairs: std::collections::BTreeSet<&(String, String)> = value.saved.keys().collect();
     pairs.extend(value.untimed.keys());
