@@ -42,7 +42,6 @@ import importlib.util
 import json
 import os
 import random
-import shutil
 import sqlite3
 import subprocess
 import sys
@@ -377,13 +376,7 @@ def main() -> None:
               + ", ".join(f"{k} {v:.1f} s" for k, v in timings.items())
               + f"; {total:.0f} s before the rest)")
     finally:
-        gateway.terminate()
-        try:
-            gateway.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            gateway.kill()
-            gateway.wait()
-        shutil.rmtree(work, ignore_errors=True)
+        cb.stop_gateway(gateway, work)
 
 
 if __name__ == "__main__":
