@@ -5,8 +5,8 @@ Run by scripts/test-console after scripts/console-browser.py, with the same envi
 
 The store is a fresh SQLite file that the idemgate binary creates (its schema at the current
 version), filled with 100,000 rows in one transaction of inserts into its table (2 s; a loop
-through the engine would take minutes): three tenants (acme and globex have tokens, initech only records),
-four tools, creation times spread over three weeks with runs of seven records sharing one
+through the engine would take minutes): three tenants (acme and globex have tokens, initech
+only records), four tools, creation times spread over three weeks with runs of seven records sharing one
 millisecond (so that pages end inside a tie, which the cursor's tie-break must get right), and a
 shuffled mix of states: completed, unknown, in flight with a lease that ran out (reported unknown),
 in flight with a live lease, and expired (completed past the ttl, kept as a tombstone). The
@@ -21,8 +21,8 @@ In the browser, signed in as the operator (every tenant):
   40th, the middle one and the last two) opened from their cursors and each one's link followed
   once; the same checks, and the next link names the cursor of its page's last record. Each page
   of the whole list costs the SQLite store a scan and sort of every record (it has no index on
-  creation time), a third of a second here, so following all 1,000 takes six minutes: WALK_ALL=1
-  does;
+  creation time), a third of a second here, so following all 1,000 takes six to seven minutes:
+  WALK_ALL=1 does;
 - no timestamp or key in the records table breaks across lines (a narrow window);
 - search by an exact key (one row) and by a key prefix (every match, counted); the unknown
   records of one tool and of one tenant, counted;
@@ -70,7 +70,8 @@ PLANTED = {"unknown": 6_030, "lease_lost": 1_020, "in_flight": 50, "expired": 12
 TOKENS = {"acme": cb.ACME, "globex": cb.GLOBEX}
 # The whole list, unless WALK_ALL=1: the first pages followed, then every SAMPLE_EVERY-th page
 # opened from its cursor and its next link followed once (each page of the whole list costs the
-# store a scan and sort of every record: about a third of a second here, 1000 pages six minutes).
+# store a scan and sort of every record: about a third of a second here, so 1000 pages take six
+# to seven minutes).
 SAMPLE_FIRST = 10
 SAMPLE_EVERY = 40
 # A record as the listing orders it: creation time (ms), tenant, tool, key.
