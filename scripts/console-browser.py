@@ -90,6 +90,17 @@ operator_token_sha256 = "{token_hash(OPERATOR)}"
     return proc, line.split("listening on ", 1)[1].strip()
 
 
+def stop_gateway(proc: subprocess.Popen[str], work: Path) -> None:
+    """Stops the gateway `start_gateway` started and removes its directory."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    shutil.rmtree(work, ignore_errors=True)
+
+
 def api(base: str, token: str, method: str, path: str, body: object | None = None,
         key: str | None = None) -> tuple[int, dict]:
     req = urllib.request.Request(base + path, method=method)
@@ -305,13 +316,7 @@ def main() -> None:
         print(f"console browser test: ok ({checks.shots} pages checked; charge totals: "
               f"{' '.join(totals.split())})")
     finally:
-        gateway.terminate()
-        try:
-            gateway.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            gateway.kill()
-            gateway.wait()
-        shutil.rmtree(work, ignore_errors=True)
+        stop_gateway(gateway, work)
 
 
 if __name__ == "__main__":

@@ -710,6 +710,54 @@ fn mcp_what_counts_as_the_same_action_without_a_key() {
     assert_eq!(verdict(&refused), "key_required", "{refused}");
 }
 
+/// The audit log (which the console's duplicates are counted from) and `/metrics` counted a replay
+/// of a call named by the model's key or the client's tool-call id under the rule `key`, as if the
+/// caller had named the action: each is counted under the rule that named it.
+#[test]
+fn mcp_duplicates_are_counted_under_the_rule_that_named_them() {
+    let sb = Sandbox::new();
+    let audit = sb.path("audit.jsonl");
+    let mut p = sb.initialized(&format!(
+        "replay_notice = false\naudit_log = {:?}\n",
+        audit.display().to_string()
+    ));
+    for (label, args, meta) in [
+        (
+            "key",
+            json!({}),
+            json!({"dev.idemgate/idempotency-key": "order-1"}),
+        ),
+        ("model", json!({"idempotency_key": "mine"}), json!({})),
+        (
+            "call",
+            json!({}),
+            json!({"dev.idemgate/tool-call-id": "call-7"}),
+        ),
+    ] {
+        let mut arguments = json!({ "label": label });
+        arguments
+            .as_object_mut()
+            .unwrap()
+            .extend(args.as_object().unwrap().clone());
+        let params = json!({"name": "count", "arguments": arguments, "_meta": meta});
+        p.request("tools/call", params.clone());
+        let again = p.request("tools/call", params);
+        assert_eq!(
+            again["result"]["_meta"]["dev.idemgate/replayed"], true,
+            "{again}"
+        );
+    }
+    drop(p);
+    let rules: Vec<Value> = fs::read_to_string(&audit)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|l| l["event"] == "replayed")
+        .map(|l| l["rule"].clone())
+        .collect();
+    assert_eq!(rules, [json!("key"), json!("model_key"), json!("call_id")]);
+}
+
 #[test]
 fn mcp_fallback_window_deduplicates_calls_without_key() {
     let (sb, mut p) = started("[tools.count]\nfallback_window = \"1h\"\n");

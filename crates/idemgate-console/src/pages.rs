@@ -690,23 +690,23 @@ async fn records(
 fn records_table(body: &mut String, caption: &str, records: &[Record]) {
     let _ = write!(
         body,
-        r#"<table><caption>{caption}</caption><thead><tr><th scope="col">State</th><th scope="col">Tenant</th><th scope="col">Tool</th><th scope="col">Key</th><th scope="col">Fence</th><th scope="col">Created</th><th scope="col">Detail</th></tr></thead><tbody>"#
+        r#"<div class="scroll"><table><caption>{caption}</caption><thead><tr><th scope="col">State</th><th scope="col">Tenant</th><th scope="col">Tool</th><th scope="col">Key</th><th scope="col">Fence</th><th scope="col">Created</th><th scope="col">Detail</th></tr></thead><tbody>"#
     );
     for r in records {
         let state = r.state_name().to_string();
         let _ = write!(
             body,
-            r#"<tr class="row-{state}"><td><span class="state state-{state}">{state}</span></td><td>{}</td><td>{}</td><td><a href="/ui/record?{}">{}</a></td><td>{}</td><td>{}</td><td>{}</td></tr>"#,
+            r#"<tr class="row-{state}"><td><span class="state state-{state}">{state}</span></td><td>{}</td><td>{}</td><td class="key"><a href="/ui/record?{}">{}</a></td><td>{}</td><td>{}</td><td>{}</td></tr>"#,
             esc(r.key.tenant.as_str()),
             esc(r.key.tool.as_str()),
             record_query(&r.key),
             esc(r.key.key.as_str()),
             r.fence,
-            r.created_at,
-            esc(&detail(r)),
+            time_html(r.created_at),
+            detail_with(r, time_html),
         );
     }
-    body.push_str("</tbody></table>");
+    body.push_str("</tbody></table></div>");
 }
 
 /// The query string naming one record.
@@ -718,10 +718,22 @@ fn record_query(key: &Key) -> String {
     ])
 }
 
+/// A time as the records table shows it: a `<time>` element, which the stylesheet keeps on one
+/// line (a table squeezed by a narrow window otherwise breaks it at its hyphens, mid-date).
+fn time_html(t: Timestamp) -> String {
+    format!(r#"<time datetime="{t}">{t}</time>"#)
+}
+
 /// One line about a record's state.
 fn detail(r: &Record) -> String {
+    detail_with(r, |t| t.to_string())
+}
+
+/// [`detail`] with each time written by `time` (its words are the console's own: with a time
+/// written as HTML, it is HTML).
+fn detail_with(r: &Record, time: impl Fn(Timestamp) -> String) -> String {
     match &r.state {
-        RecordState::InFlight { lease_until } => format!("lease until {lease_until}"),
+        RecordState::InFlight { lease_until } => format!("lease until {}", time(*lease_until)),
         RecordState::Completed {
             outcome,
             completed_at,
@@ -734,22 +746,27 @@ fn detail(r: &Record) -> String {
                 ""
             };
             let remembered = if retain_until > expires_at {
-                format!(", then remembered as expired until {retain_until}")
+                format!(", then remembered as expired until {}", time(*retain_until))
             } else {
                 String::new()
             };
             format!(
-                "{} at {completed_at}{by}; kept until {expires_at}{remembered}",
-                outcome.kind
+                "{} at {}{by}; kept until {}{remembered}",
+                outcome.kind,
+                time(*completed_at),
+                time(*expires_at)
             )
         }
-        RecordState::Unknown { since } => format!("outcome unknown since {since}"),
+        RecordState::Unknown { since } => format!("outcome unknown since {}", time(*since)),
         RecordState::Expired {
             completed_at,
             expired_at,
             retain_until,
         } => format!(
-            "ran at {completed_at}; its outcome expired at {expired_at} and is no longer kept; a retry is refused as expired until {retain_until}"
+            "ran at {}; its outcome expired at {} and is no longer kept; a retry is refused as expired until {}",
+            time(*completed_at),
+            time(*expired_at),
+            time(*retain_until)
         ),
     }
 }
@@ -1332,7 +1349,7 @@ fn value_section(body: &mut String, log: &audit::Log, visible: &dyn Fn(&str) -> 
             esc(rule)
         );
     }
-    body.push_str(r#"</table><p class="note">Rules: <strong>key</strong> a replay of a record a key named (the caller's key, or a framework's call id or a model's key, which the engine sees alike), <strong>window</strong> a replay of an identical call within the tool's window, <strong>expired</strong> a retry of an action that ran before and whose outcome is no longer kept, refused rather than run again.</p>"#);
+    body.push_str(r#"</table><p class="note">Rules: <strong>key</strong> a replay of a record the caller's key named (the orchestration layer's or the program's), <strong>call_id</strong> one a framework's tool-call id named (in its conversation), <strong>model_key</strong> one the model's own <code>idempotency_key</code> named (in its conversation), <strong>window</strong> a replay of an identical call within the tool's window, <strong>expired</strong> a retry of an action that ran before and whose outcome is no longer kept, refused rather than run again.</p>"#);
     body.push_str(r#"<table class="value" id="saved"><caption>Time saved by replays</caption><tr><th scope="col">tenant</th><th scope="col">tool</th><th scope="col">replays timed</th><th scope="col">time not spent again</th><th scope="col">replays not timed</th></tr>"#);
     let mut pairs: std::collections::BTreeSet<&(String, String)> = value.saved.keys().collect();
     pairs.extend(value.untimed.keys());

@@ -826,3 +826,38 @@ async fn engine_ok(engine: &Engine<AnyStore>, call: Call) {
         .await
         .expect("the call runs");
 }
+
+/// A table squeezed by a narrow window broke its timestamps (and keys) at their hyphens,
+/// mid-date: every time in the records table (created, and those in the detail) is a `<time>`
+/// element and every key in a `key` cell, which the stylesheet keeps on one line.
+/// (scripts/console-walk.py measures the lines in a browser.)
+#[tokio::test]
+async fn the_records_table_never_breaks_a_time() {
+    let r = rig().await;
+    unknown_record(&r.engine, "acme", "stuck-1").await;
+    let (acme, _) = sign_in(&r.app, ACME).await;
+    let page = text(get(&r.app, "/ui", Some(&acme)).await).await;
+    let table = &page[page.find("<tbody>").expect("a table")..];
+    let row = &table[..table.find("</tr>").unwrap()];
+    let record = r
+        .engine
+        .get(&key("acme", "stuck-1"))
+        .await
+        .unwrap()
+        .unwrap();
+    let RecordState::Unknown { since } = record.state else {
+        panic!("{record:?}")
+    };
+    for t in [record.created_at, since] {
+        assert!(
+            row.contains(&format!(r#"<time datetime="{t}">{t}</time>"#)),
+            "{t} in {row}"
+        );
+    }
+    let style = text(get(&r.app, "/ui/assets/console.css", None).await).await;
+    assert!(
+        style.contains("time, td.key { white-space: nowrap; }"),
+        "{style}"
+    );
+    assert!(row.contains(r#"<td class="key"><a href="#), "{row}");
+}

@@ -254,6 +254,12 @@ impl IdempotencyKey {
 }
 
 /// Which rule named a record: the caller's key, or the (tool, arguments) fallback window.
+///
+/// A key a door derived from what a model sent ([`KeyRule::CallId`], [`KeyRule::ModelKey`]) names
+/// its record as any key does: it is kept as long, and on the wire (answers, problems, headers,
+/// `_meta`) it is `explicit` like any key (the door says which one named the call, e.g. MCP's
+/// `named_by`). The variants are there for the observers, which count duplicates by the rule that
+/// made them duplicates (`idemgate_kit::metrics::duplicate_rule`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum KeyRule {
@@ -262,11 +268,20 @@ pub enum KeyRule {
     /// The call had no key; one was derived from the tool and its canonical arguments, valid for the
     /// tool's short fallback window.
     Fallback,
+    /// The call's key was derived by its door from the framework's tool-call id, within the
+    /// call's scope ([`Call::key_named_by`](crate::Call::key_named_by)).
+    #[serde(rename(serialize = "explicit"), skip_deserializing)]
+    CallId,
+    /// The call's key was derived by its door from the model's own `idempotency_key` argument,
+    /// within the call's scope ([`Call::key_named_by`](crate::Call::key_named_by)).
+    #[serde(rename(serialize = "explicit"), skip_deserializing)]
+    ModelKey,
 }
 
 impl KeyRule {
     /// The rule that named a record, as its key shows: the engine derives fallback keys under a
-    /// prefix that callers' keys may not use ([`IdempotencyKey::explicit`]).
+    /// prefix that callers' keys may not use ([`IdempotencyKey::explicit`]). (Which door's fact a
+    /// key came from is not in it: never [`KeyRule::CallId`] or [`KeyRule::ModelKey`].)
     pub fn of(key: &IdempotencyKey) -> Self {
         if key.as_str().starts_with(FALLBACK_PREFIX) {
             KeyRule::Fallback
@@ -274,14 +289,19 @@ impl KeyRule {
             KeyRule::Explicit
         }
     }
+
+    /// Its name on the wire: `fallback`, or `explicit` for a record any key names.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KeyRule::Explicit | KeyRule::CallId | KeyRule::ModelKey => "explicit",
+            KeyRule::Fallback => "fallback",
+        }
+    }
 }
 
 impl fmt::Display for KeyRule {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            KeyRule::Explicit => "explicit",
-            KeyRule::Fallback => "fallback",
-        })
+        f.write_str(self.as_str())
     }
 }
 
@@ -378,6 +398,18 @@ mod tests {
         let t = TenantId::new("t").unwrap();
         let f = Key::fallback(t, ToolName::new("x").unwrap(), &fp);
         assert_eq!(KeyRule::of(&f.key), KeyRule::Fallback);
+    }
+
+    #[test]
+    fn a_key_a_door_derived_is_explicit_on_the_wire() {
+        for rule in [KeyRule::Explicit, KeyRule::CallId, KeyRule::ModelKey] {
+            assert_eq!(serde_json::to_value(rule).unwrap(), "explicit");
+            assert_eq!(rule.to_string(), "explicit");
+        }
+        assert_eq!(serde_json::to_value(KeyRule::Fallback).unwrap(), "fallback");
+        let read: KeyRule = serde_json::from_value(serde_json::json!("explicit")).unwrap();
+        assert_eq!(read, KeyRule::Explicit);
+        assert!(serde_json::from_value::<KeyRule>(serde_json::json!("call_id")).is_err());
     }
 
     #[test]

@@ -33,13 +33,7 @@ pub(crate) fn set_record_headers(
         REPLAYED,
         HeaderValue::from_static(if replayed { "true" } else { "false" }),
     );
-    h.insert(
-        RULE,
-        HeaderValue::from_static(match rule {
-            KeyRule::Explicit => "explicit",
-            KeyRule::Fallback => "fallback",
-        }),
-    );
+    h.insert(RULE, HeaderValue::from_static(rule.as_str()));
     for (name, at) in [(EXECUTED_AT, executed_at), (EXPIRES_AT, expires_at)] {
         if let Some(at) = at {
             if let Ok(v) = HeaderValue::from_str(&at.to_string()) {

@@ -27,7 +27,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use idemgate_core::{IdempotencyKey, KeyError};
+use idemgate_core::{IdempotencyKey, KeyError, KeyRule};
 
 /// The tool argument a model sets to name a new action (a deliberate repeat), in every door.
 pub const MODEL_KEY_ARGUMENT: &str = "idempotency_key";
@@ -76,6 +76,21 @@ impl Rule {
             Rule::ModelKey => "model_key",
             Rule::CallId => "call_id",
             Rule::Window => "window",
+        }
+    }
+
+    /// The engine's rule for a call this rule named ([`Call::key_named_by`]): a program's key is
+    /// the caller's ([`KeyRule::Explicit`]), the window's the engine's own ([`KeyRule::Fallback`]),
+    /// and a model's key or a call id is said as such, so that its duplicates are counted under
+    /// it.
+    ///
+    /// [`Call::key_named_by`]: idemgate_core::Call::key_named_by
+    pub fn key_rule(self) -> KeyRule {
+        match self {
+            Rule::OrchestrationKey | Rule::BusinessKey => KeyRule::Explicit,
+            Rule::ModelKey => KeyRule::ModelKey,
+            Rule::CallId => KeyRule::CallId,
+            Rule::Window => KeyRule::Fallback,
         }
     }
 

@@ -158,7 +158,7 @@ impl Metrics {
         for (name, help, label, map) in [
             (
                 "idemgate_duplicates_answered_total",
-                "Duplicates answered without running the action, by tenant, tool and the rule that made them duplicates (key, window, expired).",
+                "Duplicates answered without running the action, by tenant, tool and the rule that made them duplicates (key, call_id, model_key, window, expired).",
                 "rule",
                 &self.duplicates,
             ),
@@ -273,15 +273,18 @@ impl Observer for Metrics {
 }
 
 /// The rule by which an answer was a duplicate answered without running the action, when it
-/// was one: `key` (a replay of a record a key named: the caller's, a call id's or a model's,
-/// which the engine sees alike), `window` (a replay of an identical call within the fallback
-/// window) or `expired` (the action ran before and its outcome is no longer kept: refused, not
-/// run again). The engine knows only whether a key or the window named the record; which door's
-/// fact the key came from is the door's (`idemgate_kit::identity`) and is not in the answer.
+/// was one: `key` (a replay of a record a key named: the caller's, the program's, the
+/// orchestration layer's), `call_id` (a key its door derived from the framework's tool-call id),
+/// `model_key` (one derived from the model's own `idempotency_key`), `window` (a replay of an
+/// identical call within the fallback window) or `expired` (the action ran before and its outcome
+/// is no longer kept: refused, not run again). A door that derives a key says so on the call
+/// ([`idemgate_core::Call::key_named_by`]) and the answer carries it.
 pub fn duplicate_rule(answer: &Answer) -> Option<&'static str> {
     match answer.decision {
         Decision::Replayed { .. } => Some(match answer.rule {
             Some(KeyRule::Fallback) => "window",
+            Some(KeyRule::CallId) => "call_id",
+            Some(KeyRule::ModelKey) => "model_key",
             // A replay always has a record, so a rule; `key` if a door ever left it out.
             Some(KeyRule::Explicit) | None => "key",
         }),
@@ -402,6 +405,17 @@ mod tests {
                 Verdict::Replayed,
                 answer(KeyRule::Fallback, replayed.clone()),
             ),
+            // Keys its door derived from a call id or the model's key: not counted as `key`.
+            (
+                &charge,
+                Verdict::Replayed,
+                answer(KeyRule::CallId, replayed.clone()),
+            ),
+            (
+                &charge,
+                Verdict::Replayed,
+                answer(KeyRule::ModelKey, replayed.clone()),
+            ),
             (
                 &charge,
                 Verdict::Expired,
@@ -455,6 +469,8 @@ mod tests {
         for line in [
             "idemgate_duplicates_answered_total{tenant=\"acme\",tool=\"charge\",rule=\"key\"} 2",
             "idemgate_duplicates_answered_total{tenant=\"acme\",tool=\"charge\",rule=\"window\"} 1",
+            "idemgate_duplicates_answered_total{tenant=\"acme\",tool=\"charge\",rule=\"call_id\"} 1",
+            "idemgate_duplicates_answered_total{tenant=\"acme\",tool=\"charge\",rule=\"model_key\"} 1",
             "idemgate_duplicates_answered_total{tenant=\"acme\",tool=\"charge\",rule=\"expired\"} 1",
             "idemgate_duplicates_answered_total{tenant=\"acme\",tool=\"other\",rule=\"key\"} 1",
             "idemgate_resolutions_total{tenant=\"acme\",tool=\"charge\",how=\"completed\"} 1",
@@ -465,7 +481,7 @@ mod tests {
         }
         assert_eq!(
             text.matches("idemgate_duplicates_answered_total{").count(),
-            4,
+            6,
             "the executed call is no duplicate: {text}"
         );
         assert!(!text.contains("made-up"), "{text}");

@@ -494,8 +494,8 @@ pub(super) fn name(call: Call, policy: &ToolPolicy) -> Result<Option<Named>, Eng
     let named = match (call.key, policy.fallback_window) {
         (Some(k), _) => Named {
             key: Key::new(call.tenant, call.tool, k),
-            rule: KeyRule::Explicit,
-            keep: Keep::of(KeyRule::Explicit, policy),
+            rule: call.key_rule,
+            keep: Keep::of(call.key_rule, policy),
         },
         (None, Some(_)) => Named {
             key: Key::fallback(

@@ -46,6 +46,9 @@ pub struct Call {
     /// the same action as an identical one within the fallback window only in the same scope
     /// ([`Call::scope`]). `None`: one scope for the tenant.
     pub scope: Option<Arc<str>>,
+    /// The rule its key was named by, when it has one: [`KeyRule::Explicit`] unless its door
+    /// derived the key from what a model sent ([`Call::key_named_by`]).
+    pub key_rule: KeyRule,
 }
 
 impl Call {
@@ -59,6 +62,7 @@ impl Call {
             key: None,
             fingerprint: *NULL_ARGS.get_or_init(|| Fingerprint::of_json(&Value::Null)),
             scope: None,
+            key_rule: KeyRule::Explicit,
         }
     }
 
@@ -88,6 +92,19 @@ impl Call {
     /// Sets the idempotency key.
     pub fn key(mut self, key: IdempotencyKey) -> Self {
         self.key = Some(key);
+        self
+    }
+
+    /// Says which rule its door named the key by: [`KeyRule::CallId`] or [`KeyRule::ModelKey`]
+    /// for a key derived from the framework's call id or the model's own key. The record is named
+    /// and kept as for any key; answers carry the rule, so observers count its duplicates under
+    /// it. ([`KeyRule::Fallback`] is the engine's to give, for a call without a key: a key so
+    /// marked is taken as explicit.)
+    pub fn key_named_by(mut self, rule: KeyRule) -> Self {
+        self.key_rule = match rule {
+            KeyRule::Fallback => KeyRule::Explicit,
+            r => r,
+        };
         self
     }
 

@@ -228,7 +228,7 @@ impl<S: Store> Judge<S> {
         // window's alone, as the tool's policy gives it one.
         let window = (identity.window && identity.key.is_some()).then(|| call.clone());
         let call = match identity.key {
-            Some(k) => call.key(k),
+            Some(k) => call.key(k).key_named_by(identity.rule.key_rule()),
             None => call,
         };
         Ok((call, identity.rule, window))
