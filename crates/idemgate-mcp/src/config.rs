@@ -413,7 +413,11 @@ pub fn server_name(config: &Config, command: &[String]) -> String {
     let program = command
         .iter()
         .map(|a| base(a))
-        .find(|a| !a.starts_with('-') && !LAUNCHERS.contains(&a.as_str()) && !a.is_empty())
+        .find(|a| {
+            // Windows names programs in any case (`Python.exe`, `NPX.CMD`).
+            let program = a.to_ascii_lowercase();
+            !a.starts_with('-') && !LAUNCHERS.contains(&program.as_str()) && !a.is_empty()
+        })
         .unwrap_or_default();
     let name = sanitize(&program);
     if name.is_empty() {
@@ -423,16 +427,22 @@ pub fn server_name(config: &Config, command: &[String]) -> String {
     }
 }
 
-/// The last path segment of `arg`, without a version (`pkg@1.2`) or a script extension.
+/// The last path segment of `arg` (after a `/`, or a `\` of a Windows path, on every
+/// platform: an agent's configuration is often written on another), without a version
+/// (`pkg@1.2`) or a script or program extension.
 fn base(arg: &str) -> String {
-    let last = arg.rsplit('/').next().unwrap_or(arg);
+    let last = arg.rsplit(['/', '\\']).next().unwrap_or(arg);
     let last = match last.find('@') {
         Some(at) if at > 0 => &last[..at],
         _ => last,
     };
-    let last = [".py", ".js", ".mjs", ".cjs", ".ts", ".exe"]
+    let last = [".py", ".js", ".mjs", ".cjs", ".ts", ".exe", ".cmd", ".bat"]
         .iter()
-        .find_map(|ext| last.strip_suffix(ext))
+        .find_map(|ext| {
+            let cut = last.len().checked_sub(ext.len())?;
+            (last.is_char_boundary(cut) && last[cut..].eq_ignore_ascii_case(ext))
+                .then(|| &last[..cut])
+        })
         .unwrap_or(last);
     last.to_owned()
 }
@@ -491,6 +501,16 @@ mod tests {
             ("uvx mcp-server-git --repository .", "mcp-server-git"),
             ("python3 /opt/tools/billing_server.py", "billing_server"),
             ("/usr/local/bin/my-server --flag", "my-server"),
+            // Windows: a backslashed path, launchers with their extension, any case.
+            (r"C:\tools\billing-server.exe --port 1", "billing-server"),
+            (
+                r"NPX.CMD -y @modelcontextprotocol/server-memory",
+                "server-memory",
+            ),
+            (
+                r"C:\Python312\python.exe C:\srv\Mail_Server.PY",
+                "Mail_Server",
+            ),
             ("npx", "server"),
         ] {
             assert_eq!(server_name(&c, &argv(cmd)), want, "{cmd}");

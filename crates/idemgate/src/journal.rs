@@ -162,8 +162,13 @@ impl FileJournal {
         serde_json::from_slice(&json).ok()
     }
 
+    /// Makes a rename or removal in the directory durable. On Unix, an fsync of the directory.
+    /// Windows opens no directory as a file (without backup semantics, which `std` does not
+    /// ask for), and NTFS journals a rename itself; there is nothing more to sync.
     fn sync_dir(&self) -> std::io::Result<()> {
-        File::open(&self.dir)?.sync_all()
+        #[cfg(unix)]
+        File::open(&self.dir)?.sync_all()?;
+        Ok(())
     }
 
     fn spare(&self, i: u32) -> PathBuf {
