@@ -351,7 +351,10 @@ pub trait Store: Send + Sync + 'static {
     /// again: the record expires now, and so does its tombstone (a record already reported
     /// expired is reopened the same way). It is not deleted, so that it keeps its fence: the next
     /// reservation takes the next fence, as after any expiry, and a reopening retried at this
-    /// fence can never meet the record of the call that ran again. Anything else (a record in
+    /// fence can never meet the record of the call that ran again. (Until a purge deletes the row:
+    /// a record reserved after that starts at fence 1 again, so a reopening retried that late at
+    /// fence 1 could meet it. Operators act on what they just looked at; a purge runs on records
+    /// whose time is up.) Anything else (a record in
     /// flight or unknown, another fence, an expired or absent record) is left as it is and
     /// returned as [`Reopened::Kept`]. Stores with change notifications wake the record's
     /// waiters, as on a release. (The engine reopens unknown records with a takeover and a
