@@ -102,6 +102,12 @@ def test_unknown_after_ambiguous_then_resolve(acme: idemgate.Client) -> None:
     assert e.value.since
     record = acme.record("invoice", key)
     assert record is not None and record.state == "unknown" and record.since is not None
+    # Why, from the store, and the key the upstream would have got.
+    assert record.reason == "timeout after sending"
+    assert record.downstream_key is not None and len(record.downstream_key) == 64
+    assert [s["what"] for s in record.history] == ["reserved", "became_unknown"]
+    # A duplicate is told the reason too.
+    assert "timeout after sending" in (e.value.detail or "")
     assert key in {r.key for r in acme.records(state="unknown", tool="invoice", limit=1000)}
 
     # it did not happen: release, and the next call runs

@@ -171,6 +171,13 @@ class Record:
     outcome: Outcome | None = None
     completed_at: datetime | None = None
     expires_at: datetime | None = None
+    #: The key the upstream got in ``Idempotency-Key``: what to search for at the provider.
+    downstream_key: str | None = None
+    #: Why an unknown record is unknown (only from :meth:`Client.record`).
+    reason: str | None = None
+    #: Its story, oldest first: each step's ``at``, ``what``, ``text`` and, where given, ``fence``,
+    #: ``by`` and ``reason`` (only from :meth:`Client.record`; empty in listings).
+    history: list[dict[str, Any]] = field(default_factory=list, repr=False, compare=False)
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -188,6 +195,9 @@ class Record:
             outcome=Outcome.from_json(doc.get("outcome")),
             completed_at=parse_time(doc.get("completed_at")),
             expires_at=parse_time(doc.get("expires_at")),
+            downstream_key=doc.get("downstream_key"),
+            reason=doc.get("reason"),
+            history=list(doc.get("history") or []),
             raw=dict(doc),
         )
 
