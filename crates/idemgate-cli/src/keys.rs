@@ -127,6 +127,10 @@ pub(crate) async fn run(ctx: &Context, cmd: &KeysCommand) -> Result<u8> {
 async fn list(ctx: &Context, mut filter: ListFilter, all: bool) -> Result<u8> {
     let page = filter.limit;
     let mut printed = 0usize;
+    // The widths of the table's name columns (state, tenant, tool, key): as wide as their longest
+    // name so far (up to 64), so that long MCP tool names never push a row out of line; a
+    // later page with longer names widens them from there on.
+    let mut widths = [10usize, 12, 16, 24];
     if ctx.json {
         // One array however many pages it takes, written as they come.
         out::bytes(b"[");
@@ -141,18 +145,30 @@ async fn list(ctx: &Context, mut filter: ListFilter, all: bool) -> Result<u8> {
         let more = page > 0 && records.len() > page;
         records.truncate(if page > 0 { page } else { records.len() });
         for r in &records {
+            let names = [
+                r.state_name().to_string().len(),
+                r.key.tenant.as_str().chars().count(),
+                r.key.tool.as_str().chars().count(),
+                r.key.key.as_str().chars().count(),
+            ];
+            for (w, n) in widths.iter_mut().zip(names) {
+                *w = (*w).max(n.min(64));
+            }
+        }
+        let [ws, wn, wt, wk] = widths;
+        for r in &records {
             if ctx.json {
                 let sep = if printed == 0 { "" } else { "," };
                 out::bytes(format!("{sep}{}", record_json(r, None)).as_bytes());
             } else {
                 if printed == 0 {
                     out::line(format_args!(
-                        "{:<10} {:<12} {:<16} {:<24} {:>5}  {:<24}  DETAIL",
+                        "{:<ws$} {:<wn$} {:<wt$} {:<wk$} {:>5}  {:<24}  DETAIL",
                         "STATE", "TENANT", "TOOL", "KEY", "FENCE", "CREATED"
                     ));
                 }
                 out::line(format_args!(
-                    "{:<10} {:<12} {:<16} {:<24} {:>5}  {:<24}  {}",
+                    "{:<ws$} {:<wn$} {:<wt$} {:<wk$} {:>5}  {:<24}  {}",
                     r.state_name().to_string(),
                     r.key.tenant.as_str(),
                     r.key.tool.as_str(),

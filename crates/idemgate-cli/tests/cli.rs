@@ -698,6 +698,27 @@ fn keys_list_filters_by_scope() {
     assert_eq!(text(&scoped.stdout).trim(), "[]");
 }
 
+/// `keys list` keeps its columns in line when a tool's name is longer than the column's usual
+/// width (an MCP tool's `server/tool` names often are): every row's fence (right-aligned) ends
+/// where the header's FENCE does.
+#[test]
+fn keys_list_keeps_its_columns_in_line_for_long_tool_names() {
+    let sb = Sandbox::new();
+    let effect = sb.path("effect");
+    for (key, tool) in [("k-1", "exec"), ("k-2", "server-memory/create_entities")] {
+        let out = sb.exec_append(key, &effect, &["--tool", tool]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+    }
+    let listed = text(&sb.run(&["keys", "list"]).stdout);
+    let lines: Vec<&str> = listed.lines().collect();
+    let column = |line: &str| line.find(" 1  ").map(|i| i + 2);
+    let header = lines[0].find("FENCE").unwrap() + "FENCE".len();
+    assert_eq!(lines.len(), 3, "{listed}");
+    for row in &lines[1..] {
+        assert_eq!(column(row), Some(header), "out of line:\n{listed}");
+    }
+}
+
 /// 16 processes fire the same key at once, for 200 keys: the command runs exactly once per key
 /// and every process gets its outcome.
 #[test]
