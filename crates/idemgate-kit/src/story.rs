@@ -100,8 +100,11 @@ pub fn story(record: Option<&Record>, history: &[HistoryEntry]) -> Vec<Step> {
         }
     }
     steps.extend(history.iter().map(told));
-    // Stable: a record's own steps come before history entries of the same instant.
-    steps.sort_by_key(|s| s.at);
+    // In time order; within one millisecond (a fast store reopens a record and runs the next
+    // call in the same one), by fence: what an operator did at the fence they looked at comes
+    // before the steps of the record the next call made at a higher one. Stable besides, so a
+    // record's own steps come before history entries of the same instant and fence.
+    steps.sort_by_key(|s| (s.at, s.fence));
     steps
 }
 
@@ -247,6 +250,24 @@ mod tests {
         let steps = story(Some(&r), &history);
         assert_eq!(steps.last().unwrap().what, "unknown");
         assert!(steps.last().unwrap().text.contains("lease ended"));
+    }
+
+    #[test]
+    fn within_one_millisecond_a_reopening_comes_before_the_next_calls_steps() {
+        let mut r = unknown(2, 5000);
+        r.created_at = Timestamp::from_millis(5000);
+        r.state = RecordState::Completed {
+            outcome: idemgate_core::Outcome::success(b"{}".to_vec()),
+            completed_at: Timestamp::from_millis(5000),
+            expires_at: Timestamp::from_millis(9000),
+            retain_until: Timestamp::from_millis(9000),
+        };
+        let history = [entry(5000, 1, Happening::Reopened, Some("ann"), "again")];
+        let whats: Vec<String> = story(Some(&r), &history)
+            .into_iter()
+            .map(|s| s.what)
+            .collect();
+        assert_eq!(whats, ["reopened", "reserved", "completed"]);
     }
 
     #[test]
