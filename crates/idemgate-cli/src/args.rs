@@ -152,8 +152,9 @@ pub struct ServeArgs {
 const CONSOLE_ABOUT: &str = "\
 Serve the web console (docs/OPERATIONS.md) at http://ADDR/ui over the store of --store, where no
 gateway runs (`idemgate serve` serves it too, at /ui). Records by state, unknown first, each with
-its timeline from the audit log (--audit-log); resolve and reopen with a reason, written to that
-audit log with who did it; per-tool charts from the audit log.
+its history from the store (why it became unknown, who resolved or reopened it and why, whichever
+door or process did); resolve and reopen with a reason, kept in that history with who did it and
+appended to the audit log (--audit-log) when one is named; per-tool charts from the audit log.
 
 One operator signs in, with the token in the environment variable named by --token-env
 (IDEMGATE_OPERATOR_TOKEN unless changed; at least 16 characters) and sees every tenant's records;
@@ -176,8 +177,8 @@ pub struct ConsoleArgs {
     #[arg(long, value_name = "VAR", default_value = "IDEMGATE_OPERATOR_TOKEN")]
     pub token_env: String,
 
-    /// The audit log to read timelines and charts from, and to append resolutions and
-    /// reopenings to (the gateway's server.audit_log).
+    /// The audit log to read the charts from, and to append resolutions and reopenings to (the
+    /// gateway's server.audit_log). A record's history is in the store, with or without it.
     #[arg(long, value_name = "PATH")]
     pub audit_log: Option<PathBuf>,
 
@@ -404,11 +405,6 @@ impl KeysCommand {
             KeysCommand::List { .. } | KeysCommand::Show { .. } | KeysCommand::Purge { .. } => None,
         }
     }
-
-    /// Whether the command is an operator's resolution or reopening, which the audit log is for.
-    pub(crate) fn settles(&self) -> bool {
-        matches!(self, KeysCommand::Resolve(_) | KeysCommand::Reopen(_))
-    }
 }
 
 /// `keys resolve`.
@@ -447,11 +443,12 @@ pub struct ResolveArgs {
     /// --ttl is refused as expired instead of running again (0s: not past --ttl).
     #[arg(long, default_value = "30d", value_parser = humantime::parse_duration, requires = "completed")]
     pub tombstone: Duration,
-    /// The action did not take effect: remove the record, so that the next call with the key
-    /// runs the action again.
+    /// The action did not take effect: the record counts as absent from now on (it keeps its
+    /// history), so that the next call with the key runs the action again.
     #[arg(long)]
     pub release: bool,
-    /// Why, in words, for the audit log (--audit-log), which also records your OS user.
+    /// Why, in words: kept in the record's history in the store, with your OS user (and in the
+    /// audit log, when --audit-log names one).
     #[arg(long)]
     pub reason: Option<String>,
     /// The audit log to append the resolution to, with who (your OS user) and why: the one the
@@ -472,8 +469,9 @@ finishes or its lease ends.
 
 The next call with the key runs the action again, here at once. Other processes using the same
 store (gateways, MCP proxies, Python workers) may still replay the old outcome from their memory
-for up to 2 seconds (the engine's replay_cache_fresh), then run it again too. The audit log
-(--audit-log) records who (your OS user) reopened it, at which fence, and why.";
+for up to 2 seconds (the engine's replay_cache_fresh), then run it again too. The record's
+history (`keys show`) keeps who (your OS user) reopened it, at which fence, and why; so does the
+audit log, when --audit-log names one.";
 
 /// `keys reopen`.
 #[derive(Debug, Args)]
@@ -487,7 +485,8 @@ pub struct ReopenArgs {
     /// it.
     #[arg(long)]
     pub fence: u64,
-    /// Why, in words, for the audit log (--audit-log).
+    /// Why, in words: kept in the record's history in the store, with your OS user (and in the
+    /// audit log, when --audit-log names one).
     #[arg(long)]
     pub reason: String,
     /// The audit log to append the reopening to, with who (your OS user) and why: the one the

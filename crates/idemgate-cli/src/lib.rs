@@ -213,14 +213,11 @@ async fn dispatch(cli: Cli) -> Result<u8> {
                 Ok(ctx) => ctx,
                 Err(code) => return Ok(code),
             };
+            // Who settled a record and why is in the record's history in the store either way;
+            // the audit log, when named, is the export of it.
             let ctx = match cmd.audit_log() {
                 Some(path) => ctx.with_audit_log(path)?,
-                None => {
-                    if cmd.settles() {
-                        eprintln!("idemgate: no audit log named (--audit-log or IDEMGATE_AUDIT_LOG): who did this and why is written nowhere");
-                    }
-                    ctx
-                }
+                None => ctx,
             };
             keys::run(&ctx, cmd).await
         }

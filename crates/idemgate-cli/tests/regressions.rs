@@ -403,8 +403,8 @@ fn a_replay_of_an_operators_resolution_says_so() {
 
 /// `keys resolve --reason` and `keys reopen --reason` wrote no audit entry anywhere, though their
 /// help says the reason is for the audit log: they append to the audit log the gateway and the
-/// console write (`--audit-log`, or `IDEMGATE_AUDIT_LOG`), with who and why, and say so when
-/// none is named.
+/// console write (`--audit-log`, or `IDEMGATE_AUDIT_LOG`), with who and why; without one, the
+/// record's history in the store still keeps both.
 #[test]
 fn operator_commands_write_the_audit_log() {
     let sb = Sandbox::new();
@@ -471,15 +471,34 @@ fn operator_commands_write_the_audit_log() {
     assert_eq!(reopening["was"], "completed");
     assert!(!log.contains("pay-1"), "the raw key never appears: {log}");
 
-    // Without an audit log the operator is told that the reason is kept nowhere.
+    // Without an audit log, who and why are still on the record: in its history in the store.
     let killed = sb.run(&["exec", "--key", "pay-2", "--", "sh", "-c", "kill -9 $$"]);
     assert_eq!(killed.status.code(), Some(76), "{}", text(&killed.stderr));
-    let unaudited = sb.run(&["keys", "resolve", "pay-2", "--release", "--reason", "no"]);
+    let unaudited = sb
+        .idemgate()
+        .env("USER", "carol")
+        .args([
+            "keys",
+            "resolve",
+            "pay-2",
+            "--release",
+            "--reason",
+            "never ran",
+        ])
+        .output()
+        .unwrap();
     assert!(unaudited.status.success(), "{}", text(&unaudited.stderr));
-    assert!(
-        text(&unaudited.stderr).contains("no audit log named"),
-        "{}",
-        text(&unaudited.stderr)
+    let shown = json_of(&sb.run(&[
+        "--json", "keys", "show", "pay-2", "--tool", "exec", "--tenant", "local",
+    ]));
+    let released = shown["history"]
+        .as_array()
+        .and_then(|h| h.iter().find(|s| s["what"] == "resolved_released"))
+        .unwrap_or_else(|| panic!("no release in {shown}"));
+    assert_eq!(
+        (&released["by"], &released["reason"]),
+        (&"carol".into(), &"never ran".into()),
+        "{shown}"
     );
 }
 
