@@ -3,8 +3,8 @@
 // - `idemgate`: clients/node without its checkout-only pieces (the install script that builds the
 //   addon with cargo, the dev dependencies), naming one optional dependency per platform built;
 // - `@idemgate/<platform>` per platform: that platform's addon (`idemgate.node`, its `main`) and
-//   `idemgate` binary (`bin/idemgate`), with `os`, `cpu` and `libc` set so npm installs only the
-//   one that matches (clients/node/platform.cjs names the same packages).
+//   `idemgate` binary (`bin/idemgate`; `bin/idemgate.exe` for win32), with `os`, `cpu` and `libc`
+//   set so npm installs only the one that matches (clients/node/platform.cjs names the same packages).
 // Every package carries the one version given (scripts/release passes the workspace's).
 //
 // Usage: node scripts/npm-packages.mjs --out DIR --version V --platform ID=ADDON,BINARY [...]
@@ -14,15 +14,18 @@ import { execFileSync } from 'node:child_process';
 import { chmodSync, copyFileSync, cpSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
+import { createRequire } from 'node:module';
 import { fileURLToPath } from 'node:url';
 
 const PKG = fileURLToPath(new URL('../clients/node/', import.meta.url));
+const { binaryPath } = createRequire(import.meta.url)('../clients/node/platform.cjs');
 // What npm's `os`, `cpu` and `libc` fields say for each platform id of platform.cjs.
 const FIELDS = {
   'linux-x64-gnu': { os: ['linux'], cpu: ['x64'], libc: ['glibc'] },
   'linux-x64-musl': { os: ['linux'], cpu: ['x64'], libc: ['musl'] },
   'linux-arm64-gnu': { os: ['linux'], cpu: ['arm64'], libc: ['glibc'] },
   'linux-arm64-musl': { os: ['linux'], cpu: ['arm64'], libc: ['musl'] },
+  'win32-x64': { os: ['win32'], cpu: ['x64'] },
 };
 
 /** The packages for `platforms` ([{ id, addon, binary }]) at `version`, packed into `out`. */
@@ -63,10 +66,11 @@ function packPlatform(stage, out, version, { id, addon, binary }) {
   const fields = FIELDS[id];
   if (!fields) throw new Error(`unknown platform ${id}: one of ${Object.keys(FIELDS).join(', ')}`);
   const dir = path.join(stage, id);
+  const bin = binaryPath(id);
   mkdirSync(path.join(dir, 'bin'), { recursive: true });
   copyFileSync(addon, path.join(dir, 'idemgate.node'));
-  copyFileSync(binary, path.join(dir, 'bin', 'idemgate'));
-  chmodSync(path.join(dir, 'bin', 'idemgate'), 0o755);
+  copyFileSync(binary, path.join(dir, bin));
+  chmodSync(path.join(dir, bin), 0o755);
   const manifest = {
     name: `@idemgate/${id}`,
     version,
@@ -74,14 +78,14 @@ function packPlatform(stage, out, version, { id, addon, binary }) {
     license: 'Apache-2.0',
     ...fields,
     main: 'idemgate.node',
-    files: ['idemgate.node', 'bin/idemgate'],
+    files: ['idemgate.node', bin],
     preferUnplugged: true,
   };
   writeFileSync(path.join(dir, 'package.json'), `${JSON.stringify(manifest, null, 2)}\n`);
   writeFileSync(
     path.join(dir, 'README.md'),
     `# @idemgate/${id}\n\nThe native pieces of the [idemgate](https://www.npmjs.com/package/idemgate) package for ${id}: ` +
-      'the engine as a Node addon (`idemgate.node`) and the `idemgate` command line (`bin/idemgate`). ' +
+      `the engine as a Node addon (\`idemgate.node\`) and the \`idemgate\` command line (\`${bin}\`). ` +
       'Install `idemgate`, which depends on this package for this platform; do not depend on it directly.\n',
   );
   return pack(dir, out);

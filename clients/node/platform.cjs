@@ -15,7 +15,7 @@ const path = require('node:path');
 const LOCAL_ADDON = path.join(__dirname, `idemgate.${process.platform}-${process.arch}.node`);
 
 /** The platforms `scripts/release` builds packages for (scripts/npm-packages.mjs writes them). */
-const PLATFORMS = ['linux-x64-gnu', 'linux-x64-musl', 'linux-arm64-gnu', 'linux-arm64-musl'];
+const PLATFORMS = ['linux-x64-gnu', 'linux-x64-musl', 'linux-arm64-gnu', 'linux-arm64-musl', 'win32-x64'];
 
 /** `glibc` or `musl` on Linux (what npm's `libc` field matches), else null. */
 function libc() {
@@ -55,4 +55,9 @@ function missingPackage(what, envVar) {
   );
 }
 
-module.exports = { LOCAL_ADDON, PLATFORMS, libc, platformId, platformPackage, missingPackage };
+/** The binary's path inside a platform package: `bin/idemgate`, `bin/idemgate.exe` on Windows. */
+function binaryPath(id = platformId()) {
+  return id.startsWith('win32-') ? 'bin/idemgate.exe' : 'bin/idemgate';
+}
+
+module.exports = { LOCAL_ADDON, PLATFORMS, libc, platformId, platformPackage, missingPackage, binaryPath };

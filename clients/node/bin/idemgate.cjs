@@ -4,12 +4,12 @@
 // `@idemgate/<platform>-<arch>[-<libc>]` (platform.cjs: npm installs only the one whose `os`,
 // `cpu` and `libc` match). IDEMGATE_BIN names another binary.
 const { spawnSync } = require('node:child_process');
-const { platformPackage, missingPackage } = require('../platform.cjs');
+const { platformPackage, missingPackage, binaryPath } = require('../platform.cjs');
 
 function binary() {
   if (process.env.IDEMGATE_BIN) return process.env.IDEMGATE_BIN;
   try {
-    return require.resolve(`${platformPackage().name}/bin/idemgate`);
+    return require.resolve(`${platformPackage().name}/${binaryPath()}`);
   } catch {
     console.error(missingPackage('idemgate binary', 'IDEMGATE_BIN'));
     process.exit(127);
