@@ -20,7 +20,7 @@
 //! HMAC of the record's name, so the disk shows neither the outcome nor the key either. Entries
 //! written in clear before sealing was turned on are still read and flushed.
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, OpenOptions};
 use std::io::{ErrorKind, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -167,7 +167,7 @@ impl FileJournal {
     /// ask for), and NTFS journals a rename itself; there is nothing more to sync.
     fn sync_dir(&self) -> std::io::Result<()> {
         #[cfg(unix)]
-        File::open(&self.dir)?.sync_all()?;
+        fs::File::open(&self.dir)?.sync_all()?;
         Ok(())
     }
 
