@@ -33,6 +33,9 @@ pub struct Step {
     pub reason: Option<String>,
     /// The step in one sentence.
     pub text: String,
+    /// The fence that orders steps of one millisecond (the record's, for its own steps).
+    #[serde(skip)]
+    order: Fence,
 }
 
 /// The story of the record stored under a key: `record` when one counts, and its `history`
@@ -40,12 +43,16 @@ pub struct Step {
 pub fn story(record: Option<&Record>, history: &[HistoryEntry]) -> Vec<Step> {
     let mut steps: Vec<Step> = Vec::new();
     if let Some(r) = record {
-        steps.push(step(
+        // No fence shown: a takeover since (an operator's resolution, a retry after unknown)
+        // raised the record's fence and kept its reservation time.
+        let mut reserved = step(
             r.created_at,
             Some(r.fence),
             "reserved",
             "reserved: the call began",
-        ));
+        );
+        reserved.fence = None;
+        steps.push(reserved);
         match &r.state {
             RecordState::InFlight { lease_until } => steps.push(step(
                 r.created_at,
@@ -104,7 +111,7 @@ pub fn story(record: Option<&Record>, history: &[HistoryEntry]) -> Vec<Step> {
     // call in the same one), by fence: what an operator did at the fence they looked at comes
     // before the steps of the record the next call made at a higher one. Stable besides, so a
     // record's own steps come before history entries of the same instant and fence.
-    steps.sort_by_key(|s| (s.at, s.fence));
+    steps.sort_by_key(|s| (s.at, s.order));
     steps
 }
 
@@ -145,6 +152,7 @@ fn step(at: Timestamp, fence: Option<Fence>, what: &str, text: &str) -> Step {
         by: None,
         reason: None,
         text: text.to_owned(),
+        order: fence.unwrap_or(0),
     }
 }
 
@@ -189,6 +197,7 @@ fn told(e: &HistoryEntry) -> Step {
         by: e.by.clone(),
         reason: e.reason.clone(),
         text,
+        order: e.fence,
     }
 }
 
