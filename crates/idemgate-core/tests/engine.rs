@@ -12,7 +12,7 @@ use idemgate_core::{
 use serde_json::json;
 use tokio::sync::Notify;
 
-use crate::support::{call, default_rig, key, rig, Counter, LEASE};
+use crate::support::{a_zombie_outlived_by_its_taker, call, default_rig, key, rig, Counter, LEASE};
 
 fn success(body: &str) -> Effect {
     Effect::Success(body.as_bytes().to_vec())
@@ -953,29 +953,7 @@ async fn failpoint_zombie_completion_is_rejected() {
         lease: LEASE,
         ..ToolPolicy::default()
     }));
-    // Heartbeats cannot reach the store, so the slow first call's lease runs out.
-    r.store.always(Op::Heartbeat, Fault::Refuse);
-    let gate = Arc::new(Notify::new());
-    let g = gate.clone();
-    let engine = r.engine.clone();
-    let zombie = tokio::spawn(async move {
-        engine
-            .call(call("acme", "charge", Some("k"), json!(1)), || async move {
-                g.notified().await;
-                success("zombie")
-            })
-            .await
-            .unwrap()
-    });
-    tokio::time::sleep(Duration::from_millis(10)).await;
-    r.clock.advance(LEASE + Duration::from_secs(1));
-    let taker = r
-        .engine
-        .call(call("acme", "charge", Some("k"), json!(1)), || async {
-            success("taker")
-        })
-        .await
-        .unwrap();
+    let (taker, z) = a_zombie_outlived_by_its_taker(&r).await;
     assert!(matches!(
         taker.decision,
         Decision::Executed {
@@ -983,8 +961,6 @@ async fn failpoint_zombie_completion_is_rejected() {
             ..
         }
     ));
-    gate.notify_one();
-    let z = zombie.await.unwrap();
     assert!(
         matches!(
             z.decision,

@@ -2,7 +2,6 @@
 //! unknown, a late outcome the store refused, a retry after unknown, and who resolved or reopened
 //! it and why. A call that reserves and completes leaves none.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use idemgate_core::faulty::{Fault, Op};
@@ -11,9 +10,8 @@ use idemgate_core::{
     State, ToolPolicy, UnknownPolicy,
 };
 use serde_json::json;
-use tokio::sync::Notify;
 
-use crate::support::{call, default_rig, key, rig, LEASE};
+use crate::support::{a_zombie_outlived_by_its_taker, call, default_rig, key, rig, LEASE};
 
 fn success(body: &str) -> Effect {
     Effect::Success(body.as_bytes().to_vec())
@@ -136,37 +134,14 @@ async fn operators_are_named_on_the_trail_and_a_released_record_keeps_it() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_late_outcome_says_what_the_refused_holder_reported() {
     let r = rig(Policies::new().with_default(ToolPolicy {
         on_unknown: UnknownPolicy::Retry,
         lease: LEASE,
         ..ToolPolicy::default()
     }));
-    // Heartbeats cannot reach the store, so the slow first call's lease runs out.
-    r.store.always(Op::Heartbeat, Fault::Refuse);
-    let gate = Arc::new(Notify::new());
-    let g = gate.clone();
-    let engine = r.engine.clone();
-    let zombie = tokio::spawn(async move {
-        engine
-            .call(call("acme", "charge", Some("k"), json!(1)), || async move {
-                g.notified().await;
-                success("zombie")
-            })
-            .await
-            .unwrap()
-    });
-    tokio::time::sleep(Duration::from_millis(10)).await;
-    r.clock.advance(LEASE + Duration::from_secs(1));
-    r.engine
-        .call(call("acme", "charge", Some("k"), json!(1)), || async {
-            success("taker")
-        })
-        .await
-        .unwrap();
-    gate.notify_one();
-    let z = zombie.await.unwrap();
+    let (_, z) = a_zombie_outlived_by_its_taker(&r).await;
     assert!(matches!(
         z.decision,
         Decision::Executed {

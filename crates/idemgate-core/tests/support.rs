@@ -4,11 +4,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use idemgate_core::faulty::FaultyStore;
+use idemgate_core::faulty::{Fault, FaultyStore, Op};
 use idemgate_core::{
-    Call, Effect, Engine, IdempotencyKey, Key, ManualClock, MemoryJournal, MemoryStore, Policies,
-    Settings, TenantId, Timestamp, ToolName, ToolPolicy,
+    Answer, Call, Effect, Engine, IdempotencyKey, Key, ManualClock, MemoryJournal, MemoryStore,
+    Policies, Settings, TenantId, Timestamp, ToolName, ToolPolicy,
 };
+use tokio::sync::Notify;
 
 pub(crate) type TestStore = FaultyStore<MemoryStore>;
 
@@ -83,4 +84,41 @@ impl Counter {
     pub(crate) fn get(&self) -> usize {
         self.0.load(Ordering::SeqCst)
     }
+}
+
+/// A call on `acme`/`charge`/`k` that outlives its lease (heartbeats cannot reach the store), a
+/// second call that takes the record over after the lease ran out and completes it (`taker`),
+/// then the first one reporting its own outcome (`zombie`) too late. The rig's tools must retry
+/// after unknown. Returns the two answers, taker's first. The first call is known to hold the
+/// record before the clock moves: its side effect says so, so that no sleep has to outwait it.
+pub(crate) async fn a_zombie_outlived_by_its_taker(r: &Rig) -> (Answer, Answer) {
+    r.store.always(Op::Heartbeat, Fault::Refuse);
+    let (started, gate) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let (s, g) = (started.clone(), gate.clone());
+    let engine = r.engine.clone();
+    let zombie = tokio::spawn(async move {
+        engine
+            .call(
+                call("acme", "charge", Some("k"), serde_json::json!(1)),
+                || async move {
+                    s.notify_one();
+                    g.notified().await;
+                    Effect::Success(b"zombie".to_vec())
+                },
+            )
+            .await
+            .unwrap()
+    });
+    started.notified().await;
+    r.clock.advance(LEASE + Duration::from_secs(1));
+    let taker = r
+        .engine
+        .call(
+            call("acme", "charge", Some("k"), serde_json::json!(1)),
+            || async { Effect::Success(b"taker".to_vec()) },
+        )
+        .await
+        .unwrap();
+    gate.notify_one();
+    (taker, zombie.await.unwrap())
 }
