@@ -806,15 +806,9 @@ async fn shown(
 ) -> Result<(Session, Record, Vec<HistoryEntry>), Response> {
     let s = viewer(console, headers)?;
     let key = named_key(&s, q.tenant.as_deref(), q.tool.as_deref(), q.key.as_deref())?;
-    let engine = &console.0.engine;
-    let found = match engine.get(&key).await {
-        Ok(Some(r)) => engine.history(&key).await.map(|h| Some((r, h))),
-        Ok(None) => Ok(None),
-        Err(e) => Err(e),
-    };
-    match found {
-        Ok(Some((r, trail))) => Ok((s, r, trail)),
-        Ok(None) => Err(not_found(&s)),
+    match console.0.engine.record_and_history(&key).await {
+        Ok((Some(r), trail)) => Ok((s, r, trail)),
+        Ok((None, _)) => Err(not_found(&s)),
         Err(e) => Err(engine_error(&s, &e)),
     }
 }
@@ -870,12 +864,8 @@ async fn record(
         Ok(k) => k,
         Err(res) => return res,
     };
-    let engine = &console.0.engine;
-    let (r, trail) = match engine.get(&key).await {
-        Ok(r) => match engine.history(&key).await {
-            Ok(trail) => (r, trail),
-            Err(e) => return engine_error(&s, &e),
-        },
+    let (r, trail) = match console.0.engine.record_and_history(&key).await {
+        Ok(found) => found,
         Err(e) => return engine_error(&s, &e),
     };
     let Some(r) = r else {

@@ -131,6 +131,15 @@ impl HistoryEntry {
     }
 }
 
+/// The last entry of `history` that says why the record became unknown at `fence`: what the
+/// record's current unknown state is explained by, when anything is.
+pub fn became_unknown_at(history: &[HistoryEntry], fence: Fence) -> Option<&HistoryEntry> {
+    history
+        .iter()
+        .rev()
+        .find(|e| e.what == Happening::BecameUnknown && e.fence == fence)
+}
+
 /// `text` cut to at most [`MAX_TEXT`] bytes, at a character boundary, marked with an ellipsis.
 fn cut(text: &str) -> String {
     if text.len() <= MAX_TEXT {

@@ -153,14 +153,9 @@ pub(crate) async fn show(
         request::tool_name(&tool)?,
         request::idempotency_key(&key)?,
     );
-    let found = match gw.engine().get(&key).await {
-        Ok(Some(r)) => gw.engine().history(&key).await.map(|h| Some((r, h))),
-        Ok(None) => Ok(None),
-        Err(e) => Err(e),
-    };
-    match found {
-        Ok(Some((r, history))) => Ok(Json(RecordView::with_history(&r, &history)).into_response()),
-        Ok(None) => Err(Problem::not_found("no record under this key")),
+    match gw.engine().record_and_history(&key).await {
+        Ok((Some(r), history)) => Ok(Json(RecordView::with_history(&r, &history)).into_response()),
+        Ok((None, _)) => Err(Problem::not_found("no record under this key")),
         Err(e) => {
             gw.metrics().store_error();
             Err(Problem::from_engine(&e))

@@ -3,6 +3,7 @@
 //! time order, each with a sentence for people. `keys show`, `GET …/records/{key}`, the console and
 //! the Python and Node `record()` all show this one list, so a trail reads the same everywhere.
 
+use idemgate_core::history::became_unknown_at;
 use idemgate_core::key::hex;
 use idemgate_core::{Fence, Happening, HistoryEntry, Key, Record, RecordState, Timestamp};
 use serde::Serialize;
@@ -137,10 +138,7 @@ pub fn downstream_key(key: &Key) -> String {
 
 /// The reason the last "became unknown" entry at `fence` gives, if any.
 fn reason_at(history: &[HistoryEntry], fence: Fence) -> Option<&str> {
-    history
-        .iter()
-        .rev()
-        .find(|e| e.what == Happening::BecameUnknown && e.fence == fence)
+    became_unknown_at(history, fence)
         .map(|e| e.reason.as_deref().unwrap_or("the caller gave no reason"))
 }
 

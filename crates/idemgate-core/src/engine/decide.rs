@@ -273,10 +273,7 @@ impl<S: Store> Engine<S> {
     /// (the answer then names the likely causes).
     async fn why_unknown(&self, key: &Key, fence: Fence) -> Option<String> {
         let history = self.store.history(key).await.ok()?;
-        let entry = history
-            .iter()
-            .rev()
-            .find(|e| e.what == Happening::BecameUnknown && e.fence == fence)?;
+        let entry = crate::history::became_unknown_at(&history, fence)?;
         Some(match &entry.reason {
             Some(reason) => format!("the call that ran it reported: {reason}"),
             None => "the call that ran it reported that it could not tell whether it took effect"

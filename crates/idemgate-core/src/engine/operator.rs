@@ -161,6 +161,20 @@ impl<S: Store> Engine<S> {
         Ok(was)
     }
 
+    /// The record of `key`, if one counts, and the history stored under the key (which a record
+    /// that counts as absent, released or reopened, may still have): one record as an operator
+    /// views it.
+    ///
+    /// # Errors
+    /// [`EngineError::Store`] when the store fails.
+    pub async fn record_and_history(
+        &self,
+        key: &Key,
+    ) -> Result<(Option<Record>, Vec<HistoryEntry>), EngineError> {
+        let record = self.store.get(key).await?;
+        Ok((record, self.store.history(key).await?))
+    }
+
     /// The history of `key`'s record ([`Store::history`]), oldest first.
     ///
     /// # Errors
