@@ -61,10 +61,9 @@ end
 
 -- Replaces whatever the key held (fields and expiry) with a fresh in-flight record from the
 -- reservation in ARGV[1..6]: tenant, tool, key, fingerprint, token, lease in ms; `scope` is the
--- record's scope (nil: none).
-local function put_fresh(k, fence, created, now, scope)
-  -- The history continues across a takeover and the next reservation of a reopened key.
-  local history = redis.call('HGET', k, 'history')
+-- record's scope (nil: none); `history` the history of the record it replaces, as `load` read it
+-- (nil: none), which continues across a takeover and the next reservation of a reopened key.
+local function put_fresh(k, fence, created, now, scope, history)
   redis.call('DEL', k)
   redis.call('HSET', k,
     'tenant', ARGV[1], 'tool', ARGV[2], 'key', ARGV[3], 'fp', ARGV[4],
