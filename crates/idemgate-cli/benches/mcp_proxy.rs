@@ -222,7 +222,7 @@ impl Conn {
         .expect("the server listened within a minute");
         // Keep draining the rest, so that the server never blocks on a full pipe.
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        let client = reqwest::Client::builder()
+        let client = idemgate_kit::tls::client_builder()
             .no_proxy()
             .pool_max_idle_per_host(64)
             .build()

@@ -86,7 +86,7 @@ impl Gateway {
                     source,
                 },
             )?;
-        let client = reqwest::Client::builder()
+        let client = idemgate_kit::tls::client_builder()
             // Upstreams are configured addresses; a proxy from the environment must not reroute
             // side effects, and a redirect would turn a POST into something else.
             .no_proxy()

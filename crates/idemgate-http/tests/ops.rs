@@ -277,7 +277,7 @@ fn cookie(res: &reqwest::Response, name: &str) -> String {
 #[tokio::test]
 async fn the_console_is_served_at_ui_and_counts_refusals_for_its_charts() {
     let gw = start("", "").await;
-    let http = reqwest::Client::builder()
+    let http = idemgate_kit::tls::client_builder()
         .no_proxy()
         .tls_certs_only([])
         .redirect(reqwest::redirect::Policy::none())
@@ -430,7 +430,7 @@ async fn duplicates_and_resolutions_show_on_the_console_and_in_metrics() {
         .unwrap();
     assert_eq!(res.status(), 200);
     unknown(&gw, "charge", "u-console").await;
-    let http = reqwest::Client::builder()
+    let http = idemgate_kit::tls::client_builder()
         .no_proxy()
         .tls_certs_only([])
         .redirect(reqwest::redirect::Policy::none())

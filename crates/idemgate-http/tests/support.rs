@@ -107,7 +107,7 @@ pub(crate) async fn start_config(config: idemgate_http::Config, dir: tempfile::T
 }
 
 pub(crate) fn client() -> reqwest::Client {
-    reqwest::Client::builder()
+    idemgate_kit::tls::client_builder()
         .no_proxy()
         // The gateway speaks plain HTTP: skip loading the system's root certificates, which
         // takes about 100 ms per client in a debug build.

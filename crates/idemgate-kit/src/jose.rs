@@ -224,7 +224,7 @@ pub enum KeyError {
 /// When the HTTP client cannot be built (no TLS roots at all), which no request could survive
 /// either.
 pub fn http_client() -> reqwest::Client {
-    reqwest::Client::builder()
+    crate::tls::client_builder()
         .no_proxy()
         .redirect(reqwest::redirect::Policy::none())
         .timeout(FETCH_TIMEOUT)

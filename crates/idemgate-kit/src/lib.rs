@@ -17,6 +17,7 @@ pub mod records;
 pub mod refusal;
 pub mod story;
 pub mod tenants;
+pub mod tls;
 
 use std::path::Path;
 use std::sync::Arc;

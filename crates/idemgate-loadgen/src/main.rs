@@ -205,7 +205,7 @@ async fn run(args: Args) -> Result<()> {
         None
     };
 
-    let client = reqwest::Client::builder()
+    let client = idemgate_kit::tls::client_builder()
         .pool_max_idle_per_host(args.concurrency)
         .tcp_nodelay(true)
         .timeout(args.request_timeout)
@@ -374,7 +374,7 @@ impl Gateway {
     }
 
     async fn wait_healthy(&mut self, within: Duration) -> Result<()> {
-        let client = reqwest::Client::builder()
+        let client = idemgate_kit::tls::client_builder()
             .timeout(Duration::from_secs(1))
             .build()?;
         let url = format!("http://{}/healthz", self.addr);

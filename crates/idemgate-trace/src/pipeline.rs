@@ -141,6 +141,9 @@ impl Tracing {
     fn build(protocol: Protocol, default_service: &str) -> Result<Tracing, TraceError> {
         let failed =
             |e: opentelemetry_otlp::ExporterBuildError| TraceError::Exporter(e.to_string());
+        // The HTTP exporter builds its own reqwest client: with HTTPS in the build, it needs
+        // the process's rustls provider.
+        idemgate_kit::tls::install_crypto_provider();
         let (exporter, runtime) = match protocol {
             Protocol::HttpProtobuf => (
                 SpanExporter::builder()

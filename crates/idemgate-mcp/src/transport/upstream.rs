@@ -166,7 +166,7 @@ impl HttpUpstream {
             value.set_sensitive(true);
             map.append(name, value);
         }
-        let client = reqwest::Client::builder()
+        let client = idemgate_kit::tls::client_builder()
             // The URL is configured: a proxy from the environment must not reroute side
             // effects, and a redirect would turn a POST into something else.
             .no_proxy()
