@@ -26,6 +26,8 @@ const FIELDS = {
   'linux-arm64-gnu': { os: ['linux'], cpu: ['arm64'], libc: ['glibc'] },
   'linux-arm64-musl': { os: ['linux'], cpu: ['arm64'], libc: ['musl'] },
   'win32-x64': { os: ['win32'], cpu: ['x64'] },
+  'darwin-x64': { os: ['darwin'], cpu: ['x64'] },
+  'darwin-arm64': { os: ['darwin'], cpu: ['arm64'] },
 };
 
 /** The packages for `platforms` ([{ id, addon, binary }]) at `version`, packed into `out`. */

@@ -15,7 +15,15 @@ const path = require('node:path');
 const LOCAL_ADDON = path.join(__dirname, `idemgate.${process.platform}-${process.arch}.node`);
 
 /** The platforms `scripts/release` builds packages for (scripts/npm-packages.mjs writes them). */
-const PLATFORMS = ['linux-x64-gnu', 'linux-x64-musl', 'linux-arm64-gnu', 'linux-arm64-musl', 'win32-x64'];
+const PLATFORMS = [
+  'linux-x64-gnu',
+  'linux-x64-musl',
+  'linux-arm64-gnu',
+  'linux-arm64-musl',
+  'win32-x64',
+  'darwin-x64',
+  'darwin-arm64',
+];
 
 /** `glibc` or `musl` on Linux (what npm's `libc` field matches), else null. */
 function libc() {
