@@ -7,7 +7,11 @@ pub mod servers;
 pub mod tmpfs;
 
 #[doc(hidden)]
+pub use idemgate_core::caller::waiting as waiting_caller;
+#[doc(hidden)]
 pub use proptest;
+#[doc(hidden)]
+pub use tokio;
 
 // The behaviours and the fixture live in modules of their own (the behaviours by what they
 // exercise); the crate's face stays flat, as `store_conformance!` and the stores' tests name them.
@@ -28,10 +32,22 @@ pub use fixture::{
 ///     idemgate_conformance::Fixture::manual(|clock| idemgate_core::MemoryStore::with_clock(clock))
 /// });
 /// ```
+///
+/// `store_conformance!(waiting: $setup)` runs each behaviour with its own thread marked as a
+/// waiting caller (`idemgate_core::caller::waiting`), as the Python door polls a call: a store
+/// that does a waiting caller's I/O on its own connection is held to the same answers there,
+/// beside the tasks the behaviours spawn, which keep the store's shared connection.
 #[macro_export]
 macro_rules! store_conformance {
+    (waiting: $setup:expr) => {
+        $crate::store_conformance!(@all each_waiting $setup);
+    };
     ($setup:expr) => {
-        $crate::store_conformance!(@each $setup;
+        $crate::store_conformance!(@all each $setup);
+    };
+    // Every behaviour, named once, for either arm.
+    (@all $arm:ident $setup:expr) => {
+        $crate::store_conformance!(@$arm $setup;
             race_32_way_one_acquires,
             reserve_retry_with_same_token_acquires,
             completed_record_replays,
@@ -61,6 +77,24 @@ macro_rules! store_conformance {
             history_follows_the_record_until_it_goes,
             purge_takes_a_records_history_with_it,
         );
+    };
+    (@each_waiting $setup:expr; $($name:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $name() {
+                let runtime = $crate::tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(4)
+                    .enable_all()
+                    .build()
+                    .expect("a runtime");
+                $crate::waiting_caller(|| {
+                    runtime.block_on(async {
+                        let fx = $setup.await;
+                        $crate::$name(&fx).await;
+                    })
+                });
+            }
+        )*
     };
     (@each $setup:expr; $($name:ident),* $(,)?) => {
         $(

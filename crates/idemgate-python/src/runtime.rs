@@ -73,7 +73,8 @@ pub(crate) trait OnRuntime {
     /// polled right here, with the GIL held: it almost always finishes in that poll (no I/O), and
     /// releasing the GIL and handing the thread to the runtime's `block_on` would cost more than
     /// the engine's work. A future that must wait (a duplicate waiting for a call in flight) and
-    /// every future of a store with I/O run in `block_on` with the GIL released.
+    /// every future of a store with I/O run in `block_on` with the GIL released, this thread
+    /// marked as a waiting caller (`idemgate::caller::waiting`).
     fn run<F>(&self, py: Python<'_>, future: F) -> PyResult<F::Output>
     where
         F: Future + Send,
@@ -90,7 +91,10 @@ pub(crate) trait OnRuntime {
                 return Ok(out);
             }
         }
-        Ok(py.detach(|| runtime.block_on(future)))
+        // The GIL released, this thread only waits: a store that can do the call's I/O right
+        // here (Redis, on its own connection per thread) saves a trip through the runtime's
+        // threads per round trip.
+        Ok(py.detach(|| idemgate::caller::waiting(|| runtime.block_on(future))))
     }
 
     /// Runs one of the engine's futures for an async caller and hands `done(ok, value)` what

@@ -2,6 +2,7 @@
 //! the primary that Sentinel names; a script's call with its `WAIT`; and the persistence check.
 
 use super::*;
+use crate::direct::DirectConn;
 
 /// The connection of a store: one server (or a primary behind replicas) through a reconnecting
 /// manager, or a Redis Cluster, whose connection routes each command to the master of its key's
@@ -11,6 +12,8 @@ use super::*;
 pub(crate) enum Conn {
     Single(ConnectionManager),
     Cluster(ClusterConnection),
+    /// A waiting caller's own connection to the single server (direct.rs).
+    Direct(DirectConn),
 }
 
 /// How a store reaches Redis: a fixed connection, or the primary that the sentinels name.
@@ -175,6 +178,7 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Single(c) => c.req_packed_command(cmd),
             Conn::Cluster(c) => c.req_packed_command(cmd),
+            Conn::Direct(c) => c.req_packed_command(cmd),
         }
     }
 
@@ -187,6 +191,7 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Single(c) => c.req_packed_commands(cmd, offset, count),
             Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+            Conn::Direct(c) => c.req_packed_commands(cmd, offset, count),
         }
     }
 
@@ -194,6 +199,7 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Single(c) => c.get_db(),
             Conn::Cluster(c) => c.get_db(),
+            Conn::Direct(c) => c.get_db(),
         }
     }
 }
@@ -208,6 +214,7 @@ impl Conn {
     ) -> RedisResult<T> {
         match self {
             Conn::Single(c) => pipe.query_async(c).await,
+            Conn::Direct(c) => pipe.query_async(c).await,
             Conn::Cluster(c) => {
                 let route = SingleNodeRoutingInfo::SpecificNode(Route::with_key(
                     key.as_bytes(),
@@ -225,7 +232,7 @@ impl Conn {
     /// The nodes to scan: `[None]` for a single server, every master of a cluster.
     pub(crate) async fn masters(&mut self) -> RedisResult<Vec<Option<Node>>> {
         match self {
-            Conn::Single(_) => Ok(vec![None]),
+            Conn::Single(_) | Conn::Direct(_) => Ok(vec![None]),
             Conn::Cluster(c) => {
                 let all = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
                 let replies = c.route_command(redis::cmd("PING"), all).await?;
@@ -287,6 +294,7 @@ impl Conn {
         cmd.arg("GET").arg(name);
         match self {
             Conn::Single(c) => Ok(vec![(None, cmd.query_async(c).await?)]),
+            Conn::Direct(c) => Ok(vec![(None, cmd.query_async(c).await?)]),
             Conn::Cluster(c) => {
                 let all = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllNodes, None));
                 let replies = c.route_command(cmd, all).await?;

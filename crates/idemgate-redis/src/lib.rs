@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 
 mod connection;
+mod direct;
 mod error;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
@@ -131,6 +132,8 @@ struct Inner {
     listening: tokio::sync::watch::Receiver<bool>,
     /// Dropped with the last clone, which stops the subscriber task.
     _subscriber: tokio::sync::oneshot::Sender<()>,
+    /// Where a waiting caller's own connection goes (direct.rs), when the URL allows one.
+    direct: Option<direct::Target>,
 }
 
 impl fmt::Debug for RedisStore {
@@ -190,6 +193,7 @@ impl RedisStore {
             .set_connection_timeout(options.connection_timeout)
             .set_number_of_retries(4)
             .set_max_delay(Duration::from_millis(500));
+        let mut direct = None;
         let (link, source) = if let Some(nodes) = cluster_nodes(&url)? {
             let source = wake::Source::Nodes(nodes.clone());
             let mut builder = ClusterClient::builder(nodes).retries(4).max_retry_wait(500);
@@ -223,6 +227,11 @@ impl RedisStore {
             (Link::Sentinel(Box::new(link)), source)
         } else {
             let client = redis::Client::open(url.as_str()).map_err(bad_url)?;
+            direct = direct::Target::of(
+                client.get_connection_info(),
+                options.connection_timeout,
+                response_timeout,
+            );
             let conn = ConnectionManager::new_with_config(client, config)
                 .await
                 .map_err(unreachable)?;
@@ -258,6 +267,7 @@ impl RedisStore {
                 changes,
                 listening,
                 _subscriber: subscriber,
+                direct,
             }),
         })
     }
@@ -290,8 +300,24 @@ impl RedisStore {
 
     /// The connection for one operation: through Sentinel, the current primary's (found anew
     /// after a failure), kept for the whole operation so that a write and its `WAIT` share it.
+    /// A caller that waits on its own thread (`idemgate_core::caller::waiting`) gets its own
+    /// connection there instead (direct.rs), where the URL allows one.
     async fn conn(&self) -> Result<Pinned> {
         match &self.inner.link {
+            Link::Fixed(_) if self.inner.direct.is_some() && idemgate_core::caller::waits() => {
+                let target = self.inner.direct.as_ref().expect("checked");
+                let conn = direct::mine(&self.inner, target).map_err(|e| {
+                    let message = format!(
+                        "failed to connect to redis at {}: {e}",
+                        self.inner.shown_url
+                    );
+                    StoreError::Unavailable(Cause::new(message, e))
+                })?;
+                Ok(Pinned {
+                    conn: Conn::Direct(conn),
+                    generation: None,
+                })
+            }
             Link::Fixed(conn) => Ok(Pinned {
                 conn: conn.clone(),
                 generation: None,

@@ -60,6 +60,15 @@ on_path!(insert_first, ReservePath::InsertFirst, "");
 on_path!(read_first, ReservePath::ReadFirst, "");
 on_path!(read_first_resp3, ReservePath::ReadFirst, "?protocol=resp3");
 
+// A waiting caller (a Python thread in a call) does its round trips on a connection of its own,
+// on its own thread (the store's direct.rs); the behaviours' spawned tasks keep the shared one.
+mod waiting_caller {
+    use super::*;
+    idemgate_conformance::store_conformance!(waiting: async {
+        idemgate_conformance::Fixture::real(shared_store(ReservePath::Adaptive, "").await)
+    });
+}
+
 // Sealed (keys stored as HMACs, outcomes encrypted), the store answers the same.
 mod sealed {
     use super::*;

@@ -4,6 +4,7 @@
 
 mod common;
 mod crash;
+mod direct;
 mod keys;
 mod noscript;
 mod persistence;

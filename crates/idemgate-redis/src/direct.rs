@@ -1,0 +1,295 @@
+//! A waiting caller's own connection: a plain blocking socket that the calling thread writes to
+//! and reads from itself, for a thread that [`idemgate_core::caller::waiting`] marks (a Python
+//! thread in a call, the GIL released). Through the shared multiplexed connection each round
+//! trip is four thread hand-offs (the caller wakes the connection's driver task on a runtime
+//! thread, which writes, waits in epoll, reads and wakes the caller back); here it is a `write`
+//! and a `read` on the caller's thread, as a native client's.
+//!
+//! One connection per thread and store, kept in a thread-local; it goes with its thread. Only a
+//! single server reached over TCP or a Unix socket with RESP2 gets one (no TLS, no Cluster, no
+//! Sentinel, whose primary moves): those keep the shared connection.
+//!
+//! A connection idle since its last use may have been closed by the server (its `timeout`, a
+//! restart). Sent a command, it would fail with the outcome unknown, so each use first peeks at
+//! the socket without blocking (one `recv` that finds nothing to read), and a closed or
+//! desynchronised connection is replaced before anything is sent: nothing sent, nothing unknown.
+//! Any error on a connection in use drops it, as a multiplexed connection's driver reconnects.
+
+use std::cell::RefCell;
+use std::io::{BufReader, Read, Write};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use redis::{ConnectionAddr, ConnectionInfo, ErrorKind, Parser, ProtocolVersion, RedisError};
+
+use super::*;
+
+/// What a direct connection needs to reach the server, when the store's URL allows one.
+#[derive(Debug)]
+pub(crate) struct Target {
+    info: ConnectionInfo,
+    connect_timeout: Option<Duration>,
+    response_timeout: Option<Duration>,
+}
+
+impl Target {
+    /// The target of `info`, or `None` when its connection must stay the shared one (TLS,
+    /// RESP3, an address kind this module does not speak).
+    pub(crate) fn of(
+        info: &ConnectionInfo,
+        connect_timeout: Option<Duration>,
+        response_timeout: Option<Duration>,
+    ) -> Option<Target> {
+        let plain = match info.addr() {
+            ConnectionAddr::Tcp(..) => true,
+            #[cfg(unix)]
+            ConnectionAddr::Unix(_) => true,
+            _ => false,
+        };
+        let resp2 = info.redis_settings().protocol() == ProtocolVersion::RESP2;
+        (plain && resp2).then(|| Target {
+            info: info.clone(),
+            connect_timeout,
+            response_timeout,
+        })
+    }
+}
+
+/// The socket of one direct connection.
+enum Socket {
+    Tcp(std::net::TcpStream),
+    #[cfg(unix)]
+    Unix(std::os::unix::net::UnixStream),
+}
+
+impl Read for &Socket {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Socket::Tcp(s) => (&*s).read(buf),
+            #[cfg(unix)]
+            Socket::Unix(s) => (&*s).read(buf),
+        }
+    }
+}
+
+impl Socket {
+    fn write_all(&self, bytes: &[u8]) -> std::io::Result<()> {
+        match self {
+            Socket::Tcp(s) => (&*s).write_all(bytes),
+            #[cfg(unix)]
+            Socket::Unix(s) => (&*s).write_all(bytes),
+        }
+    }
+
+    fn set_timeouts(&self, t: Option<Duration>) -> std::io::Result<()> {
+        match self {
+            Socket::Tcp(s) => s.set_read_timeout(t).and_then(|()| s.set_write_timeout(t)),
+            #[cfg(unix)]
+            Socket::Unix(s) => s.set_read_timeout(t).and_then(|()| s.set_write_timeout(t)),
+        }
+    }
+
+    /// Whether the idle socket can take a command: nothing to read (a closed connection reads
+    /// its end, a desynchronised one a stray reply), checked without blocking.
+    #[cfg(unix)]
+    fn idle(&self) -> bool {
+        use std::os::fd::AsRawFd;
+        let fd = match self {
+            Socket::Tcp(s) => s.as_raw_fd(),
+            Socket::Unix(s) => s.as_raw_fd(),
+        };
+        use nix::sys::socket::{recv, MsgFlags};
+        let peeked = recv(fd, &mut [0u8], MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT);
+        peeked == Err(nix::errno::Errno::EAGAIN)
+    }
+
+    #[cfg(not(unix))]
+    fn idle(&self) -> bool {
+        let Socket::Tcp(s) = self;
+        if s.set_nonblocking(true).is_err() {
+            return false;
+        }
+        let idle =
+            matches!(s.peek(&mut [0u8]), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock);
+        s.set_nonblocking(false).is_ok() && idle
+    }
+}
+
+/// One direct connection: its socket, read through a buffer, and its reply parser.
+pub(crate) struct Direct {
+    reader: BufReader<SocketReader>,
+    parser: Parser,
+    db: i64,
+    /// Set by any error: the stream may hold half a reply, so the connection is not used again.
+    broken: bool,
+}
+
+/// The socket behind a shared reference, so that the buffered reader and the writer share it.
+struct SocketReader(Arc<Socket>);
+
+impl Read for SocketReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        (&*self.0).read(buf)
+    }
+}
+
+impl Direct {
+    /// Connects and sets the connection up as the URL says (`AUTH`, `SELECT`).
+    fn open(target: &Target) -> RedisResult<Direct> {
+        let socket = match target.info.addr() {
+            ConnectionAddr::Tcp(host, port) => {
+                let stream = match target.connect_timeout {
+                    None => std::net::TcpStream::connect((host.as_str(), *port))?,
+                    Some(timeout) => connect_tcp(host, *port, timeout)?,
+                };
+                stream.set_nodelay(true)?;
+                Socket::Tcp(stream)
+            }
+            #[cfg(unix)]
+            ConnectionAddr::Unix(path) => {
+                Socket::Unix(std::os::unix::net::UnixStream::connect(path)?)
+            }
+            _ => {
+                return Err(RedisError::from((
+                    ErrorKind::InvalidClientConfig,
+                    "no direct connection for this address",
+                )))
+            }
+        };
+        socket.set_timeouts(target.response_timeout)?;
+        let settings = target.info.redis_settings();
+        let mut direct = Direct {
+            reader: BufReader::new(SocketReader(Arc::new(socket))),
+            parser: Parser::new(),
+            db: settings.db(),
+            broken: false,
+        };
+        if let Some(password) = settings.password() {
+            let mut auth = redis::cmd("AUTH");
+            if let Some(user) = settings.username() {
+                auth.arg(user);
+            }
+            auth.arg(password);
+            direct
+                .request(&auth.get_packed_command())?
+                .extract_error()?;
+        }
+        if settings.db() != 0 {
+            let select = redis::cmd("SELECT").arg(settings.db()).get_packed_command();
+            direct.request(&select)?.extract_error()?;
+        }
+        Ok(direct)
+    }
+
+    /// Sends `bytes` (one or more packed commands) and reads `replies` replies.
+    fn exchange(&mut self, bytes: &[u8], replies: usize) -> RedisResult<Vec<Value>> {
+        let result = (|| {
+            self.reader.get_ref().0.write_all(bytes)?;
+            (0..replies)
+                .map(|_| self.parser.parse_value(&mut self.reader))
+                .collect::<RedisResult<Vec<Value>>>()
+        })();
+        if result.is_err() {
+            self.broken = true;
+        }
+        result
+    }
+
+    fn request(&mut self, bytes: &[u8]) -> RedisResult<Value> {
+        Ok(self.exchange(bytes, 1)?.remove(0))
+    }
+
+    /// Whether this connection may take the next command (see the module docs).
+    fn usable(&self) -> bool {
+        !self.broken && self.reader.buffer().is_empty() && self.reader.get_ref().0.idle()
+    }
+}
+
+/// Connects to `host:port` trying each of its addresses within `timeout`.
+fn connect_tcp(host: &str, port: u16, timeout: Duration) -> std::io::Result<std::net::TcpStream> {
+    use std::net::ToSocketAddrs;
+    let mut last = None;
+    for addr in (host, port).to_socket_addrs()? {
+        match std::net::TcpStream::connect_timeout(&addr, timeout) {
+            Ok(stream) => return Ok(stream),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            format!("no address for {host}"),
+        )
+    }))
+}
+
+/// A direct connection as the store's code uses any connection (`Conn::Direct`).
+#[derive(Clone)]
+pub(crate) struct DirectConn(Arc<Mutex<Direct>>);
+
+impl DirectConn {
+    fn with<T>(&self, f: impl FnOnce(&mut Direct) -> RedisResult<T>) -> RedisResult<T> {
+        let mut direct = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if direct.broken {
+            return Err(RedisError::from((
+                ErrorKind::Io,
+                "the connection was dropped after an earlier error",
+            )));
+        }
+        f(&mut direct)
+    }
+}
+
+impl ConnectionLike for DirectConn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        let reply = self.with(|d| d.request(&cmd.get_packed_command()));
+        Box::pin(std::future::ready(reply))
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        let replies = self.with(|d| {
+            let mut replies = d.exchange(&cmd.get_packed_pipeline(), offset + count)?;
+            Ok(replies.split_off(offset))
+        });
+        Box::pin(std::future::ready(replies))
+    }
+
+    fn get_db(&self) -> i64 {
+        self.0.lock().map_or(0, |d| d.db)
+    }
+}
+
+thread_local! {
+    /// This thread's direct connections, one per store still alive.
+    static MINE: RefCell<Vec<(Weak<Inner>, DirectConn)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// This thread's direct connection to `store`'s server, opened (or opened again, when the last
+/// one was closed or broken) now. `Err` when it cannot be opened: nothing was sent.
+pub(crate) fn mine(store: &Arc<Inner>, target: &Target) -> RedisResult<DirectConn> {
+    MINE.with(|mine| {
+        let mut mine = mine.borrow_mut();
+        mine.retain(|(s, _)| s.strong_count() > 0);
+        let at = mine
+            .iter()
+            .position(|(s, _)| std::ptr::eq(s.as_ptr(), Arc::as_ptr(store)));
+        if let Some(at) = at {
+            let usable = mine[at].1 .0.lock().is_ok_and(|d| d.usable());
+            if usable {
+                return Ok(mine[at].1.clone());
+            }
+            mine.swap_remove(at);
+        }
+        let conn = DirectConn(Arc::new(Mutex::new(Direct::open(target)?)));
+        mine.push((Arc::downgrade(store), conn.clone()));
+        Ok(conn)
+    })
+}
