@@ -502,6 +502,77 @@ def idempotent_tools_subject(store: str, s: Stores) -> Subject | Unsupported:
     )
 
 
+# ---- the floors: the store's own client doing a fresh call's writes, nothing more ------------------
+
+
+def floor_subject(store: str, s: Stores) -> Subject | Unsupported:
+    """What the store costs a fresh call with no idempotency library at all: on Redis two round
+    trips of redis-py (a ``SET NX`` that claims, a ``SET XX`` that stores the result); on SQLite
+    Python's sqlite3 running the engine's own two statements (its ``INSERT`` of the in-flight row,
+    its ``UPDATE`` to completed) on the engine's own schema and indexes, in WAL at
+    ``synchronous=NORMAL``, each statement its own transaction. A replay costs one read. Nothing
+    is checked, so it is a bound, not a peer: the ratio column leaves it out, and idemgate's rows
+    say how far they are from it."""
+    if store == "Redis":
+        import json
+
+        import redis
+
+        client = redis.Redis.from_url(s.redis)
+        prefix = f"floor-bench-{s.run}:"
+
+        def call(tool: str, key: str, args: dict[str, Any], effect: Callable[[], Any]) -> Any:
+            name = f"{prefix}{tool}:{key}"
+            if not client.set(name, b"in_flight", nx=True, px=120_000):
+                return json.loads(client.get(name))
+            value = effect()
+            client.set(name, json.dumps(value), xx=True, px=120_000)
+            return value
+
+        return Subject(FLOOR, call, close=client.close, decorated=call)
+    if store == "SQLite":
+        import json
+        import sqlite3
+
+        # The engine's schema, made by the engine, then left to sqlite3.
+        path = s.tmp / "floor.db"
+        Engine.open(f"sqlite://{path}?durability=normal", journal=str(s.tmp / "journal-floor")).close()
+        db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=NORMAL")
+        fingerprint, token = bytes(32), bytes(16)
+
+        def call(tool: str, key: str, args: dict[str, Any], effect: Callable[[], Any]) -> Any:
+            now = int(time.time() * 1000)
+            try:
+                db.execute(
+                    "INSERT INTO idemgate_record (tenant, tool, key, fingerprint, fence, token, "
+                    "created_at, state, lease_until) VALUES ('floor', ?, ?, ?, 1, ?, ?, 0, ?)",
+                    (tool, key, fingerprint, token, now, now + 60_000),
+                )
+            except sqlite3.IntegrityError:
+                row = db.execute(
+                    "SELECT outcome_body FROM idemgate_record WHERE tenant = 'floor' AND tool = ? "
+                    "AND key = ?",
+                    (tool, key),
+                ).fetchone()
+                return json.loads(row[0])
+            value = effect()
+            db.execute(
+                "UPDATE idemgate_record SET state = 1, lease_until = NULL, completed_at = ?, "
+                "expires_at = ?, retain_until = ?, outcome_kind = 0, outcome_body = ? "
+                "WHERE tenant = 'floor' AND tool = ? AND key = ?",
+                (now, now + 120_000, now + 120_000, json.dumps(value).encode(), tool, key),
+            )
+            return value
+
+        return Subject(FLOOR, call, close=db.close, decorated=call, note="synchronous=NORMAL")
+    return Unsupported(FLOOR, "measured on Redis and SQLite only")
+
+
+FLOOR = "floor: the store's client alone"
+
+
 LIBRARIES: list[Callable[[str, Stores], Subject | Unsupported]] = [
     idemgate_subject,
     idemgate_normal_subject,
@@ -509,11 +580,12 @@ LIBRARIES: list[Callable[[str, Stores], Subject | Unsupported]] = [
     exactly_once_subject,
     agent_once_subject,
     idempotent_tools_subject,
+    floor_subject,
 ]
 
 
 def subjects(store: str, s: Stores, peers: bool) -> Iterator[Subject | Unsupported]:
-    for make in LIBRARIES if peers else LIBRARIES[:2]:
+    for make in LIBRARIES if peers else [*LIBRARIES[:2], floor_subject]:
         try:
             yield make(store, s)
         except Exception as e:  # noqa: BLE001 - a peer that does not start is reported, not fatal
@@ -630,7 +702,9 @@ def main() -> None:
                                 "; ".join(notes),
                             )
                         )
-                    peers = [v for k, v in medians.items() if not k.startswith("idemgate")]
+                    peers = [
+                        v for k, v in medians.items() if not k.startswith("idemgate") and k != FLOOR
+                    ]
 
                     def ratio(library: str) -> str:
                         if library not in medians or not library.startswith("idemgate") or not peers:
@@ -640,6 +714,9 @@ def main() -> None:
 
                     for library, rate, note in rows:
                         shown = ratio(library)
+                        if library.startswith("idemgate") and library in medians and FLOOR in medians:
+                            of_floor = f"{medians[library] / medians[FLOOR]:.2f}× the floor"
+                            note = f"{of_floor}; {note}" if note else of_floor
                         print(f"| {store} | {workload} | {library} | {rate} | {shown} | {note} |", flush=True)
                 for sub in subs:
                     if isinstance(sub, Subject):
