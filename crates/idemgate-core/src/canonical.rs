@@ -69,6 +69,11 @@ impl Fingerprint {
         Self::of_bytes(out.as_bytes())
     }
 
+    /// The fingerprint of text that is canonical already (written with [`pieces`]).
+    pub fn of_canonical_text(text: &str) -> Self {
+        Self::of_bytes(text.as_bytes())
+    }
+
     /// The fingerprint of raw JSON text, with every integer kept exact.
     ///
     /// # Errors
@@ -163,6 +168,38 @@ pub fn canonicalize_text(text: &[u8]) -> Result<String, CanonicalError> {
     let mut out = String::with_capacity(text.len());
     write_tree(&tree, &mut out);
     Ok(out)
+}
+
+/// Canonical text written piece by piece, for a caller that walks values of its own (the Python
+/// door reads them from Python objects) and would otherwise build a [`Value`] only to have it
+/// written: the same text [`canonicalize`] writes for the same value. The caller writes an
+/// object's members in [`pieces::member_order`], each as its name, `:` and its value.
+pub mod pieces {
+    /// The order of an object's members: by their names' UTF-16 code units (RFC 8785).
+    pub fn member_order(a: &str, b: &str) -> std::cmp::Ordering {
+        super::utf16_order(a, b)
+    }
+
+    /// A string, quoted and escaped.
+    pub fn string(s: &str, out: &mut String) {
+        super::write_string(s, out);
+    }
+
+    /// An integer, exact.
+    pub fn integer(i: impl std::fmt::Display, out: &mut String) {
+        use std::fmt::Write as _;
+        let _ = write!(out, "{i}");
+    }
+
+    /// A finite double as ECMAScript writes it (`-0` as `0`); `false`, with nothing written, for
+    /// NaN and the infinities, which JSON has no text for.
+    pub fn double(f: f64, out: &mut String) -> bool {
+        if !f.is_finite() {
+            return false;
+        }
+        super::write_double(f, out);
+        true
+    }
 }
 
 /// RFC 8785 orders member names by their UTF-16 code units.

@@ -54,14 +54,16 @@ pub(crate) fn fingerprint_args(args: &Bound<'_, PyAny>) -> PyResult<String> {
 /// default=repr)` (what the package passed before, and what a user can reproduce), read from the
 /// Python value directly when it is made of plain JSON types (exactly `dict` with `str` keys,
 /// `list`, `tuple`, `str`, `int` within 64 bits, finite `float`, `bool`, `None`), which saves
-/// writing and re-parsing that text. Anything else (subclasses, other types, big integers, NaN,
+/// writing and re-parsing that text: its canonical text is written straight from the objects
+/// ([`canonical_json`]), with no JSON value built in between. Anything else (subclasses, other types, big integers, NaN,
 /// lone surrogates, nesting beyond `MAX_DEPTH`) takes the text path itself, so both paths give
 /// the same fingerprint or the same error.
 pub(crate) fn fingerprint_of(
     args: &Bound<'_, PyAny>,
 ) -> PyResult<Result<idemgate::Fingerprint, idemgate::CanonicalError>> {
-    if let Some(value) = plain_json(args, 0) {
-        return Ok(Ok(idemgate::Fingerprint::of_json(&value)));
+    let mut text = String::with_capacity(128);
+    if canonical_json(args, 0, &mut text) {
+        return Ok(Ok(idemgate::Fingerprint::of_canonical_text(&text)));
     }
     static DUMPS: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
     let py = args.py();
@@ -75,44 +77,82 @@ pub(crate) fn fingerprint_of(
     Ok(idemgate::Fingerprint::of_json_text(text.as_bytes()))
 }
 
-/// A Python value of plain JSON types as a JSON value, or `None` when it holds anything else
-/// (see [`fingerprint_of`]; exact types only, as `json.dumps` writes subclasses its own way).
-fn plain_json(v: &Bound<'_, PyAny>, depth: usize) -> Option<serde_json::Value> {
-    use serde_json::Value;
+/// Writes the canonical text of a Python value of plain JSON types to `out` (the text
+/// `idemgate::canonical::canonicalize` writes for the same JSON value), or returns `false` when
+/// it holds anything else, with `out` then of no use (see [`fingerprint_of`]; exact types only,
+/// as `json.dumps` writes subclasses its own way).
+fn canonical_json(v: &Bound<'_, PyAny>, depth: usize, out: &mut String) -> bool {
+    use idemgate::canonical::pieces;
     if depth > idemgate::canonical::MAX_DEPTH {
-        return None;
+        return false;
     }
     if v.is_none() {
-        return Some(Value::Null);
+        out.push_str("null");
+        return true;
     }
     if let Ok(s) = v.cast_exact::<PyString>() {
-        return s.to_str().ok().map(|s| Value::String(s.to_owned()));
+        let Ok(s) = s.to_str() else { return false };
+        pieces::string(s, out);
+        return true;
     }
     if let Ok(b) = v.cast_exact::<PyBool>() {
-        return Some(Value::Bool(b.is_true()));
+        out.push_str(if b.is_true() { "true" } else { "false" });
+        return true;
     }
     if let Ok(i) = v.cast_exact::<PyInt>() {
-        return match i.extract::<i64>() {
-            Ok(i) => Some(i.into()),
-            Err(_) => i.extract::<u64>().ok().map(Into::into),
-        };
+        match i.extract::<i64>() {
+            Ok(i) => pieces::integer(i, out),
+            Err(_) => match i.extract::<u64>() {
+                Ok(u) => pieces::integer(u, out),
+                Err(_) => return false,
+            },
+        }
+        return true;
     }
     if let Ok(f) = v.cast_exact::<PyFloat>() {
-        return serde_json::Number::from_f64(f.value()).map(Value::Number);
+        return pieces::double(f.value(), out);
     }
     if let Ok(d) = v.cast_exact::<PyDict>() {
-        let mut map = serde_json::Map::new();
+        let mut members = Vec::with_capacity(d.len());
         for (k, item) in d.iter() {
-            let k = k.cast_exact::<PyString>().ok()?.to_str().ok()?;
-            map.insert(k.to_owned(), plain_json(&item, depth + 1)?);
+            let Ok(k) = k.cast_exact::<PyString>() else {
+                return false;
+            };
+            members.push((k.clone(), item));
         }
-        return Some(Value::Object(map));
+        let mut names = Vec::with_capacity(members.len());
+        for (k, _) in &members {
+            let Ok(name) = k.to_str() else { return false };
+            names.push(name);
+        }
+        let mut order: Vec<usize> = (0..members.len()).collect();
+        order.sort_by(|a, b| pieces::member_order(names[*a], names[*b]));
+        out.push('{');
+        for (n, at) in order.into_iter().enumerate() {
+            if n > 0 {
+                out.push(',');
+            }
+            pieces::string(names[at], out);
+            out.push(':');
+            if !canonical_json(&members[at].1, depth + 1, out) {
+                return false;
+            }
+        }
+        out.push('}');
+        return true;
     }
-    let array = |items: &mut dyn Iterator<Item = Bound<'_, PyAny>>| {
-        items
-            .map(|item| plain_json(&item, depth + 1))
-            .collect::<Option<_>>()
-            .map(Value::Array)
+    let mut array = |items: &mut dyn Iterator<Item = Bound<'_, PyAny>>| {
+        out.push('[');
+        for (n, item) in items.enumerate() {
+            if n > 0 {
+                out.push(',');
+            }
+            if !canonical_json(&item, depth + 1, out) {
+                return false;
+            }
+        }
+        out.push(']');
+        true
     };
     if let Ok(l) = v.cast_exact::<PyList>() {
         return array(&mut l.iter());
@@ -120,13 +160,9 @@ fn plain_json(v: &Bound<'_, PyAny>, depth: usize) -> Option<serde_json::Value> {
     if let Ok(t) = v.cast_exact::<PyTuple>() {
         return array(&mut t.iter());
     }
-    None
+    false
 }
 
-/// Names a call's action from what its integration knows: `(key, scope, rule, window)` by the
-/// one rule of every door (`idemgate_kit::identity`); raises `ValueError` when a key is invalid,
-/// or the program's keys differ; a call without a scope is its own invocation
-/// (`identify_or_invocation`), never global.
 #[pyfunction]
 #[pyo3(signature = (*, scope=None, orchestration_key=None, business_key=None, model_key=None, call_id=None))]
 pub(crate) fn name_action(
