@@ -625,7 +625,42 @@ def main() -> None:
         default=[],
         help="also idemgate on SQLite at durability=normal with this wal_limit (4MiB; repeatable)",
     )
+    ap.add_argument(
+        "--load",
+        type=int,
+        default=0,
+        help="run this many busy processes beside the bench for the whole run (a loaded machine, "
+        "reproduced: each spins one core), stopped at the end",
+    )
     args = ap.parse_args()
+    with busy(args.load):
+        run_all(args)
+
+
+@contextmanager
+def busy(n: int) -> Iterator[None]:
+    """``n`` processes that each spin a core until the block ends."""
+    import subprocess
+    import sys
+
+    spinners = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"], stdin=subprocess.DEVNULL)
+        for _ in range(n)
+    ]
+    try:
+        yield
+    finally:
+        for p in spinners:
+            p.kill()  # by its Popen handle: only this child, never a pid read back
+            p.wait()
+
+
+def load_note() -> str:
+    one, five, _ = os.getloadavg()
+    return f"load {one:.1f} (5 min: {five:.1f})"
+
+
+def run_all(args: argparse.Namespace) -> None:
     # Powertools warns on every call outside Lambda (no remaining-time context) and about its
     # layer's rename; neither changes what is measured.
     warnings.simplefilter("ignore")
@@ -645,6 +680,11 @@ def main() -> None:
     stores += ["PostgreSQL"] if postgres else []
     stores += ["Redis"] if redis else []
     stores = [x for x in stores if not args.only or args.only.lower() in x.lower()]
+    print(
+        f"{time.strftime('%Y-%m-%d %H:%M %Z')}, {os.cpu_count()} cores, {load_note()}"
+        + (f", {args.load} busy processes beside" if args.load else "")
+        + "\n"
+    )
     print(
         f"| store | workload | library | calls/s, median of {args.rounds} (min–max) "
         "| idemgate ÷ best peer | notes |"
@@ -721,6 +761,7 @@ def main() -> None:
                 for sub in subs:
                     if isinstance(sub, Subject):
                         sub.close()
+                print(f"|  |  | ({store} done: {load_note()}) |  |  |  |", flush=True)
 
 
 @contextmanager
