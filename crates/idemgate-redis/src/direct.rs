@@ -14,6 +14,10 @@
 //! the socket without blocking (one `recv` that finds nothing to read), and a closed or
 //! desynchronised connection is replaced before anything is sent: nothing sent, nothing unknown.
 //! Any error on a connection in use drops it, as a multiplexed connection's driver reconnects.
+//!
+//! A process forked from a thread that has one inherits its socket, which the parent still
+//! uses: replies could cross between the two. So a connection is used only by the process that
+//! opened it, and a child opens its own.
 
 use std::cell::RefCell;
 use std::io::{BufReader, Read, Write};
@@ -122,6 +126,8 @@ pub(crate) struct Direct {
     db: i64,
     /// Set by any error: the stream may hold half a reply, so the connection is not used again.
     broken: bool,
+    /// The process that opened it (see the module docs on forks).
+    pid: u32,
 }
 
 /// The socket behind a shared reference, so that the buffered reader and the writer share it.
@@ -163,6 +169,7 @@ impl Direct {
             parser: Parser::new(),
             db: settings.db(),
             broken: false,
+            pid: std::process::id(),
         };
         if let Some(password) = settings.password() {
             let mut auth = redis::cmd("AUTH");
@@ -201,7 +208,10 @@ impl Direct {
 
     /// Whether this connection may take the next command (see the module docs).
     fn usable(&self) -> bool {
-        !self.broken && self.reader.buffer().is_empty() && self.reader.get_ref().0.idle()
+        !self.broken
+            && self.pid == std::process::id()
+            && self.reader.buffer().is_empty()
+            && self.reader.get_ref().0.idle()
     }
 }
 
@@ -292,4 +302,62 @@ pub(crate) fn mine(store: &Arc<Inner>, target: &Target) -> RedisResult<DirectCon
         mine.push((Arc::downgrade(store), conn.clone()));
         Ok(conn)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn target() -> Target {
+        let url = std::env::var("IDEMGATE_TEST_REDIS_URL")
+            .unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned());
+        let client = redis::Client::open(url.as_str()).expect("redis url");
+        let timeout = Some(Duration::from_secs(5));
+        Target::of(client.get_connection_info(), timeout, timeout).expect("a plain target")
+    }
+
+    #[test]
+    fn a_connection_serves_only_the_process_that_opened_it_and_only_while_idle_and_whole() {
+        let mut direct = Direct::open(&target())
+            .unwrap_or_else(|e| panic!("failed to reach the test redis ({e})"));
+        let ping = redis::cmd("PING").get_packed_command();
+        assert_eq!(
+            direct.request(&ping).unwrap(),
+            Value::SimpleString("PONG".into())
+        );
+        assert!(direct.usable());
+        // What a forked child would see: another process's connection.
+        direct.pid += 1;
+        assert!(!direct.usable(), "a child never uses its parent's socket");
+        direct.pid -= 1;
+        // A reply nobody read yet (a desynchronised stream) makes it unusable too.
+        direct.reader.get_ref().0.write_all(&ping).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while direct.reader.get_ref().0.idle() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the stray reply never came"
+            );
+            std::thread::yield_now();
+        }
+        assert!(!direct.usable(), "a stray reply on the socket");
+        direct.broken = true;
+        assert!(!direct.usable());
+    }
+
+    #[test]
+    fn tls_and_resp3_keep_the_shared_connection() {
+        for url in [
+            "rediss://127.0.0.1:6379",
+            "redis://127.0.0.1:6379?protocol=resp3",
+        ] {
+            let Ok(client) = redis::Client::open(url) else {
+                continue; // no TLS in this build of redis-rs: nothing to route
+            };
+            assert!(
+                Target::of(client.get_connection_info(), None, None).is_none(),
+                "{url}"
+            );
+        }
+    }
 }
