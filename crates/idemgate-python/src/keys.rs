@@ -55,9 +55,9 @@ pub(crate) fn fingerprint_args(args: &Bound<'_, PyAny>) -> PyResult<String> {
 /// Python value directly when it is made of plain JSON types (exactly `dict` with `str` keys,
 /// `list`, `tuple`, `str`, `int` within 64 bits, finite `float`, `bool`, `None`), which saves
 /// writing and re-parsing that text: its canonical text is written straight from the objects
-/// ([`canonical_json`]), with no JSON value built in between. Anything else (subclasses, other types, big integers, NaN,
-/// lone surrogates, nesting beyond `MAX_DEPTH`) takes the text path itself, so both paths give
-/// the same fingerprint or the same error.
+/// ([`canonical_json`]), with no JSON value built in between. Anything else (subclasses, other
+/// types, big integers, NaN, lone surrogates, nesting beyond `MAX_DEPTH`) takes the text path
+/// itself, so both paths give the same fingerprint or the same error.
 pub(crate) fn fingerprint_of(
     args: &Bound<'_, PyAny>,
 ) -> PyResult<Result<idemgate::Fingerprint, idemgate::CanonicalError>> {
@@ -113,28 +113,27 @@ fn canonical_json(v: &Bound<'_, PyAny>, depth: usize, out: &mut String) -> bool 
         return pieces::double(f.value(), out);
     }
     if let Ok(d) = v.cast_exact::<PyDict>() {
-        let mut members = Vec::with_capacity(d.len());
+        let mut keys = Vec::with_capacity(d.len());
         for (k, item) in d.iter() {
             let Ok(k) = k.cast_exact::<PyString>() else {
                 return false;
             };
-            members.push((k.clone(), item));
+            keys.push((k.clone(), item));
         }
-        let mut names = Vec::with_capacity(members.len());
-        for (k, _) in &members {
+        let mut members = Vec::with_capacity(keys.len());
+        for (k, item) in &keys {
             let Ok(name) = k.to_str() else { return false };
-            names.push(name);
+            members.push((name, item));
         }
-        let mut order: Vec<usize> = (0..members.len()).collect();
-        order.sort_by(|a, b| pieces::member_order(names[*a], names[*b]));
+        members.sort_by(|a, b| pieces::member_order(a.0, b.0));
         out.push('{');
-        for (n, at) in order.into_iter().enumerate() {
+        for (n, (name, item)) in members.into_iter().enumerate() {
             if n > 0 {
                 out.push(',');
             }
-            pieces::string(names[at], out);
+            pieces::string(name, out);
             out.push(':');
-            if !canonical_json(&members[at].1, depth + 1, out) {
+            if !canonical_json(item, depth + 1, out) {
                 return false;
             }
         }
@@ -163,6 +162,10 @@ fn canonical_json(v: &Bound<'_, PyAny>, depth: usize, out: &mut String) -> bool 
     false
 }
 
+/// Names a call's action from what its integration knows: `(key, scope, rule, window)` by the
+/// one rule of every door (`idemgate_kit::identity`); raises `ValueError` when a key is invalid,
+/// or the program's keys differ; a call without a scope is its own invocation
+/// (`identify_or_invocation`), never global.
 #[pyfunction]
 #[pyo3(signature = (*, scope=None, orchestration_key=None, business_key=None, model_key=None, call_id=None))]
 pub(crate) fn name_action(

@@ -66,12 +66,12 @@ enum Socket {
     Unix(std::os::unix::net::UnixStream),
 }
 
-impl Read for &Socket {
+impl Read for Socket {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         match self {
-            Socket::Tcp(s) => (&*s).read(buf),
+            Socket::Tcp(s) => s.read(buf),
             #[cfg(unix)]
-            Socket::Unix(s) => (&*s).read(buf),
+            Socket::Unix(s) => s.read(buf),
         }
     }
 }
@@ -119,24 +119,16 @@ impl Socket {
     }
 }
 
-/// One direct connection: its socket, read through a buffer, and its reply parser.
+/// One direct connection: its socket, read through a buffer (and written to past it), and its
+/// reply parser.
 pub(crate) struct Direct {
-    reader: BufReader<SocketReader>,
+    reader: BufReader<Socket>,
     parser: Parser,
     db: i64,
     /// Set by any error: the stream may hold half a reply, so the connection is not used again.
     broken: bool,
     /// The process that opened it (see the module docs on forks).
     pid: u32,
-}
-
-/// The socket behind a shared reference, so that the buffered reader and the writer share it.
-struct SocketReader(Arc<Socket>);
-
-impl Read for SocketReader {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        (&*self.0).read(buf)
-    }
 }
 
 impl Direct {
@@ -165,7 +157,7 @@ impl Direct {
         socket.set_timeouts(target.response_timeout)?;
         let settings = target.info.redis_settings();
         let mut direct = Direct {
-            reader: BufReader::new(SocketReader(Arc::new(socket))),
+            reader: BufReader::new(socket),
             parser: Parser::new(),
             db: settings.db(),
             broken: false,
@@ -191,7 +183,7 @@ impl Direct {
     /// Sends `bytes` (one or more packed commands) and reads `replies` replies.
     fn exchange(&mut self, bytes: &[u8], replies: usize) -> RedisResult<Vec<Value>> {
         let result = (|| {
-            self.reader.get_ref().0.write_all(bytes)?;
+            self.reader.get_ref().write_all(bytes)?;
             (0..replies)
                 .map(|_| self.parser.parse_value(&mut self.reader))
                 .collect::<RedisResult<Vec<Value>>>()
@@ -211,7 +203,7 @@ impl Direct {
         !self.broken
             && self.pid == std::process::id()
             && self.reader.buffer().is_empty()
-            && self.reader.get_ref().0.idle()
+            && self.reader.get_ref().idle()
     }
 }
 
@@ -331,9 +323,9 @@ mod tests {
         assert!(!direct.usable(), "a child never uses its parent's socket");
         direct.pid -= 1;
         // A reply nobody read yet (a desynchronised stream) makes it unusable too.
-        direct.reader.get_ref().0.write_all(&ping).unwrap();
+        direct.reader.get_ref().write_all(&ping).unwrap();
         let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        while direct.reader.get_ref().0.idle() {
+        while direct.reader.get_ref().idle() {
             assert!(
                 std::time::Instant::now() < deadline,
                 "the stray reply never came"

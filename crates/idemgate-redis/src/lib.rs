@@ -303,9 +303,9 @@ impl RedisStore {
     /// A caller that waits on its own thread (`idemgate_core::caller::waiting`) gets its own
     /// connection there instead (direct.rs), where the URL allows one.
     async fn conn(&self) -> Result<Pinned> {
-        match &self.inner.link {
-            Link::Fixed(_) if self.inner.direct.is_some() && idemgate_core::caller::waits() => {
-                let target = self.inner.direct.as_ref().expect("checked");
+        // Only a single server's URL has a target (see `connect_with`).
+        if let Some(target) = &self.inner.direct {
+            if idemgate_core::caller::waits() {
                 let conn = direct::mine(&self.inner, target).map_err(|e| {
                     let message = format!(
                         "failed to connect to redis at {}: {e}",
@@ -313,11 +313,13 @@ impl RedisStore {
                     );
                     StoreError::Unavailable(Cause::new(message, e))
                 })?;
-                Ok(Pinned {
+                return Ok(Pinned {
                     conn: Conn::Direct(conn),
                     generation: None,
-                })
+                });
             }
+        }
+        match &self.inner.link {
             Link::Fixed(conn) => Ok(Pinned {
                 conn: conn.clone(),
                 generation: None,
