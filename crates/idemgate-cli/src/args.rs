@@ -230,13 +230,21 @@ Examples:
   # Streamable HTTP on loopback: the agent connects to http://127.0.0.1:8765/mcp
   idemgate mcp --listen 127.0.0.1:8765 -- npx -y @modelcontextprotocol/server-memory
 
+  # before gating a server: its tools as the gate sees them, and a starting configuration
+  idemgate mcp lint -- npx -y @modelcontextprotocol/server-memory
+
   # a remote MCP server over Streamable HTTP, its token from the environment
   idemgate mcp --upstream-url https://mcp.example.com/mcp \\
     --upstream-header 'Authorization: Bearer ${EXAMPLE_TOKEN}'";
 
 /// `mcp`.
 #[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct McpArgs {
+    /// `mcp lint`, instead of running the proxy.
+    #[command(subcommand)]
+    pub action: Option<McpCommand>,
+
     /// The proxy's TOML configuration (docs/MCP.md).
     #[arg(long, value_name = "PATH")]
     pub config: Option<PathBuf>,
@@ -263,6 +271,67 @@ pub struct McpArgs {
 
     /// The MCP server's command and its arguments (after `--`).
     #[arg(last = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
+/// `mcp ...`: what `idemgate mcp` does besides proxying.
+#[derive(Debug, Subcommand)]
+pub enum McpCommand {
+    /// Ask an MCP server for its tools and report what a gate needs to know, with a starting
+    /// configuration.
+    #[command(long_about = MCP_LINT_ABOUT, after_long_help = MCP_LINT_EXAMPLES)]
+    Lint(McpLintArgs),
+}
+
+const MCP_LINT_ABOUT: &str = "\
+Ask an MCP server for its tools (`initialize`, then every page of `tools/list`) and report what a
+gate needs to know before it gates anything, then print a starting `idemgate mcp --config` file.
+
+For each tool: whether it writes (the proxy gates every tool as a write unless the configuration
+says otherwise, or a trusted server annotates it read-only or idempotent), its annotations, the key
+argument it declares, and what is wrong:
+  read_only_name_writes      annotated read-only, but its name writes (delete_user): believed, it
+                             would run without a key and every retry would run again
+  read_only_and_destructive  both hints at once, which contradict each other
+  idempotent_name_creates    annotated idempotent, but each call makes something new (create_order)
+  new_key_every_request      its description tells the model to make the key unique for every
+                             request, so a retry carries a new key and runs again
+  idempotent_but_destructive (note) annotated idempotent, but destructive (MCP's default): a
+                             repeat after what it destroyed was made again destroys it again
+  write_name_reads           (note) annotated as a write, but its name reads
+  no_annotations             (note) says nothing of itself: a write until the configuration says
+  declares_key_argument      (note) takes its own idempotency_key: the proxy fills it
+
+The configuration writes the annotations out tool by tool (trusted = false): read-only tools as
+kind = \"read\", except where a finding contradicts them; unannotated tools whose name reads, and
+tools annotated idempotent and not destructive, as commented suggestions to check.
+
+Exit status: 0 when nothing is worse than a note, 1 when a warning was found (for CI), 69 when the
+server could not be started or did not answer.";
+
+const MCP_LINT_EXAMPLES: &str = "\
+Examples:
+  idemgate mcp lint -- npx -y @modelcontextprotocol/server-memory
+  idemgate mcp lint --print-config -- uvx mcp-server-git > git.toml
+  idemgate mcp lint --json -- python my_server.py | jq '.tools[] | select(.findings != [])'";
+
+/// `mcp lint`.
+#[derive(Debug, Args)]
+pub struct McpLintArgs {
+    /// The report as one JSON object (the server, and per tool its hints, kind and findings).
+    #[arg(long, conflicts_with = "print_config")]
+    pub json: bool,
+
+    /// Print only the starting configuration (TOML), e.g. to redirect into a file.
+    #[arg(long)]
+    pub print_config: bool,
+
+    /// How long the server may take to start and list its tools.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    pub timeout: Duration,
+
+    /// The MCP server's command and its arguments (after `--`).
+    #[arg(last = true, value_name = "CMD", required = true)]
     pub command: Vec<String>,
 }
 

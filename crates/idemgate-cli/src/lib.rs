@@ -18,7 +18,7 @@ use idemgate::{AnyStore, Engine, EngineError, FileJournal, Key};
 use idemgate_kit::{Door, Explanation, Resolve};
 
 pub use args::Cli;
-use args::{Command, JournalCommand, KeyCommand, TokenCommand};
+use args::{Command, JournalCommand, KeyCommand, McpArgs, McpCommand, TokenCommand};
 
 /// Exit codes of `idemgate` itself (a command's own exit code passes through on execution and
 /// replay): the engine's one table, so docs, tests and every front door agree.
@@ -223,6 +223,10 @@ async fn dispatch(cli: Cli) -> Result<u8> {
         }
         Command::Serve(args) => serve::run(&cli, args).await,
         Command::Console(args) => console::run(&cli, args).await,
+        Command::Mcp(McpArgs {
+            action: Some(McpCommand::Lint(args)),
+            ..
+        }) => mcp::lint(args),
         Command::Mcp(args) => mcp::run(&cli, args).await,
         Command::Token(TokenCommand::Hash { token }) => {
             out::line(format_args!("{}", idemgate_http::token_sha256(token)));

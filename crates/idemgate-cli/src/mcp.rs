@@ -10,8 +10,8 @@ use idemgate_kit::Instruments;
 use idemgate_mcp::config::record_tool;
 use idemgate_mcp::{Config, HttpUpstream, Upstream};
 
-use crate::args::{Cli, McpArgs};
-use crate::exit;
+use crate::args::{Cli, McpArgs, McpLintArgs};
+use crate::{exit, out};
 
 /// How often outcomes the store did not confirm are retried from the journal.
 const JOURNAL_FLUSH_EVERY: Duration = Duration::from_secs(30);
@@ -80,6 +80,38 @@ pub(crate) async fn run(cli: &Cli, args: &McpArgs) -> Result<u8> {
     }
     let code = idemgate_mcp::stdio::run_upstream(engine, config, tenant, &upstream).await?;
     Ok(u8::try_from(code.rem_euclid(256)).unwrap_or(exit::FAILURE))
+}
+
+/// `idemgate mcp lint -- CMD`: the server's tools as a gate sees them, and a starting
+/// configuration. 0 when nothing is worse than a note, 1 on a warning.
+pub(crate) fn lint(args: &McpLintArgs) -> Result<u8> {
+    use idemgate_mcp::lint;
+
+    let listing = match lint::list_tools(&args.command, args.timeout) {
+        Ok(listing) => listing,
+        Err(e) => {
+            eprintln!("idemgate: mcp lint: {e}");
+            return Ok(exit::SERVER_UNAVAILABLE);
+        }
+    };
+    let report = lint::Report {
+        server_name: idemgate_mcp::config::server_name(&Config::default(), &args.command),
+        tools: lint::inspect(&listing.tools),
+        server: listing.server,
+        protocol_version: listing.protocol_version,
+    };
+    if args.json {
+        out::line(format_args!("{}", serde_json::to_string_pretty(&report)?));
+    } else if args.print_config {
+        out::bytes(lint::starting_config(&report).as_bytes());
+    } else {
+        out::bytes(lint::render(&report).as_bytes());
+        out::line(format_args!("\n{}", lint::starting_config(&report)));
+    }
+    Ok(match report.worst() {
+        Some(lint::Severity::Warning) => exit::FAILURE,
+        _ => 0,
+    })
 }
 
 /// Where the server is: the command after `--`, or `--upstream-url` with its headers.

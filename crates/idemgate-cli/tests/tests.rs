@@ -11,6 +11,7 @@ mod cluster_support;
 mod gateway;
 mod mcp;
 mod mcp_http;
+mod mcp_lint;
 mod mcp_oauth;
 mod mcp_real;
 mod mcp_ts;

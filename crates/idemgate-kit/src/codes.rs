@@ -108,6 +108,8 @@ pub mod exit {
     pub const KEY_REUSE: u8 = 65;
     /// The store could not be opened or could not reserve the key; nothing ran.
     pub const STORE_UNAVAILABLE: u8 = 69;
+    /// The MCP server could not be started, or did not answer (`mcp lint`).
+    pub const SERVER_UNAVAILABLE: u8 = 69;
     /// The command ran but its outcome was recorded neither in the store nor in the journal.
     pub const UNRECORDED: u8 = 70;
     /// Another process holds the key and did not finish within --wait.

@@ -4,6 +4,7 @@ pub mod config;
 mod error;
 mod gate;
 mod handshake;
+pub mod lint;
 mod peer;
 mod session;
 mod sync;

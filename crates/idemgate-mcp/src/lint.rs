@@ -1,0 +1,1001 @@
+//! `idemgate mcp lint`: what a gate needs to know about a server's tools, read from its
+//! `tools/list` before anything is gated.
+//!
+//! Which tools write (the proxy makes every tool a write unless told otherwise), which say
+//! nothing about themselves, which annotations contradict the tool's own name (a `delete_…`
+//! marked read-only would pass the gate without a key), and which descriptions tell a model to
+//! make its key new for every request (a retry then carries a new key and runs again: the
+//! mechanism defeated by the server's own words). Then a starting configuration that writes down
+//! what the listing said, tool by tool, for a person to check.
+//!
+//! [`inspect`] judges a listing and knows nothing of processes; [`list_tools`] is the small
+//! stdio client that gets one from a server.
+
+use std::io::{BufRead as _, BufReader, Write as _};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use idemgate_core::ToolKind;
+use serde::Serialize;
+use serde_json::{json, Value};
+
+use crate::gate::catalog::KEY_ARGUMENTS;
+
+/// The protocol version `initialize` offers; a server answers with the one it speaks.
+const OFFERED_VERSION: &str = "2025-11-25";
+/// How many of the server's last stderr lines an error shows.
+const STDERR_LINES: usize = 10;
+/// More pages than any real listing has: a server whose cursor never ends is an error.
+const MAX_PAGES: usize = 1000;
+
+/// Words that make a tool's name say it only reads.
+const READ_WORDS: &[&str] = &[
+    "get", "list", "read", "search", "find", "show", "describe", "fetch", "view", "lookup",
+    "count", "status", "diff", "inspect", "browse", "retrieve", "preview", "explain", "ping",
+];
+/// Words that make a tool's name say it changes something.
+const WRITE_WORDS: &[&str] = &[
+    "create",
+    "add",
+    "insert",
+    "append",
+    "update",
+    "upsert",
+    "set",
+    "put",
+    "patch",
+    "post",
+    "delete",
+    "remove",
+    "drop",
+    "clear",
+    "purge",
+    "send",
+    "write",
+    "save",
+    "store",
+    "commit",
+    "push",
+    "merge",
+    "reset",
+    "checkout",
+    "move",
+    "rename",
+    "upload",
+    "publish",
+    "deploy",
+    "submit",
+    "pay",
+    "charge",
+    "refund",
+    "transfer",
+    "book",
+    "cancel",
+    "approve",
+    "reject",
+    "assign",
+    "close",
+    "archive",
+    "restore",
+    "install",
+    "uninstall",
+    "init",
+    "apply",
+    "edit",
+    "modify",
+    "replace",
+    "enable",
+    "disable",
+    "start",
+    "stop",
+    "kill",
+    "restart",
+    "schedule",
+    "invite",
+    "reply",
+    "comment",
+    "grant",
+    "revoke",
+    "register",
+    "subscribe",
+    "unsubscribe",
+    "execute",
+    "run",
+    "trigger",
+    "order",
+    "email",
+    "notify",
+    "mark",
+    "tag",
+    "label",
+];
+/// Words of a write that makes something new each time it runs: an `idempotentHint` on one is
+/// suspect. Not "add": adding to a set is idempotent (`git add`).
+const CREATE_WORDS: &[&str] = &[
+    "create", "insert", "append", "send", "post", "pay", "charge", "transfer", "order", "email",
+    "notify", "invite", "reply", "comment", "submit",
+];
+
+/// What a tool's name says it does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NameSays {
+    /// Its first verb reads.
+    Reads,
+    /// Its first verb writes.
+    Writes,
+    /// Neither list has any of its words.
+    Nothing,
+}
+
+/// How sure a finding is that something is wrong.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Severity {
+    /// Worth knowing; the gate is safe either way.
+    Note,
+    /// The gate would be wrong, or defeated, if this were believed.
+    Warning,
+}
+
+/// One thing the lint found about a tool.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Finding {
+    /// How sure it is.
+    pub severity: Severity,
+    /// A stable name for scripts.
+    pub code: &'static str,
+    /// What it means, in a sentence.
+    pub message: String,
+}
+
+/// The annotations a tool carries (`annotations` of MCP 2025-03-26 and later).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Hints {
+    /// `readOnlyHint`.
+    pub read_only: Option<bool>,
+    /// `destructiveHint`.
+    pub destructive: Option<bool>,
+    /// `idempotentHint`.
+    pub idempotent: Option<bool>,
+    /// `openWorldHint`.
+    pub open_world: Option<bool>,
+}
+
+impl Hints {
+    fn of(tool: &Value) -> Self {
+        let hint = |name: &str| tool["annotations"][name].as_bool();
+        Self {
+            read_only: hint("readOnlyHint"),
+            destructive: hint("destructiveHint"),
+            idempotent: hint("idempotentHint"),
+            open_world: hint("openWorldHint"),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+/// What the lint says about one tool.
+#[derive(Clone, Debug, Serialize)]
+pub struct ToolReport {
+    /// The tool's name.
+    pub name: String,
+    /// Its annotations, as the server wrote them.
+    pub hints: Hints,
+    /// What its name says.
+    pub name_says: NameSays,
+    /// The key argument its input schema declares (the proxy fills it with the downstream key).
+    pub key_argument: Option<String>,
+    /// The kind the starting configuration gives it: what the annotations say unless a finding
+    /// contradicts them, else a write.
+    pub kind: ToolKind,
+    /// Whether the configuration's line for it is only a suggestion (commented out): a tool that
+    /// says nothing of itself but whose name reads, or one whose `idempotentHint` is believable.
+    pub suggested: Option<ToolKind>,
+    /// What was found.
+    pub findings: Vec<Finding>,
+}
+
+/// The whole lint of one server.
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    /// `serverInfo` from the server's `initialize` answer, if it sent one.
+    pub server: Option<Value>,
+    /// The protocol version it answered with.
+    pub protocol_version: Option<String>,
+    /// The name records get (`<server_name>/<tool>`): the proxy's default for this command.
+    pub server_name: String,
+    /// Every tool, in the server's order.
+    pub tools: Vec<ToolReport>,
+}
+
+impl Report {
+    /// The worst severity of any finding, if there is one.
+    pub fn worst(&self) -> Option<Severity> {
+        self.tools
+            .iter()
+            .flat_map(|t| &t.findings)
+            .map(|f| f.severity)
+            .max()
+    }
+}
+
+/// The words of a tool's name, lowercase: split at `_`, `-`, `.`, `/`, spaces and where a
+/// lowercase letter meets an uppercase one (`createEntities`).
+pub fn words(name: &str) -> Vec<String> {
+    let mut words = Vec::new();
+    let mut word = String::new();
+    let mut previous_lower = false;
+    for c in name.chars() {
+        if !c.is_alphanumeric() {
+            if !word.is_empty() {
+                words.push(std::mem::take(&mut word));
+            }
+            previous_lower = false;
+            continue;
+        }
+        if c.is_uppercase() && previous_lower && !word.is_empty() {
+            words.push(std::mem::take(&mut word));
+        }
+        previous_lower = c.is_lowercase() || c.is_ascii_digit();
+        word.extend(c.to_lowercase());
+    }
+    if !word.is_empty() {
+        words.push(word);
+    }
+    words
+}
+
+/// What a name says: its first word that either list knows (`git_create_branch` writes,
+/// `git_diff_unstaged` reads, `read_graph` reads).
+pub fn name_says(name: &str) -> NameSays {
+    for word in words(name) {
+        if READ_WORDS.contains(&word.as_str()) {
+            return NameSays::Reads;
+        }
+        if WRITE_WORDS.contains(&word.as_str()) {
+            return NameSays::Writes;
+        }
+    }
+    NameSays::Nothing
+}
+
+fn creates(name: &str) -> bool {
+    words(name)
+        .iter()
+        .find(|w| READ_WORDS.contains(&w.as_str()) || WRITE_WORDS.contains(&w.as_str()))
+        .is_some_and(|w| CREATE_WORDS.contains(&w.as_str()))
+}
+
+/// Whether `text` tells whoever fills a key to make it new for every request, which turns every
+/// retry into a new action.
+pub fn asks_for_a_new_key_every_time(text: &str) -> bool {
+    let text = text.to_lowercase();
+    let every = ["each", "every"];
+    let request = [
+        "request",
+        "call",
+        "invocation",
+        "attempt",
+        "operation",
+        "time",
+    ];
+    let unique = ["unique", "new", "fresh", "random", "different", "distinct"];
+    // "unique for every request", "a new key for each call", "unique per request".
+    let words: Vec<&str> = text
+        .split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .collect();
+    for (i, w) in words.iter().enumerate() {
+        if !unique.contains(w) {
+            continue;
+        }
+        let after = &words[i + 1..words.len().min(i + 6)];
+        for (j, a) in after.iter().enumerate() {
+            let next = after.get(j + 1).copied().unwrap_or_default();
+            if (["for", "on", "with", "in"].contains(a) && every.contains(&next))
+                || (*a == "per" && request.contains(&next))
+            {
+                return true;
+            }
+        }
+    }
+    text.contains("random uuid")
+        || text.contains("generate a uuid")
+        || text.contains("generate a new uuid")
+}
+
+/// Judges one `tools/list` listing (every page's `tools`, in order).
+pub fn inspect(tools: &[Value]) -> Vec<ToolReport> {
+    tools.iter().filter_map(judge).collect()
+}
+
+fn finding(severity: Severity, code: &'static str, message: String) -> Finding {
+    Finding {
+        severity,
+        code,
+        message,
+    }
+}
+
+fn judge(tool: &Value) -> Option<ToolReport> {
+    let name = tool["name"].as_str()?.to_owned();
+    let hints = Hints::of(tool);
+    let says = name_says(&name);
+    let properties = tool["inputSchema"]["properties"].as_object();
+    let key_argument = properties.and_then(|p| {
+        KEY_ARGUMENTS
+            .iter()
+            .find(|k| p.contains_key(**k))
+            .map(|k| (*k).to_owned())
+    });
+    let mut findings = Vec::new();
+    let mut kind = ToolKind::Write;
+    let mut suggested = None;
+
+    let read_only = hints.read_only == Some(true);
+    if hints.is_empty() {
+        findings.push(finding(
+            Severity::Note,
+            "no_annotations",
+            "no annotations: the proxy gates it as a write (a key on every call) unless the configuration says otherwise".to_owned(),
+        ));
+        if says == NameSays::Reads {
+            suggested = Some(ToolKind::Read);
+        }
+    } else if read_only && says == NameSays::Writes {
+        findings.push(finding(
+            Severity::Warning,
+            "read_only_name_writes",
+            "annotated read-only, but its name says it writes: believed, it would run without a key and every retry would run again; the configuration keeps it a write".to_owned(),
+        ));
+    } else if read_only && hints.destructive == Some(true) {
+        findings.push(finding(
+            Severity::Warning,
+            "read_only_and_destructive",
+            "annotated both read-only and destructive, which contradict each other (destructiveHint means something only for a tool that writes); the configuration keeps it a write".to_owned(),
+        ));
+    } else if read_only {
+        kind = ToolKind::Read;
+    } else if hints.read_only == Some(false) && says == NameSays::Reads {
+        findings.push(finding(
+            Severity::Note,
+            "write_name_reads",
+            "annotated as a write, but its name says it reads: gated as a write, every call needs a key; if it truly changes nothing, make it kind = \"read\"".to_owned(),
+        ));
+    }
+    if !read_only && hints.idempotent == Some(true) {
+        if creates(&name) {
+            findings.push(finding(
+                Severity::Warning,
+                "idempotent_name_creates",
+                "annotated idempotent, but its name says each call makes something new: believed, a repeated call would pass the gate and run again; the configuration keeps it a write".to_owned(),
+            ));
+        } else if hints.destructive == Some(false) {
+            suggested = Some(ToolKind::NaturalIdempotent);
+        } else {
+            // MCP's default for destructiveHint is true.
+            findings.push(finding(
+                Severity::Note,
+                "idempotent_but_destructive",
+                "annotated idempotent, but destructive: repeated later, after what it destroyed was made again, it destroys it again; kept a write".to_owned(),
+            ));
+        }
+    }
+    if let Some(key) = &key_argument {
+        findings.push(finding(
+            Severity::Note,
+            "declares_key_argument",
+            format!("takes its own key argument `{key}`: the proxy fills it with the downstream key, the same on every retry of the action"),
+        ));
+    }
+    let key_texts = properties
+        .into_iter()
+        .flatten()
+        .filter(|(arg, _)| {
+            let arg = arg.to_lowercase();
+            arg.contains("idempotency") || arg.contains("request_id") || arg.contains("requestid")
+        })
+        .filter_map(|(arg, schema)| Some((arg.clone(), schema["description"].as_str()?)));
+    let description = tool["description"]
+        .as_str()
+        .map(|d| ("description".to_owned(), d));
+    for (whose, text) in description.into_iter().chain(key_texts) {
+        if asks_for_a_new_key_every_time(text) {
+            let whose = if whose == "description" {
+                "its description".to_owned()
+            } else {
+                format!("the description of `{whose}`")
+            };
+            findings.push(finding(
+                Severity::Warning,
+                "new_key_every_request",
+                format!("{whose} tells the model to make the key new for every request: a retry then carries a new key and runs again. A key names the action: the same on every retry of it, new only for a new action"),
+            ));
+        }
+    }
+    Some(ToolReport {
+        name,
+        hints,
+        name_says: says,
+        key_argument,
+        kind,
+        suggested,
+        findings,
+    })
+}
+
+impl Hints {
+    /// The hints in words, `-` when there are none.
+    fn describe(&self) -> String {
+        let mut words = Vec::new();
+        let mut say = |hint: Option<bool>, yes: &'static str, no: &'static str| {
+            if let Some(h) = hint {
+                words.push(if h { yes } else { no });
+            }
+        };
+        say(self.read_only, "read-only", "writes");
+        say(self.destructive, "destructive", "not destructive");
+        say(self.idempotent, "idempotent", "not idempotent");
+        say(self.open_world, "open world", "closed world");
+        if words.is_empty() {
+            "-".to_owned()
+        } else {
+            words.join(", ")
+        }
+    }
+}
+
+/// The report as a person reads it: a summary line, a table of the tools, then every finding,
+/// warnings first.
+pub fn render(report: &Report) -> String {
+    let mut out = String::new();
+    let server = report.server.as_ref().map_or_else(
+        || "the server".to_owned(),
+        |s| {
+            format!(
+                "{} {}",
+                s["name"].as_str().unwrap_or("?"),
+                s["version"].as_str().unwrap_or("")
+            )
+            .trim_end()
+            .to_owned()
+        },
+    );
+    let count = |severity| {
+        report
+            .tools
+            .iter()
+            .flat_map(|t| &t.findings)
+            .filter(|f| f.severity == severity)
+            .count()
+    };
+    let writes = report
+        .tools
+        .iter()
+        .filter(|t| t.kind == ToolKind::Write)
+        .count();
+    out.push_str(&format!(
+        "{server}{}: {} tools, {writes} gated as writes; {} warnings, {} notes. Records are named {}/<tool>.\n\n",
+        report
+            .protocol_version
+            .as_deref()
+            .map(|v| format!(" (protocol {v})"))
+            .unwrap_or_default(),
+        report.tools.len(),
+        count(Severity::Warning),
+        count(Severity::Note),
+        report.server_name,
+    ));
+    let rows: Vec<[String; 5]> = report
+        .tools
+        .iter()
+        .map(|t| {
+            let gated = match t.suggested {
+                Some(k) => format!("{} (or {k}?)", t.kind),
+                None => t.kind.to_string(),
+            };
+            let says = match t.name_says {
+                NameSays::Reads => "reads",
+                NameSays::Writes => "writes",
+                NameSays::Nothing => "-",
+            };
+            let worst = t.findings.iter().map(|f| f.severity).max();
+            let flag = match worst {
+                Some(Severity::Warning) => "warning",
+                Some(Severity::Note) => "note",
+                None => "-",
+            };
+            [
+                t.name.clone(),
+                gated,
+                t.hints.describe(),
+                says.to_owned(),
+                flag.to_owned(),
+            ]
+        })
+        .collect();
+    let header = ["tool", "gated as", "annotations", "name says", "worst"].map(str::to_owned);
+    let mut widths = header.clone().map(|h| h.chars().count());
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    for row in std::iter::once(&header).chain(&rows) {
+        let line: Vec<String> = row
+            .iter()
+            .zip(widths)
+            .map(|(cell, w)| format!("{cell:<w$}"))
+            .collect();
+        out.push_str(line.join("  ").trim_end());
+        out.push('\n');
+    }
+    for (severity, title) in [(Severity::Warning, "Warnings"), (Severity::Note, "Notes")] {
+        // One line per finding, naming every tool it was found on, in the server's order.
+        let mut found: Vec<(&Finding, Vec<&str>)> = Vec::new();
+        for t in &report.tools {
+            for f in t.findings.iter().filter(|f| f.severity == severity) {
+                match found.iter_mut().find(|(seen, _)| *seen == f) {
+                    Some((_, tools)) => tools.push(&t.name),
+                    None => found.push((f, vec![&t.name])),
+                }
+            }
+        }
+        if !found.is_empty() {
+            out.push_str(&format!("\n{title}:\n"));
+        }
+        for (f, tools) in found {
+            out.push_str(&format!(
+                "  {} [{}]: {}\n",
+                tools.join(", "),
+                f.code,
+                f.message
+            ));
+        }
+    }
+    out
+}
+
+/// A starting `idemgate mcp --config` file for the report's tools: every line what the listing
+/// said, for a person to check before it gates anything.
+pub fn starting_config(report: &Report) -> String {
+    let mut out = String::new();
+    let server = report
+        .server
+        .as_ref()
+        .map(|s| {
+            format!(
+                " of {} {}",
+                s["name"].as_str().unwrap_or("?"),
+                s["version"].as_str().unwrap_or("")
+            )
+        })
+        .unwrap_or_default();
+    out.push_str(&format!(
+        "# A starting configuration for `idemgate mcp --config FILE -- CMD`, from `idemgate mcp lint`{server}.\n\
+         # Check every line: a tool of kind \"read\" or \"natural_idempotent\" passes without a key.\n\
+         server_name = {:?}\n\
+         # The annotations are written out below, tool by tool, instead of believed wholesale.\n\
+         trusted = false\n",
+        report.server_name
+    ));
+    let writes: Vec<&str> = report
+        .tools
+        .iter()
+        .filter(|t| t.kind == ToolKind::Write && t.suggested.is_none())
+        .map(|t| t.name.as_str())
+        .collect();
+    if !writes.is_empty() {
+        out.push_str("\n# Writes: a key on every call (any tool not named below is one):\n");
+        for line in wrap(&writes, 96) {
+            out.push_str(&format!("#   {line}\n"));
+        }
+    }
+    for t in report.tools.iter().filter(|t| t.kind != ToolKind::Write) {
+        out.push_str(&format!(
+            "\n[tools.{}]   # annotated read-only\nkind = \"{}\"\n",
+            toml_key(&t.name),
+            t.kind
+        ));
+    }
+    for (kind, why) in [
+        (
+            ToolKind::Read,
+            "Not annotated, but the name reads: uncomment once you know it changes nothing.",
+        ),
+        (
+            ToolKind::NaturalIdempotent,
+            "Annotated idempotent and not destructive: uncomment once you know a repeat changes nothing more.",
+        ),
+    ] {
+        let mut tools = report.tools.iter().filter(|t| t.suggested == Some(kind)).peekable();
+        if tools.peek().is_some() {
+            out.push_str(&format!("\n# {why}\n"));
+        }
+        for t in tools {
+            out.push_str(&format!("# [tools.{}]\n# kind = \"{kind}\"\n", toml_key(&t.name)));
+        }
+    }
+    out
+}
+
+/// `name` as a TOML key: bare when it can be, quoted otherwise.
+fn toml_key(name: &str) -> String {
+    if !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+    {
+        name.to_owned()
+    } else {
+        format!("{name:?}")
+    }
+}
+
+fn wrap(names: &[&str], width: usize) -> Vec<String> {
+    let mut lines = vec![String::new()];
+    for (i, name) in names.iter().enumerate() {
+        let piece = if i + 1 < names.len() {
+            format!("{name}, ")
+        } else {
+            (*name).to_owned()
+        };
+        let line = lines.last_mut().expect("one line at least");
+        if !line.is_empty() && line.len() + piece.len() > width {
+            lines.push(piece);
+        } else {
+            line.push_str(&piece);
+        }
+    }
+    lines.iter().map(|l| l.trim_end().to_owned()).collect()
+}
+
+/// What a server said when asked: its `initialize` answer and every tool of every page.
+#[derive(Debug)]
+pub struct Listing {
+    /// `serverInfo`.
+    pub server: Option<Value>,
+    /// `protocolVersion`.
+    pub protocol_version: Option<String>,
+    /// Every tool, in order.
+    pub tools: Vec<Value>,
+}
+
+/// Starts `command` as an MCP server over stdio, opens a session, reads every page of
+/// `tools/list`, and closes it. `timeout` bounds the whole exchange; the server's stderr is
+/// kept and its last lines returned in the error when it fails.
+pub fn list_tools(command: &[String], timeout: Duration) -> Result<Listing, String> {
+    let (program, args) = command
+        .split_first()
+        .ok_or("give the MCP server's command after --")?;
+    let mut child = Command::new(program)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("failed to start {program}: {e}"))?;
+    // Read all along, so that a server that logs much never blocks on a full pipe; the last
+    // lines are kept for the error.
+    let stderr = child.stderr.take().expect("stderr is piped");
+    let (tail_tx, tail) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut last = std::collections::VecDeque::new();
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            if last.len() == STDERR_LINES {
+                last.pop_front();
+            }
+            last.push_back(line);
+        }
+        let _ = tail_tx.send(Vec::from(last).join("\n"));
+    });
+    let mut session = Session::new(&mut child, Instant::now() + timeout);
+    let listed = session.list();
+    drop(session);
+    finish(&mut child);
+    // A process the server started may hold its stderr open after it is gone: not for long.
+    let stderr = tail
+        .recv_timeout(Duration::from_secs(2))
+        .unwrap_or_default();
+    listed.map_err(|e| {
+        if stderr.is_empty() {
+            e
+        } else {
+            format!("{e}\nthe server's stderr ended with:\n{stderr}")
+        }
+    })
+}
+
+/// Closes the server's input, gives it a moment to leave, and stops it if it does not.
+fn finish(child: &mut Child) {
+    drop(child.stdin.take());
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < deadline {
+        match child.try_wait() {
+            Ok(Some(_)) | Err(_) => break,
+            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+    if matches!(child.try_wait(), Ok(None)) {
+        // Our own child, still running: stop it.
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
+struct Session {
+    input: ChildStdin,
+    lines: mpsc::Receiver<String>,
+    deadline: Instant,
+    next_id: u64,
+}
+
+impl Session {
+    fn new(child: &mut Child, deadline: Instant) -> Self {
+        let input = child.stdin.take().expect("stdin is piped");
+        let output = child.stdout.take().expect("stdout is piped");
+        let (tx, lines) = mpsc::channel();
+        // The reader ends when the server closes its output or the receiver is gone.
+        std::thread::spawn(move || {
+            for line in BufReader::new(output).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Self {
+            input,
+            lines,
+            deadline,
+            next_id: 0,
+        }
+    }
+
+    /// Writes one frame; `what` names it in the error.
+    fn send(&mut self, frame: &Value, what: &str) -> Result<(), String> {
+        let mut text = frame.to_string();
+        text.push('\n');
+        self.input
+            .write_all(text.as_bytes())
+            .and_then(|()| self.input.flush())
+            .map_err(|e| match e.kind() {
+                std::io::ErrorKind::BrokenPipe => {
+                    format!("the server closed its input before {what} could be sent")
+                }
+                _ => format!("failed to send {what} to the server: {e}"),
+            })
+    }
+
+    /// Sends a request and waits for its answer's `result`, answering any request of the
+    /// server's meanwhile with "method not found" (a lint has no roots, sampling or elicitation).
+    fn request(&mut self, method: &str, params: Value) -> Result<Value, String> {
+        self.next_id += 1;
+        let id = self.next_id;
+        self.send(
+            &json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}),
+            method,
+        )?;
+        loop {
+            let left = self.deadline.saturating_duration_since(Instant::now());
+            let line = match self.lines.recv_timeout(left) {
+                Ok(line) => line,
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    return Err(format!("the server did not answer {method} in time"))
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    return Err(format!(
+                        "the server closed its output before answering {method}"
+                    ))
+                }
+            };
+            let Ok(frame) = serde_json::from_str::<Value>(&line) else {
+                // Not JSON-RPC (a server that logs on stdout): not ours to answer.
+                continue;
+            };
+            if frame.get("method").is_some() {
+                if let Some(their_id) = frame.get("id") {
+                    self.send(&json!({"jsonrpc": "2.0", "id": their_id,
+                        "error": {"code": -32601, "message": "idemgate mcp lint answers no requests"}}),
+                        "an answer to the server's request",
+                    )?;
+                }
+                continue;
+            }
+            if frame["id"] != json!(id) {
+                continue;
+            }
+            if let Some(error) = frame.get("error") {
+                return Err(format!(
+                    "the server answered {method} with an error: {error}"
+                ));
+            }
+            return Ok(frame["result"].clone());
+        }
+    }
+
+    fn list(&mut self) -> Result<Listing, String> {
+        let init = self.request(
+            "initialize",
+            json!({
+                "protocolVersion": OFFERED_VERSION,
+                "capabilities": {},
+                "clientInfo": {"name": "idemgate-mcp-lint", "version": env!("CARGO_PKG_VERSION")},
+            }),
+        )?;
+        self.send(
+            &json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+            "notifications/initialized",
+        )?;
+        let mut tools = Vec::new();
+        let mut cursor: Option<String> = None;
+        for _ in 0..MAX_PAGES {
+            let params = match &cursor {
+                Some(c) => json!({"cursor": c}),
+                None => json!({}),
+            };
+            let page = self.request("tools/list", params)?;
+            let listed = page["tools"]
+                .as_array()
+                .ok_or("the server's tools/list result has no tools array")?;
+            tools.extend(listed.iter().cloned());
+            match page["nextCursor"].as_str() {
+                Some(next) => cursor = Some(next.to_owned()),
+                None => {
+                    return Ok(Listing {
+                        server: init.get("serverInfo").cloned(),
+                        protocol_version: init["protocolVersion"].as_str().map(str::to_owned),
+                        tools,
+                    })
+                }
+            }
+        }
+        Err(format!(
+            "the server's tools/list went on for {MAX_PAGES} pages without an end"
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_split_into_words() {
+        assert_eq!(words("git_create_branch"), ["git", "create", "branch"]);
+        assert_eq!(words("createEntities"), ["create", "entities"]);
+        assert_eq!(words("HTTPGet2"), ["httpget2"]);
+        assert_eq!(words("files.read-text"), ["files", "read", "text"]);
+        assert_eq!(name_says("git_diff_unstaged"), NameSays::Reads);
+        assert_eq!(name_says("git_commit"), NameSays::Writes);
+        assert_eq!(name_says("read_graph"), NameSays::Reads);
+        assert_eq!(name_says("write_query"), NameSays::Writes);
+        assert_eq!(name_says("sendEmail"), NameSays::Writes);
+        assert_eq!(name_says("echo"), NameSays::Nothing);
+    }
+
+    #[test]
+    fn descriptions_that_ask_for_a_new_key_every_time() {
+        for text in [
+            "Idempotency key. Must be unique for every request.",
+            "A UNIQUE key per request",
+            "Generate a new key for each call",
+            "use a random UUID",
+            "must be different on every invocation",
+        ] {
+            assert!(asks_for_a_new_key_every_time(text), "{text}");
+        }
+        for text in [
+            "The same key on every retry of the action",
+            "Unique identifier of the order",
+            "A key naming the action; new for a new action",
+            "Lists every request in the queue",
+        ] {
+            assert!(!asks_for_a_new_key_every_time(text), "{text}");
+        }
+    }
+
+    fn report(tools: Value) -> Report {
+        let tools = inspect(tools.as_array().unwrap());
+        Report {
+            server: Some(json!({"name": "srv", "version": "1.0"})),
+            protocol_version: None,
+            server_name: "srv".into(),
+            tools,
+        }
+    }
+
+    fn codes(r: &Report, tool: &str) -> Vec<&'static str> {
+        r.tools
+            .iter()
+            .find(|t| t.name == tool)
+            .unwrap()
+            .findings
+            .iter()
+            .map(|f| f.code)
+            .collect()
+    }
+
+    #[test]
+    fn contradictions_keep_the_tool_a_write() {
+        let r = report(json!([
+            {"name": "delete_user", "annotations": {"readOnlyHint": true}},
+            {"name": "list_users", "annotations": {"readOnlyHint": true}},
+            {"name": "peek", "annotations": {"readOnlyHint": true, "destructiveHint": true}},
+            {"name": "create_order", "annotations": {"readOnlyHint": false, "idempotentHint": true}},
+            {"name": "set_flag", "annotations": {"readOnlyHint": false, "idempotentHint": true, "destructiveHint": false}},
+            {"name": "delete_file", "annotations": {"idempotentHint": true}},
+            {"name": "get_balance", "annotations": {"readOnlyHint": false}},
+            {"name": "search_docs"},
+            {"name": "pay", "description": "Charge a card.",
+             "inputSchema": {"type": "object", "properties": {"idempotencyKey": {"type": "string",
+               "description": "Must be unique for every request"}}}},
+        ]));
+        assert_eq!(codes(&r, "delete_user"), ["read_only_name_writes"]);
+        assert_eq!(codes(&r, "list_users"), Vec::<&str>::new());
+        assert_eq!(codes(&r, "peek"), ["read_only_and_destructive"]);
+        assert_eq!(codes(&r, "create_order"), ["idempotent_name_creates"]);
+        assert_eq!(codes(&r, "set_flag"), Vec::<&str>::new());
+        assert_eq!(codes(&r, "delete_file"), ["idempotent_but_destructive"]);
+        assert_eq!(codes(&r, "get_balance"), ["write_name_reads"]);
+        assert_eq!(codes(&r, "search_docs"), ["no_annotations"]);
+        assert_eq!(
+            codes(&r, "pay"),
+            [
+                "no_annotations",
+                "declares_key_argument",
+                "new_key_every_request"
+            ]
+        );
+        let kind = |name: &str| r.tools.iter().find(|t| t.name == name).unwrap().kind;
+        assert_eq!(kind("delete_user"), ToolKind::Write);
+        assert_eq!(kind("peek"), ToolKind::Write);
+        assert_eq!(kind("list_users"), ToolKind::Read);
+        assert_eq!(r.worst(), Some(Severity::Warning));
+
+        let config = starting_config(&r);
+        let parsed = crate::Config::parse(&config).unwrap_or_else(|e| panic!("{e}\n{config}"));
+        assert_eq!(parsed.policy("list_users", None).kind, ToolKind::Read);
+        assert_eq!(parsed.policy("delete_user", None).kind, ToolKind::Write);
+        assert_eq!(parsed.policy("search_docs", None).kind, ToolKind::Write);
+        assert!(!parsed.trusted);
+        assert!(
+            config.contains("# [tools.search_docs]\n# kind = \"read\""),
+            "{config}"
+        );
+        assert!(
+            config.contains("# [tools.set_flag]\n# kind = \"natural_idempotent\""),
+            "{config}"
+        );
+        // Uncommenting the suggestions gives a configuration that still parses.
+        let uncommented = config
+            .replace("# [tools.", "[tools.")
+            .replace("# kind", "kind");
+        let parsed = crate::Config::parse(&uncommented).unwrap();
+        assert_eq!(parsed.policy("search_docs", None).kind, ToolKind::Read);
+        assert_eq!(
+            parsed.policy("set_flag", None).kind,
+            ToolKind::NaturalIdempotent
+        );
+    }
+
+    #[test]
+    fn a_clean_listing_has_nothing_worse_than_notes() {
+        let r = report(json!([
+            {"name": "read_graph", "annotations": {"readOnlyHint": true}},
+            {"name": "create_entities", "annotations": {"readOnlyHint": false, "destructiveHint": false}},
+            {"name": "odd name!", "annotations": {"readOnlyHint": true}},
+        ]));
+        assert_eq!(r.worst(), None);
+        let config = starting_config(&r);
+        assert!(config.contains("[tools.\"odd name!\"]"), "{config}");
+        assert!(config.contains("#   create_entities\n"), "{config}");
+        crate::Config::parse(&config).unwrap();
+    }
+}
