@@ -14,6 +14,11 @@
 //! fresh write costs without any transport: the engine in this process on its own SQLite file
 //! (reserve, run a no-op, record: two durable commits), at 1 and 16 concurrent callers.
 //!
+//! The peer: over HTTP, the same fixture behind `mcp-proxy` (PyPI), a proxy that serves a stdio
+//! server over Streamable HTTP and passes every call through, when `IDEMGATE_BENCH_MCP_PROXY`
+//! names its binary (scripts/bench-mcp installs a pinned one): what a hop that does nothing
+//! costs, beside what idemgate's hop adds.
+//!
 //! The storm: 200 keys, each called by 16 callers released together through the proxy; how late
 //! the losers hear of the winner's outcome (their replay's arrival minus the winner's answer),
 //! p50, p99 and max, and how many keys had a loser later than 15 ms.
@@ -190,7 +195,20 @@ impl Conn {
     }
 
     /// A Streamable HTTP server started by `cmd`, which prints its URL on stdout or stderr.
-    async fn http(mut cmd: tokio::process::Command, on_stderr: bool) -> Conn {
+    async fn http(cmd: tokio::process::Command, on_stderr: bool) -> Conn {
+        Self::http_with(cmd, on_stderr, |line| {
+            line.find("http://").map(|at| line[at..].trim().to_owned())
+        })
+        .await
+    }
+
+    /// A Streamable HTTP server started by `cmd`, whose endpoint `url_of` finds in a line it
+    /// prints on stdout or stderr (once it listens).
+    async fn http_with(
+        mut cmd: tokio::process::Command,
+        on_stderr: bool,
+        url_of: impl Fn(&str) -> Option<String>,
+    ) -> Conn {
         let mut child = if on_stderr {
             cmd.stderr(Stdio::piped()).stdout(Stdio::null())
         } else {
@@ -213,8 +231,8 @@ impl Conn {
                     .await
                     .unwrap()
                     .expect("the server printed its URL");
-                if let Some(at) = line.find("http://") {
-                    break line[at..].trim().to_owned();
+                if let Some(url) = url_of(&line) {
+                    break url;
                 }
             }
         })
@@ -310,8 +328,46 @@ impl Conn {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 enum Path {
     Direct,
+    /// Through the peer, a pass-through proxy (`mcp-proxy`): every call reaches the server.
+    PassThrough,
     Fresh,
     Replay,
+}
+
+impl Path {
+    fn name(self) -> &'static str {
+        match self {
+            Path::Direct => "direct",
+            Path::PassThrough => "mcp-proxy",
+            Path::Fresh => "fresh",
+            Path::Replay => "replay",
+        }
+    }
+}
+
+/// The peer over HTTP: `mcp-proxy` (PyPI), a pass-through proxy that serves a stdio server over
+/// Streamable HTTP, in front of the same fixture, when `IDEMGATE_BENCH_MCP_PROXY` names its
+/// binary (scripts/bench-mcp installs a pinned one). Its port is chosen here: it announces only
+/// that uvicorn runs.
+async fn pass_through(me: &std::path::Path) -> Option<Conn> {
+    let bin = std::env::var_os("IDEMGATE_BENCH_MCP_PROXY")?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut cmd = tokio::process::Command::new(bin);
+    cmd.args(["--host", "127.0.0.1", "--port", &port.to_string()])
+        .args(["--log-level", "INFO", "--"])
+        .arg(me)
+        .arg("--fixture-stdio");
+    let url = format!("http://127.0.0.1:{port}/mcp");
+    Some(
+        Conn::http_with(cmd, true, move |line| {
+            line.contains("Uvicorn running on").then(|| url.clone())
+        })
+        .await,
+    )
 }
 
 /// The engine alone on SQLite: `calls` fresh writes of a no-op over `callers` tasks.
@@ -524,6 +580,15 @@ async fn bench(rounds: usize, calls: usize) {
     eprintln!(
         "idemgate: {IDEMGATE}\nstore: {store}\nrounds: {rounds}, calls per measurement: {calls}"
     );
+    let peer = pass_through(&me).await.map(Arc::new);
+    eprintln!(
+        "peer over HTTP: {}",
+        if peer.is_some() {
+            "mcp-proxy (IDEMGATE_BENCH_MCP_PROXY)"
+        } else {
+            "none (IDEMGATE_BENCH_MCP_PROXY is not set)"
+        }
+    );
     let transports: Vec<(&str, Arc<Conn>, Arc<Conn>)> = vec![
         (
             "stdio",
@@ -541,6 +606,9 @@ async fn bench(rounds: usize, calls: usize) {
         for conn in [direct, proxied] {
             measure(conn, 4, 400, |c, i| format!("warm-{c}-{i}"), None).await;
         }
+    }
+    if let Some(peer) = &peer {
+        measure(peer, 4, 400, |c, i| format!("warm-{c}-{i}"), None).await;
     }
     let engine_store = format!("sqlite://{}", dir.path().join("engine.db").display());
     let engine = Arc::new(idemgate::Engine::new(
@@ -565,6 +633,13 @@ async fn bench(rounds: usize, calls: usize) {
                     .entry((name, callers, Path::Direct))
                     .or_default()
                     .push(lat);
+                if let (Some(peer), "http") = (&peer, *name) {
+                    let lat = measure(peer, callers, calls, |_, _| "direct".to_owned(), None).await;
+                    results
+                        .entry((name, callers, Path::PassThrough))
+                        .or_default()
+                        .push(lat);
+                }
                 let tag = format!("{name}-{callers}-{round}");
                 let t = tag.clone();
                 let lat = measure(
@@ -612,7 +687,7 @@ async fn bench(rounds: usize, calls: usize) {
     println!();
     println!("MCP proxy latency per tools/call, ms: median over {rounds} rounds [min..max]; {calls} calls per measurement; SQLite store");
     println!(
-        "{:<6} {:>7}  {:<8} {:<26} {:<26} {:<26} {:<26}",
+        "{:<6} {:>7}  {:<9} {:<26} {:<26} {:<26} {:<26}",
         "", "callers", "path", "p50", "p99", "added p50", "added p99"
     );
     for callers in [1usize, 16] {
@@ -620,7 +695,7 @@ async fn bench(rounds: usize, calls: usize) {
         let p50 = median_min_max(lats.iter().map(|l| l.p50).collect());
         let p99 = median_min_max(lats.iter().map(|l| l.p99).collect());
         println!(
-            "{:<6} {:>7}  {:<8} {:<26} {:<26} {:<26} {:<26}",
+            "{:<6} {:>7}  {:<9} {:<26} {:<26} {:<26} {:<26}",
             "engine",
             callers,
             "fresh",
@@ -633,8 +708,10 @@ async fn bench(rounds: usize, calls: usize) {
     for (name, _, _) in &transports {
         for callers in [1usize, 16] {
             let direct = &results[&(*name, callers, Path::Direct)];
-            for path in [Path::Direct, Path::Fresh, Path::Replay] {
-                let lats = &results[&(*name, callers, path)];
+            for path in [Path::Direct, Path::PassThrough, Path::Fresh, Path::Replay] {
+                let Some(lats) = results.get(&(*name, callers, path)) else {
+                    continue;
+                };
                 let p50 = median_min_max(lats.iter().map(|l| l.p50).collect());
                 let p99 = median_min_max(lats.iter().map(|l| l.p99).collect());
                 let (a50, a99) = if path == Path::Direct {
@@ -653,10 +730,10 @@ async fn bench(rounds: usize, calls: usize) {
                     (fmt_ms(median_min_max(a50)), fmt_ms(median_min_max(a99)))
                 };
                 println!(
-                    "{:<6} {:>7}  {:<8} {:<26} {:<26} {:<26} {:<26}",
+                    "{:<6} {:>7}  {:<9} {:<26} {:<26} {:<26} {:<26}",
                     name,
                     callers,
-                    format!("{path:?}").to_lowercase(),
+                    path.name(),
                     fmt_ms(p50),
                     fmt_ms(p99),
                     a50,
