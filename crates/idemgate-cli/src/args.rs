@@ -296,6 +296,7 @@ argument it declares, and what is wrong:
   idempotent_name_creates    annotated idempotent, but each call makes something new (create_order)
   new_key_every_request      its description tells the model to make the key unique for every
                              request, so a retry carries a new key and runs again
+  duplicate_name             two tools listed under one name
   idempotent_but_destructive (note) annotated idempotent, but destructive (MCP's default): a
                              repeat after what it destroyed was made again destroys it again
   write_name_reads           (note) annotated as a write, but its name reads
@@ -318,11 +319,8 @@ Examples:
 /// `mcp lint`.
 #[derive(Debug, Args)]
 pub struct McpLintArgs {
-    /// The report as one JSON object (the server, and per tool its hints, kind and findings).
-    #[arg(long, conflicts_with = "print_config")]
-    pub json: bool,
-
-    /// Print only the starting configuration (TOML), e.g. to redirect into a file.
+    /// Print only the starting configuration (TOML), e.g. to redirect into a file; the warnings
+    /// go to stderr. (`--json` prints the whole report as one JSON object instead.)
     #[arg(long)]
     pub print_config: bool,
 

@@ -226,7 +226,7 @@ async fn dispatch(cli: Cli) -> Result<u8> {
         Command::Mcp(McpArgs {
             action: Some(McpCommand::Lint(args)),
             ..
-        }) => mcp::lint(args),
+        }) => mcp::lint(&cli, args),
         Command::Mcp(args) => mcp::run(&cli, args).await,
         Command::Token(TokenCommand::Hash { token }) => {
             out::line(format_args!("{}", idemgate_http::token_sha256(token)));

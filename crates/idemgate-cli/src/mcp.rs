@@ -84,9 +84,13 @@ pub(crate) async fn run(cli: &Cli, args: &McpArgs) -> Result<u8> {
 
 /// `idemgate mcp lint -- CMD`: the server's tools as a gate sees them, and a starting
 /// configuration. 0 when nothing is worse than a note, 1 on a warning.
-pub(crate) fn lint(args: &McpLintArgs) -> Result<u8> {
+pub(crate) fn lint(cli: &Cli, args: &McpLintArgs) -> Result<u8> {
     use idemgate_mcp::lint;
 
+    if cli.json && args.print_config {
+        eprintln!("idemgate: mcp lint: --json prints the whole report and --print-config only the configuration: give one of them");
+        return Ok(exit::USAGE);
+    }
     let listing = match lint::list_tools(&args.command, args.timeout) {
         Ok(listing) => listing,
         Err(e) => {
@@ -100,10 +104,23 @@ pub(crate) fn lint(args: &McpLintArgs) -> Result<u8> {
         server: listing.server,
         protocol_version: listing.protocol_version,
     };
-    if args.json {
+    if cli.json {
         out::line(format_args!("{}", serde_json::to_string_pretty(&report)?));
     } else if args.print_config {
         out::bytes(lint::starting_config(&report).as_bytes());
+        // The configuration goes to a file; what is wrong still reaches the person running it.
+        for t in &report.tools {
+            for f in t
+                .findings
+                .iter()
+                .filter(|f| f.severity == lint::Severity::Warning)
+            {
+                eprintln!(
+                    "idemgate: mcp lint: warning: {} [{}]: {}",
+                    t.name, f.code, f.message
+                );
+            }
+        }
     } else {
         out::bytes(lint::render(&report).as_bytes());
         out::line(format_args!("\n{}", lint::starting_config(&report)));

@@ -178,6 +178,16 @@ fn lint_warns_of_a_listing_that_defeats_the_gate() {
     );
     assert_eq!(codes(&r, "create_order"), ["idempotent_name_creates"]);
 
+    // The configuration alone, for a file: the warnings still reach stderr.
+    let out = lint(&sb, &["--print-config"], &server);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("warning: delete_user [read_only_name_writes]"),
+        "{}",
+        text(&out.stderr)
+    );
+    idemgate_mcp::Config::parse(&text(&out.stdout)).unwrap();
+
     let out = lint(&sb, &[], &server);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
     let shown = text(&out.stdout);
@@ -228,4 +238,22 @@ fn lint_fails_loudly_when_there_is_no_server() {
     );
     let usage = sb.run(&["mcp", "lint"]);
     assert_eq!(usage.status.code(), Some(2), "{}", text(&usage.stderr));
+    let both = lint(&sb, &["--print-config", "--json"], &["true"]);
+    assert_eq!(both.status.code(), Some(2), "{}", text(&both.stderr));
+}
+
+#[test]
+fn lint_stops_a_server_that_never_stops_writing_at_its_deadline() {
+    let sb = Sandbox::new();
+    // `yes` writes lines that are not JSON-RPC as fast as it can and never answers.
+    let started = std::time::Instant::now();
+    let out = lint(&sb, &["--timeout", "2s"], &["yes"]);
+    assert_eq!(out.status.code(), Some(69), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("the server did not answer initialize in time"),
+        "{}",
+        text(&out.stderr)
+    );
+    // The deadline bounds it (a generous margin for a loaded machine, far below forever).
+    assert!(started.elapsed() < std::time::Duration::from_secs(60));
 }

@@ -11,9 +11,12 @@
 //! [`inspect`] judges a listing and knows nothing of processes; [`list_tools`] is the small
 //! stdio client that gets one from a server.
 
+use std::collections::VecDeque;
 use std::io::{BufRead as _, BufReader, Write as _};
+#[cfg(unix)]
+use std::os::unix::process::CommandExt as _;
 use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use idemgate_core::ToolKind;
@@ -24,98 +27,45 @@ use crate::gate::catalog::KEY_ARGUMENTS;
 
 /// The protocol version `initialize` offers; a server answers with the one it speaks.
 const OFFERED_VERSION: &str = "2025-11-25";
+/// How many lines of the server's output wait to be read before its reader waits too.
+const LINES_QUEUED: usize = 256;
 /// How many of the server's last stderr lines an error shows.
 const STDERR_LINES: usize = 10;
 /// More pages than any real listing has: a server whose cursor never ends is an error.
 const MAX_PAGES: usize = 1000;
 
-/// Words that make a tool's name say it only reads.
+/// Words that make a tool's name say it only reads, when no write verb is in it.
+#[rustfmt::skip]
 const READ_WORDS: &[&str] = &[
     "get", "list", "read", "search", "find", "show", "describe", "fetch", "view", "lookup",
     "count", "status", "diff", "inspect", "browse", "retrieve", "preview", "explain", "ping",
+    "query",
 ];
-/// Words that make a tool's name say it changes something.
+/// Verbs that make a tool's name say it changes something, wherever they stand in it
+/// (`get_or_create_user`, `search_and_replace`, `status_update`). Words that are as often nouns
+/// (order, email, post, tag, label, comment, run, log) are in neither list: a name made of them
+/// says nothing.
+#[rustfmt::skip]
 const WRITE_WORDS: &[&str] = &[
-    "create",
-    "add",
-    "insert",
-    "append",
-    "update",
-    "upsert",
-    "set",
-    "put",
-    "patch",
-    "post",
-    "delete",
-    "remove",
-    "drop",
-    "clear",
-    "purge",
-    "send",
-    "write",
-    "save",
-    "store",
-    "commit",
-    "push",
-    "merge",
-    "reset",
-    "checkout",
-    "move",
-    "rename",
-    "upload",
-    "publish",
-    "deploy",
-    "submit",
-    "pay",
-    "charge",
-    "refund",
-    "transfer",
-    "book",
-    "cancel",
-    "approve",
-    "reject",
-    "assign",
-    "close",
-    "archive",
-    "restore",
-    "install",
-    "uninstall",
-    "init",
-    "apply",
-    "edit",
-    "modify",
-    "replace",
-    "enable",
-    "disable",
-    "start",
-    "stop",
-    "kill",
-    "restart",
-    "schedule",
-    "invite",
-    "reply",
-    "comment",
-    "grant",
-    "revoke",
-    "register",
-    "subscribe",
-    "unsubscribe",
-    "execute",
-    "run",
-    "trigger",
-    "order",
-    "email",
-    "notify",
-    "mark",
-    "tag",
-    "label",
+    "create", "add", "insert", "append", "update", "upsert", "set", "put", "patch", "delete",
+    "remove", "drop", "clear", "purge", "send", "write", "save", "commit", "push", "merge",
+    "reset", "checkout", "move", "rename", "upload", "publish", "deploy", "submit", "pay",
+    "charge", "refund", "transfer", "cancel", "approve", "reject", "assign", "close", "archive",
+    "restore", "install", "uninstall", "init", "apply", "edit", "modify", "replace", "enable",
+    "disable", "start", "stop", "kill", "restart", "schedule", "invite", "reply", "grant",
+    "revoke", "register", "subscribe", "unsubscribe", "trigger", "notify", "destroy",
+    "terminate", "erase", "truncate", "purchase", "buy", "withdraw", "import", "copy", "revert",
+    "rollback", "invoke",
 ];
-/// Words of a write that makes something new each time it runs: an `idempotentHint` on one is
+/// Verbs of a write that makes something new each time it runs: an `idempotentHint` on one is
 /// suspect. Not "add": adding to a set is idempotent (`git add`).
+#[rustfmt::skip]
 const CREATE_WORDS: &[&str] = &[
-    "create", "insert", "append", "send", "post", "pay", "charge", "transfer", "order", "email",
-    "notify", "invite", "reply", "comment", "submit",
+    "create", "insert", "append", "send", "pay", "charge", "transfer", "invite", "reply",
+    "submit", "purchase", "buy", "withdraw", "notify",
 ];
+/// Words that make a create idempotent after all: `create_or_update_file`, `ensure_user`.
+const UPSERT_WORDS: &[&str] = &["upsert", "ensure", "exists", "update"];
 
 /// What a tool's name says it does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -224,24 +174,31 @@ impl Report {
     }
 }
 
-/// The words of a tool's name, lowercase: split at `_`, `-`, `.`, `/`, spaces and where a
-/// lowercase letter meets an uppercase one (`createEntities`).
+/// The words of a tool's name, lowercase: split at `_`, `-`, `.`, `/`, spaces, where a
+/// lowercase letter or digit meets an uppercase one (`createEntities`), and before the last
+/// capital of a run of them that a lowercase letter follows (`AWSCreateBucket`).
 pub fn words(name: &str) -> Vec<String> {
+    let chars: Vec<char> = name.chars().collect();
     let mut words = Vec::new();
     let mut word = String::new();
-    let mut previous_lower = false;
-    for c in name.chars() {
+    for (i, &c) in chars.iter().enumerate() {
         if !c.is_alphanumeric() {
             if !word.is_empty() {
                 words.push(std::mem::take(&mut word));
             }
-            previous_lower = false;
             continue;
         }
-        if c.is_uppercase() && previous_lower && !word.is_empty() {
+        let previous = i.checked_sub(1).map(|j| chars[j]);
+        let next = chars.get(i + 1).copied();
+        let boundary = c.is_uppercase()
+            && previous.is_some_and(|p| {
+                p.is_lowercase()
+                    || p.is_ascii_digit()
+                    || (p.is_uppercase() && next.is_some_and(char::is_lowercase))
+            });
+        if boundary && !word.is_empty() {
             words.push(std::mem::take(&mut word));
         }
-        previous_lower = c.is_lowercase() || c.is_ascii_digit();
         word.extend(c.to_lowercase());
     }
     if !word.is_empty() {
@@ -250,68 +207,77 @@ pub fn words(name: &str) -> Vec<String> {
     words
 }
 
-/// What a name says: its first word that either list knows (`git_create_branch` writes,
-/// `git_diff_unstaged` reads, `read_graph` reads).
+/// What a name says: it writes if any word is a write verb (`get_or_create_user`), else it
+/// reads if a word reads (`git_diff_unstaged`, `read_graph`), else nothing.
 pub fn name_says(name: &str) -> NameSays {
-    for word in words(name) {
-        if READ_WORDS.contains(&word.as_str()) {
-            return NameSays::Reads;
-        }
-        if WRITE_WORDS.contains(&word.as_str()) {
-            return NameSays::Writes;
-        }
+    let words = words(name);
+    if words.iter().any(|w| WRITE_WORDS.contains(&w.as_str())) {
+        return NameSays::Writes;
+    }
+    if words.iter().any(|w| READ_WORDS.contains(&w.as_str())) {
+        return NameSays::Reads;
     }
     NameSays::Nothing
 }
 
 fn creates(name: &str) -> bool {
-    words(name)
-        .iter()
-        .find(|w| READ_WORDS.contains(&w.as_str()) || WRITE_WORDS.contains(&w.as_str()))
-        .is_some_and(|w| CREATE_WORDS.contains(&w.as_str()))
+    let words = words(name);
+    words.iter().any(|w| CREATE_WORDS.contains(&w.as_str()))
+        && !words.iter().any(|w| UPSERT_WORDS.contains(&w.as_str()))
 }
 
-/// Whether `text` tells whoever fills a key to make it new for every request, which turns every
-/// retry into a new action.
+/// Whether `text`, said of an idempotency key, tells whoever fills it to make it new for every
+/// request ("unique for every request", "a new key each time", "every call needs a unique
+/// key"), which turns every retry into a new action. Advice that also says to reuse the key on
+/// a retry is not flagged.
 pub fn asks_for_a_new_key_every_time(text: &str) -> bool {
     let text = text.to_lowercase();
-    let every = ["each", "every"];
-    let request = [
-        "request",
-        "call",
-        "invocation",
-        "attempt",
-        "operation",
-        "time",
-    ];
-    let unique = ["unique", "new", "fresh", "random", "different", "distinct"];
-    // "unique for every request", "a new key for each call", "unique per request".
+    if text.contains("retry") || text.contains("retries") || text.contains("same key") {
+        return false;
+    }
     let words: Vec<&str> = text
         .split(|c: char| !c.is_alphanumeric())
         .filter(|w| !w.is_empty())
         .collect();
-    for (i, w) in words.iter().enumerate() {
-        if !unique.contains(w) {
-            continue;
-        }
-        let after = &words[i + 1..words.len().min(i + 6)];
-        for (j, a) in after.iter().enumerate() {
-            let next = after.get(j + 1).copied().unwrap_or_default();
-            if (["for", "on", "with", "in"].contains(a) && every.contains(&next))
-                || (*a == "per" && request.contains(&next))
-            {
-                return true;
-            }
-        }
-    }
-    text.contains("random uuid")
-        || text.contains("generate a uuid")
-        || text.contains("generate a new uuid")
+    let unique = ["unique", "new", "fresh", "random", "different", "distinct"];
+    let every = ["each", "every", "per"];
+    #[rustfmt::skip]
+    let request = [
+        "request", "requests", "call", "calls", "invocation", "attempt", "operation", "time",
+    ];
+    let after = |i: usize| &words[i + 1..words.len().min(i + 7)];
+    words.iter().enumerate().any(|(i, w)| {
+        // "unique for every request", "a new key each time", "unique per call".
+        let forward = unique.contains(w)
+            && after(i)
+                .windows(2)
+                .any(|p| every.contains(&p[0]) && request.contains(&p[1]));
+        // "every request needs a unique key".
+        let backward = every.contains(w)
+            && words.get(i + 1).is_some_and(|n| request.contains(n))
+            && after(i).iter().any(|n| unique.contains(n));
+        forward || backward
+    })
 }
 
 /// Judges one `tools/list` listing (every page's `tools`, in order).
 pub fn inspect(tools: &[Value]) -> Vec<ToolReport> {
-    tools.iter().filter_map(judge).collect()
+    let mut reports: Vec<ToolReport> = Vec::new();
+    for report in tools.iter().filter_map(judge) {
+        // A name listed twice: one table for it (TOML allows no second), and a warning.
+        if let Some(first) = reports.iter_mut().find(|r| r.name == report.name) {
+            if !first.findings.iter().any(|f| f.code == "duplicate_name") {
+                first.findings.push(finding(
+                    Severity::Warning,
+                    "duplicate_name",
+                    "listed more than once: a call by this name cannot say which tool it means; only the first is judged".to_owned(),
+                ));
+            }
+            continue;
+        }
+        reports.push(report);
+    }
+    reports
 }
 
 fn finding(severity: Severity, code: &'static str, message: String) -> Finding {
@@ -361,11 +327,12 @@ fn judge(tool: &Value) -> Option<ToolReport> {
         ));
     } else if read_only {
         kind = ToolKind::Read;
-    } else if hints.read_only == Some(false) && says == NameSays::Reads {
+    } else if says == NameSays::Reads {
+        // Annotated, but not read-only (readOnlyHint false, or absent: MCP's default).
         findings.push(finding(
             Severity::Note,
             "write_name_reads",
-            "annotated as a write, but its name says it reads: gated as a write, every call needs a key; if it truly changes nothing, make it kind = \"read\"".to_owned(),
+            "annotated as a write (not read-only), but its name says it reads: gated as a write, every call needs a key; if it truly changes nothing, make it kind = \"read\"".to_owned(),
         ));
     }
     if !read_only && hints.idempotent == Some(true) {
@@ -396,13 +363,16 @@ fn judge(tool: &Value) -> Option<ToolReport> {
     let key_texts = properties
         .into_iter()
         .flatten()
-        .filter(|(arg, _)| {
-            let arg = arg.to_lowercase();
-            arg.contains("idempotency") || arg.contains("request_id") || arg.contains("requestid")
-        })
+        .filter(|(arg, _)| arg.to_lowercase().contains("idempotency"))
         .filter_map(|(arg, schema)| Some((arg.clone(), schema["description"].as_str()?)));
+    // The tool's own description only where it speaks of a key at all ("a new commit for each
+    // file" is not about keys).
     let description = tool["description"]
         .as_str()
+        .filter(|d| {
+            let d = d.to_lowercase();
+            d.contains("key") || d.contains("idempoten")
+        })
         .map(|d| ("description".to_owned(), d));
     for (whose, text) in description.into_iter().chain(key_texts) {
         if asks_for_a_new_key_every_time(text) {
@@ -569,20 +539,20 @@ pub fn starting_config(report: &Report) -> String {
         .server
         .as_ref()
         .map(|s| {
-            format!(
+            in_comment(&format!(
                 " of {} {}",
                 s["name"].as_str().unwrap_or("?"),
                 s["version"].as_str().unwrap_or("")
-            )
+            ))
         })
         .unwrap_or_default();
     out.push_str(&format!(
         "# A starting configuration for `idemgate mcp --config FILE -- CMD`, from `idemgate mcp lint`{server}.\n\
          # Check every line: a tool of kind \"read\" or \"natural_idempotent\" passes without a key.\n\
-         server_name = {:?}\n\
+         server_name = {}\n\
          # The annotations are written out below, tool by tool, instead of believed wholesale.\n\
          trusted = false\n",
-        report.server_name
+        toml_string(&report.server_name)
     ));
     let writes: Vec<&str> = report
         .tools
@@ -593,7 +563,7 @@ pub fn starting_config(report: &Report) -> String {
     if !writes.is_empty() {
         out.push_str("\n# Writes: a key on every call (any tool not named below is one):\n");
         for line in wrap(&writes, 96) {
-            out.push_str(&format!("#   {line}\n"));
+            out.push_str(&format!("#   {}\n", in_comment(&line)));
         }
     }
     for t in report.tools.iter().filter(|t| t.kind != ToolKind::Write) {
@@ -633,8 +603,32 @@ fn toml_key(name: &str) -> String {
     {
         name.to_owned()
     } else {
-        format!("{name:?}")
+        toml_string(name)
     }
+}
+
+/// `text` as a TOML basic string, on one line: quote, backslash and control characters escaped.
+fn toml_string(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if c.is_control() => out.push_str(&format!("\\u{:04X}", u32::from(c))),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// `text` as it may stand in a TOML comment: a server's name or a tool's with a newline in it
+/// must not end the comment and write a line of configuration of its own.
+fn in_comment(text: &str) -> String {
+    text.chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect()
 }
 
 fn wrap(names: &[&str], width: usize) -> Vec<String> {
@@ -673,36 +667,38 @@ pub fn list_tools(command: &[String], timeout: Duration) -> Result<Listing, Stri
     let (program, args) = command
         .split_first()
         .ok_or("give the MCP server's command after --")?;
-    let mut child = Command::new(program)
+    let mut command = Command::new(program);
+    command
         .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
+        .stderr(Stdio::piped());
+    // A group of its own, so that what a launcher (npx, uvx, sh -c) starts is stopped with it.
+    #[cfg(unix)]
+    command.process_group(0);
+    let mut child = command
         .spawn()
         .map_err(|e| format!("failed to start {program}: {e}"))?;
     // Read all along, so that a server that logs much never blocks on a full pipe; the last
-    // lines are kept for the error.
+    // lines are kept for the error, readable while a process of the server still holds the pipe.
     let stderr = child.stderr.take().expect("stderr is piped");
-    let (tail_tx, tail) = mpsc::channel();
+    let tail = Arc::new(Mutex::new(VecDeque::new()));
+    let kept = Arc::clone(&tail);
     std::thread::spawn(move || {
-        let mut last = std::collections::VecDeque::new();
-        for line in BufReader::new(stderr).lines() {
-            let Ok(line) = line else { break };
+        each_line(stderr, |line| {
+            let mut last = kept.lock().unwrap_or_else(PoisonError::into_inner);
             if last.len() == STDERR_LINES {
                 last.pop_front();
             }
             last.push_back(line);
-        }
-        let _ = tail_tx.send(Vec::from(last).join("\n"));
+            true
+        });
     });
     let mut session = Session::new(&mut child, Instant::now() + timeout);
     let listed = session.list();
     drop(session);
     finish(&mut child);
-    // A process the server started may hold its stderr open after it is gone: not for long.
-    let stderr = tail
-        .recv_timeout(Duration::from_secs(2))
-        .unwrap_or_default();
+    let stderr = Vec::from(tail.lock().unwrap_or_else(PoisonError::into_inner).clone()).join("\n");
     listed.map_err(|e| {
         if stderr.is_empty() {
             e
@@ -712,21 +708,49 @@ pub fn list_tools(command: &[String], timeout: Duration) -> Result<Listing, Stri
     })
 }
 
-/// Closes the server's input, gives it a moment to leave, and stops it if it does not.
+/// Calls `f` with each line `from` gives (bytes that are not UTF-8 replaced, not an end) until
+/// it ends or `f` says stop.
+fn each_line(from: impl std::io::Read, mut f: impl FnMut(String) -> bool) {
+    let mut reader = BufReader::new(from);
+    let mut buf = Vec::new();
+    loop {
+        buf.clear();
+        match reader.read_until(b'\n', &mut buf) {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {
+                let text = String::from_utf8_lossy(&buf);
+                if !f(text.trim_end_matches(['\n', '\r']).to_owned()) {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Closes the server's input, gives it a moment to leave, and stops it (and its process group)
+/// if it does not.
 fn finish(child: &mut Child) {
     drop(child.stdin.take());
     let deadline = Instant::now() + Duration::from_secs(3);
     while Instant::now() < deadline {
         match child.try_wait() {
-            Ok(Some(_)) | Err(_) => break,
+            Ok(Some(_)) | Err(_) => return,
             Ok(None) => std::thread::sleep(Duration::from_millis(20)),
         }
     }
-    if matches!(child.try_wait(), Ok(None)) {
-        // Our own child, still running: stop it.
-        let _ = child.kill();
-        let _ = child.wait();
+    // Our own child, still running (not reaped, so its pid and group are still its own): stop
+    // the group it leads, then it.
+    #[cfg(unix)]
+    if let Ok(pid) = i32::try_from(child.id()) {
+        if pid > 1 {
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
     }
+    let _ = child.kill();
+    let _ = child.wait();
 }
 
 struct Session {
@@ -740,16 +764,10 @@ impl Session {
     fn new(child: &mut Child, deadline: Instant) -> Self {
         let input = child.stdin.take().expect("stdin is piped");
         let output = child.stdout.take().expect("stdout is piped");
-        let (tx, lines) = mpsc::channel();
+        // Bounded: a server that writes faster than the lint reads waits, and the deadline ends it.
+        let (tx, lines) = mpsc::sync_channel(LINES_QUEUED);
         // The reader ends when the server closes its output or the receiver is gone.
-        std::thread::spawn(move || {
-            for line in BufReader::new(output).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
+        std::thread::spawn(move || each_line(output, |line| tx.send(line).is_ok()));
         Self {
             input,
             lines,
@@ -783,7 +801,13 @@ impl Session {
             method,
         )?;
         loop {
-            let left = self.deadline.saturating_duration_since(Instant::now());
+            // Checked before each line, not only when none comes: a server that never stops
+            // writing (logs on stdout, notifications) is stopped by the deadline too.
+            let now = Instant::now();
+            if now >= self.deadline {
+                return Err(format!("the server did not answer {method} in time"));
+            }
+            let left = self.deadline - now;
             let line = match self.lines.recv_timeout(left) {
                 Ok(line) => line,
                 Err(mpsc::RecvTimeoutError::Timeout) => {
@@ -799,16 +823,34 @@ impl Session {
                 // Not JSON-RPC (a server that logs on stdout): not ours to answer.
                 continue;
             };
-            if frame.get("method").is_some() {
+            if let Some(asked) = frame.get("method") {
                 if let Some(their_id) = frame.get("id") {
-                    self.send(&json!({"jsonrpc": "2.0", "id": their_id,
-                        "error": {"code": -32601, "message": "idemgate mcp lint answers no requests"}}),
-                        "an answer to the server's request",
-                    )?;
+                    // A ping is answered as MCP says; the lint has nothing else to give (no
+                    // roots, sampling or elicitation).
+                    let answer = if asked == "ping" {
+                        json!({"jsonrpc": "2.0", "id": their_id, "result": {}})
+                    } else {
+                        json!({"jsonrpc": "2.0", "id": their_id,
+                            "error": {"code": -32601, "message": "idemgate mcp lint answers no requests"}})
+                    };
+                    self.send(&answer, "an answer to the server's request")?;
                 }
                 continue;
             }
+            // An error with a null id answers a request the server could not read at all.
+            if frame["id"].is_null() {
+                if let Some(error) = frame.get("error") {
+                    return Err(format!(
+                        "the server could not read {method} (it may not speak MCP over stdio, newline-delimited JSON-RPC): {error}"
+                    ));
+                }
+            }
             if frame["id"] != json!(id) {
+                if frame["id"].is_string() && frame["id"] == json!(id.to_string()) {
+                    return Err(format!(
+                        "the server answered {method} under the id \"{id}\", a string, where the request's was the number {id}"
+                    ));
+                }
                 continue;
             }
             if let Some(error) = frame.get("error") {
@@ -870,7 +912,8 @@ mod tests {
     fn names_split_into_words() {
         assert_eq!(words("git_create_branch"), ["git", "create", "branch"]);
         assert_eq!(words("createEntities"), ["create", "entities"]);
-        assert_eq!(words("HTTPGet2"), ["httpget2"]);
+        assert_eq!(words("HTTPGet2"), ["http", "get2"]);
+        assert_eq!(words("AWSCreateBucket"), ["aws", "create", "bucket"]);
         assert_eq!(words("files.read-text"), ["files", "read", "text"]);
         assert_eq!(name_says("git_diff_unstaged"), NameSays::Reads);
         assert_eq!(name_says("git_commit"), NameSays::Writes);
@@ -878,6 +921,16 @@ mod tests {
         assert_eq!(name_says("write_query"), NameSays::Writes);
         assert_eq!(name_says("sendEmail"), NameSays::Writes);
         assert_eq!(name_says("echo"), NameSays::Nothing);
+        // A write verb anywhere writes; nouns that are also verbs say nothing.
+        assert_eq!(name_says("get_or_create_user"), NameSays::Writes);
+        assert_eq!(name_says("search_and_replace"), NameSays::Writes);
+        assert_eq!(name_says("status_update"), NameSays::Writes);
+        assert_eq!(name_says("get_post"), NameSays::Reads);
+        assert_eq!(name_says("email_search"), NameSays::Reads);
+        assert_eq!(name_says("run_query"), NameSays::Reads);
+        assert_eq!(name_says("order_label"), NameSays::Nothing);
+        assert!(creates("create_order") && creates("sendEmail"));
+        assert!(!creates("create_or_update_file") && !creates("git_add"));
     }
 
     #[test]
@@ -886,7 +939,8 @@ mod tests {
             "Idempotency key. Must be unique for every request.",
             "A UNIQUE key per request",
             "Generate a new key for each call",
-            "use a random UUID",
+            "a new key each time",
+            "Every request needs a unique idempotency key.",
             "must be different on every invocation",
         ] {
             assert!(asks_for_a_new_key_every_time(text), "{text}");
@@ -896,6 +950,8 @@ mod tests {
             "Unique identifier of the order",
             "A key naming the action; new for a new action",
             "Lists every request in the queue",
+            "A new key for each new action; reuse it when you retry",
+            "use a random UUID per action",
         ] {
             assert!(!asks_for_a_new_key_every_time(text), "{text}");
         }
@@ -983,6 +1039,49 @@ mod tests {
             parsed.policy("set_flag", None).kind,
             ToolKind::NaturalIdempotent
         );
+    }
+
+    #[test]
+    fn the_configuration_stays_toml_whatever_the_names() {
+        let tools = inspect(
+            json!([
+                {"name": "x\n[default]\nkind = \"read\"", "annotations": {"readOnlyHint": true}},
+                {"name": "bell\u{7}\u{301}\u{200b}", "annotations": {"readOnlyHint": true}},
+                {"name": "twice", "annotations": {"readOnlyHint": true}},
+                {"name": "twice"},
+                {"name": "delete\nme"},
+            ])
+            .as_array()
+            .unwrap(),
+        );
+        assert_eq!(tools.len(), 4, "one report per name");
+        let r = Report {
+            server: Some(json!({"name": "evil\n[default]\nkind = \"read\"", "version": "\r1"})),
+            protocol_version: None,
+            server_name: "evil".into(),
+            tools,
+        };
+        let twice = r.tools.iter().find(|t| t.name == "twice").unwrap();
+        assert_eq!(twice.findings[0].code, "duplicate_name");
+        let config = starting_config(&r);
+        let parsed = crate::Config::parse(&config).unwrap_or_else(|e| panic!("{e}\n{config}"));
+        // Nothing the server wrote became a line of configuration.
+        assert_eq!(
+            parsed.policy("anything", None).kind,
+            ToolKind::Write,
+            "{config}"
+        );
+        assert_eq!(
+            parsed.policy("x\n[default]\nkind = \"read\"", None).kind,
+            ToolKind::Read
+        );
+        assert_eq!(
+            parsed.policy("bell\u{7}\u{301}\u{200b}", None).kind,
+            ToolKind::Read
+        );
+        assert_eq!(parsed.policy("twice", None).kind, ToolKind::Read);
+        assert_eq!(parsed.policy("delete\nme", None).kind, ToolKind::Write);
+        assert_eq!(config.matches("[tools.").count(), 3, "{config}");
     }
 
     #[test]
