@@ -8,12 +8,20 @@
 //! a call, the GIL released) marks its wait with [`waiting`]: a store with a connection per such
 //! thread (Redis) then does its round trips right on it, blocking, instead of handing each one
 //! to a runtime thread and back.
+//!
+//! And a call that is the only one in flight in a process whose every task runs on one thread
+//! (the MCP proxy's single-threaded runtime) is polled under [`alone`]: nothing else is waiting
+//! for that thread, so a store may do the call's write on it (SQLite commits inline) instead of
+//! handing it to its own thread and waiting to be woken. On a busy machine each such hand-off
+//! waits for a core; with other calls in flight the hand-off stays, so that their writes share a
+//! commit.
 
 use std::cell::Cell;
 
 thread_local! {
     static NO_BLOCKING: Cell<bool> = const { Cell::new(false) };
     static WAITING: Cell<bool> = const { Cell::new(false) };
+    static ALONE: Cell<bool> = const { Cell::new(false) };
 }
 
 /// Sets `mark` for the length of `f`, restored as it was afterwards, also when `f` panics.
@@ -46,6 +54,26 @@ pub fn waits() -> bool {
     WAITING.with(Cell::get) && may_block()
 }
 
+/// Polls `future` marked as [`alone`] whenever `lone()` says, at that poll, that it is the only
+/// call in flight (see the module docs).
+pub async fn alone<F: std::future::Future>(lone: impl Fn() -> bool, future: F) -> F::Output {
+    let mut future = std::pin::pin!(future);
+    std::future::poll_fn(|cx| {
+        if lone() {
+            marked(&ALONE, || future.as_mut().poll(cx))
+        } else {
+            future.as_mut().poll(cx)
+        }
+    })
+    .await
+}
+
+/// True while a lone call is polled under [`alone`] (and not inside [`without_blocking`]): a
+/// store may do this call's write on this thread, blocking it, even on a single-threaded runtime.
+pub fn is_alone() -> bool {
+    ALONE.with(Cell::get) && may_block()
+}
+
 /// False inside [`without_blocking`]: a store must not do blocking I/O on this thread now.
 pub fn may_block() -> bool {
     !NO_BLOCKING.with(Cell::get)
@@ -70,6 +98,38 @@ mod tests {
             let other = std::thread::spawn(may_block).join().unwrap();
             assert!(other, "the mark is this thread's only");
         });
+    }
+
+    #[test]
+    fn a_lone_call_is_marked_only_while_it_is_alone_and_only_during_its_polls() {
+        use std::future::Future as _;
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::task::{Context, Poll, Waker};
+        let lone = AtomicBool::new(true);
+        let seen = std::cell::RefCell::new(Vec::new());
+        let mut polls = 0;
+        let probe = std::future::poll_fn(|cx| {
+            seen.borrow_mut().push(is_alone());
+            polls += 1;
+            if polls == 3 {
+                return Poll::Ready(());
+            }
+            cx.waker().wake_by_ref();
+            Poll::Pending
+        });
+        let mut future = std::pin::pin!(alone(|| lone.load(Ordering::SeqCst), probe));
+        let mut cx = Context::from_waker(Waker::noop());
+        assert!(future.as_mut().poll(&mut cx).is_pending());
+        assert!(!is_alone(), "only during the poll");
+        lone.store(false, Ordering::SeqCst);
+        assert!(future.as_mut().poll(&mut cx).is_pending());
+        lone.store(true, Ordering::SeqCst);
+        without_blocking(|| assert!(future.as_mut().poll(&mut cx).is_ready()));
+        assert_eq!(
+            *seen.borrow(),
+            [true, false, false],
+            "never while it must not block"
+        );
     }
 
     #[test]

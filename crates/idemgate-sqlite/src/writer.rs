@@ -374,7 +374,8 @@ impl Shared {
     /// On a worker of a multi-threaded tokio runtime the batch runs inside `block_in_place`, so
     /// that a commit waiting on the disk or on another process's lock (up to the busy timeout)
     /// does not hold up the tasks of that worker. On a current-thread runtime, whose one thread
-    /// runs every task, it never runs inline, nor on a thread that must not block
+    /// runs every task, it runs inline only for a lone call (`idemgate_core::caller::alone`: no
+    /// other call is in flight to wait for the thread), and never on a thread that must not block
     /// (`idemgate_core::caller::without_blocking`).
     pub(crate) fn run_inline(
         &self,
@@ -386,10 +387,12 @@ impl Shared {
         if self.inline_off.load(Ordering::SeqCst) {
             return Err(task);
         }
-        let multi_thread = Handle::try_current()
-            .is_ok_and(|h| matches!(h.runtime_flavor(), RuntimeFlavor::MultiThread));
+        let flavor = Handle::try_current().map(|h| h.runtime_flavor()).ok();
+        let multi_thread = matches!(flavor, Some(RuntimeFlavor::MultiThread));
+        let lone = matches!(flavor, Some(RuntimeFlavor::CurrentThread))
+            && idemgate_core::caller::is_alone();
         // A caller that must not block (an event loop's thread polling first) queues instead.
-        if !multi_thread
+        if !(multi_thread || lone)
             || !idemgate_core::caller::may_block()
             || queued
             || self.thread_busy.load(Ordering::SeqCst)
@@ -399,10 +402,16 @@ impl Shared {
         let Ok(mut core) = self.core.try_lock() else {
             return Err(task);
         };
-        let wal_past_quarter = tokio::task::block_in_place(|| {
+        let run = |core: &mut Core| {
             core.run_batch(vec![task]);
             core.wal_watch.written() > core.opts.wal_limit / 4
-        });
+        };
+        let wal_past_quarter = if multi_thread {
+            tokio::task::block_in_place(|| run(&mut core))
+        } else {
+            // The lone call's own thread: nothing else waits for it.
+            run(&mut core)
+        };
         self.batch_ended();
         Ok(wal_past_quarter && !self.checkpoint_asked.swap(true, Ordering::SeqCst))
     }

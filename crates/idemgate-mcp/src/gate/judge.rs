@@ -25,6 +25,30 @@ use crate::config::{record_tool, Config, KeySource, DEFAULT_WINDOW};
 use crate::peer::{Forwarded, Peer, Reply};
 use crate::wire::frame::{self, Object};
 
+/// The calls in flight in this process, across its sessions: one alone may write on the
+/// proxy's own thread.
+static IN_FLIGHT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// One call counted in [`IN_FLIGHT`] while it lives.
+struct InFlight;
+
+impl InFlight {
+    fn enter() -> Self {
+        IN_FLIGHT.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        InFlight
+    }
+
+    fn alone() -> bool {
+        IN_FLIGHT.load(std::sync::atomic::Ordering::SeqCst) == 1
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        IN_FLIGHT.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
 /// What judges a session's calls: the engine, the configuration, and whose calls they are.
 pub(crate) struct Judge<S> {
     engine: Arc<Engine<S>>,
@@ -318,47 +342,53 @@ impl<S: Store> Judge<S> {
             };
             async move { effect(peer.forward(id, frame, write, timeout).await) }
         };
-        let result = match window {
-            None => {
-                self.engine
-                    .call_with_policy(call, &policy, || async {
-                        let (effect, reply) = send().await;
-                        relay = reply;
-                        effect
-                    })
-                    .instrument(span.clone())
-                    .await
+        // The only call in flight in this process (every session's) may have its writes done on
+        // this thread: nothing else waits for it (`idemgate_core::caller::alone`).
+        let _in_flight = InFlight::enter();
+        let result = idemgate_core::caller::alone(InFlight::alone, async {
+            match window {
+                None => {
+                    self.engine
+                        .call_with_policy(call, &policy, || async {
+                            let (effect, reply) = send().await;
+                            relay = reply;
+                            effect
+                        })
+                        .instrument(span.clone())
+                        .await
+                }
+                // A call id names the action within its scope, and an identical call of the scope
+                // within the window is the same action under a new id (the model re-emitting it):
+                // the call id's record first, and inside it the window's, always in that order (as
+                // the packages do), so two calls never wait for each other in a cycle.
+                Some(window_call) => {
+                    let window_policy = ToolPolicy {
+                        fallback_window: Some(policy.fallback_window.unwrap_or(DEFAULT_WINDOW)),
+                        ..policy.clone()
+                    };
+                    let mut inner = None;
+                    let outer = self
+                        .engine
+                        .call_with_policy(call, &policy, || async {
+                            let r = self
+                                .engine
+                                .call_with_policy(window_call, &window_policy, || async {
+                                    let (effect, reply) = send().await;
+                                    relay = reply;
+                                    effect
+                                })
+                                .await;
+                            let effect = effect_of_window(&r);
+                            inner = Some(r);
+                            effect
+                        })
+                        .instrument(span.clone())
+                        .await;
+                    answer_of_window(outer, inner)
+                }
             }
-            // A call id names the action within its scope, and an identical call of the scope
-            // within the window is the same action under a new id (the model re-emitting it):
-            // the call id's record first, and inside it the window's, always in that order (as
-            // the packages do), so two calls never wait for each other in a cycle.
-            Some(window_call) => {
-                let window_policy = ToolPolicy {
-                    fallback_window: Some(policy.fallback_window.unwrap_or(DEFAULT_WINDOW)),
-                    ..policy.clone()
-                };
-                let mut inner = None;
-                let outer = self
-                    .engine
-                    .call_with_policy(call, &policy, || async {
-                        let r = self
-                            .engine
-                            .call_with_policy(window_call, &window_policy, || async {
-                                let (effect, reply) = send().await;
-                                relay = reply;
-                                effect
-                            })
-                            .await;
-                        let effect = effect_of_window(&r);
-                        inner = Some(r);
-                        effect
-                    })
-                    .instrument(span.clone())
-                    .await;
-                answer_of_window(outer, inner)
-            }
-        };
+        })
+        .await;
         idemgate_trace::record(&span, &result);
         answer::respond(&self.context(request, &policy, named), result, relay)
     }

@@ -120,7 +120,16 @@ async fn an_idle_writer_lets_the_caller_write_on_its_own_thread() {
 async fn a_current_thread_runtime_leaves_writes_to_the_writer_thread() {
     let dir = tempfile::tempdir().unwrap();
     let store = SqliteStore::open(dir.path().join("db"), manual()).unwrap();
+    // Unless the call is the only one in flight (the MCP proxy's lone call) and the writer is
+    // idle (as it is before its first batch): then it writes on its own thread, which nothing
+    // else is waiting for.
+    let caller = std::thread::current().name().map(str::to_owned);
+    let thread = idemgate_core::caller::alone(|| true, writing_thread(&store)).await;
+    assert_eq!(thread, caller);
+    assert_ne!(thread.as_deref(), Some("idemgate-sqlite-writer"));
     let thread = writing_thread(&store).await;
+    assert_eq!(thread.as_deref(), Some("idemgate-sqlite-writer"));
+    let thread = idemgate_core::caller::alone(|| false, writing_thread(&store)).await;
     assert_eq!(thread.as_deref(), Some("idemgate-sqlite-writer"));
 }
 
