@@ -71,9 +71,9 @@ const UPSERT_WORDS: &[&str] = &["upsert", "ensure", "exists", "update"];
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum NameSays {
-    /// Its first verb reads.
+    /// A word of it reads, and none writes.
     Reads,
-    /// Its first verb writes.
+    /// A word of it is a write verb.
     Writes,
     /// Neither list has any of its words.
     Nothing,
@@ -127,6 +127,25 @@ impl Hints {
     fn is_empty(&self) -> bool {
         *self == Self::default()
     }
+
+    /// The hints in words, `-` when there are none.
+    fn describe(&self) -> String {
+        let mut words = Vec::new();
+        let mut say = |hint: Option<bool>, yes: &'static str, no: &'static str| {
+            if let Some(h) = hint {
+                words.push(if h { yes } else { no });
+            }
+        };
+        say(self.read_only, "read-only", "writes");
+        say(self.destructive, "destructive", "not destructive");
+        say(self.idempotent, "idempotent", "not idempotent");
+        say(self.open_world, "open world", "closed world");
+        if words.is_empty() {
+            "-".to_owned()
+        } else {
+            words.join(", ")
+        }
+    }
 }
 
 /// What the lint says about one tool.
@@ -164,6 +183,19 @@ pub struct Report {
 }
 
 impl Report {
+    /// The server as its `initialize` answer named it: "name version".
+    fn server_label(&self) -> Option<String> {
+        self.server.as_ref().map(|s| {
+            format!(
+                "{} {}",
+                s["name"].as_str().unwrap_or("?"),
+                s["version"].as_str().unwrap_or("")
+            )
+            .trim_end()
+            .to_owned()
+        })
+    }
+
     /// The worst severity of any finding, if there is one.
     pub fn worst(&self) -> Option<Severity> {
         self.tools
@@ -364,7 +396,10 @@ fn judge(tool: &Value) -> Option<ToolReport> {
         .into_iter()
         .flatten()
         .filter(|(arg, _)| arg.to_lowercase().contains("idempotency"))
-        .filter_map(|(arg, schema)| Some((arg.clone(), schema["description"].as_str()?)));
+        .filter_map(|(arg, schema)| {
+            let text = schema["description"].as_str()?;
+            Some((format!("the description of `{arg}`"), text))
+        });
     // The tool's own description only where it speaks of a key at all ("a new commit for each
     // file" is not about keys).
     let description = tool["description"]
@@ -373,14 +408,9 @@ fn judge(tool: &Value) -> Option<ToolReport> {
             let d = d.to_lowercase();
             d.contains("key") || d.contains("idempoten")
         })
-        .map(|d| ("description".to_owned(), d));
+        .map(|d| ("its description".to_owned(), d));
     for (whose, text) in description.into_iter().chain(key_texts) {
         if asks_for_a_new_key_every_time(text) {
-            let whose = if whose == "description" {
-                "its description".to_owned()
-            } else {
-                format!("the description of `{whose}`")
-            };
             findings.push(finding(
                 Severity::Warning,
                 "new_key_every_request",
@@ -399,43 +429,13 @@ fn judge(tool: &Value) -> Option<ToolReport> {
     })
 }
 
-impl Hints {
-    /// The hints in words, `-` when there are none.
-    fn describe(&self) -> String {
-        let mut words = Vec::new();
-        let mut say = |hint: Option<bool>, yes: &'static str, no: &'static str| {
-            if let Some(h) = hint {
-                words.push(if h { yes } else { no });
-            }
-        };
-        say(self.read_only, "read-only", "writes");
-        say(self.destructive, "destructive", "not destructive");
-        say(self.idempotent, "idempotent", "not idempotent");
-        say(self.open_world, "open world", "closed world");
-        if words.is_empty() {
-            "-".to_owned()
-        } else {
-            words.join(", ")
-        }
-    }
-}
-
 /// The report as a person reads it: a summary line, a table of the tools, then every finding,
 /// warnings first.
 pub fn render(report: &Report) -> String {
     let mut out = String::new();
-    let server = report.server.as_ref().map_or_else(
-        || "the server".to_owned(),
-        |s| {
-            format!(
-                "{} {}",
-                s["name"].as_str().unwrap_or("?"),
-                s["version"].as_str().unwrap_or("")
-            )
-            .trim_end()
-            .to_owned()
-        },
-    );
+    let server = report
+        .server_label()
+        .unwrap_or_else(|| "the server".to_owned());
     let count = |severity| {
         report
             .tools
@@ -536,15 +536,8 @@ pub fn render(report: &Report) -> String {
 pub fn starting_config(report: &Report) -> String {
     let mut out = String::new();
     let server = report
-        .server
-        .as_ref()
-        .map(|s| {
-            in_comment(&format!(
-                " of {} {}",
-                s["name"].as_str().unwrap_or("?"),
-                s["version"].as_str().unwrap_or("")
-            ))
-        })
+        .server_label()
+        .map(|label| in_comment(&format!(" of {label}")))
         .unwrap_or_default();
     out.push_str(&format!(
         "# A starting configuration for `idemgate mcp --config FILE -- CMD`, from `idemgate mcp lint`{server}.\n\

@@ -6,6 +6,7 @@
 //! Apart from the rest of the gate because it is the one part that holds the engine: the
 //! catalog and the answers are pure, the judge decides.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use idemgate_core::{
@@ -27,25 +28,25 @@ use crate::wire::frame::{self, Object};
 
 /// The calls in flight in this process, across its sessions: one alone may write on the
 /// proxy's own thread.
-static IN_FLIGHT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
 
 /// One call counted in [`IN_FLIGHT`] while it lives.
 struct InFlight;
 
 impl InFlight {
     fn enter() -> Self {
-        IN_FLIGHT.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        IN_FLIGHT.fetch_add(1, Ordering::SeqCst);
         InFlight
     }
 
     fn alone() -> bool {
-        IN_FLIGHT.load(std::sync::atomic::Ordering::SeqCst) == 1
+        IN_FLIGHT.load(Ordering::SeqCst) == 1
     }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        IN_FLIGHT.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        IN_FLIGHT.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
