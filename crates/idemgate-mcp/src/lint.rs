@@ -677,6 +677,7 @@ pub fn list_tools(command: &[String], timeout: Duration) -> Result<Listing, Stri
     let stderr = child.stderr.take().expect("stderr is piped");
     let tail = Arc::new(Mutex::new(VecDeque::new()));
     let kept = Arc::clone(&tail);
+    let (read_all, stderr_ended) = mpsc::channel::<()>();
     std::thread::spawn(move || {
         each_line(stderr, |line| {
             let mut last = kept.lock().unwrap_or_else(PoisonError::into_inner);
@@ -686,11 +687,15 @@ pub fn list_tools(command: &[String], timeout: Duration) -> Result<Listing, Stri
             last.push_back(line);
             true
         });
+        drop(read_all);
     });
     let mut session = Session::new(&mut child, Instant::now() + timeout);
     let listed = session.list();
     drop(session);
     finish(&mut child);
+    // The server is gone: its stderr ends as soon as the reader has read what it wrote last,
+    // unless a process it started still holds the pipe, so the wait is bounded.
+    let _ = stderr_ended.recv_timeout(Duration::from_secs(2));
     let stderr = Vec::from(tail.lock().unwrap_or_else(PoisonError::into_inner).clone()).join("\n");
     listed.map_err(|e| {
         if stderr.is_empty() {
