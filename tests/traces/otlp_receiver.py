@@ -6,15 +6,21 @@ wrote it. Every span received is kept as a plain dict; tests wait for the ones t
 
 from __future__ import annotations
 
+import base64
+import json
+import struct
 import threading
 import time
 from concurrent import futures
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any, Callable
 
 import grpc
+from google.protobuf.json_format import MessageToDict
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+from opentelemetry.proto.trace.v1.trace_pb2 import TracesData
 
 
 def _value(v: AnyValue) -> Any:
@@ -36,6 +42,7 @@ class OtlpReceiver:
     def __init__(self) -> None:
         self.spans: list[dict[str, Any]] = []
         self.requests: list[dict[str, Any]] = []
+        self._files: dict[str, tuple[Path, Path]] = {}
         self._cond = threading.Condition()
         self._grpc = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
         trace_service_pb2_grpc.add_TraceServiceServicer_to_server(_Servicer(self), self._grpc)
@@ -89,6 +96,37 @@ class OtlpReceiver:
             "OTEL_BSP_SCHEDULE_DELAY": "100",
         }
 
+    def record(self, service: str, jsonl: Path, frames: Path) -> None:
+        """From now on, writes the spans of `service` to files as the collector's `file` exporter
+        does: OTLP JSON lines (`format: json`, ids in hex as the OTLP JSON encoding has them) and
+        protobuf `TracesData` messages each preceded by its length, four bytes big-endian
+        (`format: proto`)."""
+        with self._cond:
+            self._files[service] = (jsonl, frames)
+
+    def _write(self, request: Any) -> None:
+        for rs in request.resource_spans:
+            service = next(
+                (a.value.string_value for a in rs.resource.attributes if a.key == "service.name"),
+                None,
+            )
+            if service not in self._files:
+                continue
+            jsonl, frames = self._files[service]
+            data = TracesData()
+            data.resource_spans.append(rs)
+            doc = MessageToDict(data, use_integers_for_enums=True)
+            for ss in doc.get("resourceSpans", [{}])[0].get("scopeSpans", []):
+                for span in ss.get("spans", []):
+                    for name in ("traceId", "spanId", "parentSpanId"):
+                        if name in span:
+                            span[name] = base64.b64decode(span[name]).hex()
+            with jsonl.open("a") as f:
+                f.write(json.dumps(doc, separators=(",", ":")) + "\n")
+            body = data.SerializeToString()
+            with frames.open("ab") as f:
+                f.write(struct.pack(">I", len(body)) + body)
+
     def _take(self, request: Any, via: str, headers: dict[str, str]) -> None:
         taken = []
         for rs in request.resource_spans:
@@ -116,6 +154,7 @@ class OtlpReceiver:
                         }
                     )
         with self._cond:
+            self._write(request)
             self.requests.append({"via": via, "headers": headers})
             self.spans.extend(taken)
             self._cond.notify_all()

@@ -101,6 +101,98 @@ pub enum Command {
     /// Make and hash the gateway's bearer tokens.
     #[command(subcommand)]
     Token(TokenCommand),
+    /// Find the duplicate side effects that already happened, in OpenTelemetry traces.
+    #[command(long_about = SCAN_ABOUT, after_long_help = SCAN_EXAMPLES)]
+    Scan(ScanArgs),
+}
+
+const SCAN_ABOUT: &str = "\
+Find the duplicate side effects that already happened: read OpenTelemetry traces of an agent's
+tool calls and report the write calls that repeated an earlier call's action.
+
+Reads OTLP trace files: JSON lines (the OTLP file exporter's format, and the collector's `file`
+exporter with `format: json`), protobuf frames (`format: proto`) or one OTLP/HTTP protobuf body;
+`-` reads stdin. A tool call is a GenAI `execute_tool` span: gen_ai.tool.name,
+gen_ai.tool.call.id, gen_ai.tool.call.arguments (which the instrumentation records only when told
+to include content), and gen_ai.conversation.id on it or on a span above it. Calls are compared
+within their conversation, else within their trace. A later write call repeats an earlier one
+when (in this order):
+
+  framework retry     it carries the same call id again;
+  client timeout      the same tool and arguments, started while the earlier call still ran or
+                      after it failed with a timeout (its caller gave up and asked again);
+  model re-emission   the same tool and arguments under a new call id, within --window (high
+                      confidence within 60 s, the gate's own window; medium beyond);
+  re-plan             the arguments that name the action agree and the rest was reworded: the
+                      tool's --identity fields agree (medium), or, without them, the arguments
+                      differ only in free text (low).
+
+Reads are not side effects: with --config (an `idemgate mcp` configuration) tools of kind \"read\"
+or \"natural_idempotent\" are listed apart, as are tools named by --read. A repeat that idemgate
+already answered without running it (its span says idemgate.verdict = replayed, in_flight, ...)
+is listed as caught.
+
+Prints a table and a sentence per repeat (--json: one JSON object); --html PATH also writes one
+self-contained page with a timeline per conversation. Exit status: 0 nothing found, 1 a repeat
+that ran, 2 usage, 66 a file that could not be read or holds no trace. Parts of a file that
+cannot be read (a cut-off last line) are reported and skipped.";
+
+const SCAN_EXAMPLES: &str = "\
+Examples:
+  # the traces the collector's file exporter wrote
+  idemgate scan /var/log/otel/traces.jsonl
+
+  # tell reads apart as the proxy does, and name what a send_mail action is
+  idemgate scan --config mcp.toml --identity send_mail=to,subject traces.jsonl
+
+  # a page to look at, and no repeat allowed in CI
+  idemgate scan --html scan.html traces.jsonl || exit 1";
+
+/// `scan`.
+#[derive(Debug, Args)]
+pub struct ScanArgs {
+    /// Trace files: OTLP JSON lines, OTLP protobuf frames or one OTLP protobuf message (`-`: stdin).
+    #[arg(required = true, value_name = "FILE")]
+    pub files: Vec<PathBuf>,
+
+    /// An `idemgate mcp` configuration whose tool kinds tell reads from writes, as the proxy does.
+    #[arg(long, value_name = "PATH")]
+    pub config: Option<PathBuf>,
+
+    /// A tool that only reads (repeatable): its repeats are listed apart, not reported.
+    #[arg(long, value_name = "TOOL")]
+    pub read: Vec<String>,
+
+    /// The arguments that name a tool's action, for re-plans (repeatable):
+    /// TOOL=FIELD[,FIELD...], each a top-level argument name or a JSON pointer (/to/0).
+    #[arg(long, value_name = "TOOL=FIELDS", value_parser = parse_identity)]
+    pub identity: Vec<(String, Vec<String>)>,
+
+    /// How far apart two calls with the same arguments may start and still be one action repeated.
+    #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
+    pub window: Duration,
+
+    /// Also write the report as one self-contained HTML page, with a timeline per conversation.
+    #[arg(long, value_name = "PATH")]
+    pub html: Option<PathBuf>,
+}
+
+fn parse_identity(text: &str) -> Result<(String, Vec<String>), String> {
+    let (tool, fields) = text
+        .split_once('=')
+        .ok_or_else(|| format!("{text:?} is not TOOL=FIELD[,FIELD...]"))?;
+    let fields: Vec<String> = fields
+        .split(',')
+        .map(str::trim)
+        .filter(|f| !f.is_empty())
+        .map(str::to_owned)
+        .collect();
+    if tool.is_empty() || fields.is_empty() {
+        return Err(format!(
+            "{text:?} names no tool or no field: TOOL=FIELD[,FIELD...]"
+        ));
+    }
+    Ok((tool.to_owned(), fields))
 }
 
 const SERVE_ABOUT: &str = "\

@@ -6,6 +6,7 @@ mod exec;
 mod keys;
 mod mcp;
 mod out;
+mod scan;
 mod serve;
 
 use std::path::PathBuf;
@@ -228,6 +229,7 @@ async fn dispatch(cli: Cli) -> Result<u8> {
             ..
         }) => mcp::lint(&cli, args),
         Command::Mcp(args) => mcp::run(&cli, args).await,
+        Command::Scan(args) => scan::run(&cli, args),
         Command::Token(TokenCommand::Hash { token }) => {
             out::line(format_args!("{}", idemgate_http::token_sha256(token)));
             Ok(0)

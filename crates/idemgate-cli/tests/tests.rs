@@ -18,6 +18,7 @@ mod mcp_ts;
 mod mcp_upstream;
 mod regressions;
 mod same_action;
+mod scan;
 mod sealed;
 
 /// Tests that load both cores (process storms, crash tests) take this lock so that they run one

@@ -9,18 +9,7 @@ pub(crate) const CSP: &str = "default-src 'none'; script-src 'self'; style-src '
 
 /// Text made safe for HTML content and quoted attribute values.
 pub(crate) fn esc(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
-    out
+    idemgate_kit::html::escape(s)
 }
 
 /// Percent-encoding for a query string value (everything but RFC 3986's unreserved characters),

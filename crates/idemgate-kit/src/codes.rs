@@ -104,8 +104,12 @@ pub mod exit {
     /// a missing argument, a resolution without the result it must store): nothing ran. The
     /// argument parser's own code for usage errors.
     pub const USAGE: u8 = 2;
+    /// `scan` found a duplicate side effect (a repeat that ran), for use in CI.
+    pub const DUPLICATES_FOUND: u8 = 1;
     /// The key was used before with other arguments; nothing ran.
     pub const KEY_REUSE: u8 = 65;
+    /// An input file could not be read, or holds nothing it should (`scan`: no trace).
+    pub const NO_INPUT: u8 = 66;
     /// The store could not be opened or could not reserve the key; nothing ran.
     pub const STORE_UNAVAILABLE: u8 = 69;
     /// The MCP server could not be started, or did not answer (`mcp lint`).

@@ -4,6 +4,7 @@ pub mod audit;
 pub mod codes;
 pub mod explain;
 pub mod header;
+pub mod html;
 pub mod identity;
 #[cfg(feature = "jose")]
 pub mod jose;

@@ -1,0 +1,100 @@
+//! `idemgate scan`: the duplicate side effects in trace files (idemgate-scan does the finding).
+
+use std::io::Read as _;
+use std::path::Path;
+
+use anyhow::{Context as _, Result};
+use idemgate::ToolKind;
+use idemgate_kit::exit;
+use idemgate_mcp::Config;
+use idemgate_scan::find::pointer;
+use idemgate_scan::report::{self, Inputs};
+use idemgate_scan::Rules;
+
+use crate::args::{Cli, ScanArgs};
+use crate::out;
+
+/// Reads the files, finds the repeats, prints the report; exit 1 when a repeat ran.
+pub(crate) fn run(cli: &Cli, args: &ScanArgs) -> Result<u8> {
+    let config = match &args.config {
+        Some(path) => match Config::load(path) {
+            Ok(c) => Some(c),
+            Err(e) => {
+                eprintln!("idemgate: scan: {e}");
+                return Ok(exit::USAGE);
+            }
+        },
+        None => None,
+    };
+    let reads = args.read.clone();
+    let rules = Rules {
+        window: args.window,
+        is_read: Box::new(move |tool| {
+            reads.iter().any(|r| r == tool)
+                || config.as_ref().is_some_and(|c| {
+                    // What the proxy would do with the tool, annotations unknown: a read, or a
+                    // write whose repeats are harmless, is no side effect to report.
+                    c.policy(tool, None).kind != ToolKind::Write
+                })
+        }),
+        identity: args
+            .identity
+            .iter()
+            .map(|(tool, fields)| (tool.clone(), fields.iter().map(|f| pointer(f)).collect()))
+            .collect(),
+        ..Rules::default()
+    };
+    let mut inputs = Inputs::default();
+    let mut spans = Vec::new();
+    for path in &args.files {
+        let name = path.display().to_string();
+        let bytes = match read_input(path) {
+            Ok(b) => b,
+            Err(e) => {
+                eprintln!("idemgate: scan: {name}: {e:#}");
+                return Ok(exit::NO_INPUT);
+            }
+        };
+        match idemgate_scan::read(&bytes, &name) {
+            Ok(read) => {
+                inputs.spans += read.spans.len();
+                spans.extend(read.spans);
+                inputs.skipped.extend(read.skipped);
+            }
+            Err(e) => {
+                eprintln!("idemgate: scan: {e}");
+                return Ok(exit::NO_INPUT);
+            }
+        }
+        inputs.files.push(name);
+    }
+    let scan = idemgate_scan::scan(idemgate_scan::calls(&spans, &rules), &rules);
+    if let Some(path) = &args.html {
+        std::fs::write(path, report::html(&scan, &inputs))
+            .with_context(|| format!("failed to write {}", path.display()))?;
+    }
+    if cli.json {
+        out::line(format_args!(
+            "{}",
+            serde_json::to_string_pretty(&report::json(&scan, &inputs))?
+        ));
+    } else {
+        out::bytes(report::text(&scan, &inputs).as_bytes());
+    }
+    Ok(if scan.uncaught().next().is_some() {
+        exit::DUPLICATES_FOUND
+    } else {
+        0
+    })
+}
+
+fn read_input(path: &Path) -> Result<Vec<u8>> {
+    if path == Path::new("-") {
+        let mut bytes = Vec::new();
+        std::io::stdin()
+            .read_to_end(&mut bytes)
+            .context("failed to read stdin")?;
+        return Ok(bytes);
+    }
+    std::fs::read(path).context("failed to read the file")
+}

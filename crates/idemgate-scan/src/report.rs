@@ -1,0 +1,333 @@
+//! A scan for a person (a table and a sentence per finding), for a program (JSON) and for a
+//! browser (one self-contained page, a timeline per conversation).
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use idemgate_core::Timestamp;
+use idemgate_kit::html::escape as esc;
+use serde_json::{json, Value};
+
+use crate::find::{duration_text, Call, Finding, Group, Scan};
+
+/// What was read, for the report's first line.
+#[derive(Debug, Default)]
+pub struct Inputs {
+    /// The files, as named.
+    pub files: Vec<String>,
+    /// Spans read.
+    pub spans: usize,
+    /// `(where, why)` of every part of a file that could not be read.
+    pub skipped: Vec<(String, String)>,
+}
+
+/// An instant for a person: RFC 3339 in UTC, to the millisecond.
+pub fn instant(ns: u64) -> String {
+    Timestamp::from_millis(i64::try_from(ns / 1_000_000).unwrap_or(i64::MAX)).to_string()
+}
+
+fn call_name(call: &Call) -> String {
+    match &call.call_id {
+        Some(id) => id.clone(),
+        None => format!("span {}", call.span_id),
+    }
+}
+
+fn group_name(group: &Group) -> String {
+    match group {
+        Group::Conversation(id) => id.clone(),
+        Group::Trace(id) => format!("trace {id}"),
+    }
+}
+
+/// The summary line.
+fn summary(scan: &Scan, inputs: &Inputs) -> String {
+    let uncaught = scan.uncaught().count();
+    let caught = scan.findings.len() - uncaught;
+    let groups: std::collections::BTreeSet<Group> = scan
+        .uncaught()
+        .map(|f| scan.calls[f.duplicate].group())
+        .collect();
+    let reads = scan.calls.iter().filter(|c| c.read).count();
+    let mut line = format!(
+        "{uncaught} likely duplicate side effect{} in {} conversation{} ({} tool call{}, {reads} of them read{}, from {} span{} in {} file{})",
+        plural(uncaught),
+        groups.len(),
+        plural(groups.len()),
+        scan.calls.len(),
+        plural(scan.calls.len()),
+        plural(reads),
+        inputs.spans,
+        plural(inputs.spans),
+        inputs.files.len(),
+        plural(inputs.files.len()),
+    );
+    if caught > 0 {
+        let _ = write!(
+            line,
+            "; {caught} more repeat{} answered by idemgate without running again",
+            plural(caught)
+        );
+    }
+    line
+}
+
+fn plural(n: usize) -> &'static str {
+    if n == 1 {
+        ""
+    } else {
+        "s"
+    }
+}
+
+/// The readable report: the summary, a table of the repeats that ran, one sentence each, then
+/// what a gate caught, the repeated reads and what could not be read.
+pub fn text(scan: &Scan, inputs: &Inputs) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "{}", summary(scan, inputs));
+    let uncaught: Vec<&Finding> = scan.uncaught().collect();
+    if !uncaught.is_empty() {
+        out.push('\n');
+        table(&mut out, scan, &uncaught);
+        out.push('\n');
+        for f in &uncaught {
+            let d = &scan.calls[f.duplicate];
+            let _ = writeln!(
+                out,
+                "{} {} in {}: {} ({})",
+                d.tool,
+                call_name(d),
+                d.group(),
+                f.why,
+                d.origin
+            );
+        }
+    }
+    let caught: Vec<&Finding> = scan.findings.iter().filter(|f| f.caught).collect();
+    if !caught.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nCaught by idemgate (answered without running again):"
+        );
+        table(&mut out, scan, &caught);
+    }
+    if !scan.repeated_reads.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nReads called again with the same arguments (not side effects):"
+        );
+        for r in &scan.repeated_reads {
+            let _ = writeln!(out, "  {} in {}: {} calls", r.tool, r.group, r.calls.len());
+        }
+    }
+    if scan.without_arguments > 0 {
+        let _ = writeln!(
+            out,
+            "\nNote: {} write call{} carry no arguments (gen_ai.tool.call.arguments; the instrumentation may leave content out): among them only a call id sent twice is found.",
+            scan.without_arguments,
+            plural(scan.without_arguments)
+        );
+    }
+    for (at, why) in &inputs.skipped {
+        let _ = writeln!(out, "Skipped {at}: {why}");
+    }
+    out
+}
+
+fn table(out: &mut String, scan: &Scan, findings: &[&Finding]) {
+    let header = [
+        "TOOL",
+        "CONVERSATION",
+        "FIRST CALL",
+        "AT",
+        "REPEAT",
+        "AT",
+        "GAP",
+        "SOURCE",
+        "CONFIDENCE",
+    ];
+    let rows: Vec<[String; 9]> = findings
+        .iter()
+        .map(|f| {
+            let (d, first) = (&scan.calls[f.duplicate], &scan.calls[f.first]);
+            [
+                d.tool.clone(),
+                group_name(&d.group()),
+                call_name(first),
+                instant(first.start_ns),
+                call_name(d),
+                instant(d.start_ns),
+                duration_text(f.gap_ns),
+                f.source.label().to_owned(),
+                format!("{:?}", f.confidence).to_lowercase(),
+            ]
+        })
+        .collect();
+    let mut widths = header.map(str::len);
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut line = |cells: &[&str]| {
+        let mut l = String::new();
+        for (i, (cell, w)) in cells.iter().zip(widths).enumerate() {
+            if i + 1 == cells.len() {
+                l.push_str(cell);
+            } else {
+                let _ = write!(l, "{cell:<w$}  ");
+            }
+        }
+        let _ = writeln!(out, "{}", l.trim_end());
+    };
+    line(&header);
+    for row in &rows {
+        line(&row.each_ref().map(String::as_str));
+    }
+}
+
+fn call_json(call: &Call) -> Value {
+    json!({
+        "tool": call.tool,
+        "call_id": call.call_id,
+        "conversation": call.conversation,
+        "trace_id": call.trace_id,
+        "span_id": call.span_id,
+        "start": instant(call.start_ns),
+        "end": instant(call.end_ns),
+        "start_unix_nano": call.start_ns.to_string(),
+        "duration_ms": (call.end_ns - call.start_ns) as f64 / 1e6,
+        "arguments": call.arguments,
+        "verdict": call.verdict,
+        "error": call.error,
+        "origin": call.origin,
+    })
+}
+
+/// The report as one JSON object.
+pub fn json(scan: &Scan, inputs: &Inputs) -> Value {
+    let finding = |f: &Finding| {
+        json!({
+            "tool": scan.calls[f.duplicate].tool,
+            "group": scan.calls[f.duplicate].group(),
+            "source": f.source,
+            "confidence": f.confidence,
+            "caught": f.caught,
+            "gap_ms": f.gap_ns as f64 / 1e6,
+            "why": f.why,
+            "first": call_json(&scan.calls[f.first]),
+            "previous": call_json(&scan.calls[f.previous]),
+            "duplicate": call_json(&scan.calls[f.duplicate]),
+        })
+    };
+    json!({
+        "summary": summary(scan, inputs),
+        "duplicates": scan.uncaught().map(finding).collect::<Vec<_>>(),
+        "caught": scan.findings.iter().filter(|f| f.caught).map(finding).collect::<Vec<_>>(),
+        "repeated_reads": scan.repeated_reads.iter().map(|r| json!({
+            "tool": r.tool,
+            "group": r.group,
+            "calls": r.calls.iter().map(|&i| call_json(&scan.calls[i])).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
+        "tool_calls": scan.calls.len(),
+        "reads": scan.calls.iter().filter(|c| c.read).count(),
+        "writes_without_arguments": scan.without_arguments,
+        "files": inputs.files,
+        "spans": inputs.spans,
+        "skipped": inputs.skipped.iter().map(|(at, why)| json!({"at": at, "why": why})).collect::<Vec<_>>(),
+    })
+}
+
+const STYLE: &str = "body{font:14px/1.4 system-ui,sans-serif;margin:2em;color:#222}\
+h1{font-size:1.4em}h2{font-size:1.1em;margin-top:2em}\
+table{border-collapse:collapse}td,th{padding:2px 8px;text-align:left;vertical-align:top}\
+th{border-bottom:1px solid #999}.tl{position:relative;height:14px;background:#f3f3f3;width:480px}\
+.bar{position:absolute;top:1px;height:12px;min-width:3px;background:#7a9cc6}\
+tr.dup .bar{background:#d9534f}tr.caught .bar{background:#e0a030}tr.read .bar{background:#bbb}\
+tr.dup td.why{color:#a33}tr.caught td.why{color:#8a6000}.muted{color:#777}code{font-size:12px}";
+
+/// One page, no scripts, nothing fetched: a timeline per conversation with every tool call, the
+/// repeats marked and explained.
+pub fn html(scan: &Scan, inputs: &Inputs) -> String {
+    let mut marks: BTreeMap<usize, &Finding> = BTreeMap::new();
+    for f in &scan.findings {
+        marks.insert(f.duplicate, f);
+    }
+    let mut groups: BTreeMap<Group, Vec<usize>> = BTreeMap::new();
+    for (i, c) in scan.calls.iter().enumerate() {
+        groups.entry(c.group()).or_default().push(i);
+    }
+    let mut page = String::new();
+    let _ = write!(
+        page,
+        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>idemgate scan</title><style>{STYLE}</style></head><body><h1>idemgate scan</h1><p id=\"summary\">{}</p>",
+        esc(&summary(scan, inputs))
+    );
+    // Conversations with a repeat first, as a reader looks for them.
+    let mut order: Vec<(&Group, &Vec<usize>)> = groups.iter().collect();
+    order.sort_by_key(|(_, calls)| !calls.iter().any(|i| marks.contains_key(i)));
+    for (group, members) in order {
+        let start = members
+            .iter()
+            .map(|&i| scan.calls[i].start_ns)
+            .min()
+            .unwrap_or(0);
+        let end = members
+            .iter()
+            .map(|&i| scan.calls[i].end_ns)
+            .max()
+            .unwrap_or(start)
+            .max(start + 1);
+        let scale = |ns: u64| (ns.saturating_sub(start)) as f64 * 100.0 / (end - start) as f64;
+        let _ = write!(
+            page,
+            "<h2>{}</h2><p class=\"muted\">from {} for {}</p><table><tr><th>at</th><th>tool</th><th>call</th><th>timeline</th><th>took</th><th>what it was</th></tr>",
+            esc(&group.to_string()),
+            esc(&instant(start)),
+            esc(&duration_text(end - start)),
+        );
+        for &i in members {
+            let c = &scan.calls[i];
+            let (class, why) = match marks.get(&i) {
+                Some(f) if f.caught => ("caught", format!("repeat, caught by idemgate: {}", f.why)),
+                Some(f) => (
+                    "dup",
+                    format!(
+                        "likely duplicate ({}, {} confidence): {}",
+                        f.source.label(),
+                        format!("{:?}", f.confidence).to_lowercase(),
+                        f.why
+                    ),
+                ),
+                None if c.read => ("read", "read".to_owned()),
+                None => ("", String::new()),
+            };
+            let left = scale(c.start_ns);
+            let width = (scale(c.end_ns) - left).max(0.5);
+            let _ = write!(
+                page,
+                "<tr class=\"{class}\"><td>{}</td><td>{}</td><td><code>{}</code></td><td><div class=\"tl\"><div class=\"bar\" style=\"left:{left:.2}%;width:{width:.2}%\" title=\"{}\"></div></div></td><td>{}</td><td class=\"why\">{}{}</td></tr>",
+                esc(&instant(c.start_ns)),
+                esc(&c.tool),
+                esc(&call_name(c)),
+                esc(&c.arguments.as_ref().map(Value::to_string).unwrap_or_default()),
+                esc(&duration_text(c.end_ns - c.start_ns)),
+                esc(&why),
+                c.error
+                    .as_deref()
+                    .map(|e| format!(" <span class=\"muted\">failed: {}</span>", esc(e)))
+                    .unwrap_or_default(),
+            );
+        }
+        page.push_str("</table>");
+    }
+    if !inputs.skipped.is_empty() {
+        page.push_str("<h2>Not read</h2><ul>");
+        for (at, why) in &inputs.skipped {
+            let _ = write!(page, "<li>{}: {}</li>", esc(at), esc(why));
+        }
+        page.push_str("</ul>");
+    }
+    page.push_str("</body></html>\n");
+    page
+}
