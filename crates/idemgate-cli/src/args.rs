@@ -127,6 +127,11 @@ when (in this order):
                       tool's --identity fields agree (medium), or, without them, the arguments
                       differ only in free text (low).
 
+With --records, idemgate's own records (the store of --store) are read as well: two records of
+one tenant, tool and scope with the same arguments are an action that ran under two keys, which
+the gate could not tell apart (a key made new for every request, a call id re-emitted after the
+window). Records keep the arguments' fingerprint only, so re-plans are found in traces alone.
+
 Reads are not side effects: with --config (an `idemgate mcp` configuration) tools of kind \"read\"
 or \"natural_idempotent\" are listed apart, as are tools named by --read. A repeat that idemgate
 already answered without running it (its span says idemgate.verdict = replayed, in_flight, ...)
@@ -145,6 +150,9 @@ Examples:
   # tell reads apart as the proxy does, and name what a send_mail action is
   idemgate scan --config mcp.toml --identity send_mail=to,subject traces.jsonl
 
+  # the actions idemgate itself let run twice, under two keys
+  idemgate scan --records --store postgres://idem@db/idem
+
   # a page to look at, and no repeat allowed in CI
   idemgate scan --html scan.html traces.jsonl || exit 1";
 
@@ -152,8 +160,13 @@ Examples:
 #[derive(Debug, Args)]
 pub struct ScanArgs {
     /// Trace files: OTLP JSON lines, OTLP protobuf frames or one OTLP protobuf message (`-`: stdin).
-    #[arg(required = true, value_name = "FILE")]
+    #[arg(required_unless_present = "records", value_name = "FILE")]
     pub files: Vec<PathBuf>,
+
+    /// Also read idemgate's own records (the store of --store; one tenant's with --tenant): an
+    /// action that ran under two keys, the same arguments in one tenant and scope.
+    #[arg(long)]
+    pub records: bool,
 
     /// An `idemgate mcp` configuration whose tool kinds tell reads from writes, as the proxy does.
     #[arg(long, value_name = "PATH")]

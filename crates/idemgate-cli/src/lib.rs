@@ -229,7 +229,7 @@ async fn dispatch(cli: Cli) -> Result<u8> {
             ..
         }) => mcp::lint(&cli, args),
         Command::Mcp(args) => mcp::run(&cli, args).await,
-        Command::Scan(args) => scan::run(&cli, args),
+        Command::Scan(args) => scan::run(&cli, args).await,
         Command::Token(TokenCommand::Hash { token }) => {
             out::line(format_args!("{}", idemgate_http::token_sha256(token)));
             Ok(0)

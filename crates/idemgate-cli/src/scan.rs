@@ -4,7 +4,7 @@ use std::io::Read as _;
 use std::path::Path;
 
 use anyhow::{Context as _, Result};
-use idemgate::ToolKind;
+use idemgate::{ListCursor, ListFilter, Record, Store as _, ToolKind};
 use idemgate_kit::exit;
 use idemgate_mcp::Config;
 use idemgate_scan::find::pointer;
@@ -12,10 +12,11 @@ use idemgate_scan::report::{self, Inputs};
 use idemgate_scan::Rules;
 
 use crate::args::{Cli, ScanArgs};
-use crate::out;
+use crate::{out, Context};
 
-/// Reads the files, finds the repeats, prints the report; exit 1 when a repeat ran.
-pub(crate) fn run(cli: &Cli, args: &ScanArgs) -> Result<u8> {
+/// Reads the files (and the records), finds the repeats, prints the report; exit 1 when a
+/// repeat ran.
+pub(crate) async fn run(cli: &Cli, args: &ScanArgs) -> Result<u8> {
     let config = match &args.config {
         Some(path) => match Config::load(path) {
             Ok(c) => Some(c),
@@ -30,11 +31,13 @@ pub(crate) fn run(cli: &Cli, args: &ScanArgs) -> Result<u8> {
     let rules = Rules {
         window: args.window,
         is_read: Box::new(move |tool| {
-            reads.iter().any(|r| r == tool)
+            // A record of the MCP proxy names its tool `<server>/<tool>`.
+            let bare = tool.rsplit_once('/').map_or(tool, |(_, t)| t);
+            reads.iter().any(|r| r == tool || r == bare)
                 || config.as_ref().is_some_and(|c| {
                     // What the proxy would do with the tool, annotations unknown: a read, or a
                     // write whose repeats are harmless, is no side effect to report.
-                    c.policy(tool, None).kind != ToolKind::Write
+                    c.policy(bare, None).kind != ToolKind::Write
                 })
         }),
         identity: args
@@ -68,7 +71,17 @@ pub(crate) fn run(cli: &Cli, args: &ScanArgs) -> Result<u8> {
         }
         inputs.files.push(name);
     }
-    let scan = idemgate_scan::scan(idemgate_scan::calls(&spans, &rules), &rules);
+    let mut calls = idemgate_scan::calls(&spans, &rules);
+    if args.records {
+        let ctx = match Context::open(cli, "local").await? {
+            Ok(ctx) => ctx,
+            Err(code) => return Ok(code),
+        };
+        let records = all_records(&ctx).await?;
+        inputs.records = Some(records.len());
+        calls.extend(idemgate_scan::record_calls(&records, &rules));
+    }
+    let scan = idemgate_scan::scan(calls, &rules);
     if let Some(path) = &args.html {
         std::fs::write(path, report::html(&scan, &inputs))
             .with_context(|| format!("failed to write {}", path.display()))?;
@@ -86,6 +99,31 @@ pub(crate) fn run(cli: &Cli, args: &ScanArgs) -> Result<u8> {
     } else {
         0
     })
+}
+
+/// Every record of the store (one tenant's when --tenant is given), page by page, saying on
+/// stderr how far it got when there are many.
+async fn all_records(ctx: &Context) -> Result<Vec<Record>> {
+    const PAGE: usize = 10_000;
+    let mut filter = ListFilter {
+        tenant: ctx.tenant_given.then(|| ctx.tenant.clone()),
+        limit: PAGE,
+        ..ListFilter::default()
+    };
+    let mut records: Vec<Record> = Vec::new();
+    loop {
+        let page = ctx.store().list(&filter).await?;
+        let full = page.len() == PAGE;
+        records.extend(page);
+        if !full {
+            break;
+        }
+        filter.after = records.last().map(ListCursor::of);
+        if records.len().is_multiple_of(100_000) {
+            eprintln!("idemgate: scan: {} records read", records.len());
+        }
+    }
+    Ok(records)
 }
 
 fn read_input(path: &Path) -> Result<Vec<u8>> {

@@ -154,3 +154,53 @@ fn usage_errors_exit_2() {
     let out = scan(&["--config", config.to_str().unwrap(), "x.jsonl"], None);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
 }
+
+#[test]
+fn records_an_action_ran_under_two_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite://{}", dir.path().join("idem.db").display());
+    let idemgate = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_idemgate"))
+            .args(["--store", &store])
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    // The same command under two keys: exec cannot tell they are one action. A third key runs
+    // another command: a distinct action.
+    for (key, what) in [
+        ("order-1", "charge"),
+        ("order-1-retry", "charge"),
+        ("order-2", "refund"),
+    ] {
+        let out = idemgate(&["exec", "--key", key, "--", "echo", what]);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    }
+    let out = idemgate(&["--json", "scan", "--records"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let dups = report["duplicates"].as_array().unwrap();
+    assert_eq!(dups.len(), 1, "{report:#}");
+    assert_eq!(dups[0]["duplicate"]["call_id"], "order-1-retry");
+    assert_eq!(dups[0]["first"]["call_id"], "order-1");
+    assert_eq!(
+        dups[0]["group"],
+        serde_json::json!({"kind": "records", "tenant": "local", "scope": null})
+    );
+    assert!(
+        dups[0]["why"]
+            .as_str()
+            .unwrap()
+            .contains("under key order-1-retry after order-1"),
+        "{}",
+        dups[0]["why"]
+    );
+    assert_eq!(report["records"], 3);
+
+    // Another tenant's records are not this one's.
+    let out = idemgate(&["--tenant", "acme", "scan", "--records"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
+    // exec's tool, named a read, is not reported.
+    let out = idemgate(&["scan", "--records", "--read", "exec"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
+}

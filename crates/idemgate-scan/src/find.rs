@@ -28,6 +28,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use idemgate_core::canonical::{canonicalize, Fingerprint};
+use idemgate_core::{Record, RecordState, Timestamp};
 use serde::Serialize;
 use serde_json::Value;
 
@@ -55,8 +56,11 @@ pub struct Call {
     pub tool: String,
     /// `gen_ai.tool.call.id`, when recorded.
     pub call_id: Option<String>,
-    /// The conversation (`gen_ai.conversation.id`), when any span above it names one.
+    /// The conversation (`gen_ai.conversation.id`), when any span above it names one; for a
+    /// record, the scope it was made in.
     pub conversation: Option<String>,
+    /// The tenant, for a call read from idemgate's records (traces do not say).
+    pub tenant: Option<String>,
     /// The trace, lowercase hex.
     pub trace_id: String,
     /// The outermost span of the call, lowercase hex.
@@ -76,16 +80,31 @@ pub struct Call {
     pub error: Option<String>,
     /// Whether the gate's rules make it a read.
     pub read: bool,
-    /// Where its span was read (`FILE:LINE`).
+    /// Where it was read: `FILE:LINE` for a span, `records` for a record.
     pub origin: String,
 }
 
 impl Call {
     /// Where the call was made: its conversation, else its trace.
     pub fn group(&self) -> Group {
-        match &self.conversation {
-            Some(id) => Group::Conversation(id.clone()),
-            None => Group::Trace(self.trace_id.clone()),
+        match (&self.tenant, &self.conversation) {
+            (Some(tenant), scope) => Group::Records {
+                tenant: tenant.clone(),
+                scope: scope.clone(),
+            },
+            (None, Some(id)) => Group::Conversation { id: id.clone() },
+            (None, None) => Group::Trace {
+                id: self.trace_id.clone(),
+            },
+        }
+    }
+
+    /// What its id is called in a sentence.
+    fn id_name(&self) -> &'static str {
+        if self.tenant.is_some() {
+            "key"
+        } else {
+            "call id"
         }
     }
 
@@ -106,19 +125,40 @@ impl Call {
 
 /// Where calls are compared.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
-#[serde(tag = "kind", content = "id", rename_all = "snake_case")]
+#[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Group {
     /// A conversation (`gen_ai.conversation.id`).
-    Conversation(String),
+    Conversation {
+        /// Its id.
+        id: String,
+    },
     /// A trace, for calls no conversation names.
-    Trace(String),
+    Trace {
+        /// Its id.
+        id: String,
+    },
+    /// idemgate's records of one tenant made in one scope (or in none): tenants never meet.
+    Records {
+        /// The tenant.
+        tenant: String,
+        /// The conversation or session the records were made in, when they say.
+        scope: Option<String>,
+    },
 }
 
 impl std::fmt::Display for Group {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Group::Conversation(id) => write!(f, "conversation {id}"),
-            Group::Trace(id) => write!(f, "trace {id}"),
+            Group::Conversation { id } => write!(f, "conversation {id}"),
+            Group::Trace { id } => write!(f, "trace {id}"),
+            Group::Records {
+                tenant,
+                scope: Some(scope),
+            } => write!(f, "tenant {tenant}, scope {scope}"),
+            Group::Records {
+                tenant,
+                scope: None,
+            } => write!(f, "tenant {tenant}, no scope"),
         }
     }
 }
@@ -304,6 +344,7 @@ pub fn calls(spans: &[Span], rules: &Rules) -> Vec<Call> {
             tool,
             call_id,
             conversation,
+            tenant: None,
             trace_id: span.trace_id.clone(),
             span_id: span.span_id.clone(),
             start_ns: span.start_ns,
@@ -316,6 +357,45 @@ pub fn calls(spans: &[Span], rules: &Rules) -> Vec<Call> {
         });
     }
     calls.sort_by(|a, b| (a.start_ns, &a.span_id).cmp(&(b.start_ns, &b.span_id)));
+    calls
+}
+
+/// idemgate's own records as calls: each record is an action the gate let run once under its
+/// key, so two records of one tenant, tool and scope with the same arguments (fingerprint) are
+/// the action run twice under two keys, one the gate could not tell was the same (a key made new
+/// for every request, a call id re-emitted after the window). Their arguments are not stored, only
+/// their fingerprint: re-plans are not found here. An in-flight or unknown record counts as run:
+/// its side effect may have happened.
+pub fn record_calls(records: &[Record], rules: &Rules) -> Vec<Call> {
+    let millis_ns = |t: Timestamp| u64::try_from(t.as_millis()).unwrap_or(0) * 1_000_000;
+    let mut calls: Vec<Call> = records
+        .iter()
+        .map(|r| {
+            let (end, error) = match &r.state {
+                RecordState::Completed { completed_at, .. }
+                | RecordState::Expired { completed_at, .. } => (*completed_at, None),
+                RecordState::Unknown { since } => (*since, Some("outcome unknown".to_owned())),
+                RecordState::InFlight { .. } => (r.created_at, Some("in flight".to_owned())),
+            };
+            Call {
+                tool: r.key.tool.as_str().to_owned(),
+                call_id: Some(r.key.key.as_str().to_owned()),
+                conversation: r.scope.as_deref().map(str::to_owned),
+                tenant: Some(r.key.tenant.as_str().to_owned()),
+                trace_id: String::new(),
+                span_id: String::new(),
+                start_ns: millis_ns(r.created_at),
+                end_ns: millis_ns(end.max(r.created_at)),
+                arguments: None,
+                fingerprint: Some(r.fingerprint),
+                verdict: None,
+                error,
+                read: (rules.is_read)(r.key.tool.as_str()),
+                origin: "records".to_owned(),
+            }
+        })
+        .collect();
+    calls.sort_by(|a, b| (a.start_ns, &a.call_id).cmp(&(b.start_ns, &b.call_id)));
     calls
 }
 
@@ -383,7 +463,7 @@ pub fn scan(calls: Vec<Call>, rules: &Rules) -> Scan {
     findings.sort_by_key(|f| f.duplicate);
     let without_arguments = calls
         .iter()
-        .filter(|c| !c.read && c.arguments.is_none())
+        .filter(|c| !c.read && c.arguments.is_none() && c.tenant.is_none())
         .count();
     Scan {
         calls,
@@ -426,7 +506,7 @@ fn repeat_of(
     let within = |j: usize| call.start_ns.saturating_sub(calls[j].start_ns) <= window;
     let fingerprint = call.fingerprint?;
     let new_id = |j: usize| match (&calls[j].call_id, &call.call_id) {
-        (Some(a), Some(b)) => format!("under call id {b} after {a}"),
+        (Some(a), Some(b)) => format!("under {} {b} after {a}", call.id_name()),
         _ => "under a new call".to_owned(),
     };
     if let Some(j) = same_tool()
@@ -461,7 +541,7 @@ fn repeat_of(
             return Some((j, Source::ClientTimeout, Confidence::High, why));
         }
         let why = format!(
-            "the same arguments {}, {} after the first had finished: the model emitted the action again",
+            "the same arguments {}, {} after the first began, once it had finished: the model emitted the action again",
             new_id(j),
             duration_text(gap)
         );

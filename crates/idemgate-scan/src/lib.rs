@@ -15,7 +15,7 @@ pub mod find;
 pub mod otlp;
 pub mod report;
 
-pub use find::{calls, scan, Call, Confidence, Finding, Group, Rules, Scan, Source};
+pub use find::{calls, record_calls, scan, Call, Confidence, Finding, Group, Rules, Scan, Source};
 pub use otlp::{read, Span};
 
 #[cfg(test)]
@@ -187,7 +187,9 @@ mod tests {
         assert!(s.findings.iter().all(|f| f.confidence == Confidence::High));
         assert_eq!(
             s.calls[s.findings[0].duplicate].group(),
-            Group::Conversation("conv-1".into())
+            Group::Conversation {
+                id: "conv-1".into()
+            }
         );
         assert!(
             s.findings[2].why.contains("while the first still ran"),
@@ -418,7 +420,7 @@ mod tests {
         assert!(s.findings.is_empty(), "{:?}", sources(&s));
         assert_eq!(s.repeated_reads.len(), 1);
         assert_eq!(s.repeated_reads[0].calls.len(), 2);
-        assert_eq!(s.repeated_reads[0].group, Group::Trace("t1".into()));
+        assert_eq!(s.repeated_reads[0].group, Group::Trace { id: "t1".into() });
     }
 
     #[test]
@@ -451,6 +453,7 @@ mod tests {
             files: vec!["f.jsonl".into()],
             spans: 3,
             skipped: vec![("f.jsonl:9".into(), "bad".into())],
+            records: None,
         };
         let text = report::text(&s, &inputs);
         assert!(

@@ -19,6 +19,8 @@ pub struct Inputs {
     pub spans: usize,
     /// `(where, why)` of every part of a file that could not be read.
     pub skipped: Vec<(String, String)>,
+    /// How many of idemgate's records were read, when they were.
+    pub records: Option<usize>,
 }
 
 /// An instant for a person: RFC 3339 in UTC, to the millisecond.
@@ -33,10 +35,11 @@ fn call_name(call: &Call) -> String {
     }
 }
 
+/// A group in a table's cell: a conversation by its id alone.
 fn group_name(group: &Group) -> String {
     match group {
-        Group::Conversation(id) => id.clone(),
-        Group::Trace(id) => format!("trace {id}"),
+        Group::Conversation { id } => id.clone(),
+        other => other.to_string(),
     }
 }
 
@@ -49,8 +52,12 @@ fn summary(scan: &Scan, inputs: &Inputs) -> String {
         .map(|f| scan.calls[f.duplicate].group())
         .collect();
     let reads = scan.calls.iter().filter(|c| c.read).count();
+    let records = match inputs.records {
+        Some(n) => format!(" and {n} record{} of idemgate's", plural(n)),
+        None => String::new(),
+    };
     let mut line = format!(
-        "{uncaught} likely duplicate side effect{} in {} conversation{} ({} tool call{}, {reads} of them read{}, from {} span{} in {} file{})",
+        "{uncaught} likely duplicate side effect{} in {} conversation{} ({} tool call{}, {reads} of them read{}, from {} span{} in {} file{}{records})",
         plural(uncaught),
         groups.len(),
         plural(groups.len()),
@@ -234,17 +241,22 @@ pub fn json(scan: &Scan, inputs: &Inputs) -> Value {
         "writes_without_arguments": scan.without_arguments,
         "files": inputs.files,
         "spans": inputs.spans,
+        "records": inputs.records,
         "skipped": inputs.skipped.iter().map(|(at, why)| json!({"at": at, "why": why})).collect::<Vec<_>>(),
     })
 }
 
+/// What the page may do: show itself. The arguments it quotes come from traces, escaped, and no
+/// script would run even if one slipped through; nothing is fetched.
+const CSP: &str = "default-src 'none'; style-src 'unsafe-inline'";
+
 const STYLE: &str = "body{font:14px/1.4 system-ui,sans-serif;margin:2em;color:#222}\
 h1{font-size:1.4em}h2{font-size:1.1em;margin-top:2em}\
-table{border-collapse:collapse}td,th{padding:2px 8px;text-align:left;vertical-align:top}\
+table{border-collapse:collapse}td,th{padding:2px 8px;text-align:left;vertical-align:top;white-space:nowrap}td.why{white-space:normal;min-width:24em}\
 th{border-bottom:1px solid #999}.tl{position:relative;height:14px;background:#f3f3f3;width:480px}\
 .bar{position:absolute;top:1px;height:12px;min-width:3px;background:#7a9cc6}\
 tr.dup .bar{background:#d9534f}tr.caught .bar{background:#e0a030}tr.read .bar{background:#bbb}\
-tr.dup td.why{color:#a33}tr.caught td.why{color:#8a6000}.muted{color:#777}code{font-size:12px}";
+tr.dup td.why{color:#a33}tr.caught td.why{color:#8a6000}.muted{color:#666}code{font-size:12px}";
 
 /// One page, no scripts, nothing fetched: a timeline per conversation with every tool call, the
 /// repeats marked and explained.
@@ -260,7 +272,7 @@ pub fn html(scan: &Scan, inputs: &Inputs) -> String {
     let mut page = String::new();
     let _ = write!(
         page,
-        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>idemgate scan</title><style>{STYLE}</style></head><body><h1>idemgate scan</h1><p id=\"summary\">{}</p>",
+        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><meta http-equiv=\"Content-Security-Policy\" content=\"{CSP}\"><title>idemgate scan</title><style>{STYLE}</style></head><body><main><h1>idemgate scan</h1><p id=\"summary\">{}</p>",
         esc(&summary(scan, inputs))
     );
     // Conversations with a repeat first, as a reader looks for them.
@@ -328,6 +340,6 @@ pub fn html(scan: &Scan, inputs: &Inputs) -> String {
         }
         page.push_str("</ul>");
     }
-    page.push_str("</body></html>\n");
+    page.push_str("</main></body></html>\n");
     page
 }
