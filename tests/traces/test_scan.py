@@ -1,8 +1,8 @@
-"""`idemgate scan` on traces a real framework made: Pydantic AI agents (scan_agents.py) driven by
-scripted models into each retry source, traced by Pydantic AI's own OpenTelemetry instrumentation,
-exported over OTLP/HTTP by the OpenTelemetry SDK to the receiver, which writes them to files as
-the collector's file exporter does (JSON lines and protobuf frames). The scan must find every
-planted duplicate, and flag no distinct action.
+"""`idemgate scan` on traces real frameworks made: Pydantic AI, OpenAI Agents SDK and LangGraph
+agents (scan_agents.py) driven by scripted models into each retry source, traced by their OpenTelemetry
+instrumentations, exported over OTLP/HTTP by the OpenTelemetry SDK to the receiver, which writes
+them to files as the collector's file exporter does (JSON lines and protobuf frames). The scan must
+find every planted duplicate, and flag no distinct action.
 """
 
 from __future__ import annotations
@@ -18,37 +18,47 @@ import pytest
 from conftest import ROOT, door_env
 from otlp_receiver import OtlpReceiver
 
-SERVICE = "scan-agents"
-# conversation -> (tool, source) of the one duplicate planted in it; conv-other plants none.
+# (conversation, tool, source, call id) of the one duplicate planted in each conversation of the
+# Pydantic AI agents; conv-other plants none.
 PLANTED = {
     ("conv-reemit", "charge_card", "model_re_emission", "call_a3"),
     ("conv-callid", "refund", "framework_retry", "call_b1"),
     ("conv-timeout", "send_invoice", "client_timeout", "call_d2"),
     ("conv-replan", "send_email", "re_plan", "call_c2"),
 }
+# LangGraph's: its retries are resumptions of the thread, which run a call again under its id.
+PLANTED_LANGGRAPH = PLANTED - {
+    ("conv-timeout", "send_invoice", "client_timeout", "call_d2")
+} | {("conv-timeout", "send_invoice", "client_timeout", "call_d1")}
 
 
-@pytest.fixture(scope="module")
-def traces(receiver: OtlpReceiver, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """The agents' traces as the receiver wrote them: (JSON lines, protobuf frames)."""
+def agent_traces(receiver: OtlpReceiver, out: Path, framework: str) -> tuple[Path, Path]:
+    """The traces of scan_agents.py's `framework` agents as the receiver wrote them:
+    (JSON lines, protobuf frames)."""
     python = Path(
         os.environ.get("IDEMGATE_SCAN_AGENTS_PYTHON", ROOT / "target" / "scan-agents-venv" / "bin" / "python")
     )
     if not python.exists():
         pytest.fail(f"no {python}: run scripts/test-traces (it makes the scan-agents venv)")
-    out = tmp_path_factory.mktemp("scan")
-    jsonl, frames = out / "traces.jsonl", out / "traces.pb"
-    receiver.record(SERVICE, jsonl, frames)
-    env = door_env(receiver, "http/protobuf", SERVICE)
+    service = f"scan-{framework}"
+    jsonl, frames = out / f"{framework}.jsonl", out / f"{framework}.pb"
+    receiver.record(service, jsonl, frames)
+    env = door_env(receiver, "http/protobuf", service)
     # Spans are exported as each ends (a simple processor): when the program exits, the
     # receiver has answered every export, and written it.
     subprocess.run(
-        [str(python), str(Path(__file__).with_name("scan_agents.py"))],
+        [str(python), str(Path(__file__).with_name("scan_agents.py")), framework],
         env=env,
         check=True,
         timeout=120,
     )
     return jsonl, frames
+
+
+@pytest.fixture(scope="module")
+def traces(receiver: OtlpReceiver, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The Pydantic AI agents' traces."""
+    return agent_traces(receiver, tmp_path_factory.mktemp("scan"), "pydantic-ai")
 
 
 def scan(binary: Path, *args: str) -> tuple[int, dict[str, Any]]:
@@ -139,3 +149,47 @@ def test_the_readable_report(binary: Path, traces: tuple[Path, Path]) -> None:
     assert header[:3] == ["TOOL", "CONVERSATION", "FIRST"]
     assert any("send_invoice" in l and "client timeout" in l and "high" in l for l in lines)
     assert "  get_balance in conversation conv-reemit: 2 calls" in lines
+
+
+def test_openai_agents_sdk_traces_without_conversations_or_call_ids(
+    receiver: OtlpReceiver, binary: Path, tmp_path: Path
+) -> None:
+    """The OpenAI Agents SDK's OpenTelemetry instrumentation records no conversation and no
+    call id: the calls are compared within their trace (the SDK's `trace()` holds a
+    conversation's runs), and the invoice given up on ends without a result rather than with an
+    error."""
+    jsonl, frames = agent_traces(receiver, tmp_path, "openai-agents")
+    for path in (jsonl, frames):
+        code, report = scan(binary, "--read", "get_balance", str(path))
+        assert code == 1
+        got = {(d["tool"], d["source"], d["group"]["kind"]) for d in report["duplicates"]}
+        assert got == {
+            ("charge_card", "model_re_emission", "trace"),
+            ("send_invoice", "client_timeout", "trace"),
+            ("send_email", "re_plan", "trace"),
+        }, json.dumps(report["duplicates"], indent=1)
+        assert len(report["duplicates"]) == 3
+        timeout = next(d for d in report["duplicates"] if d["source"] == "client_timeout")
+        assert timeout["confidence"] == "medium" and "ended with no result" in timeout["why"]
+        assert report["writes_without_arguments"] == 0
+        assert [(r["tool"], len(r["calls"])) for r in report["repeated_reads"]] == [("get_balance", 2)]
+
+
+def test_langgraph_traces_resumed_threads_run_calls_again_under_their_ids(
+    receiver: OtlpReceiver, binary: Path, tmp_path: Path
+) -> None:
+    """LangGraph under OpenLLMetry's LangChain instrumentation: the conversation is the thread,
+    the arguments and the call id ride in the callback's envelope, and a resumed thread runs a
+    call again under its own id: after a failed node (a framework retry) and after the caller
+    cancelled the run (a client timeout)."""
+    jsonl, frames = agent_traces(receiver, tmp_path, "langgraph")
+    for path in (jsonl, frames):
+        code, report = scan(binary, "--read", "get_balance", str(path))
+        assert code == 1
+        assert found(report) == PLANTED_LANGGRAPH, json.dumps(report["duplicates"], indent=1)
+        timeout = next(d for d in report["duplicates"] if d["source"] == "client_timeout")
+        assert "the framework ran the call again" in timeout["why"], timeout["why"]
+        assert "CancelledError" in timeout["first"]["error"], timeout["first"]
+        # The read that failed the node ran again with it: listed apart, as reads are.
+        reads = sorted((r["group"]["id"], r["tool"], len(r["calls"])) for r in report["repeated_reads"])
+        assert reads == [("conv-callid", "get_balance", 2), ("conv-reemit", "get_balance", 2)], reads

@@ -118,9 +118,12 @@ to include content), and gen_ai.conversation.id on it or on a span above it. Cal
 within their conversation, else within their trace. A later write call repeats an earlier one
 when (in this order):
 
-  framework retry     it carries the same call id again;
-  client timeout      the same tool and arguments, started while the earlier call still ran or
-                      after it failed with a timeout (its caller gave up and asked again);
+  framework retry     it carries the same call id again (a client timeout instead, when the
+                      earlier call still ran or had timed out: the framework resumed it);
+  client timeout      the same tool and arguments, started while the earlier call still ran, or
+                      after it failed with a timeout or a cancellation, or after it ended without
+                      the result the instrumentation records for the later one (its caller gave
+                      up and asked again);
   model re-emission   the same tool and arguments under a new call id, within --window (high
                       confidence within 60 s, the gate's own window; medium beyond);
   re-plan             the arguments that name the action agree and the rest was reworded: the

@@ -38,6 +38,9 @@ use crate::otlp::Span;
 /// GenAI conventions' name, then Pydantic AI's before it adopted it.
 const ARGUMENT_ATTRIBUTES: [&str; 2] = ["gen_ai.tool.call.arguments", "tool_arguments"];
 
+/// The attributes that hold what a tool call returned, likewise.
+const RESULT_ATTRIBUTES: [&str; 2] = ["gen_ai.tool.call.result", "tool_response"];
+
 /// Verdicts (`idemgate.verdict`) of a call whose side effect ran; any other verdict means the
 /// gate answered without running it.
 const RAN: [&str; 6] = [
@@ -78,6 +81,9 @@ pub struct Call {
     pub verdict: Option<String>,
     /// Why the call failed, when it did.
     pub error: Option<String>,
+    /// Whether its span recorded a result (`gen_ai.tool.call.result`): an instrumentation that
+    /// records results leaves it out of a call that never returned (cancelled by its caller).
+    pub returned: bool,
     /// Whether the gate's rules make it a read.
     pub read: bool,
     /// Where it was read: `FILE:LINE` for a span, `records` for a record.
@@ -309,7 +315,11 @@ pub fn calls(spans: &[Span], rules: &Rules) -> Vec<Call> {
     tool_spans.sort_by_key(|s| ancestors(s).len());
     for span in tool_spans {
         let tool = span.text("gen_ai.tool.name").unwrap_or_default();
-        let call_id = span.text("gen_ai.tool.call.id").filter(|id| !id.is_empty());
+        let arguments = arguments_of(span);
+        let call_id = span
+            .text("gen_ai.tool.call.id")
+            .or_else(|| arguments.as_ref().and_then(|(_, _, id)| id.clone()))
+            .filter(|id| !id.is_empty());
         let line = ancestors(span);
         // The outermost call of the same tool and a compatible call id above this span.
         let outer = line
@@ -321,7 +331,7 @@ pub fn calls(spans: &[Span], rules: &Rules) -> Vec<Call> {
                 let c: &Call = &calls[i];
                 c.tool == tool && (c.call_id.is_none() || call_id.is_none() || c.call_id == call_id)
             });
-        let arguments = arguments_of(span);
+        let arguments = arguments.map(|(a, f, _)| (a, f));
         let verdict = span.text("idemgate.verdict");
         if let Some(i) = outer {
             let call = &mut calls[i];
@@ -331,6 +341,7 @@ pub fn calls(spans: &[Span], rules: &Rules) -> Vec<Call> {
                 call.arguments = arguments.map(|(a, _)| a);
             }
             call.verdict = call.verdict.take().or(verdict);
+            call.returned |= returned(span);
             index_of.insert((span.trace_id.as_str(), span.span_id.as_str()), i);
             continue;
         }
@@ -353,6 +364,7 @@ pub fn calls(spans: &[Span], rules: &Rules) -> Vec<Call> {
             arguments: arguments.map(|(a, _)| a),
             verdict,
             error: span.error.clone(),
+            returned: returned(span),
             origin: span.origin.clone(),
         });
     }
@@ -389,6 +401,8 @@ pub fn record_calls(records: &[Record], rules: &Rules) -> Vec<Call> {
                 arguments: None,
                 fingerprint: Some(r.fingerprint),
                 verdict: None,
+                // A completed record holds what the call returned; the others hold nothing.
+                returned: error.is_none(),
                 error,
                 read: (rules.is_read)(r.key.tool.as_str()),
                 origin: "records".to_owned(),
@@ -399,6 +413,12 @@ pub fn record_calls(records: &[Record], rules: &Rules) -> Vec<Call> {
     calls
 }
 
+fn returned(span: &Span) -> bool {
+    RESULT_ATTRIBUTES
+        .iter()
+        .any(|name| span.attributes.contains_key(*name))
+}
+
 fn is_tool_span(span: &Span) -> bool {
     span.attributes.contains_key("gen_ai.tool.name")
         && span
@@ -406,24 +426,45 @@ fn is_tool_span(span: &Span) -> bool {
             .is_none_or(|op| op == "execute_tool")
 }
 
-/// The call's arguments and their fingerprint: a JSON text as the gate reads it (integers kept
-/// exact), a structured attribute through its canonical text, a text that is not JSON as itself.
-fn arguments_of(span: &Span) -> Option<(Value, Fingerprint)> {
+/// The call's arguments and their fingerprint, and the call id they carry when the span has
+/// none of its own.
+///
+/// A JSON text is read as the gate reads it (integers kept exact), a structured attribute
+/// through its canonical text, a text that is not JSON as itself. OpenLLMetry's LangChain
+/// instrumentation (the `opentelemetry-instrumentation-langchain` package, which traces
+/// LangGraph) writes the callback's whole envelope there, `{"input_str", "tags", "metadata",
+/// "inputs", "kwargs"}`, with run ids and graph steps that differ between any two calls: its
+/// `inputs` are the arguments, and `kwargs.tool_call_id` the call id.
+fn arguments_of(span: &Span) -> Option<(Value, Fingerprint, Option<String>)> {
     let raw = ARGUMENT_ATTRIBUTES
         .iter()
         .find_map(|name| span.attributes.get(*name))?;
     Some(match raw {
         Value::String(text) => match serde_json::from_str::<Value>(text) {
+            Ok(Value::Object(envelope))
+                if envelope.contains_key("input_str")
+                    && envelope.get("inputs").is_some_and(Value::is_object) =>
+            {
+                let call_id = envelope
+                    .get("kwargs")
+                    .and_then(|k| k.get("tool_call_id"))
+                    .and_then(Value::as_str)
+                    .map(str::to_owned);
+                let inputs = envelope["inputs"].clone();
+                let fingerprint = Fingerprint::of_bytes(canonicalize(&inputs).as_bytes());
+                (inputs, fingerprint, call_id)
+            }
             Ok(value) => {
                 let fingerprint = Fingerprint::of_json_text(text.as_bytes())
                     .unwrap_or_else(|_| Fingerprint::of_bytes(canonicalize(&value).as_bytes()));
-                (value, fingerprint)
+                (value, fingerprint, None)
             }
-            Err(_) => (raw.clone(), Fingerprint::of_bytes(text.as_bytes())),
+            Err(_) => (raw.clone(), Fingerprint::of_bytes(text.as_bytes()), None),
         },
         other => (
             other.clone(),
             Fingerprint::of_bytes(canonicalize(other).as_bytes()),
+            None,
         ),
     })
 }
@@ -490,14 +531,23 @@ fn repeat_of(
     };
     if let Some(id) = &call.call_id {
         if let Some(j) = same_tool().find(|&j| calls[j].call_id.as_ref() == Some(id)) {
-            let also = if calls[j].fingerprint != call.fingerprint {
+            let before = &calls[j];
+            let also = if before.fingerprint != call.fingerprint {
                 " (with other arguments)"
             } else {
                 ""
             };
+            let gap = duration_text(call.start_ns.saturating_sub(before.start_ns));
+            // A framework that resumes a call its caller gave up on sends its id again: the
+            // timeout is the cause, the resumption the means.
+            if let Some(how) = given_up(before, call) {
+                let why = format!(
+                    "call id {id} ran again{also}, {gap} after the first began, {how}: its caller gave up waiting and the framework ran the call again"
+                );
+                return Some((j, Source::ClientTimeout, Confidence::High, why));
+            }
             let why = format!(
-                "call id {id} ran again{also}, {} after the first: the framework ran the call a second time",
-                duration_text(call.start_ns.saturating_sub(calls[j].start_ns))
+                "call id {id} ran again{also}, {gap} after the first: the framework ran the call a second time"
             );
             return Some((j, Source::FrameworkRetry, Confidence::High, why));
         }
@@ -521,24 +571,28 @@ fn repeat_of(
         } else {
             Confidence::Medium
         };
-        if call.start_ns < before.end_ns || before.timed_out() {
-            let how = if call.start_ns < before.end_ns {
+        // The caller gave up on the earlier call: it still ran when this one began, it failed
+        // with a timeout, or it ended, with no error, without the result the instrumentation
+        // records for this one (a call cancelled from outside ends quietly in some
+        // instrumentations).
+        let how = match given_up(before, call) {
+            Some(how) => Some((how, Confidence::High)),
+            None if call.returned && !before.returned && before.error.is_none() => Some((
                 format!(
-                    "while the first still ran (it ran {})",
+                    "after the first ended with no result, {} after it began",
                     duration_text(before.end_ns - before.start_ns)
-                )
-            } else {
-                format!(
-                    "after the first failed ({})",
-                    before.error.as_deref().unwrap_or("error")
-                )
-            };
+                ),
+                Confidence::Medium,
+            )),
+            None => None,
+        };
+        if let Some((how, confidence)) = how {
             let why = format!(
                 "the same arguments {}, {} after the first began, {how}: its caller gave up waiting and asked again",
                 new_id(j),
                 duration_text(gap)
             );
-            return Some((j, Source::ClientTimeout, Confidence::High, why));
+            return Some((j, Source::ClientTimeout, confidence, why));
         }
         let why = format!(
             "the same arguments {}, {} after the first began, once it had finished: the model emitted the action again",
@@ -568,6 +622,24 @@ fn repeat_of(
         );
         Some((j, Source::RePlan, confidence, why))
     })
+}
+
+/// How `before`'s caller gave up on it, as `call` shows: `call` began while it still ran, or
+/// after it failed with a timeout or a cancellation.
+fn given_up(before: &Call, call: &Call) -> Option<String> {
+    if call.start_ns < before.end_ns {
+        Some(format!(
+            "while the first still ran (it ran {})",
+            duration_text(before.end_ns - before.start_ns)
+        ))
+    } else if before.timed_out() {
+        Some(format!(
+            "after the first failed ({})",
+            before.error.as_deref().unwrap_or("error")
+        ))
+    } else {
+        None
+    }
 }
 
 /// "an action with the same to, subject", when every identity field is present and agrees.

@@ -199,6 +199,138 @@ mod tests {
     }
 
     #[test]
+    fn a_call_that_ended_without_its_result_was_given_up_on() {
+        // As the OpenAI Agents SDK's instrumentation leaves a call its caller cancelled: ended,
+        // no error, no result; the retry's span has one.
+        let args = json!({"order": "o-9"});
+        let result = [("gen_ai.tool.call.result", json!("ok"))];
+        let mut t = T::new();
+        t.tool(
+            "t1",
+            "s1",
+            None,
+            "invoice",
+            None,
+            Some(args.clone()),
+            (1, 2),
+            &[],
+        )
+        .tool(
+            "t1",
+            "s2",
+            None,
+            "invoice",
+            None,
+            Some(args.clone()),
+            (3, 5),
+            &result,
+        );
+        let s = t.scan(&Rules::default());
+        assert_eq!(sources(&s), [(Source::ClientTimeout, String::new(), false)]);
+        assert_eq!(s.findings[0].confidence, Confidence::Medium);
+        assert!(
+            s.findings[0].why.contains("ended with no result"),
+            "{}",
+            s.findings[0].why
+        );
+
+        // Both with their results: the model asked again.
+        let mut t = T::new();
+        t.tool(
+            "t1",
+            "s1",
+            None,
+            "invoice",
+            None,
+            Some(args.clone()),
+            (1, 2),
+            &result,
+        )
+        .tool(
+            "t1",
+            "s2",
+            None,
+            "invoice",
+            None,
+            Some(args),
+            (3, 5),
+            &result,
+        );
+        assert_eq!(
+            sources(&t.scan(&Rules::default())),
+            [(Source::ModelReEmission, String::new(), false)]
+        );
+    }
+
+    #[test]
+    fn the_langchain_envelope_gives_arguments_and_call_id() {
+        // OpenLLMetry's LangChain instrumentation: the callback's envelope, whose run metadata
+        // differs between any two calls, with the arguments in `inputs` and the id in `kwargs`.
+        let envelope = |step: u64, id: &str| {
+            json!({
+                "input_str": "{'card': '4242'}",
+                "tags": ["seq:step:1"],
+                "metadata": {"thread_id": "conv", "langgraph_step": step},
+                "inputs": {"card": "4242"},
+                "kwargs": {"color": "green", "tool_call_id": id},
+            })
+        };
+        let failed = |t: &mut T, id: &str| {
+            t.spans.iter_mut().find(|s| s.span_id == id).unwrap().error =
+                Some("CancelledError".into());
+        };
+        let mut t = T::new();
+        t.tool(
+            "t1",
+            "s1",
+            None,
+            "charge",
+            None,
+            Some(envelope(2, "call_1")),
+            (1, 2),
+            &[],
+        )
+        .tool(
+            "t1",
+            "s2",
+            None,
+            "charge",
+            None,
+            Some(envelope(4, "call_2")),
+            (3, 4),
+            &[],
+        )
+        // The same call id after the first was cancelled: resumed after a client timeout.
+        .tool(
+            "t1",
+            "s3",
+            None,
+            "charge",
+            None,
+            Some(envelope(6, "call_2")),
+            (5, 6),
+            &[],
+        );
+        failed(&mut t, "s2");
+        let s = t.scan(&Rules::default());
+        assert_eq!(s.calls[0].arguments, Some(json!({"card": "4242"})));
+        assert_eq!(
+            sources(&s),
+            [
+                (Source::ModelReEmission, "call_2".into(), false),
+                (Source::ClientTimeout, "call_2".into(), false),
+            ]
+        );
+        assert!(
+            s.findings[1]
+                .why
+                .contains("the framework ran the call again"),
+            "{}",
+            s.findings[1].why
+        );
+    }
+
+    #[test]
     fn distinct_actions_are_not_flagged() {
         let mut t = T::new();
         t.agent("t1", "a", "conv-1")
