@@ -116,15 +116,18 @@ def test_reads_by_the_gates_config_identity_fields_and_the_page(
 
     # The proxy's configuration tells reads apart as the proxy would.
     config = tmp_path / "mcp.toml"
-    config.write_text('[tools.get_balance]\nkind = "read"\n')
+    # ... and names send_email's action by its identity fields, as the gate would.
+    config.write_text('[tools.get_balance]\nkind = "read"\n[tools.send_email]\nidentity = ["to", "subject"]\n')
     page = tmp_path / "scan.html"
-    _, report = scan(
-        binary, "--config", str(config), "--identity", "send_email=to,subject", "--html", str(page), str(jsonl)
-    )
+    _, report = scan(binary, "--config", str(config), "--html", str(page), str(jsonl))
     assert found(report) == PLANTED
     replan = next(d for d in report["duplicates"] if d["source"] == "re_plan")
     assert replan["confidence"] == "medium"
     assert replan["why"].startswith("the same to, subject, under call id call_c2 after call_c1")
+    # The command line's identity fields say the same.
+    _, report = scan(binary, "--read", "get_balance", "--identity", "send_email=to,/subject", str(jsonl))
+    replan = next(d for d in report["duplicates"] if d["source"] == "re_plan")
+    assert replan["confidence"] == "medium", replan
 
     html = page.read_text()
     assert html.count('<tr class="dup">') == len(PLANTED)

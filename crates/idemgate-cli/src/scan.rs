@@ -7,7 +7,6 @@ use anyhow::{Context as _, Result};
 use idemgate::{ListCursor, ListFilter, Record, Store as _, ToolKind};
 use idemgate_kit::exit;
 use idemgate_mcp::Config;
-use idemgate_scan::find::pointer;
 use idemgate_scan::report::{self, Inputs};
 use idemgate_scan::Rules;
 
@@ -28,23 +27,26 @@ pub(crate) async fn run(cli: &Cli, args: &ScanArgs) -> Result<u8> {
         None => None,
     };
     let reads = args.read.clone();
-    let rules = Rules {
+    let config = config.map(std::sync::Arc::new);
+    // The configuration's identity fields, tool by tool, where the command line gives none.
+    let for_identity = config.clone();
+    let identity_of = move |tool: &str| {
+        for_identity
+            .as_ref()
+            .map(|c| c.policy(bare(tool), None).identity)
+            .filter(|fields| !fields.is_empty())
+    };
+    let mut rules = Rules {
         window: args.window,
         is_read: Box::new(move |tool| {
-            // A record of the MCP proxy names its tool `<server>/<tool>`.
-            let bare = tool.rsplit_once('/').map_or(tool, |(_, t)| t);
-            reads.iter().any(|r| r == tool || r == bare)
+            reads.iter().any(|r| r == tool || r == bare(tool))
                 || config.as_ref().is_some_and(|c| {
                     // What the proxy would do with the tool, annotations unknown: a read, or a
                     // write whose repeats are harmless, is no side effect to report.
-                    c.policy(bare, None).kind != ToolKind::Write
+                    c.policy(bare(tool), None).kind != ToolKind::Write
                 })
         }),
-        identity: args
-            .identity
-            .iter()
-            .map(|(tool, fields)| (tool.clone(), fields.iter().map(|f| pointer(f)).collect()))
-            .collect(),
+        identity: args.identity.iter().cloned().collect(),
         ..Rules::default()
     };
     let mut inputs = Inputs::default();
@@ -80,6 +82,13 @@ pub(crate) async fn run(cli: &Cli, args: &ScanArgs) -> Result<u8> {
         let records = all_records(&ctx).await?;
         inputs.records = Some(records.len());
         calls.extend(idemgate_scan::record_calls(&records, &rules));
+    }
+    for call in &calls {
+        if !rules.identity.contains_key(&call.tool) {
+            if let Some(fields) = identity_of(&call.tool) {
+                rules.identity.insert(call.tool.clone(), fields);
+            }
+        }
     }
     let scan = idemgate_scan::scan(calls, &rules);
     if let Some(path) = &args.html {
@@ -124,6 +133,11 @@ async fn all_records(ctx: &Context) -> Result<Vec<Record>> {
         }
     }
     Ok(records)
+}
+
+/// A tool's name as its server gives it: a record of the MCP proxy names it `<server>/<tool>`.
+fn bare(tool: &str) -> &str {
+    tool.rsplit_once('/').map_or(tool, |(_, t)| t)
 }
 
 fn read_input(path: &Path) -> Result<Vec<u8>> {

@@ -4,7 +4,8 @@
 //! `_meta`), Streamable HTTP with sessions (2025 era) and sessionless (2026-07-28 era). The real
 //! proxy in front of the fixture server, whose `count` tool logs each execution, on a real
 //! SQLite file; default options but `on_missing_key = "window"`, so calls without a key are
-//! joined by the re-emission window rather than refused.
+//! joined by the re-emission window rather than refused, and `identity = ["label"]`: the label
+//! names the action, and a `note` beside it is the wording a re-plan changes.
 //!
 //! Besides the count, every case checks the rule of "never silent": an answer to a call that
 //! did not run says so in words the model reads (an `idemgate:` text block), never a bare
@@ -19,7 +20,11 @@ use crate::mcp::Proxy;
 use crate::mcp_http::Listening;
 
 const FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/mcp_server.py");
-const CONFIG: &str = "[default]\non_missing_key = \"window\"\n";
+const CONFIG: &str = "[default]\non_missing_key = \"window\"\nidentity = [\"label\"]\n";
+
+/// Two wordings of one message: what a guardrail's retry rewrites when it re-plans an action.
+const NOTE_1: &str = "Hello Ann, your refund of 20 EUR is on its way.";
+const NOTE_2: &str = "Dear Ann, we have refunded 20 EUR to your card.";
 
 /// One call of a case: in which conversation, with which arguments and keys.
 #[derive(Clone, Copy, Debug)]
@@ -33,6 +38,8 @@ struct Step {
     /// The framework's tool-call id, in `_meta["dev.idemgate/tool-call-id"]` (where the
     /// packages' MCP integrations send it).
     call_id: Option<&'static str>,
+    /// A `note` argument: free text, not among the tool's identity fields.
+    note: Option<&'static str>,
 }
 
 const fn step(conversation: &'static str) -> Step {
@@ -42,6 +49,14 @@ const fn step(conversation: &'static str) -> Step {
         meta_key: None,
         model_key: None,
         call_id: None,
+        note: None,
+    }
+}
+
+const fn noted(step: Step, note: &'static str) -> Step {
+    Step {
+        note: Some(note),
+        ..step
     }
 }
 
@@ -71,6 +86,8 @@ struct Case {
     steps: &'static [Step],
     /// How many times the side effect runs.
     executed: usize,
+    /// What the answer to the last step says, when it did not run.
+    says: Option<&'static str>,
 }
 
 /// The table: `docs/MCP.md` ("What names an action") shows it.
@@ -79,46 +96,55 @@ const CASES: &[Case] = &[
         name: "the same call re-sent with its key",
         steps: &[keyed("c1", "order-1"), keyed("c1", "order-1")],
         executed: 1,
+        says: None,
     },
     Case {
         name: "the identical call re-emitted without a key in one conversation",
         steps: &[step("c1"), step("c1")],
         executed: 1,
+        says: None,
     },
     Case {
         name: "the same arguments in two conversations",
         steps: &[step("c1"), step("c2")],
         executed: 2,
+        says: None,
     },
     Case {
         name: "a deliberate repeat done as the notice says",
         steps: &[step("c1"), step("c1"), model("c1", "second-purchase")],
         executed: 2,
+        says: None,
     },
     Case {
         name: "an orchestration key across conversations",
         steps: &[keyed("c1", "order-9"), keyed("c2", "order-9")],
         executed: 1,
+        says: None,
     },
     Case {
         name: "the model's key in two conversations",
         steps: &[model("c1", "buy-1"), model("c2", "buy-1")],
         executed: 2,
+        says: None,
     },
     Case {
         name: "the same tool-call id re-sent",
         steps: &[call_id("c1", "call_1"), call_id("c1", "call_1")],
         executed: 1,
+        says: None,
     },
     Case {
         name: "the identical call under a new call id in one conversation",
         steps: &[call_id("c1", "call_1"), call_id("c1", "call_2")],
         executed: 1,
+        says: None,
     },
     Case {
         name: "a constant call id in two conversations",
         steps: &[call_id("c1", "call_1"), call_id("c2", "call_1")],
         executed: 2,
+        says: None,
     },
     Case {
         name: "a call id reused for another action in a later turn",
@@ -130,11 +156,40 @@ const CASES: &[Case] = &[
             },
         ],
         executed: 1,
+        says: None,
     },
     Case {
         name: "the model's key reused in a later turn",
         steps: &[model("c1", "buy-1"), step("c2"), model("c1", "buy-1")],
         executed: 2,
+        says: None,
+    },
+    Case {
+        name: "a re-plan that rewords what does not name the action",
+        steps: &[noted(step("c1"), NOTE_1), noted(step("c1"), NOTE_2)],
+        executed: 1,
+        says: Some("with the same label (the arguments that name it"),
+    },
+    Case {
+        name: "a re-plan under a new call id",
+        steps: &[
+            noted(call_id("c1", "call_1"), NOTE_1),
+            noted(call_id("c1", "call_2"), NOTE_2),
+        ],
+        executed: 1,
+        says: Some("with the same label (the arguments that name it"),
+    },
+    Case {
+        name: "the same words for another action",
+        steps: &[
+            noted(step("c1"), NOTE_1),
+            Step {
+                label: "b",
+                ..noted(step("c1"), NOTE_1)
+            },
+        ],
+        executed: 2,
+        says: None,
     },
 ];
 
@@ -148,6 +203,9 @@ fn params(step: &Step, conversation_in_meta: bool) -> Value {
     let mut args = json!({"label": step.label});
     if let Some(k) = step.model_key {
         args["idempotency_key"] = json!(k);
+    }
+    if let Some(note) = step.note {
+        args["note"] = json!(note);
     }
     let mut meta = serde_json::Map::new();
     if let Some(k) = step.meta_key {
@@ -254,6 +312,7 @@ impl Door for HttpSessionless<'_> {
 }
 
 fn run_case(door: &str, case: &Case, sb: &Sandbox, d: &mut dyn Door) {
+    let mut last_told = String::new();
     for (i, s) in case.steps.iter().enumerate() {
         let before = sb.executed().len();
         let answer = d.call(s);
@@ -270,13 +329,21 @@ fn run_case(door: &str, case: &Case, sb: &Sandbox, d: &mut dyn Door) {
                 .into_iter()
                 .flatten()
                 .filter_map(|b| b["text"].as_str())
-                .any(|t| t.starts_with("idemgate: "));
+                .find(|t| t.starts_with("idemgate: "));
             assert!(
-                told,
+                told.is_some(),
                 "{door}: {}: step {i} did not run and said nothing: {answer}",
                 case.name
             );
+            last_told = told.unwrap_or_default().to_owned();
         }
+    }
+    if let Some(says) = case.says {
+        assert!(
+            last_told.contains(says),
+            "{door}: {}: the last answer does not say {says:?}: {last_told}",
+            case.name
+        );
     }
     assert_eq!(
         sb.executed().len(),

@@ -147,6 +147,37 @@ impl<'de> Deserialize<'de> for Fingerprint {
     }
 }
 
+/// An identity field as a JSON pointer: a pointer (`/to`, `/order/id`) as given, a bare name
+/// (`to`) as the top-level argument of that name.
+pub fn identity_pointer(field: &str) -> String {
+    if field.starts_with('/') {
+        field.to_owned()
+    } else {
+        format!("/{}", field.replace('~', "~0").replace('/', "~1"))
+    }
+}
+
+impl Fingerprint {
+    /// The fingerprint of what `fields` (a tool's identity fields, see
+    /// [`crate::ToolPolicy::identity`]) pick out of `args`: the canonical text of the pairs of
+    /// each field and its value, in the order given. `None` when a field is missing: such a call
+    /// is named by all its arguments.
+    pub fn of_identity(args: &Value, fields: &[String]) -> Option<Self> {
+        let mut picked = Vec::with_capacity(fields.len());
+        for field in fields {
+            let value = args.pointer(&identity_pointer(field))?;
+            picked.push(Value::Array(vec![
+                Value::String(field.clone()),
+                value.clone(),
+            ]));
+        }
+        // Told apart from any arguments' fingerprint: no arguments are this array.
+        let mut text = String::from("idemgate-identity:");
+        write_value(&Value::Array(picked), &mut text);
+        Some(Self::of_bytes(text.as_bytes()))
+    }
+}
+
 /// The canonical text of a JSON value.
 pub fn canonicalize(value: &Value) -> String {
     let mut out = String::new();

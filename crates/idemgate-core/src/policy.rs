@@ -113,6 +113,13 @@ pub struct ToolPolicy {
     /// When set, a call without a key is deduplicated by (tool, canonical arguments) for this long.
     #[serde(with = "humantime_serde_compat::option")]
     pub fallback_window: Option<Duration>,
+    /// The arguments that name the tool's action (its identity fields): JSON pointers (`/to`,
+    /// `/order/id`) or top-level argument names (`to`). The fallback window (and the re-emission
+    /// window a door keeps beside a call id) compares only these, so a call that rewords the
+    /// rest (a re-planned mail's body) within the window is the same action. A call that lacks
+    /// one of them is named by all its arguments. Empty: all arguments name the action.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub identity: Vec<String>,
     /// What duplicates of an unknown outcome get.
     pub on_unknown: UnknownPolicy,
 }
@@ -126,6 +133,7 @@ impl Default for ToolPolicy {
             lease: Duration::from_secs(30),
             wait: Duration::from_secs(5),
             fallback_window: None,
+            identity: Vec::new(),
             on_unknown: UnknownPolicy::Block,
         }
     }

@@ -224,6 +224,99 @@ async fn a_fallback_window_joins_identical_calls_of_one_scope_only() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn identity_fields_name_the_windows_action_and_a_reworded_replan_replays() {
+    let fields = vec!["to".to_owned(), "/subject".to_owned()];
+    let policy = ToolPolicy {
+        fallback_window: Some(Duration::from_secs(60)),
+        identity: fields.clone(),
+        ..ToolPolicy::default()
+    };
+    let r = rig(Policies::new().with_tool("send_mail", policy.clone()));
+    let runs = Counter::default();
+    let mail = |to: &str, body: &str| json!({"to": to, "subject": "Your refund", "body": body});
+    let send = |args: serde_json::Value| {
+        call("acme", "send_mail", None, args.clone())
+            .scope("conversation-1")
+            .identity(&args, &fields)
+    };
+    let first = r
+        .engine
+        .call(send(mail("ann@x", "Hello Ann, it is on its way.")), || {
+            runs.effect(success("sent"))
+        })
+        .await
+        .unwrap();
+    assert!(matches!(first.decision, Decision::Executed { .. }));
+    // The body reworded, the recipient and subject the same: the same action, replayed.
+    let replan = r
+        .engine
+        .call(send(mail("ann@x", "Dear Ann, we refunded you.")), || {
+            runs.effect(success("sent"))
+        })
+        .await
+        .unwrap();
+    assert!(
+        matches!(replan.decision, Decision::Replayed { .. }),
+        "{replan:?}"
+    );
+    assert_eq!(replan.rule, Some(KeyRule::Fallback));
+    assert_eq!(runs.get(), 1);
+    // Another recipient is another action.
+    r.engine
+        .call(send(mail("bob@x", "Dear Ann, we refunded you.")), || {
+            runs.effect(success("sent"))
+        })
+        .await
+        .unwrap();
+    assert_eq!(runs.get(), 2);
+    // A call without a subject is named by all its arguments: not the first one's record.
+    let partial = json!({"to": "ann@x", "body": "Hello Ann, it is on its way."});
+    r.engine
+        .call(send(partial), || runs.effect(success("sent")))
+        .await
+        .unwrap();
+    assert_eq!(runs.get(), 3);
+    // A key names the action by itself: identity fields change nothing for it.
+    let keyed = call("acme", "send_mail", Some("k-1"), mail("ann@x", "a"))
+        .identity(&mail("ann@x", "a"), &fields);
+    let again = call("acme", "send_mail", Some("k-1"), mail("ann@x", "b"))
+        .identity(&mail("ann@x", "b"), &fields);
+    r.engine
+        .call(keyed, || runs.effect(success("sent")))
+        .await
+        .unwrap();
+    let reused = r.engine.call(again, || runs.effect(success("sent"))).await;
+    assert!(
+        matches!(reused, Err(EngineError::KeyReuse { .. })),
+        "{reused:?}"
+    );
+    assert_eq!(runs.get(), 4);
+}
+
+#[test]
+fn an_identity_fingerprint_is_of_the_fields_alone_and_needs_them_all() {
+    let fields = ["to".to_owned(), "/order/id".to_owned()];
+    let a = json!({"to": "x", "order": {"id": 7, "note": "a"}, "body": "one"});
+    let b = json!({"body": "two", "order": {"note": "b", "id": 7.0}, "to": "x"});
+    assert_eq!(
+        Fingerprint::of_identity(&a, &fields),
+        Fingerprint::of_identity(&b, &fields)
+    );
+    assert_ne!(
+        Fingerprint::of_identity(&a, &fields),
+        Some(Fingerprint::of_json(&a))
+    );
+    let c = json!({"to": "y", "order": {"id": 7}});
+    assert_ne!(
+        Fingerprint::of_identity(&a, &fields),
+        Fingerprint::of_identity(&c, &fields)
+    );
+    assert_eq!(Fingerprint::of_identity(&json!({"to": "x"}), &fields), None);
+    // A name with a slash is one member, not a path.
+    assert!(Fingerprint::of_identity(&json!({"a/b": 1}), &["a/b".to_owned()]).is_some());
+}
+
+#[tokio::test(start_paused = true)]
 async fn fallback_window_deduplicates_visibly_and_expires() {
     let window = Duration::from_secs(10);
     let r = rig(Policies::new().with_tool(

@@ -35,7 +35,8 @@ pub(crate) fn respond(
 ) -> Result<Response, Problem> {
     let rule = answer.rule.unwrap_or(KeyRule::Explicit);
     let explanation = Explanation::of_answer(&answer)
-        .retried_when_unknown(policy.on_unknown == UnknownPolicy::Retry);
+        .retried_when_unknown(policy.on_unknown == UnknownPolicy::Retry)
+        .named_by(&policy.identity);
     let problem = || Problem::explained(&explanation).with_rule(Some(rule));
     match answer.decision {
         Decision::Executed {

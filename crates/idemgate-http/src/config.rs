@@ -101,6 +101,10 @@ pub struct ToolConfig {
     /// Calls without a key dedupe by (tool, arguments) for this long.
     #[serde(default, deserialize_with = "optional_duration")]
     pub fallback_window: Option<Duration>,
+    /// The arguments that name the action (JSON pointers or top-level names): the fallback
+    /// window compares only these, so a reworded re-plan within it is the same action.
+    #[serde(default)]
+    pub identity: Vec<String>,
     /// `block`, `verify` or `retry`.
     pub on_unknown: Option<UnknownPolicy>,
     /// Under `on_unknown = "verify"`, where the gateway asks whether an unknown outcome happened
@@ -119,6 +123,7 @@ impl ToolConfig {
             lease: self.lease.unwrap_or(d.lease),
             wait: self.wait.unwrap_or(d.wait),
             fallback_window: self.fallback_window,
+            identity: self.identity.clone(),
             on_unknown: self.on_unknown.unwrap_or(d.on_unknown),
         }
     }

@@ -30,8 +30,8 @@ pub(crate) async fn begin(
 ) -> Result<Response, Problem> {
     let tool = request::tool_name(&tool)?;
     let bytes = request::read_body(body).await?;
-    let call = request::call(&tenant.id, &tool, &headers, &bytes)?;
     let policy = gw.config().policy(tool.as_str());
+    let call = request::call(&tenant.id, &tool, &headers, &bytes, &policy.identity)?;
     // The reservation of a call the caller runs itself; `idemgate.reserve` says what was decided.
     let (_, span) = call_span(&headers, &tenant.id, &tool);
     let begun = gw

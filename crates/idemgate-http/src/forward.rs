@@ -73,8 +73,8 @@ pub(crate) async fn call(
         )));
     };
     let bytes = request::read_body(body).await?;
-    let call = request::call(&tenant.id, &tool, &headers, &bytes)?;
     let policy = gw.config().policy(tool.as_str());
+    let call = request::call(&tenant.id, &tool, &headers, &bytes, &policy.identity)?;
     let (caller, span) = crate::headers::call_span(&headers, &tenant.id, &tool);
     // Runs in a task of its own: a caller that hangs up must not cut the side effect off between
     // sending it upstream and recording what came back.

@@ -97,12 +97,14 @@ pub(crate) fn idempotency_key(key: &str) -> Result<IdempotencyKey, Problem> {
 }
 
 /// The engine call of a request: tenant, tool, the `Idempotency-Key` header, and the fingerprint
-/// of the raw JSON arguments (integers kept exact). An empty body counts as `null`.
+/// of the raw JSON arguments (integers kept exact), and of the tool's identity fields
+/// (`identity`) for its fallback window. An empty body counts as `null`.
 pub(crate) fn call(
     tenant: &TenantId,
     tool: &ToolName,
     headers: &HeaderMap,
     body: &[u8],
+    identity: &[String],
 ) -> Result<Call, Problem> {
     let args: &[u8] = if body.iter().all(u8::is_ascii_whitespace) {
         b"null"
@@ -112,6 +114,11 @@ pub(crate) fn call(
     let mut call = Call::new(tenant.clone(), tool.clone())
         .args_text(args)
         .map_err(|e| Problem::bad_request(e.to_string()))?;
+    if !identity.is_empty() {
+        // Valid JSON: args_text read it.
+        let value: serde_json::Value = serde_json::from_slice(args).unwrap_or_default();
+        call = call.identity(&value, identity);
+    }
     let mut keys = headers.get_all(IDEMPOTENCY_KEY).iter();
     let first = keys.next();
     if keys.next().is_some() {

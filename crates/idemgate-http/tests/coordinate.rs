@@ -421,6 +421,40 @@ async fn fallback_window_keys_calls_without_a_key() {
 }
 
 #[tokio::test]
+async fn identity_fields_make_a_reworded_replan_the_same_action() {
+    let gw = start(
+        "",
+        "[tools.mail]\nfallback_window = \"10s\"\nidentity = [\"to\", \"subject\"]\n",
+    )
+    .await;
+    let begin = |body: &'static str| gw.post("/v1/tools/mail/begin", ACME).body(body).send();
+    let res = begin(r#"{"to":"ann","subject":"Refund","body":"Hello Ann, it is on its way."}"#)
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 201);
+    let b: Value = res.json().await.unwrap();
+    let res = gw
+        .post("/v1/tools/mail/complete", ACME)
+        .json(&json!({"key": b["key"], "lease": b["lease"], "outcome": {"kind": "success", "result": "sent"}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    // The body reworded: the same recipient and subject, the same action.
+    let res = begin(r#"{"subject":"Refund","to":"ann","body":"Dear Ann, we refunded you."}"#)
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(header(&res, "idempotent-replayed"), Some("true"));
+    assert_eq!(header(&res, "idempotency-rule"), Some("fallback"));
+    // Another recipient: another action.
+    let res = begin(r#"{"to":"bob","subject":"Refund","body":"Dear Ann, we refunded you."}"#)
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 201);
+}
+
+#[tokio::test]
 async fn tenants_never_meet_in_coordination() {
     let gw = start("", "").await;
     lease_of(gw.begin("t", "same", "{}").await).await;

@@ -161,6 +161,10 @@ pub struct Explanation {
     pub what: What,
     /// What the caller may do next.
     pub next: Next,
+    /// The tool's identity fields, in words ("to, subject"), when the fallback window compared
+    /// only them ([`Explanation::named_by`]): a replay then says that an action with the same
+    /// ones ran, rather than an identical call.
+    pub identity: Option<String>,
 }
 
 /// What happened to the call.
@@ -363,6 +367,7 @@ impl Explanation {
             key: answer.key.clone(),
             what,
             next,
+            identity: None,
         }
     }
 
@@ -409,6 +414,7 @@ impl Explanation {
             key: None,
             what: What::Refused(refusal),
             next,
+            identity: None,
         }
     }
 
@@ -435,6 +441,16 @@ impl Explanation {
         self
     }
 
+    /// Says that the fallback window compared only the tool's identity fields (`identity`, its
+    /// policy's): a replay it answers then names them. Doors call it with the tool's policy.
+    #[must_use]
+    pub fn named_by(mut self, identity: &[String]) -> Self {
+        if !identity.is_empty() && self.rule == Some(KeyRule::Fallback) {
+            self.identity = Some(identity.join(", "));
+        }
+        self
+    }
+
     /// What a person reads (stderr, an exception, a problem's detail): one paragraph that names
     /// the record and says what happened and what to do.
     pub fn for_person(&self, door: &Door<'_>) -> String {
@@ -452,8 +468,12 @@ impl Explanation {
                 until,
                 by_operator,
             } => {
-                let by = match self.rule {
-                    Some(KeyRule::Fallback) => "the fallback window (an identical call without a key)",
+                let same = self.identity.as_ref().map(|fields| {
+                    format!("the fallback window (a call without a key with the same {fields}, the arguments that name the action)")
+                });
+                let by = match (self.rule, &same) {
+                    (Some(KeyRule::Fallback), Some(same)) => same.as_str(),
+                    (Some(KeyRule::Fallback), None) => "the fallback window (an identical call without a key)",
                     _ => "key",
                 };
                 let when = if *by_operator {
@@ -531,7 +551,9 @@ impl Explanation {
             What::Replayed {
                 at, by_operator, ..
             } => {
-                if self.rule == Some(KeyRule::Fallback) {
+                if let (Some(KeyRule::Fallback), Some(fields)) = (self.rule, &self.identity) {
+                    format!("an action of this tool with the same {fields} (the arguments that name it; the others may have been worded differently) ran at {at} in this conversation, so this call was taken for a repeat of that action and was not run again; the result above is the one it returned then. To do it again on purpose, {}.", door.repeat)
+                } else if self.rule == Some(KeyRule::Fallback) {
                     format!("an identical call of this tool (the same arguments, without an idempotency key) ran at {at} in this conversation, so this one was taken for a repeat of that action and was not run again; the result above is the one it returned then. To do it again on purpose, {}.", door.repeat)
                 } else if *by_operator {
                     format!("an operator resolved this action with `idemgate keys resolve` at {at}; it was not run now, and the result above is the one the operator recorded.")
@@ -831,6 +853,21 @@ mod tests {
             }
         ));
         assert!(resolved.for_model(&CLI).contains("an operator resolved"));
+
+        // Named by identity fields: the replay says which arguments named the action; a key's
+        // replay is not the window's and says nothing of them.
+        let fields = ["to".to_owned(), "subject".to_owned()];
+        let named = replay(KeyRule::Fallback, Outcome::success(b"1".to_vec())).named_by(&fields);
+        let model = named.for_model(&CLI);
+        assert!(
+            model.contains(
+                "an action of this tool with the same to, subject (the arguments that name it"
+            ),
+            "{model}"
+        );
+        assert!(named.for_person(&CLI).contains("with the same to, subject"));
+        let keyed = replay(KeyRule::Explicit, Outcome::success(b"1".to_vec())).named_by(&fields);
+        assert_eq!(keyed.identity, None);
     }
 
     #[test]

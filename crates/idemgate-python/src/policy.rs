@@ -101,6 +101,7 @@ fn tool_policy(
             .transpose()?,
         on_unknown: on_unknown.parse::<UnknownPolicy>()?,
         tombstone: ToolPolicy::default().tombstone,
+        identity: Vec::new(),
     })
 }
 

@@ -27,7 +27,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use idemgate_core::canonical::{canonicalize, Fingerprint};
+use idemgate_core::canonical::{canonicalize, identity_pointer, Fingerprint};
 use idemgate_core::{Record, RecordState, Timestamp};
 use serde::Serialize;
 use serde_json::Value;
@@ -179,7 +179,8 @@ pub struct Rules {
     pub confident_within: Duration,
     /// Whether the gate's rules make a tool a read.
     pub is_read: Box<dyn Fn(&str) -> bool>,
-    /// Per tool, the JSON pointers of the arguments that name its action.
+    /// Per tool, its identity fields: the arguments that name its action (JSON pointers or
+    /// top-level names, as a tool's policy gives them).
     pub identity: BTreeMap<String, Vec<String>>,
 }
 
@@ -645,12 +646,13 @@ fn given_up(before: &Call, call: &Call) -> Option<String> {
 /// "an action with the same to, subject", when every identity field is present and agrees.
 fn same_identity(a: &Value, b: &Value, pointers: &[String]) -> Option<String> {
     let mut names = Vec::new();
-    for pointer in pointers {
-        let (x, y) = (a.pointer(pointer)?, b.pointer(pointer)?);
+    for field in pointers {
+        let pointer = identity_pointer(field);
+        let (x, y) = (a.pointer(&pointer)?, b.pointer(&pointer)?);
         if canonicalize(x) != canonicalize(y) {
             return None;
         }
-        names.push(pointer.trim_start_matches('/').replace('/', "."));
+        names.push(field.trim_start_matches('/').replace('/', "."));
     }
     Some(format!("the same {}", names.join(", ")))
 }
@@ -742,15 +744,5 @@ pub fn duration_text(ns: u64) -> String {
         format!("{:.1} s", ms as f64 / 1000.0)
     } else {
         format!("{} min {} s", ms / 60_000, ms % 60_000 / 1000)
-    }
-}
-
-/// A tool's identity fields as JSON pointers: a pointer as given, a bare name as the top-level
-/// argument of that name.
-pub fn pointer(field: &str) -> String {
-    if field.starts_with('/') {
-        field.to_owned()
-    } else {
-        format!("/{}", field.replace('~', "~0").replace('/', "~1"))
     }
 }

@@ -487,10 +487,9 @@ mod tests {
         );
 
         let mut rules = Rules::default();
-        rules.identity.insert(
-            "send_mail".into(),
-            vec![find::pointer("to"), find::pointer("subject")],
-        );
+        rules
+            .identity
+            .insert("send_mail".into(), vec!["to".into(), "/subject".into()]);
         let s = t.scan(&rules);
         assert_eq!(sources(&s), [(Source::RePlan, "c2".into(), false)]);
         assert_eq!(s.findings[0].confidence, Confidence::Medium);

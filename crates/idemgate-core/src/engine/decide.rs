@@ -11,7 +11,8 @@ impl<S: Store> Engine<S> {
         call: Call,
         policy: &ToolPolicy,
     ) -> Result<Begun, EngineError> {
-        let fingerprint = call.fingerprint;
+        // A call the window names is compared by what names its action.
+        let fingerprint = call.window_arguments();
         let scope = call.scope.clone();
         let Some(Named { key, rule, keep }) = name(call, policy)? else {
             return Ok(Begun::PassThrough);

@@ -49,6 +49,10 @@ pub struct Call {
     /// The rule its key was named by, when it has one: [`KeyRule::Explicit`] unless its door
     /// derived the key from what a model sent ([`Call::key_named_by`]).
     pub key_rule: KeyRule,
+    /// The fingerprint of the arguments that name the action, when the tool has identity fields
+    /// and the call has them all ([`Call::identity`]): a call without a key is named and
+    /// compared by it, instead of by all its arguments.
+    pub identity: Option<Fingerprint>,
 }
 
 impl Call {
@@ -63,6 +67,7 @@ impl Call {
             fingerprint: *NULL_ARGS.get_or_init(|| Fingerprint::of_json(&Value::Null)),
             scope: None,
             key_rule: KeyRule::Explicit,
+            identity: None,
         }
     }
 
@@ -75,15 +80,38 @@ impl Call {
         self
     }
 
-    /// What names the call's fallback record: its arguments' fingerprint, within its scope.
+    /// Names the action by the tool's identity fields (`fields`, [`ToolPolicy::identity`]) of
+    /// `args`, for the fallback window: a call that rewords its other arguments (a re-planned
+    /// mail's body) within the window is then the same action. A call that lacks a field, or a
+    /// tool without them, keeps being named by all its arguments.
+    pub fn identity(mut self, args: &Value, fields: &[String]) -> Self {
+        self.identity = if fields.is_empty() {
+            None
+        } else {
+            Fingerprint::of_identity(args, fields)
+        };
+        self
+    }
+
+    /// What a call without a key is compared by: its identity fields' fingerprint when it has
+    /// one, else its arguments'.
+    pub(crate) fn window_arguments(&self) -> Fingerprint {
+        match self.key {
+            None => self.identity.unwrap_or(self.fingerprint),
+            Some(_) => self.fingerprint,
+        }
+    }
+
+    /// What names the call's fallback record: what it is compared by, within its scope.
     fn window_fingerprint(&self) -> Fingerprint {
+        let arguments = self.window_arguments();
         match &self.scope {
-            None => self.fingerprint,
+            None => arguments,
             Some(scope) => {
                 let mut bytes = Vec::with_capacity(8 + scope.len() + 32);
                 bytes.extend_from_slice(&(scope.len() as u64).to_be_bytes());
                 bytes.extend_from_slice(scope.as_bytes());
-                bytes.extend_from_slice(self.fingerprint.as_bytes());
+                bytes.extend_from_slice(arguments.as_bytes());
                 Fingerprint::of_bytes(&bytes)
             }
         }

@@ -121,8 +121,9 @@ pub(crate) fn respond(
     result: Result<Answer, EngineError>,
     relay: Option<Reply>,
 ) -> String {
-    let explanation =
-        Explanation::of(&result).retried_when_unknown(cx.policy.on_unknown == UnknownPolicy::Retry);
+    let explanation = Explanation::of(&result)
+        .retried_when_unknown(cx.policy.on_unknown == UnknownPolicy::Retry)
+        .named_by(&cx.policy.identity);
     let verdict = explanation.verdict;
     let effect = format!("the tool {}", cx.tool);
     // The record as a person finds it: its key when the engine named one.
@@ -409,6 +410,7 @@ mod tests {
                 by_operator,
             },
             next: idemgate_kit::Next::Nothing,
+            identity: None,
         };
         let door = Door {
             effect: "the tool t",
@@ -501,6 +503,7 @@ mod tests {
                 by_operator: false,
             },
             next: idemgate_kit::Next::Nothing,
+            identity: None,
         };
         let shaped = |key_rule, rule, open_output| -> Value {
             let named = Named {

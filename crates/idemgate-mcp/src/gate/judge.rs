@@ -184,7 +184,8 @@ impl<S: Store> Judge<S> {
         };
         let declared = tool.and_then(|t| t.key_argument.as_deref());
         let (stripped, kept) = strip_keys(&mut arguments, declared);
-        let (call, rule, window) = match self.call_of(request, &arguments, &keys) {
+        let (call, rule, window) = match self.call_of(request, &arguments, &keys, &policy.identity)
+        {
             Ok(c) => c,
             Err(e) => return Err(self.refuse(request, &policy, e)),
         };
@@ -219,10 +220,18 @@ impl<S: Store> Judge<S> {
         request: &Request<'_>,
         arguments: &Object,
         keys: &Keys,
+        identity: &[String],
     ) -> Result<(Call, Rule, Option<Call>), String> {
-        let call = Call::new(self.tenant.clone(), request.scope.clone())
-            .args_text(frame::raw(arguments).get().as_bytes())
+        let text = frame::raw(arguments);
+        let mut call = Call::new(self.tenant.clone(), request.scope.clone())
+            .args_text(text.get().as_bytes())
             .map_err(|e| format!("the arguments are not valid JSON: {e}."))?;
+        if !identity.is_empty() {
+            // The window names the action by the tool's identity fields (args_text read the
+            // arguments as JSON already).
+            let value: serde_json::Value = serde_json::from_str(text.get()).unwrap_or_default();
+            call = call.identity(&value, identity);
+        }
         // The scope: the conversation the client names, else this session, else (a request of
         // a sessionless client) the request itself: a model's key or the window never reaches
         // another client's calls.
