@@ -103,8 +103,9 @@ function report(e) {
 
 /** The policy fields a call or a wrapper overrides, by the engine's names; `window` is
  * `fallbackWindow`; `tombstone` (seconds, default 30 days, 0: none) how long after a call ran
- * a retry past the `ttl` is answered `OutcomeExpired` instead of running again. */
-const POLICY_FIELDS = ['kind', 'ttl', 'lease', 'wait', 'fallbackWindow', 'onUnknown', 'tombstone'];
+ * a retry past the `ttl` is answered `OutcomeExpired` instead of running again; `identity` the
+ * arguments that name the action (the window compares only these). */
+const POLICY_FIELDS = ['kind', 'ttl', 'lease', 'wait', 'fallbackWindow', 'onUnknown', 'tombstone', 'identity'];
 
 function policyOf(options) {
   const p = {};

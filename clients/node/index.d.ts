@@ -20,6 +20,11 @@ export interface PolicyOptions {
   window?: number;
   /** What a call finding the record unknown does: `block` (the default), `retry` or `verify`. */
   onUnknown?: 'block' | 'retry' | 'verify';
+  /** The arguments that name the tool's action (names, or JSON pointers such as `/order/id`):
+   * the window compares only these, so a call that rewords the rest (a re-planned mail's body)
+   * within it is the same action, and the model is told an action with the same ones ran. A
+   * call lacking one is named by all its arguments; a key is never affected. */
+  identity?: readonly string[];
 }
 
 export interface OpenOptions {

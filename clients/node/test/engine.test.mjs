@@ -313,6 +313,26 @@ describe('keys and refusals', () => {
     assert.equal(runs, 2);
   });
 
+  test('identity fields make a reworded re-plan within the window the same action, and it says so', async () => {
+    const engine = await STORES.memory();
+    const sent = [];
+    const mail = idempotent(engine, 'send_mail', async (to, subject, body) => {
+      sent.push(body);
+      return `sent to ${to}`;
+    }, { window: 60, identity: ['to', '/subject'], scope: () => 'conv-1', args: (to, subject, body) => ({ to, subject, body }) });
+    assert.equal(await mail('ann@x', 'Refund', 'Hello Ann, it is on its way.'), 'sent to ann@x');
+    const replan = await mail.result('ann@x', 'Refund', 'Dear Ann, we have refunded you.');
+    assert.equal(replan.replayed, true);
+    assert.equal(replan.rule, 'fallback');
+    assert.match(replan.forModel, /with the same to, \/subject \(the arguments that name it/);
+    assert.equal(await mail('bob@x', 'Refund', 'Dear Ann, we have refunded you.'), 'sent to bob@x');
+    assert.deepEqual(sent, ['Hello Ann, it is on its way.', 'Dear Ann, we have refunded you.']);
+    await assert.rejects(
+      idempotent(engine, 'x', async () => 1, { window: 60, identity: 'to' })(),
+      /identity must be an array/,
+    );
+  });
+
   test('result() tells a replay from a run without changing what the wrapper returns', async () => {
     const engine = await STORES.memory();
     const f = idempotent(engine, 'tag', async () => ['a', 1], { key: () => 'tag-1' });

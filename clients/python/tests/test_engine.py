@@ -143,6 +143,24 @@ def test_key_required_and_the_fallback_window(engine: Engine) -> None:
     assert second.replayed and second.value == 1 and runs.n == 1
 
 
+def test_identity_fields_make_a_reworded_replan_the_same_action(engine: Engine) -> None:
+    runs = Counter()
+    to = mint_key()
+    window = {"scope": "conv-a", "fallback_window": 60, "identity": ("to", "/subject")}
+    first = engine.call("mail", None, {"to": to, "subject": "Refund", "body": "Hello Ann."}, runs.bump, **window)
+    # A guardrail's retry rewrites the body: the same recipient and subject, the same action.
+    replan = engine.call("mail", None, {"body": "Dear Ann, refunded.", "subject": "Refund", "to": to}, runs.bump, **window)
+    assert first.executed and replan.replayed and replan.rule == "fallback" and runs.n == 1
+    other = engine.call("mail", None, {"to": mint_key(), "subject": "Refund", "body": "Hello Ann."}, runs.bump, **window)
+    assert other.executed and runs.n == 2
+    # Without the subject, all the arguments name the call.
+    alone = engine.call("mail", None, {"to": to, "body": "Hello Ann."}, runs.bump, **window)
+    assert alone.executed and runs.n == 3
+    assert Policy(identity=["to"]).identity == ["to"]
+    with pytest.raises(ValueError, match="identity"):
+        Policy(identity=[""])
+
+
 def test_a_fallback_window_joins_identical_calls_of_one_scope_only(engine: Engine) -> None:
     runs = Counter()
     args = {"to": mint_key()}

@@ -227,3 +227,34 @@ def test_the_key_argument_added_to_a_json_schema_is_optional_and_nullable() -> N
     out = with_key_argument(schema)
     assert_optional_key(out)
     assert out["required"] == ["a"] and schema["properties"] == {"a": {"type": "string"}}
+
+
+def test_a_replan_reworded_outside_the_identity_fields_runs_once_and_says_which_fields(
+    engine: Engine,
+) -> None:
+    """A guardrail's retry rewrites a mail's body under a new call id: with the tool's identity
+    fields (``to``, ``subject``) the window takes it for the action it re-plans, and the model
+    reads which arguments named it; another recipient is another action."""
+    sent: list[str] = []
+
+    def send_mail(ctx: str, to: str, subject: str, body: str) -> str:
+        sent.append(body)
+        return f"sent to {to}"
+
+    gated = once_per_action(
+        engine,
+        send_mail,
+        tool="send_mail",
+        call_id_of=lambda b: b.arguments["ctx"],
+        context_of=lambda b: None,
+        default_scope=lambda ctx: "conv",
+        exclude={"ctx"},
+        shield=True,
+        policy={"identity": ("to", "subject")},
+    )
+    assert gated("c1", "ann@x", "Refund", "Hello Ann, it is on its way.") == "sent to ann@x"
+    told = gated("c2", "ann@x", "Refund", "Dear Ann, we have refunded you.")
+    assert "an action of send_mail with the same to, subject" in told, told
+    assert "was not run again" in told and "sent to ann@x" in told, told
+    assert gated("c3", "bob@x", "Refund", "Dear Ann, we have refunded you.") == "sent to bob@x"
+    assert sent == ["Hello Ann, it is on its way.", "Dear Ann, we have refunded you."]

@@ -124,7 +124,8 @@ fn seconds(what: &str, s: f64) -> Result<Duration> {
 /// calls without a key are joined by tool, arguments and scope for this long), `onUnknown`
 /// (`block`, the default, `verify` or `retry`), `tombstone` (how long after a call ran its record
 /// is remembered: a retry past the ttl and within this is refused as `OutcomeExpired` instead of
-/// running again; default 30 days, 0: none); durations in seconds.
+/// running again; default 30 days, 0: none), `identity` (the arguments that name the action,
+/// names or JSON pointers: the window compares only these); durations in seconds.
 fn policy(json: Option<&str>) -> Result<ToolPolicy> {
     let mut p = ToolPolicy::default();
     let Some(json) = json else {
@@ -170,6 +171,25 @@ fn policy(json: Option<&str>) -> Result<ToolPolicy> {
     }
     if let Some(d) = duration("tombstone", "tombstone")? {
         p.tombstone = d;
+    }
+    match fields.get("identity") {
+        None | Some(Value::Null) => {}
+        Some(Value::Array(items)) => {
+            p.identity = items
+                .iter()
+                .map(|v| match v.as_str() {
+                    Some(f) if !f.is_empty() && f != "/" => Ok(f.to_owned()),
+                    _ => Err(Error::from_reason(format!(
+                        "policy field identity must list argument names or JSON pointers, not {v}"
+                    ))),
+                })
+                .collect::<Result<_>>()?;
+        }
+        Some(other) => {
+            return Err(Error::from_reason(format!(
+                "policy field identity must be an array of argument names or JSON pointers, not {other}"
+            )))
+        }
     }
     Ok(p)
 }
@@ -251,6 +271,11 @@ impl Shared {
             }
             if let Some(args) = &init.args_json {
                 call = call.args_text(args.as_bytes())?;
+                if init.key.is_none() && !policy.identity.is_empty() {
+                    // Valid JSON: args_text read it. The window names the action by these.
+                    let value: Value = serde_json::from_str(args).unwrap_or_default();
+                    call = call.identity(&value, &policy.identity);
+                }
             }
             if let Some(scope) = init.scope {
                 call = call.scope(scope);
@@ -410,7 +435,7 @@ impl NativeEngine {
             let out = match begun {
                 Err(e) => reply::engine_error(&e).to_string(),
                 Ok(Begun::PassThrough) => json!({ "pass_through": true }).to_string(),
-                Ok(Begun::Answered(answer)) => reply::answer(&answer),
+                Ok(Begun::Answered(answer)) => reply::named_answer(&answer, &policy.identity),
                 Ok(Begun::Execute(ticket)) => {
                     let mut facts = json!({
                         "key": ticket.key.key.as_str(),

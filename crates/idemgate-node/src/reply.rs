@@ -73,8 +73,14 @@ struct Facts<'a> {
 
 /// The reply of an answer as JSON text: its facts (a result), or the error of its verdict.
 pub(crate) fn answer(answer: &Answer) -> String {
+    named_answer(answer, &[])
+}
+
+/// [`answer`], for a call of a tool whose `identity` fields named it (its policy's): a replay the
+/// fallback window answered says that an action with the same ones ran.
+pub(crate) fn named_answer(answer: &Answer, identity: &[String]) -> String {
     let verdict = Verdict::of_answer(answer);
-    let explanation = Explanation::of_answer(answer);
+    let explanation = Explanation::of_answer(answer).named_by(identity);
     let record = explanation.record_name();
     let told = explanation.problem(&door(&record));
     if verdict.is_error() {

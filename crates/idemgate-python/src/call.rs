@@ -162,7 +162,8 @@ pub(crate) use idemgate_kit::reported_effect as effect;
 /// The engine's call in `tenant`: `args` (any Python value; `None`: no arguments) fingerprinted as its
 /// JSON text `json.dumps(args, default=repr)` would be (see [`fingerprint_of`]), made in
 /// `scope` (`Call::scope`: a call without key is joined by the fallback window only to
-/// identical calls of the same scope).
+/// identical calls of the same scope), and, without a key, named by the tool's `identity`
+/// fields of those arguments when it has them all (`Call::identity`).
 pub(crate) fn new_call(
     py: Python<'_>,
     tenant: &TenantId,
@@ -170,7 +171,13 @@ pub(crate) fn new_call(
     key: Option<&str>,
     args: &Bound<'_, PyAny>,
     scope: Option<&str>,
+    identity: &[String],
 ) -> PyResult<Call> {
+    let identity_args = if key.is_none() && !identity.is_empty() && !args.is_none() {
+        Some(json_value(args)?)
+    } else {
+        None
+    };
     // In the order the checks always ran: what `json.dumps` raises, the tool, the key, then
     // arguments the engine cannot read.
     let fingerprint = if args.is_none() {
@@ -189,9 +196,28 @@ pub(crate) fn new_call(
         if let Some(scope) = scope {
             call = call.scope(scope);
         }
+        if let Some(args) = &identity_args {
+            call = call.identity(args, identity);
+        }
         Ok(call)
     };
     call().map_err(|e| engine_error(py, &e))
+}
+
+/// `args` as a JSON value, read from its text `json.dumps(args, default=repr)`, as its
+/// fingerprint is: for picking a tool's identity fields out of it.
+fn json_value(args: &Bound<'_, PyAny>) -> PyResult<serde_json::Value> {
+    let py = args.py();
+    let kwargs = pyo3::types::PyDict::new(py);
+    kwargs.set_item("default", py.import("builtins")?.getattr("repr")?)?;
+    let text = py
+        .import("json")?
+        .getattr("dumps")?
+        .call((args,), Some(&kwargs))?;
+    let text = text.cast::<pyo3::types::PyString>()?.to_str()?.to_owned();
+    // json.dumps writes NaN and Infinity, which are not JSON: such arguments are refused by
+    // their fingerprint first; here they simply name nothing.
+    Ok(serde_json::from_str(&text).unwrap_or_default())
 }
 
 #[cfg(test)]

@@ -75,6 +75,20 @@ impl Engine {
         Arc::new(split)
     }
 
+    /// The engine's call of `tool` in this engine's tenant, named under `policy` ([`new_call`]).
+    fn call_of(
+        &self,
+        py: Python<'_>,
+        tool: &str,
+        key: Option<&str>,
+        args: &Bound<'_, PyAny>,
+        scope: Option<&str>,
+        policy: &Policy,
+    ) -> PyResult<idemgate::Call> {
+        let tenant = &self.shared.tenant;
+        new_call(py, tenant, tool, key, args, scope, &policy.0.identity)
+    }
+
     /// The record name of `(tool, key)` in this engine's tenant; bad names are `ValueError`s.
     fn key_named(&self, tool: &str, key: &str) -> PyResult<Key> {
         Ok(Key::new(
@@ -244,7 +258,7 @@ impl Engine {
         tracestate: Option<&str>,
         call_id: Option<&str>,
     ) -> PyResult<Py<PyAny>> {
-        let call = new_call(py, &self.shared.tenant, tool, key, args, scope)?;
+        let call = self.call_of(py, tool, key, args, scope, policy)?;
         let trace = self.trace(tool, call_id, traceparent, tracestate);
         let begin = self.shared.engine.begin(call, &policy.0);
         let result = self.run(py, begin.instrument(trace.span()))?;
@@ -295,7 +309,7 @@ impl Engine {
         tracestate: Option<&str>,
         call_id: Option<&str>,
     ) -> PyResult<()> {
-        let call = new_call(py, &self.shared.tenant, tool, key, args, scope)?;
+        let call = self.call_of(py, tool, key, args, scope, policy)?;
         let policy = policy.0.clone();
         let engine = Arc::clone(&self.shared.engine);
         let trace = self.trace(tool, call_id, traceparent, tracestate);
@@ -355,7 +369,7 @@ impl Engine {
         policy: &Policy,
         scope: Option<&str>,
     ) -> PyResult<Option<Bound<'py, PyDict>>> {
-        let call = new_call(py, &self.shared.tenant, tool, key, args, scope)?;
+        let call = self.call_of(py, tool, key, args, scope, policy)?;
         let named = self
             .shared
             .engine

@@ -13,7 +13,8 @@ pub(crate) struct Policy(pub(crate) ToolPolicy);
 #[pymethods]
 impl Policy {
     #[new]
-    #[pyo3(signature = (kind = "write", ttl = 86400.0, lease = 30.0, wait = 5.0, fallback_window = None, on_unknown = "block", tombstone = 2592000.0))]
+    #[pyo3(signature = (kind = "write", ttl = 86400.0, lease = 30.0, wait = 5.0, fallback_window = None, on_unknown = "block", tombstone = 2592000.0, identity = None))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         kind: &str,
         ttl: f64,
@@ -22,11 +23,20 @@ impl Policy {
         fallback_window: Option<f64>,
         on_unknown: &str,
         tombstone: f64,
+        identity: Option<Vec<String>>,
     ) -> PyResult<Self> {
         let mut p = tool_policy(kind, ttl, lease, wait, fallback_window, on_unknown)
             .map_err(PyValueError::new_err)?;
         p.tombstone = seconds("tombstone", tombstone).map_err(PyValueError::new_err)?;
+        p.identity =
+            identity_fields(identity.unwrap_or_default()).map_err(PyValueError::new_err)?;
         Ok(Policy(p))
+    }
+    /// The arguments that name the tool's action (names or JSON pointers): the fallback window
+    /// compares only these, so a reworded re-plan within it is the same action.
+    #[getter]
+    fn identity(&self) -> Vec<String> {
+        self.0.identity.clone()
     }
     /// `read`, `write` or `natural_idempotent`.
     #[getter]
@@ -67,7 +77,7 @@ impl Policy {
 
     fn __repr__(&self) -> String {
         format!(
-            "Policy(kind={:?}, ttl={}, lease={}, wait={}, fallback_window={}, on_unknown={:?}, tombstone={})",
+            "Policy(kind={:?}, ttl={}, lease={}, wait={}, fallback_window={}, on_unknown={:?}, tombstone={}, identity={:?})",
             self.kind(),
             self.ttl(),
             self.lease(),
@@ -75,8 +85,19 @@ impl Policy {
             self.fallback_window()
                 .map_or_else(|| "None".to_owned(), |w| w.to_string()),
             self.on_unknown(),
-            self.tombstone()
+            self.tombstone(),
+            self.0.identity
         )
+    }
+}
+
+/// Identity fields as given, each a non-empty name or pointer.
+fn identity_fields(fields: Vec<String>) -> Result<Vec<String>, String> {
+    match fields.iter().find(|f| f.is_empty() || f.as_str() == "/") {
+        Some(bad) => Err(format!(
+            "identity: {bad:?} names no argument (give argument names or JSON pointers like \"/order/id\")"
+        )),
+        None => Ok(fields),
     }
 }
 

@@ -3,7 +3,7 @@
 
 from collections.abc import Callable
 from os import PathLike
-from typing import Any, Literal, final, overload
+from typing import Any, Literal, Sequence, final, overload
 
 from ._literals import OnUnknown, RecordState, Resolution, ToolKind
 from .engine import Result
@@ -28,6 +28,7 @@ class Policy:
         fallback_window: float | None = None,
         on_unknown: OnUnknown = "block",
         tombstone: float = 2592000.0,
+        identity: Sequence[str] | None = None,
     ) -> None: ...
     @property
     def kind(self) -> ToolKind: ...
@@ -45,6 +46,10 @@ class Policy:
     def fallback_window(self) -> float | None: ...
     @property
     def on_unknown(self) -> OnUnknown: ...
+    @property
+    def identity(self) -> list[str]:
+        """The arguments that name the tool's action (names or JSON pointers): the window
+        compares only these."""
 
 @final
 class Ticket:

@@ -50,7 +50,7 @@ import inspect
 import json
 import threading
 import weakref
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import (
@@ -121,7 +121,12 @@ class PolicyOptions(TypedDict, total=False):
       ``0`` turns it off);
     - ``on_unknown``: what a call finding the record unknown does: ``"block"`` (raise
       ``OutcomeUnknown``, the default), ``"retry"`` (run again) or ``"verify"`` (ask the tool's
-      verifier, see :meth:`Engine.open`).
+      verifier, see :meth:`Engine.open`);
+    - ``identity``: the arguments that name the tool's action (names, or JSON pointers such as
+      ``"/order/id"``), a tuple: the window then compares only these, so a call that rewords the
+      rest (a guardrail's retry that rewrites a mail's body) within it is the same action, and
+      its notice says an action with the same ones ran. A call lacking one is named by all its
+      arguments; a key is never affected.
     """
 
     kind: ToolKind | None
@@ -131,6 +136,7 @@ class PolicyOptions(TypedDict, total=False):
     wait: float | None
     fallback_window: float | None
     on_unknown: OnUnknown | None
+    identity: Sequence[str] | None
 
 
 _POLICY_FIELDS = tuple(PolicyOptions.__annotations__)

@@ -12,7 +12,7 @@ import inspect
 import json
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Awaitable, Callable, Mapping, TypeVar
+from typing import Any, Awaitable, Callable, Mapping, Sequence, TypeVar
 
 from .._native import name_action as _native_name_action
 from ..engine import _CURRENT_KEY, _POLICY_FIELDS, Engine, Result, given_policy
@@ -155,9 +155,11 @@ class _Window:
     the key's call runs :meth:`run`, which asks the window's record; its ``result`` says whether
     the function ran or an identical call's outcome was replayed."""
 
-    def __init__(self) -> None:
+    def __init__(self, identity: tuple[str, ...] = ()) -> None:
         self.result: Result | None = None
         self.refused: IdemgateError | None = None
+        # The tool's identity fields: what the window compared, for the notice of a repeat.
+        self.identity = identity
 
     def _refused(self, e: IdemgateError) -> NotApplied:
         # Refused before anything ran (in flight, unknown, store unavailable...): the key's record
@@ -185,7 +187,7 @@ class _Window:
 
     def outcome(self, r: Result) -> Outcome:
         w = self.result
-        return Outcome(r, w if w is not None and w.replayed else None)
+        return Outcome(r, w if w is not None and w.replayed else None, self.identity)
 
 
 @dataclass(frozen=True)
@@ -196,6 +198,9 @@ class Outcome:
 
     result: Result
     repeat_of: Result | None
+    #: The tool's identity fields when the window compared only them (the policy's
+    #: ``identity``): the repeat's notice names them.
+    identity: tuple[str, ...] = ()
 
     def notice(
         self, tool: str, model_key: bool, rule: str, result_above: bool = False
@@ -205,7 +210,7 @@ class Outcome:
         ``tool`` is the name the model calls the tool by; ``rule`` the one that named the
         action (:attr:`Action.rule`)."""
         if self.repeat_of is not None:
-            return repeat_notice(tool, self.repeat_of, model_key, result_above)
+            return repeat_notice(tool, self.repeat_of, model_key, result_above, self.identity)
         if self.result.replayed:
             return key_notice(tool, self.result, rule, model_key, result_above)
         return None
@@ -237,19 +242,35 @@ def _result_text(replayed: Result, result_above: bool) -> str:
 
 
 def repeat_notice(
-    tool: str, replayed: Result, model_key: bool = True, result_above: bool = False
+    tool: str,
+    replayed: Result,
+    model_key: bool = True,
+    result_above: bool = False,
+    identity: Sequence[str] = (),
 ) -> str:
-    """What the model reads for a call taken for a repeat of an earlier identical call: when it
-    ran, its result (or, ``result_above``, that the result shown is that one), that it was not
-    run again, and how to do it again on purpose (``model_key``: the tool takes the
-    ``idempotency_key`` argument). ``tool`` is the name the model calls it by."""
+    """What the model reads for a call taken for a repeat of an earlier identical call (or, with
+    the tool's ``identity`` fields, of an earlier call with the same ones): when it ran, its
+    result (or, ``result_above``, that the result shown is that one), that it was not run again,
+    and how to do it again on purpose (``model_key``: the tool takes the ``idempotency_key``
+    argument). ``tool`` is the name the model calls it by."""
     when = _when(replayed.executed_at)
+    same = (
+        f"an action of {tool} with the same {', '.join(identity)} (the arguments that name it; "
+        "the others may have been worded differently)"
+        if identity
+        else f"an identical call of {tool} (the same arguments)"
+    )
     return (
-        f"idemgate: an identical call of {tool} (the same arguments) ran at {when} in this "
+        f"idemgate: {same} ran at {when} in this "
         "conversation, so this one was taken for a repeat of that action and was not run "
         f"again; {_result_text(replayed, result_above)}. "
         f"{_again(tool, model_key, ' within the window')}"
     )
+
+
+def identity_of(engine: Engine, tool: str, overrides: dict[str, Any]) -> tuple[str, ...]:
+    """The tool's identity fields under ``overrides``: what its window compares."""
+    return tuple(engine.policy(tool, **overrides).identity)
 
 
 #: Why a call's key named an action already done, by the rule that named it (Action.rule).
@@ -336,7 +357,7 @@ def call_sync(
             engine.call(tool, action.key, args, fn, call_id=action.call_id, **overrides), None
         )
     in_window = dict(overrides, fallback_window=window)
-    w = _Window()
+    w = _Window(identity_of(engine, tool, overrides))
 
     def windowed(run: Callable[[], Any]) -> Result:
         return engine.call(
@@ -377,7 +398,7 @@ async def call_async(
     torn in half)."""
     window = window_of(engine, tool, overrides, action)
     in_window = dict(overrides, fallback_window=window)
-    w = _Window()
+    w = _Window(identity_of(engine, tool, overrides) if window else ())
 
     def windowed(run: Callable[[], Awaitable[Any]]) -> Awaitable[Result]:
         return engine.acall(

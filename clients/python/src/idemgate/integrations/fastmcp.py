@@ -74,7 +74,7 @@ import json
 import secrets
 from dataclasses import replace
 from datetime import datetime, timezone
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 from ..engine import _POLICY_FIELDS, Engine, Policy, Result
 from ..errors import (
@@ -279,17 +279,26 @@ def _parts(value: Any) -> tuple[list[Any], Any, dict[str, Any], bool]:
     return blocks, structured, dict(meta), is_error
 
 
-def _notice(called: str, action: Action, at: datetime | None, shown: str) -> str:
+def _notice(
+    called: str, action: Action, at: datetime | None, shown: str, identity: Sequence[str] = ()
+) -> str:
     """What the model reads on a replay: what ran when, that it was not run again, where its
-    result is (``shown``), and how to do it again on purpose, if it can."""
+    result is (``shown``), and how to do it again on purpose, if it can. ``identity``: the
+    tool's identity fields, when the window compared only them."""
     when = _iso(at)
     again = (
         f"To do it again on purpose, call {called} again with the argument {KEY_ARGUMENT} set "
         "to a new value that names the new action."
     )
     if action.rule in ("window", "call_id"):
+        same = (
+            f"an action of {called} with the same {', '.join(identity)} (the arguments that name "
+            "it; the others may have been worded differently)"
+            if identity
+            else f"an identical call of {called} (the same arguments)"
+        )
         head = (
-            f"an identical call of {called} (the same arguments) ran at {when} in this "
+            f"{same} ran at {when} in this "
             "conversation, so this one was taken for a repeat of that action and was not run again"
         )
     elif action.rule == "model_key":
@@ -437,7 +446,12 @@ def IdempotencyMiddleware(  # noqa: N802 - a class factory: fastmcp is imported 
             return action.key, None
 
     def replayed(
-        r: Result, called: str, action: Action, window: bool, output_schema: Any
+        r: Result,
+        called: str,
+        action: Action,
+        window: bool,
+        output_schema: Any,
+        identity: Sequence[str] = (),
     ) -> Any:
         """The stored result as the replay's answer: its original blocks, ``_meta`` marks and
         the notice in every channel the client shows the model (see the module's docs)."""
@@ -446,13 +460,15 @@ def IdempotencyMiddleware(  # noqa: N802 - a class factory: fastmcp is imported 
         if r.executed_at is not None:
             meta["dev.idemgate/executed_at"] = _iso(r.executed_at)
         meta["dev.idemgate/rule"] = "fallback" if window else (r.rule or "explicit")
-        text = _notice(called, action, r.executed_at, "the result above is the one it returned then")
+        text = _notice(
+            called, action, r.executed_at, "the result above is the one it returned then", identity
+        )
         if isinstance(structured, dict) and (is_error or admits_notice(output_schema)):
             structured = {
                 **structured,
                 NOTICE_FIELD: _notice(
                     called, action, r.executed_at,
-                    "the other fields of this result are the ones it returned then",
+                    "the other fields of this result are the ones it returned then", identity,
                 ),
             }
         elif structured is not None and (window or action.rule in ("model_key", "call_id")):
@@ -461,7 +477,8 @@ def IdempotencyMiddleware(  # noqa: N802 - a class factory: fastmcp is imported 
             # own key, its call id), which it may have meant as a new action, is answered as an
             # error that carries the notice and the result in text (as `idemgate mcp` does).
             first = _notice(
-                called, action, r.executed_at, "the result it returned then is given after this notice"
+                called, action, r.executed_at,
+                "the result it returned then is given after this notice", identity,
             )
             return ToolResult(
                 content=[TextContent(type="text", text=first), *blocks], meta=meta, is_error=True
@@ -585,7 +602,8 @@ def IdempotencyMiddleware(  # noqa: N802 - a class factory: fastmcp is imported 
             r = out.result
             if out.repeat_of is not None:
                 return replayed(
-                    out.repeat_of, called, action, True, getattr(tool, "output_schema", None)
+                    out.repeat_of, called, action, True, getattr(tool, "output_schema", None),
+                    out.identity,
                 )
             if first and r.executed:
                 return first[0]
