@@ -132,7 +132,9 @@ async function callOnce(engine, tool, action, args, fn, policy, signal) {
     return w.value;
   };
   try {
-    const r = await engine.call(tool, action.key, args, inKey, { ...overrides, signal });
+    // The scope goes on the record too (operators and `idemgate scan --records` see where the
+    // call was made); a key is not named by it.
+    const r = await engine.call(tool, action.key, args, inKey, { ...overrides, scope: action.scope, signal });
     return { result: r, repeatOf: w !== null && w.replayed ? w : null };
   } catch (e) {
     if (e instanceof NotApplied && refused !== null) throw refused;

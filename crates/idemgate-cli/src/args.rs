@@ -141,9 +141,12 @@ already answered without running it (its span says idemgate.verdict = replayed, 
 is listed as caught.
 
 Prints a table and a sentence per repeat (--json: one JSON object); --html PATH also writes one
-self-contained page with a timeline per conversation. Exit status: 0 nothing found, 1 a repeat
-that ran, 2 usage, 66 a file that could not be read or holds no trace. Parts of a file that
-cannot be read (a cut-off last line) are reported and skipped.";
+self-contained page with a timeline per conversation. Exit status: 0 nothing found (or only
+low-confidence re-plans, which are reported), 1 a repeat that ran found with medium or high
+confidence, 2 usage (a --config that cannot be read included), 66 a file that could not be read,
+is empty or holds no trace, 69 the store of --records could not be read, 73 the --html page could
+not be written. Parts of a file that cannot be read (a cut-off last line) are reported and
+skipped.";
 
 const SCAN_EXAMPLES: &str = "\
 Examples:

@@ -61,6 +61,10 @@ pub(crate) async fn run(cli: &Cli, args: &ScanArgs) -> Result<u8> {
             }
         };
         match idemgate_scan::read(&bytes, &name) {
+            Ok(read) if read.spans.is_empty() && read.skipped.is_empty() => {
+                eprintln!("idemgate: scan: {name}: holds no trace (it is empty)");
+                return Ok(exit::NO_INPUT);
+            }
             Ok(read) => {
                 inputs.spans += read.spans.len();
                 spans.extend(read.spans);
@@ -79,7 +83,13 @@ pub(crate) async fn run(cli: &Cli, args: &ScanArgs) -> Result<u8> {
             Ok(ctx) => ctx,
             Err(code) => return Ok(code),
         };
-        let records = all_records(&ctx).await?;
+        let records = match all_records(&ctx).await {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("idemgate: scan: failed to read the records: {e:#}");
+                return Ok(exit::STORE_UNAVAILABLE);
+            }
+        };
         inputs.records = Some(records.len());
         calls.extend(idemgate_scan::record_calls(&records, &rules));
     }
@@ -92,8 +102,10 @@ pub(crate) async fn run(cli: &Cli, args: &ScanArgs) -> Result<u8> {
     }
     let scan = idemgate_scan::scan(calls, &rules);
     if let Some(path) = &args.html {
-        std::fs::write(path, report::html(&scan, &inputs))
-            .with_context(|| format!("failed to write {}", path.display()))?;
+        if let Err(e) = std::fs::write(path, report::html(&scan, &inputs)) {
+            eprintln!("idemgate: scan: failed to write {}: {e}", path.display());
+            return Ok(exit::CANNOT_CREATE);
+        }
     }
     if cli.json {
         out::line(format_args!(
@@ -103,7 +115,7 @@ pub(crate) async fn run(cli: &Cli, args: &ScanArgs) -> Result<u8> {
     } else {
         out::bytes(report::text(&scan, &inputs).as_bytes());
     }
-    Ok(if scan.uncaught().next().is_some() {
+    Ok(if scan.fails() {
         exit::DUPLICATES_FOUND
     } else {
         0

@@ -114,6 +114,15 @@ fn files_that_hold_no_trace_exit_66_and_a_cut_line_is_reported() {
         text(&out.stderr)
     );
 
+    // Nothing at all is no trace either: a scan of an empty file must not pass a CI run.
+    let empty = dir.path().join("empty.jsonl");
+    std::fs::write(&empty, "").unwrap();
+    assert_eq!(
+        scan(&[empty.to_str().unwrap()], None).status.code(),
+        Some(66)
+    );
+    assert_eq!(scan(&["-"], Some(b"\n")).status.code(), Some(66));
+
     // A file whose writer died mid-line: what came before stands, the cut line is named.
     let cut = dir.path().join("cut.jsonl");
     let whole = line("conv", 1, "a", "{}", 1_800_000_000);
@@ -203,4 +212,33 @@ fn records_an_action_ran_under_two_keys() {
     // exec's tool, named a read, is not reported.
     let out = idemgate(&["scan", "--records", "--read", "exec"]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
+}
+
+#[test]
+fn a_re_plan_by_free_text_alone_is_reported_but_does_not_fail() {
+    let mail = |body: &str| serde_json::json!({"channel": "#deploys", "text": body}).to_string();
+    let trace = line(
+        "conv",
+        1,
+        "a",
+        &mail("Deploy of api v1.4 started just now"),
+        1_800_000_000,
+    ) + &line(
+        "conv",
+        2,
+        "b",
+        &mail("Deploy of api v1.4 finished in three minutes"),
+        1_800_000_004,
+    );
+    let out = scan(&["--json", "-"], Some(trace.as_bytes()));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["duplicates"][0]["source"], "re_plan");
+    assert_eq!(report["duplicates"][0]["confidence"], "low");
+    // Named by identity fields, the same re-plan is found with medium confidence: it fails.
+    let out = scan(
+        &["--identity", "charge=/channel", "-"],
+        Some(trace.as_bytes()),
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
 }

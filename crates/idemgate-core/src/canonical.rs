@@ -159,23 +159,52 @@ pub fn identity_pointer(field: &str) -> String {
 
 impl Fingerprint {
     /// The fingerprint of what `fields` (a tool's identity fields, see
-    /// [`crate::ToolPolicy::identity`]) pick out of `args`: the canonical text of the pairs of
-    /// each field and its value, in the order given. `None` when a field is missing: such a call
-    /// is named by all its arguments.
-    pub fn of_identity(args: &Value, fields: &[String]) -> Option<Self> {
-        let mut picked = Vec::with_capacity(fields.len());
+    /// [`crate::ToolPolicy::identity`]) pick out of the JSON text `args`: the canonical text of
+    /// the pairs of each field (as a JSON pointer, so `to` and `/to` are one field) and its
+    /// value (integers kept exact, as [`Fingerprint::of_json_text`] keeps them), in the fields'
+    /// order as pointers. `None` when the text is not JSON or a field is missing or `null` (a
+    /// model's strict schema sends every optional argument as `null`): such a call is named by
+    /// all its arguments.
+    pub fn of_identity(args: &[u8], fields: &[String]) -> Option<Self> {
+        let mut parser = Parser { s: args, at: 0 };
+        let tree = parser.value(0).ok()?;
+        let mut picked: Vec<(String, String)> = Vec::with_capacity(fields.len());
         for field in fields {
-            let value = args.pointer(&identity_pointer(field))?;
-            picked.push(Value::Array(vec![
-                Value::String(field.clone()),
-                value.clone(),
-            ]));
+            let pointer = identity_pointer(field);
+            let value = pick(&tree, &pointer)?;
+            if matches!(value, Tree::Literal("null")) {
+                return None;
+            }
+            let mut text = String::new();
+            write_tree(value, &mut text);
+            picked.push((pointer, text));
         }
-        // Told apart from any arguments' fingerprint: no arguments are this array.
+        picked.sort();
+        picked.dedup();
+        // Told apart from any arguments' fingerprint: no arguments' canonical text starts so.
         let mut text = String::from("idemgate-identity:");
-        write_value(&Value::Array(picked), &mut text);
+        for (pointer, value) in &picked {
+            write_string(pointer, &mut text);
+            text.push('=');
+            text.push_str(value);
+            text.push(';');
+        }
         Some(Self::of_bytes(text.as_bytes()))
     }
+}
+
+/// The value at the JSON pointer `pointer` (RFC 6901) of `tree`.
+fn pick<'t>(tree: &'t Tree, pointer: &str) -> Option<&'t Tree> {
+    let mut at = tree;
+    for token in pointer.strip_prefix('/')?.split('/') {
+        let token = token.replace("~1", "/").replace("~0", "~");
+        at = match at {
+            Tree::Object(members) => members.iter().find(|(k, _)| *k == token).map(|(_, v)| v)?,
+            Tree::Array(items) => items.get(token.parse::<usize>().ok()?)?,
+            _ => return None,
+        };
+    }
+    Some(at)
 }
 
 /// The canonical text of a JSON value.

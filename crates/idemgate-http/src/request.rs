@@ -115,9 +115,7 @@ pub(crate) fn call(
         .args_text(args)
         .map_err(|e| Problem::bad_request(e.to_string()))?;
     if !identity.is_empty() {
-        // Valid JSON: args_text read it.
-        let value: serde_json::Value = serde_json::from_slice(args).unwrap_or_default();
-        call = call.identity(&value, identity);
+        call = call.identity(args, identity);
     }
     let mut keys = headers.get_all(IDEMPOTENCY_KEY).iter();
     let first = keys.next();

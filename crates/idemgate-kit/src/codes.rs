@@ -112,6 +112,8 @@ pub mod exit {
     pub const NO_INPUT: u8 = 66;
     /// The store could not be opened or could not reserve the key; nothing ran.
     pub const STORE_UNAVAILABLE: u8 = 69;
+    /// An output file could not be written (`scan --html`).
+    pub const CANNOT_CREATE: u8 = 73;
     /// The MCP server could not be started, or did not answer (`mcp lint`).
     pub const SERVER_UNAVAILABLE: u8 = 69;
     /// The command ran but its outcome was recorded neither in the store nor in the journal.

@@ -272,9 +272,8 @@ impl Shared {
             if let Some(args) = &init.args_json {
                 call = call.args_text(args.as_bytes())?;
                 if init.key.is_none() && !policy.identity.is_empty() {
-                    // Valid JSON: args_text read it. The window names the action by these.
-                    let value: Value = serde_json::from_str(args).unwrap_or_default();
-                    call = call.identity(&value, &policy.identity);
+                    // The window names the action by these.
+                    call = call.identity(args.as_bytes(), &policy.identity);
                 }
             }
             if let Some(scope) = init.scope {

@@ -174,7 +174,7 @@ pub(crate) fn new_call(
     identity: &[String],
 ) -> PyResult<Call> {
     let identity_args = if key.is_none() && !identity.is_empty() && !args.is_none() {
-        Some(json_value(args)?)
+        Some(json_text(args)?)
     } else {
         None
     };
@@ -197,16 +197,16 @@ pub(crate) fn new_call(
             call = call.scope(scope);
         }
         if let Some(args) = &identity_args {
-            call = call.identity(args, identity);
+            call = call.identity(args.as_bytes(), identity);
         }
         Ok(call)
     };
     call().map_err(|e| engine_error(py, &e))
 }
 
-/// `args` as a JSON value, read from its text `json.dumps(args, default=repr)`, as its
-/// fingerprint is: for picking a tool's identity fields out of it.
-fn json_value(args: &Bound<'_, PyAny>) -> PyResult<serde_json::Value> {
+/// The JSON text `json.dumps(args, default=repr)` of `args`, the text their fingerprint is of
+/// (integers of any size kept exact): for picking a tool's identity fields out of it.
+fn json_text(args: &Bound<'_, PyAny>) -> PyResult<String> {
     let py = args.py();
     let kwargs = pyo3::types::PyDict::new(py);
     kwargs.set_item("default", py.import("builtins")?.getattr("repr")?)?;
@@ -214,10 +214,7 @@ fn json_value(args: &Bound<'_, PyAny>) -> PyResult<serde_json::Value> {
         .import("json")?
         .getattr("dumps")?
         .call((args,), Some(&kwargs))?;
-    let text = text.cast::<pyo3::types::PyString>()?.to_str()?.to_owned();
-    // json.dumps writes NaN and Infinity, which are not JSON: such arguments are refused by
-    // their fingerprint first; here they simply name nothing.
-    Ok(serde_json::from_str(&text).unwrap_or_default())
+    Ok(text.cast::<pyo3::types::PyString>()?.to_str()?.to_owned())
 }
 
 #[cfg(test)]

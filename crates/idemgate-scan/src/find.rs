@@ -41,15 +41,20 @@ const ARGUMENT_ATTRIBUTES: [&str; 2] = ["gen_ai.tool.call.arguments", "tool_argu
 /// The attributes that hold what a tool call returned, likewise.
 const RESULT_ATTRIBUTES: [&str; 2] = ["gen_ai.tool.call.result", "tool_response"];
 
-/// Verdicts (`idemgate.verdict`) of a call whose side effect ran; any other verdict means the
-/// gate answered without running it.
-const RAN: [&str; 6] = [
+/// Verdicts (`idemgate.verdict`) of a call whose side effect ran, or may have: any other verdict
+/// means the gate answered without running it. `unknown` is both a duplicate that found an
+/// unknown record and a call that ran here with an ambiguous outcome; the span does not tell
+/// them apart, so it counts as run: a duplicate is never hidden for being caught when it may
+/// not have been.
+const RAN: [&str; 8] = [
     "execute",
     "executed",
     "pass_through",
     "lease_lost",
     "unrecorded",
     "not_applied",
+    "journal_failed",
+    "unknown",
 ];
 
 /// One tool call, as its spans tell it.
@@ -284,6 +289,12 @@ impl Scan {
     pub fn uncaught(&self) -> impl Iterator<Item = &Finding> {
         self.findings.iter().filter(|f| !f.caught)
     }
+
+    /// Whether a repeat that ran is found with at least medium confidence: what fails a CI run
+    /// (a low-confidence re-plan, by free text alone, is reported but does not).
+    pub fn fails(&self) -> bool {
+        self.uncaught().any(|f| f.confidence >= Confidence::Medium)
+    }
 }
 
 /// The tool calls of `spans`, folded and ordered by start.
@@ -381,16 +392,36 @@ pub fn calls(spans: &[Span], rules: &Rules) -> Vec<Call> {
 /// its side effect may have happened.
 pub fn record_calls(records: &[Record], rules: &Rules) -> Vec<Call> {
     let millis_ns = |t: Timestamp| u64::try_from(t.as_millis()).unwrap_or(0) * 1_000_000;
-    let mut calls: Vec<Call> = records
+    // Each record as a call, and for a window's record (keyed `fallback-…`) until when the
+    // window answered repeats of its action.
+    let mut calls: Vec<(Call, Option<u64>)> = records
         .iter()
         .map(|r| {
-            let (end, error) = match &r.state {
-                RecordState::Completed { completed_at, .. }
-                | RecordState::Expired { completed_at, .. } => (*completed_at, None),
-                RecordState::Unknown { since } => (*since, Some("outcome unknown".to_owned())),
-                RecordState::InFlight { .. } => (r.created_at, Some("in flight".to_owned())),
+            let (end, error, until) = match &r.state {
+                RecordState::Completed {
+                    completed_at,
+                    expires_at,
+                    ..
+                } => (*completed_at, None, *expires_at),
+                RecordState::Expired {
+                    completed_at,
+                    expired_at,
+                    ..
+                } => (*completed_at, None, *expired_at),
+                RecordState::Unknown { since } => {
+                    (*since, Some("outcome unknown".to_owned()), *since)
+                }
+                RecordState::InFlight { .. } => {
+                    (r.created_at, Some("in flight".to_owned()), r.created_at)
+                }
             };
-            Call {
+            let window = r
+                .key
+                .key
+                .as_str()
+                .starts_with(idemgate_core::key::FALLBACK_PREFIX)
+                .then(|| millis_ns(until.max(r.created_at)));
+            let call = Call {
                 tool: r.key.tool.as_str().to_owned(),
                 call_id: Some(r.key.key.as_str().to_owned()),
                 conversation: r.scope.as_deref().map(str::to_owned),
@@ -407,11 +438,62 @@ pub fn record_calls(records: &[Record], rules: &Rules) -> Vec<Call> {
                 error,
                 read: (rules.is_read)(r.key.tool.as_str()),
                 origin: "records".to_owned(),
-            }
+            };
+            (call, window)
         })
         .collect();
-    calls.sort_by(|a, b| (a.start_ns, &a.call_id).cmp(&(b.start_ns, &b.call_id)));
-    calls
+    calls.sort_by(|(a, _), (b, _)| (a.start_ns, &a.call_id).cmp(&(b.start_ns, &b.call_id)));
+    windows_folded(calls)
+}
+
+/// A door that names a call by its call id keeps the re-emission window's record inside the call
+/// id's (`idemgate mcp`, the packages' integrations): the records of one action are the call
+/// id's and the window's, keyed `fallback-…`. The window's is dropped: it is the call's own, not
+/// a second run. A later call id's record of the same action made while the window still
+/// answered was the window's replay (the call id's record stores the replayed outcome): it is
+/// marked `replayed`, a repeat caught, not a run.
+fn windows_folded(calls: Vec<(Call, Option<u64>)>) -> Vec<Call> {
+    let same = |a: &Call, b: &Call| {
+        a.tenant == b.tenant
+            && a.conversation == b.conversation
+            && a.tool == b.tool
+            && a.fingerprint == b.fingerprint
+    };
+    let windows: Vec<(&Call, u64)> = calls
+        .iter()
+        .filter_map(|(c, until)| until.map(|u| (c, u)))
+        .collect();
+    let folded: Vec<Option<Call>> = calls
+        .iter()
+        .map(|(c, until)| {
+            if until.is_some() {
+                return None;
+            }
+            let mut c = c.clone();
+            let holds = |w: &Call| c.start_ns <= w.start_ns && w.start_ns <= c.end_ns;
+            let answered = windows.iter().any(|(w, until)| {
+                same(w, &c) && !holds(w) && w.start_ns <= c.start_ns && c.start_ns <= *until
+            });
+            if answered {
+                c.verdict = Some("replayed".to_owned());
+            }
+            Some(c)
+        })
+        .collect();
+    // A window's record that no call id's holds is a call the window alone named: kept.
+    let kept_windows: Vec<Call> = calls
+        .iter()
+        .filter(|(w, until)| {
+            until.is_some()
+                && !calls.iter().any(|(c, u)| {
+                    u.is_none() && same(c, w) && c.start_ns <= w.start_ns && w.start_ns <= c.end_ns
+                })
+        })
+        .map(|(w, _)| w.clone())
+        .collect();
+    let mut out: Vec<Call> = folded.into_iter().flatten().chain(kept_windows).collect();
+    out.sort_by(|a, b| (a.start_ns, &a.call_id).cmp(&(b.start_ns, &b.call_id)));
+    out
 }
 
 fn returned(span: &Span) -> bool {
@@ -649,7 +731,8 @@ fn same_identity(a: &Value, b: &Value, pointers: &[String]) -> Option<String> {
     for field in pointers {
         let pointer = identity_pointer(field);
         let (x, y) = (a.pointer(&pointer)?, b.pointer(&pointer)?);
-        if canonicalize(x) != canonicalize(y) {
+        // Null is absent, as the gate reads identity fields.
+        if x.is_null() || canonicalize(x) != canonicalize(y) {
             return None;
         }
         names.push(field.trim_start_matches('/').replace('/', "."));

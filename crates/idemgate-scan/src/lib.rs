@@ -331,6 +331,62 @@ mod tests {
     }
 
     #[test]
+    fn records_fold_a_call_ids_window_and_a_repeat_the_window_answered() {
+        use idemgate_core::{
+            Fingerprint, IdempotencyKey, Key, Outcome, Record, RecordState, TenantId, Timestamp,
+            ToolName,
+        };
+        let (tenant, tool) = (
+            TenantId::new("acme").unwrap(),
+            ToolName::new("mcp/charge").unwrap(),
+        );
+        let args = Fingerprint::of_json(&json!({"card": "c"}));
+        let s = |secs: i64| Timestamp::from_millis(secs * 1000);
+        let record = |key: Key, from: i64, to: i64, expires: i64| Record {
+            key,
+            fingerprint: args,
+            fence: 1,
+            created_at: s(from),
+            scope: Some("conversation:c1".into()),
+            state: RecordState::Completed {
+                outcome: Outcome::success(b"ok".to_vec()),
+                completed_at: s(to),
+                expires_at: s(expires),
+                retain_until: s(expires),
+            },
+        };
+        let keyed = |k: &str| {
+            Key::new(
+                tenant.clone(),
+                tool.clone(),
+                IdempotencyKey::explicit(k).unwrap(),
+            )
+        };
+        let window = Key::fallback(tenant.clone(), tool.clone(), &args);
+        let records = [
+            // call_1 ran, with the window's record inside it (answering until 1060 s).
+            record(keyed("c1:call_1"), 1000, 1002, 87400),
+            record(window, 1000, 1001, 1060),
+            // call_2, within the window: the window's replay, stored under call_2's key.
+            record(keyed("c1:call_2"), 1010, 1010, 87410),
+            // call_3, after the window: ran again.
+            record(keyed("c1:call_3"), 1200, 1201, 87600),
+        ];
+        let rules = Rules::default();
+        let s = scan(record_calls(&records, &rules), &rules);
+        assert_eq!(s.calls.len(), 3, "the window's record is its call id's own");
+        assert_eq!(
+            sources(&s),
+            [
+                (Source::ModelReEmission, "c1:call_2".into(), true),
+                (Source::ModelReEmission, "c1:call_3".into(), false),
+            ]
+        );
+        assert_eq!(s.findings[1].confidence, Confidence::Medium);
+        assert!(s.fails());
+    }
+
+    #[test]
     fn distinct_actions_are_not_flagged() {
         let mut t = T::new();
         t.agent("t1", "a", "conv-1")
@@ -554,6 +610,10 @@ mod tests {
         assert_eq!(s.repeated_reads[0].group, Group::Trace { id: "t1".into() });
     }
 
+    fn args2() -> Value {
+        json!({"card": "c-2"})
+    }
+
     #[test]
     fn reports_say_what_was_found() {
         let args = json!({"card": "c-1"});
@@ -597,6 +657,36 @@ mod tests {
         assert_eq!(j["duplicates"][0]["source"], "model_re_emission");
         assert_eq!(j["duplicates"][0]["duplicate"]["call_id"], "x2");
         assert_eq!(j["duplicates"][0]["gap_ms"], 5000.0);
+        // Trace text reaches a terminal without its control characters.
+        let mut hostile = T::new();
+        hostile
+            .agent("t1", "a", "conv")
+            .tool(
+                "t1",
+                "s1",
+                Some("a"),
+                "charge\u{1b}[2J",
+                Some("x1"),
+                Some(args2()),
+                (1, 2),
+                &[],
+            )
+            .tool(
+                "t1",
+                "s2",
+                Some("a"),
+                "charge\u{1b}[2J",
+                Some("x2\nforged"),
+                Some(args2()),
+                (6, 7),
+                &[],
+            );
+        let shown = report::text(&hostile.scan(&Rules::default()), &inputs);
+        assert!(
+            !shown.contains('\u{1b}') && !shown.contains("\nforged"),
+            "{shown}"
+        );
+        assert!(shown.contains("charge\u{fffd}[2J"), "{shown}");
         let page = report::html(&s, &inputs);
         assert!(page.contains("conversation conv &lt;1&gt;"), "escaped");
         assert!(!page.contains("<script"));

@@ -87,6 +87,14 @@ fn plural(n: usize) -> &'static str {
     }
 }
 
+/// Text from a trace for a terminal: its control characters (an escape sequence a hostile trace
+/// would send the terminal, a newline that would break the table) shown as U+FFFD.
+fn clean(s: &str) -> String {
+    s.chars()
+        .map(|c| if c.is_control() { '\u{fffd}' } else { c })
+        .collect()
+}
+
 /// The readable report: the summary, a table of the repeats that ran, one sentence each, then
 /// what a gate caught, the repeated reads and what could not be read.
 pub fn text(scan: &Scan, inputs: &Inputs) -> String {
@@ -99,8 +107,7 @@ pub fn text(scan: &Scan, inputs: &Inputs) -> String {
         out.push('\n');
         for f in &uncaught {
             let d = &scan.calls[f.duplicate];
-            let _ = writeln!(
-                out,
+            let line = format!(
                 "{} {} in {}: {} ({})",
                 d.tool,
                 call_name(d),
@@ -108,6 +115,7 @@ pub fn text(scan: &Scan, inputs: &Inputs) -> String {
                 f.why,
                 d.origin
             );
+            let _ = writeln!(out, "{}", clean(&line));
         }
     }
     let caught: Vec<&Finding> = scan.findings.iter().filter(|f| f.caught).collect();
@@ -124,7 +132,8 @@ pub fn text(scan: &Scan, inputs: &Inputs) -> String {
             "\nReads called again with the same arguments (not side effects):"
         );
         for r in &scan.repeated_reads {
-            let _ = writeln!(out, "  {} in {}: {} calls", r.tool, r.group, r.calls.len());
+            let line = format!("{} in {}: {} calls", r.tool, r.group, r.calls.len());
+            let _ = writeln!(out, "  {}", clean(&line));
         }
     }
     if scan.without_arguments > 0 {
@@ -136,7 +145,7 @@ pub fn text(scan: &Scan, inputs: &Inputs) -> String {
         );
     }
     for (at, why) in &inputs.skipped {
-        let _ = writeln!(out, "Skipped {at}: {why}");
+        let _ = writeln!(out, "Skipped {}", clean(&format!("{at}: {why}")));
     }
     out
 }
@@ -168,6 +177,7 @@ fn table(out: &mut String, scan: &Scan, findings: &[&Finding]) {
                 f.source.label().to_owned(),
                 format!("{:?}", f.confidence).to_lowercase(),
             ]
+            .map(|cell| clean(&cell))
         })
         .collect();
     let mut widths = header.map(str::len);
@@ -289,8 +299,10 @@ pub fn html(scan: &Scan, inputs: &Inputs) -> String {
             .map(|&i| scan.calls[i].end_ns)
             .max()
             .unwrap_or(start)
-            .max(start + 1);
-        let scale = |ns: u64| (ns.saturating_sub(start)) as f64 * 100.0 / (end - start) as f64;
+            .max(start.saturating_add(1));
+        let scale = |ns: u64| {
+            (ns.saturating_sub(start)) as f64 * 100.0 / end.saturating_sub(start).max(1) as f64
+        };
         let _ = write!(
             page,
             "<h2>{}</h2><p class=\"muted\">from {} for {}</p><table><tr><th>at</th><th>tool</th><th>call</th><th>timeline</th><th>took</th><th>what it was</th></tr>",

@@ -81,10 +81,11 @@ impl Call {
     }
 
     /// Names the action by the tool's identity fields (`fields`, [`ToolPolicy::identity`]) of
-    /// `args`, for the fallback window: a call that rewords its other arguments (a re-planned
-    /// mail's body) within the window is then the same action. A call that lacks a field, or a
-    /// tool without them, keeps being named by all its arguments.
-    pub fn identity(mut self, args: &Value, fields: &[String]) -> Self {
+    /// the arguments' JSON text `args`, for the fallback window: a call that rewords its other
+    /// arguments (a re-planned mail's body) within the window is then the same action. A call
+    /// that lacks a field (or sends it `null`), or a tool without them, keeps being named by all
+    /// its arguments ([`Fingerprint::of_identity`]).
+    pub fn identity(mut self, args: &[u8], fields: &[String]) -> Self {
         self.identity = if fields.is_empty() {
             None
         } else {

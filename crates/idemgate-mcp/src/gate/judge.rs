@@ -227,10 +227,8 @@ impl<S: Store> Judge<S> {
             .args_text(text.get().as_bytes())
             .map_err(|e| format!("the arguments are not valid JSON: {e}."))?;
         if !identity.is_empty() {
-            // The window names the action by the tool's identity fields (args_text read the
-            // arguments as JSON already).
-            let value: serde_json::Value = serde_json::from_str(text.get()).unwrap_or_default();
-            call = call.identity(&value, identity);
+            // The window names the action by the tool's identity fields.
+            call = call.identity(text.get().as_bytes(), identity);
         }
         // The scope: the conversation the client names, else this session, else (a request of
         // a sessionless client) the request itself: a model's key or the window never reaches

@@ -354,7 +354,9 @@ def call_sync(
     window = window_of(engine, tool, overrides, action)
     if not window:
         return Outcome(
-            engine.call(tool, action.key, args, fn, call_id=action.call_id, **overrides), None
+            engine.call(
+                tool, action.key, args, fn, scope=action.scope, call_id=action.call_id, **overrides
+            ), None
         )
     in_window = dict(overrides, fallback_window=window)
     w = _Window(identity_of(engine, tool, overrides))
@@ -374,7 +376,11 @@ def call_sync(
         return w.run(lambda: windowed(functools.partial(_keyed, _CURRENT_KEY.get(), fn)))
 
     try:
-        r = engine.call(tool, action.key, args, in_key, call_id=action.call_id, **overrides)
+        # The scope goes on the record too: operators (and `idemgate scan --records`) see which
+        # conversation it was made in; a key is not named by it.
+        r = engine.call(
+            tool, action.key, args, in_key, scope=action.scope, call_id=action.call_id, **overrides
+        )
     except NotApplied:
         if w.refused is None:
             raise  # the function's own: nothing happened
@@ -414,7 +420,13 @@ async def call_async(
         if not window:
             return Outcome(
                 await engine.acall(
-                    tool, action.key, args, lambda: _awaited(fn), call_id=action.call_id, **overrides
+                    tool,
+                    action.key,
+                    args,
+                    lambda: _awaited(fn),
+                    scope=action.scope,
+                    call_id=action.call_id,
+                    **overrides,
                 ),
                 None,
             )
@@ -423,7 +435,7 @@ async def call_async(
             return w.outcome(r)
         try:
             r = await engine.acall(
-                tool, action.key, args, in_key, call_id=action.call_id, **overrides
+                tool, action.key, args, in_key, scope=action.scope, call_id=action.call_id, **overrides
             )
         except NotApplied:
             if w.refused is None:
