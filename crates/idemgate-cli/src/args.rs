@@ -127,8 +127,9 @@ when (in this order):
   model re-emission   the same tool and arguments under a new call id, within --window (high
                       confidence within 60 s, the gate's own window; medium beyond);
   re-plan             the arguments that name the action agree and the rest was reworded: the
-                      tool's --identity fields agree (medium), or, without them, the arguments
-                      differ only in free text (low).
+                      tool's identity fields (--identity, or `identity` in the --config file)
+                      agree (medium), or, without them, the arguments differ only in free text
+                      (low).
 
 With --records, idemgate's own records (the store of --store) are read as well: two records of
 one tenant, tool and scope with the same arguments are an action that ran under two keys, which
