@@ -20,6 +20,8 @@ export const MAIL = Object.freeze({ to: 'ann@example.com', subject: 'invoice' })
 
 /** What the model reads for a call taken for a re-emission of an identical one. */
 const REPEAT = /idemgate: an identical call of this tool .* was not run again/;
+/** What the model reads for a call taken for a re-plan of an action its identity fields name. */
+const REPLAN = /idemgate: an action of this tool with the same to, subject \(the arguments that name it.* was not run again/;
 /** What the model reads for any answer that did not run the tool now. */
 const TOLD = /idemgate: /;
 /** What the model reads for a retry after the TTL (the kit's words for an expired outcome): it
@@ -63,6 +65,21 @@ export const CASES = [
       assert.equal(w.sent(), 1, texts.join('\n'));
       assert.doesNotMatch(texts[0], TOLD);
       assert.match(texts[1], REPEAT);
+    },
+  },
+  {
+    id: 'replanned',
+    what: "a re-plan under a new id: the same `to` and `subject` (the tool's `identity`), the body reworded",
+    want: '1, the model told which fields named it',
+    async run(door) {
+      const w = await door.open({ identity: ['to', 'subject'] });
+      const texts = await w.conversation().turn([
+        call('call-1', { body: 'Hello Ann, your invoice is attached.' }),
+        call('call-2', { body: 'Dear Ann, please find the invoice attached.' }),
+      ]);
+      assert.equal(w.sent(), 1, texts.join('\n'));
+      assert.doesNotMatch(texts[0], TOLD);
+      assert.match(texts[1], REPLAN);
     },
   },
   {
@@ -204,6 +221,7 @@ export const DOORS = {
     impossible: {
       resent: 'each call is its own invocation, so it runs again (2 mails); name the conversation or pass `scope`',
       reemitted: 'each call is its own invocation, never joined to another (2 mails); name the conversation or pass `scope`',
+      replanned: 'each call is its own invocation, so there is no window to compare identity fields in (2 mails); name the conversation or pass `scope`',
       deliberate: 'there is no notice to follow: nothing is taken for a repeat without a conversation',
       expired: 'each call is its own invocation, so the retry runs again (2 mails), as any re-sent call does; name the conversation or pass `scope`',
     },

@@ -20,7 +20,8 @@ import { unique, within } from './helpers.mjs';
 
 setTracingDisabled(true);
 
-const schema = z.object({ to: z.string(), subject: z.string() });
+// `body`: what a re-plan rewords (the `replanned` case); absent elsewhere.
+const schema = z.object({ to: z.string(), subject: z.string(), body: z.string().nullish() });
 const asText = (v) => (typeof v === 'string' ? v : JSON.stringify(v));
 /** The call a turn's entry names, given the texts the model read so far. */
 const next = (entry, texts) => (typeof entry === 'function' ? entry(texts) : entry);

@@ -37,6 +37,11 @@ ARGS = {"item": "book", "quantity": 1}
 TTL = 0.3
 PAST_TTL = TTL + 0.3
 
+#: The case of a re-plan: the arguments that name the tool's action, and two wordings of the free
+#: text beside them (what a guardrail's retry rewrites).
+IDENTITY = ("item", "quantity")
+NOTES = ("Gift wrap it, please: it is a present.", "Please wrap it as a present, it is a gift.")
+
 
 @dataclass(frozen=True)
 class Outcome:
@@ -75,6 +80,12 @@ CASES = [
     Case(
         "new_call_id",
         "the identical call re-emitted under a new call id in the conversation (after a timeout)",
+        Outcome(1, "model"),
+    ),
+    Case(
+        "replan",
+        "a re-plan under a new call id: the same `item` and `quantity` (the tool's `identity`), "
+        "its `note` reworded",
         Outcome(1, "model"),
     ),
     Case(
@@ -150,6 +161,7 @@ STAMPS: dict[str, dict[str, tuple[Outcome, str]]] = {
     "LangChain tools (no config)": {
         "same_call_id": (Outcome(2), _BARE),
         "new_call_id": (Outcome(2), _BARE),
+        "replan": (Outcome(2), _BARE),
         "deliberate_repeat": (Outcome(3), _BARE),
         "reused_call_id": (Outcome(2), _BARE_OWN),
         "reused_model_key": (Outcome(2), _BARE_OWN),
@@ -190,8 +202,8 @@ class Answer:
 
 
 class Driver(Protocol):
-    """A framework driven by its fake model, with a tool ``buy`` (record ``billing.buy``) made
-    with the integration's default options (and ``key=`` when a case names the action, the
+    """A framework driven by its fake model, with a tool ``buy(item, quantity, note=None)``
+    (record ``billing.buy``; ``note`` is free text) made with the integration's default options (and ``key=`` when a case names the action, the
     policy fields a case sets, such as ``ttl``, as the integration takes them)."""
 
     #: The side effects, one per execution.
@@ -226,7 +238,11 @@ def _business_key(args: dict[str, Any], ctx: Any) -> str:
 
 def play(case: Case, make: Make, engine: Any) -> tuple[Outcome, list[Answer]]:
     """Plays ``case`` against a new driver; its outcome and every answer."""
-    policy = {"ttl": TTL} if case.id == "after_ttl" else {}
+    policy: dict[str, Any] = {}
+    if case.id == "after_ttl":
+        policy = {"ttl": TTL}
+    elif case.id == "replan":
+        policy = {"identity": IDENTITY}
     d = make(engine, _business_key if case.id == "business_key" else None, **policy)
     conv = d.conversation()
     answers: list[Answer] = []
@@ -240,6 +256,9 @@ def play(case: Case, make: Make, engine: Any) -> tuple[Outcome, list[Answer]]:
     elif case.id == "new_call_id":
         turn(conv, Call("call_1"))
         turn(conv, Call("call_2"))
+    elif case.id == "replan":
+        turn(conv, Call("call_1", dict(ARGS, note=NOTES[0])))
+        turn(conv, Call("call_2", dict(ARGS, note=NOTES[1])))
     elif case.id in ("two_conversations", "business_key"):
         turn(conv, Call("call_1"))
         turn(d.conversation(), Call("call_1"))

@@ -255,7 +255,12 @@ class SameAction:
         self.executions: list[Any] = []
 
         @idempotent_tool(engine, tool=same_action.RECORD, key=key, **policy)
-        def buy(item: str, quantity: int, tool_call_id: Annotated[str, InjectedToolCallId]) -> str:
+        def buy(
+            item: str,
+            quantity: int,
+            tool_call_id: Annotated[str, InjectedToolCallId],
+            note: str | None = None,
+        ) -> str:
             """Buys an item."""
             self.executions.append(item)
             return f"bought {quantity} {item}, order #{len(self.executions)}"

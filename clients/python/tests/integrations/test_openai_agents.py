@@ -346,7 +346,7 @@ class SameAction:
         @idempotent_function_tool(
             engine, tool=same_action.RECORD, key=key, name_override=same_action.TOOL, **policy
         )
-        def purchase(ctx: ToolContext, item: str, quantity: int) -> str:
+        def purchase(ctx: ToolContext, item: str, quantity: int, note: str | None = None) -> str:
             """Buys an item."""
             self.executions.append(item)
             return f"bought {quantity} {item}, order #{len(self.executions)}"

@@ -278,7 +278,9 @@ class SameAction:
         # Registered as `buy` (the name the model calls): a notice names that, not the
         # function's name nor the record's.
         @idempotent_tool(engine, tool=same_action.RECORD, key=key, **policy)
-        def purchase(ctx: RunContext[None], item: str, quantity: int) -> str:
+        def purchase(
+            ctx: RunContext[None], item: str, quantity: int, note: str | None = None
+        ) -> str:
             """Buys an item."""
             self.executions.append(item)
             return f"bought {quantity} {item}, order #{len(self.executions)}"

@@ -52,7 +52,7 @@ LOG = sys.argv[1]
 
 
 @mcp.tool
-def buy(item: str, quantity: int) -> str:
+def buy(item: str, quantity: int, note: str | None = None) -> str:
     """Buys an item."""
     with open(LOG, "a") as f:
         f.write(item + "\\n")
@@ -137,7 +137,7 @@ class ThroughMiddleware(_Client):
         self.server.add_middleware(IdempotencyMiddleware(engine, {"buy": Policy(wait=30, **policy)}))
 
         @self.server.tool
-        def buy(item: str, quantity: int) -> str:
+        def buy(item: str, quantity: int, note: str | None = None) -> str:
             """Buys an item."""
             self.executions.append(item)
             return f"bought {quantity} {item}, order #{len(self.executions)}"
@@ -151,16 +151,27 @@ class ThroughProxy(_Client):
     ``ttl`` in a configuration file when a case sets it): a proxy process per run (as a client
     that starts its servers per run does), one store."""
 
-    def __init__(self, engine: Engine, key: Any, ttl: float | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        key: Any,
+        ttl: float | None = None,
+        identity: tuple[str, ...] | None = None,
+    ) -> None:
         self.key = key
         self.dir = Path(tempfile.mkdtemp(prefix="idemgate-same-action-"))
         weakref.finalize(self, shutil.rmtree, self.dir, True)  # the store and logs go with it
         (self.dir / "server.py").write_text(SERVER)
         self.log = self.dir / "bought"
         self.config: list[str] = []
+        # A table is the tool's whole policy: a write, the default tombstone, what the case sets.
+        table = []
         if ttl is not None:
-            # A table is the tool's whole policy: a write, the default tombstone.
-            (self.dir / "idemgate.toml").write_text(f'[tools.buy]\nttl = "{round(ttl * 1000)}ms"\n')
+            table.append(f'ttl = "{round(ttl * 1000)}ms"')
+        if identity is not None:
+            table.append("identity = [" + ", ".join(f'"{f}"' for f in identity) + "]")
+        if table:
+            (self.dir / "idemgate.toml").write_text("[tools.buy]\n" + "\n".join(table) + "\n")
             self.config = ["--config", str(self.dir / "idemgate.toml")]
 
     @property  # type: ignore[override]

@@ -241,7 +241,7 @@ class SameAction:
         self.executions: list[Any] = []
 
         @idempotent_tool(engine, tool=same_action.RECORD, key=key, **policy)
-        def buy(item: str, quantity: int) -> str:
+        def buy(item: str, quantity: int, note: str | None = None) -> str:
             """Buys an item."""
             self.executions.append(item)
             return f"bought {quantity} {item}, order #{len(self.executions)}"
