@@ -19,6 +19,13 @@ pub(crate) fn bytes(b: &[u8]) {
     done(out.write_all(b).and_then(|()| out.flush()));
 }
 
+/// Writes what `write` writes, buffered: for output too large to build first (`scan --json`).
+pub(crate) fn stream(write: impl FnOnce(&mut dyn std::io::Write) -> std::io::Result<()>) {
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    let written = write(&mut out);
+    done(written.and_then(|()| out.flush()));
+}
+
 /// Ends the process quietly when the reader went away; other write errors are ignored as a
 /// closed terminal is (what was to be recorded is recorded already).
 fn done(written: std::io::Result<()>) {

@@ -108,10 +108,10 @@ pub(crate) async fn run(cli: &Cli, args: &ScanArgs) -> Result<u8> {
         }
     }
     if cli.json {
-        out::line(format_args!(
-            "{}",
-            serde_json::to_string_pretty(&report::json(&scan, &inputs))?
-        ));
+        out::stream(|w| {
+            report::write_json(&scan, &inputs, &mut *w)?;
+            w.write_all(b"\n")
+        });
     } else {
         out::bytes(report::text(&scan, &inputs).as_bytes());
     }

@@ -6,7 +6,8 @@ use std::fmt::Write as _;
 
 use idemgate_core::Timestamp;
 use idemgate_kit::html::escape as esc;
-use serde_json::{json, Value};
+use serde::Serialize;
+use serde_json::Value;
 
 use crate::find::{duration_text, Call, Finding, Group, Scan};
 
@@ -203,57 +204,155 @@ fn table(out: &mut String, scan: &Scan, findings: &[&Finding]) {
     }
 }
 
-fn call_json(call: &Call) -> Value {
-    json!({
-        "tool": call.tool,
-        "call_id": call.call_id,
-        "conversation": call.conversation,
-        "trace_id": call.trace_id,
-        "span_id": call.span_id,
-        "start": instant(call.start_ns),
-        "end": instant(call.end_ns),
-        "start_unix_nano": call.start_ns.to_string(),
-        "duration_ms": (call.end_ns - call.start_ns) as f64 / 1e6,
-        "arguments": call.arguments,
-        "verdict": call.verdict,
-        "error": call.error,
-        "origin": call.origin,
-    })
+/// One call as the JSON report shows it.
+#[derive(Serialize)]
+struct CallView<'a> {
+    tool: &'a str,
+    call_id: Option<&'a str>,
+    conversation: Option<&'a str>,
+    trace_id: &'a str,
+    span_id: &'a str,
+    start: String,
+    end: String,
+    start_unix_nano: String,
+    duration_ms: f64,
+    arguments: Option<&'a Value>,
+    verdict: Option<&'a str>,
+    error: Option<&'a str>,
+    origin: &'a str,
 }
 
-/// The report as one JSON object.
-pub fn json(scan: &Scan, inputs: &Inputs) -> Value {
-    let finding = |f: &Finding| {
-        json!({
-            "tool": scan.calls[f.duplicate].tool,
-            "group": scan.calls[f.duplicate].group(),
-            "source": f.source,
-            "confidence": f.confidence,
-            "caught": f.caught,
-            "gap_ms": f.gap_ns as f64 / 1e6,
-            "why": f.why,
-            "first": call_json(&scan.calls[f.first]),
-            "previous": call_json(&scan.calls[f.previous]),
-            "duplicate": call_json(&scan.calls[f.duplicate]),
-        })
+fn call_view(call: &Call) -> CallView<'_> {
+    CallView {
+        tool: &call.tool,
+        call_id: call.call_id.as_deref(),
+        conversation: call.conversation.as_deref(),
+        trace_id: &call.trace_id,
+        span_id: &call.span_id,
+        start: instant(call.start_ns),
+        end: instant(call.end_ns),
+        start_unix_nano: call.start_ns.to_string(),
+        duration_ms: call.end_ns.saturating_sub(call.start_ns) as f64 / 1e6,
+        arguments: call.arguments.as_ref(),
+        verdict: call.verdict.as_deref(),
+        error: call.error.as_deref(),
+        origin: &call.origin,
+    }
+}
+
+/// One finding as the JSON report shows it.
+#[derive(Serialize)]
+struct FindingView<'a> {
+    tool: &'a str,
+    group: Group,
+    source: crate::find::Source,
+    confidence: crate::find::Confidence,
+    caught: bool,
+    gap_ms: f64,
+    why: &'a str,
+    first: CallView<'a>,
+    previous: CallView<'a>,
+    duplicate: CallView<'a>,
+}
+
+#[derive(Serialize)]
+struct ReadView<'a> {
+    tool: &'a str,
+    group: &'a Group,
+    calls: Lazy<'a, CallView<'a>>,
+}
+
+#[derive(Serialize)]
+struct SkippedView<'a> {
+    at: &'a str,
+    why: &'a str,
+}
+
+/// A JSON array written item by item as it is serialized, never held whole: a scan of a large
+/// file can find a hundred thousand repeats, each with its calls.
+struct Lazy<'a, T>(Box<dyn Fn() -> Box<dyn Iterator<Item = T> + 'a> + 'a>);
+
+impl<T: Serialize> Serialize for Lazy<'_, T> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq((self.0)())
+    }
+}
+
+#[derive(Serialize)]
+struct ReportView<'a> {
+    summary: String,
+    duplicates: Lazy<'a, FindingView<'a>>,
+    caught: Lazy<'a, FindingView<'a>>,
+    repeated_reads: Lazy<'a, ReadView<'a>>,
+    tool_calls: usize,
+    reads: usize,
+    writes_without_arguments: usize,
+    files: &'a [String],
+    spans: usize,
+    records: Option<usize>,
+    skipped: Lazy<'a, SkippedView<'a>>,
+}
+
+fn view<'a>(scan: &'a Scan, inputs: &'a Inputs) -> ReportView<'a> {
+    let finding = move |f: &'a Finding| {
+        let d = &scan.calls[f.duplicate];
+        FindingView {
+            tool: &d.tool,
+            group: d.group(),
+            source: f.source,
+            confidence: f.confidence,
+            caught: f.caught,
+            gap_ms: f.gap_ns as f64 / 1e6,
+            why: &f.why,
+            first: call_view(&scan.calls[f.first]),
+            previous: call_view(&scan.calls[f.previous]),
+            duplicate: call_view(d),
+        }
     };
-    json!({
-        "summary": summary(scan, inputs),
-        "duplicates": scan.uncaught().map(finding).collect::<Vec<_>>(),
-        "caught": scan.findings.iter().filter(|f| f.caught).map(finding).collect::<Vec<_>>(),
-        "repeated_reads": scan.repeated_reads.iter().map(|r| json!({
-            "tool": r.tool,
-            "group": r.group,
-            "calls": r.calls.iter().map(|&i| call_json(&scan.calls[i])).collect::<Vec<_>>(),
-        })).collect::<Vec<_>>(),
-        "tool_calls": scan.calls.len(),
-        "reads": scan.calls.iter().filter(|c| c.read).count(),
-        "writes_without_arguments": scan.without_arguments,
-        "files": inputs.files,
-        "spans": inputs.spans,
-        "records": inputs.records,
-        "skipped": inputs.skipped.iter().map(|(at, why)| json!({"at": at, "why": why})).collect::<Vec<_>>(),
-    })
+    ReportView {
+        summary: summary(scan, inputs),
+        duplicates: Lazy(Box::new(move || Box::new(scan.uncaught().map(finding)))),
+        caught: Lazy(Box::new(move || {
+            Box::new(scan.findings.iter().filter(|f| f.caught).map(finding))
+        })),
+        repeated_reads: Lazy(Box::new(move || {
+            Box::new(scan.repeated_reads.iter().map(move |r| ReadView {
+                tool: &r.tool,
+                group: &r.group,
+                calls: Lazy(Box::new(move || {
+                    Box::new(r.calls.iter().map(move |&i| call_view(&scan.calls[i])))
+                })),
+            }))
+        })),
+        tool_calls: scan.calls.len(),
+        reads: scan.calls.iter().filter(|c| c.read).count(),
+        writes_without_arguments: scan.without_arguments,
+        files: &inputs.files,
+        spans: inputs.spans,
+        records: inputs.records,
+        skipped: Lazy(Box::new(move || {
+            Box::new(
+                inputs
+                    .skipped
+                    .iter()
+                    .map(|(at, why)| SkippedView { at, why }),
+            )
+        })),
+    }
+}
+
+/// The report as one JSON value (for a program that holds it; [`write_json`] streams it).
+pub fn json(scan: &Scan, inputs: &Inputs) -> Value {
+    serde_json::to_value(view(scan, inputs)).unwrap_or(Value::Null)
+}
+
+/// Writes the report as one pretty-printed JSON object to `out`, finding by finding, without
+/// building it in memory first.
+///
+/// # Errors
+/// What writing to `out` fails with.
+pub fn write_json(scan: &Scan, inputs: &Inputs, out: impl std::io::Write) -> std::io::Result<()> {
+    serde_json::to_writer_pretty(out, &view(scan, inputs)).map_err(std::io::Error::from)
 }
 
 /// What the page may do: show itself. The arguments it quotes come from traces, escaped, and no
