@@ -27,7 +27,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use idemgate_core::canonical::{canonicalize, identity_pointer, Fingerprint};
+use idemgate_core::canonical::{canonicalize, Fingerprint};
 use idemgate_core::{Record, RecordState, Timestamp};
 use serde::Serialize;
 use serde_json::Value;
@@ -322,17 +322,21 @@ pub fn calls(spans: &[Span], rules: &Rules) -> Vec<Call> {
     };
     let mut calls: Vec<Call> = Vec::new();
     let mut index_of: HashMap<(&str, &str), usize> = HashMap::new();
-    // Outer spans first, so an inner span finds its outer call made.
-    let mut tool_spans: Vec<&Span> = spans.iter().filter(|s| is_tool_span(s)).collect();
-    tool_spans.sort_by_key(|s| ancestors(s).len());
-    for span in tool_spans {
+    // Each tool span with its ancestors, outer spans first, so an inner span finds its outer
+    // call made.
+    let mut tool_spans: Vec<(&Span, Vec<&Span>)> = spans
+        .iter()
+        .filter(|s| is_tool_span(s))
+        .map(|s| (s, ancestors(s)))
+        .collect();
+    tool_spans.sort_by_key(|(_, line)| line.len());
+    for (span, line) in tool_spans {
         let tool = span.text("gen_ai.tool.name").unwrap_or_default();
         let arguments = arguments_of(span);
         let call_id = span
             .text("gen_ai.tool.call.id")
             .or_else(|| arguments.as_ref().and_then(|(_, _, id)| id.clone()))
             .filter(|id| !id.is_empty());
-        let line = ancestors(span);
         // The outermost call of the same tool and a compatible call id above this span.
         let outer = line
             .iter()
@@ -459,39 +463,35 @@ fn windows_folded(calls: Vec<(Call, Option<u64>)>) -> Vec<Call> {
             && a.tool == b.tool
             && a.fingerprint == b.fingerprint
     };
+    // The window's record `w` was made while the call id's record `c` was running: `c`'s own.
+    let inside = |c: &Call, w: &Call| c.start_ns <= w.start_ns && w.start_ns <= c.end_ns;
     let windows: Vec<(&Call, u64)> = calls
         .iter()
         .filter_map(|(c, until)| until.map(|u| (c, u)))
         .collect();
-    let folded: Vec<Option<Call>> = calls
-        .iter()
-        .map(|(c, until)| {
-            if until.is_some() {
-                return None;
-            }
+    let keyed = calls.iter().filter(|(_, until)| until.is_none());
+    let answered = |c: &Call| {
+        windows.iter().any(|(w, until)| {
+            same(w, c) && !inside(c, w) && w.start_ns <= c.start_ns && c.start_ns <= *until
+        })
+    };
+    let mut out: Vec<Call> = keyed
+        .clone()
+        .map(|(c, _)| {
             let mut c = c.clone();
-            let holds = |w: &Call| c.start_ns <= w.start_ns && w.start_ns <= c.end_ns;
-            let answered = windows.iter().any(|(w, until)| {
-                same(w, &c) && !holds(w) && w.start_ns <= c.start_ns && c.start_ns <= *until
-            });
-            if answered {
+            if answered(&c) {
                 c.verdict = Some("replayed".to_owned());
             }
-            Some(c)
+            c
         })
+        // A window's record that no call id's holds is a call the window alone named: kept.
+        .chain(
+            windows
+                .iter()
+                .filter(|(w, _)| !keyed.clone().any(|(c, _)| same(c, w) && inside(c, w)))
+                .map(|(w, _)| (*w).clone()),
+        )
         .collect();
-    // A window's record that no call id's holds is a call the window alone named: kept.
-    let kept_windows: Vec<Call> = calls
-        .iter()
-        .filter(|(w, until)| {
-            until.is_some()
-                && !calls.iter().any(|(c, u)| {
-                    u.is_none() && same(c, w) && c.start_ns <= w.start_ns && w.start_ns <= c.end_ns
-                })
-        })
-        .map(|(w, _)| w.clone())
-        .collect();
-    let mut out: Vec<Call> = folded.into_iter().flatten().chain(kept_windows).collect();
     out.sort_by(|a, b| (a.start_ns, &a.call_id).cmp(&(b.start_ns, &b.call_id)));
     out
 }
@@ -725,19 +725,18 @@ fn given_up(before: &Call, call: &Call) -> Option<String> {
     }
 }
 
-/// "an action with the same to, subject", when every identity field is present and agrees.
-fn same_identity(a: &Value, b: &Value, pointers: &[String]) -> Option<String> {
-    let mut names = Vec::new();
-    for field in pointers {
-        let pointer = identity_pointer(field);
-        let (x, y) = (a.pointer(&pointer)?, b.pointer(&pointer)?);
-        // Null is absent, as the gate reads identity fields.
-        if x.is_null() || canonicalize(x) != canonicalize(y) {
-            return None;
-        }
-        names.push(field.trim_start_matches('/').replace('/', "."));
-    }
-    Some(format!("the same {}", names.join(", ")))
+/// "the same to, subject", when both calls have every identity field and they agree: compared
+/// by the gate's own identity fingerprint, so the scan and the gate name an action alike.
+fn same_identity(a: &Value, b: &Value, fields: &[String]) -> Option<String> {
+    let a = Fingerprint::of_identity(a.to_string().as_bytes(), fields)?;
+    let b = Fingerprint::of_identity(b.to_string().as_bytes(), fields)?;
+    (a == b).then(|| {
+        let names: Vec<String> = fields
+            .iter()
+            .map(|f| f.trim_start_matches('/').replace('/', "."))
+            .collect();
+        format!("the same {}", names.join(", "))
+    })
 }
 
 /// When `a` and `b` are objects that agree in at least one field that is not free text and
@@ -798,11 +797,11 @@ fn leaves<'a>(v: &'a Value, path: String, out: &mut Vec<(String, &'a Value)>) {
 }
 
 fn repeats_of_reads(calls: &[Call], group: &Group, reads: &[usize]) -> Vec<RepeatedRead> {
-    let mut by_action: BTreeMap<(&str, Option<Fingerprint>), Vec<usize>> = BTreeMap::new();
+    let mut by_action: BTreeMap<(&str, Fingerprint), Vec<usize>> = BTreeMap::new();
     for &i in reads {
         if let Some(f) = calls[i].fingerprint {
             by_action
-                .entry((calls[i].tool.as_str(), Some(f)))
+                .entry((calls[i].tool.as_str(), f))
                 .or_default()
                 .push(i);
         }
