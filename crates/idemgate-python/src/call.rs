@@ -14,7 +14,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 
 use crate::answer::{answer_of, engine_error, value_of};
-use crate::keys::fingerprint_of;
+use crate::keys::ArgsText;
 use crate::shared::Shared;
 
 /// Permission to run one call's side effect: the reserved record and its lease, renewed by the
@@ -160,7 +160,7 @@ pub(crate) fn passed_through(py: Python<'_>) -> PyResult<&'static Py<PyAny>> {
 pub(crate) use idemgate_kit::reported_effect as effect;
 
 /// The engine's call in `tenant`: `args` (any Python value; `None`: no arguments) fingerprinted as its
-/// JSON text `json.dumps(args, default=repr)` would be (see [`fingerprint_of`]), made in
+/// JSON text `json.dumps(args, default=repr)` would be (see [`ArgsText`]), made in
 /// `scope` (`Call::scope`: a call without key is joined by the fallback window only to
 /// identical calls of the same scope), and, without a key, named by the tool's `identity`
 /// fields of those arguments when it has them all (`Call::identity`).
@@ -173,48 +173,30 @@ pub(crate) fn new_call(
     scope: Option<&str>,
     identity: &[String],
 ) -> PyResult<Call> {
-    let identity_args = if key.is_none() && !identity.is_empty() && !args.is_none() {
-        Some(json_text(args)?)
-    } else {
-        None
-    };
     // In the order the checks always ran: what `json.dumps` raises, the tool, the key, then
     // arguments the engine cannot read.
-    let fingerprint = if args.is_none() {
+    let text = if args.is_none() {
         None
     } else {
-        Some(fingerprint_of(args)?)
+        Some(ArgsText::of(args)?)
     };
     let call = || -> Result<Call, EngineError> {
         let mut call = Call::new(tenant.clone(), ToolName::new(tool)?);
         if let Some(key) = key {
             call = call.key(IdempotencyKey::explicit(key)?);
         }
-        if let Some(fingerprint) = fingerprint {
-            call = call.fingerprint(fingerprint?);
+        if let Some(text) = &text {
+            call = call.fingerprint(text.fingerprint()?);
+            if key.is_none() {
+                call = call.identity(text.text().as_bytes(), identity);
+            }
         }
         if let Some(scope) = scope {
             call = call.scope(scope);
         }
-        if let Some(args) = &identity_args {
-            call = call.identity(args.as_bytes(), identity);
-        }
         Ok(call)
     };
     call().map_err(|e| engine_error(py, &e))
-}
-
-/// The JSON text `json.dumps(args, default=repr)` of `args`, the text their fingerprint is of
-/// (integers of any size kept exact): for picking a tool's identity fields out of it.
-fn json_text(args: &Bound<'_, PyAny>) -> PyResult<String> {
-    let py = args.py();
-    let kwargs = pyo3::types::PyDict::new(py);
-    kwargs.set_item("default", py.import("builtins")?.getattr("repr")?)?;
-    let text = py
-        .import("json")?
-        .getattr("dumps")?
-        .call((args,), Some(&kwargs))?;
-    Ok(text.cast::<pyo3::types::PyString>()?.to_str()?.to_owned())
 }
 
 #[cfg(test)]

@@ -45,41 +45,65 @@ pub(crate) fn fingerprint(args: &str) -> PyResult<String> {
 /// one of `json.dumps(args, default=repr)`.
 #[pyfunction]
 pub(crate) fn fingerprint_args(args: &Bound<'_, PyAny>) -> PyResult<String> {
-    fingerprint_of(args)?
+    ArgsText::of(args)?
+        .fingerprint()
         .map(|f| f.to_hex())
         .map_err(|e| PyValueError::new_err(e.to_string()))
 }
 
-/// The fingerprint of a call's arguments: the one of their JSON text `json.dumps(args,
-/// default=repr)` (what the package passed before, and what a user can reproduce), read from the
-/// Python value directly when it is made of plain JSON types (exactly `dict` with `str` keys,
-/// `list`, `tuple`, `str`, `int` within 64 bits, finite `float`, `bool`, `None`), which saves
-/// writing and re-parsing that text: its canonical text is written straight from the objects
-/// ([`canonical_json`]), with no JSON value built in between. Anything else (subclasses, other
-/// types, big integers, NaN, lone surrogates, nesting beyond `MAX_DEPTH`) takes the text path
-/// itself, so both paths give the same fingerprint or the same error.
-pub(crate) fn fingerprint_of(
-    args: &Bound<'_, PyAny>,
-) -> PyResult<Result<idemgate::Fingerprint, idemgate::CanonicalError>> {
-    let mut text = String::with_capacity(128);
-    if canonical_json(args, 0, &mut text) {
-        return Ok(Ok(idemgate::Fingerprint::of_canonical_text(&text)));
+/// A call's arguments as JSON text: the one of `json.dumps(args, default=repr)` (what the
+/// package passed before, and what a user can reproduce), written as its canonical text
+/// straight from the Python value when it is made of plain JSON types (exactly `dict` with `str`
+/// keys, `list`, `tuple`, `str`, `int` within 64 bits, finite `float`, `bool`, `None`), which
+/// saves writing and re-parsing that text ([`canonical_json`]), with no JSON value built in
+/// between. Anything else (subclasses, other types, big integers, NaN, lone surrogates, nesting
+/// beyond `MAX_DEPTH`) takes `json.dumps` itself, so both give the same fingerprint or the same
+/// error. The one text serves the fingerprint and the tool's identity fields alike.
+pub(crate) enum ArgsText {
+    /// Canonical already.
+    Canonical(String),
+    /// `json.dumps`'s.
+    Dumped(String),
+}
+
+impl ArgsText {
+    /// The text of `args`.
+    pub(crate) fn of(args: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let mut text = String::with_capacity(128);
+        if canonical_json(args, 0, &mut text) {
+            return Ok(ArgsText::Canonical(text));
+        }
+        static DUMPS: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+        let py = args.py();
+        let dumps = DUMPS.get_or_try_init(py, || {
+            py.import("json")?.getattr("dumps").map(Bound::unbind)
+        })?;
+        let kwargs = PyDict::new(py);
+        kwargs.set_item("default", py.import("builtins")?.getattr("repr")?)?;
+        let text = dumps.call(py, (args,), Some(&kwargs))?;
+        let text = text.bind(py).cast::<PyString>()?.to_str()?.to_owned();
+        Ok(ArgsText::Dumped(text))
     }
-    static DUMPS: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
-    let py = args.py();
-    let dumps = DUMPS.get_or_try_init(py, || {
-        py.import("json")?.getattr("dumps").map(Bound::unbind)
-    })?;
-    let kwargs = PyDict::new(py);
-    kwargs.set_item("default", py.import("builtins")?.getattr("repr")?)?;
-    let text = dumps.call(py, (args,), Some(&kwargs))?;
-    let text = text.bind(py).cast::<PyString>()?.to_str()?;
-    Ok(idemgate::Fingerprint::of_json_text(text.as_bytes()))
+
+    /// The text itself.
+    pub(crate) fn text(&self) -> &str {
+        match self {
+            ArgsText::Canonical(t) | ArgsText::Dumped(t) => t,
+        }
+    }
+
+    /// Its fingerprint, integers kept exact.
+    pub(crate) fn fingerprint(&self) -> Result<idemgate::Fingerprint, idemgate::CanonicalError> {
+        match self {
+            ArgsText::Canonical(t) => Ok(idemgate::Fingerprint::of_canonical_text(t)),
+            ArgsText::Dumped(t) => idemgate::Fingerprint::of_json_text(t.as_bytes()),
+        }
+    }
 }
 
 /// Writes the canonical text of a Python value of plain JSON types to `out` (the text
 /// `idemgate::canonical::canonicalize` writes for the same JSON value), or returns `false` when
-/// it holds anything else, with `out` then of no use (see [`fingerprint_of`]; exact types only,
+/// it holds anything else, with `out` then of no use (see [`ArgsText`]; exact types only,
 /// as `json.dumps` writes subclasses its own way).
 fn canonical_json(v: &Bound<'_, PyAny>, depth: usize, out: &mut String) -> bool {
     use idemgate::canonical::pieces;
