@@ -97,26 +97,23 @@ pub(crate) fn idempotency_key(key: &str) -> Result<IdempotencyKey, Problem> {
 }
 
 /// The engine call of a request: tenant, tool, the `Idempotency-Key` header, and the fingerprint
-/// of the raw JSON arguments (integers kept exact), and of the tool's identity fields
-/// (`identity`) for its fallback window. An empty body counts as `null`.
+/// of the raw JSON arguments (integers kept exact), and, without a key, of the tool's identity
+/// fields (`fields`) for its fallback window. An empty body counts as `null`.
 pub(crate) fn call(
     tenant: &TenantId,
     tool: &ToolName,
     headers: &HeaderMap,
     body: &[u8],
-    identity: &[String],
+    fields: &[String],
 ) -> Result<Call, Problem> {
     let args: &[u8] = if body.iter().all(u8::is_ascii_whitespace) {
         b"null"
     } else {
         body
     };
-    let mut call = Call::new(tenant.clone(), tool.clone())
+    let call = Call::new(tenant.clone(), tool.clone())
         .args_text(args)
         .map_err(|e| Problem::bad_request(e.to_string()))?;
-    if !identity.is_empty() {
-        call = call.identity(args, identity);
-    }
     let mut keys = headers.get_all(IDEMPOTENCY_KEY).iter();
     let first = keys.next();
     if keys.next().is_some() {
@@ -137,10 +134,11 @@ pub(crate) fn call(
         ..Facts::default()
     })
     .map_err(|e| Problem::bad_request(e.to_string()))?;
-    if let Some(key) = identity.key {
-        call = call.key(key);
-    }
-    Ok(call)
+    Ok(match identity.key {
+        Some(key) => call.key(key),
+        // The window names the action by the tool's identity fields.
+        None => call.identity(args, fields),
+    })
 }
 
 /// An outcome as the API shows it: `{"kind", "content", "result"}`. A JSON result is its own

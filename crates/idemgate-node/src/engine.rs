@@ -271,7 +271,7 @@ impl Shared {
             }
             if let Some(args) = &init.args_json {
                 call = call.args_text(args.as_bytes())?;
-                if init.key.is_none() && !policy.identity.is_empty() {
+                if init.key.is_none() {
                     // The window names the action by these.
                     call = call.identity(args.as_bytes(), &policy.identity);
                 }

@@ -223,13 +223,12 @@ impl<S: Store> Judge<S> {
         identity: &[String],
     ) -> Result<(Call, Rule, Option<Call>), String> {
         let text = frame::raw(arguments);
-        let mut call = Call::new(self.tenant.clone(), request.scope.clone())
+        // The window (of a call without a key, and the one a call id's record holds, cloned from
+        // this call below) names the action by the tool's identity fields.
+        let call = Call::new(self.tenant.clone(), request.scope.clone())
             .args_text(text.get().as_bytes())
-            .map_err(|e| format!("the arguments are not valid JSON: {e}."))?;
-        if !identity.is_empty() {
-            // The window names the action by the tool's identity fields.
-            call = call.identity(text.get().as_bytes(), identity);
-        }
+            .map_err(|e| format!("the arguments are not valid JSON: {e}."))?
+            .identity(text.get().as_bytes(), identity);
         // The scope: the conversation the client names, else this session, else (a request of
         // a sessionless client) the request itself: a model's key or the window never reaches
         // another client's calls.
