@@ -254,18 +254,23 @@ def repeat_notice(
     and how to do it again on purpose (``model_key``: the tool takes the ``idempotency_key``
     argument). ``tool`` is the name the model calls it by."""
     when = _when(replayed.executed_at)
-    same = (
-        f"an action of {tool} with the same {', '.join(identity)} (the arguments that name it; "
-        "the others may have been worded differently)"
-        if identity
-        else f"an identical call of {tool} (the same arguments)"
-    )
     return (
-        f"idemgate: {same} ran at {when} in this "
+        f"idemgate: {earlier_call(tool, identity)} ran at {when} in this "
         "conversation, so this one was taken for a repeat of that action and was not run "
         f"again; {_result_text(replayed, result_above)}. "
         f"{_again(tool, model_key, ' within the window')}"
     )
+
+
+def earlier_call(tool: str, identity: Sequence[str] = ()) -> str:
+    """The earlier call a window's replay names, in words: an identical call of ``tool``, or,
+    when the window compared only the tool's ``identity`` fields, an action with the same ones."""
+    if identity:
+        return (
+            f"an action of {tool} with the same {', '.join(identity)} (the arguments that name it; "
+            "the others may have been worded differently)"
+        )
+    return f"an identical call of {tool} (the same arguments)"
 
 
 def identity_of(engine: Engine, tool: str, overrides: dict[str, Any]) -> tuple[str, ...]:

@@ -96,6 +96,7 @@ from ._tool_calls import (
     Action,
     Namer,
     call_async,
+    earlier_call,
     expired_notice,
     jsonable,
     name_action,
@@ -291,14 +292,8 @@ def _notice(
         "to a new value that names the new action."
     )
     if action.rule in ("window", "call_id"):
-        same = (
-            f"an action of {called} with the same {', '.join(identity)} (the arguments that name "
-            "it; the others may have been worded differently)"
-            if identity
-            else f"an identical call of {called} (the same arguments)"
-        )
         head = (
-            f"{same} ran at {when} in this "
+            f"{earlier_call(called, identity)} ran at {when} in this "
             "conversation, so this one was taken for a repeat of that action and was not run again"
         )
     elif action.rule == "model_key":
