@@ -1384,3 +1384,108 @@ fn mcp_a_2025_era_clients_tasks_reach_a_server_of_the_2026_tasks_extension() {
     assert_eq!(cancelled["result"]["status"], "cancelled", "{cancelled}");
     assert_eq!(cancelled["result"]["taskId"], second_id, "{cancelled}");
 }
+
+/// Shadow mode: the door's `mode = "observe"` runs every call, and each one enforce mode would
+/// have answered without running is on its record (`keys list --observed`), in the audit log
+/// and in the proxy's log; one line switches the same records to enforce.
+#[test]
+fn mcp_observe_mode_runs_every_call_and_records_what_enforce_would_have_done() {
+    let sb = Sandbox::new();
+    let audit = sb.path("audit.jsonl");
+    let observe = format!(
+        "mode = \"observe\"\nreplay_notice = false\naudit_log = {:?}\n[tools.count]\non_missing_key = \"window\"\n",
+        audit.display().to_string()
+    );
+    let mut p = sb.initialized(&observe);
+    // The same key twice, a reused key, the same call without a key twice (the window).
+    assert_eq!(
+        text(&p.call("count", json!({"label": "a"}), Some("k")), 0),
+        "counted 1"
+    );
+    assert_eq!(
+        text(&p.call("count", json!({"label": "a"}), Some("k")), 0),
+        "counted 2"
+    );
+    let reused = p.call("count", json!({"label": "b"}), Some("k"));
+    assert_eq!(text(&reused, 0), "counted 3", "{reused}");
+    assert_eq!(reused["result"]["isError"], false, "{reused}");
+    assert_eq!(
+        text(&p.call("count", json!({"label": "w"}), None), 0),
+        "counted 4"
+    );
+    assert_eq!(
+        text(&p.call("count", json!({"label": "w"}), None), 0),
+        "counted 5"
+    );
+    // A client's tool-call id sent twice: one observation, by the call id's record, though
+    // the re-emission window's record inside it was found standing too.
+    let by_id = json!({"name": "count", "arguments": {"label": "c"},
+        "_meta": {"dev.idemgate/tool-call-id": "call-7"}});
+    assert_eq!(
+        text(&p.request("tools/call", by_id.clone()), 0),
+        "counted 6"
+    );
+    assert_eq!(text(&p.request("tools/call", by_id), 0), "counted 7");
+    assert_eq!(sb.executed().len(), 7, "nothing suppressed");
+    drop(p);
+
+    let listed = sb.run(&["--json", "keys", "list", "--observed", "--limit", "1"]);
+    assert!(listed.status.success(), "{listed:?}");
+    let listed: Value = serde_json::from_slice(&listed.stdout).unwrap();
+    let observed: Vec<(String, Value)> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["key"]["key"].as_str().unwrap().to_owned(),
+                r["observed"]["would"].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(observed.len(), 3, "{listed}");
+    assert_eq!(observed[0].0, "k");
+    assert_eq!(observed[0].1, json!({"key_reused": 1, "replayed": 1}));
+    assert!(observed[1].0.starts_with("fallback-"), "{listed}");
+    assert_eq!(observed[1].1, json!({"replayed": 1}));
+    assert!(!observed[2].0.starts_with("fallback-"), "{listed}");
+    assert_eq!(observed[2].1, json!({"replayed": 1}));
+    let shown = sb.run(&["keys", "show", "k"]);
+    let shown = String::from_utf8_lossy(&shown.stdout);
+    assert!(
+        shown.contains("enforce mode would have replayed the outcome recorded at"),
+        "{shown}"
+    );
+    let lines: Vec<Value> = fs::read_to_string(&audit)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|l| l["event"] == "observed")
+        .map(|l| json!([l["would"], l["rule"]]))
+        .collect();
+    assert_eq!(
+        lines,
+        [
+            json!(["replayed", "key"]),
+            json!(["key_reused", "key"]),
+            json!(["replayed", "window"]),
+            json!(["replayed", "call_id"])
+        ]
+    );
+
+    // A write without a key and no window runs too (enforce would refuse it: key_required).
+    let mut p = sb.initialized("mode = \"observe\"\n");
+    let keyless = p.call("count", json!({"label": "n"}), None);
+    assert_eq!(text(&keyless, 0), "counted 8", "{keyless}");
+    drop(p);
+
+    // One line: the same records, enforced.
+    let mut p = sb.initialized(&observe.replace("mode = \"observe\"", "mode = \"enforce\""));
+    let replayed = p.call("count", json!({"label": "a"}), Some("k"));
+    assert_eq!(text(&replayed, 0), "counted 1", "{replayed}");
+    assert_eq!(
+        replayed["result"]["_meta"]["dev.idemgate/replayed"], true,
+        "{replayed}"
+    );
+    assert_eq!(sb.executed().len(), 8);
+}

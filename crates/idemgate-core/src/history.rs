@@ -48,6 +48,10 @@ pub enum Happening {
     ResolvedReleased,
     /// The record was reopened: the next call runs the action again. `was` says its state.
     Reopened,
+    /// Shadow mode ([`crate::Mode::Observe`]): a call that duplicated this record ran, where
+    /// enforce mode would have answered it without running. `would` says the verdict it would
+    /// have had, `rule` what named the record, `reason` the answer in words.
+    Observed,
 }
 
 impl fmt::Display for Happening {
@@ -60,6 +64,7 @@ impl fmt::Display for Happening {
             Happening::ResolvedCompleted => "resolved_completed",
             Happening::ResolvedReleased => "resolved_released",
             Happening::Reopened => "reopened",
+            Happening::Observed => "observed",
         })
     }
 }
@@ -84,6 +89,13 @@ pub struct HistoryEntry {
     /// The record's state before, for a reopening.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub was: Option<State>,
+    /// For an observation: the verdict enforce mode would have given (`replayed`, `in_flight`,
+    /// `unknown`, `expired`, `key_reused`: [`crate::Verdict::label`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub would: Option<String>,
+    /// For an observation: the rule that named the record ([`crate::KeyRule::duplicate_label`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rule: Option<String>,
 }
 
 impl HistoryEntry {
@@ -102,6 +114,8 @@ impl HistoryEntry {
             by: by.map(cut),
             reason: reason.map(cut),
             was: None,
+            would: None,
+            rule: None,
         }
     }
 

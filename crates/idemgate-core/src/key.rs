@@ -290,6 +290,19 @@ impl KeyRule {
         }
     }
 
+    /// The rule in the words the observers count duplicates by: `key` (a key the caller, the
+    /// program or the orchestration layer gave), `window` (an identical call within the
+    /// fallback window), `call_id` or `model_key` (a key the door derived from the framework's
+    /// call id or the model's own key).
+    pub fn duplicate_label(self) -> &'static str {
+        match self {
+            KeyRule::Explicit => "key",
+            KeyRule::Fallback => "window",
+            KeyRule::CallId => "call_id",
+            KeyRule::ModelKey => "model_key",
+        }
+    }
+
     /// Its name on the wire: `fallback`, or `explicit` for a record any key names.
     pub fn as_str(self) -> &'static str {
         match self {

@@ -26,7 +26,7 @@ pub use change::{ChangeMark, Changes};
 pub use engine::traced;
 pub use engine::{
     Answer, Begun, Call, Decision, Effect, Engine, FlushReport, JournalFlusher, Named, Probe,
-    ProbeFuture, Recording, Resolution, Settings, Ticket, Verifier, FLUSH_RETRY,
+    ProbeFuture, Recording, Resolution, Settings, Ticket, Verifier, FLUSH_RETRY, MAX_OBSERVATIONS,
 };
 pub use error::{CanonicalError, Cause, EngineError, JournalError, KeyError, StoreError};
 pub use history::{Happening, HistoryEntry};
@@ -34,7 +34,7 @@ pub use journal::{Journal, JournalEntry, JournalOp, MemoryJournal};
 pub use key::{IdempotencyKey, Key, KeyRule, TenantId, ToolName};
 pub use memory::MemoryStore;
 pub use observe::{Event, Observer, Observers};
-pub use policy::{Policies, ToolKind, ToolPolicy, UnknownPolicy, DEFAULT_TOMBSTONE};
+pub use policy::{Mode, Policies, ToolKind, ToolPolicy, UnknownPolicy, DEFAULT_TOMBSTONE};
 pub use record::{Fence, Lease, LeaseToken, Outcome, OutcomeKind, Record, RecordState, State};
 pub use store::{
     Claim, Completion, Keep, ListCursor, ListFilter, Reopened, Reservation, ReserveHistory,

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use crate::answer::Answer;
 use crate::error::EngineError;
 use crate::journal::FlushReport;
-use crate::key::{Key, TenantId, ToolName};
+use crate::key::{Key, KeyRule, TenantId, ToolName};
 use crate::record::{Fence, State};
 use crate::verdict::Verdict;
 
@@ -60,6 +60,22 @@ pub enum Event<'a> {
         by: Option<&'a str>,
         /// Why, in the operator's words.
         reason: Option<&'a str>,
+    },
+    /// Shadow mode ([`crate::Mode::Observe`]): a call ran that enforce mode would have answered
+    /// without running (replayed, waited for, refused). Told once per such call, beside the
+    /// [`Event::Call`] of the call itself (a pass-through).
+    Observed {
+        /// Whose call.
+        tenant: &'a TenantId,
+        /// Which tool.
+        tool: &'a ToolName,
+        /// The record it duplicates, when one names it (not for a call without a key, nor when
+        /// the store could not be reached).
+        key: Option<&'a Key>,
+        /// The verdict enforce mode would have given.
+        would: Verdict,
+        /// The rule that named the record ([`KeyRule::duplicate_label`]), when one did.
+        rule: Option<KeyRule>,
     },
     /// A journal flush that found entries, or failed.
     Flushed(&'a Result<FlushReport, EngineError>),

@@ -83,6 +83,50 @@ impl FromStr for UnknownPolicy {
     }
 }
 
+/// Whether the gate acts on what it decides, or only records it (shadow mode).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// Duplicates are replayed, waited for or refused: the gate's whole contract.
+    #[default]
+    Enforce,
+    /// Shadow mode, for adopting the gate on a live agent: every call runs and nothing is
+    /// replayed, waited for or refused. A call that enforce mode would have answered without
+    /// running is recorded in the history of the record it duplicates (with the verdict it
+    /// would have had and the rule that named the record) and told to the observers, so
+    /// `keys list --observed`, the console and `/metrics` show what the gate would have done.
+    /// Fresh calls reserve and complete their records as in enforce mode, so switching to
+    /// enforce starts from the records observe mode kept.
+    Observe,
+}
+
+impl Mode {
+    /// Whether it is [`Mode::Enforce`] (the default, left out when a policy is written).
+    pub fn is_enforce(&self) -> bool {
+        *self == Mode::Enforce
+    }
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Mode::Enforce => "enforce",
+            Mode::Observe => "observe",
+        })
+    }
+}
+
+impl FromStr for Mode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "enforce" => Ok(Mode::Enforce),
+            "observe" => Ok(Mode::Observe),
+            _ => Err(format!("unknown mode {s:?}: expected enforce or observe")),
+        }
+    }
+}
+
 /// How long a record is remembered after its call ran, unless a tool's policy says otherwise.
 pub const DEFAULT_TOMBSTONE: Duration = Duration::from_secs(30 * 24 * 3600);
 
@@ -122,6 +166,10 @@ pub struct ToolPolicy {
     pub identity: Vec<String>,
     /// What duplicates of an unknown outcome get.
     pub on_unknown: UnknownPolicy,
+    /// `enforce` (the default) or `observe`: shadow mode, where every call runs and what enforce
+    /// would have done is recorded instead ([`Mode::Observe`]).
+    #[serde(skip_serializing_if = "Mode::is_enforce")]
+    pub mode: Mode,
 }
 
 impl Default for ToolPolicy {
@@ -135,6 +183,7 @@ impl Default for ToolPolicy {
             fallback_window: None,
             identity: Vec::new(),
             on_unknown: UnknownPolicy::Block,
+            mode: Mode::Enforce,
         }
     }
 }

@@ -2,19 +2,22 @@
 //!
 //! The model is a few lines of obvious code per decision of DESIGN.md. Proptest drives the real
 //! engine (over the fault-injecting memory store) and the model side by side and compares every
-//! answer, every execution count and every record's state.
+//! answer, every execution count and every record's state. A call is made in observe mode (shadow
+//! mode) now and then, on the same records: it runs, changes no record, and is told as the
+//! verdict enforce mode would have given.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
 use idemgate_core::faulty::{Fault, Op};
 use idemgate_core::{
-    Decision, Effect, EngineError, OutcomeKind, Policies, RecordState, Settings, State, ToolPolicy,
+    Decision, Effect, EngineError, Mode, OutcomeKind, RecordState, Settings, State, ToolPolicy,
 };
 use proptest::prelude::*;
 use serde_json::json;
 
-use crate::support::{call, key, rig, Counter};
+use crate::observe::{observed_rig, Told};
+use crate::support::{call, key, Counter};
 
 const TTL: Duration = Duration::from_secs(60);
 const LEASE: Duration = Duration::from_secs(30);
@@ -23,8 +26,15 @@ const TOMBSTONE: Duration = Duration::from_secs(180);
 
 #[derive(Clone, Debug)]
 enum Step {
-    Call { key: u8, args: u8, effect: Eff },
-    Advance { secs: u64 },
+    Call {
+        key: u8,
+        args: u8,
+        effect: Eff,
+        observe: bool,
+    },
+    Advance {
+        secs: u64,
+    },
     ArmReserve(Fault),
     ArmComplete(Fault),
 }
@@ -47,6 +57,8 @@ enum Expect {
     Expired,
     KeyReuse,
     ReserveFailed,
+    /// Observe mode ran it, where enforce mode would have given this verdict.
+    Observed(&'static str),
 }
 
 #[derive(Clone, Debug)]
@@ -85,7 +97,27 @@ impl Model {
         }
     }
 
-    fn call(&mut self, k: u8, args: u8, eff: Eff) -> Expect {
+    fn call(&mut self, k: u8, args: u8, eff: Eff, observe: bool) -> Expect {
+        if observe {
+            // Observe mode asks the store, not the replay cache; it runs whatever it finds, and
+            // changes only what a fresh call changes.
+            if self.reserve_faults > 0 {
+                self.reserve_faults -= 1;
+                self.executions += 1;
+                return Expect::Observed("store_unavailable");
+            }
+            let would = match self.live(k) {
+                Some(Rec::Done { args: a, .. } | Rec::Unknown { args: a }) if *a != args => {
+                    "key_reused"
+                }
+                Some(Rec::Done { expires, .. }) if *expires <= self.now => "expired",
+                Some(Rec::Done { .. }) => "replayed",
+                Some(Rec::Unknown { .. }) => "unknown",
+                None => return self.fresh(k, args, eff),
+            };
+            self.executions += 1;
+            return Expect::Observed(would);
+        }
         if let Some(Rec::Done {
             args: a,
             kind,
@@ -122,38 +154,41 @@ impl Model {
                 Expect::Replayed(kind, body)
             }
             Some(Rec::Unknown { .. }) => Expect::UnknownBlocked,
-            None => {
-                self.executions += 1;
-                let done = |kind, b: u8| Rec::Done {
-                    args,
-                    kind,
-                    body: vec![b],
-                    expires: self.now + TTL.as_millis() as u64,
-                    retain: self.now + TOMBSTONE.as_millis() as u64,
-                    cached: None,
-                };
-                if matches!(eff, Eff::Success(_) | Eff::Failed(_)) {
-                    // Up to two armed faults on the "done" write are absorbed by its retries.
-                    self.complete_faults = 0;
-                }
-                match eff {
-                    Eff::Success(b) => {
-                        self.records.insert(k, done(OutcomeKind::Success, b));
-                        Expect::Executed(OutcomeKind::Success, vec![b])
-                    }
-                    Eff::Failed(b) => {
-                        self.records.insert(k, done(OutcomeKind::Failed, b));
-                        Expect::Executed(OutcomeKind::Failed, vec![b])
-                    }
-                    Eff::NotApplied => {
-                        self.records.remove(&k);
-                        Expect::NotApplied
-                    }
-                    Eff::Ambiguous => {
-                        self.records.insert(k, Rec::Unknown { args });
-                        Expect::UnknownHere
-                    }
-                }
+            None => self.fresh(k, args, eff),
+        }
+    }
+
+    /// A call that finds no record: it runs under a reservation, and its effect decides.
+    fn fresh(&mut self, k: u8, args: u8, eff: Eff) -> Expect {
+        self.executions += 1;
+        let done = |kind, b: u8| Rec::Done {
+            args,
+            kind,
+            body: vec![b],
+            expires: self.now + TTL.as_millis() as u64,
+            retain: self.now + TOMBSTONE.as_millis() as u64,
+            cached: None,
+        };
+        if matches!(eff, Eff::Success(_) | Eff::Failed(_)) {
+            // Up to two armed faults on the "done" write are absorbed by its retries.
+            self.complete_faults = 0;
+        }
+        match eff {
+            Eff::Success(b) => {
+                self.records.insert(k, done(OutcomeKind::Success, b));
+                Expect::Executed(OutcomeKind::Success, vec![b])
+            }
+            Eff::Failed(b) => {
+                self.records.insert(k, done(OutcomeKind::Failed, b));
+                Expect::Executed(OutcomeKind::Failed, vec![b])
+            }
+            Eff::NotApplied => {
+                self.records.remove(&k);
+                Expect::NotApplied
+            }
+            Eff::Ambiguous => {
+                self.records.insert(k, Rec::Unknown { args });
+                Expect::UnknownHere
             }
         }
     }
@@ -171,14 +206,28 @@ fn step() -> impl Strategy<Value = Step> {
         1 => Just(Eff::Ambiguous),
     ];
     prop_oneof![
-        8 => (0u8..3, 0u8..2, eff).prop_map(|(key, args, effect)| Step::Call { key, args, effect }),
+        8 => (0u8..3, 0u8..2, eff, prop::bool::weighted(0.3)).prop_map(|(key, args, effect, observe)| {
+            Step::Call { key, args, effect, observe }
+        }),
         2 => prop_oneof![0u64..5, 55u64..65, 100u64..200].prop_map(|secs| Step::Advance { secs }),
         1 => fault().prop_map(Step::ArmReserve),
         1 => fault().prop_map(Step::ArmComplete),
     ]
 }
 
-fn observe(res: Result<idemgate_core::Answer, EngineError>) -> Expect {
+/// What a call's answer says; a pass-through is the observe-mode call the observers were just
+/// told of (`told`: what they were told since the call began).
+fn answered(res: Result<idemgate_core::Answer, EngineError>, told: &[Told]) -> Expect {
+    if let Ok(idemgate_core::Answer {
+        decision: Decision::PassedThrough { .. },
+        ..
+    }) = &res
+    {
+        return match told {
+            [(_, would, _, _)] => Expect::Observed(would.label()),
+            other => panic!("a pass-through told the observers {other:?}"),
+        };
+    }
     match res {
         Err(EngineError::KeyReuse { .. }) => Expect::KeyReuse,
         Err(EngineError::ReserveFailed(_)) => Expect::ReserveFailed,
@@ -204,12 +253,17 @@ fn run_case(steps: Vec<Step>) -> Result<(), TestCaseError> {
         .build()
         .unwrap();
     rt.block_on(async move {
-        let r = rig(Policies::new().with_default(ToolPolicy {
+        let enforce = ToolPolicy {
             ttl: TTL,
             tombstone: TOMBSTONE,
             lease: LEASE,
             ..ToolPolicy::default()
-        }));
+        };
+        let observe = ToolPolicy {
+            mode: Mode::Observe,
+            ..enforce.clone()
+        };
+        let (r, seen) = observed_rig(enforce.clone());
         let mut m = Model::default();
         let runs = Counter::default();
         for (i, s) in steps.into_iter().enumerate() {
@@ -231,26 +285,29 @@ fn run_case(steps: Vec<Step>) -> Result<(), TestCaseError> {
                     key: k,
                     args,
                     effect,
+                    observe: observing,
                 } => {
-                    let want = m.call(k, args, effect);
+                    let want = m.call(k, args, effect, observing);
+                    let policy = if observing { &observe } else { &enforce };
+                    let told_before = seen.0.lock().unwrap().len();
                     let c = call(
                         "model",
                         "tool",
                         Some(&format!("k{k}")),
                         json!({ "args": args }),
                     );
-                    let got = observe(
-                        r.engine
-                            .call(c, || {
-                                runs.effect(match effect {
-                                    Eff::Success(b) => Effect::Success(vec![b]),
-                                    Eff::Failed(b) => Effect::Failed(vec![b]),
-                                    Eff::NotApplied => Effect::not_applied("no"),
-                                    Eff::Ambiguous => Effect::Ambiguous("?".into()),
-                                })
+                    let res = r
+                        .engine
+                        .call_with_policy(c, policy, || {
+                            runs.effect(match effect {
+                                Eff::Success(b) => Effect::Success(vec![b]),
+                                Eff::Failed(b) => Effect::Failed(vec![b]),
+                                Eff::NotApplied => Effect::not_applied("no"),
+                                Eff::Ambiguous => Effect::Ambiguous("?".into()),
                             })
-                            .await,
-                    );
+                        })
+                        .await;
+                    let got = answered(res, &seen.0.lock().unwrap()[told_before..]);
                     prop_assert_eq!(&got, &want, "step {} ({:?})", i, s);
                     prop_assert_eq!(runs.get(), m.executions, "executions after step {}", i);
                 }

@@ -5,5 +5,6 @@ mod history;
 mod journal;
 mod journal_model;
 mod model;
+mod observe;
 mod reopen;
 mod support;

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use idemgate::{ToolKind, ToolPolicy, UnknownPolicy};
+use idemgate::{Mode, ToolKind, ToolPolicy, UnknownPolicy};
 use serde::{Deserialize, Deserializer};
 
 pub use idemgate_console::ConsoleConfig;
@@ -57,6 +57,10 @@ pub struct ServerConfig {
     /// A PEM file of root certificates trusted for `https://` upstreams besides the system's (an
     /// internal CA).
     pub upstream_ca_file: Option<PathBuf>,
+    /// The mode of every tool whose `[tools.NAME]` sets none: `enforce` (the default) or
+    /// `observe`, shadow mode, where every call runs and what enforce mode would have done is
+    /// recorded (docs/OPERATIONS.md, "Adopting on a live agent: observe mode").
+    pub mode: Mode,
 }
 
 impl Default for ServerConfig {
@@ -70,6 +74,7 @@ impl Default for ServerConfig {
             request_timeout: Duration::from_secs(60),
             audit_log: None,
             upstream_ca_file: None,
+            mode: Mode::Enforce,
         }
     }
 }
@@ -110,11 +115,14 @@ pub struct ToolConfig {
     /// Under `on_unknown = "verify"`, where the gateway asks whether an unknown outcome happened
     /// (`http://…` or `https://…`; see docs/HTTP.md, "Verifying unknown outcomes").
     pub verify_url: Option<String>,
+    /// `enforce` or `observe` (shadow mode); default: `[server] mode`.
+    pub mode: Option<Mode>,
 }
 
 impl ToolConfig {
-    /// The engine policy this configures, defaults filled in.
-    pub fn policy(&self) -> ToolPolicy {
+    /// The engine policy this configures, defaults filled in (`mode` the door's when the tool
+    /// sets none).
+    pub fn policy(&self, mode: Mode) -> ToolPolicy {
         let d = ToolPolicy::default();
         ToolPolicy {
             kind: self.kind.unwrap_or(d.kind),
@@ -125,6 +133,7 @@ impl ToolConfig {
             fallback_window: self.fallback_window,
             identity: self.identity.clone(),
             on_unknown: self.on_unknown.unwrap_or(d.on_unknown),
+            mode: self.mode.unwrap_or(mode),
         }
     }
 }
@@ -213,7 +222,7 @@ impl Config {
                     return fail(format!("tools.{name}.upstream"), e);
                 }
             }
-            let p = tool.policy();
+            let p = tool.policy(self.server.mode);
             match (&tool.verify_url, p.on_unknown) {
                 (None, UnknownPolicy::Verify) => {
                     return fail(
@@ -249,12 +258,17 @@ impl Config {
         Ok(())
     }
 
-    /// The policy of `tool` (the default write policy for tools not listed).
+    /// The policy of `tool` (the default write policy, in the door's mode, for tools not
+    /// listed).
     pub fn policy(&self, tool: &str) -> ToolPolicy {
-        self.tools
-            .get(tool)
-            .map(ToolConfig::policy)
-            .unwrap_or_default()
+        let mode = self.server.mode;
+        self.tools.get(tool).map_or_else(
+            || ToolPolicy {
+                mode,
+                ..ToolPolicy::default()
+            },
+            |t| t.policy(mode),
+        )
     }
 }
 

@@ -46,6 +46,14 @@ pub(crate) async fn begin(
     let ticket = match begun {
         Begun::Execute(ticket) => ticket,
         Begun::PassThrough => return Ok(Json(json!({"decision": "pass_through"})).into_response()),
+        // Observe mode: run it, nothing recorded; the program may read what enforce would
+        // have answered.
+        Begun::Observed { would, .. } => {
+            return Ok(
+                Json(json!({"decision": "pass_through", "observed": would.label()}))
+                    .into_response(),
+            )
+        }
         Begun::Answered(answer) => return respond(answer, Shape::Coordination, &policy),
     };
     if !tenant

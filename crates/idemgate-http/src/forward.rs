@@ -9,7 +9,7 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use idemgate::key::hex;
-use idemgate::{Call, Effect, ToolPolicy};
+use idemgate::{Call, Decision, Effect, ToolPolicy};
 use idemgate_kit::tenants::Tenant;
 use idemgate_kit::Payload;
 use idemgate_trace::TraceContext;
@@ -118,6 +118,10 @@ async fn forward(
     let digest = named.key.digest();
     let mut quota_exceeded = false;
     let refused = &mut quota_exceeded;
+    // What the upstream answered, for a call observe mode runs past a standing record: its
+    // caller gets that answer as it came.
+    let mut relay = None;
+    let sent_back = &mut relay;
     let effect = {
         let (gw, tenant) = (gw.clone(), tenant.clone());
         move || async move {
@@ -132,7 +136,9 @@ async fn forward(
             let trace = idemgate_trace::outgoing(caller.as_ref());
             let sent = send(&gw, &upstream, Some(hex(&digest)), trace, body, deadline).await;
             tenant.live.release(&digest);
-            classify(sent)
+            let effect = classify(&sent);
+            *sent_back = Some(sent);
+            effect
         }
     };
     let result = gw.engine().call_with_policy(call, &policy, effect).await;
@@ -141,6 +147,12 @@ async fn forward(
     if quota_exceeded {
         gw.quota_exceeded(&named.key);
         return Err(Problem::quota_exceeded(tenant.live.max()));
+    }
+    if let (Decision::PassedThrough { .. }, Some(sent)) = (&answer.decision, relay) {
+        return match sent {
+            Ok(up) => Ok(up.into_response()),
+            Err(e) => Err(unreachable(&e)),
+        };
     }
     respond(answer, Shape::Forwarded, &policy)
 }
@@ -151,7 +163,7 @@ fn text(v: Option<&HeaderValue>) -> Option<String> {
 
 /// Maps what the upstream did onto what the engine records (docs/HTTP.md, "Upstream result
 /// mapping").
-fn classify(sent: Result<Upstream, reqwest::Error>) -> Effect {
+fn classify(sent: &Result<Upstream, reqwest::Error>) -> Effect {
     match sent {
         Ok(up) if up.status.is_success() => Effect::Success(up.payload()),
         // The upstream refused before acting: its answer goes back to this caller only.
@@ -167,7 +179,7 @@ fn classify(sent: Result<Upstream, reqwest::Error>) -> Effect {
             // A failed connect never sent a byte of the request.
             Effect::not_applied(format!(
                 "failed to connect to the upstream: {}",
-                error_chain(&e)
+                error_chain(e)
             ))
         }
         Err(e) if e.is_timeout() => {
@@ -175,7 +187,7 @@ fn classify(sent: Result<Upstream, reqwest::Error>) -> Effect {
         }
         Err(e) => Effect::Ambiguous(format!(
             "the connection to the upstream failed after sending: {}",
-            error_chain(&e)
+            error_chain(e)
         )),
     }
 }

@@ -68,7 +68,8 @@ impl Gateway {
         journal: Arc<dyn Journal>,
     ) -> Result<Self, Error> {
         config.validate()?;
-        let mut policies = Policies::new();
+        // Tools not listed take the door's mode too (`[server] mode`).
+        let mut policies = Policies::new().with_default(config.policy(""));
         for name in config.tools.keys() {
             policies = policies.with_tool(name.clone(), config.policy(name));
         }
@@ -215,6 +216,7 @@ impl Gateway {
     pub(crate) fn upstream(&self, tool: &str) -> Option<&str> {
         self.0.config.tools.get(tool)?.upstream.as_deref()
     }
+
 }
 
 /// The journal directory: configured, else beside the SQLite file; none (in memory) for the

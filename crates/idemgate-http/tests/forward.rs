@@ -266,3 +266,90 @@ async fn reads_pass_through_and_coordinated_tools_cannot_be_forwarded() {
     )
     .await;
 }
+
+/// Shadow mode at the gateway: `[server] mode = "observe"` forwards every call (the duplicate
+/// and the reused key reach the upstream), `/metrics` counts what enforce mode would have
+/// answered, the record's story holds it, and a tool's own `mode = "enforce"` wins over the door's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn observe_mode_forwards_every_call_and_counts_what_enforce_would_have_done() {
+    let up = upstream().await;
+    let extra = format!(
+        "[tools.charge]\nupstream = \"{0}/ok\"\n\n[tools.refund]\nupstream = \"{0}/ok\"\nmode = \"enforce\"\n\n[tools.declined]\nupstream = \"{0}/bad\"\n",
+        up.url
+    );
+    let gw = start("mode = \"observe\"", &extra).await;
+    for (n, body) in [r#"{"amount":5}"#, r#"{"amount":5}"#, r#"{"amount":6}"#]
+        .into_iter()
+        .enumerate()
+    {
+        let res = call(&gw, "charge", ACME, "order-1", body).await;
+        assert_eq!(res.status().as_u16(), 200);
+        // Each caller gets the upstream's own answer, as if the gateway were not there.
+        let answer: Value = res.json().await.unwrap();
+        assert_eq!(answer["n"], n + 1, "{answer}");
+    }
+    assert_eq!(up.calls("ok"), 3, "nothing suppressed in observe mode");
+    // An upstream's refusal reaches its caller with its status, the duplicate's too.
+    for _ in 0..2 {
+        let res = call(&gw, "declined", ACME, "order-9", "{}").await;
+        assert_eq!(res.status().as_u16(), 400);
+    }
+    assert_eq!(up.calls("bad"), 2);
+    // Without a key: runs too (enforce would refuse it as key_required).
+    let keyless = gw
+        .post("/v1/tools/charge/call", ACME)
+        .body(r#"{"amount":7}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(keyless.status().as_u16(), 200);
+    assert_eq!(up.calls("ok"), 4);
+    let text = gw.metrics().await;
+    for (would, rule) in [
+        ("replayed", "key"),
+        ("key_reused", "key"),
+        ("key_required", "none"),
+    ] {
+        let series = format!(
+            "idemgate_observed_total{{tenant=\"acme\",tool=\"charge\",would=\"{would}\",rule=\"{rule}\"}} 1"
+        );
+        assert!(text.contains(&series), "{series} in\n{text}");
+    }
+    let shown = gw.get_json("/v1/tools/charge/records/order-1", ACME).await;
+    let observed: Vec<&Value> = shown["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["what"] == "observed")
+        .collect();
+    assert_eq!(observed.len(), 2, "{shown}");
+
+    // The tool that says enforce is enforced, whatever the door's default.
+    for _ in 0..2 {
+        let res = call(&gw, "refund", ACME, "refund-1", "{}").await;
+        assert_eq!(res.status().as_u16(), 200);
+    }
+    assert_eq!(up.calls("ok"), 5);
+    // The coordination API tells the program what enforce mode would have answered.
+    let first = gw.begin("charge", "order-2", "{}").await;
+    assert_eq!(first.status().as_u16(), 201);
+    let lease = first.json::<Value>().await.unwrap()["lease"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let duplicate: Value = gw
+        .begin("charge", "order-2", "{}")
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(duplicate["decision"], "pass_through", "{duplicate}");
+    assert_eq!(duplicate["observed"], "in_flight", "{duplicate}");
+    let done = gw
+        .post("/v1/tools/charge/complete", ACME)
+        .json(&serde_json::json!({"key": "order-2", "lease": lease, "outcome": {"kind": "success", "result": 1}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(done.status().as_u16(), 200);
+}

@@ -134,6 +134,25 @@ impl Observer for Audit {
                     ("reason", json!(reason)),
                 ],
             ),
+            // Shadow mode: a call ran that enforce mode would have answered without running.
+            // It changed no record, but it is what an operator adopting the gate reads.
+            Event::Observed {
+                key: Some(key),
+                would,
+                rule,
+                ..
+            } => self.record(
+                "observed",
+                key,
+                None,
+                &[
+                    ("would", json!(would.label())),
+                    (
+                        "rule",
+                        json!(rule.map(idemgate_core::KeyRule::duplicate_label)),
+                    ),
+                ],
+            ),
             Event::Reopened {
                 key,
                 fence,

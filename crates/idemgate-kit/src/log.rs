@@ -87,6 +87,17 @@ impl Observer for Log {
                 tenant = %key.tenant, tool = %key.tool, key = short(key), fence, released, by,
                 reason, "resolved"
             ),
+            Event::Observed {
+                tenant,
+                tool,
+                key,
+                would,
+                rule,
+            } => tracing::info!(
+                %tenant, %tool, key = key.map(short), would = %would,
+                rule = rule.map(idemgate_core::KeyRule::duplicate_label),
+                "observe mode ran a call that enforce mode would not have run"
+            ),
             Event::Reopened {
                 key,
                 fence,

@@ -23,6 +23,10 @@ const MAX_CALL_SERIES: usize = 10_000;
 /// must not be able to add series.
 pub const OTHER_TOOL: &str = "other";
 
+/// An observed series: (tenant, tool, the verdict enforce mode would have given, the rule that
+/// named the record).
+type Observed = (String, String, &'static str, &'static str);
+
 #[derive(Default)]
 struct Histogram {
     buckets: [u64; BUCKETS.len()],
@@ -41,6 +45,8 @@ pub struct Metrics {
     duplicates: Mutex<BTreeMap<(String, String, &'static str), u64>>,
     /// Operators' resolutions and reopenings, by (tenant, tool, [`resolution_how`]).
     resolutions: Mutex<BTreeMap<(String, String, &'static str), u64>>,
+    /// Shadow mode: calls that ran where enforce mode would not have run them.
+    observed: Mutex<BTreeMap<Observed, u64>>,
     in_flight_waits: AtomicU64,
     key_reuse: AtomicU64,
     unknown: AtomicU64,
@@ -115,6 +121,23 @@ impl Metrics {
         self.count(&self.duplicates, tenant, tool, rule);
     }
 
+    /// Counts one call observe mode ran where enforce mode would have answered `would` instead,
+    /// for a record named by `rule` ([`KeyRule::duplicate_label`]; `none` for a call without a
+    /// key, which names no record).
+    pub fn observed(&self, tenant: &str, tool: &str, would: Verdict, rule: Option<KeyRule>) {
+        let mut series_map = self.observed.lock().unwrap_or_else(|p| p.into_inner());
+        let mut series = (
+            tenant.to_owned(),
+            self.tool_label(tool).to_owned(),
+            would.label(),
+            rule.map_or("none", KeyRule::duplicate_label),
+        );
+        if !series_map.contains_key(&series) && series_map.len() >= MAX_CALL_SERIES {
+            OTHER_TOOL.clone_into(&mut series.1);
+        }
+        *series_map.entry(series).or_default() += 1;
+    }
+
     /// Counts one operator's resolution or reopening, by how ([`resolution_how`]).
     pub fn resolution(&self, tenant: &str, tool: &str, how: &'static str) {
         self.count(&self.resolutions, tenant, tool, how);
@@ -179,6 +202,23 @@ impl Metrics {
                     escape(tool)
                 );
             }
+        }
+        out.push_str(
+            "# HELP idemgate_observed_total Calls observe mode (shadow mode) ran that enforce mode would have answered without running, by tenant, tool, the verdict enforce would have given (replayed, in_flight, unknown, expired, key_reused, key_required, store_unavailable, execute) and the rule that named the record (key, call_id, model_key, window; none for a call without a key).\n\
+             # TYPE idemgate_observed_total counter\n",
+        );
+        for ((tenant, tool, would, rule), n) in self
+            .observed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+        {
+            let _ = writeln!(
+                out,
+                "idemgate_observed_total{{tenant=\"{}\",tool=\"{}\",would=\"{would}\",rule=\"{rule}\"}} {n}",
+                escape(tenant),
+                escape(tool)
+            );
         }
         for (name, help, v) in [
             (
@@ -262,6 +302,13 @@ impl Observer for Metrics {
             Event::Reopened { key, .. } => {
                 self.resolution(key.tenant.as_str(), key.tool.as_str(), resolution_how(None));
             }
+            Event::Observed {
+                tenant,
+                tool,
+                would,
+                rule,
+                ..
+            } => self.observed(tenant.as_str(), tool.as_str(), *would, *rule),
             Event::Flushed(Err(_)) => self.store_error(),
             Event::Flushed(Ok(r)) => {
                 self.superseded
@@ -281,13 +328,10 @@ impl Observer for Metrics {
 /// ([`idemgate_core::Call::key_named_by`]) and the answer carries it.
 pub fn duplicate_rule(answer: &Answer) -> Option<&'static str> {
     match answer.decision {
-        Decision::Replayed { .. } => Some(match answer.rule {
-            Some(KeyRule::Fallback) => "window",
-            Some(KeyRule::CallId) => "call_id",
-            Some(KeyRule::ModelKey) => "model_key",
-            // A replay always has a record, so a rule; `key` if a door ever left it out.
-            Some(KeyRule::Explicit) | None => "key",
-        }),
+        // A replay always has a record, so a rule; `key` if a door ever left it out.
+        Decision::Replayed { .. } => {
+            Some(answer.rule.unwrap_or(KeyRule::Explicit).duplicate_label())
+        }
         Decision::Expired { .. } => Some("expired"),
         _ => None,
     }

@@ -116,6 +116,61 @@ pub fn story(record: Option<&Record>, history: &[HistoryEntry]) -> Vec<Step> {
     steps
 }
 
+/// What observe mode (shadow mode) recorded in one record's history: the calls that ran where
+/// enforce mode would have answered them without running.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Observed {
+    /// How many.
+    pub calls: usize,
+    /// How many by the verdict enforce mode would have given (`replayed`, `in_flight`,
+    /// `unknown`, `expired`, `key_reused`, `execute`), in that verdict's name order.
+    pub would: std::collections::BTreeMap<String, usize>,
+    /// When the last one ran.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last: Option<Timestamp>,
+}
+
+impl Observed {
+    /// The observations among `history`'s entries.
+    pub fn of(history: &[HistoryEntry]) -> Self {
+        let mut seen = Observed::default();
+        for e in history.iter().filter(|e| e.what == Happening::Observed) {
+            seen.calls += 1;
+            let would = e.would.clone().unwrap_or_else(|| "unsaid".to_owned());
+            *seen.would.entry(would).or_default() += 1;
+            seen.last = seen.last.max(Some(e.at));
+        }
+        seen
+    }
+
+    /// Whether there were none.
+    pub fn is_empty(&self) -> bool {
+        self.calls == 0
+    }
+}
+
+/// "2 calls ran that enforce mode would not have run (replayed ×1, in_flight ×1), the last at T".
+impl std::fmt::Display for Observed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let by: Vec<String> = self
+            .would
+            .iter()
+            .map(|(would, n)| format!("{would} ×{n}"))
+            .collect();
+        write!(
+            f,
+            "{} call{} ran that enforce mode would not have run ({})",
+            self.calls,
+            if self.calls == 1 { "" } else { "s" },
+            by.join(", ")
+        )?;
+        if let Some(last) = self.last {
+            write!(f, ", the last at {last}")?;
+        }
+        Ok(())
+    }
+}
+
 /// Why the unknown `record` is unknown: the reason its history gives for its fence, else
 /// [`NO_REASON`]. `None` for a record that is not unknown.
 pub fn unknown_reason(record: &Record, history: &[HistoryEntry]) -> Option<String> {
@@ -174,9 +229,10 @@ fn told(e: &HistoryEntry) -> Step {
                 why
             }
         ),
-        Happening::LateOutcomeRefused | Happening::RetriedAfterUnknown | Happening::Verified => {
-            e.reason.clone().unwrap_or_else(|| e.what.to_string())
-        }
+        Happening::LateOutcomeRefused
+        | Happening::RetriedAfterUnknown
+        | Happening::Verified
+        | Happening::Observed => e.reason.clone().unwrap_or_else(|| e.what.to_string()),
         Happening::ResolvedCompleted => format!("resolved as completed{by}{why}"),
         Happening::ResolvedReleased => {
             format!("resolved as not applied (released){by}{why}; the next call runs the action")

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use idemgate_core::{Fingerprint, TenantId, ToolName, ToolPolicy};
+use idemgate_core::{Fingerprint, Mode, TenantId, ToolName, ToolPolicy};
 use idemgate_kit::tenants::TenantConfig;
 use serde::Deserialize;
 
@@ -57,6 +57,12 @@ pub struct Config {
     pub call_timeout: Duration,
     /// Where keys come from, in order.
     pub key_sources: Vec<KeySource>,
+    /// The mode of every tool whose policy sets none (`[default]` and each `[tools.NAME]`):
+    /// `enforce` (the default), or `observe`, shadow mode: every call runs, and what enforce
+    /// mode would have done is recorded (docs/OPERATIONS.md, "Adopting on a live agent"). Spread
+    /// into the policies when the file is read ([`Config::parse`]): a `Config` built in code
+    /// sets each policy's `mode` itself.
+    pub mode: Mode,
     /// The policy of tools not named in `tools` (its kind yields to trusted annotations).
     pub default: ToolPolicy,
     /// Per-tool policies by the server's tool name; a table is the tool's whole policy.
@@ -269,6 +275,7 @@ impl Default for Config {
             forward_cancel: false,
             call_timeout: Duration::from_secs(600),
             key_sources: vec![KeySource::Meta, KeySource::Params, KeySource::Argument],
+            mode: Mode::Enforce,
             default: ToolPolicy::default(),
             tools: BTreeMap::new(),
             tenants: Vec::new(),
@@ -310,6 +317,7 @@ impl Config {
         let mut table: toml::Table =
             toml::from_str(text).map_err(|e| Error::Config(e.to_string()))?;
         desugar_missing_key(&mut table)?;
+        spread_mode(&mut table);
         let config: Config = toml::Value::Table(table)
             .try_into()
             .map_err(|e: toml::de::Error| Error::Config(e.to_string()))?;
@@ -402,6 +410,28 @@ fn desugar_missing_key(config: &mut toml::Table) -> Result<(), Error> {
         }
     }
     Ok(())
+}
+
+/// The top-level `mode`, the door's, into `[default]` and every `[tools.NAME]` that sets no mode
+/// of its own (a tool's table is its whole policy, so it would otherwise be `enforce`). A value
+/// that is no mode is left for the deserializer to refuse, naming it.
+fn spread_mode(config: &mut toml::Table) {
+    let Some(mode) = config.get("mode").cloned() else {
+        return;
+    };
+    let default = config
+        .entry("default")
+        .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+    if let toml::Value::Table(d) = default {
+        d.entry("mode").or_insert_with(|| mode.clone());
+    }
+    if let Some(toml::Value::Table(tools)) = config.get_mut("tools") {
+        for (_, policy) in tools.iter_mut() {
+            if let toml::Value::Table(p) = policy {
+                p.entry("mode").or_insert_with(|| mode.clone());
+            }
+        }
+    }
 }
 
 /// The server's name: the configured one, else derived from the command line (the package or

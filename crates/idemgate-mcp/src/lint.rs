@@ -544,7 +544,10 @@ pub fn starting_config(report: &Report) -> String {
          # Check every line: a tool of kind \"read\" or \"natural_idempotent\" passes without a key.\n\
          server_name = {}\n\
          # The annotations are written out below, tool by tool, instead of believed wholesale.\n\
-         trusted = false\n",
+         trusted = false\n\
+         # To adopt it on a live agent without risk, observe first: every call runs, and what the\n\
+         # gate would have replayed or refused is recorded (`idemgate keys list --observed`).\n\
+         # mode = \"observe\"\n",
         toml_string(&report.server_name)
     ));
     let writes: Vec<&str> = report

@@ -13,7 +13,7 @@ use std::time::Duration;
 use idemgate::caller::without_blocking;
 use idemgate::{
     AnyStore, Begun, Call, Effect, FileJournal, IdempotencyKey, JournalFlusher, Key, ListFilter,
-    TenantId, Ticket, ToolKind, ToolName, ToolPolicy, UnknownPolicy,
+    Mode, TenantId, Ticket, ToolKind, ToolName, ToolPolicy, UnknownPolicy,
 };
 use idemgate_kit::leases::{keep_leases, Leases};
 use idemgate_kit::records::{resolution, seconds as seconds_of, viewed};
@@ -109,6 +109,9 @@ struct CallInit {
     traceparent: Option<String>,
     /// The caller's W3C `tracestate`.
     tracestate: Option<String>,
+    /// The call runs inside the function of an observed call of the same tool (observe mode:
+    /// the window inside a call id's record), so it is not observed again.
+    within_observed: bool,
 }
 
 /// A duration given in seconds; `what` names it in the error.
@@ -125,7 +128,9 @@ fn seconds(what: &str, s: f64) -> Result<Duration> {
 /// (`block`, the default, `verify` or `retry`), `tombstone` (how long after a call ran its record
 /// is remembered: a retry past the ttl and within this is refused as `OutcomeExpired` instead of
 /// running again; default 30 days, 0: none), `identity` (the arguments that name the action,
-/// names or JSON pointers: the window compares only these); durations in seconds.
+/// names or JSON pointers: the window compares only these), `mode` (`enforce`, the default, or
+/// `observe`: shadow mode, every call runs and what enforce would have done is recorded);
+/// durations in seconds.
 fn policy(json: Option<&str>) -> Result<ToolPolicy> {
     let mut p = ToolPolicy::default();
     let Some(json) = json else {
@@ -171,6 +176,9 @@ fn policy(json: Option<&str>) -> Result<ToolPolicy> {
     }
     if let Some(d) = duration("tombstone", "tombstone")? {
         p.tombstone = d;
+    }
+    if let Some(m) = text("mode")? {
+        p.mode = m.parse::<Mode>().map_err(Error::from_reason)?;
     }
     match fields.get("identity") {
         None | Some(Value::Null) => {}
@@ -279,7 +287,7 @@ impl Shared {
             if let Some(scope) = init.scope {
                 call = call.scope(scope);
             }
-            Ok(call)
+            Ok(call.within_observed(init.within_observed))
         };
         Ok(call()
             .map(|call| (call, policy))
@@ -385,7 +393,10 @@ impl NativeEngine {
     /// (none: the fallback window names the record, if the policy has one), its arguments as
     /// JSON text (fingerprinted), its tool's policy as JSON text (see `policy`), where it was made
     /// (`scope`: the fallback window joins only its calls), the model's tool call id (for the
-    /// call's span) and the caller's W3C `traceparent` and `tracestate`.
+    /// call's span), the caller's W3C `traceparent` and `tracestate`, and whether it runs inside
+    /// the function of an observed call of the same tool (`withinObserved`). In observe mode a
+    /// call enforce mode would have answered without running gets `{"pass_through": true,
+    /// "observed": verdict}`.
     #[napi(ts_return_type = "string | Promise<string>")]
     #[allow(clippy::too_many_arguments)] // the call's fields, each one argument (see `CallInit`)
     pub fn begin<'env>(
@@ -399,6 +410,7 @@ impl NativeEngine {
         call_id: Option<String>,
         traceparent: Option<String>,
         tracestate: Option<String>,
+        within_observed: Option<bool>,
     ) -> Result<Reply<'env>> {
         self.shared.check_open()?;
         let call = CallInit {
@@ -410,6 +422,7 @@ impl NativeEngine {
             call_id,
             traceparent,
             tracestate,
+            within_observed: within_observed.unwrap_or(false),
         };
         let trace = Arc::new(SplitCall::start(
             Door::Node,
@@ -434,6 +447,14 @@ impl NativeEngine {
             let out = match begun {
                 Err(e) => reply::engine_error(&e).to_string(),
                 Ok(Begun::PassThrough) => json!({ "pass_through": true }).to_string(),
+                // Observe mode: run it, nothing recorded; what enforce would have said.
+                // The downstream key of the record it was named by, for `currentKey()`.
+                Ok(Begun::Observed { would, key }) => json!({
+                    "pass_through": true,
+                    "observed": would.label(),
+                    "digest": key.map(|k| idemgate::key::hex(&k.digest())),
+                })
+                .to_string(),
                 Ok(Begun::Answered(answer)) => reply::named_answer(&answer, &policy.identity),
                 Ok(Begun::Execute(ticket)) => {
                     let mut facts = json!({
@@ -543,6 +564,7 @@ impl NativeEngine {
             call_id: None,
             traceparent: None,
             tracestate: None,
+            within_observed: false,
         };
         let named = self.shared.call(call)?.and_then(|(call, policy)| {
             self.shared

@@ -107,6 +107,16 @@ pub(crate) fn begun(
     match begun {
         Err(e) => Err(engine_error(py, &e)),
         Ok(Begun::PassThrough) => Ok(py.None()),
+        // Observe mode's duplicate runs as a pass-through: the record it duplicates holds the
+        // observation, and nothing is recorded of this run.
+        Ok(Begun::Observed { would, key }) => Ok(Py::new(
+            py,
+            PyObserved {
+                would: would.label(),
+                digest: key.map(|k| idemgate::key::hex(&k.digest())),
+            },
+        )?
+        .into_any()),
         // A replay: its `Result` at once (a stored failure raises `Failed`).
         Ok(Begun::Answered(answer)) => answer_of(py, answer)?.result_with(py, None),
         Ok(Begun::Execute(ticket)) => {
@@ -145,6 +155,20 @@ pub(crate) fn begun_value(
 
 /// A result of `begin` with the call's spans.
 pub(crate) type Traced<T> = (Result<T, EngineError>, Arc<idemgate_trace::SplitCall>);
+
+/// `idemgate._native.Observed`: what `begin` answers in observe mode (shadow mode) for a call
+/// enforce mode would have answered without running: run it, nothing is recorded of it; `would`
+/// is the verdict enforce mode would have given (`replayed`, `in_flight`, `key_reused`...).
+/// (`begin(..., value=True)` answers `PASSED_THROUGH` for it.)
+#[pyclass(frozen, module = "idemgate._native", name = "Observed")]
+pub(crate) struct PyObserved {
+    #[pyo3(get)]
+    would: &'static str,
+    /// The downstream key of the record the call was named by (`current_key()` in the
+    /// function), when it was named.
+    #[pyo3(get)]
+    digest: Option<String>,
+}
 
 /// `idemgate._native.PASSED_THROUGH`: what `begin(..., value=True)` answers for a read or a naturally
 /// idempotent tool (run it, nothing is recorded); an object of its own, made once.

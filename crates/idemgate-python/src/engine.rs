@@ -242,8 +242,10 @@ impl Engine {
     /// building the `Result` (its times, labels and dataclass).
     ///
     /// `traceparent`/`tracestate`: the caller's W3C trace context (the package passes its
-    /// OpenTelemetry current span's); `call_id`: the model's tool call id, for the call's span.
-    #[pyo3(signature = (tool, key, args, policy, *, scope = None, value = false, traceparent = None, tracestate = None, call_id = None))]
+    /// OpenTelemetry current span's); `call_id`: the model's tool call id, for the call's span;
+    /// `within_observed`: the call runs inside the function of an observed call of the same
+    /// tool (the window inside a call id's record), so it is not observed again.
+    #[pyo3(signature = (tool, key, args, policy, *, scope = None, value = false, traceparent = None, tracestate = None, call_id = None, within_observed = false))]
     #[allow(clippy::too_many_arguments)] // Python's signature: each is one of its arguments
     fn begin(
         &self,
@@ -257,8 +259,11 @@ impl Engine {
         traceparent: Option<&str>,
         tracestate: Option<&str>,
         call_id: Option<&str>,
+        within_observed: bool,
     ) -> PyResult<Py<PyAny>> {
-        let call = self.call_of(py, tool, key, args, scope, policy)?;
+        let call = self
+            .call_of(py, tool, key, args, scope, policy)?
+            .within_observed(within_observed);
         let trace = self.trace(tool, call_id, traceparent, tracestate);
         let begin = self.shared.engine.begin(call, &policy.0);
         let result = self.run(py, begin.instrument(trace.span()))?;
@@ -293,7 +298,7 @@ impl Engine {
 
     /// As `begin`, on the engine's runtime: calls `done(ok, value)` (from a runtime thread, with
     /// the GIL) with what `begin` returns or raises (`value=True`: as `begin(..., value=True)`).
-    #[pyo3(signature = (tool, key, args, policy, done, *, scope = None, value = false, traceparent = None, tracestate = None, call_id = None))]
+    #[pyo3(signature = (tool, key, args, policy, done, *, scope = None, value = false, traceparent = None, tracestate = None, call_id = None, within_observed = false))]
     #[allow(clippy::too_many_arguments)] // Python's signature: each is one of its arguments
     fn begin_async(
         &self,
@@ -308,8 +313,11 @@ impl Engine {
         traceparent: Option<&str>,
         tracestate: Option<&str>,
         call_id: Option<&str>,
+        within_observed: bool,
     ) -> PyResult<()> {
-        let call = self.call_of(py, tool, key, args, scope, policy)?;
+        let call = self
+            .call_of(py, tool, key, args, scope, policy)?
+            .within_observed(within_observed);
         let policy = policy.0.clone();
         let engine = Arc::clone(&self.shared.engine);
         let trace = self.trace(tool, call_id, traceparent, tracestate);

@@ -30,6 +30,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Policy>()?;
     m.add_class::<PyTicket>()?;
     m.add_class::<PyAnswer>()?;
+    m.add_class::<call::PyObserved>()?;
     m.add_function(wrap_pyfunction!(derive_key, m)?)?;
     m.add_function(wrap_pyfunction!(name_action, m)?)?;
     m.add_function(wrap_pyfunction!(invocation_scope, m)?)?;

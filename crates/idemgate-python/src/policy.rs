@@ -1,6 +1,6 @@
 //! `Policy`: how one tool's calls are treated, as Python gives it (durations in seconds).
 
-use idemgate::{ToolKind, ToolPolicy, UnknownPolicy};
+use idemgate::{Mode, ToolKind, ToolPolicy, UnknownPolicy};
 use idemgate_kit::records::seconds;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -13,7 +13,7 @@ pub(crate) struct Policy(pub(crate) ToolPolicy);
 #[pymethods]
 impl Policy {
     #[new]
-    #[pyo3(signature = (kind = "write", ttl = 86400.0, lease = 30.0, wait = 5.0, fallback_window = None, on_unknown = "block", tombstone = 2592000.0, identity = None))]
+    #[pyo3(signature = (kind = "write", ttl = 86400.0, lease = 30.0, wait = 5.0, fallback_window = None, on_unknown = "block", tombstone = 2592000.0, identity = None, mode = "enforce"))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         kind: &str,
@@ -24,13 +24,21 @@ impl Policy {
         on_unknown: &str,
         tombstone: f64,
         identity: Option<Vec<String>>,
+        mode: &str,
     ) -> PyResult<Self> {
         let mut p = tool_policy(kind, ttl, lease, wait, fallback_window, on_unknown)
             .map_err(PyValueError::new_err)?;
         p.tombstone = seconds("tombstone", tombstone).map_err(PyValueError::new_err)?;
         p.identity =
             identity_fields(identity.unwrap_or_default()).map_err(PyValueError::new_err)?;
+        p.mode = mode.parse::<Mode>().map_err(PyValueError::new_err)?;
         Ok(Policy(p))
+    }
+    /// `enforce`, or `observe` (shadow mode): every call runs, and what enforce mode would have
+    /// done is recorded in the history of the record a call duplicates.
+    #[getter]
+    fn mode(&self) -> String {
+        self.0.mode.to_string()
     }
     /// The arguments that name the tool's action (names or JSON pointers): the fallback window
     /// compares only these, so a reworded re-plan within it is the same action.
@@ -77,7 +85,7 @@ impl Policy {
 
     fn __repr__(&self) -> String {
         format!(
-            "Policy(kind={:?}, ttl={}, lease={}, wait={}, fallback_window={}, on_unknown={:?}, tombstone={}, identity={:?})",
+            "Policy(kind={:?}, ttl={}, lease={}, wait={}, fallback_window={}, on_unknown={:?}, tombstone={}, identity={:?}, mode={:?})",
             self.kind(),
             self.ttl(),
             self.lease(),
@@ -86,7 +94,8 @@ impl Policy {
                 .map_or_else(|| "None".to_owned(), |w| w.to_string()),
             self.on_unknown(),
             self.tombstone(),
-            self.0.identity
+            self.0.identity,
+            self.mode()
         )
     }
 }
@@ -123,6 +132,7 @@ fn tool_policy(
         on_unknown: on_unknown.parse::<UnknownPolicy>()?,
         tombstone: ToolPolicy::default().tombstone,
         identity: Vec::new(),
+        mode: Mode::Enforce,
     })
 }
 

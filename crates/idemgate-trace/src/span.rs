@@ -128,6 +128,10 @@ pub fn record_begun(span: &Span, begun: &Result<Begun, EngineError>) {
         Ok(Begun::PassThrough) => {
             span.set_attribute("idemgate.verdict", Verdict::PassedThrough.label());
         }
+        Ok(Begun::Observed { would, .. }) => {
+            span.set_attribute("idemgate.verdict", Verdict::PassedThrough.label());
+            span.set_attribute("idemgate.observed", would.label());
+        }
         Ok(Begun::Answered(answer)) => record_answer(span, answer),
         Err(e) => record_refusal(span, e),
     }

@@ -3,6 +3,9 @@
 mod decide;
 mod finish;
 mod operator;
+mod shadow;
+
+pub use shadow::MAX_OBSERVATIONS;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -53,6 +56,9 @@ pub struct Call {
     /// and the call has them all ([`Call::identity`]): a call without a key is named and
     /// compared by it, instead of by all its arguments.
     pub identity: Option<Fingerprint>,
+    /// Whether the call runs inside the side effect of a call observe mode already observed
+    /// ([`Call::within_observed`]).
+    pub within_observed: bool,
 }
 
 impl Call {
@@ -68,7 +74,18 @@ impl Call {
             scope: None,
             key_rule: KeyRule::Explicit,
             identity: None,
+            within_observed: false,
         }
+    }
+
+    /// Says that the call runs inside the side effect of a call of the same tool that observe
+    /// mode observed ([`Begun::Observed`]): a door's re-emission window inside a call id's
+    /// record, asked by a door that runs the side effect itself between `begin` and `finish`
+    /// (the packages). It is the same call, observed once, by the outer record.
+    /// ([`Engine::call`] knows this by itself.)
+    pub fn within_observed(mut self, within: bool) -> Self {
+        self.within_observed = within;
+        self
     }
 
     /// Sets the scope the call was made in: the fallback window then joins only identical
@@ -170,6 +187,24 @@ pub enum Begun {
     PassThrough,
     /// No execution: a replay, an in-flight or unknown answer.
     Answered(Answer),
+    /// Shadow mode ([`crate::Mode::Observe`]): run it, nothing is recorded, though enforce mode
+    /// would have answered it without running: `would` is the verdict it would have had (the
+    /// record it duplicates holds the observation in its history).
+    Observed {
+        /// The verdict enforce mode would have given.
+        would: Verdict,
+        /// The record the call was named by, when it was: its downstream key is the call's
+        /// (the side effect passes it on, so that a downstream that deduplicates still does).
+        key: Option<Key>,
+    },
+}
+
+tokio::task_local! {
+    /// The tenant and tool of the observed call whose side effect runs ([`Begun::Observed`]): a
+    /// call of the same tool nested in it (a door's re-emission window inside a call id's
+    /// record) is the same call, which is observed once, by the outer record. A call of another
+    /// tool that the side effect makes is a call of its own.
+    static OBSERVED_CALL: (TenantId, ToolName);
 }
 
 /// Permission to run one call's side effect: the record's name and the lease held on it.
@@ -452,6 +487,9 @@ impl<S: Store> Engine<S> {
         F: FnOnce() -> Fut,
         Fut: Future<Output = Effect>,
     {
+        // Observe mode only: what a call nested in this one's side effect is compared with.
+        let observed_as =
+            (!policy.mode.is_enforce()).then(|| (call.tenant.clone(), call.tool.clone()));
         match self.begin(call, policy).await? {
             Begun::Answered(answer) => Ok(answer),
             Begun::PassThrough => Ok(Answer {
@@ -461,6 +499,17 @@ impl<S: Store> Engine<S> {
                     effect: effect().instrument(effect_span()).await,
                 },
             }),
+            Begun::Observed { .. } => {
+                let effect = effect().instrument(effect_span());
+                let observed_as = observed_as.expect("only observe mode observes");
+                Ok(Answer {
+                    key: None,
+                    rule: None,
+                    decision: Decision::PassedThrough {
+                        effect: Box::pin(OBSERVED_CALL.scope(observed_as, effect)).await,
+                    },
+                })
+            }
             Begun::Execute(ticket) => {
                 // The span only when it is exported: an untraced call's effect is polled bare,
                 // and its future holds no span.
@@ -513,7 +562,7 @@ impl<S: Store> Engine<S> {
             .await;
         let decision = match &begun {
             Ok(Begun::Execute(_)) => Verdict::Execute,
-            Ok(Begun::PassThrough) => Verdict::PassedThrough,
+            Ok(Begun::PassThrough | Begun::Observed { .. }) => Verdict::PassedThrough,
             Ok(Begun::Answered(a)) => Verdict::of_answer(a),
             Err(e) => Verdict::of_error(e),
         };
@@ -538,10 +587,17 @@ impl<S: Store> Engine<S> {
     /// record names are derived: a front door that needs the name before the call (to send the
     /// downstream key) asks here.
     ///
+    /// In observe mode ([`crate::Mode::Observe`]) a write without key or fallback window has no
+    /// record either: it runs, and `begin` tells the observers that enforce mode would have
+    /// refused it.
+    ///
     /// # Errors
-    /// [`EngineError::KeyRequired`] for a write without key or fallback window.
+    /// [`EngineError::KeyRequired`] for a write without key or fallback window (in enforce mode).
     pub fn key_for(&self, call: &Call, policy: &ToolPolicy) -> Result<Option<Named>, EngineError> {
-        decide::name(call.clone(), policy)
+        match decide::name(call.clone(), policy) {
+            Err(EngineError::KeyRequired { .. }) if !policy.mode.is_enforce() => Ok(None),
+            named => named,
+        }
     }
 
     /// The ticket of a lease that `begin` handed out and a caller brings back (the HTTP

@@ -510,6 +510,9 @@ fn effect_of_window(inner: &Result<Answer, EngineError>) -> Effect {
         };
     }
     match &answer.decision {
+        // Observe mode ran the call past the window's standing record: what the server did
+        // is the call id's record's outcome, whatever it was.
+        Decision::PassedThrough { effect } => effect.clone(),
         Decision::NotApplied { message, .. } => Effect::not_applied(message.clone()),
         Decision::Unknown {
             ran_here: true,
