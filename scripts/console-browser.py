@@ -12,7 +12,8 @@ record first, its timeline, that another tenant can neither see nor resolve it (
 the form directly with its own session and CSRF token), that a post without the CSRF token is
 refused, the operator's view of both tenants, resolving with a reason, the charts, the CSP header
 on every page and no CSP violation, and no axe-core violation on any page. Then a retried call
-through the gateway gets the resolution.
+through the gateway gets the resolution, and a tool in observe mode (shadow mode) runs its
+duplicate, which the records page's "observed" filter and the record's timeline show.
 """
 
 from __future__ import annotations
@@ -70,6 +71,10 @@ token_sha256 = "{token_hash(ACME)}"
 [[tenants]]
 id = "globex"
 token_sha256 = "{token_hash(GLOBEX)}"
+
+# Shadow mode for one tool: its duplicates run, and the console lists what enforce would have done.
+[tools.mail]
+mode = "observe"
 
 [console]
 operator_token_sha256 = "{token_hash(OPERATOR)}"
@@ -306,6 +311,33 @@ def main() -> None:
             checks.page(op, "operator-reopened")
             status, _ = api(base, GLOBEX, "GET", "/v1/tools/invoice/records/invoice-7")
             assert status == 404, status
+
+            # Observe mode (shadow mode): a duplicate of a completed mail runs (the program is
+            # told to pass it through, and what enforce would have answered), and the operator
+            # finds it with the records page's "observed" filter, on the record's timeline too.
+            status, begun = api(base, ACME, "POST", "/v1/tools/mail/begin", {"to": "ann"}, "mail-1")
+            assert status == 201, (status, begun)
+            status, done = api(base, ACME, "POST", "/v1/tools/mail/complete",
+                               {"key": "mail-1", "lease": begun["lease"],
+                                "outcome": {"kind": "success", "result": {"sent": 1}}})
+            assert status == 200, (status, done)
+            status, dup = api(base, ACME, "POST", "/v1/tools/mail/begin", {"to": "ann"}, "mail-1")
+            assert status == 200 and dup == {"decision": "pass_through", "observed": "replayed"}, (
+                status, dup)
+            op.goto(base + "/ui")
+            op.get_by_label("Observed calls only").check()
+            with op.expect_navigation():
+                op.get_by_role("button", name="Filter").click()
+            rows = op.locator("tbody tr")
+            assert rows.count() == 1, rows.all_inner_texts()
+            row = rows.nth(0).inner_text()
+            assert "mail-1" in row and "replayed ×1" in row, row
+            checks.page(op, "operator-observed")
+            with op.expect_navigation():
+                op.get_by_role("link", name="mail-1").click()
+            timeline = op.locator("ol.timeline").inner_text()
+            assert "enforce mode would have replayed" in timeline, timeline
+            checks.page(op, "operator-record-observed")
 
             # Sign out ends the session.
             with page.expect_navigation():

@@ -547,6 +547,13 @@ pub enum KeysCommand {
         /// Every page, one after the other (each of --limit records), until the last.
         #[arg(long)]
         all: bool,
+        /// Only records whose history holds what observe mode (shadow mode, `mode =
+        /// "observe"`) recorded: calls that ran where enforce mode would have replayed them,
+        /// made them wait or refused them, each record with how many and the verdicts. Reads
+        /// each listed record's history, page after page (--all is implied): meant for
+        /// deciding when to switch a tool to enforce, not for a hot loop.
+        #[arg(long)]
+        observed: bool,
     },
     /// Show one record, with its stored outcome.
     Show {

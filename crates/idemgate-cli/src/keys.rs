@@ -23,6 +23,7 @@ pub(crate) async fn run(ctx: &Context, cmd: &KeysCommand) -> Result<u8> {
             limit,
             cursor,
             all,
+            observed,
         } => {
             let time = |flag: &str, t: &Option<String>| -> Result<Option<Timestamp>> {
                 t.as_deref()
@@ -55,7 +56,7 @@ pub(crate) async fn run(ctx: &Context, cmd: &KeysCommand) -> Result<u8> {
                     .map_err(|e| anyhow::anyhow!("invalid --cursor: {e}"))?,
                 limit: *limit,
             };
-            list(ctx, filter, *all).await
+            list(ctx, filter, *all, *observed).await
         }
         KeysCommand::Show { key, tool } => {
             let Some(record) = find(ctx, key, tool.as_deref()).await? else {
@@ -124,8 +125,11 @@ pub(crate) async fn run(ctx: &Context, cmd: &KeysCommand) -> Result<u8> {
 
 /// `keys list`: one page of `filter` (or every page from it, with `all`), as a table or a JSON
 /// array, and how to get the page after when there is one.
-async fn list(ctx: &Context, mut filter: ListFilter, all: bool) -> Result<u8> {
+async fn list(ctx: &Context, mut filter: ListFilter, all: bool, observed: bool) -> Result<u8> {
     let page = filter.limit;
+    // Observations are in the records' histories, which no store filters on: every page is
+    // read, and only the records with some are printed.
+    let all = all || observed;
     let mut printed = 0usize;
     // The widths of the table's name columns (state, tenant, tool, key): as wide as their longest
     // name so far (up to 64), so that long MCP tool names never push a row out of line; a
@@ -144,6 +148,19 @@ async fn list(ctx: &Context, mut filter: ListFilter, all: bool) -> Result<u8> {
         let mut records = ctx.store().list(&asked).await?;
         let more = page > 0 && records.len() > page;
         records.truncate(if page > 0 { page } else { records.len() });
+        let last = records.last().map(ListCursor::of);
+        let mut seen = Vec::new();
+        if observed {
+            let mut kept = Vec::new();
+            for r in records {
+                let o = story::Observed::of(&ctx.store().history(&r.key).await?);
+                if !o.is_empty() {
+                    kept.push(r);
+                    seen.push(o);
+                }
+            }
+            records = kept;
+        }
         for r in &records {
             let names = [
                 r.state_name().to_string().len(),
@@ -156,10 +173,17 @@ async fn list(ctx: &Context, mut filter: ListFilter, all: bool) -> Result<u8> {
             }
         }
         let [ws, wn, wt, wk] = widths;
-        for r in &records {
+        for (i, r) in records.iter().enumerate() {
+            let observed = seen.get(i);
             if ctx.json {
                 let sep = if printed == 0 { "" } else { "," };
-                out::bytes(format!("{sep}{}", record_json(r, None)).as_bytes());
+                let mut line = record_json(r, None);
+                if let Some(o) = observed {
+                    // The record's object, one member more.
+                    line.pop();
+                    line.push_str(&format!(",\"observed\":{}}}", serde_json::json!(o)));
+                }
+                out::bytes(format!("{sep}{line}").as_bytes());
             } else {
                 if printed == 0 {
                     out::line(format_args!(
@@ -175,12 +199,15 @@ async fn list(ctx: &Context, mut filter: ListFilter, all: bool) -> Result<u8> {
                     r.key.key.as_str(),
                     r.fence,
                     r.created_at.to_string(),
-                    detail(r)
+                    match observed {
+                        Some(o) => format!("{}; observe mode: {o}", detail(r)),
+                        None => detail(r),
+                    }
                 ));
             }
             printed += 1;
         }
-        let next = more.then(|| records.last().map(ListCursor::of)).flatten();
+        let next = more.then_some(last).flatten();
         match next {
             Some(cursor) if all => filter.after = Some(cursor),
             next => break next,
@@ -188,6 +215,8 @@ async fn list(ctx: &Context, mut filter: ListFilter, all: bool) -> Result<u8> {
     };
     if ctx.json {
         out::line(format_args!("]"));
+    } else if printed == 0 && observed {
+        eprintln!("no record holds an observation: observe mode ran no call that enforce mode would have answered without running");
     } else if printed == 0 {
         eprintln!("no records");
     }

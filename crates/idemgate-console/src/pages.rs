@@ -469,7 +469,14 @@ struct ListQuery {
     key: Option<String>,
     /// The page after this cursor (the last record of the page before).
     cursor: Option<String>,
+    /// Only records whose history holds what observe mode (shadow mode) recorded.
+    observed: Option<String>,
 }
+
+/// How many records one page of the observed filter reads the histories of, at most: the
+/// filter is no store query (observations live in histories), so a page is the observed
+/// records among the next this many, and "Next page" goes on from there.
+const OBSERVED_SCAN: usize = 2_000;
 
 /// A query value, trimmed, unless it is empty.
 fn nonempty(v: &Option<String>) -> Option<&str> {
@@ -534,6 +541,9 @@ async fn records(
         limit: PAGE + 1,
         ..ListFilter::default()
     };
+    if nonempty(&q.observed).is_some() {
+        return observed_records(&console, &s, &q, filter).await;
+    }
     let mut list = match console.0.engine.list(&filter).await {
         Ok(l) => l,
         Err(e) => return engine_error(&s, &e),
@@ -571,6 +581,84 @@ async fn records(
     };
 
     let mut body = String::new();
+    filters_form(&mut body, &s, &q);
+    let _ = write!(
+        body,
+        r#"<p class="summary">{} unknown of {} record(s){}{}.</p>"#,
+        counted(unknown),
+        counted(total),
+        if unknown > 0 && filter.state.is_none() {
+            format!(
+                r#"; <a href="/ui?{}">show the unknown ones</a>, which need an operator"#,
+                esc(&here("", "unknown"))
+            )
+        } else {
+            String::new()
+        },
+        if after_given || next.is_some() {
+            format!("; {} shown on this page, oldest first", list.len())
+        } else {
+            String::new()
+        }
+    );
+    // What needs an operator comes first: on the first page of a listing of every state, the
+    // unknown records (the first page of them) stand in a table of their own above the rest.
+    if filter.state.is_none() && !after_given && unknown > 0 {
+        let first_unknown = ListFilter {
+            after: None,
+            limit: PAGE,
+            ..unknown_filter.clone()
+        };
+        let stuck = match console.0.engine.list(&first_unknown).await {
+            Ok(l) => l,
+            Err(e) => return engine_error(&s, &e),
+        };
+        let caption = if unknown > PAGE {
+            format!(
+                r#"Unknown outcomes, which need an operator: the oldest {PAGE} (<a href="/ui?{}">all of them</a>)"#,
+                esc(&here("", "unknown"))
+            )
+        } else {
+            "Unknown outcomes, which need an operator".to_owned()
+        };
+        records_table(&mut body, &caption, &stuck, None);
+    }
+    if list.is_empty() {
+        body.push_str("<p>No records match.</p>");
+    } else {
+        let caption = if filter.state.is_none() && !after_given && unknown > 0 {
+            "All records, oldest first"
+        } else {
+            "Records, oldest first"
+        };
+        records_table(&mut body, caption, &list, None);
+    }
+    // Every record is reachable: each page links to the one after it (and back to the first).
+    let mut links = Vec::new();
+    if after_given {
+        links.push(format!(
+            r#"<a href="/ui?{}">First page</a>"#,
+            esc(&here("", q.state.as_deref().unwrap_or("")))
+        ));
+    }
+    if let Some(next) = &next {
+        links.push(format!(
+            r#"<a href="/ui?{}" rel="next">Next page</a>"#,
+            esc(&here(&next.to_string(), q.state.as_deref().unwrap_or("")))
+        ));
+    }
+    if !links.is_empty() {
+        let _ = write!(
+            body,
+            r#"<nav class="pages" aria-label="Pages">{}</nav>"#,
+            links.join(" ")
+        );
+    }
+    page(StatusCode::OK, "Records", Some(header_of(&s)), &body)
+}
+
+/// The records page's filter form, its fields filled in from `q`.
+fn filters_form(body: &mut String, s: &Session, q: &ListQuery) {
     let _ = write!(
         body,
         r#"<form method="get" action="/ui" class="filters" aria-label="Filter records">"#
@@ -610,93 +698,44 @@ async fn records(
         r#"</select>
 <label for="f-hours">Created in the last (hours)</label> <input id="f-hours" name="hours" value="{}" size="4" inputmode="numeric">
 <label for="f-key">Key starts with</label> <input id="f-key" name="key" value="{}" size="16">
-<button type="submit">Filter</button></form>
-<p class="summary">{} unknown of {} record(s){}{}.</p>"#,
+<label for="f-observed">Observed calls only</label> <input type="checkbox" id="f-observed" name="observed" value="1"{}>
+<button type="submit">Filter</button></form>"#,
         esc(q.hours.as_deref().unwrap_or("")),
         esc(q.key.as_deref().unwrap_or("")),
-        counted(unknown),
-        counted(total),
-        if unknown > 0 && filter.state.is_none() {
-            format!(
-                r#"; <a href="/ui?{}">show the unknown ones</a>, which need an operator"#,
-                esc(&here("", "unknown"))
-            )
+        if nonempty(&q.observed).is_some() {
+            " checked"
         } else {
-            String::new()
+            ""
         },
-        if after_given || next.is_some() {
-            format!("; {} shown on this page, oldest first", list.len())
-        } else {
-            String::new()
-        }
     );
-    // What needs an operator comes first: on the first page of a listing of every state, the
-    // unknown records (the first page of them) stand in a table of their own above the rest.
-    if filter.state.is_none() && !after_given && unknown > 0 {
-        let first_unknown = ListFilter {
-            after: None,
-            limit: PAGE,
-            ..unknown_filter.clone()
-        };
-        let stuck = match console.0.engine.list(&first_unknown).await {
-            Ok(l) => l,
-            Err(e) => return engine_error(&s, &e),
-        };
-        let caption = if unknown > PAGE {
-            format!(
-                r#"Unknown outcomes, which need an operator: the oldest {PAGE} (<a href="/ui?{}">all of them</a>)"#,
-                esc(&here("", "unknown"))
-            )
-        } else {
-            "Unknown outcomes, which need an operator".to_owned()
-        };
-        records_table(&mut body, &caption, &stuck);
-    }
-    if list.is_empty() {
-        body.push_str("<p>No records match.</p>");
-    } else {
-        let caption = if filter.state.is_none() && !after_given && unknown > 0 {
-            "All records, oldest first"
-        } else {
-            "Records, oldest first"
-        };
-        records_table(&mut body, caption, &list);
-    }
-    // Every record is reachable: each page links to the one after it (and back to the first).
-    let mut links = Vec::new();
-    if after_given {
-        links.push(format!(
-            r#"<a href="/ui?{}">First page</a>"#,
-            esc(&here("", q.state.as_deref().unwrap_or("")))
-        ));
-    }
-    if let Some(next) = &next {
-        links.push(format!(
-            r#"<a href="/ui?{}" rel="next">Next page</a>"#,
-            esc(&here(&next.to_string(), q.state.as_deref().unwrap_or("")))
-        ));
-    }
-    if !links.is_empty() {
-        let _ = write!(
-            body,
-            r#"<nav class="pages" aria-label="Pages">{}</nav>"#,
-            links.join(" ")
-        );
-    }
-    page(StatusCode::OK, "Records", Some(header_of(&s)), &body)
 }
 
-/// A table of `records` under `caption` (HTML), one row each, each key linking to its record.
-fn records_table(body: &mut String, caption: &str, records: &[Record]) {
+/// A table of `records` under `caption` (HTML), one row each, each key linking to its record;
+/// with `observed` (one per record), a column of what observe mode recorded on each.
+fn records_table(
+    body: &mut String,
+    caption: &str,
+    records: &[Record],
+    observed: Option<&[story::Observed]>,
+) {
     let _ = write!(
         body,
-        r#"<div class="scroll"><table><caption>{caption}</caption><thead><tr><th scope="col">State</th><th scope="col">Tenant</th><th scope="col">Tool</th><th scope="col">Key</th><th scope="col">Fence</th><th scope="col">Created</th><th scope="col">Detail</th></tr></thead><tbody>"#
+        r#"<div class="scroll"><table><caption>{caption}</caption><thead><tr><th scope="col">State</th><th scope="col">Tenant</th><th scope="col">Tool</th><th scope="col">Key</th><th scope="col">Fence</th><th scope="col">Created</th><th scope="col">Detail</th>{}</tr></thead><tbody>"#,
+        if observed.is_some() {
+            r#"<th scope="col">Observe mode</th>"#
+        } else {
+            ""
+        }
     );
-    for r in records {
+    for (i, r) in records.iter().enumerate() {
         let state = r.state_name().to_string();
+        let seen = observed
+            .and_then(|o| o.get(i))
+            .map(|o| format!(r#"<td class="observed">{}</td>"#, esc(&o.to_string())))
+            .unwrap_or_default();
         let _ = write!(
             body,
-            r#"<tr class="row-{state}"><td><span class="state state-{state}">{state}</span></td><td>{}</td><td>{}</td><td class="key"><a href="/ui/record?{}">{}</a></td><td>{}</td><td>{}</td><td>{}</td></tr>"#,
+            r#"<tr class="row-{state}"><td><span class="state state-{state}">{state}</span></td><td>{}</td><td>{}</td><td class="key"><a href="/ui/record?{}">{}</a></td><td>{}</td><td>{}</td><td>{}</td>{seen}</tr>"#,
             esc(r.key.tenant.as_str()),
             esc(r.key.tool.as_str()),
             record_query(&r.key),
@@ -707,6 +746,99 @@ fn records_table(body: &mut String, caption: &str, records: &[Record]) {
         );
     }
     body.push_str("</tbody></table></div>");
+}
+
+/// The records page filtered to what observe mode (shadow mode) recorded: the records whose
+/// history holds observations, among at most [`OBSERVED_SCAN`] records from the page's cursor,
+/// each with how many calls ran that enforce mode would not have run and its verdicts.
+async fn observed_records(
+    console: &Console,
+    s: &Session,
+    q: &ListQuery,
+    mut filter: ListFilter,
+) -> Response {
+    let after_given = filter.after.is_some();
+    let (mut kept, mut seen) = (Vec::new(), Vec::new());
+    let mut scanned = 0usize;
+    let mut next = None;
+    loop {
+        let list = match console.0.engine.list(&filter).await {
+            Ok(l) => l,
+            Err(e) => return engine_error(s, &e),
+        };
+        let more = list.len() > PAGE;
+        for r in list.into_iter().take(PAGE) {
+            scanned += 1;
+            let history = match console.0.engine.history(&r.key).await {
+                Ok(h) => h,
+                Err(e) => return engine_error(s, &e),
+            };
+            let observed = story::Observed::of(&history);
+            let cursor = ListCursor::of(&r);
+            if !observed.is_empty() {
+                kept.push(r);
+                seen.push(observed);
+            }
+            filter.after = Some(cursor);
+        }
+        if !more {
+            break;
+        }
+        if kept.len() >= PAGE || scanned >= OBSERVED_SCAN {
+            next = filter.after.clone();
+            break;
+        }
+    }
+    let here = |cursor: &str| {
+        query(&[
+            ("tenant", q.tenant.as_deref().unwrap_or("")),
+            ("tool", q.tool.as_deref().unwrap_or("")),
+            ("state", q.state.as_deref().unwrap_or("")),
+            ("hours", q.hours.as_deref().unwrap_or("")),
+            ("key", q.key.as_deref().unwrap_or("")),
+            ("observed", "1"),
+            ("cursor", cursor),
+        ])
+    };
+    let mut body = String::new();
+    filters_form(&mut body, s, q);
+    let calls: usize = seen.iter().map(|o| o.calls).sum();
+    let _ = write!(
+        body,
+        r#"<p class="summary">Observe mode (shadow mode) runs every call, and records on the record a call duplicated what enforce mode would have done instead. {} record(s) of the {scanned} read hold {calls} such call(s).</p>"#,
+        kept.len()
+    );
+    if kept.is_empty() {
+        body.push_str("<p>No record holds an observation.</p>");
+    } else {
+        records_table(
+            &mut body,
+            "Records with calls that enforce mode would not have run, oldest first",
+            &kept,
+            Some(&seen),
+        );
+    }
+    let mut links = Vec::new();
+    if after_given {
+        links.push(format!(
+            r#"<a href="/ui?{}">First page</a>"#,
+            esc(&here(""))
+        ));
+    }
+    if let Some(next) = &next {
+        links.push(format!(
+            r#"<a href="/ui?{}" rel="next">Next page</a>"#,
+            esc(&here(&next.to_string()))
+        ));
+    }
+    if !links.is_empty() {
+        let _ = write!(
+            body,
+            r#"<nav class="pages" aria-label="Pages">{}</nav>"#,
+            links.join(" ")
+        );
+    }
+    page(StatusCode::OK, "Observed calls", Some(header_of(s)), &body)
 }
 
 /// The query string naming one record.
