@@ -8,6 +8,9 @@ const { errorOf, Failed, NotApplied, OutcomeNotRecorded, OutcomeUnknown } = requ
 
 /** The downstream key of the call whose function runs in this async context (see `currentKey`). */
 const current = new AsyncLocalStorage();
+// The tool of the observed call whose function runs (observe mode): a call of the same tool inside
+// it (an adapter's window inside the call id's record) is that call, observed once.
+const observedTool = new AsyncLocalStorage();
 
 /** The downstream key of the action whose function is running: the 64-hex digest of its record
  * (SHA-256 of tenant, tool and key), the same on every attempt of the action, in every process
@@ -104,8 +107,9 @@ function report(e) {
 /** The policy fields a call or a wrapper overrides, by the engine's names; `window` is
  * `fallbackWindow`; `tombstone` (seconds, default 30 days, 0: none) how long after a call ran
  * a retry past the `ttl` is answered `OutcomeExpired` instead of running again; `identity` the
- * arguments that name the action (the window compares only these). */
-const POLICY_FIELDS = ['kind', 'ttl', 'lease', 'wait', 'fallbackWindow', 'onUnknown', 'tombstone', 'identity'];
+ * arguments that name the action (the window compares only these); `mode` `enforce` or
+ * `observe` (shadow mode: every call runs, what enforce would have done is recorded). */
+const POLICY_FIELDS = ['kind', 'ttl', 'lease', 'wait', 'fallbackWindow', 'onUnknown', 'tombstone', 'identity', 'mode'];
 
 function policyOf(options) {
   const p = {};
@@ -313,12 +317,18 @@ class Engine {
     const policy = policyJson(this.policy(tool, overrides));
     const trace = callerTrace();
     const begun = parsed(await n.begin(tool, key ?? undefined, argsJson ?? undefined, policy, scope ?? undefined,
-      callId ?? undefined, trace?.traceparent, trace?.tracestate));
+      callId ?? undefined, trace?.traceparent, trace?.tracestate, observedTool.getStore() === tool));
     if (begun.pass_through) {
-      const value = await fn();
+      // Observe mode: a call of this tool inside the function (the window inside a call id's
+      // record) is this same call, observed once.
+      const value = begun.observed === undefined
+        ? await fn()
+        : await observedTool.run(tool, () => (begun.digest ? current.run(begun.digest, fn) : fn()));
+      // `observed`: observe mode ran a call enforce mode would have answered so (`replayed`...).
       return new Result({
         value, executed: true, replayed: false, executedAt: null, expiresAt: null, rule: null,
         key: null, verdict: 'pass_through', content: null, recording: null, explanation: null, forModel: null,
+        ...(begun.observed === undefined ? {} : { observed: begun.observed }),
       });
     }
     if (begun.execute === undefined) return resultOf(begun, undefined, true); // a replay
@@ -388,8 +398,8 @@ const defaultArgs = (a) => ({ args: a, kwargs: {} });
  * the JSON arguments that are fingerprinted (default: all of them, as the Python decorator);
  * `options.scope` a string or a function of the arguments (where the call was made);
  * `options.signal(...a)` the AbortSignal of a call; the policy fields (`kind`, `ttl`, `lease`,
- * `wait`, `window`/`fallbackWindow`, `onUnknown`, `tombstone`) override the engine's for the tool.
- * The wrapper returns a promise of the value (a replay: the stored one); `wrapper.result(...a)`
+ * `wait`, `window`/`fallbackWindow`, `onUnknown`, `tombstone`, `identity`, `mode`) override the
+ * engine's for the tool. The wrapper returns a promise of the value (a replay: the stored one); `wrapper.result(...a)`
  * makes the same call and resolves to the whole `Result`, to tell a replay from a run. */
 function idempotent(engine, tool, fn, options = {}) {
   if (typeof tool !== 'string') throw new TypeError('idempotent(engine, tool, fn, options): tool must be a string');

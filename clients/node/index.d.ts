@@ -25,6 +25,11 @@ export interface PolicyOptions {
    * within it is the same action, and the model is told an action with the same ones ran. A
    * call lacking one is named by all its arguments; a key is never affected. */
   identity?: readonly string[];
+  /** `enforce` (the default) or `observe`: shadow mode, for adopting idemgate on a live agent.
+   * Every call runs (nothing is replayed, waited for or refused), and what enforce mode would
+   * have done is recorded in the history of the record a call duplicates; such a call's
+   * `Result` says it in `observed`. */
+  mode?: 'enforce' | 'observe';
 }
 
 export interface OpenOptions {
@@ -69,6 +74,10 @@ export declare class Result<T = unknown> {
   readonly explanation: string | null;
   /** What happened, for a model. */
   readonly forModel: string | null;
+  /** Observe mode (shadow mode) only: this call ran, and enforce mode would have answered it
+   * without running, with this verdict (`replayed`, `in_flight`, `unknown`, `expired`,
+   * `key_reused`, `key_required`, `store_unavailable`). */
+  readonly observed?: string;
 }
 
 export interface RecordName {

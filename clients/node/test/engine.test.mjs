@@ -333,6 +333,63 @@ describe('keys and refusals', () => {
     );
   });
 
+  test('observe mode runs every call, tells the program what enforce would have done, and keeps it on the record', async () => {
+    const engine = await STORES.memory();
+    let runs = 0;
+    const charge = idempotent(engine, 'charge', async (amount) => {
+      runs += 1;
+      return runs;
+    }, { key: () => 'order-1', args: (amount) => ({ amount }), mode: 'observe' });
+    const first = await charge.result(5);
+    const again = await charge.result(5);
+    const reused = await charge.result(6);
+    assert.equal(first.executed, true);
+    assert.equal(first.observed, undefined);
+    assert.deepEqual([again.value, again.replayed, again.verdict, again.observed], [2, false, 'pass_through', 'replayed']);
+    assert.deepEqual([reused.value, reused.observed], [3, 'key_reused']);
+    const keyless = idempotent(engine, 'charge', async () => 'ran', { mode: 'observe' });
+    assert.equal((await keyless.result()).observed, 'key_required');
+    const record = await engine.record('charge', 'order-1');
+    assert.equal(record.fence, 1);
+    const observed = record.history.filter((s) => s.what === 'observed').map((s) => s.text);
+    assert.equal(observed.length, 2);
+    assert.match(observed[0], /enforce mode would have replayed the outcome recorded at/);
+    // The function of an observed call sees its record's downstream key, as a run does.
+    const seenKey = await engine.call('charge', 'order-1', { amount: 5 }, async () => currentKey(), { mode: 'observe' });
+    assert.equal(seenKey.observed, 'replayed');
+    assert.equal(seenKey.value, engine.keyFor('charge', 'order-1', { amount: 5 }).digest);
+    // One word to enforce: the record observe mode kept is replayed.
+    const enforced = idempotent(engine, 'charge', async () => 'never', { key: () => 'order-1', args: (amount) => ({ amount }) });
+    assert.equal((await enforced.result(5)).replayed, true);
+    await assert.rejects(
+      idempotent(engine, 'x', async () => 1, { key: () => 'k', mode: 'shadow' })(),
+      /unknown mode "shadow": expected enforce or observe/,
+    );
+  });
+
+  test('observe mode observes a call id duplicate once, with the window of the same tool inside it', async () => {
+    const engine = await STORES.memory();
+    let sent = 0;
+    const observe = { mode: 'observe' };
+    // An adapter's shape: the call id's record, and inside its function the window's record of the
+    // same tool; a call of another tool inside the function is observed on its own.
+    const windowed = async () => {
+      await engine.call('audit', 'audit-1', { n: 1 }, async () => 'noted', observe);
+      const inner = await engine.call('mail', null, { to: 'ann' }, async () => (sent += 1), { scope: 'call-1', window: 60, ...observe });
+      return inner.value;
+    };
+    const first = await engine.call('mail', 'call-1', { to: 'ann' }, windowed, { scope: 'call-1', ...observe });
+    const again = await engine.call('mail', 'call-1', { to: 'ann' }, windowed, { scope: 'call-1', ...observe });
+    assert.equal(first.observed, undefined);
+    assert.equal(again.observed, 'replayed');
+    assert.equal(sent, 2);
+    const count = (record) => record.history.filter((s) => s.what === 'observed').length;
+    assert.equal(count(await engine.record('mail', 'call-1')), 1);
+    const window = engine.keyFor('mail', null, { to: 'ann' }, { scope: 'call-1', window: 60 });
+    assert.equal(count(await engine.record('mail', window.key)), 0);
+    assert.equal(count(await engine.record('audit', 'audit-1')), 1);
+  });
+
   test('result() tells a replay from a run without changing what the wrapper returns', async () => {
     const engine = await STORES.memory();
     const f = idempotent(engine, 'tag', async () => ['a', 1], { key: () => 'tag-1' });

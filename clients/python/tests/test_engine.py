@@ -161,6 +161,76 @@ def test_identity_fields_make_a_reworded_replan_the_same_action(engine: Engine) 
         Policy(identity=[""])
 
 
+def test_observe_mode_runs_every_call_and_the_record_tells_what_enforce_would_have_done(
+    engine: Engine,
+) -> None:
+    runs = Counter()
+    key = mint_key()
+    first = engine.call("charge", key, {"amount": 5}, runs.bump, mode="observe")
+    again = engine.call("charge", key, {"amount": 5}, runs.bump, mode="observe")
+    reused = engine.call("charge", key, {"amount": 6}, runs.bump, mode="observe")
+    # Nothing suppressed: each call ran and got its own value.
+    assert first.executed and first.value == 1
+    assert again.executed and not again.replayed and again.verdict == "pass_through"
+    assert again.value == 2 and reused.value == 3 and runs.n == 3
+    assert first.observed is None and again.observed == "replayed"
+    assert reused.observed == "key_reused"
+    # A write without a key runs too (enforce would raise KeyRequired).
+    assert engine.call("charge", None, {"amount": 7}, runs.bump, mode="observe").value == 4
+    record = engine.record("charge", key)
+    assert record is not None and record["state"] == "completed" and record["fence"] == 1
+    observed = [s for s in record["history"] if s["what"] == "observed"]
+    assert [s["reason"].split("enforce mode would have ")[1].split(" ")[0] for s in observed] == [
+        "replayed",
+        "refused",
+    ], observed
+    # The function of an observed call sees its record's downstream key, as a run does.
+    named = engine.key_for("charge", key, {"amount": 5})
+    assert named is not None
+    seen = engine.call("charge", key, {"amount": 5}, idemgate.current_key, mode="observe")
+    assert seen.observed == "replayed" and seen.value == named["digest"]
+    # One word to enforce: the record observe mode kept is replayed.
+    enforced = engine.call("charge", key, {"amount": 5}, runs.bump)
+    assert enforced.replayed and enforced.value == 1 and runs.n == 4
+    assert Policy(mode="observe").mode == "observe" and Policy().mode == "enforce"
+    with pytest.raises(ValueError, match="mode"):
+        Policy(mode="shadow")  # type: ignore[arg-type]
+
+
+def test_observe_mode_observes_a_call_id_duplicate_once_with_the_window_inside_it(
+    engine: Engine,
+) -> None:
+    # An integration's shape: the call id's record, and inside its function the window's record
+    # of the same tool. Its duplicate is one observation, on the call id's record; a call of
+    # another tool inside the function is observed on its own.
+    runs = Counter()
+    call_id, audit_key = mint_key(), mint_key()
+    observe: dict[str, Any] = {"mode": "observe"}
+
+    def windowed() -> Any:
+        engine.call("audit", audit_key, {"n": 1}, lambda: "noted", **observe)
+        inner = engine.call(
+            "mail", None, {"to": "ann"}, runs.bump, scope=call_id, fallback_window=60, **observe
+        )
+        return inner.value
+
+    first = engine.call("mail", call_id, {"to": "ann"}, windowed, scope=call_id, **observe)
+    again = engine.call("mail", call_id, {"to": "ann"}, windowed, scope=call_id, **observe)
+    assert first.executed and first.observed is None
+    assert again.observed == "replayed" and runs.n == 2
+    outer = engine.record("mail", call_id)
+    assert outer is not None
+    assert [s["what"] for s in outer["history"]].count("observed") == 1, outer["history"]
+    window = engine.key_for("mail", None, {"to": "ann"}, scope=call_id, fallback_window=60)
+    assert window is not None
+    inner = engine.record("mail", window["key"])
+    assert inner is not None
+    assert [s["what"] for s in inner["history"]].count("observed") == 0, inner["history"]
+    audit = engine.record("audit", audit_key)
+    assert audit is not None
+    assert [s["what"] for s in audit["history"]].count("observed") == 1, audit["history"]
+
+
 def test_a_fallback_window_joins_identical_calls_of_one_scope_only(engine: Engine) -> None:
     runs = Counter()
     args = {"to": mint_key()}

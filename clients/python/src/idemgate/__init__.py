@@ -36,7 +36,7 @@ from typing import Any, ParamSpec, TypeVar, Unpack, overload
 from . import gateway_decorator as _gateway_decorator
 from . import engine as _engine
 from . import remote
-from ._literals import OnUnknown, RecordState, Resolution, ToolKind
+from ._literals import Mode, OnUnknown, RecordState, Resolution, ToolKind
 from .client import (
     AsyncClient,
     Begin,
@@ -166,6 +166,7 @@ __all__ = [
     "NotApplied",
     "NotFound",
     "NotResolvable",
+    "Mode",
     "OnUnknown",
     "Outcome",
     "OutcomeExpired",

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Literal, TypeAlias
 
-__all__ = ["OnUnknown", "RecordState", "Resolution", "ToolKind"]
+__all__ = ["Mode", "OnUnknown", "RecordState", "Resolution", "ToolKind"]
 
 #: A tool's kind (``Policy.kind``): ``"write"`` (gated, the default), ``"read"`` or
 #: ``"natural_idempotent"`` (run without a record).
@@ -16,6 +16,11 @@ ToolKind: TypeAlias = Literal["write", "read", "natural_idempotent"]
 #: ``OutcomeUnknown``, the default), ``"retry"`` (run again) or ``"verify"`` (ask the tool's
 #: verifier).
 OnUnknown: TypeAlias = Literal["block", "retry", "verify"]
+
+#: Whether the gate acts (``Policy.mode``): ``"enforce"`` (the default) or ``"observe"``, shadow
+#: mode: every call runs, and what enforce mode would have done is recorded in the history of
+#: the record a call duplicates.
+Mode: TypeAlias = Literal["enforce", "observe"]
 
 #: A record's state, as ``records(state=...)`` filters them: ``"expired"`` is a completed record
 #: past its ttl, within its tombstone.

@@ -5,7 +5,7 @@ from collections.abc import Callable
 from os import PathLike
 from typing import Any, Literal, Sequence, final, overload
 
-from ._literals import OnUnknown, RecordState, Resolution, ToolKind
+from ._literals import Mode, OnUnknown, RecordState, Resolution, ToolKind
 from .engine import Result
 
 PASSED_THROUGH: object
@@ -29,6 +29,7 @@ class Policy:
         on_unknown: OnUnknown = "block",
         tombstone: float = 2592000.0,
         identity: Sequence[str] | None = None,
+        mode: Mode = "enforce",
     ) -> None: ...
     @property
     def kind(self) -> ToolKind: ...
@@ -50,6 +51,21 @@ class Policy:
     def identity(self) -> list[str]:
         """The arguments that name the tool's action (names or JSON pointers): the window
         compares only these."""
+    @property
+    def mode(self) -> Mode:
+        """``enforce``, or ``observe`` (shadow mode): every call runs, and what enforce mode
+        would have done is recorded in the history of the record a call duplicates."""
+
+@final
+class Observed:
+    """What ``begin`` answers in observe mode for a call enforce mode would have answered
+    without running: run it (nothing is recorded of it); ``would`` is that verdict."""
+
+    @property
+    def would(self) -> str: ...
+    @property
+    def digest(self) -> str | None:
+        """The downstream key of the record the call was named by (``current_key()``)."""
 
 @final
 class Ticket:
@@ -130,7 +146,8 @@ class Engine:
         traceparent: str | None = None,
         tracestate: str | None = None,
         call_id: str | None = None,
-    ) -> Ticket | Result | None: ...
+        within_observed: bool = False,
+    ) -> Ticket | Result | Observed | None: ...
     @overload
     def begin(
         self,
@@ -144,8 +161,9 @@ class Engine:
         traceparent: str | None = None,
         tracestate: str | None = None,
         call_id: str | None = None,
+        within_observed: bool = False,
     ) -> Any:
-        """A ``Ticket``, ``PASSED_THROUGH`` or a replay's stored value."""
+        """A ``Ticket``, ``PASSED_THROUGH``, an ``Observed`` or a replay's stored value."""
     @overload
     def finish(
         self, ticket: Ticket, effect_kind: str, body: str, *, quiet: Literal[False] = False
@@ -167,6 +185,7 @@ class Engine:
         traceparent: str | None = None,
         tracestate: str | None = None,
         call_id: str | None = None,
+        within_observed: bool = False,
     ) -> None: ...
     def finish_async(
         self, ticket: Ticket, effect_kind: str, body: str, done: Done, *, quiet: bool = False

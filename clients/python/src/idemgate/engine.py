@@ -68,9 +68,9 @@ from typing import (
 )
 
 from . import _native
-from ._literals import OnUnknown, RecordState, Resolution, ToolKind
+from ._literals import Mode, OnUnknown, RecordState, Resolution, ToolKind
 from ._native import PASSED_THROUGH as _PASSED_THROUGH
-from ._native import Policy, Ticket
+from ._native import Observed, Policy, Ticket
 from .errors import (
     Failed,
     NotApplied,
@@ -126,7 +126,12 @@ class PolicyOptions(TypedDict, total=False):
       ``"/order/id"``), a tuple: the window then compares only these, so a call that rewords the
       rest (a guardrail's retry that rewrites a mail's body) within it is the same action, and
       its notice says an action with the same ones ran. A call lacking one is named by all its
-      arguments; a key is never affected.
+      arguments; a key is never affected;
+    - ``mode``: ``"enforce"`` (the default) or ``"observe"``, shadow mode, for adopting idemgate
+      on a live agent: every call runs (nothing is replayed, waited for or refused), and what
+      enforce mode would have done is recorded in the history of the record a call duplicates
+      (``keys list --observed``, the console, ``/metrics``). Fresh calls keep their records as in
+      enforce mode, so switching is one word.
     """
 
     kind: ToolKind | None
@@ -137,6 +142,7 @@ class PolicyOptions(TypedDict, total=False):
     fallback_window: float | None
     on_unknown: OnUnknown | None
     identity: Sequence[str] | None
+    mode: Mode | None
 
 
 _POLICY_FIELDS = tuple(PolicyOptions.__annotations__)
@@ -153,6 +159,13 @@ def given_policy(options: Mapping[str, Any]) -> dict[str, Any]:
 # ever new override values must not grow it without bound).
 _OVERRIDDEN_MAX = 1024
 
+
+# The tool of the observed call whose function runs in this context (observe mode): a call of the
+# same tool inside it (an integration's window inside the call id's record) is that same call,
+# observed once, by the outer record.
+_OBSERVED_TOOL: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "idemgate_observed_tool", default=None
+)
 
 # The downstream key of the call whose function runs in this context (see `current_key`).
 _CURRENT_KEY: contextvars.ContextVar[str | None] = contextvars.ContextVar(
@@ -183,7 +196,9 @@ class Result:
     without running it (``executed_at`` is when that call's outcome was recorded); ``rule`` is
     ``explicit`` (the caller's key) or ``fallback`` (the tool's fallback window); ``verdict`` the
     engine's label (``executed``, ``replayed``, ``pass_through``); ``content`` the stored kind
-    (``json`` from Python and the coordination API, ``command`` from ``idemgate exec``...).
+    (``json`` from Python and the coordination API, ``command`` from ``idemgate exec``...);
+    ``observed``, in observe mode (shadow mode) only: this call ran, where enforce mode would
+    have given this verdict instead (``replayed``, ``in_flight``, ``key_reused``...).
     """
 
     value: Any
@@ -196,6 +211,7 @@ class Result:
     verdict: str
     content: str | None = None
     recording: str | None = None
+    observed: str | None = None
 
 
 @functools.lru_cache(maxsize=1024)
@@ -257,8 +273,35 @@ def _json_text(value: Any) -> str:
     return text
 
 
-def _passed_through(value: Any) -> Result:
-    return Result(value, True, False, None, None, None, None, "pass_through")
+def _observed(tool: str, begun: Observed, fn: Callable[..., Any], *a: Any, **kw: Any) -> Any:
+    """Runs ``fn`` for a call observe mode runs where enforce mode would not have: under its
+    record's downstream key (``current_key``), and as the observed call of ``tool``, so that the
+    window's call of the same tool inside it is not observed again."""
+    observing = _OBSERVED_TOOL.set(tool)
+    current = _CURRENT_KEY.set(begun.digest)
+    try:
+        return fn(*a, **kw)
+    finally:
+        _CURRENT_KEY.reset(current)
+        _OBSERVED_TOOL.reset(observing)
+
+
+async def _aobserved(
+    tool: str, begun: Observed, fn: Callable[..., Any], *a: Any, **kw: Any
+) -> Any:
+    """As :func:`_observed`, awaiting what ``fn`` gives when it is awaitable."""
+    observing = _OBSERVED_TOOL.set(tool)
+    current = _CURRENT_KEY.set(begun.digest)
+    try:
+        value = fn(*a, **kw)
+        return await value if inspect.isawaitable(value) else value
+    finally:
+        _CURRENT_KEY.reset(current)
+        _OBSERVED_TOOL.reset(observing)
+
+
+def _passed_through(value: Any, observed: str | None = None) -> Result:
+    return Result(value, True, False, None, None, None, None, "pass_through", observed=observed)
 
 
 def _default_args(a: tuple[Any, ...], kw: dict[str, Any]) -> Any:
@@ -630,11 +673,14 @@ class Engine:
             traceparent=parent,
             tracestate=state,
             call_id=call_id,
+            within_observed=_OBSERVED_TOOL.get() == tool,
         )
         if begun is None:
             return _passed_through(fn())
         if isinstance(begun, Result):
             return begun  # a replay
+        if isinstance(begun, Observed):
+            return _passed_through(_observed(tool, begun, fn), begun.would)
         return cast(Result, self._run(tool, begun, False, fn))
 
     def _run(
@@ -741,6 +787,7 @@ class Engine:
                 traceparent=parent,
                 tracestate=state,
                 call_id=call_id,
+                within_observed=_OBSERVED_TOOL.get() == tool,
             )
         )
         if begun is None:
@@ -748,6 +795,8 @@ class Engine:
             return _passed_through(await value if inspect.isawaitable(value) else value)
         if isinstance(begun, Result):
             return begun  # a replay
+        if isinstance(begun, Observed):
+            return _passed_through(await _aobserved(tool, begun, fn), begun.would)
         return cast(Result, await self._arun(tool, begun, False, fn))
 
     async def _arun(
@@ -898,7 +947,7 @@ def idempotent(
     fallback window if it has one, else raises ``KeyRequired``); ``args(*a, **kw)`` gives the JSON
     arguments that are fingerprinted (default: all of them). The keyword arguments of
     :class:`PolicyOptions` (``kind``, ``ttl``, ``tombstone``, ``lease``, ``wait``,
-    ``fallback_window``, ``on_unknown``) override the engine's policy for the tool. Plain functions return their value (a replay returns the stored one);
+    ``fallback_window``, ``on_unknown``, ``identity``, ``mode``) override the engine's policy for the tool. Plain functions return their value (a replay returns the stored one);
     ``async def`` functions are awaited (see :meth:`Engine.acall`). ``f.result(...)`` (awaited
     for ``async def``) makes the same call and returns the whole :class:`Result`, for a caller
     that must tell a replay from a run (``replayed``, ``executed_at``) without changing what
@@ -963,6 +1012,8 @@ def idempotent(
                     return await engine._arun(name, begun, True, fn, *a, **kw)
                 if begun is _PASSED_THROUGH:
                     return await fn(*a, **kw)
+                if type(begun) is Observed:
+                    return await _aobserved(name, begun, fn, *a, **kw)
                 return begun  # a replay's stored value
 
             setattr(awrapper, "result", aresult)  # noqa: B010 - a function's attribute
@@ -995,6 +1046,8 @@ def idempotent(
                 return engine._run(name, begun, True, fn, *a, **kw)
             if begun is _PASSED_THROUGH:
                 return fn(*a, **kw)
+            if type(begun) is Observed:
+                return _observed(name, begun, fn, *a, **kw)
             return begun  # a replay's stored value
 
         setattr(wrapper, "result", result)  # noqa: B010 - a function's attribute
