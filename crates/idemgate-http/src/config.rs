@@ -11,6 +11,7 @@ use serde::{Deserialize, Deserializer};
 pub use idemgate_console::ConsoleConfig;
 
 use crate::error::Error;
+use crate::profile::{Profile, ACP_MIN_TTL};
 
 /// The whole configuration file.
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
@@ -117,6 +118,9 @@ pub struct ToolConfig {
     pub verify_url: Option<String>,
     /// `enforce` or `observe` (shadow mode); default: `[server] mode`.
     pub mode: Option<Mode>,
+    /// The idempotency contract the forwarded tool answers by: `idemgate` (the default) or
+    /// `acp`, the Agentic Commerce Protocol's (docs/HTTP.md, "Commerce protocol profiles").
+    pub profile: Option<Profile>,
 }
 
 impl ToolConfig {
@@ -127,7 +131,13 @@ impl ToolConfig {
         ToolPolicy {
             kind: self.kind.unwrap_or(d.kind),
             ttl: self.ttl.unwrap_or(d.ttl),
-            tombstone: self.tombstone.unwrap_or(d.tombstone),
+            // ACP: a key past its retention is a new request (section 6.6), so no tombstone.
+            tombstone: self
+                .tombstone
+                .unwrap_or(match self.profile.unwrap_or_default() {
+                    Profile::Acp => Duration::ZERO,
+                    Profile::Idemgate => d.tombstone,
+                }),
             lease: self.lease.unwrap_or(d.lease),
             wait: self.wait.unwrap_or(d.wait),
             fallback_window: self.fallback_window,
@@ -252,6 +262,30 @@ impl Config {
                     format!("tools.{name}.lease"),
                     "expected a positive duration".to_owned(),
                 );
+            }
+            if tool.profile == Some(Profile::Acp) {
+                if tool.upstream.is_none() {
+                    return fail(
+                        format!("tools.{name}.profile"),
+                        "profile \"acp\" is the wire of a forwarded tool: set its upstream"
+                            .to_owned(),
+                    );
+                }
+                if p.fallback_window.is_some() {
+                    return fail(
+                        format!("tools.{name}.fallback_window"),
+                        "profile \"acp\" requires an Idempotency-Key on every POST, so a call without one is refused, never joined by a window".to_owned(),
+                    );
+                }
+                if p.ttl < ACP_MIN_TTL {
+                    return fail(
+                        format!("tools.{name}.ttl"),
+                        format!(
+                            "profile \"acp\" keeps a key's response at least 24h (its section 6.6), not {}",
+                            humantime::format_duration(p.ttl)
+                        ),
+                    );
+                }
             }
         }
         self.server.upstream_roots()?;

@@ -21,6 +21,7 @@ use crate::auth::Caller;
 use crate::error::{error_chain, Problem};
 use crate::gateway::Gateway;
 use crate::headers::IDEMPOTENCY_KEY;
+use crate::profile::Profile;
 use crate::request::{self, Path};
 
 /// What the upstream answered.
@@ -58,13 +59,26 @@ impl Upstream {
     }
 }
 
-/// `POST /v1/tools/{tool}/call`.
+/// `POST /v1/tools/{tool}/call`, answered in the tool's profile (`crate::profile`).
 pub(crate) async fn call(
     State(gw): State<Gateway>,
     Caller(tenant): Caller,
     Path(tool): Path<String>,
     headers: HeaderMap,
     body: Body,
+) -> Result<Response, Problem> {
+    let profile = gw.profile(&tool);
+    let result = call_of(gw, tenant, tool, &headers, body, profile).await;
+    profile.answer(result, &headers)
+}
+
+async fn call_of(
+    gw: Gateway,
+    tenant: std::sync::Arc<Tenant>,
+    tool: String,
+    headers: &HeaderMap,
+    body: Body,
+    profile: Profile,
 ) -> Result<Response, Problem> {
     let tool = request::tool_name(&tool)?;
     let Some(upstream) = gw.upstream(tool.as_str()).map(str::to_owned) else {
@@ -74,11 +88,11 @@ pub(crate) async fn call(
     };
     let bytes = request::read_body(body).await?;
     let policy = gw.config().policy(tool.as_str());
-    let call = request::call(&tenant.id, &tool, &headers, &bytes, &policy.identity)?;
-    let (caller, span) = crate::headers::call_span(&headers, &tenant.id, &tool);
+    let call = request::call(&tenant.id, &tool, headers, &bytes, &policy.identity)?;
+    let (caller, span) = crate::headers::call_span(headers, &tenant.id, &tool);
     // Runs in a task of its own: a caller that hangs up must not cut the side effect off between
     // sending it upstream and recording what came back.
-    let forwarded = forward(gw, tenant, call, policy, upstream, bytes, caller);
+    let forwarded = forward(gw, tenant, call, policy, upstream, bytes, caller, profile);
     let task = tokio::spawn(forwarded.instrument(span));
     task.await.unwrap_or_else(|e| {
         Err(Problem::store_unavailable(format!(
@@ -87,6 +101,7 @@ pub(crate) async fn call(
     })
 }
 
+#[allow(clippy::too_many_arguments)] // the call, and where and how it goes
 async fn forward(
     gw: Gateway,
     tenant: std::sync::Arc<Tenant>,
@@ -95,6 +110,7 @@ async fn forward(
     upstream: String,
     body: Bytes,
     caller: Option<TraceContext>,
+    profile: Profile,
 ) -> Result<Response, Problem> {
     let deadline = upstream_deadline(gw.config().server.request_timeout);
     // The record's name, known before the engine reserves it, so the downstream key can be sent.
@@ -136,7 +152,7 @@ async fn forward(
             let trace = idemgate_trace::outgoing(caller.as_ref());
             let sent = send(&gw, &upstream, Some(hex(&digest)), trace, body, deadline).await;
             tenant.live.release(&digest);
-            let effect = classify(&sent);
+            let effect = classify(&sent, profile);
             *sent_back = Some(sent);
             effect
         }
@@ -163,9 +179,17 @@ fn text(v: Option<&HeaderValue>) -> Option<String> {
 
 /// Maps what the upstream did onto what the engine records (docs/HTTP.md, "Upstream result
 /// mapping").
-fn classify(sent: &Result<Upstream, reqwest::Error>) -> Effect {
+fn classify(sent: &Result<Upstream, reqwest::Error>, profile: Profile) -> Effect {
     match sent {
         Ok(up) if up.status.is_success() => Effect::Success(up.payload()),
+        // A profile that never stores a 5xx (ACP): the caller gets it, and the key is free for
+        // the retry, which runs fresh (the upstream got the same downstream key both times).
+        Ok(up) if up.status.is_server_error() && !profile.stores_server_errors() => {
+            Effect::NotApplied {
+                message: format!("the upstream answered {}", up.status),
+                reply: Some(up.payload()),
+            }
+        }
         // The upstream refused before acting: its answer goes back to this caller only.
         Ok(up) if up.status == StatusCode::TOO_MANY_REQUESTS => Effect::NotApplied {
             message: "the upstream answered 429".to_owned(),

@@ -217,6 +217,15 @@ impl Gateway {
         self.0.config.tools.get(tool)?.upstream.as_deref()
     }
 
+    /// The idempotency contract a forwarded tool answers by.
+    pub(crate) fn profile(&self, tool: &str) -> crate::profile::Profile {
+        self.0
+            .config
+            .tools
+            .get(tool)
+            .and_then(|t| t.profile)
+            .unwrap_or_default()
+    }
 }
 
 /// The journal directory: configured, else beside the SQLite file; none (in memory) for the

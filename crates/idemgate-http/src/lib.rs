@@ -10,6 +10,7 @@ mod gateway;
 mod headers;
 pub mod logging;
 mod ops;
+pub mod profile;
 mod records;
 mod request;
 mod server;

@@ -5,6 +5,7 @@ mod errors;
 mod forward;
 mod limits;
 mod ops;
+mod profiles;
 mod records;
 mod regressions;
 mod support;
