@@ -65,11 +65,14 @@ impl Bucket {
 }
 
 /// The records a front door holds in flight for one tenant, by key digest, each until its lease
-/// would run out (a caller that never reports back stops counting when its lease ends).
+/// would run out (a caller that never reports back stops counting when its lease ends). A key
+/// held by two calls at once (a holder whose lease was taken over and the one that took it, an
+/// observe-mode duplicate beside the call it duplicates) counts once, until both release it.
 #[derive(Debug)]
 pub struct LiveKeys {
     max: Option<usize>,
-    held: Mutex<HashMap<[u8; 32], Instant>>,
+    /// Until when each key counts, and how many calls hold it.
+    held: Mutex<HashMap<[u8; 32], (Instant, u32)>>,
 }
 
 impl LiveKeys {
@@ -92,13 +95,15 @@ impl LiveKeys {
         if let Some(max) = self.max {
             if held.len() >= max && !held.contains_key(&digest) {
                 let now = Instant::now();
-                held.retain(|_, t| *t > now);
+                held.retain(|_, (t, _)| *t > now);
                 if held.len() >= max {
                     return false;
                 }
             }
         }
-        held.insert(digest, until);
+        let (t, holders) = held.entry(digest).or_insert((until, 0));
+        *t = (*t).max(until);
+        *holders += 1;
         true
     }
 
@@ -110,16 +115,20 @@ impl LiveKeys {
             .unwrap_or_else(|p| p.into_inner())
             .get_mut(&digest)
         {
-            *t = until;
+            t.0 = t.0.max(until);
         }
     }
 
-    /// Stops counting a key (its outcome was reported).
+    /// Stops counting a key for one of its holders (its outcome was reported); it stops
+    /// counting when the last one does.
     pub fn release(&self, digest: &[u8; 32]) {
-        self.held
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(digest);
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, holders)) = held.get_mut(digest) {
+            *holders -= 1;
+            if *holders == 0 {
+                held.remove(digest);
+            }
+        }
     }
 
     /// How many keys count now.
@@ -160,5 +169,23 @@ mod tests {
         // [2] expires at `now`, so it no longer counts.
         assert!(live.hold([3; 32], now + Duration::from_secs(60)));
         assert_eq!(live.len(), 1);
+    }
+
+    #[test]
+    fn a_key_two_calls_hold_counts_once_until_both_release_it() {
+        let live = LiveKeys::new(Some(1));
+        let until = Instant::now() + Duration::from_secs(60);
+        assert!(live.hold([1; 32], until));
+        assert!(
+            live.hold([1; 32], until),
+            "the same key is not a second one"
+        );
+        live.release(&[1; 32]);
+        assert_eq!(live.len(), 1, "the other holder still runs");
+        assert!(!live.hold([2; 32], until));
+        live.release(&[1; 32]);
+        assert!(live.is_empty());
+        live.release(&[1; 32]);
+        assert!(live.hold([2; 32], until));
     }
 }
