@@ -151,15 +151,10 @@ async fn list(ctx: &Context, mut filter: ListFilter, all: bool, observed: bool) 
         let last = records.last().map(ListCursor::of);
         let mut seen = Vec::new();
         if observed {
-            let mut kept = Vec::new();
-            for r in records {
-                let o = story::Observed::of(&ctx.store().history(&r.key).await?);
-                if !o.is_empty() {
-                    kept.push(r);
-                    seen.push(o);
-                }
-            }
-            records = kept;
+            (records, seen) = idemgate_kit::records::observed(&ctx.engine, records)
+                .await?
+                .into_iter()
+                .unzip();
         }
         for r in &records {
             let names = [

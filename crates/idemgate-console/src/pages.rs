@@ -767,19 +767,19 @@ async fn observed_records(
             Err(e) => return engine_error(s, &e),
         };
         let more = list.len() > PAGE;
-        for r in list.into_iter().take(PAGE) {
-            scanned += 1;
-            let history = match console.0.engine.history(&r.key).await {
-                Ok(h) => h,
-                Err(e) => return engine_error(s, &e),
-            };
-            let observed = story::Observed::of(&history);
-            let cursor = ListCursor::of(&r);
-            if !observed.is_empty() {
-                kept.push(r);
-                seen.push(observed);
+        let page: Vec<Record> = list.into_iter().take(PAGE).collect();
+        scanned += page.len();
+        if let Some(last) = page.last() {
+            filter.after = Some(ListCursor::of(last));
+        }
+        match idemgate_kit::records::observed(&console.0.engine, page).await {
+            Ok(found) => {
+                for (r, o) in found {
+                    kept.push(r);
+                    seen.push(o);
+                }
             }
-            filter.after = Some(cursor);
+            Err(e) => return engine_error(s, &e),
         }
         if !more {
             break;

@@ -292,17 +292,19 @@ impl Config {
         Ok(())
     }
 
-    /// The policy of `tool` (the default write policy, in the door's mode, for tools not
-    /// listed).
+    /// The policy of `tool` ([`Config::default_policy`] for tools not listed).
     pub fn policy(&self, tool: &str) -> ToolPolicy {
-        let mode = self.server.mode;
-        self.tools.get(tool).map_or_else(
-            || ToolPolicy {
-                mode,
-                ..ToolPolicy::default()
-            },
-            |t| t.policy(mode),
-        )
+        self.tools
+            .get(tool)
+            .map_or_else(|| self.default_policy(), |t| t.policy(self.server.mode))
+    }
+
+    /// The policy of the tools not listed: the default write policy, in the door's mode.
+    pub fn default_policy(&self) -> ToolPolicy {
+        ToolPolicy {
+            mode: self.server.mode,
+            ..ToolPolicy::default()
+        }
     }
 }
 

@@ -204,15 +204,20 @@ impl IntoResponse for Problem {
             HeaderValue::from_static("application/problem+json"),
         );
         if let Some(after) = self.retry_after {
-            // Whole seconds, rounded up so a client never asks again too early.
-            let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
-            h.insert(header::RETRY_AFTER, HeaderValue::from(secs.max(1)));
+            set_retry_after(h, after);
         }
         if let Some(rule) = self.rule {
             crate::headers::set_record_headers(h, false, rule, None, None);
         }
         res
     }
+}
+
+/// `Retry-After` of `after`, in whole seconds rounded up (at least 1), so a client never asks
+/// again too early: every refusal's, whichever protocol's shape it is written in.
+pub(crate) fn set_retry_after(h: &mut axum::http::HeaderMap, after: Duration) {
+    let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
+    h.insert(header::RETRY_AFTER, HeaderValue::from(secs.max(1)));
 }
 
 /// An error of a request the gateway made (to an upstream, to a verify URL) with its causes,

@@ -69,7 +69,7 @@ impl Gateway {
     ) -> Result<Self, Error> {
         config.validate()?;
         // Tools not listed take the door's mode too (`[server] mode`).
-        let mut policies = Policies::new().with_default(config.policy(""));
+        let mut policies = Policies::new().with_default(config.default_policy());
         for name in config.tools.keys() {
             policies = policies.with_tool(name.clone(), config.policy(name));
         }

@@ -11,12 +11,12 @@
 //! - a key past its retention is a new request (no tombstone), retained at least 24 hours;
 //! - errors are ACP's flat `{"type", "code", "message"}`, and every answer echoes the key.
 
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::error::Problem;
+use crate::error::{set_retry_after, Problem};
 use crate::headers::IDEMPOTENCY_KEY;
 
 /// The contract a forwarded tool answers by.
@@ -83,14 +83,14 @@ fn acp_error(p: Problem) -> Response {
             "A request with this Idempotency-Key is currently being processed".to_owned(),
         ),
         "bad-request" | "payload-too-large" | "not-found" => {
-            ("invalid_request", "invalid", p.detail.clone())
+            ("invalid_request", "invalid", p.detail)
         }
         "store-unavailable" | "quota-exceeded" | "rate-limited" => {
-            ("service_unavailable", p.name, p.detail.clone())
+            ("service_unavailable", p.name, p.detail)
         }
         // Outcome unknown or expired, and what else the gateway refuses: the gateway's name
         // for it, in ACP's shape.
-        other => ("processing_error", other, p.detail.clone()),
+        other => ("processing_error", other, p.detail),
     };
     let code = code.replace('-', "_");
     let body = json!({ "type": kind, "code": code, "message": message });
@@ -100,11 +100,9 @@ fn acp_error(p: Problem) -> Response {
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
     );
+    // An in-flight refusal always carries one (`Problem::explained`).
     if let Some(after) = p.retry_after {
-        let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
-        h.insert(header::RETRY_AFTER, HeaderValue::from(secs.max(1)));
-    } else if p.status == StatusCode::CONFLICT && code == "idempotency_in_flight" {
-        h.insert(header::RETRY_AFTER, HeaderValue::from(1u64));
+        set_retry_after(h, after);
     }
     res
 }

@@ -50,6 +50,26 @@ pub async fn viewed<S: Store>(engine: &Engine<S>, record: &Record) -> Result<Val
     Ok(record_view(record, &history).unwrap_or(Value::Null))
 }
 
+/// The records among `records` whose history holds what observe mode recorded, each with it, in
+/// their order: what `keys list --observed` and the console's observed filter show. One history
+/// read per record: observations live in histories, which no store filters on.
+///
+/// # Errors
+/// When the store fails to give a history.
+pub async fn observed<S: Store>(
+    engine: &Engine<S>,
+    records: Vec<Record>,
+) -> Result<Vec<(Record, story::Observed)>, EngineError> {
+    let mut kept = Vec::new();
+    for record in records {
+        let seen = story::Observed::of(&engine.history(&record.key).await?);
+        if !seen.is_empty() {
+            kept.push((record, seen));
+        }
+    }
+    Ok(kept)
+}
+
 /// How an operator resolves an unknown record, from a package's words (`resolution`, and
 /// `result` as JSON text, `failed` and `ttl` in seconds for `completed`, remembered for the tool's
 /// `tombstone` after); the error says what is wrong in the caller's terms.

@@ -172,26 +172,29 @@ fn would_have(
                 record.created_at
             ),
         ),
-        RecordState::Unknown { since } => (
-            // Under `retry` enforce mode would have run the call too (taking the record over).
-            match policy.on_unknown {
-                UnknownPolicy::Retry => Verdict::Execute,
-                UnknownPolicy::Block | UnknownPolicy::Verify => Verdict::Unknown,
-            },
-            match policy.on_unknown {
-                UnknownPolicy::Block => format!(
+        RecordState::Unknown { since } => match policy.on_unknown {
+            UnknownPolicy::Block => (
+                Verdict::Unknown,
+                format!(
                     "answered that the outcome is unknown (since {since}) until an operator \
                      resolves the record"
                 ),
-                UnknownPolicy::Verify => format!(
+            ),
+            UnknownPolicy::Verify => (
+                Verdict::Unknown,
+                format!(
                     "asked the tool's verifier whether the action happened (unknown since \
                      {since}), and replayed its outcome if it did"
                 ),
-                UnknownPolicy::Retry => format!(
+            ),
+            // Enforce mode would have run the call too, taking the record over.
+            UnknownPolicy::Retry => (
+                Verdict::Execute,
+                format!(
                     "taken the record over and run the action again (on_unknown = retry; \
                      unknown since {since})"
                 ),
-            },
-        ),
+            ),
+        },
     }
 }
