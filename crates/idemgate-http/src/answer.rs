@@ -181,7 +181,21 @@ pub(crate) fn upstream_answer(outcome: &Outcome) -> Result<Response, Problem> {
             h.insert(name, v);
         }
     }
+    set_kept_headers(h, &answer.headers);
     Ok(res)
+}
+
+/// The headers a profile keeps with an answer (`Payload::Http`'s `headers`), set on it; a name
+/// or value that is no longer a valid header is left out rather than failing the answer.
+pub(crate) fn set_kept_headers(h: &mut axum::http::HeaderMap, kept: &[(String, String)]) {
+    for (name, value) in kept {
+        if let (Ok(name), Ok(value)) = (
+            axum::http::HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_str(value),
+        ) {
+            h.append(name, value);
+        }
+    }
 }
 
 /// Who a replayed outcome was resolved by, when an operator recorded it (`resolved_by`, the

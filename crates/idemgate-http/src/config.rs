@@ -11,7 +11,7 @@ use serde::{Deserialize, Deserializer};
 pub use idemgate_console::ConsoleConfig;
 
 use crate::error::Error;
-use crate::profile::{Profile, ACP_MIN_TTL};
+use crate::profile::Profile;
 
 /// The whole configuration file.
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
@@ -118,8 +118,9 @@ pub struct ToolConfig {
     pub verify_url: Option<String>,
     /// `enforce` or `observe` (shadow mode); default: `[server] mode`.
     pub mode: Option<Mode>,
-    /// The idempotency contract the forwarded tool answers by: `idemgate` (the default) or
-    /// `acp`, the Agentic Commerce Protocol's (docs/HTTP.md, "Commerce protocol profiles").
+    /// The idempotency contract the forwarded tool answers by: `idemgate` (the default), `acp`
+    /// (the Agentic Commerce Protocol's), `ucp` (the Universal Commerce Protocol's) or `x402`
+    /// (x402's payment identifier); docs/HTTP.md, "Commerce protocol profiles".
     pub profile: Option<Profile>,
 }
 
@@ -131,13 +132,9 @@ impl ToolConfig {
         ToolPolicy {
             kind: self.kind.unwrap_or(d.kind),
             ttl: self.ttl.unwrap_or(d.ttl),
-            // ACP: a key past its retention is a new request (section 6.6), so no tombstone.
             tombstone: self
                 .tombstone
-                .unwrap_or(match self.profile.unwrap_or_default() {
-                    Profile::Acp => Duration::ZERO,
-                    Profile::Idemgate => d.tombstone,
-                }),
+                .unwrap_or_else(|| self.profile.unwrap_or_default().tombstone(d.tombstone)),
             lease: self.lease.unwrap_or(d.lease),
             wait: self.wait.unwrap_or(d.wait),
             fallback_window: self.fallback_window,
@@ -263,25 +260,28 @@ impl Config {
                     "expected a positive duration".to_owned(),
                 );
             }
-            if tool.profile == Some(Profile::Acp) {
+            if let Some(profile) = tool.profile.filter(|p| *p != Profile::Idemgate) {
+                let name_of = profile.name();
                 if tool.upstream.is_none() {
                     return fail(
                         format!("tools.{name}.profile"),
-                        "profile \"acp\" is the wire of a forwarded tool: set its upstream"
-                            .to_owned(),
+                        format!(
+                            "profile \"{name_of}\" is the wire of a forwarded tool: set its upstream"
+                        ),
                     );
                 }
-                if p.fallback_window.is_some() {
+                if p.fallback_window.is_some() && profile.keys_every_request() {
                     return fail(
                         format!("tools.{name}.fallback_window"),
-                        "profile \"acp\" requires an Idempotency-Key on every POST, so a call without one is refused, never joined by a window".to_owned(),
+                        format!("profile \"{name_of}\" names every request's action by its key, so a call without one is refused, never joined by a window"),
                     );
                 }
-                if p.ttl < ACP_MIN_TTL {
+                if let Some(min) = profile.min_ttl().filter(|min| p.ttl < *min) {
                     return fail(
                         format!("tools.{name}.ttl"),
                         format!(
-                            "profile \"acp\" keeps a key's response at least 24h (its section 6.6), not {}",
+                            "profile \"{name_of}\" keeps a key's response at least {}h, not {}",
+                            min.as_secs() / 3600,
                             humantime::format_duration(p.ttl)
                         ),
                     );

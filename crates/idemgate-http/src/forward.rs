@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use idemgate::key::hex;
@@ -30,6 +30,8 @@ struct Upstream {
     status: StatusCode,
     content_type: Option<HeaderValue>,
     retry_after: Option<HeaderValue>,
+    /// The answer headers the tool's profile keeps with it (`Profile::kept_headers`).
+    kept: Vec<(String, String)>,
     body: Bytes,
 }
 
@@ -40,6 +42,7 @@ impl Upstream {
             status: self.status.as_u16(),
             content_type: text(self.content_type.as_ref()),
             retry_after: text(self.retry_after.as_ref()),
+            headers: self.kept.clone(),
             body: self.body.to_vec(),
         }
         .encode()
@@ -55,6 +58,7 @@ impl Upstream {
         if let Some(ra) = self.retry_after {
             h.insert(header::RETRY_AFTER, ra);
         }
+        crate::answer::set_kept_headers(h, &self.kept);
         res
     }
 }
@@ -87,12 +91,21 @@ async fn call_of(
         )));
     };
     let bytes = request::read_body(body).await?;
-    let policy = gw.config().policy(tool.as_str());
-    let call = request::call(&tenant.id, &tool, headers, &bytes, &policy.identity)?;
+    let mut policy = gw.config().policy(tool.as_str());
+    let call = profile.call(&tenant.id, &tool, headers, &bytes, &mut policy)?;
     let (caller, span) = crate::headers::call_span(headers, &tenant.id, &tool);
+    let outgoing = Outgoing {
+        url: upstream,
+        headers: profile
+            .forwarded(headers)
+            .map(|(name, value)| (name.clone(), value.clone()))
+            .collect(),
+        body: bytes,
+        profile,
+    };
     // Runs in a task of its own: a caller that hangs up must not cut the side effect off between
     // sending it upstream and recording what came back.
-    let forwarded = forward(gw, tenant, call, policy, upstream, bytes, caller, profile);
+    let forwarded = forward(gw, tenant, call, policy, outgoing, caller);
     let task = tokio::spawn(forwarded.instrument(span));
     task.await.unwrap_or_else(|e| {
         Err(Problem::store_unavailable(format!(
@@ -101,16 +114,21 @@ async fn call_of(
     })
 }
 
-#[allow(clippy::too_many_arguments)] // the call, and where and how it goes
+/// What goes upstream: where, the request's headers its profile passes on, and the body.
+struct Outgoing {
+    url: String,
+    headers: Vec<(HeaderName, HeaderValue)>,
+    body: Bytes,
+    profile: Profile,
+}
+
 async fn forward(
     gw: Gateway,
     tenant: std::sync::Arc<Tenant>,
     call: Call,
     policy: ToolPolicy,
-    upstream: String,
-    body: Bytes,
+    outgoing: Outgoing,
     caller: Option<TraceContext>,
-    profile: Profile,
 ) -> Result<Response, Problem> {
     let deadline = upstream_deadline(gw.config().server.request_timeout);
     // The record's name, known before the engine reserves it, so the downstream key can be sent.
@@ -126,7 +144,7 @@ async fn forward(
         idemgate_trace::record_begun(&tracing::Span::current(), &begun);
         begun.map_err(|e| Problem::from_engine(&e))?;
         let trace = idemgate_trace::outgoing(caller.as_ref());
-        return match send(&gw, &upstream, None, trace, body, deadline).await {
+        return match send(&gw, &outgoing, None, trace, deadline).await {
             Ok(up) => Ok(up.into_response()),
             Err(e) => Err(unreachable(&e)),
         };
@@ -150,9 +168,9 @@ async fn forward(
             }
             // Inside the engine's `idemgate.effect`: the upstream's spans are its children.
             let trace = idemgate_trace::outgoing(caller.as_ref());
-            let sent = send(&gw, &upstream, Some(hex(&digest)), trace, body, deadline).await;
+            let sent = send(&gw, &outgoing, Some(hex(&digest)), trace, deadline).await;
             tenant.live.release(&digest);
-            let effect = classify(&sent, profile);
+            let effect = classify(&sent, outgoing.profile);
             *sent_back = Some(sent);
             effect
         }
@@ -182,14 +200,13 @@ fn text(v: Option<&HeaderValue>) -> Option<String> {
 fn classify(sent: &Result<Upstream, reqwest::Error>, profile: Profile) -> Effect {
     match sent {
         Ok(up) if up.status.is_success() => Effect::Success(up.payload()),
-        // A profile that never stores a 5xx (ACP): the caller gets it, and the key is free for
-        // the retry, which runs fresh (the upstream got the same downstream key both times).
-        Ok(up) if up.status.is_server_error() && !profile.stores_server_errors() => {
-            Effect::NotApplied {
-                message: format!("the upstream answered {}", up.status),
-                reply: Some(up.payload()),
-            }
-        }
+        // An answer the profile never keeps (ACP's 5xx, x402's 402): the caller gets it, and the
+        // key is free for the retry, which runs fresh (the upstream got the same downstream key
+        // both times).
+        Ok(up) if !profile.keeps(up.status) => Effect::NotApplied {
+            message: format!("the upstream answered {}", up.status),
+            reply: Some(up.payload()),
+        },
         // The upstream refused before acting: its answer goes back to this caller only.
         Ok(up) if up.status == StatusCode::TOO_MANY_REQUESTS => Effect::NotApplied {
             message: "the upstream answered 429".to_owned(),
@@ -223,18 +240,20 @@ fn upstream_deadline(request_timeout: Duration) -> Duration {
 
 async fn send(
     gw: &Gateway,
-    url: &str,
+    outgoing: &Outgoing,
     key: Option<String>,
     trace: Option<TraceContext>,
-    body: Bytes,
     timeout: Duration,
 ) -> Result<Upstream, reqwest::Error> {
     let mut req = gw
         .client()
-        .post(url)
+        .post(&outgoing.url)
         .header(header::CONTENT_TYPE, "application/json")
-        .body(body)
+        .body(outgoing.body.clone())
         .timeout(timeout);
+    for (name, value) in &outgoing.headers {
+        req = req.header(name, value);
+    }
     if let Some(k) = key {
         req = req.header(IDEMPOTENCY_KEY, k);
     }
@@ -248,11 +267,19 @@ async fn send(
     let status = res.status();
     let content_type = res.headers().get(header::CONTENT_TYPE).cloned();
     let retry_after = res.headers().get(header::RETRY_AFTER).cloned();
+    let kept = outgoing
+        .profile
+        .kept_headers()
+        .iter()
+        .flat_map(|name| res.headers().get_all(name).iter().map(move |v| (name, v)))
+        .filter_map(|(name, v)| Some((name.as_str().to_owned(), v.to_str().ok()?.to_owned())))
+        .collect();
     let body = res.bytes().await?;
     Ok(Upstream {
         status,
         content_type,
         retry_after,
+        kept,
         body,
     })
 }

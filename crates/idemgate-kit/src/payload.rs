@@ -47,6 +47,9 @@ pub enum Payload {
         /// The `Retry-After` of a refusal passed on to the caller (answers that are stored are
         /// never refusals, so stored ones have none).
         retry_after: Option<String>,
+        /// The other headers its protocol needs replayed with it (`name`, `value`), such as an
+        /// x402 settlement's `PAYMENT-RESPONSE`; names in lower case.
+        headers: Vec<(String, String)>,
         /// The body.
         body: Vec<u8>,
     },
@@ -114,6 +117,8 @@ impl Payload {
             content_type: Option<&'a str>,
             #[serde(skip_serializing_if = "Option::is_none")]
             retry_after: Option<&'a str>,
+            #[serde(skip_serializing_if = "<[_]>::is_empty")]
+            headers: &'a [(String, String)],
             body: String,
         }
         #[derive(Serialize)]
@@ -139,6 +144,7 @@ impl Payload {
                 status,
                 content_type,
                 retry_after,
+                headers,
                 body,
             } => serde_json::to_vec(&Tagged {
                 content,
@@ -147,6 +153,7 @@ impl Payload {
                     status: *status,
                     content_type: content_type.as_deref(),
                     retry_after: retry_after.as_deref(),
+                    headers,
                     body: B64.encode(body),
                 },
             }),
@@ -206,6 +213,8 @@ impl Payload {
             status: member(f, "status")?,
             content_type: member(f, "content_type")?,
             retry_after: member(f, "retry_after")?,
+            // Absent from answers stored before it, and from those with none to keep.
+            headers: member::<Option<_>>(f, "headers")?.unwrap_or_default(),
             body: bytes(f, "body")?,
         })
     }
@@ -360,11 +369,13 @@ impl Payload {
                 status,
                 content_type,
                 retry_after,
+                headers,
                 body,
             } => HttpAnswer {
                 status,
                 content_type,
                 retry_after,
+                headers,
                 body,
             },
             other => HttpAnswer {
@@ -374,6 +385,7 @@ impl Payload {
                 },
                 content_type: Some("application/json".to_owned()),
                 retry_after: None,
+                headers: Vec::new(),
                 body: other.to_json().get().as_bytes().to_vec(),
             },
         }
@@ -389,6 +401,8 @@ pub struct HttpAnswer {
     pub content_type: Option<String>,
     /// The `Retry-After`.
     pub retry_after: Option<String>,
+    /// The other headers kept with it ([`Payload::Http`]).
+    pub headers: Vec<(String, String)>,
     /// The body.
     pub body: Vec<u8>,
 }
@@ -524,9 +538,32 @@ mod tests {
             status: 201,
             content_type: Some("application/json".into()),
             retry_after: None,
+            headers: Vec::new(),
             body: br#"{"id":12345678901234567890}"#.to_vec(),
         };
         assert_eq!(round_trip(&http).encode(), http.encode());
+        assert!(
+            !String::from_utf8(http.encode())
+                .unwrap()
+                .contains("headers"),
+            "an answer without headers to keep is stored as before"
+        );
+        let receipt = Payload::Http {
+            status: 200,
+            content_type: None,
+            retry_after: None,
+            headers: vec![("payment-response".into(), "eyJzdWNjZXNzIjp0cnVlfQ==".into())],
+            body: b"{}".to_vec(),
+        };
+        let back = round_trip(&receipt);
+        assert_eq!(back.encode(), receipt.encode());
+        assert_eq!(
+            back.into_http(OutcomeKind::Success).headers,
+            [(
+                "payment-response".to_owned(),
+                "eyJzdWNjZXNzIjp0cnVlfQ==".to_owned()
+            )]
+        );
         let json = Payload::json_text(r#"{"n":12345678901234567890123}"#).unwrap();
         let back = round_trip(&json);
         assert!(matches!(&back, Payload::Json(r) if r.get() == r#"{"n":12345678901234567890123}"#));
@@ -631,6 +668,7 @@ mod tests {
             status: 404,
             content_type: None,
             retry_after: None,
+            headers: Vec::new(),
             body: br#"{"n":12345678901234567890}"#.to_vec(),
         };
         assert_eq!(
