@@ -10,6 +10,7 @@ mod faultproxy;
 mod cluster_support;
 mod gateway;
 mod mcp;
+mod mcp_commerce;
 mod mcp_http;
 mod mcp_lint;
 mod mcp_oauth;

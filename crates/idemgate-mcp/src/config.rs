@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use idemgate_core::{Fingerprint, Mode, TenantId, ToolName, ToolPolicy};
+
+pub use crate::gate::commerce::Profile;
 use idemgate_kit::tenants::TenantConfig;
 use serde::Deserialize;
 
@@ -63,6 +65,10 @@ pub struct Config {
     /// into the policies when the file is read ([`Config::parse`]): a `Config` built in code
     /// sets each policy's `mode` itself.
     pub mode: Mode,
+    /// The commerce protocol whose MCP binding the server speaks (`acp`, `ucp` or `x402`):
+    /// where its calls carry their keys, and its words for the refusals it defines
+    /// (docs/MCP.md, "Commerce protocol bindings"). None by default.
+    pub profile: Option<Profile>,
     /// The policy of tools not named in `tools` (its kind yields to trusted annotations).
     pub default: ToolPolicy,
     /// Per-tool policies by the server's tool name; a table is the tool's whole policy.
@@ -276,6 +282,7 @@ impl Default for Config {
             call_timeout: Duration::from_secs(600),
             key_sources: vec![KeySource::Meta, KeySource::Params, KeySource::Argument],
             mode: Mode::Enforce,
+            profile: None,
             default: ToolPolicy::default(),
             tools: BTreeMap::new(),
             tenants: Vec::new(),

@@ -11,7 +11,7 @@ mod sync;
 mod transport;
 mod wire;
 
-pub use config::{Config, HttpConfig, KeySource, OAuthConfig};
+pub use config::{Config, HttpConfig, KeySource, OAuthConfig, Profile};
 pub use error::Error;
 pub use gate::answer::{
     META_CALL_ID, META_CONVERSATION, META_EXECUTED_AT, META_FENCE, META_KEY, META_NAMED_BY,

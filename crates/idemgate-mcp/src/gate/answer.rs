@@ -70,6 +70,9 @@ pub(crate) struct CallContext<'a> {
     pub(crate) tenant: &'a str,
     /// The tool's policy.
     pub(crate) policy: &'a ToolPolicy,
+    /// The commerce protocol whose binding the server speaks, whose words the refusals it
+    /// defines are written in.
+    pub(crate) profile: Option<crate::config::Profile>,
     /// Whether replays get the text block that says so.
     pub(crate) replay_notice: bool,
     /// Whether the request speaks an era whose results carry `resultType` ([`wants_result_type`]).
@@ -151,6 +154,16 @@ pub(crate) fn respond(
         Some(Reply::Closed(why)) => Err(Some(why)),
         None => Err(None),
     };
+    let retry_after = match &explanation.what {
+        What::InFlight { retry_after, .. } => Some(retry_after.as_secs().max(1)),
+        _ => None,
+    };
+    if let Some(refusal) = cx
+        .profile
+        .and_then(|p| p.refusal(cx.id, verdict, &text, retry_after))
+    {
+        return refusal;
+    }
     match (&explanation.what, server_answer) {
         // The call reached the server: its own answer goes back as the server wrote it; so does
         // a server's answer that it did nothing yet (an `input_required` interim result), and
@@ -588,6 +601,7 @@ mod tests {
             scope: "s/t",
             tenant: "local",
             policy: &policy,
+            profile: None,
             replay_notice: true,
             result_type: true,
             named: Named::default(),

@@ -224,6 +224,10 @@ impl Config {
             return p.clone();
         }
         let mut policy = self.default.clone();
+        if self.profile.is_some_and(|p| p.reads(tool)) {
+            policy.kind = ToolKind::Read;
+            return policy;
+        }
         if let (true, Some(t)) = (self.trusted, described) {
             if t.read_only {
                 policy.kind = ToolKind::Read;

@@ -22,7 +22,7 @@ use tracing::Instrument as _;
 use super::answer::{self, CallContext, Named, META_CALL_ID, META_CONVERSATION, META_KEY};
 use super::catalog::{Tool, KEY_ARGUMENTS};
 use super::CarriedKey;
-use crate::config::{record_tool, Config, KeySource, DEFAULT_WINDOW};
+use crate::config::{record_tool, Config, KeySource, Profile, DEFAULT_WINDOW};
 use crate::peer::{Forwarded, Peer, Reply};
 use crate::wire::frame::{self, Object};
 
@@ -129,6 +129,7 @@ impl<S: Store> Judge<S> {
             scope: request.scope.as_str(),
             tenant: self.tenant.as_str(),
             policy,
+            profile: self.config.profile,
             replay_notice: self.config.replay_notice,
             result_type: request.result_type,
         }
@@ -177,15 +178,24 @@ impl<S: Store> Judge<S> {
         carried: CarriedKey,
         line: String,
     ) -> Result<Prepared, String> {
-        let policy = self.config.policy(&request.name, tool);
+        let mut policy = self.config.policy(&request.name, tool);
         let keys = match self.keys_of(request.params, &arguments, carried) {
             Ok(k) => k,
             Err(e) => return Err(self.refuse(request, &policy, format!("{e}; nothing was done."))),
         };
+        if !keys.paid {
+            // An x402 call without a payment asks the price: the server demands one and does
+            // nothing (`commerce`).
+            policy.kind = ToolKind::Read;
+        }
         let declared = tool.and_then(|t| t.key_argument.as_deref());
         let (stripped, kept) = strip_keys(&mut arguments, declared);
-        let (call, rule, window) = match self.call_of(request, &arguments, &keys, &policy.identity)
-        {
+        // What the call is compared by: its arguments, or what its protocol compares.
+        let compared = match self.config.profile {
+            Some(profile) => profile.compared(request.params, &arguments),
+            None => frame::raw(&arguments),
+        };
+        let (call, rule, window) = match self.call_of(request, &compared, &keys, &policy.identity) {
             Ok(c) => c,
             Err(e) => return Err(self.refuse(request, &policy, e)),
         };
@@ -212,17 +222,17 @@ impl<S: Store> Judge<S> {
         })
     }
 
-    /// The call the engine records for `request`: its arguments (the keys taken out), and its
-    /// key and scope as the kit's one rule names them from `keys` (`idemgate_kit::identity`);
-    /// why not when the arguments are not valid JSON or the keys name no action.
+    /// The call the engine records for `request`: what it is compared by (`text`, its
+    /// arguments with the keys taken out), and its key and scope as the kit's one rule names
+    /// them from `keys` (`idemgate_kit::identity`); why not when the arguments are not valid
+    /// JSON or the keys name no action.
     fn call_of(
         &self,
         request: &Request<'_>,
-        arguments: &Object,
+        text: &RawValue,
         keys: &Keys,
         identity: &[String],
     ) -> Result<(Call, Rule, Option<Call>), String> {
-        let text = frame::raw(arguments);
         // The window (of a call without a key, and the one a call id's record holds, cloned from
         // this call below) names the action by the tool's identity fields.
         let call = Call::new(self.tenant.clone(), request.scope.clone())
@@ -347,7 +357,8 @@ impl<S: Store> Judge<S> {
                 }
                 _ => frame,
             };
-            async move { effect(peer.forward(id, frame, write, timeout).await) }
+            let profile = self.config.profile;
+            async move { effect(peer.forward(id, frame, write, timeout).await, profile) }
         };
         // The only call in flight in this process (every session's) may have its writes done on
         // this thread: nothing else waits for it (`idemgate_core::caller::alone`).
@@ -457,6 +468,14 @@ impl<S: Store> Judge<S> {
                 }
             }
         }
+        // Where the call's protocol puts its keys (`commerce`).
+        let mut paid = true;
+        if let Some(profile) = self.config.profile {
+            let keys = profile.keys(params, arguments)?;
+            found.extend(keys.orchestration);
+            model.extend(keys.model);
+            paid = keys.paid;
+        }
         let call_id = match meta.as_ref().and_then(|m| m.get(META_CALL_ID)) {
             Some(v) if v.get() != "null" => Some(
                 serde_json::from_str::<String>(v.get())
@@ -472,6 +491,7 @@ impl<S: Store> Judge<S> {
             orchestration: agreed(found)?,
             model: agreed(model)?.map(|k| k.as_str().to_owned()),
             call_id,
+            paid,
         })
     }
 }
@@ -485,6 +505,8 @@ struct Keys {
     /// The framework's tool-call id (`_meta["dev.idemgate/tool-call-id"]`, where the packages'
     /// MCP integrations send it): names an action within the call's scope, with the window.
     call_id: Option<String>,
+    /// False for an x402 call without a payment (`commerce`): it asks the price.
+    paid: bool,
 }
 
 /// The longest tool-call id taken (ids are hashed into the record's key, never stored as
@@ -614,11 +636,20 @@ fn strip_keys(arguments: &mut Object, declared: Option<&str>) -> (bool, Option<B
 
 /// What became of a forwarded call says about its side effect, and the server's answer for the
 /// client when it came.
-fn effect(forwarded: Forwarded) -> (Effect, Option<Reply>) {
+fn effect(forwarded: Forwarded, profile: Option<Profile>) -> (Effect, Option<Reply>) {
     let (reply, refused) = match forwarded {
         Forwarded::NotSent(why) => return (Effect::not_applied(why), None),
         Forwarded::Sent { reply, refused } => (reply, refused),
     };
+    if let (Some(profile), Reply::Answer { result, error, .. }) = (profile, &reply) {
+        if profile.did_nothing(result.as_deref(), error.as_deref()) {
+            // Its caller gets the server's answer; the key stays free for the next try.
+            return (
+                Effect::not_applied("the server answered that it did nothing"),
+                Some(reply),
+            );
+        }
+    }
     let mut effect = effect_of(&reply);
     if let Some(method) = refused {
         // The proxy refused the server's request during this call: a failure may be the

@@ -6,6 +6,7 @@
 //! - [`answer`]: the one place the engine's answers become MCP answers, and the `_meta` names
 //!   the proxy writes;
 //! - [`catalog`]: the tools as `tools/list` showed them, and the policy a tool gets;
+//! - [`commerce`]: the commerce protocols' MCP bindings (where their keys live, their words);
 //! - [`tools`]: what one session knows of the server's tools, and its listings of its own.
 //!
 //! It is a room of its own because judging is the proxy's purpose and the rest (eras,
@@ -15,6 +16,7 @@
 
 pub(crate) mod answer;
 pub mod catalog;
+pub(crate) mod commerce;
 pub(crate) mod judge;
 pub(crate) mod tools;
 
