@@ -293,7 +293,7 @@ fn mcp_x402_binding_pays_once_per_payment_identifier() {
         short["result"]["content"][0]["text"]
             .as_str()
             .unwrap()
-            .contains("16 to 128"),
+            .contains("16-128"),
         "{short}"
     );
 

@@ -19,6 +19,7 @@ pub mod refusal;
 pub mod story;
 pub mod tenants;
 pub mod tls;
+pub mod x402;
 
 use std::path::Path;
 use std::sync::Arc;

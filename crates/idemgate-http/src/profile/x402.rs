@@ -21,7 +21,7 @@
 use axum::http::{HeaderMap, HeaderName, StatusCode};
 use axum::response::Response;
 use base64::Engine as _;
-use idemgate::{Call, IdempotencyKey, TenantId, ToolName};
+use idemgate::{Call, TenantId, ToolName};
 use idemgate_kit::identity::{identify, Facts};
 use serde_json::{json, Value};
 
@@ -39,9 +39,6 @@ pub(super) static RESPONSE_HEADERS: [HeaderName; 2] = [
     HeaderName::from_static("payment-response"),
     HeaderName::from_static("payment-required"),
 ];
-
-/// The identifier's length bounds (the extension's "Length: 16-128 characters").
-const ID_LEN: std::ops::RangeInclusive<usize> = 16..=128;
 
 /// The engine call of a request, and whether it carries a payment. Its key is the payment's
 /// identifier (none when the payment has none: the engine then refuses it as a write without a
@@ -77,7 +74,7 @@ pub(super) fn call(
         ));
     }
     let payment = decode(header.as_bytes())?;
-    let id = identifier(&payment)?;
+    let id = idemgate_kit::x402::payment_identifier(&payment).map_err(Problem::bad_request)?;
     let text = serde_json::to_string(&payment).expect("a JSON value always encodes");
     let mut compared = Vec::with_capacity(text.len() + body.len() + 3);
     compared.push(b'[');
@@ -119,36 +116,6 @@ fn decode(header: &[u8]) -> Result<Value, Problem> {
         return Err(bad("is not a PaymentPayload object".to_owned()));
     }
     Ok(payment)
-}
-
-/// The payment's identifier (`extensions["payment-identifier"].info.id`), if it has one.
-fn identifier(payment: &Value) -> Result<Option<IdempotencyKey>, Problem> {
-    let id = payment
-        .get("extensions")
-        .and_then(|e| e.get("payment-identifier"))
-        .and_then(|e| e.get("info"))
-        .and_then(|i| i.get("id"));
-    let id = match id {
-        None | Some(Value::Null) => return Ok(None),
-        Some(Value::String(id)) => id,
-        Some(_) => return Err(invalid_id()),
-    };
-    let well_formed = ID_LEN.contains(&id.len())
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
-    if !well_formed {
-        return Err(invalid_id());
-    }
-    IdempotencyKey::new(id.clone())
-        .map(Some)
-        .map_err(|e| Problem::bad_request(e.to_string()))
-}
-
-fn invalid_id() -> Problem {
-    Problem::bad_request(
-        "Invalid payment ID format. ID must be 16-128 characters and contain only alphanumeric characters, hyphens, and underscores.",
-    )
 }
 
 /// An x402 error (`{"error", "code"}`) for a refusal.

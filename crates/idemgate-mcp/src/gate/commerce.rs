@@ -54,9 +54,6 @@ pub(crate) struct Found {
     pub(crate) paid: bool,
 }
 
-/// The x402 identifier's length bounds ("Length: 16-128 characters").
-const X402_ID_LEN: std::ops::RangeInclusive<usize> = 16..=128;
-
 const X402_PAYMENT: &str = "x402/payment";
 
 impl Profile {
@@ -103,31 +100,13 @@ impl Profile {
                 let Some(payment) = payment(params)? else {
                     return Ok(Found::default());
                 };
-                let from =
-                    "params._meta[\"x402/payment\"].extensions[\"payment-identifier\"].info.id";
-                let id = payment
-                    .get("extensions")
-                    .and_then(|e| e.get("payment-identifier"))
-                    .and_then(|e| e.get("info"))
-                    .and_then(|i| i.get("id"));
-                let orchestration = match id {
-                    None | Some(Value::Null) => None,
-                    Some(Value::String(id))
-                        if X402_ID_LEN.contains(&id.len())
-                            && id
-                                .bytes()
-                                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') =>
-                    {
-                        let key = IdempotencyKey::explicit(id.clone())
-                            .map_err(|e| format!("the payment identifier in {from} is invalid: {e}"))?;
-                        Some((key, from.to_owned()))
-                    }
-                    Some(_) => {
-                        return Err(format!(
-                            "the payment identifier in {from} must be 16 to 128 letters, digits, - and _"
-                        ))
-                    }
-                };
+                let from = format!(
+                    "params._meta[\"{X402_PAYMENT}\"].{}",
+                    idemgate_kit::x402::IDENTIFIER_PATH
+                );
+                let orchestration = idemgate_kit::x402::payment_identifier(&payment)
+                    .map_err(|e| format!("the payment identifier in {from} is invalid: {e}"))?
+                    .map(|key| (key, from));
                 Ok(Found {
                     model: None,
                     orchestration,
