@@ -550,10 +550,22 @@ pub fn starting_config(report: &Report) -> String {
          # mode = \"observe\"\n",
         toml_string(&report.server_name)
     ));
+    let profile = crate::Profile::recognise(report.tools.iter().map(|t| t.name.as_str()));
+    if let Some(p) = profile {
+        out.push_str(&format!(
+            "# These are the tools of {}:\n\
+             # the proxy reads their keys there and answers in its words (docs/MCP.md, \"Commerce\n\
+             # protocol bindings\"); its read tools pass without a key.\n\
+             profile = \"{}\"\n",
+            p.title(),
+            p.name()
+        ));
+    }
     let writes: Vec<&str> = report
         .tools
         .iter()
         .filter(|t| t.kind == ToolKind::Write && t.suggested.is_none())
+        .filter(|t| !profile.is_some_and(|p| p.reads(&t.name)))
         .map(|t| t.name.as_str())
         .collect();
     if !writes.is_empty() {
@@ -1097,5 +1109,28 @@ mod tests {
         assert!(config.contains("[tools.\"odd name!\"]"), "{config}");
         assert!(config.contains("#   create_entities\n"), "{config}");
         crate::Config::parse(&config).unwrap();
+    }
+
+    #[test]
+    fn a_commerce_bindings_tools_get_its_profile() {
+        let acp = report(json!([
+            {"name": "create_checkout_session"},
+            {"name": "get_checkout_session"},
+            {"name": "complete_checkout_session"},
+        ]));
+        let config = starting_config(&acp);
+        assert!(config.contains("\nprofile = \"acp\"\n"), "{config}");
+        assert!(
+            config.contains("#   create_checkout_session, complete_checkout_session\n"),
+            "the binding's read is not listed as a write: {config}"
+        );
+        let parsed = crate::Config::parse(&config).unwrap();
+        assert_eq!(parsed.profile, Some(crate::Profile::Acp));
+        let ucp = report(json!([{"name": "complete_checkout"}, {"name": "cancel_cart"}]));
+        let parsed = crate::Config::parse(&starting_config(&ucp)).unwrap();
+        assert_eq!(parsed.profile, Some(crate::Profile::Ucp));
+        // One tool of a name is not a binding.
+        let lone = report(json!([{"name": "complete_checkout"}, {"name": "send_mail"}]));
+        assert!(!starting_config(&lone).contains("profile ="));
     }
 }

@@ -56,7 +56,69 @@ pub(crate) struct Found {
 
 const X402_PAYMENT: &str = "x402/payment";
 
+/// The tools of the ACP and UCP checkout bindings, by which a listing is recognised.
+const ACP_TOOLS: [&str; 5] = [
+    "create_checkout_session",
+    "get_checkout_session",
+    "update_checkout_session",
+    "complete_checkout_session",
+    "cancel_checkout_session",
+];
+const UCP_TOOLS: [&str; 9] = [
+    "create_checkout",
+    "get_checkout",
+    "update_checkout",
+    "complete_checkout",
+    "cancel_checkout",
+    "create_cart",
+    "get_cart",
+    "update_cart",
+    "cancel_cart",
+];
+
 impl Profile {
+    /// The binding a server's tools (`names`) are those of: at least two of its checkout (or
+    /// cart) tools. x402 is not in a listing: it shows when a call is answered with a payment
+    /// demand.
+    pub fn recognise<'a>(names: impl IntoIterator<Item = &'a str> + Clone) -> Option<Profile> {
+        let count = |tools: &[&str]| {
+            names
+                .clone()
+                .into_iter()
+                .filter(|n| tools.contains(n))
+                .count()
+        };
+        if count(&ACP_TOOLS) >= 2 {
+            Some(Profile::Acp)
+        } else if count(&UCP_TOOLS) >= 2 {
+            Some(Profile::Ucp)
+        } else {
+            None
+        }
+    }
+
+    /// The protocol's name, as a person reads it.
+    pub fn title(self) -> &'static str {
+        match self {
+            Profile::Acp => {
+                "the Agentic Commerce Protocol's MCP binding (keys in meta.idempotency_key)"
+            }
+            Profile::Ucp => {
+                "the Universal Commerce Protocol's MCP binding (keys in meta[\"idempotency-key\"])"
+            }
+            Profile::X402 => "x402 over MCP (the payment identifier in _meta[\"x402/payment\"])",
+        }
+    }
+
+    /// The name `profile` takes in the configuration.
+    pub fn name(self) -> &'static str {
+        match self {
+            Profile::Acp => "acp",
+            Profile::Ucp => "ucp",
+            Profile::X402 => "x402",
+        }
+    }
+
     /// The binding's tools that only read (a tool the configuration names keeps its policy).
     pub(crate) fn reads(self, tool: &str) -> bool {
         let reads: &[&str] = match self {
