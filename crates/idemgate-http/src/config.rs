@@ -270,6 +270,18 @@ impl Config {
                         ),
                     );
                 }
+                if !profile.allows_kind(p.kind) {
+                    return fail(
+                        format!("tools.{name}.kind"),
+                        format!("profile \"{name_of}\" is the contract of a write (a key required, its answers kept): a tool of kind \"{}\" would drop it", p.kind),
+                    );
+                }
+                if profile == Profile::X402 && p.on_unknown == UnknownPolicy::Retry {
+                    return fail(
+                        format!("tools.{name}.on_unknown"),
+                        "profile \"x402\" cannot retry an unknown outcome: the retry would send the signed payment again".to_owned(),
+                    );
+                }
                 if p.fallback_window.is_some() && profile.keys_every_request() {
                     return fail(
                         format!("tools.{name}.fallback_window"),

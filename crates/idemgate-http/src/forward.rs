@@ -21,7 +21,7 @@ use crate::auth::Caller;
 use crate::error::{error_chain, Problem};
 use crate::gateway::Gateway;
 use crate::headers::IDEMPOTENCY_KEY;
-use crate::profile::Profile;
+use crate::profile::{Profile, Reading};
 use crate::request::{self, Path};
 
 /// What the upstream answered.
@@ -140,12 +140,24 @@ async fn forward(
     };
     let Some(named) = gw.engine().key_for(&call, &policy).map_err(refused)? else {
         // Reads and naturally idempotent tools: no record, the upstream answers as it is.
+        let tool = call.tool.clone();
         let begun = gw.engine().begin(call, &policy).await;
         idemgate_trace::record_begun(&tracing::Span::current(), &begun);
         begun.map_err(|e| Problem::from_engine(&e))?;
         let trace = idemgate_trace::outgoing(caller.as_ref());
         return match send(&gw, &outgoing, None, trace, deadline).await {
-            Ok(up) => Ok(up.into_response()),
+            Ok(up) => {
+                if outgoing.profile == Profile::X402 && up.status != StatusCode::PAYMENT_REQUIRED {
+                    // x402 passes a request without a payment unrecorded because a paid
+                    // resource answers it 402: one that served it broke that contract.
+                    tracing::warn!(
+                        tool = %tool,
+                        status = up.status.as_u16(),
+                        "an x402 tool answered a request without a payment other than 402; it passed without a record, so a retry of it is not caught"
+                    );
+                }
+                Ok(up.into_response())
+            }
             Err(e) => Err(unreachable(&e)),
         };
     };
@@ -154,6 +166,7 @@ async fn forward(
     let refused = &mut quota_exceeded;
     // What the upstream answered, for a call observe mode runs past a standing record: its
     // caller gets that answer as it came.
+    let profile = outgoing.profile;
     let mut relay = None;
     let sent_back = &mut relay;
     let effect = {
@@ -182,11 +195,25 @@ async fn forward(
         gw.quota_exceeded(&named.key);
         return Err(Problem::quota_exceeded(tenant.live.max()));
     }
-    if let (Decision::PassedThrough { .. }, Some(sent)) = (&answer.decision, relay) {
-        return match sent {
-            Ok(up) => Ok(up.into_response()),
-            Err(e) => Err(unreachable(&e)),
-        };
+    match (&answer.decision, relay) {
+        (Decision::PassedThrough { .. }, Some(sent)) => {
+            return match sent {
+                Ok(up) => Ok(up.into_response()),
+                Err(e) => Err(unreachable(&e)),
+            }
+        }
+        // An answer the profile reads as unknown (x402's failed settlement) is this call's own
+        // answer: its caller gets it as it came (the receipt says what failed); a retry is then
+        // refused as unknown.
+        (Decision::Unknown { ran_here: true, .. }, Some(Ok(up)))
+            if matches!(
+                profile.reads(up.status, &up.kept),
+                Some(Reading::Unknown(_))
+            ) =>
+        {
+            return Ok(up.into_response());
+        }
+        _ => {}
     }
     respond(answer, Shape::Forwarded, &policy)
 }
@@ -199,23 +226,17 @@ fn text(v: Option<&HeaderValue>) -> Option<String> {
 /// mapping").
 fn classify(sent: &Result<Upstream, reqwest::Error>, profile: Profile) -> Effect {
     match sent {
-        Ok(up) if up.status.is_success() => Effect::Success(up.payload()),
-        // An answer the profile never keeps (ACP's 5xx, x402's 402): the caller gets it, and the
-        // key is free for the retry, which runs fresh (the upstream got the same downstream key
-        // both times).
-        Ok(up) if !profile.keeps(up.status) => Effect::NotApplied {
-            message: format!("the upstream answered {}", up.status),
-            reply: Some(up.payload()),
+        // An answer the profile reads otherwise (`Profile::reads`): released, the caller gets
+        // it and the key is free for the retry, which runs fresh (the upstream got the same
+        // downstream key both times); or unknown.
+        Ok(up) => match profile.reads(up.status, &up.kept) {
+            Some(Reading::Released) => Effect::NotApplied {
+                message: format!("the upstream answered {}", up.status),
+                reply: Some(up.payload()),
+            },
+            Some(Reading::Unknown(why)) => Effect::Ambiguous(why.to_owned()),
+            None => classify_by_status(up),
         },
-        // The upstream refused before acting: its answer goes back to this caller only.
-        Ok(up) if up.status == StatusCode::TOO_MANY_REQUESTS => Effect::NotApplied {
-            message: "the upstream answered 429".to_owned(),
-            reply: Some(up.payload()),
-        },
-        Ok(up) if up.status.is_client_error() && up.status != StatusCode::REQUEST_TIMEOUT => {
-            Effect::Failed(up.payload())
-        }
-        Ok(up) => Effect::Ambiguous(format!("the upstream answered {}", up.status)),
         Err(e) if e.is_connect() => {
             // A failed connect never sent a byte of the request.
             Effect::not_applied(format!(
@@ -230,6 +251,24 @@ fn classify(sent: &Result<Upstream, reqwest::Error>, profile: Profile) -> Effect
             "the connection to the upstream failed after sending: {}",
             error_chain(e)
         )),
+    }
+}
+
+/// What the upstream's answer says of the side effect by its status, under idemgate's own
+/// contract.
+fn classify_by_status(up: &Upstream) -> Effect {
+    if up.status.is_success() {
+        Effect::Success(up.payload())
+    } else if up.status == StatusCode::TOO_MANY_REQUESTS {
+        // The upstream refused before acting: its answer goes back to this caller only.
+        Effect::NotApplied {
+            message: "the upstream answered 429".to_owned(),
+            reply: Some(up.payload()),
+        }
+    } else if up.status.is_client_error() && up.status != StatusCode::REQUEST_TIMEOUT {
+        Effect::Failed(up.payload())
+    } else {
+        Effect::Ambiguous(format!("the upstream answered {}", up.status))
     }
 }
 

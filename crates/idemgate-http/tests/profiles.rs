@@ -216,6 +216,14 @@ async fn the_acp_profile_refuses_a_configuration_that_breaks_its_contract() {
             "profile \"x402\" names every request's action by its key",
         ),
         ("profile = \"x402\"\n", "set its upstream"),
+        (
+            "upstream = \"http://127.0.0.1:9/x\"\nprofile = \"ucp\"\nkind = \"read\"\n",
+            "a tool of kind \"read\" would drop it",
+        ),
+        (
+            "upstream = \"http://127.0.0.1:9/x\"\nprofile = \"x402\"\non_unknown = \"retry\"\n",
+            "would send the signed payment again",
+        ),
     ] {
         let text = crate::support::config_text("", &format!("[tools.checkout]\n{extra}"));
         let err = idemgate_http::Config::parse(&text).unwrap_err().to_string();
@@ -370,25 +378,41 @@ fn unbase64(text: &str) -> Value {
     .unwrap()
 }
 
+/// What the x402 resource saw: the requests it served, all it got, and those whose downstream
+/// key did not match their payment (one without the other).
+#[derive(Default)]
+struct Counts {
+    served: usize,
+    requests: usize,
+    keyed_wrongly: usize,
+}
+
 /// A resource server paid with x402, as its middleware answers: 402 with `PAYMENT-REQUIRED`
-/// without a payment; with one, the resource and a `PAYMENT-RESPONSE` receipt, or 402 with the
-/// failed receipt when the payment's signature is `0xdeclined`. Counts the requests it served
-/// (paid) and all it got.
-async fn x402_resource(examples: Value) -> (String, Arc<std::sync::Mutex<(usize, usize)>>) {
+/// without a payment; with one, verify, serve, settle: the resource and a `PAYMENT-RESPONSE`
+/// receipt; 402 with a new demand (no receipt, nothing served) when the payment's signature is
+/// `0xdeclined` (refused at verification); the resource served and then 402 with the failed
+/// receipt when it is `0xunsettled` (settlement failed after the work). Counts the requests it
+/// served and all it got.
+async fn x402_resource(examples: Value) -> (String, Arc<std::sync::Mutex<Counts>>) {
     use axum::http::{HeaderMap, StatusCode};
     use axum::response::IntoResponse;
-    let counts = Arc::new(std::sync::Mutex::new((0usize, 0usize)));
+    let counts = Arc::new(std::sync::Mutex::new(Counts::default()));
     let seen = counts.clone();
     let app = axum::Router::new().route(
         "/premium-data",
         axum::routing::post(move |headers: HeaderMap, body: String| {
             let (examples, seen) = (examples.clone(), seen.clone());
             async move {
-                seen.lock().unwrap().1 += 1;
-                assert!(
-                    headers.contains_key("idempotency-key") == headers.contains_key("payment-signature"),
-                    "a paid request carries the gate's downstream key, an unpaid one none"
-                );
+                {
+                    let mut c = seen.lock().unwrap();
+                    c.requests += 1;
+                    // A paid request carries the gate's downstream key, an unpaid one none.
+                    if headers.contains_key("idempotency-key")
+                        != headers.contains_key("payment-signature")
+                    {
+                        c.keyed_wrongly += 1;
+                    }
+                }
                 let Some(payment) = headers.get("payment-signature") else {
                     let demand = base64(&examples["payment_required"]);
                     return (StatusCode::PAYMENT_REQUIRED, [("payment-required", demand)], "{}")
@@ -396,15 +420,22 @@ async fn x402_resource(examples: Value) -> (String, Arc<std::sync::Mutex<(usize,
                 };
                 let payment = unbase64(payment.to_str().unwrap());
                 if payment["payload"]["signature"] == "0xdeclined" {
-                    let receipt = base64(&examples["settlement_failure"]);
-                    return (StatusCode::PAYMENT_REQUIRED, [("payment-response", receipt)], "{}")
+                    let mut demand = examples["payment_required"].clone();
+                    demand["error"] = Value::from("invalid_exact_evm_payload_signature");
+                    let demand = base64(&demand);
+                    return (StatusCode::PAYMENT_REQUIRED, [("payment-required", demand)], "{}")
                         .into_response();
                 }
                 let served = {
                     let mut c = seen.lock().unwrap();
-                    c.0 += 1;
-                    c.0
+                    c.served += 1;
+                    c.served
                 };
+                if payment["payload"]["signature"] == "0xunsettled" {
+                    let receipt = base64(&examples["settlement_failure"]);
+                    return (StatusCode::PAYMENT_REQUIRED, [("payment-response", receipt)], "{}")
+                        .into_response();
+                }
                 let receipt = base64(&examples["settlement_success"]);
                 let answer = serde_json::json!({"data": "premium market data response", "query": serde_json::from_str::<Value>(&body).unwrap()["query"], "served": served});
                 (
@@ -470,7 +501,7 @@ async fn x402_profile_pays_once_per_payment_identifier() {
     assert_eq!(header(&again, "idempotent-replayed"), Some("true"));
     assert_eq!(header(&again, "payment-response"), Some(receipt.as_str()));
     assert_eq!(again.text().await.unwrap(), first_body);
-    assert_eq!(counts.lock().unwrap().0, 1);
+    assert_eq!(counts.lock().unwrap().served, 1);
 
     // The same identifier with another payment (signed anew) or another body: 409.
     let mut resigned = payment.clone();
@@ -483,10 +514,10 @@ async fn x402_profile_pays_once_per_payment_identifier() {
     let other = serde_json::json!({"query": "yesterday's market data"});
     let (status, _) = x402_error(pay(&gw, Some(&payment), &other).await).await;
     assert_eq!(status, 409);
-    assert_eq!(counts.lock().unwrap().0, 1);
+    assert_eq!(counts.lock().unwrap().served, 1);
 
     // A payment without an identifier: refused, never sent upstream.
-    let before = counts.lock().unwrap().1;
+    let before = counts.lock().unwrap().requests;
     let (status, error) =
         x402_error(pay(&gw, Some(&examples["payment_payload"]), body).await).await;
     assert_eq!(
@@ -506,27 +537,58 @@ async fn x402_profile_pays_once_per_payment_identifier() {
         "{error}"
     );
     assert_eq!(
-        counts.lock().unwrap().1,
+        counts.lock().unwrap().requests,
         before,
         "nothing refused reached the upstream"
     );
 
-    // A declined payment (402 with the failed receipt) is not kept: the client's next payment
-    // under the same identifier runs.
+    // A payment refused at verification (402 with a new demand, no receipt) did nothing and is
+    // not kept: the client's next payment under the same identifier runs.
     let mut declined = payment.clone();
     declined["extensions"]["payment-identifier"]["info"]["id"] =
         Value::from("pay_second_action_0001");
     declined["payload"]["signature"] = Value::from("0xdeclined");
     let refused = pay(&gw, Some(&declined), body).await;
     assert_eq!(refused.status().as_u16(), 402);
-    let failed = header(&refused, "payment-response").unwrap();
-    assert_eq!(unbase64(failed), examples["settlement_failure"]);
+    let demand = unbase64(header(&refused, "payment-required").unwrap());
+    assert_eq!(demand["error"], "invalid_exact_evm_payload_signature");
     let mut topped_up = declined.clone();
     topped_up["payload"] = payment["payload"].clone();
     let paid = pay(&gw, Some(&topped_up), body).await;
     assert_eq!(paid.status().as_u16(), 200);
     assert_eq!(header(&paid, "idempotent-replayed"), Some("false"));
-    assert_eq!(counts.lock().unwrap().0, 2);
+    assert_eq!(counts.lock().unwrap().served, 2);
+
+    // A settlement that failed after the resource was served (402 with the failed receipt):
+    // the caller gets that answer, and the outcome is unknown, so no payment under the
+    // identifier serves it again until an operator resolves it.
+    let mut unsettled = payment.clone();
+    unsettled["extensions"]["payment-identifier"]["info"]["id"] =
+        Value::from("pay_third_action_0001");
+    unsettled["payload"]["signature"] = Value::from("0xunsettled");
+    let failed = pay(&gw, Some(&unsettled), body).await;
+    assert_eq!(failed.status().as_u16(), 402);
+    let receipt_failed = header(&failed, "payment-response").unwrap();
+    assert_eq!(unbase64(receipt_failed), examples["settlement_failure"]);
+    assert_eq!(counts.lock().unwrap().served, 3);
+    let mut paid_again = unsettled.clone();
+    paid_again["payload"] = payment["payload"].clone();
+    // The same payment again: unknown; a payment signed anew under the identifier: another
+    // request under a used key.
+    for (retry, code) in [
+        (&unsettled, "outcome_unknown"),
+        (&paid_again, "payment_identifier_conflict"),
+    ] {
+        let (status, error) = x402_error(pay(&gw, Some(retry), body).await).await;
+        assert_eq!(
+            (status, error["code"].as_str()),
+            (409, Some(code)),
+            "{error}"
+        );
+    }
+    assert_eq!(counts.lock().unwrap().served, 3, "never served twice");
+
+    assert_eq!(counts.lock().unwrap().keyed_wrongly, 0);
 
     // Version 1's header has no identifier: refused with the way to send one.
     let v1 = gw

@@ -43,6 +43,13 @@ impl Profile {
         }
     }
 
+    /// Whether a tool of this profile may be configured `kind`: a profile is the contract of a
+    /// write (its key required, its answers kept), so a read or a natural-idempotent tool would
+    /// silently drop it.
+    pub fn allows_kind(self, kind: ToolKind) -> bool {
+        self == Profile::Idemgate || kind == ToolKind::Write
+    }
+
     /// The shortest retention the protocol allows, if it sets one (ACP section 6.6 and UCP's
     /// checkout REST binding: at least 24 hours).
     pub fn min_ttl(self) -> Option<Duration> {
@@ -124,15 +131,26 @@ impl Profile {
         }
     }
 
-    /// Whether an upstream's answer with `status` is kept as the call's outcome. ACP never
-    /// keeps a 5xx (section 6.5), so the retry runs fresh; under x402 a 402 means the payment
-    /// was not taken and the resource not served, so the client's next payment under the same
-    /// identifier runs (none of them is kept).
-    pub(crate) fn keeps(self, status: StatusCode) -> bool {
+    /// What an upstream's answer with `status` (and the `kept` headers) says of the call when
+    /// the profile reads it otherwise than idemgate's own contract does; `None` when it does
+    /// not. ACP never keeps a 5xx (section 6.5): released, so the retry runs fresh. Under x402
+    /// a 402 without a settlement receipt is a payment refused before the resource was served
+    /// (released: the client's next payment under the identifier runs); a 402 with a failed
+    /// receipt is a settlement that failed after it may have been served (x402 settles after
+    /// the work), which no retry may run again: unknown.
+    pub(crate) fn reads(self, status: StatusCode, kept: &[(String, String)]) -> Option<Reading> {
         match self {
-            Profile::Acp => !status.is_server_error(),
-            Profile::X402 => status != StatusCode::PAYMENT_REQUIRED,
-            Profile::Idemgate | Profile::Ucp => true,
+            Profile::Acp if status.is_server_error() => Some(Reading::Released),
+            Profile::X402 if status == StatusCode::PAYMENT_REQUIRED => {
+                Some(if kept.iter().any(|(name, _)| name == x402::RECEIPT) {
+                    Reading::Unknown(
+                        "the upstream answered 402 with a failed settlement: the resource may have been served before the payment failed",
+                    )
+                } else {
+                    Reading::Released
+                })
+            }
+            _ => None,
         }
     }
 
@@ -157,6 +175,15 @@ impl Profile {
             Profile::X402 => Ok(result.unwrap_or_else(x402::error)),
         }
     }
+}
+
+/// What a profile reads in an upstream's answer ([`Profile::reads`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Reading {
+    /// Nothing was done: the caller gets the answer, and the key is free.
+    Released,
+    /// The side effect may have run and its outcome is not known.
+    Unknown(&'static str),
 }
 
 /// A JSON error answer with `status`, and its `Retry-After` when the refusal has one.

@@ -10,8 +10,14 @@
 //! - the same identifier with the same payment and body gets the cached answer, its
 //!   `PAYMENT-RESPONSE` receipt included, and the upstream is not paid again; with another
 //!   payment or body, 409 Conflict;
-//! - an upstream's 402 (the payment was refused or did not settle) is never kept, so the
-//!   client's next payment under the same identifier runs.
+//! - an upstream's 402 without a settlement receipt (the payment was refused before the
+//!   resource was served) is not kept, so the client's next payment under the same identifier
+//!   runs; a 402 with a failed receipt (x402 settles after the work, so the resource may have
+//!   been served) leaves the outcome unknown: never run again by a retry, resolved by an
+//!   operator;
+//! - a request without a payment asks the price: the upstream must answer it 402 (x402's
+//!   contract for a paid resource), since it passes without a record; one served anyway is
+//!   logged as a warning.
 //!
 //! The extension names no codes and no body for its refusals, nor a status for an identifier
 //! still in flight. The gateway's: `{"error", "code"}` with `payment_identifier_required`
@@ -34,9 +40,12 @@ const V1_PAYMENT: HeaderName = HeaderName::from_static("x-payment");
 /// The request headers the upstream needs: the payment it verifies and settles.
 pub(super) static REQUEST_HEADERS: [HeaderName; 1] = [PAYMENT_SIGNATURE];
 
+/// The settlement receipt's header.
+pub(super) const RECEIPT: &str = "payment-response";
+
 /// The answer headers kept and replayed: the settlement receipt, and a payment demand.
 pub(super) static RESPONSE_HEADERS: [HeaderName; 2] = [
-    HeaderName::from_static("payment-response"),
+    HeaderName::from_static(RECEIPT),
     HeaderName::from_static("payment-required"),
 ];
 
@@ -55,7 +64,11 @@ pub(super) fn call(
     } else {
         body
     };
-    let call = Call::new(tenant.clone(), tool.clone());
+    // The body alone must be one JSON value, as for any call (a paid one is compared with its
+    // payment as one JSON array below, which would take `1,2` for two members).
+    let call = Call::new(tenant.clone(), tool.clone())
+        .args_text(body)
+        .map_err(|e| Problem::bad_request(e.to_string()))?;
     let mut payments = headers.get_all(PAYMENT_SIGNATURE).iter();
     let Some(header) = payments.next() else {
         if headers.contains_key(V1_PAYMENT) {
@@ -63,9 +76,6 @@ pub(super) fn call(
                 "X-PAYMENT is x402 version 1, which has no payment identifier: send the payment in PAYMENT-SIGNATURE (x402 version 2) with the payment-identifier extension",
             ));
         }
-        let call = call
-            .args_text(body)
-            .map_err(|e| Problem::bad_request(e.to_string()))?;
         return Ok((call, false));
     };
     if payments.next().is_some() {

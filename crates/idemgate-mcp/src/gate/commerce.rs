@@ -14,15 +14,19 @@
 //!   error `-32000` its overview names, `data` UCP's `{"code", "content"}`.
 //! - `x402`, x402 version 2 over MCP (`specs/transports-v2/mcp.md`) with the payment-identifier
 //!   extension: the payment in `params._meta["x402/payment"]`, the key its
-//!   `extensions["payment-identifier"].info.id`, compared with the arguments; a call without a
-//!   payment asks the price (a read); a tool result that is a payment demand
-//!   (`structuredContent` with `x402Version` and `accepts`) means the tool did not run, and is
-//!   never kept. Its errors are tool results, as the proxy's own are.
+//!   `extensions["payment-identifier"].info.id`, compared with the arguments. A call without a
+//!   payment asks the price (a tool not configured gets the re-emission window for it, released
+//!   by a payment demand); a payment demand (`structuredContent` with `x402Version` and
+//!   `accepts`) answering a paid call leaves the outcome unknown, since the binding answers a
+//!   refused payment and a settlement that failed after the tool ran alike. Its errors are tool
+//!   results, as the proxy's own are.
 //!
 //! A key in `meta` is written in the tool's arguments, which a model fills: it is the model's
-//! key (its conversation's, never another's); a program that names actions across sessions sends
-//! its own in `_meta["dev.idemgate/idempotency-key"]`, which comes first. An x402 payment is signed by the
-//! client's wallet, not written by the model: its identifier names the payment for the tenant.
+//! key (its conversation's, never another's), and the server, which dedupes on it, gets the
+//! record's downstream key in its place ([`Profile::put_downstream_key`]); a program that names
+//! actions across sessions sends its own in `_meta["dev.idemgate/idempotency-key"]`, which comes
+//! first. An x402 payment is signed by the client's wallet, not written by the model: its
+//! identifier names the payment for the tenant.
 
 use idemgate_core::{IdempotencyKey, Verdict};
 use serde::Deserialize;
@@ -41,6 +45,15 @@ pub enum Profile {
     Ucp,
     /// x402 with the payment-identifier extension.
     X402,
+}
+
+/// What a binding reads in a server's answer ([`Profile::reads_answer`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Reading {
+    /// Nothing was done: the caller gets the answer, and the key is free.
+    Released,
+    /// The side effect may have run and its outcome is not known.
+    Unknown(&'static str),
 }
 
 /// The keys a call carries where its protocol puts them.
@@ -119,6 +132,40 @@ impl Profile {
         }
     }
 
+    /// Where the binding puts a call's key in its arguments: the member of `meta`, and its
+    /// path as a person reads it. `None` for x402, whose key is in the payment.
+    pub(crate) fn key_in_arguments(self) -> Option<(&'static str, &'static str)> {
+        match self {
+            Profile::Acp => Some(("idempotency_key", "meta.idempotency_key")),
+            Profile::Ucp => Some(("idempotency-key", "meta[\"idempotency-key\"]")),
+            Profile::X402 => None,
+        }
+    }
+
+    /// Puts the record's downstream key (from its `digest`) in place of the call's key in
+    /// `arguments`, so that the server, which dedupes on that key itself, never sees a key the
+    /// model chose (another conversation's or tenant's could be the same string) and the same
+    /// logical action always sends it the same key. UCP's schema asks for a UUID: the digest's
+    /// first 128 bits written as one (version 8, RFC 9562). Whether the arguments changed.
+    pub(crate) fn put_downstream_key(self, arguments: &mut Object, digest: &[u8; 32]) -> bool {
+        let Some((name, _)) = self.key_in_arguments() else {
+            return false;
+        };
+        let Some(mut meta) = arguments.get("meta").and_then(|m| frame::object(m)) else {
+            return false;
+        };
+        if !meta.contains_key(name) {
+            return false;
+        }
+        let key = match self {
+            Profile::Ucp => uuid_of(digest),
+            _ => idemgate_core::key::hex(digest),
+        };
+        meta.insert(name.to_owned(), frame::raw(&key));
+        arguments.insert("meta".to_owned(), frame::raw(&meta));
+        true
+    }
+
     /// The binding's tools that only read (a tool the configuration names keeps its policy).
     pub(crate) fn reads(self, tool: &str) -> bool {
         let reads: &[&str] = match self {
@@ -141,10 +188,7 @@ impl Profile {
     pub(crate) fn keys(self, params: &Object, arguments: &Object) -> Result<Found, String> {
         match self {
             Profile::Acp | Profile::Ucp => {
-                let (name, from) = match self {
-                    Profile::Acp => ("idempotency_key", "argument meta.idempotency_key"),
-                    _ => ("idempotency-key", "argument meta[\"idempotency-key\"]"),
-                };
+                let (name, from) = self.key_in_arguments().expect("ACP and UCP key in meta");
                 let model = match arguments.get("meta").and_then(|m| frame::object(m)) {
                     Some(meta) => match meta.get(name) {
                         Some(v) => key_in(v, from)?,
@@ -242,10 +286,23 @@ impl Profile {
         ))
     }
 
-    /// Whether the server's answer says that it did nothing: ACP's `invalid_request` errors and
-    /// UCP's protocol errors (refused before acting: the key stays free, as REST's 4xx under
-    /// ACP is answered to its caller), and x402's payment demand (the tool did not run).
-    pub(crate) fn did_nothing(self, result: Option<&RawValue>, error: Option<&RawValue>) -> bool {
+    /// What the server's answer to a call (`paid`: whether it carried an x402 payment) says
+    /// of the side effect when the binding reads it otherwise than the proxy does; `None` when
+    /// it does not. Released (nothing was done: the key stays free, the caller gets the answer)
+    /// only where the protocol says the request was refused before processing:
+    /// - ACP: an `invalid_request` error (a 4xx over REST), but for its own idempotency codes;
+    /// - UCP: the errors its registry lists before processing: negotiation (`-32001`),
+    ///   signature and digest failures, and 429 and 503 (`-32000` with `retry_after`);
+    /// - x402: the payment demand answering a call without a payment.
+    ///
+    /// A payment demand answering a paid call is unknown: the binding answers a payment refused
+    /// at verification and a settlement that failed after the tool ran the same way.
+    pub(crate) fn reads_answer(
+        self,
+        result: Option<&RawValue>,
+        error: Option<&RawValue>,
+        paid: bool,
+    ) -> Option<Reading> {
         #[derive(Deserialize)]
         struct Error {
             code: i64,
@@ -260,27 +317,63 @@ impl Profile {
         }
         match (self, result, error) {
             (Profile::Acp | Profile::Ucp, _, Some(e)) => {
-                let Ok(e) = serde_json::from_str::<Error>(e.get()) else {
-                    return false;
-                };
+                let e = serde_json::from_str::<Error>(e.get()).ok()?;
                 let data = e.data.unwrap_or(Value::Null);
-                e.code == -32000
-                    && match self {
-                        Profile::Acp => data["type"] == "invalid_request",
-                        _ => data["code"].is_string(),
+                let code = data["code"].as_str().unwrap_or("");
+                let before = match self {
+                    Profile::Acp => {
+                        e.code == -32000
+                            && data["type"] == "invalid_request"
+                            && !code.starts_with("idempotency_")
                     }
+                    _ => match e.code {
+                        -32001 => true,
+                        -32000 => {
+                            ["signature_missing", "signature_invalid", "key_not_found"]
+                                .contains(&code)
+                                || data.get("retry_after").is_some()
+                        }
+                        -32600 => ["digest_mismatch", "algorithm_unsupported"].contains(&code),
+                        _ => false,
+                    },
+                };
+                before.then_some(Reading::Released)
             }
             (Profile::X402, Some(r), _) => {
-                serde_json::from_str::<ToolResult>(r.get()).is_ok_and(|r| {
+                let demand = serde_json::from_str::<ToolResult>(r.get()).is_ok_and(|r| {
                     r.is_error
                         && r.structured.is_some_and(|s| {
                             s.get("x402Version").is_some() && s["accepts"].is_array()
                         })
-                })
+                });
+                match (demand, paid) {
+                    (false, _) => None,
+                    (true, false) => Some(Reading::Released),
+                    (true, true) => Some(Reading::Unknown(
+                        "the server answered a paid call with a payment demand: the payment was refused, or its settlement failed after the tool ran",
+                    )),
+                }
             }
-            _ => false,
+            _ => None,
         }
     }
+}
+
+/// The first 128 bits of `digest` as a UUID of version 8 (custom), variant RFC 9562.
+fn uuid_of(digest: &[u8; 32]) -> String {
+    let mut b = [0u8; 16];
+    b.copy_from_slice(&digest[..16]);
+    b[6] = (b[6] & 0x0f) | 0x80;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let hex = idemgate_core::key::hex(&b);
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    )
 }
 
 /// An x402 call's payment (`params._meta["x402/payment"]`), when it has one; why not when
@@ -351,27 +444,127 @@ mod tests {
     }
 
     #[test]
-    fn only_what_the_protocol_says_did_nothing_frees_the_key() {
+    fn only_what_the_protocol_says_was_refused_before_processing_frees_the_key() {
         let raw = |v: Value| frame::raw(&v);
-        let acp_invalid = raw(
-            json!({"code": -32000, "message": "m", "data": {"type": "invalid_request", "code": "missing"}}),
-        );
-        let acp_declined = raw(
-            json!({"code": -32000, "message": "m", "data": {"type": "processing_error", "code": "payment_declined"}}),
-        );
-        let internal = raw(json!({"code": -32603, "message": "boom"}));
-        assert!(Profile::Acp.did_nothing(None, Some(&acp_invalid)));
-        assert!(!Profile::Acp.did_nothing(None, Some(&acp_declined)));
-        assert!(!Profile::Acp.did_nothing(None, Some(&internal)));
-        assert!(!Profile::Ucp.did_nothing(None, Some(&internal)));
+        let released = Some(Reading::Released);
+        let error =
+            |code: i64, data: Value| raw(json!({"code": code, "message": "m", "data": data}));
+        for (profile, e, read) in [
+            (
+                Profile::Acp,
+                error(
+                    -32000,
+                    json!({"type": "invalid_request", "code": "missing_required_field"}),
+                ),
+                released,
+            ),
+            // The server's own idempotency refusals are not "nothing done" for this action.
+            (
+                Profile::Acp,
+                error(
+                    -32000,
+                    json!({"type": "invalid_request", "code": "idempotency_in_flight"}),
+                ),
+                None,
+            ),
+            (
+                Profile::Acp,
+                error(
+                    -32000,
+                    json!({"type": "processing_error", "code": "payment_declined"}),
+                ),
+                None,
+            ),
+            (
+                Profile::Acp,
+                raw(json!({"code": -32603, "message": "boom"})),
+                None,
+            ),
+            (
+                Profile::Ucp,
+                error(-32000, json!({"code": "signature_invalid", "content": "c"})),
+                released,
+            ),
+            (
+                Profile::Ucp,
+                error(-32000, json!({"retry_after": 60})),
+                released,
+            ),
+            (
+                Profile::Ucp,
+                error(-32001, json!({"code": "version_unsupported"})),
+                released,
+            ),
+            (
+                Profile::Ucp,
+                error(-32600, json!({"code": "digest_mismatch"})),
+                released,
+            ),
+            (
+                Profile::Ucp,
+                error(
+                    -32000,
+                    json!({"code": "idempotency_conflict", "content": "c"}),
+                ),
+                None,
+            ),
+            (
+                Profile::Ucp,
+                error(-32000, json!({"code": "anything_else"})),
+                None,
+            ),
+            (
+                Profile::Ucp,
+                raw(json!({"code": -32603, "message": "boom"})),
+                None,
+            ),
+        ] {
+            assert_eq!(
+                profile.reads_answer(None, Some(&e), true),
+                read,
+                "{profile:?} {}",
+                e.get()
+            );
+        }
         let demand =
             raw(json!({"isError": true, "structuredContent": {"x402Version": 2, "accepts": []}}));
         let failed = raw(json!({"isError": true, "structuredContent": {"error": "no"}}));
-        let paid =
+        let served =
             raw(json!({"content": [], "structuredContent": {"x402Version": 2, "accepts": []}}));
-        assert!(Profile::X402.did_nothing(Some(&demand), None));
-        assert!(!Profile::X402.did_nothing(Some(&failed), None));
-        assert!(!Profile::X402.did_nothing(Some(&paid), None));
+        assert_eq!(
+            Profile::X402.reads_answer(Some(&demand), None, false),
+            released
+        );
+        assert!(matches!(
+            Profile::X402.reads_answer(Some(&demand), None, true),
+            Some(Reading::Unknown(_))
+        ));
+        assert_eq!(Profile::X402.reads_answer(Some(&failed), None, true), None);
+        assert_eq!(Profile::X402.reads_answer(Some(&served), None, true), None);
+    }
+
+    #[test]
+    fn the_server_gets_the_records_key_in_the_bindings_place() {
+        let digest = [0xabu8; 32];
+        let mut args =
+            obj(json!({"meta": {"idempotency-key": "model-chosen", "ucp-agent": {}}, "id": "c"}));
+        assert!(Profile::Ucp.put_downstream_key(&mut args, &digest));
+        let meta = frame::object(&args["meta"]).unwrap();
+        assert_eq!(
+            meta["idempotency-key"].get(),
+            r#""abababab-abab-8bab-abab-abababababab""#
+        );
+        assert!(meta.contains_key("ucp-agent"), "the rest of meta stays");
+        let mut acp = obj(json!({"meta": {"idempotency_key": "k"}}));
+        assert!(Profile::Acp.put_downstream_key(&mut acp, &digest));
+        assert_eq!(
+            frame::object(&acp["meta"]).unwrap()["idempotency_key"].get(),
+            format!("\"{}\"", "ab".repeat(32))
+        );
+        // A call without the member keeps its arguments as they came.
+        let mut none = obj(json!({"meta": {"api_version": "1"}}));
+        assert!(!Profile::Acp.put_downstream_key(&mut none, &digest));
+        assert!(!Profile::X402.put_downstream_key(&mut acp, &digest));
     }
 
     #[test]

@@ -21,6 +21,7 @@ use tracing::Instrument as _;
 
 use super::answer::{self, CallContext, Named, META_CALL_ID, META_CONVERSATION, META_KEY};
 use super::catalog::{Tool, KEY_ARGUMENTS};
+use super::commerce::Reading;
 use super::CarriedKey;
 use crate::config::{record_tool, Config, KeySource, Profile, DEFAULT_WINDOW};
 use crate::peer::{Forwarded, Peer, Reply};
@@ -86,6 +87,9 @@ pub(crate) struct Prepared {
     policy: ToolPolicy,
     /// What judging found that the answers tell.
     named: Named,
+    /// Whether the call carries an x402 payment (always, outside x402): the binding reads a
+    /// payment demand by it.
+    paid: bool,
     /// The client's frame, the key taken out of its arguments (or a declared key argument
     /// filled with the record's digest).
     pub(crate) frame: String,
@@ -183,10 +187,10 @@ impl<S: Store> Judge<S> {
             Ok(k) => k,
             Err(e) => return Err(self.refuse(request, &policy, format!("{e}; nothing was done."))),
         };
-        if !keys.paid {
-            // An x402 call without a payment asks the price: the server demands one and does
-            // nothing (`commerce`).
-            policy.kind = ToolKind::Read;
+        if keys.paid && self.config.profile == Some(Profile::X402) {
+            // An x402 payment is named by its identifier (or a program's key), never by a
+            // window: one without is refused, as nothing else tells its retry apart.
+            policy.fallback_window = None;
         }
         let declared = tool.and_then(|t| t.key_argument.as_deref());
         let (stripped, kept) = strip_keys(&mut arguments, declared);
@@ -200,7 +204,8 @@ impl<S: Store> Judge<S> {
             Err(e) => return Err(self.refuse(request, &policy, e)),
         };
         let filled = self.fill_key(&call, &policy, declared, kept, &mut arguments);
-        let frame = if stripped || filled {
+        let rewritten = self.put_downstream_key(&call, &policy, &mut arguments);
+        let frame = if stripped || filled || rewritten {
             frame::with_arguments(&line, &arguments).unwrap_or(line)
         } else {
             line
@@ -218,6 +223,7 @@ impl<S: Store> Judge<S> {
                 open_output: tool.is_none_or(|t| t.open_output),
             },
             policy,
+            paid: keys.paid,
             frame,
         })
     }
@@ -305,6 +311,18 @@ impl<S: Store> Judge<S> {
         }
     }
 
+    /// A commerce binding's key in the arguments becomes the record's downstream key
+    /// ([`Profile::put_downstream_key`]); calls without a record keep theirs. Whether it did.
+    fn put_downstream_key(&self, call: &Call, policy: &ToolPolicy, arguments: &mut Object) -> bool {
+        let Some(profile) = self.config.profile else {
+            return false;
+        };
+        match self.engine.key_for(call, policy) {
+            Ok(Some(named)) => profile.put_downstream_key(arguments, &named.key.digest()),
+            _ => false,
+        }
+    }
+
     /// Runs a prepared call at most once: the engine decides, and when the call is to run the
     /// peer forwards it and waits for the server's answer; returns the frame that answers it.
     pub(crate) async fn run(
@@ -318,6 +336,7 @@ impl<S: Store> Judge<S> {
             window,
             policy,
             named,
+            paid,
             frame,
         } = prepared;
         let id = frame::id_key(request.id);
@@ -357,7 +376,7 @@ impl<S: Store> Judge<S> {
                 }
                 _ => frame,
             };
-            let profile = self.config.profile;
+            let profile = self.config.profile.map(|p| (p, paid));
             async move { effect(peer.forward(id, frame, write, timeout).await, profile) }
         };
         // The only call in flight in this process (every session's) may have its writes done on
@@ -636,18 +655,23 @@ fn strip_keys(arguments: &mut Object, declared: Option<&str>) -> (bool, Option<B
 
 /// What became of a forwarded call says about its side effect, and the server's answer for the
 /// client when it came.
-fn effect(forwarded: Forwarded, profile: Option<Profile>) -> (Effect, Option<Reply>) {
+/// `profile`: the commerce binding the server speaks, and whether the call carried a payment.
+fn effect(forwarded: Forwarded, profile: Option<(Profile, bool)>) -> (Effect, Option<Reply>) {
     let (reply, refused) = match forwarded {
         Forwarded::NotSent(why) => return (Effect::not_applied(why), None),
         Forwarded::Sent { reply, refused } => (reply, refused),
     };
-    if let (Some(profile), Reply::Answer { result, error, .. }) = (profile, &reply) {
-        if profile.did_nothing(result.as_deref(), error.as_deref()) {
-            // Its caller gets the server's answer; the key stays free for the next try.
-            return (
-                Effect::not_applied("the server answered that it did nothing"),
-                Some(reply),
-            );
+    if let (Some((profile, paid)), Reply::Answer { result, error, .. }) = (profile, &reply) {
+        // Its caller gets the server's answer either way.
+        match profile.reads_answer(result.as_deref(), error.as_deref(), paid) {
+            Some(Reading::Released) => {
+                return (
+                    Effect::not_applied("the server answered that it did nothing"),
+                    Some(reply),
+                )
+            }
+            Some(Reading::Unknown(why)) => return (Effect::Ambiguous(why.to_owned()), Some(reply)),
+            None => {}
         }
     }
     let mut effect = effect_of(&reply);

@@ -62,8 +62,13 @@ impl<S: Store> Inner<S> {
             return line;
         };
         let config = self.judge.config();
+        // A commerce binding's tools carry their key in its own place (`meta`): the model is not
+        // offered another.
+        let offers_key = config
+            .profile
+            .is_none_or(|p| p.key_in_arguments().is_none());
         match self.tools.shown(&result, |name, tool| {
-            config.policy(name, tool).kind == ToolKind::Write
+            offers_key && config.policy(name, tool).kind == ToolKind::Write
         }) {
             Some(shown) => frame::response(&id, &shown),
             None => line,
