@@ -18,11 +18,12 @@ fn examples() -> Value {
     serde_json::from_str(include_str!("fixtures/commerce-mcp-examples.json")).unwrap()
 }
 
-/// An initialized proxy with `profile` before the commerce fixture.
-fn commerce(sb: &Sandbox, profile: &str) -> Proxy {
+/// An initialized proxy with `profile` (and the `extra` configuration) before the commerce
+/// fixture.
+fn commerce(sb: &Sandbox, profile: &str, extra: &str) -> Proxy {
     let mut command = sb.idemgate();
     command.env("FIXTURE_LOG", sb.path("executed"));
-    let config = format!("profile = \"{profile}\"\n");
+    let config = format!("profile = \"{profile}\"\n{extra}");
     let mut p = Proxy::spawn(sb.mcp(command, &config, &["python3", SERVER]), sb);
     p.initialize();
     p
@@ -59,7 +60,7 @@ fn keys_seen(sb: &Sandbox) -> Vec<String> {
 fn mcp_acp_binding_keys_by_meta_and_refuses_in_acps_words() {
     let sb = Sandbox::new();
     let ex = examples();
-    let mut p = commerce(&sb, "acp");
+    let mut p = commerce(&sb, "acp", "");
     let create = &ex["create_checkout_session_request"];
     let model_key = "idem_550e8400-e29b-41d4-a716-446655440000";
 
@@ -148,6 +149,21 @@ fn mcp_acp_binding_keys_by_meta_and_refuses_in_acps_words() {
     );
     assert_eq!(sb.executed().len(), 2);
 
+    // Named by a program's key instead: the server still gets the record's key in meta.
+    let by_program = p.request(
+        "tools/call",
+        params_of(&ex["cancel_checkout_session_request"], |p| {
+            p["_meta"] = json!({"dev.idemgate/idempotency-key": "order-42-cancel"})
+        }),
+    );
+    assert_eq!(by_program["result"]["status"], "canceled", "{by_program}");
+    let sent = keys_seen(&sb);
+    assert_eq!(sent.len(), 3);
+    assert!(
+        sent[2].len() == 64 && sent[2] != "order-42-cancel",
+        "{sent:?}"
+    );
+
     // The binding's read passes without a key, and the listing offers no other key argument.
     let got = p.request(
         "tools/call",
@@ -155,7 +171,15 @@ fn mcp_acp_binding_keys_by_meta_and_refuses_in_acps_words() {
     );
     assert_eq!(got["result"]["id"], "checkout_session_123", "{got}");
     let listed = p.request("tools/list", json!({}));
-    assert!(!listed.to_string().contains("idempotency_key"), "{listed}");
+    for tool in listed["result"]["tools"].as_array().unwrap() {
+        let offered = !tool["inputSchema"]["properties"]["idempotency_key"].is_null();
+        let binding = tool["name"]
+            .as_str()
+            .unwrap()
+            .ends_with("_checkout_session");
+        // Another write of the same server keeps the offer.
+        assert_eq!(offered, !binding, "{tool}");
+    }
 
     // A request the server refuses as invalid_request did nothing: its error goes back as the
     // server wrote it, and the key is free for the corrected request.
@@ -179,14 +203,14 @@ fn mcp_acp_binding_keys_by_meta_and_refuses_in_acps_words() {
         corrected["result"]["id"], first["result"]["id"],
         "{corrected}"
     );
-    assert_eq!(sb.executed().len(), 3);
+    assert_eq!(sb.executed().len(), 4);
 }
 
 #[test]
 fn mcp_ucp_binding_keys_by_meta_idempotency_key() {
     let sb = Sandbox::new();
     let ex = examples();
-    let mut p = commerce(&sb, "ucp");
+    let mut p = commerce(&sb, "ucp", "");
     let complete = &ex["ucp_complete_checkout_request"];
 
     let first = p.request("tools/call", params_of(complete, |_| {}));
@@ -271,7 +295,11 @@ fn mcp_ucp_binding_keys_by_meta_idempotency_key() {
 fn mcp_x402_binding_pays_once_per_payment_identifier() {
     let sb = Sandbox::new();
     let ex = examples();
-    let mut p = commerce(&sb, "x402");
+    let mut p = commerce(
+        &sb,
+        "x402",
+        "[tools.financial_analysis]\non_unknown = \"block\"\n",
+    );
     let paid = &ex["x402_paid_request"];
     let echo = ex["x402_payment_identifier_echo"]["extensions"].clone();
     let with_id = |id: &str| {
@@ -282,8 +310,8 @@ fn mcp_x402_binding_pays_once_per_payment_identifier() {
         })
     };
 
-    // Without a payment: the server's payment demand, as it wrote it; nothing kept or run, and
-    // asking again gets it again.
+    // Without a payment (the tool configured, its policy a write's): the server's payment
+    // demand, as it wrote it; nothing kept or run, and asking again gets it again.
     for _ in 0..2 {
         let unpaid = p.request(
             "tools/call",

@@ -350,6 +350,16 @@ impl Config {
         if let Some(oauth) = &config.oauth {
             oauth.validate().map_err(Error::Config)?;
         }
+        if config.profile == Some(Profile::X402) {
+            let retried = std::iter::once(("default".to_owned(), &config.default))
+                .chain(config.tools.iter().map(|(n, p)| (format!("tools.{n}"), p)))
+                .find(|(_, p)| p.on_unknown == idemgate_core::UnknownPolicy::Retry);
+            if let Some((at, _)) = retried {
+                return Err(Error::Config(format!(
+                    "{at}.on_unknown: profile \"x402\" cannot retry an unknown outcome: the retry would send the signed payment again"
+                )));
+            }
+        }
         if config.http.max_sessions == 0 || config.http.max_body_bytes == 0 {
             return Err(Error::Config(
                 "http.max_sessions and http.max_body_bytes must be positive".to_owned(),

@@ -137,10 +137,14 @@ pub(crate) fn respond(
     let record = format!("record {key} (tool {}, tenant {})", cx.scope, cx.tenant);
     let resolve = format!("{key} --tool {} --tenant {}", cx.scope, cx.tenant);
     // Under a commerce binding the key has the binding's own place (`meta`).
-    let arg = cx.profile.and_then(|p| p.key_in_arguments()).map_or_else(
-        || format!("the argument \"{}\"", KEY_ARGUMENTS[0]),
-        |(_, path)| path.to_owned(),
-    );
+    let arg = cx
+        .profile
+        .filter(|p| p.binds(cx.tool))
+        .and_then(|p| p.key_in_arguments())
+        .map_or_else(
+            || format!("the argument \"{}\"", KEY_ARGUMENTS[0]),
+            |(_, path)| path.to_owned(),
+        );
     let mut add_key = format!(
         "To the model: call {tool} again with {arg} set to a value that names this one action (the same value on every retry of it, a new value for a new action). To the developer: put a stable key (for example the tool call id) in params._meta[\"{META_KEY}\"], or give the tool a fallback_window in the idemgate MCP configuration (docs/MCP.md).",
         tool = cx.tool,

@@ -224,16 +224,9 @@ impl Config {
             return p.clone();
         }
         let mut policy = self.default.clone();
-        if let Some(profile) = self.profile {
-            if profile.reads(tool) {
-                policy.kind = ToolKind::Read;
-                return policy;
-            }
-            // x402: a call without a payment asks the price; a free tool's call without a key is
-            // named by the re-emission window, released when the answer is a payment demand.
-            if profile == super::commerce::Profile::X402 && policy.fallback_window.is_none() {
-                policy.fallback_window = Some(crate::config::DEFAULT_WINDOW);
-            }
+        if self.profile.is_some_and(|p| p.reads(tool)) {
+            policy.kind = ToolKind::Read;
+            return policy;
         }
         if let (true, Some(t)) = (self.trusted, described) {
             if t.read_only {

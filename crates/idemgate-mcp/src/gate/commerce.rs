@@ -142,19 +142,41 @@ impl Profile {
         }
     }
 
-    /// Puts the record's downstream key (from its `digest`) in place of the call's key in
+    /// Whether `tool` is one of the binding's own checkout or cart tools, whose arguments carry
+    /// its `meta`.
+    pub(crate) fn binds(self, tool: &str) -> bool {
+        match self {
+            Profile::Acp => ACP_TOOLS.contains(&tool),
+            Profile::Ucp => UCP_TOOLS.contains(&tool),
+            Profile::X402 => false,
+        }
+    }
+
+    /// Puts the call's downstream key (from its record's `digest`) in the binding's place in
     /// `arguments`, so that the server, which dedupes on that key itself, never sees a key the
-    /// model chose (another conversation's or tenant's could be the same string) and the same
-    /// logical action always sends it the same key. UCP's schema asks for a UUID: the digest's
-    /// first 128 bits written as one (version 8, RFC 9562). Whether the arguments changed.
-    pub(crate) fn put_downstream_key(self, arguments: &mut Object, digest: &[u8; 32]) -> bool {
+    /// model chose (another conversation's or tenant's could be the same string) and one action
+    /// sends it one key. A binding tool gets it whether the call carried one there or was named
+    /// otherwise (a program's key, a call id, the window), `meta` made when it has none (`add`);
+    /// another tool only has a key the model wrote there replaced. UCP's schema asks for a UUID:
+    /// the digest's first 128 bits written as one (version 8, RFC 9562). Whether the arguments
+    /// changed.
+    pub(crate) fn put_downstream_key(
+        self,
+        arguments: &mut Object,
+        digest: &[u8; 32],
+        add: bool,
+    ) -> bool {
         let Some((name, _)) = self.key_in_arguments() else {
             return false;
         };
-        let Some(mut meta) = arguments.get("meta").and_then(|m| frame::object(m)) else {
-            return false;
+        let mut meta = match arguments.get("meta") {
+            None => Object::new(),
+            Some(m) => match frame::object(m) {
+                Some(meta) => meta,
+                None => return false,
+            },
         };
-        if !meta.contains_key(name) {
+        if !add && !meta.contains_key(name) {
             return false;
         }
         let key = match self {
@@ -324,7 +346,8 @@ impl Profile {
                     Profile::Acp => {
                         e.code == -32000
                             && data["type"] == "invalid_request"
-                            && !code.starts_with("idempotency_")
+                            && (!code.starts_with("idempotency_")
+                                || code == "idempotency_key_required")
                     }
                     _ => match e.code {
                         -32001 => true,
@@ -548,7 +571,7 @@ mod tests {
         let digest = [0xabu8; 32];
         let mut args =
             obj(json!({"meta": {"idempotency-key": "model-chosen", "ucp-agent": {}}, "id": "c"}));
-        assert!(Profile::Ucp.put_downstream_key(&mut args, &digest));
+        assert!(Profile::Ucp.put_downstream_key(&mut args, &digest, false));
         let meta = frame::object(&args["meta"]).unwrap();
         assert_eq!(
             meta["idempotency-key"].get(),
@@ -556,15 +579,42 @@ mod tests {
         );
         assert!(meta.contains_key("ucp-agent"), "the rest of meta stays");
         let mut acp = obj(json!({"meta": {"idempotency_key": "k"}}));
-        assert!(Profile::Acp.put_downstream_key(&mut acp, &digest));
+        assert!(Profile::Acp.put_downstream_key(&mut acp, &digest, false));
         assert_eq!(
             frame::object(&acp["meta"]).unwrap()["idempotency_key"].get(),
             format!("\"{}\"", "ab".repeat(32))
         );
-        // A call without the member keeps its arguments as they came.
+        // Another tool without the member keeps its arguments as they came; a binding tool
+        // gets the key, and meta when it has none.
         let mut none = obj(json!({"meta": {"api_version": "1"}}));
-        assert!(!Profile::Acp.put_downstream_key(&mut none, &digest));
-        assert!(!Profile::X402.put_downstream_key(&mut acp, &digest));
+        assert!(!Profile::Acp.put_downstream_key(&mut none, &digest, false));
+        assert!(Profile::Acp.put_downstream_key(&mut none, &digest, true));
+        let meta = frame::object(&none["meta"]).unwrap();
+        assert_eq!(meta["api_version"].get(), r#""1""#);
+        assert!(meta.contains_key("idempotency_key"));
+        let mut bare = obj(json!({"id": "c"}));
+        assert!(Profile::Ucp.put_downstream_key(&mut bare, &digest, true));
+        assert!(frame::object(&bare["meta"])
+            .unwrap()
+            .contains_key("idempotency-key"));
+        let mut not_object = obj(json!({"meta": "x"}));
+        assert!(!Profile::Acp.put_downstream_key(&mut not_object, &digest, true));
+        assert!(!Profile::X402.put_downstream_key(&mut acp, &digest, true));
+        assert!(
+            Profile::Acp.binds("complete_checkout_session") && !Profile::Acp.binds("send_mail")
+        );
+    }
+
+    #[test]
+    fn x402_refuses_to_retry_an_unknown_payment() {
+        for text in [
+            "profile = \"x402\"\n[default]\non_unknown = \"retry\"\n",
+            "profile = \"x402\"\n[tools.pay]\non_unknown = \"retry\"\n",
+        ] {
+            let err = crate::Config::parse(text).unwrap_err().to_string();
+            assert!(err.contains("would send the signed payment again"), "{err}");
+        }
+        crate::Config::parse("profile = \"acp\"\n[tools.pay]\non_unknown = \"retry\"\n").unwrap();
     }
 
     #[test]

@@ -187,10 +187,17 @@ impl<S: Store> Judge<S> {
             Ok(k) => k,
             Err(e) => return Err(self.refuse(request, &policy, format!("{e}; nothing was done."))),
         };
-        if keys.paid && self.config.profile == Some(Profile::X402) {
-            // An x402 payment is named by its identifier (or a program's key), never by a
-            // window: one without is refused, as nothing else tells its retry apart.
-            policy.fallback_window = None;
+        if self.config.profile == Some(Profile::X402) {
+            if keys.paid {
+                // A payment is named by its identifier (or a key every call can carry), never by
+                // a window: nothing else tells its retry from a new payment.
+                policy.fallback_window = None;
+            } else {
+                // Without a payment the call asks the price, and the flow needs the server's
+                // demand: the window names it (a free tool's retry within it is caught), and a
+                // payment demand releases it.
+                policy.fallback_window.get_or_insert(DEFAULT_WINDOW);
+            }
         }
         let declared = tool.and_then(|t| t.key_argument.as_deref());
         let (stripped, kept) = strip_keys(&mut arguments, declared);
@@ -204,7 +211,7 @@ impl<S: Store> Judge<S> {
             Err(e) => return Err(self.refuse(request, &policy, e)),
         };
         let filled = self.fill_key(&call, &policy, declared, kept, &mut arguments);
-        let rewritten = self.put_downstream_key(&call, &policy, &mut arguments);
+        let rewritten = self.put_downstream_key(&request.name, &call, &policy, &mut arguments);
         let frame = if stripped || filled || rewritten {
             frame::with_arguments(&line, &arguments).unwrap_or(line)
         } else {
@@ -311,15 +318,30 @@ impl<S: Store> Judge<S> {
         }
     }
 
-    /// A commerce binding's key in the arguments becomes the record's downstream key
-    /// ([`Profile::put_downstream_key`]); calls without a record keep theirs. Whether it did.
-    fn put_downstream_key(&self, call: &Call, policy: &ToolPolicy, arguments: &mut Object) -> bool {
+    /// The server of a commerce binding gets the call's downstream key in the binding's place
+    /// ([`Profile::put_downstream_key`]): the record's when the call has one, else (a read, a
+    /// natural-idempotent tool) its key's as the record's would be. Never the model's string.
+    /// Whether the arguments changed.
+    fn put_downstream_key(
+        &self,
+        tool: &str,
+        call: &Call,
+        policy: &ToolPolicy,
+        arguments: &mut Object,
+    ) -> bool {
         let Some(profile) = self.config.profile else {
             return false;
         };
-        match self.engine.key_for(call, policy) {
-            Ok(Some(named)) => profile.put_downstream_key(arguments, &named.key.digest()),
-            _ => false,
+        let key = match self.engine.key_for(call, policy) {
+            Ok(Some(named)) => Some(named.key),
+            _ => call
+                .key
+                .clone()
+                .map(|k| idemgate_core::Key::new(call.tenant.clone(), call.tool.clone(), k)),
+        };
+        match key {
+            Some(key) => profile.put_downstream_key(arguments, &key.digest(), profile.binds(tool)),
+            None => false,
         }
     }
 

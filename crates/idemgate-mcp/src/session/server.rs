@@ -62,13 +62,11 @@ impl<S: Store> Inner<S> {
             return line;
         };
         let config = self.judge.config();
-        // A commerce binding's tools carry their key in its own place (`meta`): the model is not
-        // offered another.
-        let offers_key = config
-            .profile
-            .is_none_or(|p| p.key_in_arguments().is_none());
+        // A commerce binding's own tools carry their key in its place (`meta`): the model is not
+        // offered another for them.
         match self.tools.shown(&result, |name, tool| {
-            offers_key && config.policy(name, tool).kind == ToolKind::Write
+            !config.profile.is_some_and(|p| p.binds(name))
+                && config.policy(name, tool).kind == ToolKind::Write
         }) {
             Some(shown) => frame::response(&id, &shown),
             None => line,
