@@ -227,6 +227,11 @@ Without --config the gateway listens on 127.0.0.1:8080 (or --listen) with one te
 unauthenticated mode. Every tool is a coordinated write with the default policy; forwarded tools
 need a config file.
 
+A forwarded tool can answer by a commerce protocol's idempotency contract instead of idemgate's:
+[tools.NAME] profile = \"acp\", \"ucp\" or \"x402\" (where the key lives, what counts as the same
+request, which answers are kept, the protocol's error codes: docs/HTTP.md, \"Commerce protocol
+profiles\").
+
 The web console at /ui (docs/OPERATIONS.md) signs in tenants with their tokens, and operators (who
 see every tenant) by name: [[console.operators]] gives each a name and a token of their own, and
 [console.oidc] lets them sign in at an OpenID Connect provider; the audit log signs each console
@@ -310,6 +315,11 @@ server annotates it read-only or idempotent) needs an idempotency key, in
 params._meta[\"dev.idemgate/idempotency-key\"] or in an argument `idempotency_key`; the first call
 with a key runs and its result is stored, and every later call with the key gets the stored result
 back, marked as a replay, without running the tool again.
+
+A server that speaks a commerce protocol's MCP binding keeps its keys where the protocol puts
+them: `profile = \"acp\"` (meta.idempotency_key), \"ucp\" (meta[\"idempotency-key\"]) or \"x402\"
+(the payment identifier) in --config; its refusals then come in the protocol's words (docs/MCP.md,
+\"Commerce protocol bindings\").
 
 Records live in the store every command uses (--store, default: the SQLite file in your data
 directory), so `idemgate keys list` shows them and a new proxy process per call still replays.

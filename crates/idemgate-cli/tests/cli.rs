@@ -852,6 +852,12 @@ fn serve_refuses_to_start_without_a_tenant() {
         help.contains("--token-env") && help.contains("never starts without a tenant"),
         "{help}"
     );
+    assert!(
+        help.contains("profile = \"acp\", \"ucp\" or \"x402\""),
+        "{help}"
+    );
+    let mcp = text(&sb.run(&["mcp", "--help"]).stdout);
+    assert!(mcp.contains("Commerce protocol bindings"), "{mcp}");
 }
 
 #[test]
