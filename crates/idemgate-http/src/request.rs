@@ -4,7 +4,7 @@
 use axum::body::Body;
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use bytes::Bytes;
 use http_body_util::BodyExt as _;
 use idemgate::{
@@ -106,6 +106,27 @@ pub(crate) fn call(
     body: &[u8],
     fields: &[String],
 ) -> Result<Call, Problem> {
+    let (call, args) = call_of_body(tenant, tool, body)?;
+    let header = single_header(headers, &IDEMPOTENCY_KEY, "Idempotency-Key")?
+        .map(|v| idemgate_kit::header::idempotency_key(v.as_bytes()))
+        .transpose()
+        .map_err(Problem::bad_request)?;
+    let call = named_by_orchestration(call, header.as_ref().map(IdempotencyKey::as_str))?;
+    Ok(match call.key {
+        Some(_) => call,
+        // Without it the call is the tool's window, tenant-wide (a program's client has no
+        // conversation to scope it by), named by the tool's identity fields.
+        None => call.identity(args, fields),
+    })
+}
+
+/// The call of a request body, compared by its raw JSON text (integers kept exact), and the
+/// text: an empty body counts as `null`.
+pub(crate) fn call_of_body<'b>(
+    tenant: &TenantId,
+    tool: &ToolName,
+    body: &'b [u8],
+) -> Result<(Call, &'b [u8]), Problem> {
     let args: &[u8] = if body.iter().all(u8::is_ascii_whitespace) {
         b"null"
     } else {
@@ -114,30 +135,38 @@ pub(crate) fn call(
     let call = Call::new(tenant.clone(), tool.clone())
         .args_text(args)
         .map_err(|e| Problem::bad_request(e.to_string()))?;
-    let mut keys = headers.get_all(IDEMPOTENCY_KEY).iter();
-    let first = keys.next();
-    if keys.next().is_some() {
-        // Which one would win is up to whoever added the second: refuse rather than guess.
-        return Err(Problem::bad_request(
-            "only one Idempotency-Key header is allowed; this request has several",
-        ));
+    Ok((call, args))
+}
+
+/// The one value of header `name` (written `shown` in the refusal), if any: which of several
+/// would win is up to whoever added the second, so several are refused rather than guessed at.
+pub(crate) fn single_header<'h>(
+    headers: &'h HeaderMap,
+    name: &HeaderName,
+    shown: &str,
+) -> Result<Option<&'h HeaderValue>, Problem> {
+    let mut values = headers.get_all(name).iter();
+    let first = values.next();
+    if values.next().is_some() {
+        return Err(Problem::bad_request(format!(
+            "only one {shown} header is allowed; this request has several"
+        )));
     }
-    let header = first
-        .map(|v| idemgate_kit::header::idempotency_key(v.as_bytes()))
-        .transpose()
-        .map_err(Problem::bad_request)?;
-    // The header is the orchestration layer's key: it names the action for the tenant, in every
-    // request (the kit's one rule). Without it the call is the tool's window, tenant-wide: a
-    // program's client has no conversation to scope it by.
+    Ok(first)
+}
+
+/// `call` named by the orchestration layer's key (an `Idempotency-Key` header, an x402
+/// payment's identifier), when there is one: it names the action for the tenant, in every
+/// request (the kit's one rule).
+pub(crate) fn named_by_orchestration(call: Call, key: Option<&str>) -> Result<Call, Problem> {
     let identity = identify(&Facts {
-        orchestration_key: header.as_ref().map(IdempotencyKey::as_str),
+        orchestration_key: key,
         ..Facts::default()
     })
     .map_err(|e| Problem::bad_request(e.to_string()))?;
     Ok(match identity.key {
         Some(key) => call.key(key),
-        // The window names the action by the tool's identity fields.
-        None => call.identity(args, fields),
+        None => call,
     })
 }
 

@@ -27,11 +27,11 @@
 use axum::http::{HeaderMap, HeaderName, StatusCode};
 use axum::response::Response;
 use base64::Engine as _;
-use idemgate::{Call, TenantId, ToolName};
-use idemgate_kit::identity::{identify, Facts};
+use idemgate::{Call, IdempotencyKey, TenantId, ToolName};
 use serde_json::{json, Value};
 
 use crate::error::Problem;
+use crate::request;
 
 /// x402 version 2's payment header (version 1's was `X-PAYMENT`).
 const PAYMENT_SIGNATURE: HeaderName = HeaderName::from_static("payment-signature");
@@ -59,18 +59,11 @@ pub(super) fn call(
     headers: &HeaderMap,
     body: &[u8],
 ) -> Result<(Call, bool), Problem> {
-    let body: &[u8] = if body.iter().all(u8::is_ascii_whitespace) {
-        b"null"
-    } else {
-        body
-    };
     // The body alone must be one JSON value, as for any call (a paid one is compared with its
     // payment as one JSON array below, which would take `1,2` for two members).
-    let call = Call::new(tenant.clone(), tool.clone())
-        .args_text(body)
-        .map_err(|e| Problem::bad_request(e.to_string()))?;
-    let mut payments = headers.get_all(PAYMENT_SIGNATURE).iter();
-    let Some(header) = payments.next() else {
+    let (call, body) = request::call_of_body(tenant, tool, body)?;
+    let Some(header) = request::single_header(headers, &PAYMENT_SIGNATURE, "PAYMENT-SIGNATURE")?
+    else {
         if headers.contains_key(V1_PAYMENT) {
             return Err(Problem::bad_request(
                 "X-PAYMENT is x402 version 1, which has no payment identifier: send the payment in PAYMENT-SIGNATURE (x402 version 2) with the payment-identifier extension",
@@ -78,11 +71,6 @@ pub(super) fn call(
         }
         return Ok((call, false));
     };
-    if payments.next().is_some() {
-        return Err(Problem::bad_request(
-            "only one PAYMENT-SIGNATURE header is allowed; this request has several",
-        ));
-    }
     let payment = decode(header.as_bytes())?;
     let id = idemgate_kit::x402::payment_identifier(&payment).map_err(Problem::bad_request)?;
     let text = serde_json::to_string(&payment).expect("a JSON value always encodes");
@@ -95,20 +83,8 @@ pub(super) fn call(
     let call = call
         .args_text(&compared)
         .map_err(|e| Problem::bad_request(format!("the request body is not JSON: {e}")))?;
-    let Some(id) = id else {
-        return Ok((call, true));
-    };
-    // The client names the payment for the tenant, as an Idempotency-Key header would: the
-    // kit's one rule.
-    let identity = identify(&Facts {
-        orchestration_key: Some(id.as_str()),
-        ..Facts::default()
-    })
-    .map_err(|e| Problem::bad_request(e.to_string()))?;
-    let call = match identity.key {
-        Some(key) => call.key(key),
-        None => call,
-    };
+    // The client names the payment for the tenant, as an Idempotency-Key header would.
+    let call = request::named_by_orchestration(call, id.as_ref().map(IdempotencyKey::as_str))?;
     Ok((call, true))
 }
 
