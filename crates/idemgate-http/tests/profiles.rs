@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use crate::support::{header, start, upstream, Gw, ACME};
+use crate::support::{header, start, upstream, Gw, Upstream, ACME};
 
 /// The Agentic Commerce Protocol's examples: requests and the idempotency errors.
 fn acp() -> Value {
@@ -27,6 +27,33 @@ async fn post_text(gw: &Gw, tool: &str, key: Option<&str>, body: String) -> reqw
         req = req.header("idempotency-key", key);
     }
     req.send().await.unwrap()
+}
+
+/// A request of `tool` (forwarded to the fake upstream's `/gate`) with `key` and `body` that
+/// is still running, and the answer to the same request sent meanwhile, which carries a
+/// `Retry-After`. The first answers once the test opens the gate.
+async fn while_in_flight(
+    gw: &Arc<Gw>,
+    up: &Upstream,
+    tool: &'static str,
+    key: &'static str,
+    body: &Value,
+) -> (
+    tokio::task::JoinHandle<reqwest::Response>,
+    reqwest::Response,
+) {
+    let running = {
+        let (gw, body) = (gw.clone(), body.clone());
+        tokio::spawn(async move { post(&gw, tool, Some(key), &body).await })
+    };
+    up.wait_for_calls("gate", 1).await;
+    let busy = post(gw, tool, Some(key), body).await;
+    assert!(
+        header(&busy, "retry-after").is_some(),
+        "{:?}",
+        busy.headers()
+    );
+    (running, busy)
 }
 
 /// What an ACP error answer holds: its status and its flat error object.
@@ -126,32 +153,9 @@ async fn acp_profile_answers_as_the_agentic_commerce_protocol_says() {
     assert_eq!(status, 422, "null clears a field: another body");
 
     // 6.4: the same key while the first request runs: 409 idempotency_in_flight, Retry-After.
-    let update = examples["update_checkout_session_request"].clone();
-    let running = {
-        let (gw, update) = (gw.clone(), update.clone());
-        tokio::spawn(async move {
-            post(
-                &gw,
-                "update_checkout_session",
-                Some("key_update_1"),
-                &update,
-            )
-            .await
-        })
-    };
-    up.wait_for_calls("gate", 1).await;
-    let busy = post(
-        &gw,
-        "update_checkout_session",
-        Some("key_update_1"),
-        &update,
-    )
-    .await;
-    assert!(
-        header(&busy, "retry-after").is_some(),
-        "{:?}",
-        busy.headers()
-    );
+    let update = &examples["update_checkout_session_request"];
+    let (running, busy) =
+        while_in_flight(&gw, &up, "update_checkout_session", "key_update_1", update).await;
     let (status, error) = acp_error(busy).await;
     assert_eq!(status, 409);
     assert_eq!(error, examples["error_409_idempotency_in_flight"]);
@@ -312,31 +316,14 @@ async fn ucp_profile_answers_as_the_universal_commerce_protocol_says() {
     // The same key while the first request runs: 503 with Retry-After, which UCP's clients
     // retry (a 409 would tell them the body never matches).
     let complete = examples["complete_checkout_request"].clone();
-    let running = {
-        let (gw, complete) = (gw.clone(), complete.clone());
-        tokio::spawn(async move {
-            post(
-                &gw,
-                "complete_checkout",
-                Some("complete-key-0001"),
-                &complete,
-            )
-            .await
-        })
-    };
-    up.wait_for_calls("gate", 1).await;
-    let busy = post(
+    let (running, busy) = while_in_flight(
         &gw,
+        &up,
         "complete_checkout",
-        Some("complete-key-0001"),
+        "complete-key-0001",
         &complete,
     )
     .await;
-    assert!(
-        header(&busy, "retry-after").is_some(),
-        "{:?}",
-        busy.headers()
-    );
     let (status, error) = ucp_error(busy).await;
     assert_eq!(
         (status, &error["code"]),
