@@ -33,6 +33,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
+use super::judge::key_in;
 use crate::wire::frame::{self, Object};
 
 /// A commerce protocol whose MCP binding the proxy speaks.
@@ -213,7 +214,7 @@ impl Profile {
                 let (name, from) = self.key_in_arguments().expect("ACP and UCP key in meta");
                 let model = match arguments.get("meta").and_then(|m| frame::object(m)) {
                     Some(meta) => match meta.get(name) {
-                        Some(v) => key_in(v, from)?,
+                        Some(v) => key_in(v, from.to_owned())?,
                         None => None,
                     },
                     None => None,
@@ -415,18 +416,6 @@ fn payment(params: &Object) -> Result<Option<Value>, String> {
             "params._meta[\"{X402_PAYMENT}\"] must be an x402 PaymentPayload object"
         )),
     }
-}
-
-/// The key in `value` (JSON `null` is none), named `from` in the refusal when it is not one.
-fn key_in(value: &RawValue, from: &str) -> Result<Option<(IdempotencyKey, String)>, String> {
-    if value.get() == "null" {
-        return Ok(None);
-    }
-    let text = serde_json::from_str::<String>(value.get())
-        .map_err(|_| format!("the idempotency key in {from} must be a string"))?;
-    IdempotencyKey::explicit(text)
-        .map(|k| Some((k, from.to_owned())))
-        .map_err(|e| format!("the idempotency key in {from} is invalid: {e}"))
 }
 
 #[cfg(test)]

@@ -622,7 +622,10 @@ fn agreed(found: Vec<(IdempotencyKey, String)>) -> Result<Option<IdempotencyKey>
 
 /// The key in `value`, a source of the call named `from` (JSON `null` is none); why not when it
 /// holds something else than a key.
-fn key_in(value: &RawValue, from: String) -> Result<Option<(IdempotencyKey, String)>, String> {
+pub(super) fn key_in(
+    value: &RawValue,
+    from: String,
+) -> Result<Option<(IdempotencyKey, String)>, String> {
     if value.get() == "null" {
         return Ok(None);
     }
