@@ -210,8 +210,15 @@ impl<S: Store> Judge<S> {
             Ok(c) => c,
             Err(e) => return Err(self.refuse(request, &policy, e)),
         };
-        let filled = self.fill_key(&call, &policy, declared, kept, &mut arguments);
-        let rewritten = self.put_downstream_key(&request.name, &call, &policy, &mut arguments);
+        // The record's name, asked once when the server gets its key (a declared key argument,
+        // a commerce binding's meta).
+        let record = (declared.is_some() || self.config.profile.is_some())
+            .then(|| self.engine.key_for(&call, &policy).ok().flatten())
+            .flatten()
+            .map(|named| named.key);
+        let filled = fill_key(record.as_ref(), declared, kept, &mut arguments);
+        let rewritten =
+            self.put_downstream_key(&request.name, &call, record.as_ref(), &mut arguments);
         let frame = if stripped || filled || rewritten {
             frame::with_arguments(&line, &arguments).unwrap_or(line)
         } else {
@@ -288,36 +295,6 @@ impl<S: Store> Judge<S> {
         Ok((call, identity.rule, window))
     }
 
-    /// A server that declares a key argument (`declared`) gets the record's digest in it: the
-    /// same logical action always sends the same downstream key, whichever proxy process sends
-    /// it. Reads and natural-idempotent tools have no record: the client's value (`kept`)
-    /// stays. Whether the digest was filled in.
-    fn fill_key(
-        &self,
-        call: &Call,
-        policy: &ToolPolicy,
-        declared: Option<&str>,
-        kept: Option<Box<RawValue>>,
-        arguments: &mut Object,
-    ) -> bool {
-        let Some(param) = declared else {
-            return false;
-        };
-        match self.engine.key_for(call, policy) {
-            Ok(Some(named)) => {
-                let digest = idemgate_core::key::hex(&named.key.digest());
-                arguments.insert(param.to_owned(), frame::raw(&digest));
-                true
-            }
-            _ => {
-                if let Some(v) = kept {
-                    arguments.insert(param.to_owned(), v);
-                }
-                false
-            }
-        }
-    }
-
     /// The server of a commerce binding gets the call's downstream key in the binding's place
     /// ([`Profile::put_downstream_key`]): the record's when the call has one, else (a read, a
     /// natural-idempotent tool) its key's as the record's would be. Never the model's string.
@@ -326,23 +303,21 @@ impl<S: Store> Judge<S> {
         &self,
         tool: &str,
         call: &Call,
-        policy: &ToolPolicy,
+        record: Option<&idemgate_core::Key>,
         arguments: &mut Object,
     ) -> bool {
         let Some(profile) = self.config.profile else {
             return false;
         };
-        let key = match self.engine.key_for(call, policy) {
-            Ok(Some(named)) => Some(named.key),
-            _ => call
-                .key
-                .clone()
-                .map(|k| idemgate_core::Key::new(call.tenant.clone(), call.tool.clone(), k)),
+        let digest = match (record, &call.key) {
+            (Some(record), _) => record.digest(),
+            (None, Some(key)) => {
+                idemgate_core::Key::new(call.tenant.clone(), call.tool.clone(), key.clone())
+                    .digest()
+            }
+            (None, None) => return false,
         };
-        match key {
-            Some(key) => profile.put_downstream_key(arguments, &key.digest(), profile.binds(tool)),
-            None => false,
-        }
+        profile.put_downstream_key(arguments, &digest, profile.binds(tool))
     }
 
     /// Runs a prepared call at most once: the engine decides, and when the call is to run the
@@ -601,6 +576,34 @@ fn answer_of_window(
         Some(Ok(a)) if matches!(a.decision, Decision::Executed { .. }) => outer,
         Some(inner) => inner,
         None => outer,
+    }
+}
+
+/// A server that declares a key argument (`declared`) gets the digest of the call's `record`
+/// in it: the same logical action always sends the same downstream key, whichever proxy
+/// process sends it. Reads and natural-idempotent tools have no record: the client's value
+/// (`kept`) stays. Whether the digest was filled in.
+fn fill_key(
+    record: Option<&idemgate_core::Key>,
+    declared: Option<&str>,
+    kept: Option<Box<RawValue>>,
+    arguments: &mut Object,
+) -> bool {
+    let Some(param) = declared else {
+        return false;
+    };
+    match record {
+        Some(key) => {
+            let digest = idemgate_core::key::hex(&key.digest());
+            arguments.insert(param.to_owned(), frame::raw(&digest));
+            true
+        }
+        None => {
+            if let Some(v) = kept {
+                arguments.insert(param.to_owned(), v);
+            }
+            false
+        }
     }
 }
 
