@@ -6,6 +6,7 @@ pub mod fuzzing;
 mod options;
 mod row;
 mod schema;
+mod upkeep;
 mod wake;
 mod writer;
 
@@ -54,11 +55,19 @@ const QUEUE: usize = 4096;
 const IDLE_READERS: usize = 4;
 /// Records per transaction of [`SqliteStore::purge_expired`]: a few milliseconds of writing.
 const PURGE_BATCH: i64 = 4096;
-/// When a purge next has work on a completed row: its expiry while it holds an outcome, else the
-/// end of its tombstone. The expression of the index `idemgate_record_purge_due` (schema_v6.sql),
-/// written here exactly as there: SQLite uses an index on an expression only for that expression.
-const PURGE_DUE: &str = "(CASE WHEN length(outcome_body) > 0 THEN expires_at \
-                         ELSE coalesce(retain_until, expires_at) END)";
+
+/// Where a purge's pass is, carried from one of its write transactions to the next.
+#[derive(Clone)]
+struct PurgePass {
+    /// The pass's id while it owns the pending horizon (`upkeep::purge_begin`).
+    owner: Option<Vec<u8>>,
+    /// Whether no batch has run yet.
+    first: bool,
+    /// The last row id read.
+    after: i64,
+    /// The earliest due time among the completed rows left in the ranges read.
+    earliest: i64,
+}
 /// Idempotency records in one SQLite file, shared by every process that opens it. Clones share one
 /// writer thread and its connections; dropping the last clone ends the thread, after waiting for
 /// the batch it is running (at most about `busy_timeout` when another process holds the lock).
@@ -183,6 +192,7 @@ impl SqliteStore {
             last_checkpoint: None,
             changes: changes.clone(),
             counters: counters.clone(),
+            writes_since_settle: 0,
         }));
         let writer = Writer {
             shared: shared.clone(),
@@ -406,45 +416,22 @@ fn state_condition(state: Option<State>, now: Now) -> Option<(String, Vec<Value>
     })
 }
 
-/// Whether any completed row is due for a purge at `?1` (milliseconds), through the index
-/// `idemgate_record_purge_due`.
-fn purge_due_sql() -> String {
-    format!("SELECT EXISTS (SELECT 1 FROM idemgate_record WHERE state = 1 AND {PURGE_DUE} <= ?1)")
-}
-
-/// Deletes up to `?2` completed rows past their tombstone at `?1`, found through the index.
-fn purge_delete_sql() -> String {
-    format!(
-        "DELETE FROM idemgate_record WHERE rowid IN (\
-         SELECT rowid FROM idemgate_record WHERE state = 1 \
-         AND {PURGE_DUE} <= ?1 AND coalesce(retain_until, expires_at) <= ?1 LIMIT ?2)"
-    )
-}
-
-/// Drops the outcomes of up to `?2` tombstones past their ttl at `?1`, found through the index.
-fn purge_compact_sql() -> String {
-    format!(
-        "UPDATE idemgate_record SET outcome_body = x'' WHERE rowid IN (\
-         SELECT rowid FROM idemgate_record WHERE state = 1 \
-         AND {PURGE_DUE} <= ?1 AND expires_at <= ?1 AND length(outcome_body) > 0 LIMIT ?2)"
-    )
-}
-
 /// The SQL condition and parameters that select the rows `filter` lists (its page included), or
 /// `None` as the condition when it selects every row; and whether SQL says everything the
 /// filter does, so that a LIMIT may go into the query.
 fn list_condition(filter: &ListFilter, now: Now) -> (Option<String>, Vec<Value>, bool) {
     let mut conditions = Vec::new();
     let mut params = Vec::new();
-    // Records in flight or unknown are few, and `idemgate_record_unsettled` holds just them; a
-    // tenant's records may be millions. Without statistics SQLite takes an equality on the
-    // primary key's first column for the better search and would scan the tenant, so for these
-    // states the names are compared as `+tenant` (the same value, but no index column).
-    let by_name = if matches!(filter.state, Some(State::InFlight | State::Unknown)) {
-        "+"
-    } else {
-        ""
-    };
+    // Records in flight or unknown are few, and all among the rows from the settled mark on and
+    // those its log names (schema version 8, upkeep.rs); a tenant's records may be millions.
+    // Without statistics SQLite takes an equality on the primary key's first column for the
+    // better search and would scan the tenant, so for these states the names are compared as
+    // `+tenant` (the same value, but no index column).
+    let unsettled = matches!(filter.state, Some(State::InFlight | State::Unknown));
+    let by_name = if unsettled { "+" } else { "" };
+    if unsettled {
+        conditions.push(upkeep::unsettled_rows());
+    }
     if let Some(tenant) = &filter.tenant {
         conditions.push(format!("{by_name}tenant = ?"));
         params.push(Value::Text(tenant.as_str().to_owned()));
@@ -702,45 +689,58 @@ impl Store for SqliteStore {
         // outcome), so that a long tombstone costs its key and a few numbers rather than a whole
         // result. Only deletions are counted. Unknown rows stay.
         //
-        // The rows due are found through `idemgate_record_purge_due` (schema version 6), so a
-        // purge reads what it purges and no more. Nothing due is one read, and no write
-        // transaction at all.
+        // Nothing due is one read of the purge horizon (schema version 8) and no write
+        // transaction at all. Otherwise a pass reads the rows in ranges of PURGE_BATCH row ids,
+        // one short transaction each, so that a large purge never holds the write lock long,
+        // and raises the horizon to the earliest due time it saw (see upkeep.rs).
         let due: bool = self
             .read(|conn, clock| {
-                conn.prepare_cached(&purge_due_sql())
-                    .and_then(|mut stmt| {
-                        stmt.query_row([clock.read().wall.as_millis()], |r| r.get(0))
-                    })
+                upkeep::purge_due(conn, clock.read().wall.as_millis())
                     .during(Stage::Read, || "find records to purge")
             })
             .await?;
         if !due {
             return Ok(0);
         }
-        // Batches of PURGE_BATCH rows, one short transaction each, so that a large purge never
-        // holds the write lock long. Every row a batch finds due is deleted or loses its
-        // outcome (which moves it to its tombstone's end, no longer due), so the batches end.
+        let what = || "purge expired records";
+        let mut pass = PurgePass {
+            owner: None,
+            first: true,
+            after: 0,
+            earliest: i64::MAX,
+        };
         let mut purged = 0;
         loop {
-            let (deleted, compacted) = self
+            let (next, deleted, done) = self
                 .write(move |conn, now| {
-                    let args = (now.wall.as_millis(), PURGE_BATCH);
-                    let deleted = conn
-                        .prepare_cached(&purge_delete_sql())
-                        .and_then(|mut stmt| stmt.execute(args))
-                        .during(Stage::Write, || "purge expired records")?;
-                    // After the DELETE in the same transaction, every row due that is left is a
-                    // tombstone that stays and still holds its outcome.
-                    let compacted = conn
-                        .prepare_cached(&purge_compact_sql())
-                        .and_then(|mut stmt| stmt.execute(args))
-                        .during(Stage::Write, || "drop the outcomes of tombstones")?;
-                    Ok(((deleted, compacted), deleted + compacted > 0))
+                    let now = now.wall.as_millis();
+                    if pass.first {
+                        pass.owner = upkeep::purge_begin(conn, now).during(Stage::Write, what)?;
+                        pass.first = false;
+                    } else if let Some(owner) = &pass.owner {
+                        if !upkeep::purge_renew(conn, owner, now).during(Stage::Write, what)? {
+                            pass.owner = None;
+                        }
+                    }
+                    let Some(last) = upkeep::purge_batch_end(conn, pass.after, PURGE_BATCH)
+                        .during(Stage::Write, what)?
+                    else {
+                        if let Some(owner) = &pass.owner {
+                            upkeep::purge_end(conn, owner, pass.earliest)
+                                .during(Stage::Write, what)?;
+                        }
+                        return Ok(((pass.clone(), 0, true), true));
+                    };
+                    let (deleted, earliest) = upkeep::purge_range(conn, pass.after, last, now)
+                        .during(Stage::Write, what)?;
+                    pass.after = last;
+                    pass.earliest = pass.earliest.min(earliest);
+                    Ok(((pass.clone(), deleted, false), true))
                 })
                 .await?;
             purged += deleted as u64;
-            let batch = usize::try_from(PURGE_BATCH).unwrap_or(usize::MAX);
-            if deleted < batch && compacted < batch {
+            pass = next;
+            if done {
                 return Ok(purged);
             }
         }

@@ -53,10 +53,23 @@ const MIGRATIONS: &[Migration] = &[
         version: 7,
         sql: include_str!("schema_v7.sql"),
     },
+    Migration {
+        version: 8,
+        sql: include_str!("schema_v8.sql"),
+    },
 ];
 
+/// The statements that make a new file of schema `version`, for tests of the upgrades.
+#[cfg(test)]
+pub(crate) fn migrations_to(version: i64) -> impl Iterator<Item = &'static str> {
+    MIGRATIONS
+        .iter()
+        .take_while(move |m| m.version <= version)
+        .map(|m| m.sql)
+}
+
 /// The schema version this code writes and reads (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 7;
+pub const SCHEMA_VERSION: i64 = 8;
 
 /// `PRAGMA application_id` of idemgate databases ("IDMG"), so that another program's SQLite file
 /// is not mistaken for one of ours.
@@ -183,7 +196,14 @@ pub(crate) fn migrate(conn: &Connection, path: &Path) -> Result<(), StoreError> 
     let what = || format!("migrate the schema of {}", path.display());
     conn.execute_batch("BEGIN IMMEDIATE")
         .during(Stage::Open, what)?;
-    let result = migrate_in_transaction(conn, path);
+    // The mark of schema version 8 is settled in the same transaction: a file whose rows were
+    // written by many short-lived processes or by hand (or just migrated) is read once here,
+    // not by every listing (upkeep.rs).
+    let result = migrate_in_transaction(conn, path).and_then(|()| {
+        crate::upkeep::settle_at_open(conn).during(Stage::Open, || {
+            format!("settle the unsettled records' mark of {}", path.display())
+        })
+    });
     let end = if result.is_ok() { "COMMIT" } else { "ROLLBACK" };
     let ended = conn.execute_batch(end).during(Stage::Open, what);
     result.and(ended)

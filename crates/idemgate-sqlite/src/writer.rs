@@ -210,6 +210,9 @@ pub(crate) struct Core {
     /// Wakes the waiters of the records a batch wrote, once it committed.
     pub(crate) changes: Arc<Changes>,
     pub(crate) counters: Arc<Counters>,
+    /// Writes committed since this store last settled the unsettled records' mark
+    /// (`upkeep::settle`, every [`crate::upkeep::SETTLE_EVERY`] writes).
+    pub(crate) writes_since_settle: u64,
 }
 
 /// What the writer thread and the callers share.
@@ -507,6 +510,33 @@ impl Writer {
 }
 
 impl Core {
+    /// Moves the unsettled records' mark up to the newest row inside the batch's transaction,
+    /// under a savepoint: a settling that fails is undone and tried again after the next
+    /// batch, and the batch's own writes stand. Only a failure after which SQLite rolled back
+    /// the whole transaction fails the batch.
+    fn settle(conn: &Connection) -> Result<(), StoreError> {
+        let what = || "settle the unsettled records' mark".to_owned();
+        run_cached(conn, "SAVEPOINT settle").during(Stage::Write, what)?;
+        match crate::upkeep::settle(conn) {
+            Ok(()) => {
+                run_cached(conn, "RELEASE settle").during(Stage::Write, what)?;
+            }
+            Err(_) if conn.is_autocommit() => {
+                return Err(StoreError::unavailable(
+                    "failed to run a batch of writes: sqlite rolled it back after an error while \
+                     settling the unsettled records' mark"
+                        .to_owned(),
+                ));
+            }
+            // The listings stay right meanwhile: they read every row above the old mark.
+            Err(_) => {
+                run_cached(conn, "ROLLBACK TO settle").during(Stage::Write, what)?;
+                run_cached(conn, "RELEASE settle").during(Stage::Write, what)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Empties the write-ahead log once it holds more than `over` bytes. Commits checkpoint on
     /// their own (`wal_autocheckpoint`), but only passively: readers that keep taking snapshots
     /// stop those checkpoints short, the log is never restarted, and it grows until the disk is
@@ -700,6 +730,13 @@ impl Core {
             }
             if isolated {
                 run_cached(conn, "RELEASE op").during(Stage::Write, savepoint)?;
+            }
+        }
+        if wrote {
+            self.writes_since_settle += n as u64;
+            if self.writes_since_settle >= crate::upkeep::SETTLE_EVERY {
+                Self::settle(conn)?;
+                self.writes_since_settle = 0;
             }
         }
         run_cached(conn, "COMMIT")

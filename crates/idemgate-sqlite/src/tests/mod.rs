@@ -16,6 +16,7 @@ mod clock;
 mod plans;
 mod purge;
 mod schema;
+mod upkeep;
 mod wake;
 mod wal;
 mod writer;
@@ -41,6 +42,28 @@ fn manual() -> SqliteOptions {
         clock: Arc::new(ManualClock::new(Timestamp::from_millis(1_800_000_000_000))),
         ..SqliteOptions::default()
     }
+}
+
+/// A store at `path` on a manual clock that starts at `start`.
+fn open_at(path: &Path, start: Timestamp) -> (SqliteStore, Arc<ManualClock>) {
+    let clock = Arc::new(ManualClock::new(start));
+    let opts = SqliteOptions {
+        clock: clock.clone(),
+        ..SqliteOptions::default()
+    };
+    (SqliteStore::open(path, opts).unwrap(), clock)
+}
+
+/// A new file at `path` as schema `version` left it, and a raw connection to it.
+fn raw_at_version(path: &Path, version: i64) -> Connection {
+    let conn = raw(path);
+    for sql in crate::schema::migrations_to(version) {
+        conn.execute_batch(sql).unwrap();
+    }
+    conn.pragma_update(None, "application_id", APPLICATION_ID)
+        .unwrap();
+    conn.pragma_update(None, "user_version", version).unwrap();
+    conn
 }
 
 fn raw(path: &Path) -> Connection {

@@ -1,5 +1,6 @@
-//! The operator's frequent queries are served by the partial indexes of schema version 6, as
-//! SQLite's own query planner says (`EXPLAIN QUERY PLAN`): a plan that scans the table fails.
+//! The operator's frequent queries read only what they serve, as SQLite's own query planner says
+//! (`EXPLAIN QUERY PLAN`): the listings of unsettled records the rows from the settled mark on and
+//! those its log names (schema version 8), by row id; a plan that scans the table fails.
 
 use idemgate_core::{ListCursor, SystemClock};
 
@@ -17,30 +18,28 @@ fn plan(conn: &Connection, sql: &str, params: &[Value]) -> Vec<String> {
         .unwrap()
 }
 
-/// Every step of `plan` that reads the table searches it through `index` (or by row id, as a
-/// purge does for the rows the index found), and none scans it.
-fn assert_served_by(plan: &[String], index: &str, what: &str) {
-    assert!(
-        plan.iter()
-            .any(|step| step.contains(&format!("USING INDEX {index} ("))),
-        "{what}: {index} is not used: {plan:#?}"
-    );
+/// Every step of `plan` that reads the table searches it by row id (`rowid>?` for the rows from
+/// the mark on, `rowid=?` for those the log names), or by its key for the row that the mark
+/// names; none scans it.
+fn assert_reads_by_row_id(plan: &[String], what: &str) {
+    for wanted in ["(rowid>?)", "(rowid=?)"] {
+        assert!(
+            plan.iter().any(|step| step
+                .starts_with("SEARCH idemgate_record USING INTEGER PRIMARY KEY")
+                && step.contains(wanted)),
+            "{what}: no search {wanted}: {plan:#?}"
+        );
+    }
     for step in plan {
         assert!(
-            !step.starts_with("SCAN idemgate_record"),
+            !step.starts_with("SCAN idemgate_record") && !step.starts_with("SCAN r"),
             "{what}: scans the table: {plan:#?}"
         );
-        if step.starts_with("SEARCH idemgate_record") {
-            assert!(
-                step.contains(index) || step.contains("INTEGER PRIMARY KEY (rowid=?)"),
-                "{what}: searches otherwise: {plan:#?}"
-            );
-        }
     }
 }
 
 #[tokio::test]
-async fn unknown_and_in_flight_listings_search_the_unsettled_index() {
+async fn unknown_and_in_flight_listings_read_the_rows_above_the_mark_and_the_log() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("db");
     let _store = SqliteStore::open(&path, manual()).unwrap();
@@ -77,15 +76,13 @@ async fn unknown_and_in_flight_listings_search_the_unsettled_index() {
                 ..filter
             };
             let (sql, params) = list_sql(&filter, now);
-            assert_served_by(
+            assert_reads_by_row_id(
                 &plan(&conn, &sql, &params),
-                "idemgate_record_unsettled",
                 &format!("{state} records of {what}"),
             );
             let (count_sql, count_params) = count_sql(&filter, now, 10_000).unwrap();
-            assert_served_by(
+            assert_reads_by_row_id(
                 &plan(&conn, &count_sql, &count_params),
-                "idemgate_record_unsettled",
                 &format!("the count of {state} records of {what}"),
             );
         }
@@ -93,26 +90,50 @@ async fn unknown_and_in_flight_listings_search_the_unsettled_index() {
 }
 
 #[tokio::test]
-async fn a_purge_finds_its_rows_through_the_purge_due_index() {
+async fn a_purge_reads_the_horizon_and_then_ranges_of_row_ids() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("db");
     let _store = SqliteStore::open(&path, manual()).unwrap();
     let conn = raw(&path);
-    let now = Value::Integer(1_800_000_000_000);
-    let batch = Value::Integer(PURGE_BATCH);
+    // Nothing due: the one row of the horizon, and not the table.
+    let due = plan(
+        &conn,
+        crate::upkeep::PURGE_DUE_NOW_SQL,
+        &[Value::Integer(1)],
+    );
+    assert!(
+        due.iter().all(|step| !step.contains("idemgate_record")),
+        "{due:#?}"
+    );
+    // A pass: every statement reads its range of row ids, never the whole table.
+    let (after, last, now) = (Value::Integer(0), Value::Integer(4096), Value::Integer(1));
     for (what, sql, params) in [
-        ("the look for rows due", purge_due_sql(), vec![now.clone()]),
         (
             "the deletion",
-            purge_delete_sql(),
-            vec![now.clone(), batch.clone()],
+            crate::upkeep::purge_delete_sql(),
+            vec![after.clone(), last.clone(), now.clone()],
         ),
-        ("the compaction", purge_compact_sql(), vec![now, batch]),
+        (
+            "the compaction",
+            crate::upkeep::purge_compact_sql(),
+            vec![after.clone(), last.clone(), now],
+        ),
+        (
+            "the earliest due time left",
+            crate::upkeep::purge_earliest_sql(),
+            vec![after, last],
+        ),
     ] {
-        assert_served_by(
-            &plan(&conn, &sql, &params),
-            "idemgate_record_purge_due",
-            what,
+        let steps = plan(&conn, &sql, &params);
+        assert!(
+            steps
+                .iter()
+                .any(|s| s.contains("INTEGER PRIMARY KEY (rowid>? AND rowid<?)")),
+            "{what}: {steps:#?}"
+        );
+        assert!(
+            steps.iter().all(|s| !s.starts_with("SCAN")),
+            "{what}: {steps:#?}"
         );
     }
 }

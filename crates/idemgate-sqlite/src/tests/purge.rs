@@ -122,12 +122,7 @@ async fn purge_drops_the_outcome_of_a_tombstone_and_deletes_it_after() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("db");
     let start = Timestamp::from_millis(1_800_000_000_000);
-    let clock = Arc::new(ManualClock::new(start));
-    let opts = SqliteOptions {
-        clock: clock.clone(),
-        ..SqliteOptions::default()
-    };
-    let store = SqliteStore::open(&path, opts).unwrap();
+    let (store, clock) = open_at(&path, start);
     let (ttl, tombstone) = (Duration::from_secs(60), Duration::from_secs(3600));
     let k = key("kept");
     let lease = acquire(&store, &k).await;

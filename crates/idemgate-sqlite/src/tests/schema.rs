@@ -3,33 +3,36 @@
 use super::*;
 
 #[tokio::test]
-async fn records_carry_only_their_key_and_the_operators_partial_indexes() {
-    // Each index is written by the calls whose rows it holds (see schema_v2.sql): besides the
-    // key, only the partial indexes of schema_v6.sql, which hold the rows not completed and
-    // the completed ones.
+async fn records_carry_only_their_key_and_calls_write_no_other_index() {
+    // Each index is written by the calls whose rows it holds (see schema_v2.sql and
+    // schema_v8.sql): besides the key, none. The operator's questions are answered from the
+    // bookkeeping of version 8, kept by triggers that a fresh call passes without writing.
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("db");
     let _store = SqliteStore::open(&path, manual()).unwrap();
-    let indexes: Vec<(String, Option<String>)> = raw(&path)
-        .prepare("SELECT name, sql FROM sqlite_master WHERE type = 'index' ORDER BY name")
-        .unwrap()
-        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
-        .unwrap()
-        .collect::<rusqlite::Result<_>>()
-        .unwrap();
-    let names: Vec<&str> = indexes.iter().map(|(n, _)| n.as_str()).collect();
+    let names = |kind: &str| -> Vec<String> {
+        raw(&path)
+            .prepare("SELECT name FROM sqlite_master WHERE type = ?1 ORDER BY name")
+            .unwrap()
+            .query_map([kind], |r| r.get(0))
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap()
+    };
+    assert_eq!(names("index"), ["sqlite_autoindex_idemgate_record_1"]);
     assert_eq!(
-        names,
+        names("table"),
+        ["idemgate_record", "idemgate_unsettled", "idemgate_upkeep"]
+    );
+    assert_eq!(
+        names("trigger"),
         [
-            "idemgate_record_purge_due",
-            "idemgate_record_unsettled",
-            "sqlite_autoindex_idemgate_record_1"
+            "idemgate_record_due_insert",
+            "idemgate_record_due_update",
+            "idemgate_record_unsettled_insert",
+            "idemgate_record_unsettled_update"
         ]
     );
-    for (name, sql) in &indexes[..2] {
-        let sql = sql.as_deref().unwrap_or_default();
-        assert!(sql.contains("WHERE state = "), "{name} is partial: {sql}");
-    }
 }
 
 #[tokio::test]
@@ -84,13 +87,7 @@ async fn a_version_2_database_opens_upgraded_with_its_records_and_keeps_scopes_a
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("idemgate.db");
     // The file as version 2 left it, with one completed record.
-    let conn = raw(&path);
-    conn.execute_batch(include_str!("../schema.sql")).unwrap();
-    conn.execute_batch(include_str!("../schema_v2.sql"))
-        .unwrap();
-    conn.pragma_update(None, "application_id", APPLICATION_ID)
-        .unwrap();
-    conn.pragma_update(None, "user_version", 2).unwrap();
+    let conn = raw_at_version(&path, 2);
     conn.execute(
         "INSERT INTO idemgate_record (tenant, tool, key, fingerprint, fence, token, created_at, \
          state, completed_at, expires_at, outcome_kind, outcome_body) \
@@ -127,17 +124,7 @@ async fn a_version_3_database_opens_upgraded_and_its_completions_keep_no_tombsto
     let path = dir.path().join("idemgate.db");
     let now = 1_800_000_000_000_i64;
     // The file as version 3 left it: one completion still replayed, one past its ttl.
-    let conn = raw(&path);
-    for sql in [
-        include_str!("../schema.sql"),
-        include_str!("../schema_v2.sql"),
-        include_str!("../schema_v3.sql"),
-    ] {
-        conn.execute_batch(sql).unwrap();
-    }
-    conn.pragma_update(None, "application_id", APPLICATION_ID)
-        .unwrap();
-    conn.pragma_update(None, "user_version", 3).unwrap();
+    let conn = raw_at_version(&path, 3);
     for (name, fence, expires_at) in [("live", 3, now + 60_000), ("gone", 5, now - 1)] {
         conn.execute(
             "INSERT INTO idemgate_record (tenant, tool, key, fingerprint, fence, token, \
@@ -150,12 +137,7 @@ async fn a_version_3_database_opens_upgraded_and_its_completions_keep_no_tombsto
     }
     drop(conn);
 
-    let clock = Arc::new(ManualClock::new(Timestamp::from_millis(now)));
-    let opts = SqliteOptions {
-        clock: clock.clone(),
-        ..SqliteOptions::default()
-    };
-    let store = SqliteStore::open(&path, opts).unwrap();
+    let (store, clock) = open_at(&path, Timestamp::from_millis(now));
     let conn = raw(&path);
     let version: i64 = conn
         .pragma_query_value(None, "user_version", |r| r.get(0))
