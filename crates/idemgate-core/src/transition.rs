@@ -220,21 +220,34 @@ pub fn complete(
                 Change::Keep,
             )),
             RecordState::InFlight { .. } | RecordState::Unknown { .. } => {
-                let done = Completion {
-                    completed_at: executed_at.map_or(now, |at| at.min(now)),
-                    expires_at: now.plus(keep.ttl),
-                };
-                let state = RecordState::Completed {
-                    outcome: outcome.clone(),
-                    completed_at: done.completed_at,
-                    expires_at: done.expires_at,
-                    retain_until: keep.retain_until(now),
-                };
+                let (done, state) = completed(outcome, keep, executed_at, now);
                 Ok((done, Change::SetState(state)))
             }
         },
         _ => Err(StoreError::LeaseLost),
     }
+}
+
+/// The state a completion at `now` gives a record in flight or unknown that its lease holds (see
+/// [`complete`]), and what the completion answers. A store that can write it under that
+/// condition in one statement does so without reading the record first.
+pub fn completed(
+    outcome: &Outcome,
+    keep: Keep,
+    executed_at: Option<Timestamp>,
+    now: Timestamp,
+) -> (Completion, RecordState) {
+    let done = Completion {
+        completed_at: executed_at.map_or(now, |at| at.min(now)),
+        expires_at: now.plus(keep.ttl),
+    };
+    let state = RecordState::Completed {
+        outcome: outcome.clone(),
+        completed_at: done.completed_at,
+        expires_at: done.expires_at,
+        retain_until: keep.retain_until(now),
+    };
+    (done, state)
 }
 
 /// See [`crate::Store::release`].

@@ -337,6 +337,30 @@ impl SqliteStore {
         .await
     }
 
+    /// [`SqliteStore::transition`] with a first try: `fast` writes the common case without
+    /// reading the row, answering `Ok(out)` when it wrote, or `Err(input)` when it wrote
+    /// nothing and the transition `f` decides on the row as read, given `input`.
+    async fn transition_or<T, I, Fast, F>(&self, key: &Key, fast: Fast, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        I: Send + 'static,
+        Fast: FnOnce(&Connection, Now) -> Result<Result<T, I>> + Send + 'static,
+        F: FnOnce(I, Option<&StoredRecord>, Timestamp) -> Result<(T, Change)> + Send + 'static,
+    {
+        let key = key.clone();
+        self.write_record(Some(key.clone()), move |conn, now| {
+            let input = match fast(conn, now)? {
+                Ok(out) => return Ok((out, true)),
+                Err(input) => input,
+            };
+            let cur = row::load(conn, &key, Stage::Write, || now)?;
+            let (out, change) = f(input, cur.as_ref(), now.wall)?;
+            let wrote = row::apply(conn, &key, cur.as_ref(), change, now)?;
+            Ok((out, wrote))
+        })
+        .await
+    }
+
     /// Runs `f` on a read connection on the blocking pool.
     async fn read<T, F>(&self, f: F) -> Result<T>
     where
@@ -556,9 +580,20 @@ fn count_rows(conn: &Connection, filter: &ListFilter, now: Now, at_most: usize) 
 impl Store for SqliteStore {
     async fn reserve(&self, r: &Reservation) -> Result<Claim> {
         let owned = r.clone();
-        self.transition(&r.key, move |cur, now| {
-            Ok(transition::reserve(cur, &owned, now))
-        })
+        self.transition_or(
+            &r.key,
+            // The common case, a key without a row: the new record is inserted at once, and
+            // only a key found taken reads its row.
+            move |conn, now| {
+                if let (claim, Change::Put(rec)) = transition::reserve(None, &owned, now.wall) {
+                    if row::insert_new(conn, &rec, now)? {
+                        return Ok(Ok(claim));
+                    }
+                }
+                Ok(Err(owned))
+            },
+            move |owned, cur, now| Ok(transition::reserve(cur, &owned, now)),
+        )
         .await
     }
 
@@ -586,9 +621,20 @@ impl Store for SqliteStore {
         executed_at: Option<Timestamp>,
     ) -> Result<Completion> {
         let outcome = outcome.clone();
-        self.transition(key, move |cur, now| {
-            transition::complete(cur, lease, &outcome, keep, executed_at, now)
-        })
+        let held = key.clone();
+        self.transition_or(
+            key,
+            // The common case, the record still in flight under this lease: its state is set
+            // in one statement that checks just that, without reading the row first.
+            move |conn, now| {
+                let (done, state) = transition::completed(&outcome, keep, executed_at, now.wall);
+                let set = row::set_state_if_held(conn, &held, lease, &state, now)?;
+                Ok(set.then_some(done).ok_or(outcome))
+            },
+            move |outcome, cur, now| {
+                transition::complete(cur, lease, &outcome, keep, executed_at, now)
+            },
+        )
         .await
     }
 

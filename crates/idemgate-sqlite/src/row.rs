@@ -2,7 +2,7 @@
 
 use idemgate_core::transition::{Change, StoredRecord};
 use idemgate_core::{
-    Fingerprint, HostInstant, IdempotencyKey, Key, LeaseToken, Now, Outcome, OutcomeKind,
+    Fingerprint, HostInstant, IdempotencyKey, Key, Lease, LeaseToken, Now, Outcome, OutcomeKind,
     RecordState, StoreError, TenantId, Timestamp, ToolName,
 };
 use rusqlite::{params, Connection, OptionalExtension, Row};
@@ -49,6 +49,13 @@ const UPDATE: &str = "UPDATE idemgate_record SET fingerprint = ?4, fence = ?5, t
      expires_at = ?12, outcome_kind = ?13, outcome_body = ?14, scope = ?15, \
      retain_until = ?16, lease_boot = ?17, lease_steady = ?18 \
      WHERE tenant = ?1 AND tool = ?2 AND key = ?3";
+
+/// The state columns of a row that the lease (`?4`, `?5`) holds, in flight or unknown.
+const SET_STATE_IF_HELD: &str = "UPDATE idemgate_record SET state = ?6, lease_until = ?7, \
+     since = ?8, completed_at = ?9, expires_at = ?10, outcome_kind = ?11, outcome_body = ?12, \
+     retain_until = ?13, lease_boot = ?14, lease_steady = ?15 \
+     WHERE tenant = ?1 AND tool = ?2 AND key = ?3 AND fence = ?4 AND token = ?5 \
+     AND state IN (0, 2)";
 
 const DELETE: &str = "DELETE FROM idemgate_record WHERE tenant = ?1 AND tool = ?2 AND key = ?3";
 
@@ -102,56 +109,150 @@ pub(crate) fn apply(
     }
 }
 
+/// The columns that say a record's state, as [`decode`] reads them back.
+struct StateColumns<'a> {
+    state: i64,
+    lease_until: Option<i64>,
+    since: Option<i64>,
+    completed_at: Option<i64>,
+    expires_at: Option<i64>,
+    kind: Option<i64>,
+    body: Option<&'a [u8]>,
+    retain_until: Option<i64>,
+    lease_boot: Option<[u8; 16]>,
+    lease_steady: Option<i64>,
+}
+
+impl<'a> StateColumns<'a> {
+    /// The columns of `state`, written at `now`; `what` names the write in an error.
+    fn of(state: &'a RecordState, now: Now, what: &dyn Fn() -> String) -> Result<Self, StoreError> {
+        let mut c = StateColumns {
+            state: IN_FLIGHT,
+            lease_until: None,
+            since: None,
+            completed_at: None,
+            expires_at: None,
+            kind: None,
+            body: None,
+            retain_until: None,
+            lease_boot: None,
+            lease_steady: None,
+        };
+        match state {
+            RecordState::InFlight { lease_until } => {
+                c.lease_until = Some(lease_until.as_millis());
+                // The lease's end on the boot clock too, which judges it on this boot (see
+                // `decode`).
+                if let Some(d) = now.steady_deadline(*lease_until) {
+                    c.lease_boot = Some(d.boot.to_be_bytes());
+                    c.lease_steady = Some(d.millis);
+                }
+            }
+            RecordState::Completed {
+                outcome,
+                completed_at,
+                expires_at,
+                retain_until,
+            } => {
+                c.state = COMPLETED;
+                c.completed_at = Some(completed_at.as_millis());
+                c.expires_at = Some(expires_at.as_millis());
+                // Always written, also when it equals `expires_at`: NULL is left to rows
+                // completed before version 4 of the schema.
+                c.retain_until = Some(retain_until.as_millis());
+                c.kind = Some(match outcome.kind {
+                    OutcomeKind::Success => SUCCESS,
+                    OutcomeKind::Failed => FAILED,
+                });
+                c.body = Some(outcome.body.as_slice());
+            }
+            RecordState::Unknown { since } => {
+                c.state = UNKNOWN;
+                c.since = Some(since.as_millis());
+            }
+            // The view of a completed row past its ttl, which `decode` never returns and the
+            // transitions never write back: a completed row is what holds it. Refused rather
+            // than guessed (its outcome's kind is not in it); the transaction writes nothing.
+            RecordState::Expired { .. } => {
+                return Err(StoreError::unavailable(format!(
+                    "failed to {}: it is an expired view, which is never stored",
+                    what()
+                )))
+            }
+        }
+        Ok(c)
+    }
+}
+
 /// Writes `rec`, judged at `now`: over the row that `exists` (read in this transaction), or as a
 /// new one.
 fn put(conn: &Connection, rec: &StoredRecord, exists: bool, now: Now) -> Result<(), StoreError> {
+    let written = write_row(conn, rec, exists, now)?;
+    if written != 1 {
+        // The row read a moment ago in the same transaction is gone: nothing else writes while
+        // this transaction holds the write lock, so the file is not what the store believes.
+        return Err(corrupt(
+            format!("write record {}", rec.key),
+            format!("{written} rows changed where the row read before was 1"),
+        ));
+    }
+    Ok(())
+}
+
+/// Inserts `rec`, judged at `now`, as a new row, unless its key has a row already: then writes
+/// nothing and answers false (the caller reads that row and decides again).
+pub(crate) fn insert_new(
+    conn: &Connection,
+    rec: &StoredRecord,
+    now: Now,
+) -> Result<bool, StoreError> {
+    match write_row(conn, rec, false, now) {
+        Ok(_) => Ok(true),
+        Err(WriteRow::Taken) => Ok(false),
+        Err(WriteRow::Failed(e)) => Err(e),
+    }
+}
+
+/// Why [`write_row`] wrote nothing.
+enum WriteRow {
+    /// An insert found the key's row already there.
+    Taken,
+    Failed(StoreError),
+}
+
+impl From<StoreError> for WriteRow {
+    fn from(e: StoreError) -> Self {
+        WriteRow::Failed(e)
+    }
+}
+
+impl From<WriteRow> for StoreError {
+    fn from(e: WriteRow) -> Self {
+        match e {
+            WriteRow::Failed(e) => e,
+            // Only an insert meets it, and `put` inserts a row it found absent in this
+            // transaction.
+            WriteRow::Taken => corrupt(
+                "insert a record".to_owned(),
+                "its key's row appeared within the transaction".to_owned(),
+            ),
+        }
+    }
+}
+
+/// Writes every column of `rec` at `now`, as an update of the existing row or an insert; answers
+/// how many rows changed.
+fn write_row(
+    conn: &Connection,
+    rec: &StoredRecord,
+    exists: bool,
+    now: Now,
+) -> Result<usize, WriteRow> {
     let what = || format!("write record {}", rec.key);
     let fence = i64::try_from(rec.fence)
         .map_err(|_| corrupt(what(), format!("fence {} is out of range", rec.fence)))?;
-    let (mut lease_until, mut since, mut completed_at, mut expires_at) = (None, None, None, None);
-    let (mut kind, mut body, mut retain_until) = (None, None, None);
-    let mut steady_deadline = None;
-    let state = match &rec.state {
-        RecordState::InFlight { lease_until: l } => {
-            lease_until = Some(l.as_millis());
-            // The lease's end on the boot clock too, which judges it on this boot (see `decode`).
-            steady_deadline = now.steady_deadline(*l);
-            IN_FLIGHT
-        }
-        RecordState::Completed {
-            outcome,
-            completed_at: c,
-            expires_at: e,
-            retain_until: r,
-        } => {
-            completed_at = Some(c.as_millis());
-            expires_at = Some(e.as_millis());
-            // Always written, also when it equals `expires_at`: NULL is left to rows completed
-            // before version 4 of the schema.
-            retain_until = Some(r.as_millis());
-            kind = Some(match outcome.kind {
-                OutcomeKind::Success => SUCCESS,
-                OutcomeKind::Failed => FAILED,
-            });
-            body = Some(outcome.body.as_slice());
-            COMPLETED
-        }
-        RecordState::Unknown { since: s } => {
-            since = Some(s.as_millis());
-            UNKNOWN
-        }
-        // The view of a completed row past its ttl, which `decode` never returns and the
-        // transitions never write back: a completed row is what holds it. Refused rather than
-        // guessed (its outcome's kind is not in it); the transaction writes nothing.
-        RecordState::Expired { .. } => {
-            return Err(StoreError::unavailable(format!(
-                "failed to {}: it is an expired view, which is never stored",
-                what()
-            )))
-        }
-    };
+    let c = StateColumns::of(&rec.state, now, &what)?;
     let token = rec.token.0.to_be_bytes();
-    let lease_boot = steady_deadline.map(|d| d.boot.to_be_bytes());
     let written = conn
         .prepare_cached(if exists { UPDATE } else { INSERT })
         .and_then(|mut stmt| {
@@ -163,29 +264,73 @@ fn put(conn: &Connection, rec: &StoredRecord, exists: bool, now: Now) -> Result<
                 fence,
                 token.as_slice(),
                 rec.created_at.as_millis(),
-                state,
-                lease_until,
-                since,
-                completed_at,
-                expires_at,
-                kind,
-                body,
+                c.state,
+                c.lease_until,
+                c.since,
+                c.completed_at,
+                c.expires_at,
+                c.kind,
+                c.body,
                 rec.scope.as_deref(),
-                retain_until,
-                lease_boot.as_ref().map(<[u8; 16]>::as_slice),
-                steady_deadline.map(|d| d.millis),
+                c.retain_until,
+                c.lease_boot.as_ref().map(<[u8; 16]>::as_slice),
+                c.lease_steady,
+            ])
+        });
+    match written {
+        Err(e) if !exists && is_key_taken(&e) => Err(WriteRow::Taken),
+        other => Ok(other.during(Stage::Write, what)?),
+    }
+}
+
+/// Whether an insert failed because its key has a row.
+fn is_key_taken(e: &rusqlite::Error) -> bool {
+    matches!(
+        e,
+        rusqlite::Error::SqliteFailure(f, _)
+            if f.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_PRIMARYKEY
+                || f.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_UNIQUE
+    )
+}
+
+/// Sets the state of the row of `key` to `state` (judged at `now`) if `lease` holds it and it is
+/// in flight or unknown, as a completion finds it; answers whether it did. Every other column is
+/// kept, as [`Change::SetState`] keeps them.
+pub(crate) fn set_state_if_held(
+    conn: &Connection,
+    key: &Key,
+    lease: Lease,
+    state: &RecordState,
+    now: Now,
+) -> Result<bool, StoreError> {
+    let what = || format!("write record {key}");
+    let fence = i64::try_from(lease.fence)
+        .map_err(|_| corrupt(what(), format!("fence {} is out of range", lease.fence)))?;
+    let c = StateColumns::of(state, now, &what)?;
+    let token = lease.token.0.to_be_bytes();
+    let written = conn
+        .prepare_cached(SET_STATE_IF_HELD)
+        .and_then(|mut stmt| {
+            stmt.execute(params![
+                key.tenant.as_str(),
+                key.tool.as_str(),
+                key.key.as_str(),
+                fence,
+                token.as_slice(),
+                c.state,
+                c.lease_until,
+                c.since,
+                c.completed_at,
+                c.expires_at,
+                c.kind,
+                c.body,
+                c.retain_until,
+                c.lease_boot.as_ref().map(<[u8; 16]>::as_slice),
+                c.lease_steady,
             ])
         })
         .during(Stage::Write, what)?;
-    if written != 1 {
-        // The row read a moment ago in the same transaction is gone: nothing else writes while
-        // this transaction holds the write lock, so the file is not what the store believes.
-        return Err(corrupt(
-            what(),
-            format!("{written} rows changed where the row read before was 1"),
-        ));
-    }
-    Ok(())
+    Ok(written == 1)
 }
 
 /// Decodes a row selected with `columns!()`, as seen at `now`.
