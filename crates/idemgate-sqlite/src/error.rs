@@ -60,6 +60,28 @@ fn class_of(stage: Stage, e: &rusqlite::Error) -> fn(Cause) -> StoreError {
     }
 }
 
+/// The stage of a write statement on `conn`: [`Stage::Write`] inside a transaction (whatever it
+/// did is rolled back on an error), [`Stage::Commit`] when it runs alone and commits by itself.
+pub(crate) fn write_stage(conn: &rusqlite::Connection) -> Stage {
+    if conn.is_autocommit() {
+        Stage::Commit
+    } else {
+        Stage::Write
+    }
+}
+
+/// Whether `e` comes from SQLite refusing to write a read-only database.
+pub(crate) fn is_read_only(e: &StoreError) -> bool {
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        if let Some(e) = s.downcast_ref::<rusqlite::Error>() {
+            return e.sqlite_error_code() == Some(ErrorCode::ReadOnly);
+        }
+        source = s.source();
+    }
+    false
+}
+
 /// Attaches the stage and the action to a rusqlite result.
 pub(crate) trait Context<T> {
     /// The result, its error classified by [`classify`]; `what` is only called on an error.

@@ -283,17 +283,24 @@ impl SqliteStore {
         T: Send + 'static,
         F: FnOnce(&Connection, Now) -> Result<(T, bool)> + Send + 'static,
     {
-        self.write_record(None, work).await
+        self.write_record(None, false, work).await
     }
 
     /// [`SqliteStore::write`] of a write to the record under `key` (when `Some`), whose waiters
-    /// its commit wakes.
-    async fn write_record<T, F>(&self, key: Option<Key>, work: F) -> Result<T>
+    /// its commit wakes; `single_statement` when `work` writes with one statement at most, which
+    /// then runs without a transaction of its own when it is alone in its batch
+    /// (`writer::Task::single_statement`).
+    async fn write_record<T, F>(
+        &self,
+        key: Option<Key>,
+        single_statement: bool,
+        work: F,
+    ) -> Result<T>
     where
         T: Send + 'static,
         F: FnOnce(&Connection, Now) -> Result<(T, bool)> + Send + 'static,
     {
-        let (task, answer) = Op::queue(key, work);
+        let (task, answer) = Op::queue(key, single_statement, work);
         let stopped = || {
             StoreError::unavailable(format!(
                 "failed to reach the writer of the sqlite store {}: it has stopped",
@@ -328,7 +335,7 @@ impl SqliteStore {
         F: FnOnce(Option<&StoredRecord>, Timestamp) -> Result<(T, Change)> + Send + 'static,
     {
         let key = key.clone();
-        self.write_record(Some(key.clone()), move |conn, now| {
+        self.write_record(Some(key.clone()), false, move |conn, now| {
             let cur = row::load(conn, &key, Stage::Write, || now)?;
             let (out, change) = f(cur.as_ref(), now.wall)?;
             let wrote = row::apply(conn, &key, cur.as_ref(), change, now)?;
@@ -337,9 +344,11 @@ impl SqliteStore {
         .await
     }
 
-    /// [`SqliteStore::transition`] with a first try: `fast` writes the common case without
-    /// reading the row, answering `Ok(out)` when it wrote, or `Err(input)` when it wrote
-    /// nothing and the transition `f` decides on the row as read, given `input`.
+    /// [`SqliteStore::transition`] with a first try: `fast` writes the common case with one
+    /// statement and without reading the row, answering `Ok(out)` when it wrote, or
+    /// `Err(input)` when it wrote nothing; then the transition `f` decides on the row as read,
+    /// given `input`, in a write of its own. Alone in its batch, the first try runs without a
+    /// transaction around its statement (`writer::Task::single_statement`).
     async fn transition_or<T, I, Fast, F>(&self, key: &Key, fast: Fast, f: F) -> Result<T>
     where
         T: Send + 'static,
@@ -347,18 +356,20 @@ impl SqliteStore {
         Fast: FnOnce(&Connection, Now) -> Result<Result<T, I>> + Send + 'static,
         F: FnOnce(I, Option<&StoredRecord>, Timestamp) -> Result<(T, Change)> + Send + 'static,
     {
-        let key = key.clone();
-        self.write_record(Some(key.clone()), move |conn, now| {
-            let input = match fast(conn, now)? {
-                Ok(out) => return Ok((out, true)),
-                Err(input) => input,
-            };
-            let cur = row::load(conn, &key, Stage::Write, || now)?;
-            let (out, change) = f(input, cur.as_ref(), now.wall)?;
-            let wrote = row::apply(conn, &key, cur.as_ref(), change, now)?;
-            Ok((out, wrote))
-        })
-        .await
+        let tried = self
+            .write_record(Some(key.clone()), true, move |conn, now| {
+                let tried = fast(conn, now)?;
+                let wrote = tried.is_ok();
+                Ok((tried, wrote))
+            })
+            .await?;
+        match tried {
+            Ok(out) => Ok(out),
+            Err(input) => {
+                self.transition(key, move |cur, now| f(input, cur, now))
+                    .await
+            }
+        }
     }
 
     /// Runs `f` on a read connection on the blocking pool.

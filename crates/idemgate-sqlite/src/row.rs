@@ -7,7 +7,7 @@ use idemgate_core::{
 };
 use rusqlite::{params, Connection, OptionalExtension, Row};
 
-use crate::error::{corrupt, Context, Stage};
+use crate::error::{corrupt, write_stage, Context, Stage};
 
 /// The `state` column of an in-flight record.
 pub(crate) const IN_FLIGHT: i64 = 0;
@@ -35,9 +35,11 @@ const SELECT_ONE: &str = concat!(
     " FROM idemgate_record WHERE tenant = ?1 AND tool = ?2 AND key = ?3"
 );
 
-// A write knows whether the row exists, since it read the row first in the same transaction: a new
-// row is a plain INSERT and an existing one an UPDATE in place. (An upsert would try the insert
-// first, find the key taken and only then update, on every completion.)
+// A write that read the row first in the same transaction knows whether it exists: a new row is a
+// plain INSERT and an existing one an UPDATE in place. (An upsert would try the insert first, find
+// the key taken and only then update, on every completion.) A fresh call's two writes skip the
+// read: `insert_new` tries the INSERT and reports a taken key, `set_state_if_held` updates the
+// state of a row its lease holds.
 const INSERT: &str = concat!(
     "INSERT INTO idemgate_record (",
     columns!(),
@@ -279,7 +281,7 @@ fn write_row(
         });
     match written {
         Err(e) if !exists && is_key_taken(&e) => Err(WriteRow::Taken),
-        other => Ok(other.during(Stage::Write, what)?),
+        other => Ok(other.during(write_stage(conn), what)?),
     }
 }
 
@@ -329,7 +331,7 @@ pub(crate) fn set_state_if_held(
                 c.lease_steady,
             ])
         })
-        .during(Stage::Write, what)?;
+        .during(write_stage(conn), what)?;
     Ok(written == 1)
 }
 

@@ -41,12 +41,21 @@ pub(crate) trait Task: Send {
     fn changed(&self) -> Option<&Key> {
         None
     }
+
+    /// Whether the task writes with one statement at most, atomic on its own: alone in its
+    /// batch, it runs without a transaction around it (its statement commits by itself, and
+    /// SQLite keeps no statement journal for it).
+    fn single_statement(&self) -> bool {
+        false
+    }
 }
 
 /// A [`Task`] made of a closure and the channel its result goes back on.
 pub(crate) struct Op<T, F> {
     /// The record the work writes, whose waiters a commit wakes.
     key: Option<Key>,
+    /// See [`Task::single_statement`].
+    single_statement: bool,
     wrote: bool,
     work: Option<F>,
     result: Option<Result<T, StoreError>>,
@@ -58,14 +67,18 @@ where
     T: Send + 'static,
     F: FnOnce(&Connection, Now) -> Result<(T, bool), StoreError> + Send + 'static,
 {
-    /// The task and the receiver of its answer; `key` names the record the work writes, if one.
+    /// The task and the receiver of its answer; `key` names the record the work writes, if one;
+    /// `single_statement` says that the work writes with one statement at most (see
+    /// [`Task::single_statement`]).
     pub(crate) fn queue(
         key: Option<Key>,
+        single_statement: bool,
         work: F,
     ) -> (Box<dyn Task>, oneshot::Receiver<Result<T, StoreError>>) {
         let (reply, rx) = oneshot::channel();
         let op = Op {
             key,
+            single_statement,
             wrote: false,
             work: Some(work),
             result: None,
@@ -112,6 +125,10 @@ where
 
     fn changed(&self) -> Option<&Key> {
         self.key.as_ref().filter(|_| self.wrote)
+    }
+
+    fn single_statement(&self) -> bool {
+        self.single_statement
     }
 }
 
@@ -510,6 +527,37 @@ impl Writer {
 }
 
 impl Core {
+    /// Runs a [`Task::single_statement`] task alone, without a transaction around it: its
+    /// statement commits by itself, so its errors are classified as a commit's (the task's
+    /// statements use [`crate::error::write_stage`]).
+    fn execute_alone(&mut self, task: &mut dyn Task) -> Result<bool, StoreError> {
+        let conn = self.conn.as_ref().map_err(Clone::clone)?;
+        let now = self.clock.read();
+        let result = task.run(conn, now);
+        match &result {
+            // A file that turned read-only is opened again before the next batch, as a refused
+            // BEGIN makes it.
+            Err(e) => self.read_only = crate::error::is_read_only(e),
+            Ok(true) => {
+                self.writes_since_settle += 1;
+                if self.writes_since_settle >= crate::upkeep::SETTLE_EVERY {
+                    // In a transaction of its own; failed, it is tried again after the next
+                    // write, and the write stands.
+                    let settled = run_cached(conn, "BEGIN IMMEDIATE")
+                        .and_then(|_| crate::upkeep::settle(conn))
+                        .and_then(|()| run_cached(conn, "COMMIT"));
+                    if settled.is_ok() {
+                        self.writes_since_settle = 0;
+                    } else if !conn.is_autocommit() {
+                        let _ = conn.execute_batch("ROLLBACK");
+                    }
+                }
+            }
+            Ok(false) => {}
+        }
+        result
+    }
+
     /// Moves the unsettled records' mark up to the newest row inside the batch's transaction,
     /// under a savepoint: a settling that fails is undone and tried again after the next
     /// batch, and the batch's own writes stand. Only a failure after which SQLite rolled back
@@ -690,6 +738,11 @@ impl Core {
     /// Runs `batch` in one transaction; returns whether any task wrote.
     fn execute(&mut self, batch: &mut [Box<dyn Task>]) -> Result<bool, StoreError> {
         let n = batch.len();
+        if let [task] = batch {
+            if task.single_statement() {
+                return self.execute_alone(task.as_mut());
+            }
+        }
         let conn = self.conn.as_ref().map_err(Clone::clone)?;
         if let Err(e) = run_cached(conn, "BEGIN IMMEDIATE") {
             self.read_only = e.sqlite_error_code() == Some(ErrorCode::ReadOnly);
