@@ -69,6 +69,27 @@ BEGIN
     INSERT OR IGNORE INTO idemgate_unsettled (row) VALUES (NEW.rowid);
 END;
 
+-- The row the mark names, deleted (a call released, a purge, an operator): the mark moves to the
+-- newest row left, logging the rows from the old mark on that are not completed, so that it
+-- keeps holding (rather than counting as 0, which makes every listing read every row). No row
+-- was numbered anew, so the rows below the old mark are as the log says.
+CREATE TRIGGER idemgate_record_mark_deleted AFTER DELETE ON idemgate_record
+WHEN OLD.rowid = (SELECT settled_below - 1 FROM idemgate_upkeep WHERE id = 1)
+    AND OLD.key IS (SELECT mark_key FROM idemgate_upkeep WHERE id = 1)
+    AND OLD.tool IS (SELECT mark_tool FROM idemgate_upkeep WHERE id = 1)
+    AND OLD.tenant IS (SELECT mark_tenant FROM idemgate_upkeep WHERE id = 1)
+BEGIN
+    INSERT OR IGNORE INTO idemgate_unsettled (row)
+        SELECT rowid FROM idemgate_record
+        WHERE rowid >= (SELECT settled_below FROM idemgate_upkeep WHERE id = 1) AND state <> 1;
+    UPDATE idemgate_upkeep SET
+        settled_below = coalesce((SELECT max(rowid) FROM idemgate_record), 0) + 1,
+        mark_tenant = (SELECT tenant FROM idemgate_record ORDER BY rowid DESC LIMIT 1),
+        mark_tool = (SELECT tool FROM idemgate_record ORDER BY rowid DESC LIMIT 1),
+        mark_key = (SELECT key FROM idemgate_record ORDER BY rowid DESC LIMIT 1)
+    WHERE id = 1;
+END;
+
 CREATE TRIGGER idemgate_record_due_insert AFTER INSERT ON idemgate_record
 WHEN NEW.state = 1
 BEGIN

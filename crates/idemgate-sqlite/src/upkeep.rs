@@ -62,13 +62,18 @@ pub(crate) fn settle(conn: &Connection) -> rusqlite::Result<()> {
 
 /// [`settle`] at the store's opening, when more than a few rows are above the mark (or it no
 /// longer holds): a file written by many short-lived processes, or by hand, is settled once.
+/// A mark that no longer holds (the rows were numbered anew) is settled at once, whatever the
+/// number of rows: until then every listing reads every row.
 pub(crate) fn settle_at_open(conn: &Connection) -> rusqlite::Result<()> {
-    let above: i64 = conn.query_row(
-        &format!("SELECT coalesce((SELECT max(rowid) FROM idemgate_record), 0) - {SETTLED_BELOW}"),
+    let (above, holds): (i64, bool) = conn.query_row(
+        &format!(
+            "SELECT coalesce((SELECT max(rowid) FROM idemgate_record), 0) - {SETTLED_BELOW}, \
+             {SETTLED_BELOW} = (SELECT settled_below FROM idemgate_upkeep WHERE id = 1)"
+        ),
         [],
-        |r| r.get(0),
+        |r| Ok((r.get(0)?, r.get(1)?)),
     )?;
-    if above >= SETTLE_AT_OPEN_BEYOND {
+    if above >= SETTLE_AT_OPEN_BEYOND || !holds {
         settle(conn)?;
     }
     Ok(())

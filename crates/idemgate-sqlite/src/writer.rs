@@ -738,8 +738,12 @@ impl Core {
     /// Runs `batch` in one transaction; returns whether any task wrote.
     fn execute(&mut self, batch: &mut [Box<dyn Task>]) -> Result<bool, StoreError> {
         let n = batch.len();
+        // Only on a connection outside any transaction: one left open (a batch that panicked
+        // halfway) would take the statement in and never commit it, where the BEGIN below fails
+        // and the batch's end rolls that transaction back.
+        let outside = matches!(&self.conn, Ok(conn) if conn.is_autocommit());
         if let [task] = batch {
-            if task.single_statement() {
+            if task.single_statement() && outside {
                 return self.execute_alone(task.as_mut());
             }
         }

@@ -29,6 +29,7 @@ async fn records_carry_only_their_key_and_calls_write_no_other_index() {
         [
             "idemgate_record_due_insert",
             "idemgate_record_due_update",
+            "idemgate_record_mark_deleted",
             "idemgate_record_unsettled_insert",
             "idemgate_record_unsettled_update"
         ]

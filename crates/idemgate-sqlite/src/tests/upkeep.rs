@@ -390,11 +390,10 @@ async fn a_version_7_database_opens_with_its_unsettled_records_logged_and_its_ho
 }
 
 #[tokio::test]
-async fn a_row_reserved_again_where_the_mark_names_it_is_logged() {
-    // The newest row is the one the mark names, completed when the mark moved. Deleted (as an
-    // operator's deletion does), its row id is free again; reserved again under the same key, it
-    // takes the same row id, below the mark, and the mark still holds (the same key is just
-    // below it): only the log finds it, and only the trigger on inserts put it there.
+async fn the_mark_moves_when_its_row_is_deleted_and_keeps_holding() {
+    // The newest row is the one the mark names. Released (deleted), its row id is free again;
+    // the mark moves to the newest row left rather than counting as 0 (which would make every
+    // listing read every row), and the key reserved again lands above it.
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("db");
     let store = SqliteStore::open(&path, manual()).unwrap();
@@ -402,34 +401,52 @@ async fn a_row_reserved_again_where_the_mark_names_it_is_logged() {
     acquire(&store, &key("first")).await;
     let newest = key("newest");
     let lease = acquire(&store, &newest).await;
-    store
-        .complete(
-            &newest,
-            lease,
-            &Outcome::success(b"ok".to_vec()),
-            Duration::from_secs(60),
-        )
-        .await
-        .unwrap();
     in_transaction(&conn, |c| crate::upkeep::settle(c).unwrap());
-    conn.execute("DELETE FROM idemgate_record WHERE key = 'newest'", [])
-        .unwrap();
-    acquire(&store, &newest).await;
-    let (row, mark): (i64, i64) = conn
-        .query_row(
+    let mark = || -> (i64, i64) {
+        conn.query_row(
             &format!(
-                "SELECT (SELECT rowid FROM idemgate_record WHERE key = 'newest'), {}",
+                "SELECT {}, settled_below FROM idemgate_upkeep",
                 crate::upkeep::SETTLED_BELOW
             ),
             [],
             |r| Ok((r.get(0)?, r.get(1)?)),
         )
-        .unwrap();
-    assert_eq!(row, mark - 1);
+        .unwrap()
+    };
+    assert_eq!(mark(), (3, 3));
+    store.release(&newest, lease).await.unwrap();
+    assert_eq!(mark(), (2, 2), "the mark holds, below the row left");
+    acquire(&store, &newest).await;
     let (by_mark, every) = listed(&store, State::InFlight).await;
     assert_eq!(by_mark, every);
     assert_eq!(
         by_mark,
         BTreeSet::from(["first".to_owned(), "newest".to_owned()])
     );
+}
+
+#[tokio::test]
+async fn a_row_written_by_hand_below_the_mark_is_logged() {
+    // Rows the store inserts always land above the mark (a row id after the newest); one
+    // written by hand with its own row id may not, and the trigger on inserts logs it.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db");
+    let store = SqliteStore::open(&path, manual()).unwrap();
+    let conn = raw(&path);
+    for name in ["a", "b", "c"] {
+        acquire(&store, &key(name)).await;
+    }
+    conn.execute("DELETE FROM idemgate_record WHERE key = 'b'", [])
+        .unwrap();
+    in_transaction(&conn, |c| crate::upkeep::settle(c).unwrap());
+    conn.execute(
+        "INSERT INTO idemgate_record (rowid, tenant, tool, key, fingerprint, fence, token, \
+         created_at, state, since) VALUES (2, 'acme', 'send_invoice', 'by-hand', zeroblob(32), \
+         1, zeroblob(16), 1000, 2, 1000)",
+        [],
+    )
+    .unwrap();
+    let (by_mark, every) = listed(&store, State::Unknown).await;
+    assert_eq!(by_mark, every);
+    assert_eq!(by_mark, BTreeSet::from(["by-hand".to_owned()]));
 }

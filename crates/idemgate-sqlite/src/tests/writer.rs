@@ -263,3 +263,34 @@ async fn a_lock_held_past_busy_timeout_is_unavailable_and_reads_go_on() {
     other.execute_batch("ROLLBACK").unwrap();
     acquire(&store, &key("next")).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lone_write_after_a_batch_that_panicked_halfway_is_committed_or_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db");
+    let store = SqliteStore::open(&path, manual()).unwrap();
+    // A write that panics inside its batch's transaction, which SQLite keeps open.
+    let s = store.clone();
+    let panicked = tokio::spawn(async move {
+        s.write(|_: &Connection, _: Now| -> Result<((), bool)> { panic!("a bug in a write") })
+            .await
+    })
+    .await;
+    assert!(panicked.is_err());
+    // The next lone reservation is refused (and the one after it acquires), or acquires: either
+    // way what it acknowledged is committed, never taken into the transaction left open.
+    let k = key("after-panic");
+    let claim = match store.reserve(&reservation(&k)).await {
+        Ok(claim) => claim,
+        Err(_) => store.reserve(&reservation(&k)).await.unwrap(),
+    };
+    assert!(matches!(claim, Claim::Acquired(_)), "{claim:?}");
+    let seen: i64 = raw(&path)
+        .query_row(
+            "SELECT count(*) FROM idemgate_record WHERE key = 'after-panic'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(seen, 1, "acknowledged but not committed");
+}
