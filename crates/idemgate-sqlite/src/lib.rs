@@ -336,10 +336,7 @@ impl SqliteStore {
     {
         let key = key.clone();
         self.write_record(Some(key.clone()), false, move |conn, now| {
-            let cur = row::load(conn, &key, Stage::Write, || now)?;
-            let (out, change) = f(cur.as_ref(), now.wall)?;
-            let wrote = row::apply(conn, &key, cur.as_ref(), change, now)?;
-            Ok((out, wrote))
+            apply_transition(conn, &key, now, f)
         })
         .await
     }
@@ -347,8 +344,9 @@ impl SqliteStore {
     /// [`SqliteStore::transition`] with a first try: `fast` writes the common case with one
     /// statement and without reading the row, answering `Ok(out)` when it wrote, or
     /// `Err(input)` when it wrote nothing; then the transition `f` decides on the row as read,
-    /// given `input`, in a write of its own. Alone in its batch, the first try runs without a
-    /// transaction around its statement (`writer::Task::single_statement`).
+    /// given `input`. Alone in its batch, the first try runs without a transaction around its
+    /// statement (`writer::Task::single_statement`), and `f` in a write of its own; in a batch
+    /// with others, both run in the batch's transaction.
     async fn transition_or<T, I, Fast, F>(&self, key: &Key, fast: Fast, f: F) -> Result<T>
     where
         T: Send + 'static,
@@ -356,16 +354,23 @@ impl SqliteStore {
         Fast: FnOnce(&Connection, Now) -> Result<Result<T, I>> + Send + 'static,
         F: FnOnce(I, Option<&StoredRecord>, Timestamp) -> Result<(T, Change)> + Send + 'static,
     {
+        let owned = key.clone();
         let tried = self
             .write_record(Some(key.clone()), true, move |conn, now| {
-                let tried = fast(conn, now)?;
-                let wrote = tried.is_ok();
-                Ok((tried, wrote))
+                match fast(conn, now)? {
+                    Ok(out) => Ok((Ok(out), true)),
+                    Err(input) if conn.is_autocommit() => Ok((Err((input, f)), false)),
+                    Err(input) => {
+                        let (out, wrote) =
+                            apply_transition(conn, &owned, now, |cur, now| f(input, cur, now))?;
+                        Ok((Ok(out), wrote))
+                    }
+                }
             })
             .await?;
         match tried {
             Ok(out) => Ok(out),
-            Err(input) => {
+            Err((input, f)) => {
                 self.transition(key, move |cur, now| f(input, cur, now))
                     .await
             }
@@ -400,6 +405,20 @@ impl SqliteStore {
             Err(StoreError::Unavailable(Cause::new(message, e)))
         })
     }
+}
+
+/// Reads the row of `key` and writes what the transition `f` decides on it, in the caller's
+/// transaction; answers `f`'s output and whether anything was written.
+fn apply_transition<T>(
+    conn: &Connection,
+    key: &Key,
+    now: Now,
+    f: impl FnOnce(Option<&StoredRecord>, Timestamp) -> Result<(T, Change)>,
+) -> Result<(T, bool)> {
+    let cur = row::load(conn, key, Stage::Write, || now)?;
+    let (out, change) = f(cur.as_ref(), now.wall)?;
+    let wrote = row::apply(conn, key, cur.as_ref(), change, now)?;
+    Ok((out, wrote))
 }
 
 /// The write-ahead log of the database at `path`, as SQLite names it.
