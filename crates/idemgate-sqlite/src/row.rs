@@ -2,8 +2,8 @@
 
 use idemgate_core::transition::{Change, StoredRecord};
 use idemgate_core::{
-    Fingerprint, HostInstant, IdempotencyKey, Key, Lease, LeaseToken, Now, Outcome, OutcomeKind,
-    RecordState, StoreError, TenantId, Timestamp, ToolName,
+    Fence, Fingerprint, HostInstant, IdempotencyKey, Key, Lease, LeaseToken, Now, Outcome,
+    OutcomeKind, RecordState, StoreError, TenantId, Timestamp, ToolName,
 };
 use rusqlite::{params, Connection, OptionalExtension, Row};
 
@@ -189,12 +189,13 @@ impl<'a> StateColumns<'a> {
 /// Writes `rec`, judged at `now`: over the row that `exists` (read in this transaction), or as a
 /// new one.
 fn put(conn: &Connection, rec: &StoredRecord, exists: bool, now: Now) -> Result<(), StoreError> {
-    let written = write_row(conn, rec, exists, now)?;
+    let what = || format!("write record {}", rec.key);
+    let written = write_row(conn, rec, exists, now)?.during(write_stage(conn), what)?;
     if written != 1 {
         // The row read a moment ago in the same transaction is gone: nothing else writes while
         // this transaction holds the write lock, so the file is not what the store believes.
         return Err(corrupt(
-            format!("write record {}", rec.key),
+            what(),
             format!("{written} rows changed where the row read before was 1"),
         ));
     }
@@ -208,54 +209,26 @@ pub(crate) fn insert_new(
     rec: &StoredRecord,
     now: Now,
 ) -> Result<bool, StoreError> {
-    match write_row(conn, rec, false, now) {
+    match write_row(conn, rec, false, now)? {
         Ok(_) => Ok(true),
-        Err(WriteRow::Taken) => Ok(false),
-        Err(WriteRow::Failed(e)) => Err(e),
-    }
-}
-
-/// Why [`write_row`] wrote nothing.
-enum WriteRow {
-    /// An insert found the key's row already there.
-    Taken,
-    Failed(StoreError),
-}
-
-impl From<StoreError> for WriteRow {
-    fn from(e: StoreError) -> Self {
-        WriteRow::Failed(e)
-    }
-}
-
-impl From<WriteRow> for StoreError {
-    fn from(e: WriteRow) -> Self {
-        match e {
-            WriteRow::Failed(e) => e,
-            // Only an insert meets it, and `put` inserts a row it found absent in this
-            // transaction.
-            WriteRow::Taken => corrupt(
-                "insert a record".to_owned(),
-                "its key's row appeared within the transaction".to_owned(),
-            ),
-        }
+        Err(e) if is_key_taken(&e) => Ok(false),
+        Err(e) => Err(e).during(write_stage(conn), || format!("write record {}", rec.key)),
     }
 }
 
 /// Writes every column of `rec` at `now`, as an update of the existing row or an insert; answers
-/// how many rows changed.
+/// SQLite's own result, how many rows changed, for the caller to judge.
 fn write_row(
     conn: &Connection,
     rec: &StoredRecord,
     exists: bool,
     now: Now,
-) -> Result<usize, WriteRow> {
+) -> Result<rusqlite::Result<usize>, StoreError> {
     let what = || format!("write record {}", rec.key);
-    let fence = i64::try_from(rec.fence)
-        .map_err(|_| corrupt(what(), format!("fence {} is out of range", rec.fence)))?;
+    let fence = fence_column(rec.fence, &what)?;
     let c = StateColumns::of(&rec.state, now, &what)?;
     let token = rec.token.0.to_be_bytes();
-    let written = conn
+    Ok(conn
         .prepare_cached(if exists { UPDATE } else { INSERT })
         .and_then(|mut stmt| {
             stmt.execute(params![
@@ -278,11 +251,12 @@ fn write_row(
                 c.lease_boot.as_ref().map(<[u8; 16]>::as_slice),
                 c.lease_steady,
             ])
-        });
-    match written {
-        Err(e) if !exists && is_key_taken(&e) => Err(WriteRow::Taken),
-        other => Ok(other.during(write_stage(conn), what)?),
-    }
+        }))
+}
+
+/// A fence as its column holds it; `what` names the write in an error.
+fn fence_column(fence: Fence, what: &dyn Fn() -> String) -> Result<i64, StoreError> {
+    i64::try_from(fence).map_err(|_| corrupt(what(), format!("fence {fence} is out of range")))
 }
 
 /// Whether an insert failed because its key has a row.
@@ -306,8 +280,7 @@ pub(crate) fn set_state_if_held(
     now: Now,
 ) -> Result<bool, StoreError> {
     let what = || format!("write record {key}");
-    let fence = i64::try_from(lease.fence)
-        .map_err(|_| corrupt(what(), format!("fence {} is out of range", lease.fence)))?;
+    let fence = fence_column(lease.fence, &what)?;
     let c = StateColumns::of(state, now, &what)?;
     let token = lease.token.0.to_be_bytes();
     let written = conn

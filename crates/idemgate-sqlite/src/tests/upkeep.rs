@@ -58,6 +58,19 @@ async fn listed(store: &SqliteStore, state: State) -> (BTreeSet<String>, BTreeSe
     (names(by_mark), names(every))
 }
 
+/// The mark in force (0 when it no longer holds) and the one stored.
+fn mark(conn: &Connection) -> (i64, i64) {
+    conn.query_row(
+        &format!(
+            "SELECT {}, settled_below FROM idemgate_upkeep",
+            crate::upkeep::SETTLED_BELOW
+        ),
+        [],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )
+    .unwrap()
+}
+
 /// The invariants themselves, read in SQL: every row not completed is from the mark on or in the
 /// log, and the horizon is no later than any completed row's due time.
 fn assert_invariants(conn: &Connection, step: usize) {
@@ -290,15 +303,8 @@ async fn the_writer_settles_the_mark_as_calls_come() {
     let path = dir.path().join("db");
     let store = SqliteStore::open(&path, manual()).unwrap();
     let conn = raw(&path);
-    let mark = || -> i64 {
-        conn.query_row(
-            &format!("SELECT {}", crate::upkeep::SETTLED_BELOW),
-            [],
-            |r| r.get(0),
-        )
-        .unwrap()
-    };
-    assert_eq!(mark(), 0);
+    let in_force = || mark(&conn).0;
+    assert_eq!(in_force(), 0);
     // One call left unknown at the start, then fresh calls until the writer settled.
     let lost = key("lost");
     let lease = acquire(&store, &lost).await;
@@ -317,7 +323,7 @@ async fn the_writer_settles_the_mark_as_calls_come() {
             .await
             .unwrap();
     }
-    assert!(mark() > 1, "the mark did not move: {}", mark());
+    assert!(in_force() > 1, "the mark did not move: {}", in_force());
     let logged: i64 = conn
         .query_row("SELECT count(*) FROM idemgate_unsettled", [], |r| r.get(0))
         .unwrap();
@@ -402,20 +408,9 @@ async fn the_mark_moves_when_its_row_is_deleted_and_keeps_holding() {
     let newest = key("newest");
     let lease = acquire(&store, &newest).await;
     in_transaction(&conn, |c| crate::upkeep::settle(c).unwrap());
-    let mark = || -> (i64, i64) {
-        conn.query_row(
-            &format!(
-                "SELECT {}, settled_below FROM idemgate_upkeep",
-                crate::upkeep::SETTLED_BELOW
-            ),
-            [],
-            |r| Ok((r.get(0)?, r.get(1)?)),
-        )
-        .unwrap()
-    };
-    assert_eq!(mark(), (3, 3));
+    assert_eq!(mark(&conn), (3, 3));
     store.release(&newest, lease).await.unwrap();
-    assert_eq!(mark(), (2, 2), "the mark holds, below the row left");
+    assert_eq!(mark(&conn), (2, 2), "the mark holds, below the row left");
     acquire(&store, &newest).await;
     let (by_mark, every) = listed(&store, State::InFlight).await;
     assert_eq!(by_mark, every);
