@@ -60,11 +60,15 @@ local function reads_unknown(r, now)
 end
 
 -- Replaces whatever the key held (fields and expiry) with a fresh in-flight record from the
--- reservation in ARGV[1..6]: tenant, tool, key, fingerprint, token, lease in ms; `scope` is the
--- record's scope (nil: none); `history` the history of the record it replaces, as `load` read it
--- (nil: none), which continues across a takeover and the next reservation of a reopened key.
-local function put_fresh(k, fence, created, now, scope, history)
-  redis.call('DEL', k)
+-- reservation in ARGV[1..6]: tenant, tool, key, fingerprint, token, lease in ms; `replaces`:
+-- whether a record stood there (`load` found one; with none there is nothing to delete, and a
+-- fresh key costs no DEL); `scope` is the record's scope (nil: none); `history` the history of
+-- the record it replaces, as `load` read it (nil: none), which continues across a takeover and
+-- the next reservation of a reopened key.
+local function put_fresh(k, replaces, fence, created, now, scope, history)
+  if replaces then
+    redis.call('DEL', k)
+  end
   redis.call('HSET', k,
     'tenant', ARGV[1], 'tool', ARGV[2], 'key', ARGV[3], 'fp', ARGV[4],
     'fence', fmt(fence), 'token', ARGV[5], 'created', fmt(created),

@@ -16,5 +16,5 @@ local fence = 1
 if r ~= nil then
   fence = tonumber(r.fence) + 1
 end
-put_fresh(k, fence, now, now, scope_arg(ARGV[7]), r and r.history)
+put_fresh(k, r ~= nil, fence, now, now, scope_arg(ARGV[7]), r and r.history)
 return {'A', fmt(fence)}

@@ -11,7 +11,7 @@ if r == nil or not counts(r, now) then
   if r ~= nil then
     fence = tonumber(r.fence) + 1
   end
-  put_fresh(k, fence, now, now, scope_arg(ARGV[8]), r and r.history)
+  put_fresh(k, r ~= nil, fence, now, now, scope_arg(ARGV[8]), r and r.history)
   return {'A', fmt(fence)}
 end
 if r.token == ARGV[5] and r.state == 'i' then
@@ -22,7 +22,7 @@ if reads_unknown(r, now) and r.fence == stale and r.fp == ARGV[4] then
   local fence = tonumber(stale) + 1
   -- Duplicates that waited for the lapsed lease look again, and find the new holder.
   wake(k, r)
-  put_fresh(k, fence, tonumber(r.created), now, r.scope, r.history)
+  put_fresh(k, true, fence, tonumber(r.created), now, r.scope, r.history)
   return {'A', fmt(fence)}
 end
 return {'E', fmt(now), flat}
