@@ -4,6 +4,7 @@
 const { AsyncLocalStorage } = require('node:async_hooks');
 const os = require('node:os');
 const native = require('./native.cjs');
+const { Carried } = require('./carried.cjs');
 const { errorOf, Failed, NotApplied, OutcomeNotRecorded, OutcomeUnknown } = require('./errors.cjs');
 
 /** The downstream key of the call whose function runs in this async context (see `currentKey`). */
@@ -184,15 +185,30 @@ function untilAborted(work, signal) {
   });
 }
 
+// An engine dropped without `close()` closes its carried socket when it is collected, so that
+// the socket (which holds the native engine through its handlers) does not keep it forever.
+const dropped = new FinalizationRegistry((carried) => carried.close());
+
 class Engine {
   #native;
   #tools;
   #default;
+  /** The Redis connection Node's loop carries (carried.cjs), when the store has one. */
+  #carried;
 
-  constructor(nativeEngine, { tools = {}, default: defaultPolicy = {} } = {}) {
+  constructor(nativeEngine, { tools = {}, default: defaultPolicy = {} } = {}, carried = null) {
     this.#native = nativeEngine;
     this.#tools = new Map(Object.entries(tools));
     this.#default = defaultPolicy;
+    this.#carried = carried;
+    if (carried !== null) dropped.register(this, carried, this);
+  }
+
+  /** The addon's answer as a value or a promise: a number is a call parked on the connection
+   * Node's loop carries, whose reply that connection delivers. */
+  #later(reply) {
+    if (typeof reply !== 'number') return reply;
+    return this.#carried.park(reply);
   }
 
   /** Opens the store at `url`: `memory:`, `sqlite:///path`, `postgres://…`, `redis://…`; none:
@@ -218,7 +234,14 @@ class Engine {
       // A pipeline of the process's own is never dropped: send what is left as Node exits.
       process.once('exit', () => native.flushTraces());
     }
-    return new Engine(n, { tools, default: defaultPolicy });
+    // A single Redis server: its round trips on a socket of Node's own loop (carried.cjs).
+    const target = n.carriedTarget();
+    let carried = null;
+    if (target) {
+      carried = new Carried(n, target);
+      await carried.connect();
+    }
+    return new Engine(n, { tools, default: defaultPolicy }, carried);
   }
 
   get url() {
@@ -247,13 +270,13 @@ class Engine {
 
   /** The state of the record of `(tool, key)`: `{state, fence}` or null. */
   async recordState(tool, key) {
-    return parsed(await this.#native.recordState(tool, key));
+    return parsed(await this.#later(this.#native.recordState(tool, key)));
   }
 
   /** The record of `(tool, key)` (`state`, `fence`, `outcome` with its `content` and `body`...),
    * or null. */
   async record(tool, key) {
-    return parsed(await this.#native.record(tool, key));
+    return parsed(await this.#later(this.#native.record(tool, key)));
   }
 
   /** This tenant's records, oldest first, each as `record` shows it: only those in `state`
@@ -261,7 +284,7 @@ class Engine {
    * conversation an adapter named), at most `limit` (0: all). `records({ state: 'unknown' })`
    * lists what an operator must resolve. */
   async records({ state, tool, scope, limit = 0 } = {}) {
-    return parsed(await this.#native.records(tool ?? null, state ?? null, scope ?? null, limit));
+    return parsed(await this.#later(this.#native.records(tool ?? null, state ?? null, scope ?? null, limit)));
   }
 
   /** Resolves an unknown record as an operator decided, if its `fence` (from `record` or
@@ -275,7 +298,7 @@ class Engine {
     const text = resolution === 'release' && result === undefined ? null : jsonText(result);
     const ttl = this.policy(tool).ttl ?? null;
     return parsed(
-      await this.#native.resolve(tool, key, fence, resolution, text, failed, ttl, who(by), reason ?? null),
+      await this.#later(this.#native.resolve(tool, key, fence, resolution, text, failed, ttl, who(by), reason ?? null)),
     );
   }
 
@@ -290,7 +313,7 @@ class Engine {
     if (typeof reason !== 'string' || reason === '') {
       throw new TypeError('reopen(tool, key, fence, { reason }): say why the action must run again');
     }
-    return parsed(await this.#native.reopen(tool, key, fence, who(by), reason)).was;
+    return parsed(await this.#later(this.#native.reopen(tool, key, fence, who(by), reason))).was;
   }
 
   /** Runs `fn()` at most once for `(tool, key)` and says what happened (a `Result`).
@@ -316,8 +339,9 @@ class Engine {
     const argsJson = args === undefined ? null : jsonText(args);
     const policy = policyJson(this.policy(tool, overrides));
     const trace = callerTrace();
-    const begun = parsed(await n.begin(tool, key ?? undefined, argsJson ?? undefined, policy, scope ?? undefined,
-      callId ?? undefined, trace?.traceparent, trace?.tracestate, observedTool.getStore() === tool));
+    if (this.#carried !== null && !this.#carried.up) this.#carried.connect(); // back once it is
+    const begun = parsed(await this.#later(n.begin(tool, key ?? undefined, argsJson ?? undefined, policy,
+      scope ?? undefined, callId ?? undefined, trace?.traceparent, trace?.tracestate, observedTool.getStore() === tool)));
     if (begun.pass_through) {
       // Observe mode: a call of this tool inside the function (the window inside a call id's
       // record) is this same call, observed once.
@@ -335,7 +359,7 @@ class Engine {
     const ticket = begun.execute;
     if (signal?.aborted) {
       // The caller went away before the function ran: free the key at once.
-      await n.finish(ticket, 'not_applied', 'the caller was cancelled before it ran');
+      await this.#later(n.finish(ticket, 'not_applied', 'the caller was cancelled before it ran'));
       throw signal.reason;
     }
     let value;
@@ -344,7 +368,7 @@ class Engine {
     } catch (e) {
       const [kind, body] = report(e);
       try {
-        parsed(await n.finish(ticket, kind, body));
+        parsed(await this.#later(n.finish(ticket, kind, body)));
       } catch (recorded) {
         if (!(recorded instanceof NotApplied || recorded instanceof OutcomeUnknown || recorded instanceof Failed)
             && e !== null && typeof e === 'object') {
@@ -358,7 +382,9 @@ class Engine {
       text = jsonText(value);
     } catch (e) {
       try {
-        await n.finish(ticket, 'ambiguous', `the return value is not JSON: ${e.name}: ${e.message}`.slice(0, 500));
+        await this.#later(
+          n.finish(ticket, 'ambiguous', `the return value is not JSON: ${e.name}: ${e.message}`.slice(0, 500)),
+        );
       } catch {
         // The TypeError below says the record is unknown; the store's own failure adds nothing.
       }
@@ -369,7 +395,7 @@ class Engine {
     }
     let reply;
     try {
-      reply = parsed(await n.finish(ticket, 'success', text));
+      reply = parsed(await this.#later(n.finish(ticket, 'success', text)));
     } catch (e) {
       if (e instanceof OutcomeNotRecorded) e.result = value;
       throw e;
@@ -380,6 +406,10 @@ class Engine {
   /** Stops the engine's journal flusher; later calls reject. Calls running now are recorded. */
   close() {
     this.#native.close();
+    if (this.#carried !== null) {
+      this.#carried.close();
+      dropped.unregister(this);
+    }
   }
 
   toString() {

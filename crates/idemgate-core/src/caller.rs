@@ -15,6 +15,15 @@
 //! handing it to its own thread and waiting to be woken. On a busy machine each such hand-off
 //! waits for a core; with other calls in flight the hand-off stays, so that their writes share a
 //! commit.
+//!
+//! Last, an event loop that carries a store's bytes itself (Node's, over a socket of its own) polls
+//! a call's future under [`on_loop`]: a store with such a connection (Redis's carried link) then
+//! queues the call's commands there, for the loop to write, and the loop hands the replies back
+//! and polls the future again on its own thread. A round trip then costs the loop's own write
+//! and read, as a native client's, instead of two hand-offs to a runtime thread and back, each
+//! of which waits for a core on a busy machine. `on_loop` also says whether the future waits for
+//! such a reply now ([`awaits_loop`]): if not, it waits for something else and goes on on the
+//! runtime.
 
 use std::cell::Cell;
 
@@ -22,6 +31,8 @@ thread_local! {
     static NO_BLOCKING: Cell<bool> = const { Cell::new(false) };
     static WAITING: Cell<bool> = const { Cell::new(false) };
     static ALONE: Cell<bool> = const { Cell::new(false) };
+    static ON_LOOP: Cell<bool> = const { Cell::new(false) };
+    static AWAITS_LOOP: Cell<bool> = const { Cell::new(false) };
 }
 
 /// Sets `mark` for the length of `f`, restored as it was afterwards, also when `f` panics.
@@ -74,6 +85,28 @@ pub fn is_alone() -> bool {
     ALONE.with(Cell::get) && may_block()
 }
 
+/// Runs `f` (one poll of a call's future, on the thread of an event loop that carries a store's
+/// bytes) marked so, and says whether the future now waits for a reply the loop is to carry
+/// (a store called [`awaits_loop`] during the poll).
+pub fn on_loop<T>(f: impl FnOnce() -> T) -> (T, bool) {
+    let before = AWAITS_LOOP.with(|c| c.replace(false));
+    let out = marked(&ON_LOOP, f);
+    let awaits = AWAITS_LOOP.with(|c| c.replace(before));
+    (out, awaits)
+}
+
+/// True inside [`on_loop`]: a store may queue this call's commands on the loop's connection.
+pub fn is_on_loop() -> bool {
+    ON_LOOP.with(Cell::get)
+}
+
+/// Called by a store's future that waits for a reply on the loop's connection (see [`on_loop`]).
+pub fn awaits_loop() {
+    if is_on_loop() {
+        AWAITS_LOOP.with(|c| c.set(true));
+    }
+}
+
 /// False inside [`without_blocking`]: a store must not do blocking I/O on this thread now.
 pub fn may_block() -> bool {
     !NO_BLOCKING.with(Cell::get)
@@ -98,6 +131,23 @@ mod tests {
             let other = std::thread::spawn(may_block).join().unwrap();
             assert!(other, "the mark is this thread's only");
         });
+    }
+
+    #[test]
+    fn on_loop_says_whether_the_poll_left_the_future_waiting_for_the_loop() {
+        assert!(!is_on_loop());
+        awaits_loop(); // off the loop: not noted
+        let ((), awaits) = on_loop(|| assert!(is_on_loop()));
+        assert!(!awaits, "nothing waited for the loop");
+        let ((), awaits) = on_loop(awaits_loop);
+        assert!(awaits);
+        let ((), outer) = on_loop(|| {
+            awaits_loop();
+            let ((), inner) = on_loop(|| {});
+            assert!(!inner, "an inner poll reports its own waiting only");
+        });
+        assert!(outer, "and leaves the outer poll's as it was");
+        assert!(!is_on_loop());
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! `NativeEngine`: the handle JavaScript holds on one engine over one store; its opening, the two
 //! halves of a call and the operator's view of records. Each method that touches the store
 //! returns a reply's JSON text (see `reply`), at once when the engine's work needed no I/O, else
-//! a promise of it (see `now_or_later`).
+//! a promise of it, or the number of a call parked on the Redis connection Node's loop carries
+//! (see `Shared::now_or_later` and carried.rs).
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -11,6 +12,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use idemgate::caller::without_blocking;
+use idemgate::redis::CarriedLink;
 use idemgate::{
     AnyStore, Begun, Call, Effect, FileJournal, IdempotencyKey, JournalFlusher, Key, ListFilter,
     Mode, TenantId, Ticket, ToolKind, ToolName, ToolPolicy, UnknownPolicy,
@@ -19,12 +21,13 @@ use idemgate_kit::leases::{keep_leases, Leases};
 use idemgate_kit::records::{resolution, seconds as seconds_of, viewed};
 use idemgate_kit::reported_effect as effect;
 use idemgate_trace::{Door, SplitCall};
-use napi::bindgen_prelude::{within_runtime_if_available, Either, PromiseRaw};
+use napi::bindgen_prelude::{within_runtime_if_available, Buffer, Either3, PromiseRaw};
 use napi::{Env, Error, Result};
 use napi_derive::napi;
 use serde_json::{json, Value};
 use tracing::Instrument as _;
 
+use crate::carried::{CarriedRead, CarriedTarget, Parked};
 use crate::reply;
 
 /// How often the journal of unconfirmed outcomes is flushed into the store.
@@ -49,6 +52,10 @@ struct Shared {
     next_ticket: AtomicU64,
     closed: AtomicBool,
     flusher: Mutex<Option<JournalFlusher>>,
+    /// The Redis connection Node's loop carries, when the store has one (carried.rs).
+    carried: Option<Arc<CarriedLink>>,
+    /// The calls waiting for a reply on it.
+    parked: Parked,
 }
 
 /// A fence as JavaScript gives it (a safe integer).
@@ -57,29 +64,9 @@ fn fence_of(fence: i64) -> Result<u64> {
         .map_err(|_| Error::from_reason(format!("fence must be an integer >= 0, not {fence}")))
 }
 
-/// A reply's JSON text now, or a promise of it.
-pub(crate) type Reply<'env> = Either<String, PromiseRaw<'env, String>>;
-
-/// Runs `work` to a reply: first polled here, on Node's thread (in the runtime's context), where
-/// it finishes at once when it needs no I/O (the memory store; a replay from the engine's cache),
-/// so the reply is returned without a round trip through the runtime's threads and back, which
-/// costs more than the engine's work; otherwise it goes on on the runtime and the promise
-/// resolves when it is done. Nothing blocks Node's thread: the poll is marked `without_blocking`
-/// (SQLite's writer then queues a write it would have run on the caller's thread), and the other
-/// stores' first poll only sends.
-fn now_or_later<F>(env: &Env, work: F) -> Result<Reply<'_>>
-where
-    F: Future<Output = Result<String>> + Send + 'static,
-{
-    let mut work = Box::pin(work);
-    let polled = within_runtime_if_available(|| {
-        without_blocking(|| work.as_mut().poll(&mut Context::from_waker(Waker::noop())))
-    });
-    match polled {
-        Poll::Ready(reply) => reply.map(Either::A),
-        Poll::Pending => env.spawn_future(work).map(Either::B),
-    }
-}
+/// A reply's JSON text now, a promise of it, or the number of a call parked on the connection
+/// Node's loop carries (the package resumes it when its reply is in).
+pub(crate) type Reply<'env> = Either3<String, PromiseRaw<'env, String>, u32>;
 
 /// The engine over one store (see `openEngine`).
 #[napi]
@@ -235,6 +222,10 @@ pub async fn open_engine(
         engine = engine.with_journal(Arc::new(file));
         journal = Some(journal_dir.display().to_string());
     }
+    let carried = match engine.store() {
+        AnyStore::Redis(redis) => redis.carried_link(),
+        _ => None,
+    };
     let engine = Arc::new(engine);
     let flusher = engine.spawn_journal_flusher(FLUSH_EVERY);
     let leases = Arc::new(Leases::default());
@@ -255,6 +246,8 @@ pub async fn open_engine(
             next_ticket: AtomicU64::new(1),
             closed: AtomicBool::new(false),
             flusher: Mutex::new(Some(flusher)),
+            carried,
+            parked: Parked::default(),
         }),
         url,
         journal,
@@ -262,6 +255,32 @@ pub async fn open_engine(
 }
 
 impl Shared {
+    /// Runs `work` to a reply: first polled here, on Node's thread (in the runtime's context),
+    /// where it finishes at once when it needs no I/O (the memory store; a replay from the
+    /// engine's cache), so the reply is returned without a round trip through the runtime's
+    /// threads and back, which costs more than the engine's work. With the Redis connection
+    /// Node's loop carries up, a call waiting for its reply there is parked for the loop to
+    /// resume (carried.rs). Otherwise it goes on on the runtime and the promise resolves when it
+    /// is done. Nothing blocks Node's thread: the poll is marked `without_blocking` (SQLite's
+    /// writer then queues a write it would have run on the caller's thread), and the other
+    /// stores' first poll only sends.
+    fn now_or_later<'env, F>(&self, env: &'env Env, work: F) -> Result<Reply<'env>>
+    where
+        F: Future<Output = Result<String>> + Send + 'static,
+    {
+        if self.carried.as_ref().is_some_and(|link| link.is_up()) {
+            return self.parked.drive(env, Box::pin(work), None);
+        }
+        let mut work = Box::pin(work);
+        let polled = within_runtime_if_available(|| {
+            without_blocking(|| work.as_mut().poll(&mut Context::from_waker(Waker::noop())))
+        });
+        match polled {
+            Poll::Ready(reply) => reply.map(Either3::A),
+            Poll::Pending => env.spawn_future(work).map(Either3::B),
+        }
+    }
+
     fn check_open(&self) -> Result<()> {
         if self.closed.load(Ordering::Acquire) {
             return Err(Error::from_reason("this engine is closed"));
@@ -354,10 +373,10 @@ impl NativeEngine {
         self.shared.check_open()?;
         let name = match self.shared.key(tool, key) {
             Ok(name) => name,
-            Err(refused) => return Ok(Either::A(refused.to_string())),
+            Err(refused) => return Ok(Either3::A(refused.to_string())),
         };
         let work = work(Arc::clone(&self.shared), name);
-        now_or_later(env, async move {
+        self.shared.now_or_later(env, async move {
             Ok(work
                 .await
                 .unwrap_or_else(|e| reply::engine_error(&e))
@@ -397,7 +416,7 @@ impl NativeEngine {
     /// the function of an observed call of the same tool (`withinObserved`). In observe mode a
     /// call enforce mode would have answered without running gets `{"pass_through": true,
     /// "observed": verdict}`.
-    #[napi(ts_return_type = "string | Promise<string>")]
+    #[napi(ts_return_type = "string | Promise<string> | number")]
     #[allow(clippy::too_many_arguments)] // the call's fields, each one argument (see `CallInit`)
     pub fn begin<'env>(
         &self,
@@ -434,10 +453,10 @@ impl NativeEngine {
         ));
         let (call, policy) = match self.shared.call(call)? {
             Ok(call) => call,
-            Err(refused) => return Ok(Either::A(refused.to_string())),
+            Err(refused) => return Ok(Either3::A(refused.to_string())),
         };
         let shared = Arc::clone(&self.shared);
-        now_or_later(env, async move {
+        self.shared.now_or_later(env, async move {
             let begun = shared
                 .engine
                 .begin(call, &policy)
@@ -479,7 +498,7 @@ impl NativeEngine {
     /// text, `not_applied`/`ambiguous` with a message) and answers. A body the engine cannot
     /// read as JSON makes the record unknown at once (the function ran) and answers the error
     /// `not_json`.
-    #[napi(ts_return_type = "string | Promise<string>")]
+    #[napi(ts_return_type = "string | Promise<string> | number")]
     pub fn finish<'env>(
         &self,
         env: &'env Env,
@@ -529,7 +548,7 @@ impl NativeEngine {
         self.shared.leases.drop_lease(lease);
         let shared = Arc::clone(&self.shared);
         trace.effect_done();
-        now_or_later(env, async move {
+        self.shared.now_or_later(env, async move {
             let answer = shared
                 .engine
                 .finish(&ticket, reported)
@@ -589,7 +608,7 @@ impl NativeEngine {
 
     /// The state of the record of `(tool, key)`: `{state, fence}` (`in_flight`, `completed`,
     /// `unknown`), `null` when there is none, or an error.
-    #[napi(ts_return_type = "string | Promise<string>")]
+    #[napi(ts_return_type = "string | Promise<string> | number")]
     pub fn record_state<'env>(
         &self,
         env: &'env Env,
@@ -609,7 +628,7 @@ impl NativeEngine {
 
     /// The record of `(tool, key)` as `idemgate keys show --json` shows it (the outcome's
     /// content and body as JSON), `null` when there is none, or an error.
-    #[napi(ts_return_type = "string | Promise<string>")]
+    #[napi(ts_return_type = "string | Promise<string> | number")]
     pub fn record<'env>(&self, env: &'env Env, tool: String, key: String) -> Result<Reply<'env>> {
         self.on_record(env, &tool, &key, |shared, name| async move {
             let record = shared.engine.get(&name).await?;
@@ -620,7 +639,7 @@ impl NativeEngine {
     /// This tenant's records, oldest first, as a JSON array of `record`'s shape: only `tool`'s,
     /// only those in `state` (`in_flight`, `completed`, `unknown`), only those made in `scope`,
     /// at most `limit` (0: all); or an error.
-    #[napi(ts_return_type = "string | Promise<string>")]
+    #[napi(ts_return_type = "string | Promise<string> | number")]
     pub fn records<'env>(
         &self,
         env: &'env Env,
@@ -647,7 +666,7 @@ impl NativeEngine {
             ..idemgate::ListFilter::default()
         };
         let shared = Arc::clone(&self.shared);
-        now_or_later(env, async move {
+        self.shared.now_or_later(env, async move {
             let views = async {
                 let mut views = Vec::new();
                 for r in shared.engine.list(&filter).await? {
@@ -667,7 +686,7 @@ impl NativeEngine {
     /// `ttl` seconds (default: the engine's default TTL) and marked as an operator's resolution, or `release` (it did
     /// not happen: the next call runs). `by` and `reason` go into the audit log. The record after
     /// (`null` once released), or an error (`not_found`, `not_resolvable`...).
-    #[napi(ts_return_type = "string | Promise<string>")]
+    #[napi(ts_return_type = "string | Promise<string> | number")]
     #[allow(clippy::too_many_arguments)] // the package's options, each one argument
     pub fn resolve<'env>(
         &self,
@@ -703,7 +722,7 @@ impl NativeEngine {
     /// Reopens the completed, expired or unknown record of `(tool, key)` at `fence`, so the next call runs
     /// the action again; `by` and `reason` go into the audit log. `{"was": "completed"}` (or
     /// `unknown`), or an error (`not_found`, `not_resolvable`: in flight, or its fence moved on).
-    #[napi(ts_return_type = "string | Promise<string>")]
+    #[napi(ts_return_type = "string | Promise<string> | number")]
     pub fn reopen<'env>(
         &self,
         env: &'env Env,
@@ -721,6 +740,65 @@ impl NativeEngine {
                 .await?;
             Ok(json!({ "was": was.to_string() }))
         })
+    }
+
+    /// Where the package connects the socket that carries this engine's Redis commands
+    /// (carried.rs); `null` when the store has no such link (not Redis, or a URL that needs the
+    /// shared connection: Cluster, Sentinel, TLS, RESP3).
+    #[napi]
+    pub fn carried_target(&self) -> Option<CarriedTarget> {
+        self.shared.carried.as_deref().map(CarriedTarget::of)
+    }
+
+    /// The package's socket connected: the connection's setup is queued (`carriedOutput`), and
+    /// calls use it from now on.
+    #[napi]
+    pub fn carried_connected(&self) {
+        if let Some(link) = &self.shared.carried {
+            link.connected();
+        }
+    }
+
+    /// The bytes to write to the socket now, if any.
+    #[napi]
+    pub fn carried_output(&self) -> Option<Buffer> {
+        self.shared
+            .carried
+            .as_ref()
+            .and_then(|link| link.take_output())
+            .map(Buffer::from)
+    }
+
+    /// Bytes read from the socket: the parked calls they woke, for `resume`; and, when they
+    /// broke the link, why (the package closes the socket).
+    #[napi]
+    pub fn carried_input(&self, bytes: &[u8]) -> CarriedRead {
+        let broken = match &self.shared.carried {
+            Some(link) => link.input(bytes).err(),
+            None => Some("this engine has no carried connection".to_owned()),
+        };
+        CarriedRead {
+            woken: self.shared.parked.woken(),
+            broken,
+        }
+    }
+
+    /// The socket failed or closed (`why`): the commands still waiting fail as over a lost
+    /// connection, and calls use the shared connection until the package connects again.
+    /// Returns the parked calls to resume.
+    #[napi]
+    pub fn carried_broken(&self, why: String) -> Vec<u32> {
+        if let Some(link) = &self.shared.carried {
+            link.broken(&why);
+        }
+        self.shared.parked.woken()
+    }
+
+    /// Polls the parked call `id` again, on Node's thread: its reply, a promise of it, or its
+    /// number again while it still waits; `null` when no call is parked under it.
+    #[napi(ts_return_type = "string | Promise<string> | number | null")]
+    pub fn resume<'env>(&self, env: &'env Env, id: u32) -> Result<Option<Reply<'env>>> {
+        self.shared.parked.resume(env, id)
     }
 
     /// Stops the journal flusher; later calls reject. Calls still running finish and are

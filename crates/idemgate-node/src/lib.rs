@@ -1,9 +1,11 @@
 #![doc = include_str!("../README.md")]
 
+mod carried;
 mod engine;
 mod keys;
 mod reply;
 
+pub use carried::{CarriedRead, CarriedTarget};
 pub use engine::{flush_traces, open_engine, tracing, NativeEngine};
 pub use keys::{
     check_key, derive_key, fingerprint, invocation_scope, mint_key, name_action, verdict_labels,

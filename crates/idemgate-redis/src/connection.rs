@@ -2,6 +2,7 @@
 //! the primary that Sentinel names; a script's call with its `WAIT`; and the persistence check.
 
 use super::*;
+use crate::carried::CarriedConn;
 use crate::direct::DirectConn;
 
 /// The connection of a store: one server (or a primary behind replicas) through a reconnecting
@@ -14,6 +15,8 @@ pub(crate) enum Conn {
     Cluster(ClusterConnection),
     /// A waiting caller's own connection to the single server (direct.rs).
     Direct(DirectConn),
+    /// The connection to the single server an event loop carries (carried.rs).
+    Carried(CarriedConn),
 }
 
 /// How a store reaches Redis: a fixed connection, or the primary that the sentinels name.
@@ -179,6 +182,7 @@ impl ConnectionLike for Conn {
             Conn::Single(c) => c.req_packed_command(cmd),
             Conn::Cluster(c) => c.req_packed_command(cmd),
             Conn::Direct(c) => c.req_packed_command(cmd),
+            Conn::Carried(c) => c.req_packed_command(cmd),
         }
     }
 
@@ -192,6 +196,7 @@ impl ConnectionLike for Conn {
             Conn::Single(c) => c.req_packed_commands(cmd, offset, count),
             Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
             Conn::Direct(c) => c.req_packed_commands(cmd, offset, count),
+            Conn::Carried(c) => c.req_packed_commands(cmd, offset, count),
         }
     }
 
@@ -200,6 +205,7 @@ impl ConnectionLike for Conn {
             Conn::Single(c) => c.get_db(),
             Conn::Cluster(c) => c.get_db(),
             Conn::Direct(c) => c.get_db(),
+            Conn::Carried(c) => c.get_db(),
         }
     }
 }
@@ -215,6 +221,7 @@ impl Conn {
         match self {
             Conn::Single(c) => pipe.query_async(c).await,
             Conn::Direct(c) => pipe.query_async(c).await,
+            Conn::Carried(c) => pipe.query_async(c).await,
             Conn::Cluster(c) => {
                 let route = SingleNodeRoutingInfo::SpecificNode(Route::with_key(
                     key.as_bytes(),
@@ -232,7 +239,7 @@ impl Conn {
     /// The nodes to scan: `[None]` for a single server, every master of a cluster.
     pub(crate) async fn masters(&mut self) -> RedisResult<Vec<Option<Node>>> {
         match self {
-            Conn::Single(_) | Conn::Direct(_) => Ok(vec![None]),
+            Conn::Single(_) | Conn::Direct(_) | Conn::Carried(_) => Ok(vec![None]),
             Conn::Cluster(c) => {
                 let all = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
                 let replies = c.route_command(redis::cmd("PING"), all).await?;
@@ -295,6 +302,7 @@ impl Conn {
         match self {
             Conn::Single(c) => Ok(vec![(None, cmd.query_async(c).await?)]),
             Conn::Direct(c) => Ok(vec![(None, cmd.query_async(c).await?)]),
+            Conn::Carried(c) => Ok(vec![(None, cmd.query_async(c).await?)]),
             Conn::Cluster(c) => {
                 let all = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllNodes, None));
                 let replies = c.route_command(cmd, all).await?;

@@ -163,19 +163,8 @@ impl Direct {
             broken: false,
             pid: std::process::id(),
         };
-        if let Some(password) = settings.password() {
-            let mut auth = redis::cmd("AUTH");
-            if let Some(user) = settings.username() {
-                auth.arg(user);
-            }
-            auth.arg(password);
-            direct
-                .request(&auth.get_packed_command())?
-                .extract_error()?;
-        }
-        if settings.db() != 0 {
-            let select = redis::cmd("SELECT").arg(settings.db()).get_packed_command();
-            direct.request(&select)?.extract_error()?;
+        for command in crate::carried::setup_commands(&target.info) {
+            direct.request(&command)?.extract_error()?;
         }
         Ok(direct)
     }

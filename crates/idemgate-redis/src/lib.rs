@@ -1,5 +1,6 @@
 #![doc = include_str!("../README.md")]
 
+mod carried;
 mod connection;
 mod direct;
 mod error;
@@ -17,6 +18,7 @@ use std::time::Duration;
 
 pub use idemgate_core::ReservePath;
 
+pub use crate::carried::{Address as CarriedAddress, CarriedLink};
 pub use crate::options::RedisOptions;
 
 use idemgate_core::key::hex;
@@ -39,6 +41,7 @@ use redis::{
     ToRedisArgs, Value,
 };
 
+use crate::carried::CarriedConn;
 use crate::connection::{check_persistence, Conn, Invocation, Link, Node, Pinned, SentinelLink};
 use crate::error::{classify, corrupt};
 use crate::options::{check_prefix, cluster_nodes, parse_url, redact, sentinel_parts};
@@ -134,6 +137,8 @@ struct Inner {
     _subscriber: tokio::sync::oneshot::Sender<()>,
     /// Where a waiting caller's own connection goes (direct.rs), when the URL allows one.
     direct: Option<direct::Target>,
+    /// The connection an event loop carries (carried.rs), when the URL allows one.
+    carried: Option<Arc<CarriedLink>>,
 }
 
 impl fmt::Debug for RedisStore {
@@ -194,6 +199,7 @@ impl RedisStore {
             .set_number_of_retries(4)
             .set_max_delay(Duration::from_millis(500));
         let mut direct = None;
+        let mut carried = None;
         let (link, source) = if let Some(nodes) = cluster_nodes(&url)? {
             let source = wake::Source::Nodes(nodes.clone());
             let mut builder = ClusterClient::builder(nodes).retries(4).max_retry_wait(500);
@@ -232,6 +238,12 @@ impl RedisStore {
                 options.connection_timeout,
                 response_timeout,
             );
+            carried = CarriedLink::of(
+                client.get_connection_info(),
+                options.connection_timeout,
+                response_timeout,
+            )
+            .map(Arc::new);
             let conn = ConnectionManager::new_with_config(client, config)
                 .await
                 .map_err(unreachable)?;
@@ -268,6 +280,7 @@ impl RedisStore {
                 listening,
                 _subscriber: subscriber,
                 direct,
+                carried,
             }),
         })
     }
@@ -276,6 +289,13 @@ impl RedisStore {
     /// hash tag. Its length is fixed whatever the client key.
     pub fn record_key(&self, key: &Key) -> String {
         record_key(&self.inner.options.key_prefix, key)
+    }
+
+    /// The connection an event loop may carry for this store (carried.rs): the package of an
+    /// event-loop language connects it and hands its bytes back and forth; `None` for a URL that
+    /// needs the shared connection (Cluster, Sentinel, TLS, RESP3).
+    pub fn carried_link(&self) -> Option<Arc<CarriedLink>> {
+        self.inner.carried.clone()
     }
 
     /// The settings in force.
@@ -303,7 +323,15 @@ impl RedisStore {
     /// A caller that waits on its own thread (`idemgate_core::caller::waiting`) gets its own
     /// connection there instead (direct.rs), where the URL allows one.
     async fn conn(&self) -> Result<Pinned> {
-        // Only a single server's URL has a target (see `connect_with`).
+        // Only a single server's URL has a target or a carried link (see `connect_with`).
+        if let Some(link) = &self.inner.carried {
+            if idemgate_core::caller::is_on_loop() && link.is_up() {
+                return Ok(Pinned {
+                    conn: Conn::Carried(CarriedConn(Arc::clone(link))),
+                    generation: None,
+                });
+            }
+        }
         if let Some(target) = &self.inner.direct {
             if idemgate_core::caller::waits() {
                 let conn = direct::mine(&self.inner, target).map_err(|e| {
