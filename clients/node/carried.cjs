@@ -30,11 +30,15 @@ class Carried {
   constructor(native, target) {
     this.#n = native;
     this.#target = target;
+    // A parked call woken by anything but a reply (a timer, a racing call's end) is resumed too.
+    native.carriedOnWake(() => this.#woken());
   }
 
   /** Connects the socket (at once, or `RECONNECT_AFTER_MS` after the last failure); resolves
-   * once it is up or failed: either way calls go on, on the shared connection meanwhile. */
-  connect() {
+   * once it is up or failed: either way calls go on, on the shared connection meanwhile.
+   * `awaited`: the caller waits for it (`Engine.open`), so it keeps the process alive; a
+   * reconnection in the background does not. */
+  connect(awaited = false) {
     if (this.#closed || this.#socket !== null) return Promise.resolve();
     if (this.#connecting) return this.#connecting;
     const now = performance.now();
@@ -44,10 +48,15 @@ class Carried {
     this.#connecting = new Promise((resolve) => {
       const socket = t.path ? net.connect({ path: t.path }) : net.connect({ host: t.host, port: t.port });
       socket.setNoDelay(true);
+      socket.setKeepAlive(true, 30_000); // a half-dead idle connection is found before a call
       let why = 'the connection closed';
       const timer = t.connectTimeoutMs
         ? setTimeout(() => socket.destroy(new Error(`no connection within ${t.connectTimeoutMs} ms`)), t.connectTimeoutMs)
         : null;
+      if (!awaited) {
+        socket.unref();
+        timer?.unref();
+      }
       socket.once('connect', () => {
         clearTimeout(timer);
         this.#connecting = null;
@@ -93,10 +102,11 @@ class Carried {
     return promise;
   }
 
-  /** After the calls running now, no new ones: the socket closes once none waits. */
+  /** After the calls running now, no new ones: the socket closes once none waits (a call whose
+   * function still runs records its outcome over the shared connection). */
   close() {
     this.#closed = true;
-    if (this.#waiting.size === 0) this.#socket?.end();
+    if (this.#waiting.size === 0 && this.#socket !== null) this.#giveUp(this.#socket, 'the engine was closed');
   }
 
   // Writes what the engine queued, once for all the calls of this turn of the loop.
@@ -111,7 +121,10 @@ class Carried {
 
   #flush() {
     const bytes = this.#n.carriedOutput();
-    if (bytes && this.#socket) this.#socket.write(bytes);
+    const socket = this.#socket;
+    // A socket given up is out of use at once (`#giveUp`), so nothing is queued for it; checked
+    // all the same, since a write after `end()` throws.
+    if (bytes && socket !== null && !socket.destroyed && !socket.writableEnded) socket.write(bytes);
   }
 
   // A call now waits: the socket keeps the process alive, and a reply must come in time.
@@ -128,7 +141,7 @@ class Carried {
       clearTimeout(this.#timer);
       this.#timer = null;
     }
-    if (this.#closed) this.#socket?.end();
+    if (this.#closed && this.#socket !== null) this.#giveUp(this.#socket, 'the engine was closed');
   }
 
   // Gives the socket up once a call has waited the response timeout with no reply read.
@@ -142,7 +155,8 @@ class Carried {
         this.#arm(limit - waited);
         return;
       }
-      this.#socket?.destroy(new Error(`no reply from redis within ${limit} ms`));
+      const why = `no reply from redis within ${limit} ms`;
+      if (this.#socket !== null) this.#giveUp(this.#socket, why, new Error(why));
     }, delay);
     this.#timer.unref();
   }
@@ -151,10 +165,25 @@ class Carried {
     if (socket !== this.#socket) return;
     this.#lastProgress = performance.now();
     const { woken, broken } = this.#n.carriedInput(chunk);
+    if (broken) this.#giveUp(socket, broken, new Error(broken));
     for (const id of woken) this.#resume(id);
-    if (broken) socket.destroy(new Error(broken));
-    else this.#flush();
+    this.#flush();
     if (this.#waiting.size === 0) this.#idle();
+  }
+
+  // The calls woken by anything but a reply (see the constructor).
+  #woken() {
+    for (const id of this.#n.carriedWoken()) this.#resume(id);
+    this.#flush();
+    if (this.#waiting.size === 0) this.#idle();
+  }
+
+  // Takes the socket out of use at once (the engine stops queueing on it, and what waits on it
+  // fails), then closes it: its 'close' event comes later.
+  #giveUp(socket, why, error) {
+    this.#lost(socket, why);
+    if (error) socket.destroy(error);
+    else socket.end();
   }
 
   #lost(socket, why) {

@@ -7,6 +7,11 @@ const native = require('./native.cjs');
 const { Carried } = require('./carried.cjs');
 const { errorOf, Failed, NotApplied, OutcomeNotRecorded, OutcomeUnknown } = require('./errors.cjs');
 
+/** `Engine`'s call as `idempotent` makes it (see `Engine[RUN]`): not part of the API. */
+const RUN = Symbol('idemgate.run');
+/** The first character of the addon's lean reply that is a replay's stored value ('v'). */
+const LEAN_VALUE = 0x76;
+
 /** The downstream key of the call whose function runs in this async context (see `currentKey`). */
 const current = new AsyncLocalStorage();
 // The tool of the observed call whose function runs (observe mode): a call of the same tool inside
@@ -239,7 +244,7 @@ class Engine {
     let carried = null;
     if (target) {
       carried = new Carried(n, target);
-      await carried.connect();
+      await carried.connect(true);
     }
     return new Engine(n, { tools, default: defaultPolicy }, carried);
   }
@@ -330,24 +335,42 @@ class Engine {
    * the key is released and the function never runs. */
   call(tool, key, args, fn, { scope, signal, callId, ...overrides } = {}) {
     if (signal?.aborted) return Promise.reject(signal.reason);
-    const work = this.#call(tool, key ?? null, args, fn, scope ?? null, overrides, signal, callId);
+    let policy;
+    try {
+      policy = policyJson(this.policy(tool, overrides));
+    } catch (e) {
+      return Promise.reject(e);
+    }
+    const work = this.#run(tool, key, args, fn, scope, policy, signal, callId, false);
     return untilAborted(work, signal);
   }
 
-  async #call(tool, key, args, fn, scope, overrides, signal, callId) {
+  /** `call` as `idempotent`'s wrapper makes it: the tool's policy already as JSON text (see
+   * `policyJson`), and with `lean` the promise of the value alone instead of a `Result`, which
+   * spares the addon the answer's explanation and the package the `Result`. */
+  [RUN](tool, key, args, fn, scope, policy, signal, lean) {
+    if (signal?.aborted) return Promise.reject(signal.reason);
+    return untilAborted(this.#run(tool, key, args, fn, scope, policy, signal, undefined, lean), signal);
+  }
+
+  async #run(tool, key, args, fn, scope, policy, signal, callId, lean) {
     const n = this.#native;
-    const argsJson = args === undefined ? null : jsonText(args);
-    const policy = policyJson(this.policy(tool, overrides));
+    const argsJson = args === undefined ? undefined : jsonText(args);
     const trace = callerTrace();
     if (this.#carried !== null && !this.#carried.up) this.#carried.connect(); // back once it is
-    const begun = parsed(await this.#later(n.begin(tool, key ?? undefined, argsJson ?? undefined, policy,
-      scope ?? undefined, callId ?? undefined, trace?.traceparent, trace?.tracestate, observedTool.getStore() === tool)));
+    let begin = n.begin(tool, key ?? undefined, argsJson, policy, scope ?? undefined, callId ?? undefined,
+      trace?.traceparent, trace?.tracestate, observedTool.getStore() === tool, lean);
+    // An answer the addon had at once is not awaited: that would cost a turn of the microtasks.
+    if (typeof begin !== 'string') begin = await this.#later(begin);
+    if (lean && begin.charCodeAt(0) === LEAN_VALUE) return JSON.parse(begin.slice(1)); // a replay
+    const begun = parsed(begin);
     if (begun.pass_through) {
       // Observe mode: a call of this tool inside the function (the window inside a call id's
       // record) is this same call, observed once.
       const value = begun.observed === undefined
         ? await fn()
         : await observedTool.run(tool, () => (begun.digest ? current.run(begun.digest, fn) : fn()));
+      if (lean) return value;
       // `observed`: observe mode ran a call enforce mode would have answered so (`replayed`...).
       return new Result({
         value, executed: true, replayed: false, executedAt: null, expiresAt: null, rule: null,
@@ -355,7 +378,10 @@ class Engine {
         ...(begun.observed === undefined ? {} : { observed: begun.observed }),
       });
     }
-    if (begun.execute === undefined) return resultOf(begun, undefined, true); // a replay
+    if (begun.execute === undefined) {
+      const replayed = resultOf(begun, undefined, true);
+      return lean ? replayed.value : replayed;
+    }
     const ticket = begun.execute;
     if (signal?.aborted) {
       // The caller went away before the function ran: free the key at once.
@@ -395,12 +421,15 @@ class Engine {
     }
     let reply;
     try {
-      reply = parsed(await this.#later(n.finish(ticket, 'success', text)));
+      let finished = n.finish(ticket, 'success', text, lean);
+      if (typeof finished !== 'string') finished = await this.#later(finished);
+      if (lean && finished === '') return value; // recorded; the caller wants only the value
+      reply = parsed(finished);
     } catch (e) {
       if (e instanceof OutcomeNotRecorded) e.result = value;
       throw e;
     }
-    return resultOf(reply, value, false);
+    return lean ? value : resultOf(reply, value, false);
   }
 
   /** Stops the engine's journal flusher; later calls reject. Calls running now are recorded. */
@@ -435,7 +464,9 @@ function idempotent(engine, tool, fn, options = {}) {
   if (typeof tool !== 'string') throw new TypeError('idempotent(engine, tool, fn, options): tool must be a string');
   if (typeof fn !== 'function') throw new TypeError('idempotent(engine, tool, fn, options): fn must be a function');
   const { key, args, scope, signal, ...policy } = options;
-  const result = (...a) => {
+  // Once: an engine's policies do not change, and the addon reads the same text once.
+  const policyText = policyJson(engine.policy(tool, policy));
+  const run = (a, lean) => {
     let k;
     let payload;
     let s;
@@ -448,11 +479,11 @@ function idempotent(engine, tool, fn, options = {}) {
     } catch (e) {
       return Promise.reject(e);
     }
-    return engine.call(tool, k, payload, () => fn(...a), { ...policy, scope: s, signal: sig });
+    return engine[RUN](tool, k, payload, () => fn(...a), s, policyText, sig, lean);
   };
-  const wrapper = async (...a) => (await result(...a)).value;
+  const wrapper = (...a) => run(a, true);
   Object.defineProperty(wrapper, 'name', { value: fn.name || tool });
-  wrapper.result = result;
+  wrapper.result = (...a) => run(a, false);
   return wrapper;
 }
 

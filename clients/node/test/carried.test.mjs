@@ -7,7 +7,7 @@ import assert from 'node:assert/strict';
 import net from 'node:net';
 import { spawn } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
-import { Engine, idempotent, IdemgateError, OutcomeUnknown, InFlight } from '../index.mjs';
+import { Engine, idempotent, IdemgateError, StoreUnavailable } from '../index.mjs';
 import { unique, sqliteStore, within, REDIS_URL } from './helpers.mjs';
 
 const upstream = new URL(REDIS_URL);
@@ -39,7 +39,7 @@ async function proxy() {
         armed = null;
         if (how === 'after') dropReplies = true;
         if (how === 'hold') hold = true;
-        hit();
+        hit(conn);
       }
       redis.write(chunk);
     });
@@ -54,11 +54,11 @@ async function proxy() {
   });
   await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));
   return {
-    url: (prefix) => `redis://127.0.0.1:${server.address().port}?key_prefix=${prefix}:&allow_volatile=true`,
+    url: (prefix, db = '') => `redis://127.0.0.1:${server.address().port}/${db}?key_prefix=${prefix}:&allow_volatile=true`,
     connections,
     /** The connections Node's loop carries: the engine's own connections begin with redis-rs's
-     * `CLIENT SETINFO`; the carried link sends its first call's command first. */
-    carried: () => connections.filter((c) => c.first !== null && !c.first.includes('SETINFO')),
+     * `CLIENT SETINFO`; the carried link sends its setup or its first call's command first. */
+    carried: () => connections.filter(isCarried),
     cut(marker, how) {
       return new Promise((hit) => {
         armed = { marker, how, hit };
@@ -71,14 +71,18 @@ async function proxy() {
   };
 }
 
+const isCarried = (c) => c.first !== null && !c.first.includes('SETINFO');
+
 const proxies = [];
 after(() => proxies.forEach((p) => p.close()));
 
-async function engineBehindProxy() {
+async function engineBehindProxy(db = '') {
   const p = await proxy();
   proxies.push(p);
-  const engine = await Engine.open(p.url(unique('carried')), { journal: sqliteStore().journal, tenant: unique('t') });
-  return { p, engine };
+  const prefix = unique('carried');
+  const tenant = unique('t');
+  const engine = await Engine.open(p.url(prefix, db), { journal: sqliteStore().journal, tenant });
+  return { p, engine, prefix, tenant };
 }
 
 /** Calls `f` until `ready()` holds, within a generous deadline. */
@@ -110,7 +114,45 @@ describe('the Redis connection Node\'s loop carries', () => {
     engine.close();
   });
 
-  test('a reservation whose reply is lost never runs the function, and no retry runs it twice', async () => {
+  test('carries many calls at once, racing duplicates among them, each run once', async () => {
+    const { p, engine } = await engineBehindProxy();
+    const runs = new Map();
+    const charge = idempotent(engine, 'charge', async (n) => {
+      runs.set(n, (runs.get(n) ?? 0) + 1);
+      await new Promise((resolve) => setImmediate(resolve));
+      return { n };
+    }, { key: (n) => `order-${n}`, wait: 60 });
+    // 50 keys at once, each called three times in the same turn of the loop.
+    const calls = [];
+    for (let n = 0; n < 50; n++) for (let i = 0; i < 3; i++) calls.push(charge.result(n));
+    const results = await within(Promise.all(calls), 'every call to answer');
+    for (let n = 0; n < 50; n++) {
+      assert.equal(runs.get(n), 1, `key ${n} ran once`);
+      const mine = results.slice(n * 3, n * 3 + 3);
+      assert.equal(mine.filter((r) => r.executed).length, 1);
+      for (const r of mine) assert.deepEqual(r.value, { n });
+    }
+    assert.equal(p.carried().length, 1);
+    assert.ok(p.carried()[0].commands >= 100, 'the carried connection took the reservations and completions');
+    engine.close();
+  });
+
+  test('sets its connection up as the URL says: the database it names', async () => {
+    const { p, engine, prefix, tenant } = await engineBehindProxy('3');
+    const f = idempotent(engine, 'f', async () => 'stored in 3', { key: () => 'k' });
+    assert.equal(await f(), 'stored in 3');
+    const [carried] = p.carried();
+    assert.match(carried.first, /SELECT/, 'the setup goes first');
+    // Another engine straight on database 3 finds the record; one on database 0 does not.
+    const journal = sqliteStore().journal;
+    const in3 = await Engine.open(`${REDIS_URL}/3?key_prefix=${prefix}:&allow_volatile=true`, { journal, tenant });
+    const in0 = await Engine.open(`${REDIS_URL}/0?key_prefix=${prefix}:&allow_volatile=true`, { journal, tenant });
+    assert.equal((await in3.recordState('f', 'k'))?.state, 'completed');
+    assert.equal(await in0.recordState('f', 'k'), null);
+    for (const e of [engine, in3, in0]) e.close();
+  });
+
+  test('a reservation whose reply is lost never runs the function, and the retry runs it once', async () => {
     const { p, engine } = await engineBehindProxy();
     let runs = 0;
     const key = unique('pay');
@@ -120,23 +162,17 @@ describe('the Redis connection Node\'s loop carries', () => {
     }, { key: () => key, lease: 1, wait: 0 });
     const hit = p.cut(key, 'after');
     const first = await pay.result().then((r) => r, (e) => e);
-    await within(hit, 'the reservation to reach redis');
-    if (first instanceof Error) {
-      assert.ok(first instanceof IdemgateError, `told with an idemgate error, not ${first}`);
-      assert.equal(runs, 0, 'a reservation whose answer was lost never runs the function');
-    } else {
-      assert.equal(first.executed, true, 'or the engine took its own reservation back and ran once');
-    }
-    // However the first call ended, retries never run the function a second time.
-    for (let i = 0; i < 3; i++) {
-      const again = await pay.result().then((r) => r, (e) => e);
-      if (again instanceof Error) {
-        assert.ok(again instanceof InFlight || again instanceof OutcomeUnknown, `${again}`);
-      } else if (runs === 1 && !(first instanceof Error)) {
-        assert.equal(again.replayed, true);
-      }
-    }
-    assert.ok(runs <= 1, `ran ${runs} times`);
+    const conn = await within(hit, 'the reservation to reach redis');
+    assert.ok(isCarried(conn), 'the reservation went over the carried connection');
+    assert.ok(first instanceof StoreUnavailable, `told the store's answer was lost: ${first}`);
+    assert.match(first.message, /nothing ran/);
+    assert.equal(runs, 0, 'a reservation whose answer was lost never runs the function');
+    // The engine took its reservation back before it answered (it said nothing ran), so the
+    // next call runs the function, once, and the ones after it replay.
+    const retries = [];
+    for (let i = 0; i < 3; i++) retries.push(await pay.result());
+    assert.deepEqual(retries.map((r) => r.verdict), ['executed', 'replayed', 'replayed']);
+    assert.equal(runs, 1);
     engine.close();
   });
 
@@ -150,7 +186,8 @@ describe('the Redis connection Node\'s loop carries', () => {
     }, { key: () => 'mail-1' });
     const hit = p.cut(marker, 'after');
     const first = await send.result().then((r) => r, (e) => e);
-    await within(hit, 'the completion to reach redis');
+    const conn = await within(hit, 'the completion to reach redis');
+    assert.ok(isCarried(conn), 'the completion went over the carried connection');
     assert.equal(runs, 1);
     if (first instanceof Error) {
       assert.ok(first instanceof IdemgateError, `told with an idemgate error, not ${first}`);
@@ -176,19 +213,21 @@ describe('the Redis connection Node\'s loop carries', () => {
     }, { key: (k) => k, lease: 1, wait: 0 });
     const hit = p.cut(key, 'hold');
     const held = await within(open.result(key).then((r) => r, (e) => e), 'the held call to be given up', 30_000);
-    await within(hit, 'the held command to reach redis');
+    const heldConn = await within(hit, 'the held command to reach redis');
+    assert.ok(isCarried(heldConn), 'the held command went over the carried connection');
     assert.ok(held instanceof IdemgateError, `the held call is told: ${held}`);
     assert.match(held.message, /no reply from redis within 5000 ms/, 'after the store\'s response timeout');
     assert.equal(runs, 0, 'and its function never ran');
     // Calls go on meanwhile, and the loop connects a new socket within a second or so.
     let n = 0;
-    await until(() => p.carried().filter((c) => !c.closed).length === 1, 'a new carried connection', async () => {
+    const fresh = () => p.carried().find((c) => c !== heldConn && !c.closed);
+    await until(() => fresh() !== undefined, 'a new carried connection', async () => {
       assert.equal(await open(`later-${(n += 1)}`), `opened later-${n}`);
     });
     assert.equal(runs, n);
-    const before = p.carried().find((c) => !c.closed).commands;
+    const before = fresh().commands;
     assert.equal(await open('on-the-new-link'), 'opened on-the-new-link');
-    assert.ok(p.carried().find((c) => !c.closed).commands > before, 'the new link carries the calls');
+    assert.ok(fresh().commands > before, 'the new link carries the calls');
     engine.close();
   });
 

@@ -4,18 +4,25 @@
 //! runtime. When the reply comes in, the package polls the call again on Node's thread
 //! (`resume`). A round trip then costs Node's own write, wake-up and read: no hand-off to a
 //! runtime thread and back, which on a busy machine waits for a core each way.
+//!
+//! A parked call woken by anything else (a timer of the runtime's, a racing call's settling),
+//! that is, not while the package hands replies in, has the package told through a threadsafe
+//! function (`carriedOnWake`), at most one call of it pending at a time: the package then asks
+//! for the woken calls and resumes them.
 
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll, Wake, Waker};
 
 use idemgate::caller::{on_loop, without_blocking};
 use idemgate::redis::{CarriedAddress, CarriedLink};
 use napi::bindgen_prelude::{within_runtime_if_available, Either3};
-use napi::{Env, Result};
+use napi::threadsafe_function::{ThreadsafeFunction, ThreadsafeFunctionCallMode};
+use napi::{Env, Error, Result, Status};
 use napi_derive::napi;
 
 use crate::engine::Reply;
@@ -23,19 +30,45 @@ use crate::engine::Reply;
 /// A call's work to its reply's JSON text.
 pub(crate) type Work = Pin<Box<dyn Future<Output = Result<String>> + Send>>;
 
+/// The package's function that resumes woken calls (weak: it keeps no process alive).
+type WakeJs = ThreadsafeFunction<(), (), (), Status, false, true>;
+
 /// The calls waiting for a reply on the loop's connection, by the number the package holds.
 #[derive(Default)]
 pub(crate) struct Parked {
     calls: Mutex<HashMap<u32, Work>>,
-    /// The parked calls woken since the package last asked (a reply came in for them).
-    woken: Arc<Mutex<Vec<u32>>>,
+    wakes: Arc<Wakes>,
     next: AtomicU32,
+}
+
+/// The parked calls woken since the package last asked, and how to tell it of one woken
+/// elsewhere than while it hands replies in.
+#[derive(Default)]
+struct Wakes {
+    woken: Mutex<Vec<u32>>,
+    js: OnceLock<WakeJs>,
+    /// A call of `js` is pending: the next wake needs none.
+    told: AtomicBool,
+}
+
+thread_local! {
+    /// Node's thread is handing replies (or a lost connection) in: the calls they wake are
+    /// returned to the package right after, so it needs no telling.
+    static HANDING_IN: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `f` (the link taking replies in, on Node's thread) marked as `HANDING_IN`.
+pub(crate) fn handing_in<T>(f: impl FnOnce() -> T) -> T {
+    let before = HANDING_IN.with(|h| h.replace(true));
+    let out = f();
+    HANDING_IN.with(|h| h.set(before));
+    out
 }
 
 /// Notes a parked call as woken, for the package to poll it on Node's thread.
 struct Note {
     id: u32,
-    woken: Arc<Mutex<Vec<u32>>>,
+    wakes: Arc<Wakes>,
 }
 
 impl Wake for Note {
@@ -44,8 +77,14 @@ impl Wake for Note {
     }
 
     fn wake_by_ref(self: &Arc<Self>) {
-        if let Ok(mut woken) = self.woken.lock() {
+        if let Ok(mut woken) = self.wakes.woken.lock() {
             woken.push(self.id);
+        }
+        if HANDING_IN.with(Cell::get) || self.wakes.told.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        if let Some(js) = self.wakes.js.get() {
+            js.call((), ThreadsafeFunctionCallMode::NonBlocking);
         }
     }
 }
@@ -63,7 +102,7 @@ impl Parked {
         let id = id.unwrap_or_else(|| self.next.fetch_add(1, Ordering::Relaxed));
         let waker = Waker::from(Arc::new(Note {
             id,
-            woken: Arc::clone(&self.woken),
+            wakes: Arc::clone(&self.wakes),
         }));
         let (polled, awaits) = within_runtime_if_available(|| {
             without_blocking(|| on_loop(|| work.as_mut().poll(&mut Context::from_waker(&waker))))
@@ -71,9 +110,11 @@ impl Parked {
         match polled {
             Poll::Ready(reply) => reply.map(Either3::A),
             Poll::Pending if awaits => {
-                if let Ok(mut calls) = self.calls.lock() {
-                    calls.insert(id, work);
-                }
+                let mut calls = self
+                    .calls
+                    .lock()
+                    .map_err(|_| Error::from_reason("the parked calls' lock is poisoned"))?;
+                calls.insert(id, work);
                 Ok(Either3::C(id))
             }
             Poll::Pending => env.spawn_future(work).map(Either3::B),
@@ -90,9 +131,16 @@ impl Parked {
         work.map(|work| self.drive(env, work, Some(id))).transpose()
     }
 
+    /// Tells the package of calls woken elsewhere than while it hands replies in through `js`.
+    pub(crate) fn on_wake(&self, js: WakeJs) {
+        let _ = self.wakes.js.set(js);
+    }
+
     /// The parked calls woken since the last time, each once.
     pub(crate) fn woken(&self) -> Vec<u32> {
+        self.wakes.told.store(false, Ordering::Release);
         let mut woken = self
+            .wakes
             .woken
             .lock()
             .map(|mut w| std::mem::take(&mut *w))

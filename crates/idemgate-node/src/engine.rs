@@ -27,7 +27,7 @@ use napi_derive::napi;
 use serde_json::{json, Value};
 use tracing::Instrument as _;
 
-use crate::carried::{CarriedRead, CarriedTarget, Parked};
+use crate::carried::{handing_in, CarriedRead, CarriedTarget, Parked};
 use crate::reply;
 
 /// How often the journal of unconfirmed outcomes is flushed into the store.
@@ -56,7 +56,13 @@ struct Shared {
     carried: Option<Arc<CarriedLink>>,
     /// The calls waiting for a reply on it.
     parked: Parked,
+    /// Policies already read, by their JSON text: a wrapper sends the same text with every call,
+    /// and reading it again costs as much as naming the call.
+    policies: Mutex<HashMap<String, ToolPolicy>>,
 }
+
+/// How many policies `Shared::policies` keeps before it starts over (a program has a few).
+const POLICIES_KEPT: usize = 256;
 
 /// A fence as JavaScript gives it (a safe integer).
 fn fence_of(fence: i64) -> Result<u64> {
@@ -248,6 +254,7 @@ pub async fn open_engine(
             flusher: Mutex::new(Some(flusher)),
             carried,
             parked: Parked::default(),
+            policies: Mutex::new(HashMap::new()),
         }),
         url,
         journal,
@@ -288,9 +295,27 @@ impl Shared {
         Ok(())
     }
 
+    /// The policy of `json` (see `policy`), read once per text.
+    fn policy(&self, json: Option<&str>) -> Result<ToolPolicy> {
+        let Some(json) = json else {
+            return Ok(ToolPolicy::default());
+        };
+        if let Some(known) = self.policies.lock().ok().and_then(|p| p.get(json).cloned()) {
+            return Ok(known);
+        }
+        let read = policy(Some(json))?;
+        if let Ok(mut known) = self.policies.lock() {
+            if known.len() >= POLICIES_KEPT {
+                known.clear();
+            }
+            known.insert(json.to_owned(), read.clone());
+        }
+        Ok(read)
+    }
+
     /// The engine's call and its policy; a call the engine refuses is the error reply.
     fn call(&self, init: CallInit) -> Result<std::result::Result<(Call, ToolPolicy), Value>> {
-        let policy = policy(init.policy_json.as_deref())?;
+        let policy = self.policy(init.policy_json.as_deref())?;
         let call = || -> std::result::Result<Call, idemgate::EngineError> {
             let mut call = Call::new(self.tenant.clone(), ToolName::new(&init.tool)?);
             if let Some(key) = &init.key {
@@ -415,7 +440,8 @@ impl NativeEngine {
     /// call's span), the caller's W3C `traceparent` and `tracestate`, and whether it runs inside
     /// the function of an observed call of the same tool (`withinObserved`). In observe mode a
     /// call enforce mode would have answered without running gets `{"pass_through": true,
-    /// "observed": verdict}`.
+    /// "observed": verdict}`. `lean`: the caller wants only the value, so a replay of a success
+    /// is `v` and the stored value's JSON text (see `reply::lean`).
     #[napi(ts_return_type = "string | Promise<string> | number")]
     #[allow(clippy::too_many_arguments)] // the call's fields, each one argument (see `CallInit`)
     pub fn begin<'env>(
@@ -430,8 +456,10 @@ impl NativeEngine {
         traceparent: Option<String>,
         tracestate: Option<String>,
         within_observed: Option<bool>,
+        lean: Option<bool>,
     ) -> Result<Reply<'env>> {
         self.shared.check_open()?;
+        let lean = lean.unwrap_or(false);
         let call = CallInit {
             tool,
             key,
@@ -474,7 +502,10 @@ impl NativeEngine {
                     "digest": key.map(|k| idemgate::key::hex(&k.digest())),
                 })
                 .to_string(),
-                Ok(Begun::Answered(answer)) => reply::named_answer(&answer, &policy.identity),
+                Ok(Begun::Answered(answer)) => match lean.then(|| reply::lean(&answer)).flatten() {
+                    Some(value) => value,
+                    None => reply::named_answer(&answer, &policy.identity),
+                },
                 Ok(Begun::Execute(ticket)) => {
                     let mut facts = json!({
                         "key": ticket.key.key.as_str(),
@@ -497,7 +528,7 @@ impl NativeEngine {
     /// Records what the function of ticket `id` reported (`success`/`failed` with its JSON
     /// text, `not_applied`/`ambiguous` with a message) and answers. A body the engine cannot
     /// read as JSON makes the record unknown at once (the function ran) and answers the error
-    /// `not_json`.
+    /// `not_json`. `lean`: the caller needs no answer for a success, which is then `""`.
     #[napi(ts_return_type = "string | Promise<string> | number")]
     pub fn finish<'env>(
         &self,
@@ -505,7 +536,9 @@ impl NativeEngine {
         id: u32,
         kind: String,
         body: String,
+        lean: Option<bool>,
     ) -> Result<Reply<'env>> {
+        let lean = lean.unwrap_or(false);
         let running = self
             .shared
             .running
@@ -557,7 +590,10 @@ impl NativeEngine {
             trace.finished(&answer);
             Ok(match not_json {
                 Some(why) => json!({ "error": "not_json", "message": why }).to_string(),
-                None => reply::answer(&answer),
+                None => match lean.then(|| reply::lean(&answer)).flatten() {
+                    Some(nothing) => nothing,
+                    None => reply::answer(&answer),
+                },
             })
         })
     }
@@ -774,7 +810,7 @@ impl NativeEngine {
     #[napi]
     pub fn carried_input(&self, bytes: &[u8]) -> CarriedRead {
         let broken = match &self.shared.carried {
-            Some(link) => link.input(bytes).err(),
+            Some(link) => handing_in(|| link.input(bytes)).err(),
             None => Some("this engine has no carried connection".to_owned()),
         };
         CarriedRead {
@@ -789,8 +825,27 @@ impl NativeEngine {
     #[napi]
     pub fn carried_broken(&self, why: String) -> Vec<u32> {
         if let Some(link) = &self.shared.carried {
-            link.broken(&why);
+            handing_in(|| link.broken(&why));
         }
+        self.shared.parked.woken()
+    }
+
+    /// Calls `wake` (no arguments, on Node's thread) when a parked call was woken by anything
+    /// but the replies the package hands in: it then resumes `carriedWoken()`'s calls.
+    #[napi]
+    pub fn carried_on_wake(&self, wake: napi::bindgen_prelude::Function<(), ()>) -> Result<()> {
+        let js = wake
+            .build_threadsafe_function::<()>()
+            .weak::<true>()
+            .callee_handled::<false>()
+            .build()?;
+        self.shared.parked.on_wake(js);
+        Ok(())
+    }
+
+    /// The parked calls woken since the package last asked, to resume.
+    #[napi]
+    pub fn carried_woken(&self) -> Vec<u32> {
         self.shared.parked.woken()
     }
 

@@ -71,6 +71,32 @@ struct Facts<'a> {
     value_json: Option<&'a str>,
 }
 
+/// The first character of a lean reply that is a stored value (see [`lean`]); every other reply
+/// is a JSON object and starts with `{`.
+pub(crate) const LEAN_VALUE: char = 'v';
+
+/// The lean reply of an answer, for a caller that wants only the value (the package's
+/// `idempotent` wrapper), when the answer is a success the caller needs nothing else of: a
+/// replay's stored value as `v` and its JSON text; `""` for a call that ran (the caller has
+/// its function's value). `None` for the rest (errors, failures, pass-throughs), which get the
+/// whole reply. No explanation is built: it costs more than the rest of a replay.
+pub(crate) fn lean(answer: &Answer) -> Option<String> {
+    let outcome = match &answer.decision {
+        Decision::Executed { .. } => return Some(String::new()),
+        Decision::Replayed { outcome, .. } => outcome,
+        _ => return None,
+    };
+    if outcome.kind != OutcomeKind::Success {
+        return None;
+    }
+    let payload = Payload::of(outcome).ok()?;
+    let value = payload.to_json();
+    let mut text = String::with_capacity(value.get().len() + 1);
+    text.push(LEAN_VALUE);
+    text.push_str(value.get());
+    Some(text)
+}
+
 /// The reply of an answer as JSON text: its facts (a result), or the error of its verdict.
 pub(crate) fn answer(answer: &Answer) -> String {
     named_answer(answer, &[])

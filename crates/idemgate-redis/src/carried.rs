@@ -12,10 +12,12 @@
 //! (`input`) wakes the waiting future, which the loop polls again. Replies come in the order
 //! commands were written, so each one completes the oldest command still waiting.
 //!
-//! When the loop's socket fails, or a reply is not RESP, every command still waiting fails as a
-//! lost connection does (its outcome unknown: it may have run), and the link is down until the
-//! loop connects again (`connected`), which queues the connection's setup (`AUTH`, `SELECT`)
-//! ahead of any command.
+//! When the loop's socket fails, or a reply is not RESP, every command the loop took to write
+//! and still waiting fails as a lost connection does (its outcome unknown: it may have run); one
+//! still queued here, never handed to the loop, fails as a refused connection (it did not run),
+//! as does a command asked of a link that is down (the next step of an operation that began on
+//! it). The link is down until the loop connects again (`connected`), which queues the
+//! connection's setup (`AUTH`, `SELECT`) ahead of any command.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -24,7 +26,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use redis::{ConnectionAddr, ConnectionInfo, ErrorKind, ProtocolVersion, RedisError};
+use redis::{ConnectionAddr, ConnectionInfo, ProtocolVersion, RedisError};
 
 use super::*;
 
@@ -108,6 +110,18 @@ struct State {
     input: Vec<u8>,
     /// The commands written or queued, oldest first.
     waiting: VecDeque<Waiting>,
+    /// How many of `waiting`, from the front, the loop took to write (`take_output`): those may
+    /// have run when the connection is lost; the rest never left.
+    sent: usize,
+}
+
+/// The error of a command that never reached the server: refused, so the store knows it did not
+/// run.
+fn not_sent(why: &str) -> RedisError {
+    RedisError::from(std::io::Error::new(
+        std::io::ErrorKind::ConnectionRefused,
+        format!("the command was not sent: {why}"),
+    ))
 }
 
 /// A connection carried by the caller's event loop (see the module docs); the store holds one
@@ -194,6 +208,7 @@ impl CarriedLink {
         state.up = true;
         state.output.clear();
         state.input.clear();
+        state.sent = 0;
         for command in &self.setup {
             state.output.extend_from_slice(command);
             state.waiting.push_back(Waiting {
@@ -207,7 +222,11 @@ impl CarriedLink {
     /// The bytes to write now, if any.
     pub fn take_output(&self) -> Option<Vec<u8>> {
         let mut state = self.state();
-        (!state.output.is_empty()).then(|| std::mem::take(&mut state.output))
+        if state.output.is_empty() {
+            return None;
+        }
+        state.sent = state.waiting.len();
+        Some(std::mem::take(&mut state.output))
     }
 
     /// How many commands wait for their replies (the loop keeps its socket referenced, and a
@@ -255,12 +274,11 @@ impl CarriedLink {
         {
             let mut state = self.state();
             if !state.up {
-                // Never chosen down (`RedisStore::conn`), and the loop cannot close it inside
-                // a poll; nothing is sent.
-                return Box::pin(std::future::ready(Err(RedisError::from((
-                    ErrorKind::Io,
+                // A later step of an operation that began on the link (a script loaded after
+                // NOSCRIPT, the next page of a scan) after it broke: nothing is sent.
+                return Box::pin(std::future::ready(Err(not_sent(
                     "the event loop's connection is down",
-                )))));
+                ))));
             }
             state.output.extend_from_slice(bytes);
             state.waiting.push_back(Waiting {
@@ -319,6 +337,7 @@ fn replies(
         let Some(whole) = state.waiting.pop_front() else {
             continue;
         };
+        state.sent = state.sent.saturating_sub(1);
         match whole.to {
             Some(slot) => done.push((slot, Ok(whole.got))),
             None => {
@@ -337,12 +356,17 @@ fn broken(state: &mut State, why: &str, done: &mut Vec<(Arc<Slot>, RedisResult<V
     state.up = false;
     state.output.clear();
     state.input.clear();
-    for waiting in state.waiting.drain(..) {
+    let sent = std::mem::take(&mut state.sent);
+    for (at, waiting) in state.waiting.drain(..).enumerate() {
         if let Some(slot) = waiting.to {
-            let e = RedisError::from(std::io::Error::new(
-                std::io::ErrorKind::ConnectionAborted,
-                format!("the connection was lost before the reply came: {why}"),
-            ));
+            let e = if at < sent {
+                RedisError::from(std::io::Error::new(
+                    std::io::ErrorKind::ConnectionAborted,
+                    format!("the connection was lost before the reply came: {why}"),
+                ))
+            } else {
+                not_sent(why)
+            };
             done.push((slot, Err(e)));
         }
     }
@@ -372,7 +396,10 @@ fn frame(buf: &[u8], at: usize) -> std::result::Result<Option<usize>, String> {
         b'$' => match usize::try_from(length()?) {
             Err(_) => Ok(Some(line)), // a null bulk string
             Ok(n) => {
-                let end = line + n + 2;
+                let end = line
+                    .checked_add(n)
+                    .and_then(|e| e.checked_add(2))
+                    .ok_or_else(|| "redis sent a length too large to hold".to_owned())?;
                 Ok((buf.len() >= end).then_some(end))
             }
         },
@@ -441,6 +468,10 @@ mod tests {
         assert_eq!(frame(b"*-1\r\n", 0), Ok(Some(5)));
         assert!(frame(b"?x\r\n", 0).is_err());
         assert!(frame(b"$x\r\n", 0).is_err());
+        assert!(
+            frame(b"$18446744073709551615\r\n", 0).is_err(),
+            "no overflow"
+        );
     }
 
     #[test]
@@ -481,18 +512,34 @@ mod tests {
         let link = Arc::new(link());
         link.connected();
         let mut waiting = link.request(b"PING\r\n", 1);
+        assert!(link.take_output().is_some(), "the loop takes it to write");
+        let mut queued = link.request(b"PING\r\n", 1);
         link.broken("reset by peer");
         assert!(!link.is_up());
         let mut cx = Context::from_waker(Waker::noop());
+        let class = |e: &RedisError| crate::error::classify(e, "ping");
         match waiting.as_mut().poll(&mut cx) {
-            Poll::Ready(Err(e)) => assert!(e.is_io_error() || e.is_connection_dropped(), "{e}"),
+            Poll::Ready(Err(e)) => assert!(
+                matches!(class(&e), StoreError::Indeterminate(_)),
+                "a written command may have run: {e}"
+            ),
+            other => panic!("{other:?}"),
+        }
+        match queued.as_mut().poll(&mut cx) {
+            Poll::Ready(Err(e)) => assert!(
+                matches!(class(&e), StoreError::Unavailable(_)),
+                "one never handed to the loop did not: {e}"
+            ),
             other => panic!("{other:?}"),
         }
         let mut refused = link.request(b"PING\r\n", 1);
-        assert!(matches!(
-            refused.as_mut().poll(&mut cx),
-            Poll::Ready(Err(_))
-        ));
+        match refused.as_mut().poll(&mut cx) {
+            Poll::Ready(Err(e)) => assert!(
+                matches!(class(&e), StoreError::Unavailable(_)),
+                "nothing is sent on a link that is down: {e}"
+            ),
+            other => panic!("{other:?}"),
+        }
         assert_eq!(
             link.take_output(),
             None,
