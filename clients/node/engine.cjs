@@ -11,6 +11,9 @@ const { errorOf, Failed, NotApplied, OutcomeNotRecorded, OutcomeUnknown } = requ
 const RUN = Symbol('idemgate.run');
 /** The first character of the addon's lean reply that is a replay's stored value ('v'). */
 const LEAN_VALUE = 0x76;
+/** The first character of its lean reply that lets the call run ('x': `x<id> <digest>
+ * [<traceparent>]`). */
+const LEAN_EXECUTE = 0x78;
 
 /** The downstream key of the call whose function runs in this async context (see `currentKey`). */
 const current = new AsyncLocalStorage();
@@ -353,6 +356,21 @@ class Engine {
     return untilAborted(this.#run(tool, key, args, fn, scope, policy, signal, undefined, lean), signal);
   }
 
+  // Observe mode: the function runs, nothing is recorded. A call of this tool inside the
+  // function (the window inside a call id's record) is this same call, observed once.
+  async #passThrough(tool, fn, begun, lean) {
+    const value = begun.observed === undefined
+      ? await fn()
+      : await observedTool.run(tool, () => (begun.digest ? current.run(begun.digest, fn) : fn()));
+    if (lean) return value;
+    // `observed`: observe mode ran a call enforce mode would have answered so (`replayed`...).
+    return new Result({
+      value, executed: true, replayed: false, executedAt: null, expiresAt: null, rule: null,
+      key: null, verdict: 'pass_through', content: null, recording: null, explanation: null, forModel: null,
+      ...(begun.observed === undefined ? {} : { observed: begun.observed }),
+    });
+  }
+
   async #run(tool, key, args, fn, scope, policy, signal, callId, lean) {
     const n = this.#native;
     const argsJson = args === undefined ? undefined : jsonText(args);
@@ -362,27 +380,26 @@ class Engine {
       trace?.traceparent, trace?.tracestate, observedTool.getStore() === tool, lean);
     // An answer the addon had at once is not awaited: that would cost a turn of the microtasks.
     if (typeof begin !== 'string') begin = await this.#later(begin);
-    if (lean && begin.charCodeAt(0) === LEAN_VALUE) return JSON.parse(begin.slice(1)); // a replay
-    const begun = parsed(begin);
-    if (begun.pass_through) {
-      // Observe mode: a call of this tool inside the function (the window inside a call id's
-      // record) is this same call, observed once.
-      const value = begun.observed === undefined
-        ? await fn()
-        : await observedTool.run(tool, () => (begun.digest ? current.run(begun.digest, fn) : fn()));
-      if (lean) return value;
-      // `observed`: observe mode ran a call enforce mode would have answered so (`replayed`...).
-      return new Result({
-        value, executed: true, replayed: false, executedAt: null, expiresAt: null, rule: null,
-        key: null, verdict: 'pass_through', content: null, recording: null, explanation: null, forModel: null,
-        ...(begun.observed === undefined ? {} : { observed: begun.observed }),
-      });
+    let ticket;
+    let digest;
+    let traceparent;
+    const first = begin.charCodeAt(0);
+    if (lean && first === LEAN_VALUE) return JSON.parse(begin.slice(1)); // a replay
+    if (lean && first === LEAN_EXECUTE) {
+      const id = begin.indexOf(' ');
+      const tail = begin.indexOf(' ', id + 1);
+      ticket = Number(begin.slice(1, id));
+      digest = tail < 0 ? begin.slice(id + 1) : begin.slice(id + 1, tail);
+      traceparent = tail < 0 ? undefined : begin.slice(tail + 1);
+    } else {
+      const begun = parsed(begin);
+      if (begun.pass_through) return this.#passThrough(tool, fn, begun, lean);
+      if (begun.execute === undefined) {
+        const replayed = resultOf(begun, undefined, true);
+        return lean ? replayed.value : replayed;
+      }
+      ({ execute: ticket, digest, traceparent } = begun);
     }
-    if (begun.execute === undefined) {
-      const replayed = resultOf(begun, undefined, true);
-      return lean ? replayed.value : replayed;
-    }
-    const ticket = begun.execute;
     if (signal?.aborted) {
       // The caller went away before the function ran: free the key at once.
       await this.#later(n.finish(ticket, 'not_applied', 'the caller was cancelled before it ran'));
@@ -390,7 +407,7 @@ class Engine {
     }
     let value;
     try {
-      value = await current.run(begun.digest, () => inEffect(begun.traceparent, fn));
+      value = await current.run(digest, () => inEffect(traceparent, fn));
     } catch (e) {
       const [kind, body] = report(e);
       try {

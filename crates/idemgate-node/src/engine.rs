@@ -441,7 +441,9 @@ impl NativeEngine {
     /// the function of an observed call of the same tool (`withinObserved`). In observe mode a
     /// call enforce mode would have answered without running gets `{"pass_through": true,
     /// "observed": verdict}`. `lean`: the caller wants only the value, so a replay of a success
-    /// is `v` and the stored value's JSON text (see `reply::lean`).
+    /// is `v` and the stored value's JSON text (see `reply::lean`), and a call to run is `x`,
+    /// its ticket id, its digest and (when spans are exported) the traceparent its function
+    /// hands on, apart by spaces.
     #[napi(ts_return_type = "string | Promise<string> | number")]
     #[allow(clippy::too_many_arguments)] // the call's fields, each one argument (see `CallInit`)
     pub fn begin<'env>(
@@ -506,6 +508,19 @@ impl NativeEngine {
                     Some(value) => value,
                     None => reply::named_answer(&answer, &policy.identity),
                 },
+                Ok(Begun::Execute(ticket)) if lean => {
+                    // `x`, the ticket id, the digest and the traceparent the function hands on,
+                    // apart by spaces (see `reply::LEAN_EXECUTE`): no JSON to write or read.
+                    let digest = idemgate::key::hex(&ticket.key.digest());
+                    let out = trace.outgoing().map(|o| o.traceparent().to_owned());
+                    let id = shared.hold(ticket, trace);
+                    let mut text = format!("{}{id} {digest}", reply::LEAN_EXECUTE);
+                    if let Some(traceparent) = out {
+                        text.push(' ');
+                        text.push_str(&traceparent);
+                    }
+                    text
+                }
                 Ok(Begun::Execute(ticket)) => {
                     let mut facts = json!({
                         "key": ticket.key.key.as_str(),

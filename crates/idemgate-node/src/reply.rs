@@ -72,8 +72,11 @@ struct Facts<'a> {
 }
 
 /// The first character of a lean reply that is a stored value (see [`lean`]); every other reply
-/// is a JSON object and starts with `{`.
+/// is a JSON object and starts with `{`, but a lean call to run (`LEAN_EXECUTE`).
 pub(crate) const LEAN_VALUE: char = 'v';
+
+/// The first character of a lean reply that lets the call run (see `NativeEngine::begin`).
+pub(crate) const LEAN_EXECUTE: char = 'x';
 
 /// The lean reply of an answer, for a caller that wants only the value (the package's
 /// `idempotent` wrapper), when the answer is a success the caller needs nothing else of: a
