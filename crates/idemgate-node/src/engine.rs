@@ -216,7 +216,16 @@ pub async fn open_engine(
     let store = AnyStore::connect(&url)
         .await
         .map_err(|e| refused(reply::open_error(&url, &e)))?;
+    let in_memory = matches!(store, AnyStore::Memory(_));
     let mut engine = idemgate::Engine::new(store);
+    if in_memory {
+        // The store is this process's memory: a cache of its completed records would be a
+        // second copy, kept up on every call for nothing.
+        engine = engine.with_settings(idemgate::Settings {
+            replay_cache: 0,
+            ..idemgate::Settings::default()
+        });
+    }
     let mut journal = None;
     if engine.store().is_durable() {
         let file = FileJournal::open(&journal_dir).map_err(|e| {
