@@ -106,7 +106,14 @@ class Carried {
    * function still runs records its outcome over the shared connection). */
   close() {
     this.#closed = true;
-    if (this.#waiting.size === 0 && this.#socket !== null) this.#giveUp(this.#socket, 'the engine was closed');
+    if (this.#waiting.size === 0) this.#done();
+  }
+
+  // Closed and nothing waits: the socket goes, and the wake-up function the addon holds (it
+  // holds this link, which holds the native engine) is released, so the engine can be collected.
+  #done() {
+    if (this.#socket !== null) this.#giveUp(this.#socket, 'the engine was closed');
+    this.#n.carriedStopWaking();
   }
 
   // Writes what the engine queued, once for all the calls of this turn of the loop.
@@ -141,7 +148,7 @@ class Carried {
       clearTimeout(this.#timer);
       this.#timer = null;
     }
-    if (this.#closed && this.#socket !== null) this.#giveUp(this.#socket, 'the engine was closed');
+    if (this.#closed) this.#done();
   }
 
   // Gives the socket up once a call has waited the response timeout with no reply read.

@@ -6,6 +6,8 @@ import { test, describe, after } from 'node:test';
 import assert from 'node:assert/strict';
 import net from 'node:net';
 import { spawn } from 'node:child_process';
+import v8 from 'node:v8';
+import vm from 'node:vm';
 import { fileURLToPath } from 'node:url';
 import { Engine, idempotent, IdemgateError, StoreUnavailable } from '../index.mjs';
 import { unique, sqliteStore, within, REDIS_URL } from './helpers.mjs';
@@ -229,6 +231,24 @@ describe('the Redis connection Node\'s loop carries', () => {
     assert.equal(await open('on-the-new-link'), 'opened on-the-new-link');
     assert.ok(fresh().commands > before, 'the new link carries the calls');
     engine.close();
+  });
+
+  test('an engine dropped without close() is collected, its connections with it', async () => {
+    const p = await proxy();
+    proxies.push(p);
+    await (async () => {
+      const engine = await Engine.open(p.url(unique('dropped')), { journal: sqliteStore().journal, tenant: unique('t') });
+      const f = idempotent(engine, 'f', async () => 'done', { key: () => 'k' });
+      assert.equal(await f(), 'done');
+    })();
+    assert.equal(p.carried().length, 1);
+    // The engine, its native half and its sockets go once nothing holds them: collect until the
+    // proxy sees every connection closed, within a generous deadline.
+    v8.setFlagsFromString('--expose-gc');
+    const gc = vm.runInNewContext('gc');
+    await until(() => p.connections.every((c) => c.closed), 'the dropped engine\'s connections to close', async () => {
+      gc();
+    });
   });
 
   test('an engine with a connected link keeps no process alive once its calls are done', async () => {

@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 
 use idemgate::caller::{on_loop, without_blocking};
@@ -46,7 +46,10 @@ pub(crate) struct Parked {
 #[derive(Default)]
 struct Wakes {
     woken: Mutex<Vec<u32>>,
-    js: OnceLock<WakeJs>,
+    /// Dropped when the package is done with the link (`carried_stop_waking`): the function
+    /// holds the package's link, which holds this engine, so while it is held the engine is
+    /// never collected.
+    js: Mutex<Option<WakeJs>>,
     /// A call of `js` is pending: the next wake needs none.
     told: AtomicBool,
 }
@@ -83,7 +86,8 @@ impl Wake for Note {
         if HANDING_IN.with(Cell::get) || self.wakes.told.swap(true, Ordering::AcqRel) {
             return;
         }
-        if let Some(js) = self.wakes.js.get() {
+        let held = self.wakes.js.lock();
+        if let Some(js) = held.as_ref().ok().and_then(|js| js.as_ref()) {
             js.call((), ThreadsafeFunctionCallMode::NonBlocking);
         }
     }
@@ -132,8 +136,10 @@ impl Parked {
     }
 
     /// Tells the package of calls woken elsewhere than while it hands replies in through `js`.
-    pub(crate) fn on_wake(&self, js: WakeJs) {
-        let _ = self.wakes.js.set(js);
+    pub(crate) fn on_wake(&self, js: Option<WakeJs>) {
+        if let Ok(mut held) = self.wakes.js.lock() {
+            *held = js;
+        }
     }
 
     /// The parked calls woken since the last time, each once.

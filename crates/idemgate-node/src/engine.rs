@@ -861,8 +861,15 @@ impl NativeEngine {
             .weak::<true>()
             .callee_handled::<false>()
             .build()?;
-        self.shared.parked.on_wake(js);
+        self.shared.parked.on_wake(Some(js));
         Ok(())
+    }
+
+    /// The package is done with the link (its engine closed or collected): the function
+    /// `carriedOnWake` gave is released, so that nothing keeps this engine alive.
+    #[napi]
+    pub fn carried_stop_waking(&self) {
+        self.shared.parked.on_wake(None);
     }
 
     /// The parked calls woken since the package last asked, to resume.
