@@ -98,19 +98,34 @@ function jsonText(value) {
   });
 }
 
-/** What a function's exception tells the engine (the Python package's `_report`). */
+/** `e`'s name and message for a person, whatever was thrown (a value whose getters throw, an
+ * object without a prototype, a revoked Proxy): never throws. */
+function described(e) {
+  try {
+    const name = e?.constructor?.name ?? typeof e;
+    return `${name}: ${e?.message ?? String(e)}`;
+  } catch {
+    return `a thrown ${typeof e} that cannot be shown`;
+  }
+}
+
+/** What a function's exception tells the engine (the Python package's `_report`). Never
+ * throws: whatever the function threw, its outcome is recorded. */
 function report(e) {
-  if (e instanceof NotApplied) return ['not_applied', e.message || 'not applied'];
-  if (e instanceof Failed) {
-    try {
-      return ['failed', jsonText(e.result)];
-    } catch {
-      return ['failed', JSON.stringify(String(e.result))];
+  try {
+    if (e instanceof NotApplied) return ['not_applied', e.message || 'not applied'];
+    if (e instanceof Failed) {
+      try {
+        return ['failed', jsonText(e.result)];
+      } catch {
+        return ['failed', JSON.stringify(described(e.result))];
+      }
     }
+  } catch {
+    // A Proxy whose traps throw: what it was is unknown, so the work may have been done.
   }
   // MaybeApplied, and every other exception: the function may have done its work first.
-  const name = e?.constructor?.name ?? typeof e;
-  return ['ambiguous', `${name}: ${e?.message ?? String(e)}`.slice(0, 500)];
+  return ['ambiguous', described(e).slice(0, 500)];
 }
 
 /** The policy fields a call or a wrapper overrides, by the engine's names; `window` is
@@ -351,9 +366,9 @@ class Engine {
   /** `call` as `idempotent`'s wrapper makes it: the tool's policy already as JSON text (see
    * `policyJson`), and with `lean` the promise of the value alone instead of a `Result`, which
    * spares the addon the answer's explanation and the package the `Result`. */
-  [RUN](tool, key, args, fn, scope, policy, signal, lean) {
+  [RUN](tool, key, args, fn, scope, policy, signal, callId, lean) {
     if (signal?.aborted) return Promise.reject(signal.reason);
-    return untilAborted(this.#run(tool, key, args, fn, scope, policy, signal, undefined, lean), signal);
+    return untilAborted(this.#run(tool, key, args, fn, scope, policy, signal, callId, lean), signal);
   }
 
   // Observe mode: the function runs, nothing is recorded. A call of this tool inside the
@@ -414,7 +429,7 @@ class Engine {
         parsed(await this.#later(n.finish(ticket, kind, body)));
       } catch (recorded) {
         if (!(recorded instanceof NotApplied || recorded instanceof OutcomeUnknown || recorded instanceof Failed)
-            && e !== null && typeof e === 'object') {
+            && e !== null && typeof e === 'object' && Object.isExtensible(e)) {
           e.idemgateRecordingError = recorded; // the function's own exception wins
         }
       }
@@ -424,16 +439,15 @@ class Engine {
     try {
       text = jsonText(value);
     } catch (e) {
+      const why = described(e);
       try {
-        await this.#later(
-          n.finish(ticket, 'ambiguous', `the return value is not JSON: ${e.name}: ${e.message}`.slice(0, 500)),
-        );
+        await this.#later(n.finish(ticket, 'ambiguous', `the return value is not JSON: ${why}`.slice(0, 500)));
       } catch {
         // The TypeError below says the record is unknown; the store's own failure adds nothing.
       }
       throw new TypeError(
         `${tool}: the function ran, but its return value cannot be stored as JSON, so the record ` +
-          `is now unknown (resolve it with \`idemgate keys resolve\`): ${e.name}: ${e.message}`,
+          `is now unknown (resolve it with \`idemgate keys resolve\`): ${why}`,
       );
     }
     let reply;
@@ -475,28 +489,25 @@ const defaultArgs = (a) => ({ args: a, kwargs: {} });
  * `options.scope` a string or a function of the arguments (where the call was made);
  * `options.signal(...a)` the AbortSignal of a call; the policy fields (`kind`, `ttl`, `lease`,
  * `wait`, `window`/`fallbackWindow`, `onUnknown`, `tombstone`, `identity`, `mode`) override the
- * engine's for the tool. The wrapper returns a promise of the value (a replay: the stored one); `wrapper.result(...a)`
- * makes the same call and resolves to the whole `Result`, to tell a replay from a run. */
+ * engine's for the tool, read once, when the wrapper is made. The wrapper returns a promise of
+ * the value (a replay: the stored one); `wrapper.result(...a)` makes the same call and resolves
+ * to the whole `Result`, to tell a replay from a run. */
 function idempotent(engine, tool, fn, options = {}) {
   if (typeof tool !== 'string') throw new TypeError('idempotent(engine, tool, fn, options): tool must be a string');
   if (typeof fn !== 'function') throw new TypeError('idempotent(engine, tool, fn, options): fn must be a function');
-  const { key, args, scope, signal, ...policy } = options;
+  const { key, args, scope, signal, callId, ...policy } = options;
   // Once: an engine's policies do not change, and the addon reads the same text once.
   const policyText = policyJson(engine.policy(tool, policy));
   const run = (a, lean) => {
-    let k;
-    let payload;
-    let s;
-    let sig;
     try {
-      k = typeof key === 'function' ? key(...a) : key;
-      payload = args ? args(...a) : defaultArgs(a);
-      s = typeof scope === 'function' ? scope(...a) : scope;
-      sig = typeof signal === 'function' ? signal(...a) : signal;
+      const k = typeof key === 'function' ? key(...a) : key;
+      const payload = args ? args(...a) : defaultArgs(a);
+      const s = typeof scope === 'function' ? scope(...a) : scope;
+      const sig = typeof signal === 'function' ? signal(...a) : signal;
+      return engine[RUN](tool, k, payload, () => fn(...a), s, policyText, sig, callId, lean);
     } catch (e) {
       return Promise.reject(e);
     }
-    return engine[RUN](tool, k, payload, () => fn(...a), s, policyText, sig, lean);
   };
   const wrapper = (...a) => run(a, true);
   Object.defineProperty(wrapper, 'name', { value: fn.name || tool });

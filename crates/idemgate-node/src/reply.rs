@@ -81,9 +81,15 @@ pub(crate) const LEAN_EXECUTE: char = 'x';
 /// The lean reply of an answer, for a caller that wants only the value (the package's
 /// `idempotent` wrapper), when the answer is a success the caller needs nothing else of: a
 /// replay's stored value as `v` and its JSON text; `""` for a call that ran (the caller has
-/// its function's value). `None` for the rest (errors, failures, pass-throughs), which get the
-/// whole reply. No explanation is built: it costs more than the rest of a replay.
+/// its function's value, and its outcome is recorded). `None` for the rest (errors, among them
+/// an outcome not recorded; failures; pass-throughs), which get the whole reply. No
+/// explanation is built: it costs more than the rest of a replay.
 pub(crate) fn lean(answer: &Answer) -> Option<String> {
+    // A call that ran but whose outcome is not recorded (its lease lost, the store and the
+    // journal both refused) is an error the caller must be told of: the whole reply.
+    if Verdict::of_answer(answer).is_error() {
+        return None;
+    }
     let outcome = match &answer.decision {
         Decision::Executed { .. } => return Some(String::new()),
         Decision::Replayed { outcome, .. } => outcome,
