@@ -173,16 +173,12 @@ class Carried {
     this.#lastProgress = performance.now();
     const { woken, broken } = this.#n.carriedInput(chunk);
     if (broken) this.#giveUp(socket, broken, new Error(broken));
-    for (const id of woken) this.#resume(id);
-    this.#flush();
-    if (this.#waiting.size === 0) this.#idle();
+    this.#resumeAll(woken);
   }
 
   // The calls woken by anything but a reply (see the constructor).
   #woken() {
-    for (const id of this.#n.carriedWoken()) this.#resume(id);
-    this.#flush();
-    if (this.#waiting.size === 0) this.#idle();
+    this.#resumeAll(this.#n.carriedWoken());
   }
 
   // Takes the socket out of use at once (the engine stops queueing on it, and what waits on it
@@ -196,7 +192,13 @@ class Carried {
   #lost(socket, why) {
     if (socket !== this.#socket) return;
     this.#socket = null;
-    for (const id of this.#n.carriedBroken(why)) this.#resume(id);
+    this.#resumeAll(this.#n.carriedBroken(why));
+  }
+
+  // Resumes the woken calls `ids`, writes what they queued, and idles once none waits.
+  #resumeAll(ids) {
+    for (const id of ids) this.#resume(id);
+    this.#flush();
     if (this.#waiting.size === 0) this.#idle();
   }
 

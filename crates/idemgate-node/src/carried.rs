@@ -179,7 +179,7 @@ impl CarriedTarget {
             CarriedAddress::Tcp { host, port } => {
                 (Some(host.clone()), Some(u32::from(*port)), None)
             }
-            CarriedAddress::Unix(path) => (None, None, Some(path.clone())),
+            CarriedAddress::Unix(path) => (None, None, Some(path.display().to_string())),
         };
         CarriedTarget {
             host,

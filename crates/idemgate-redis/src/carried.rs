@@ -26,7 +26,9 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use redis::{ConnectionAddr, ConnectionInfo, ProtocolVersion, RedisError};
+use redis::{ConnectionInfo, RedisError};
+
+use crate::direct::Target;
 
 use super::*;
 
@@ -41,7 +43,7 @@ pub enum Address {
         port: u16,
     },
     /// A Unix socket's path.
-    Unix(String),
+    Unix(std::path::PathBuf),
 }
 
 /// One command (or pipeline) whose replies the link waits for.
@@ -145,34 +147,17 @@ impl fmt::Debug for CarriedLink {
 }
 
 impl CarriedLink {
-    /// The link for `info`, or `None` when its connection must stay the shared one (TLS, RESP3,
-    /// an address kind the loop does not speak).
-    pub(crate) fn of(
-        info: &ConnectionInfo,
-        connect_timeout: Option<Duration>,
-        response_timeout: Option<Duration>,
-    ) -> Option<CarriedLink> {
-        let address = match info.addr() {
-            ConnectionAddr::Tcp(host, port) => Address::Tcp {
-                host: host.clone(),
-                port: *port,
-            },
-            #[cfg(unix)]
-            ConnectionAddr::Unix(path) => Address::Unix(path.display().to_string()),
-            _ => return None,
-        };
-        let settings = info.redis_settings();
-        if settings.protocol() != ProtocolVersion::RESP2 {
-            return None;
-        }
-        Some(CarriedLink {
-            address,
-            setup: setup_commands(info),
-            db: settings.db(),
-            response_timeout,
-            connect_timeout,
+    /// The link to `target`: a URL that allows a connection of the caller's own (direct.rs)
+    /// allows one the loop carries, and for the same reasons.
+    pub(crate) fn of(target: &Target) -> CarriedLink {
+        CarriedLink {
+            address: target.address.clone(),
+            setup: setup_commands(&target.info),
+            db: target.info.redis_settings().db(),
+            response_timeout: target.response_timeout,
+            connect_timeout: target.connect_timeout,
             state: Mutex::new(State::default()),
-        })
+        }
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
@@ -454,7 +439,8 @@ mod tests {
 
     fn link() -> CarriedLink {
         let client = redis::Client::open("redis://127.0.0.1:6379/2").expect("url");
-        CarriedLink::of(client.get_connection_info(), None, None).expect("a plain link")
+        let target = Target::of(client.get_connection_info(), None, None).expect("a plain URL");
+        CarriedLink::of(&target)
     }
 
     #[test]

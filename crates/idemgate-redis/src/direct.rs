@@ -27,13 +27,16 @@ use std::time::Duration;
 use redis::{ConnectionAddr, ConnectionInfo, ErrorKind, Parser, ProtocolVersion, RedisError};
 
 use super::*;
+use crate::carried::Address;
 
-/// What a direct connection needs to reach the server, when the store's URL allows one.
+/// What a connection of the caller's own needs to reach the server, when the store's URL allows
+/// one: this module's, and the one an event loop carries (carried.rs).
 #[derive(Debug)]
 pub(crate) struct Target {
-    info: ConnectionInfo,
-    connect_timeout: Option<Duration>,
-    response_timeout: Option<Duration>,
+    pub(crate) address: Address,
+    pub(crate) info: ConnectionInfo,
+    pub(crate) connect_timeout: Option<Duration>,
+    pub(crate) response_timeout: Option<Duration>,
 }
 
 impl Target {
@@ -44,14 +47,18 @@ impl Target {
         connect_timeout: Option<Duration>,
         response_timeout: Option<Duration>,
     ) -> Option<Target> {
-        let plain = match info.addr() {
-            ConnectionAddr::Tcp(..) => true,
+        let address = match info.addr() {
+            ConnectionAddr::Tcp(host, port) => Address::Tcp {
+                host: host.clone(),
+                port: *port,
+            },
             #[cfg(unix)]
-            ConnectionAddr::Unix(_) => true,
-            _ => false,
+            ConnectionAddr::Unix(path) => Address::Unix(path.clone()),
+            _ => return None,
         };
         let resp2 = info.redis_settings().protocol() == ProtocolVersion::RESP2;
-        (plain && resp2).then(|| Target {
+        resp2.then(|| Target {
+            address,
             info: info.clone(),
             connect_timeout,
             response_timeout,
@@ -134,8 +141,8 @@ pub(crate) struct Direct {
 impl Direct {
     /// Connects and sets the connection up as the URL says (`AUTH`, `SELECT`).
     fn open(target: &Target) -> RedisResult<Direct> {
-        let socket = match target.info.addr() {
-            ConnectionAddr::Tcp(host, port) => {
+        let socket = match &target.address {
+            Address::Tcp { host, port } => {
                 let stream = match target.connect_timeout {
                     None => std::net::TcpStream::connect((host.as_str(), *port))?,
                     Some(timeout) => connect_tcp(host, *port, timeout)?,
@@ -144,10 +151,10 @@ impl Direct {
                 Socket::Tcp(stream)
             }
             #[cfg(unix)]
-            ConnectionAddr::Unix(path) => {
-                Socket::Unix(std::os::unix::net::UnixStream::connect(path)?)
-            }
-            _ => {
+            Address::Unix(path) => Socket::Unix(std::os::unix::net::UnixStream::connect(path)?),
+            // `Target::of` makes no Unix address where there are no Unix sockets.
+            #[cfg(not(unix))]
+            Address::Unix(_) => {
                 return Err(RedisError::from((
                     ErrorKind::InvalidClientConfig,
                     "no direct connection for this address",

@@ -238,12 +238,7 @@ impl RedisStore {
                 options.connection_timeout,
                 response_timeout,
             );
-            carried = CarriedLink::of(
-                client.get_connection_info(),
-                options.connection_timeout,
-                response_timeout,
-            )
-            .map(Arc::new);
+            carried = direct.as_ref().map(|t| Arc::new(CarriedLink::of(t)));
             let conn = ConnectionManager::new_with_config(client, config)
                 .await
                 .map_err(unreachable)?;
