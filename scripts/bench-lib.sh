@@ -13,6 +13,8 @@
 #     IDEMGATE_TEST_POSTGRES_URL.
 #   busy_load N: N processes that each spin a core for the whole run (a loaded machine anyone can
 #     reproduce); exports BENCH_LOAD=N for the bench's header.
+#   one_core: what starts from then on (private_redis, and the bench itself run under
+#     "${PINNED[@]}") runs on the first core only; exports BENCH_ONE_CORE=1 for the header.
 #   bench_header: one line saying when, on how many cores and at what load average.
 
 PRIVATE_STOPS=()
@@ -21,6 +23,12 @@ bench_stop() { for stop in "${PRIVATE_STOPS[@]}"; do "$stop"; done; }
 bench_header() {
   local load; read -r load _ < /proc/loadavg
   echo "$(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, load average $load${BENCH_LOAD:+, $BENCH_LOAD busy processes beside}"
+}
+
+PINNED=()
+one_core() {
+  PINNED=(taskset -c 0)
+  export BENCH_ONE_CORE=1
 }
 
 BUSY_PIDS=()
@@ -64,7 +72,8 @@ private_await() {
 private_redis() {
   PRIVATE_REDIS_DIR="$(mktemp -d /tmp/idemgate-bench-redis.XXXXXX)"
   local port; port="$(private_free_port)"
-  redis-server --port "$port" --bind 127.0.0.1 --dir "$PRIVATE_REDIS_DIR" --save "" \
+  # taskset execs the server: the pid recorded below is the server's.
+  "${PINNED[@]}" redis-server --port "$port" --bind 127.0.0.1 --dir "$PRIVATE_REDIS_DIR" --save "" \
     --appendonly yes --appendfsync everysec --daemonize no --logfile "$PRIVATE_REDIS_DIR/log" \
     </dev/null >/dev/null 2>&1 &
   PRIVATE_REDIS_PID=$!

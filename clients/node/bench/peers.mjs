@@ -25,6 +25,7 @@
 //   IDEMGATE_TEST_REDIS_URL (default redis://127.0.0.1:6379); keys have a prefix of their own;
 //   a server that keeps nothing (no append-only file) is used with idemgate's allow_volatile;
 //   BENCH_LOAD=<n> says in the header that n busy processes run beside (scripts/bench-node --load);
+//   BENCH_ONE_CORE=1 says that Node and Redis share one core (scripts/bench-node --one-core);
 //   BENCH_ONLY=<regex> times only the systems whose name matches (the baseline always runs).
 //   IDEMGATE_NODE_WORKER_THREADS sets the addon's runtime workers (default 1).
 import { mkdtempSync, rmSync } from 'node:fs';
@@ -176,7 +177,8 @@ const loadNote = () => {
   return `load average ${one.toFixed(1)} (5 min: ${five.toFixed(1)})`;
 };
 console.log(`${new Date().toISOString().slice(0, 16).replace('T', ' ')} UTC, ${availableParallelism()} cores, ` +
-  `${loadNote()}${LOAD ? `, ${LOAD} busy processes beside` : ''}; Redis ${REDIS} (${durability}); ` +
+  `${loadNote()}${LOAD ? `, ${LOAD} busy processes beside` : ''}; ` +
+  `${process.env.BENCH_ONE_CORE ? 'Node and Redis on the first core only; ' : ''}Redis ${REDIS} (${durability}); ` +
   `addon ${process.env.IDEMGATE_NODE_ADDON ?? '(the package\'s own)'}`);
 
 const results = Object.fromEntries(Object.keys(systems).map((k) => [k, { fresh: [], replay: [], storm: [], answered: [], extra: [], late: [] }]));
