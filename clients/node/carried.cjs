@@ -112,6 +112,10 @@ class Carried {
   // Closed and nothing waits: the socket goes, and the wake-up function the addon holds (it
   // holds this link, which holds the native engine) is released, so the engine can be collected.
   #done() {
+    if (this.#timer !== null) {
+      clearTimeout(this.#timer);
+      this.#timer = null;
+    }
     if (this.#socket !== null) this.#giveUp(this.#socket, 'the engine was closed');
     this.#n.carriedStopWaking();
   }
@@ -142,12 +146,11 @@ class Carried {
     if (limit && this.#timer === null) this.#arm(limit);
   }
 
+  // The response timer stays armed (unref'd) when the last call's reply comes: at its deadline it
+  // finds no call waiting and stops. Calls one after another so arm one timer per response
+  // timeout instead of one per round trip.
   #idle() {
     this.#socket?.unref();
-    if (this.#timer !== null) {
-      clearTimeout(this.#timer);
-      this.#timer = null;
-    }
     if (this.#closed) this.#done();
   }
 

@@ -8,6 +8,9 @@
 //   node bench/calls.mjs <system> <fresh|replay> <calls>
 //   system: idemgate-memory, node-idempotency-memory, idemgate-redis, powertools-redis
 //   IDEMGATE_TEST_REDIS_URL (default redis://127.0.0.1:6379); keys have a prefix of their own.
+//   On Redis it also prints the server's CPU time per call (meaningful on a private server).
+//   `taskset -c 0` on Node and on a private server times the work alone, with no wake-up of an
+//   idle core between them (see scripts/bench-node --one-core).
 // e.g. for n in 1000 3000; do strace -f -c -o /tmp/s.$n node bench/calls.mjs idemgate-redis fresh $n; done
 import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -58,10 +61,32 @@ if (system.startsWith('idemgate-')) {
   throw new Error(`unknown system ${system}`);
 }
 
+// On Redis, the server's own CPU time per call as well (`INFO cpu`, read over a connection of
+// its own before and after the timed calls): on a server nothing else uses (a private one),
+// what the library's commands cost Redis.
+let serverCpu = async () => undefined;
+if (system.endsWith('-redis')) {
+  const { createClient } = await import('@redis/client');
+  const probe = await createClient({ url: REDIS }).connect();
+  serverCpu = async () => {
+    const info = await probe.info('cpu');
+    const field = (name) => Number(new RegExp(`^${name}:([0-9.]+)`, 'm').exec(info)[1]);
+    return field('used_cpu_user') + field('used_cpu_sys');
+  };
+  const previous = close;
+  close = async () => {
+    await previous();
+    await probe.quit();
+  };
+}
+
 const orders = Array.from({ length: CALLS }, (_, i) => ({ id: `${run}-${i}`, amount: i }));
 if (phase === 'replay') for (const o of orders) await wrapped(o);
+const cpu0 = await serverCpu();
 const t = performance.now();
 for (const o of orders) await wrapped(o);
 const us = ((performance.now() - t) * 1000) / CALLS;
-process.stderr.write(`${system} ${phase}: ${CALLS} calls, ${us.toFixed(1)} µs/call\n`);
+const cpu1 = await serverCpu();
+const server = cpu0 === undefined ? '' : `; Redis server CPU ${(((cpu1 - cpu0) * 1e6) / CALLS).toFixed(1)} µs/call`;
+process.stderr.write(`${system} ${phase}: ${CALLS} calls, ${us.toFixed(1)} µs/call${server}\n`);
 await close();
