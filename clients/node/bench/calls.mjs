@@ -6,7 +6,8 @@
 // Usage (from clients/node, after scripts/test-node --build-only; IDEMGATE_NODE_ADDON as for
 // bench/peers.mjs):
 //   node bench/calls.mjs <system> <fresh|replay> <calls>
-//   system: idemgate-memory, node-idempotency-memory, idemgate-redis, powertools-redis
+//   system: idemgate-memory, node-idempotency-memory, idemgate-redis, powertools-redis,
+//     floor-redis (bench/peers.mjs's floor: SET NX GET, then SET XX)
 //   IDEMGATE_TEST_REDIS_URL (default redis://127.0.0.1:6379); keys have a prefix of their own.
 //   On Redis it also prints the server's CPU time per call (meaningful on a private server).
 //   `taskset -c 0` on Node and on a private server times the work alone, with no wake-up of an
@@ -56,6 +57,19 @@ if (system.startsWith('idemgate-')) {
     persistenceStore: new CachePersistenceLayer({ client: redis, keyPrefix: `calls-${run}-pt` }),
     config,
   });
+  close = async () => redis.quit();
+} else if (system === 'floor-redis') {
+  // bench/peers.mjs's floor: the client's own two round trips, no library.
+  const { createClient } = await import('@redis/client');
+  const redis = await createClient({ url: REDIS }).connect();
+  wrapped = async (order) => {
+    const name = `calls-${run}-floor:${order.id}`;
+    const stored = await redis.set(name, '', { NX: true, GET: true, PX: 3_600_000 });
+    if (stored !== null) return JSON.parse(stored);
+    const result = await work(order);
+    await redis.set(name, JSON.stringify(result), { XX: true, PX: 3_600_000 });
+    return result;
+  };
   close = async () => redis.quit();
 } else {
   throw new Error(`unknown system ${system}`);
