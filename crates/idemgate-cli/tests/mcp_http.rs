@@ -84,13 +84,19 @@ impl Sandbox {
         let start = Instant::now();
         loop {
             let text = fs::read_to_string(&p.stderr).unwrap_or_default();
-            if let Some(at) = text.find("http://") {
-                let url: String = text[at..]
-                    .chars()
-                    .take_while(|c| !c.is_whitespace())
-                    .collect();
-                p.addr = url["http://".len()..].trim_end_matches("/mcp").to_owned();
-                p.url = url;
+            // Only a whole line: one read may land while the proxy is still writing it.
+            let announced = text
+                .split_inclusive('\n')
+                .filter(|line| line.ends_with('\n'))
+                .find_map(|line| line.split_once("endpoint at http://"));
+            if let Some((_, rest)) = announced {
+                let addr = rest.trim_end().trim_end_matches("/mcp");
+                assert!(
+                    addr.parse::<std::net::SocketAddr>().is_ok(),
+                    "the proxy announced no address: {text}"
+                );
+                p.addr = addr.to_owned();
+                p.url = format!("http://{addr}/mcp");
                 return p;
             }
             if let Some(status) = p.child.try_wait().unwrap() {

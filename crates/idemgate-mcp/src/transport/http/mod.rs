@@ -145,7 +145,11 @@ impl<S: Store> Proxy<S> {
     pub async fn run(self: &Arc<Self>, listen: SocketAddr) -> Result<(), Error> {
         let listener = tokio::net::TcpListener::bind(listen).await?;
         let addr = listener.local_addr()?;
-        eprintln!("idemgate: MCP Streamable HTTP endpoint at http://{addr}{ENDPOINT}");
+        // One write of the whole line: `eprintln!` writes its pieces one by one to the unbuffered
+        // stderr, so a script reading the address as it comes could see `http://` alone.
+        let line = format!("idemgate: MCP Streamable HTTP endpoint at http://{addr}{ENDPOINT}\n");
+        // Nobody reading stderr is no reason to stop serving.
+        let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
         self.serve(listener, pump::shutdown_signal()).await
     }
 }
