@@ -61,15 +61,9 @@ if (system.startsWith('idemgate-')) {
 } else if (system === 'floor-redis') {
   // bench/peers.mjs's floor: the client's own two round trips, no library.
   const { createClient } = await import('@redis/client');
+  const { redisFloor } = await import('./floor.mjs');
   const redis = await createClient({ url: REDIS }).connect();
-  wrapped = async (order) => {
-    const name = `calls-${run}-floor:${order.id}`;
-    const stored = await redis.set(name, '', { NX: true, GET: true, PX: 3_600_000 });
-    if (stored !== null) return JSON.parse(stored);
-    const result = await work(order);
-    await redis.set(name, JSON.stringify(result), { XX: true, PX: 3_600_000 });
-    return result;
-  };
+  wrapped = redisFloor(redis, `calls-${run}-floor`)(work);
   close = async () => redis.quit();
 } else {
   throw new Error(`unknown system ${system}`);

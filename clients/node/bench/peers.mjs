@@ -40,6 +40,7 @@ import { CachePersistenceLayer } from '@aws-lambda-powertools/idempotency/cache'
 import { Idempotency } from '@node-idempotency/core';
 import { MemoryStorageAdapter } from '@node-idempotency/storage-adapter-memory';
 import { Engine, idempotent } from '../index.mjs';
+import { redisFloor } from './floor.mjs';
 
 const CALLS = Number(process.argv[2] ?? 300);
 const ROUNDS = Number(process.argv[3] ?? 5);
@@ -94,14 +95,7 @@ const powertools = (fn) => makeIdempotent(fn, {
   config: powertoolsConfig,
 });
 /** `fn` behind the floor: the Redis client's own round trips, no library (see the top). */
-const floor = (fn) => async (order) => {
-  const name = `bench-${run}-floor:${order.id}`;
-  const stored = await redis.set(name, '', { NX: true, GET: true, PX: 3_600_000 });
-  if (stored !== null) return JSON.parse(stored);
-  const result = await fn(order);
-  await redis.set(name, JSON.stringify(result), { XX: true, PX: 3_600_000 });
-  return result;
-};
+const floor = redisFloor(redis, `bench-${run}-floor`);
 const ours = (engine) => (fn) => idempotent(engine, 'charge', fn, { key: (o) => o.id, args: (o) => o, wait: 60 });
 
 /** Each system: how it wraps a function, and the store it is compared on. */
