@@ -19,6 +19,31 @@ pub struct Fixture<S> {
     /// How the store lists a record reserved under a key: as that key, unless the store keeps
     /// keys in another form (a sealed store lists their HMACs).
     pub listed_as: ListedAs,
+    /// What to undo when the fixture goes (see [`Fixture::then_drop`]).
+    pub teardown: Teardown,
+}
+
+/// Work that runs when it is dropped: what a fixture leaves behind on a shared server (a schema
+/// of its own), undone when the behaviour ends, whether it passed or panicked.
+#[derive(Default)]
+pub struct Teardown(Option<Box<dyn FnOnce() + Send>>);
+
+impl Drop for Teardown {
+    fn drop(&mut self) {
+        if let Some(undo) = self.0.take() {
+            undo();
+        }
+    }
+}
+
+impl std::fmt::Debug for Teardown {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "Teardown(…)"
+        } else {
+            "Teardown(none)"
+        })
+    }
 }
 
 /// How a store lists the key of a record ([`Fixture::listing_keys_as`]).
@@ -56,6 +81,7 @@ impl<S: Store> Fixture<S> {
             store,
             time: TimeTravel::Manual(clock),
             listed_as: ListedAs::default(),
+            teardown: Teardown::default(),
         }
     }
 
@@ -65,6 +91,7 @@ impl<S: Store> Fixture<S> {
             store,
             time: TimeTravel::Real,
             listed_as: ListedAs::default(),
+            teardown: Teardown::default(),
         }
     }
 
@@ -74,7 +101,16 @@ impl<S: Store> Fixture<S> {
             store: wrap(self.store),
             time: self.time,
             listed_as: self.listed_as,
+            teardown: self.teardown,
         }
+    }
+
+    /// The same fixture, running `undo` when it is dropped (after the store: fields drop in
+    /// order), to remove what it made on a shared server. `undo` runs on the thread that drops
+    /// the fixture, possibly inside a runtime: it must not need one of its caller's.
+    pub fn then_drop(mut self, undo: impl FnOnce() + Send + 'static) -> Self {
+        self.teardown = Teardown(Some(Box::new(undo)));
+        self
     }
 
     /// The same fixture, for a store that lists the record of `key` as `listed(key)`.

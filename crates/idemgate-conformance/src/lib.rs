@@ -20,7 +20,8 @@ pub use behaviours::history::*;
 pub use behaviours::leases::*;
 pub use behaviours::listing::*;
 pub use fixture::{
-    fresh_key, Fixture, ListedAs, TimeTravel, LONG_LEASE, LONG_TTL, PAST_SHORT_LEASE, SHORT_LEASE,
+    fresh_key, Fixture, ListedAs, Teardown, TimeTravel, LONG_LEASE, LONG_TTL, PAST_SHORT_LEASE,
+    SHORT_LEASE,
 };
 
 /// Stamps out every behaviour as a named `#[tokio::test]` for one store.

@@ -1,26 +1,66 @@
 //! The Postgres store passes the conformance suite against the shared server on loopback
-//! (`IDEMGATE_TEST_POSTGRES_URL`, default `postgres://postgres@127.0.0.1:5432/test`), in schema
-//! `idemgate_test_vN` (N the schema version, so that checkouts of other versions never meet).
+//! (`IDEMGATE_TEST_POSTGRES_URL`, default `postgres://postgres@127.0.0.1:5432/test`), each
+//! behaviour in a schema of its own, dropped when it ends.
 
-/// The shared test server, in schema `idemgate_test_vN`, reserving by `reserve_path`.
+/// The shared test server, in a schema of the fixture's own, reserving by `reserve_path`.
+///
+/// A schema of its own, because the behaviours running at once would otherwise purge each
+/// other's records (a purge is schema-wide): a reopened record is gone at once, and its key,
+/// reserved again, starts its fence at 1, which a behaviour waiting for the fence to grow takes
+/// for a fence that failed to.
 async fn fixture(
     reserve_path: idemgate_postgres::ReservePath,
 ) -> idemgate_conformance::Fixture<idemgate_postgres::PgStore> {
     let url = std::env::var("IDEMGATE_TEST_POSTGRES_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+    let schema = format!(
+        "idemgate_conformance_v{}_{}",
+        idemgate_postgres::SCHEMA_VERSION,
+        &idemgate_core::IdempotencyKey::mint().as_str()[4..16]
+    );
     let options = idemgate_postgres::PgOptions {
-        schema: format!("idemgate_test_v{}", idemgate_postgres::SCHEMA_VERSION),
+        schema: schema.clone(),
         pool_size: 8,
         reserve_path,
         ..idemgate_postgres::PgOptions::default()
     };
     match idemgate_postgres::PgStore::connect_with(&url, options).await {
-        Ok(store) => idemgate_conformance::Fixture::real(store),
+        Ok(store) => {
+            idemgate_conformance::Fixture::real(store).then_drop(move || drop_schema(url, schema))
+        }
         Err(e) => panic!(
             "failed to connect to the test Postgres at {url}: {e}\nstart it with: \
              pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start \
              (or point IDEMGATE_TEST_POSTGRES_URL at one)"
         ),
+    }
+}
+
+/// Drops `schema` on the server at `url`, on a thread and runtime of its own (the fixture may
+/// be dropped inside its test's runtime, which cannot be blocked on).
+fn drop_schema(url: String, schema: String) {
+    let dropped = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        runtime.block_on(async {
+            let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await?;
+            let driven = tokio::spawn(conn);
+            let dropped = client
+                .batch_execute(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
+                .await;
+            drop(client);
+            let _ = driven.await;
+            dropped
+        })
+    })
+    .join();
+    // Not a failure of the behaviour: the schema is left behind, and says so.
+    match dropped {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => eprintln!("could not drop the test schema: {e}"),
+        Err(_) => eprintln!("dropping the test schema panicked"),
     }
 }
 

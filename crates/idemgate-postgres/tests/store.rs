@@ -771,7 +771,11 @@ async fn unknown_record_completes_under_its_lease_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reaper_deletes_expired_rows() {
-    let store = connect().await;
+    // A schema of its own: the reaper purges every expired row of its schema, and in the shared
+    // one it would delete the rows other tests wait on to expire (their keys' fences would then
+    // start again at 1).
+    let (schema, opts) = private_schema();
+    let store = support::connect_with(&support::url(), opts).await;
     let key = fresh_key("reaper", "k");
     let lease = acquire(
         &store,
@@ -792,10 +796,7 @@ async fn reaper_deletes_expired_rows() {
     let count = || async {
         client
             .query_one(
-                &format!(
-                    "SELECT count(*) FROM {}.idemgate_records WHERE tenant = $1",
-                    support::schema()
-                ),
+                &format!("SELECT count(*) FROM \"{schema}\".idemgate_records WHERE tenant = $1"),
                 &[&key.tenant.as_str()],
             )
             .await
@@ -811,6 +812,8 @@ async fn reaper_deletes_expired_rows() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     reaper.abort();
+    drop(store);
+    support::drop_schema(&schema).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
