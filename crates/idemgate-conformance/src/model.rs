@@ -76,8 +76,31 @@ pub enum StoreOp {
 
 const SHORT: Duration = Duration::from_millis(300);
 const LONG: Duration = Duration::from_secs(600);
-const TTL: Duration = Duration::from_millis(900);
-const TOMBSTONE: Duration = Duration::from_millis(2_000);
+/// How long completed records are replayed and kept, by the clock the fixture's time runs on.
+#[derive(Clone, Copy)]
+struct Kept {
+    ttl: Duration,
+    tombstone: Duration,
+}
+
+impl Kept {
+    /// On a manual clock, short enough that `Advance` steps pass them. On a server's clock,
+    /// which the model never moves, longer than any sequence runs: a slow server (fsyncing
+    /// commits on a loaded disk) must not expire what the model holds completed.
+    fn for_time(manual: bool) -> Self {
+        if manual {
+            Kept {
+                ttl: Duration::from_millis(900),
+                tombstone: Duration::from_millis(2_000),
+            }
+        } else {
+            Kept {
+                ttl: LONG,
+                tombstone: 2 * LONG,
+            }
+        }
+    }
+}
 
 /// Operation sequences; without manual time, no `Advance` and only long leases.
 pub fn store_ops(manual_time: bool) -> impl Strategy<Value = Vec<StoreOp>> {
@@ -130,6 +153,7 @@ enum Seen {
 struct Model {
     now: u64,
     rec: Option<MRec>,
+    kept: Kept,
 }
 
 impl Model {
@@ -223,10 +247,14 @@ impl Model {
         let now = self.now;
         let r = self.rec.as_mut().unwrap();
         if !matches!(r.state, MState::Done { .. }) {
-            let kept = if tombstone { TOMBSTONE } else { TTL };
+            let Kept {
+                ttl,
+                tombstone: kept,
+            } = self.kept;
+            let kept = if tombstone { kept } else { ttl };
             r.state = MState::Done {
                 body,
-                expires: now + TTL.as_millis() as u64,
+                expires: now + ttl.as_millis() as u64,
                 retain: now + kept.as_millis() as u64,
             };
         }
@@ -316,7 +344,12 @@ fn seen_unit<T>(r: Result<T, StoreError>) -> Result<Seen, String> {
 pub async fn check_against_model<S: Store>(fx: &Fixture<S>, ops: &[StoreOp]) -> Result<(), String> {
     let key = fresh_key("model");
     let store = &fx.store;
-    let mut m = Model { now: 0, rec: None };
+    let kept = Kept::for_time(matches!(fx.time, TimeTravel::Manual(_)));
+    let mut m = Model {
+        now: 0,
+        rec: None,
+        kept,
+    };
     // Leases handed out so far, as (fence, token slot); a forged one stands in when there are none.
     let mut leases: Vec<(Fence, u8)> = Vec::new();
     let pick = |leases: &Vec<(Fence, u8)>, i: u8| -> (Fence, u8) {
@@ -398,8 +431,12 @@ pub async fn check_against_model<S: Store>(fx: &Fixture<S>, ops: &[StoreOp]) -> 
                 let l = pick(&leases, lease);
                 let outcome = Outcome::success(vec![body]);
                 let keep = Keep {
-                    ttl: TTL,
-                    tombstone: if tombstone { TOMBSTONE } else { Duration::ZERO },
+                    ttl: kept.ttl,
+                    tombstone: if tombstone {
+                        kept.tombstone
+                    } else {
+                        Duration::ZERO
+                    },
                 };
                 (
                     m.complete(l, body, tombstone),
