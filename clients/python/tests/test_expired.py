@@ -149,12 +149,14 @@ def test_without_a_tombstone_a_retry_after_the_ttl_runs_again(engine: Engine) ->
 
 def test_past_its_tombstone_the_key_names_a_new_action(engine: Engine) -> None:
     tool, key, runs = _tool("ping"), mint_key(), Counter()
-    assert engine.call(tool, key, None, runs.bump, ttl=0.2, tombstone=0.6).executed
+    # Past the TTL with most of the tombstone's second left, so that a slow call still lands
+    # inside it; then past the tombstone.
+    assert engine.call(tool, key, None, runs.bump, ttl=0.2, tombstone=1.0).executed
     time.sleep(0.35)
     with pytest.raises(OutcomeExpired):
-        engine.call(tool, key, None, runs.bump, ttl=0.2, tombstone=0.6)
-    time.sleep(0.6)
-    assert engine.call(tool, key, None, runs.bump, ttl=0.2, tombstone=0.6).executed
+        engine.call(tool, key, None, runs.bump, ttl=0.2, tombstone=1.0)
+    time.sleep(0.7)
+    assert engine.call(tool, key, None, runs.bump, ttl=0.2, tombstone=1.0).executed
     assert runs.n == 2
 
 

@@ -144,9 +144,11 @@ async fn sigkill_mid_stream_loses_no_acknowledged_completion() {
     pg.kill9();
     let killed_at = Instant::now();
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let restart_at = Instant::now();
     // Blocking (it polls pg_isready); the workers go on on the other worker thread.
     tokio::task::block_in_place(|| pg.start());
+    // The server answers again (after its crash recovery, which a loaded machine slows): from
+    // here on, how long the store takes to serve is its own reconnecting.
+    let ready_at = Instant::now();
     restarted.store(true, Ordering::SeqCst);
     // The store serves again: a fresh call gets through.
     let probe_tally = Arc::new(Mutex::new(Tally::default()));
@@ -158,11 +160,11 @@ async fn sigkill_mid_stream_loses_no_acknowledged_completion() {
             ..
         }) = call_once(&engine, &tenant, &format!("probe-{n}"), &probe_tally).await
         {
-            break restart_at.elapsed();
+            break ready_at.elapsed();
         }
         assert!(
-            restart_at.elapsed() < Duration::from_secs(10),
-            "the store did not serve again within 10 s of the restart"
+            ready_at.elapsed() < Duration::from_secs(10),
+            "the store did not serve again within 10 s of the server's answering"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
@@ -211,21 +213,21 @@ async fn sigkill_mid_stream_loses_no_acknowledged_completion() {
     let t = tally.lock().unwrap();
     eprintln!(
         "crash test: {} calls, {} acknowledged before the kill and {} after the restart, {} \
-         journaled, {} refused while down; served again {served_after:?} after the restart \
-         ({:?} after the kill); journal flush {report:?}",
+         journaled, {} refused while down; served again {served_after:?} after the server \
+         answered ({:?} after the kill); journal flush {report:?}",
         called.len(),
         t.stored_before,
         t.stored_after,
         t.journaled.len(),
         t.refused,
-        restart_at.duration_since(killed_at) + served_after,
+        ready_at.duration_since(killed_at) + served_after,
     );
     assert!(lost.is_empty(), "acknowledged completions lost: {lost:?}");
     assert!(t.stored_before > 0, "no completion before the kill");
     assert!(t.stored_after > 0, "no completion after the restart");
     assert!(
         served_after < Duration::from_secs(5),
-        "served again only after {served_after:?}"
+        "served again only {served_after:?} after the server answered"
     );
     assert_eq!(report.pending, 0, "journal entries left: {report:?}");
 }
