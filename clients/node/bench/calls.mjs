@@ -1,7 +1,8 @@
 // One system's calls one after another, nothing else, for counting what a call costs from
 // outside: run it under `strace -f -c` or `perf stat` at two call counts and divide the
 // difference by the difference of the counts (what the process does to start and open its store
-// cancels out). The systems are bench/peers.mjs's, on the same stores. Never a test.
+// cancels out). The systems are bench/peers.mjs's (bench/systems.mjs), on the same stores.
+// Never a test.
 //
 // Usage (from clients/node, after scripts/test-node --build-only; IDEMGATE_NODE_ADDON as for
 // bench/peers.mjs):
@@ -25,45 +26,23 @@ const REDIS = process.env.IDEMGATE_TEST_REDIS_URL ?? 'redis://127.0.0.1:6379';
 const run = randomBytes(4).toString('hex');
 const work = async (order) => ({ charged: order.amount, order: order.id });
 
+const { nodeIdempotency, ours, powertools, redisFloor } = await import('./systems.mjs');
 let wrapped;
 let close = async () => {};
 if (system.startsWith('idemgate-')) {
-  const { Engine, idempotent } = await import('../index.mjs');
+  const { Engine } = await import('../index.mjs');
   const dir = mkdtempSync(path.join(tmpdir(), 'idemgate-calls-'));
   const url = system === 'idemgate-memory' ? 'memory:' : `${REDIS}?key_prefix=calls-${run}:&allow_volatile=true`;
   const engine = await Engine.open(url, { journal: path.join(dir, 'journal'), tenant: `calls-${run}` });
-  wrapped = idempotent(engine, 'charge', work, { key: (o) => o.id, args: (o) => o, wait: 60 });
+  wrapped = ours(engine)(work);
   close = async () => engine.close();
 } else if (system === 'node-idempotency-memory') {
-  const { Idempotency } = await import('@node-idempotency/core');
-  const { MemoryStorageAdapter } = await import('@node-idempotency/storage-adapter-memory');
-  const gate = new Idempotency(new MemoryStorageAdapter(), { inProgressStrategy: { wait: true, maxWaitMs: 60_000 } });
-  wrapped = async (order) => {
-    const req = { headers: { 'idempotency-key': order.id }, path: '/charge', method: 'POST', body: order };
-    const stored = await gate.onRequest(req);
-    if (stored) return stored.body;
-    const body = await work(order);
-    await gate.onResponse(req, { body });
-    return body;
-  };
-} else if (system === 'powertools-redis') {
+  wrapped = nodeIdempotency(work);
+} else if (system === 'powertools-redis' || system === 'floor-redis') {
   const { createClient } = await import('@redis/client');
-  const { makeIdempotent, IdempotencyConfig } = await import('@aws-lambda-powertools/idempotency');
-  const { CachePersistenceLayer } = await import('@aws-lambda-powertools/idempotency/cache');
   const redis = await createClient({ url: REDIS }).connect();
-  const config = new IdempotencyConfig({ eventKeyJmesPath: 'id' });
-  config.registerLambdaContext({ getRemainingTimeInMillis: () => 900_000 });
-  wrapped = makeIdempotent(work, {
-    persistenceStore: new CachePersistenceLayer({ client: redis, keyPrefix: `calls-${run}-pt` }),
-    config,
-  });
-  close = async () => redis.quit();
-} else if (system === 'floor-redis') {
-  // bench/peers.mjs's floor: the client's own two round trips, no library.
-  const { createClient } = await import('@redis/client');
-  const { redisFloor } = await import('./floor.mjs');
-  const redis = await createClient({ url: REDIS }).connect();
-  wrapped = redisFloor(redis, `calls-${run}-floor`)(work);
+  const wrap = system === 'floor-redis' ? redisFloor(redis, `calls-${run}-floor`) : powertools(redis, `calls-${run}-pt`);
+  wrapped = wrap(work);
   close = async () => redis.quit();
 } else {
   throw new Error(`unknown system ${system}`);

@@ -35,12 +35,8 @@ import { randomBytes } from 'node:crypto';
 import { performance } from 'node:perf_hooks';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { createClient } from '@redis/client';
-import { makeIdempotent, IdempotencyConfig } from '@aws-lambda-powertools/idempotency';
-import { CachePersistenceLayer } from '@aws-lambda-powertools/idempotency/cache';
-import { Idempotency } from '@node-idempotency/core';
-import { MemoryStorageAdapter } from '@node-idempotency/storage-adapter-memory';
-import { Engine, idempotent } from '../index.mjs';
-import { redisFloor } from './floor.mjs';
+import { Engine } from '../index.mjs';
+import { nodeIdempotency, ours, powertools, redisFloor } from './systems.mjs';
 
 const CALLS = Number(process.argv[2] ?? 300);
 const ROUNDS = Number(process.argv[3] ?? 5);
@@ -51,28 +47,6 @@ const LOAD = Number(process.env.BENCH_LOAD ?? 0);
 const run = randomBytes(4).toString('hex');
 
 const work = async (order) => ({ charged: order.amount, order: order.id });
-
-/** `fn` made idempotent with @node-idempotency/core (keyed by the order id, fingerprinted by the
- * order), duplicates in flight waiting for the first (its `wait` strategy, polling). */
-function nodeIdempotency(fn) {
-  const gate = new Idempotency(new MemoryStorageAdapter(), { inProgressStrategy: { wait: true, maxWaitMs: 60_000 } });
-  return async (order) => {
-    const req = { headers: { 'idempotency-key': order.id }, path: '/charge', method: 'POST', body: order };
-    const stored = await gate.onRequest(req);
-    if (stored) {
-      if (stored.error) throw stored.error;
-      return stored.body;
-    }
-    try {
-      const body = await fn(order);
-      await gate.onResponse(req, { body });
-      return body;
-    } catch (error) {
-      await gate.onResponse(req, { error: String(error) });
-      throw error;
-    }
-  };
-}
 
 const redis = await createClient({ url: REDIS }).connect();
 // What the server keeps, for the header; one that keeps nothing needs idemgate's allow_volatile.
@@ -86,24 +60,16 @@ const engines = {
   sqlite: await Engine.open(`sqlite://${path.join(dir, 'db')}`, { journal: path.join(dir, 'journal'), tenant }),
   redis: await Engine.open(`${REDIS}?key_prefix=bench-${run}:${durable ? '' : '&allow_volatile=true'}`, { journal: path.join(dir, 'journal-r'), tenant }),
 };
-// Outside Lambda there is no invocation deadline: a context that has ample time left, as a
-// Lambda's would, so Powertools does not warn on every call.
-const powertoolsConfig = new IdempotencyConfig({ eventKeyJmesPath: 'id' });
-powertoolsConfig.registerLambdaContext({ getRemainingTimeInMillis: () => 900_000 });
-const powertools = (fn) => makeIdempotent(fn, {
-  persistenceStore: new CachePersistenceLayer({ client: redis, keyPrefix: `bench-${run}-pt` }),
-  config: powertoolsConfig,
-});
-/** `fn` behind the floor: the Redis client's own round trips, no library (see the top). */
+/** The systems' wrappers (bench/systems.mjs), on this run's stores and key prefixes. */
+const wrapPowertools = powertools(redis, `bench-${run}-pt`);
 const floor = redisFloor(redis, `bench-${run}-floor`);
-const ours = (engine) => (fn) => idempotent(engine, 'charge', fn, { key: (o) => o.id, args: (o) => o, wait: 60 });
 
 /** Each system: how it wraps a function, and the store it is compared on. */
 const systems = {
   'baseline (the bare function)': { wrap: (fn) => fn, store: '-' },
   '@node-idempotency/core, memory': { wrap: nodeIdempotency, store: 'memory' },
   'idemgate, memory': { wrap: ours(engines.memory), store: 'memory' },
-  'powertools idempotency, Redis': { wrap: powertools, store: 'Redis' },
+  'powertools idempotency, Redis': { wrap: wrapPowertools, store: 'Redis' },
   'idemgate, Redis': { wrap: ours(engines.redis), store: 'Redis' },
   'idemgate, SQLite': { wrap: ours(engines.sqlite), store: 'SQLite' },
   'the floor (SET NX GET, SET XX)': { wrap: floor, store: 'Redis', noStorm: true },
