@@ -26,7 +26,7 @@ pub struct Fixture<S> {
 /// Work that runs when it is dropped: what a fixture leaves behind on a shared server (a schema
 /// of its own), undone when the behaviour ends, whether it passed or panicked.
 #[derive(Default)]
-pub struct Teardown(Option<Box<dyn FnOnce() + Send>>);
+pub struct Teardown(Option<Box<dyn FnOnce() + Send + Sync>>);
 
 impl Drop for Teardown {
     fn drop(&mut self) {
@@ -108,7 +108,7 @@ impl<S: Store> Fixture<S> {
     /// The same fixture, running `undo` when it is dropped (after the store: fields drop in
     /// order), to remove what it made on a shared server. `undo` runs on the thread that drops
     /// the fixture, possibly inside a runtime: it must not need one of its caller's.
-    pub fn then_drop(mut self, undo: impl FnOnce() + Send + 'static) -> Self {
+    pub fn then_drop(mut self, undo: impl FnOnce() + Send + Sync + 'static) -> Self {
         self.teardown = Teardown(Some(Box::new(undo)));
         self
     }

@@ -39,27 +39,34 @@ async fn fixture(
 /// Drops `schema` on the server at `url`, on a thread and runtime of its own (the fixture may
 /// be dropped inside its test's runtime, which cannot be blocked on).
 fn drop_schema(url: String, schema: String) {
+    use std::time::Duration;
     let dropped = std::thread::spawn(move || {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .expect("a runtime");
-        runtime.block_on(async {
+        // Bounded: a server that stops answering, or a session holding the schema's locks,
+        // leaves the schema behind rather than hanging the test.
+        let dropping = async {
             let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await?;
             let driven = tokio::spawn(conn);
             let dropped = client
-                .batch_execute(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
+                .batch_execute(&format!(
+                    "SET lock_timeout = '10s'; DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"
+                ))
                 .await;
             drop(client);
             let _ = driven.await;
             dropped
-        })
+        };
+        runtime.block_on(async { tokio::time::timeout(Duration::from_secs(30), dropping).await })
     })
     .join();
     // Not a failure of the behaviour: the schema is left behind, and says so.
     match dropped {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => eprintln!("could not drop the test schema: {e}"),
+        Ok(Ok(Ok(()))) => {}
+        Ok(Ok(Err(e))) => eprintln!("could not drop the test schema: {e}"),
+        Ok(Err(_)) => eprintln!("dropping the test schema took over 30 s"),
         Err(_) => eprintln!("dropping the test schema panicked"),
     }
 }
