@@ -2,6 +2,12 @@
 //! (`IDEMGATE_TEST_POSTGRES_URL`, default `postgres://postgres@127.0.0.1:5432/test`), each
 //! behaviour in a schema of its own, dropped when it ends.
 
+// The crate's test helpers: this target uses the server's URL, its schemas and connecting.
+#[allow(dead_code)]
+mod support;
+
+use std::time::Duration;
+
 /// The shared test server, in a schema of the fixture's own, reserving by `reserve_path`.
 ///
 /// A schema of its own, because the behaviours running at once would otherwise purge each
@@ -11,63 +17,41 @@
 async fn fixture(
     reserve_path: idemgate_postgres::ReservePath,
 ) -> idemgate_conformance::Fixture<idemgate_postgres::PgStore> {
-    let url = std::env::var("IDEMGATE_TEST_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
-    let schema = format!(
-        "idemgate_conformance_v{}_{}",
-        idemgate_postgres::SCHEMA_VERSION,
-        &idemgate_core::IdempotencyKey::mint().as_str()[4..16]
-    );
+    let schema = support::fresh_schema(&format!(
+        "idemgate_conformance_v{}",
+        idemgate_postgres::SCHEMA_VERSION
+    ));
     let options = idemgate_postgres::PgOptions {
         schema: schema.clone(),
-        pool_size: 8,
         reserve_path,
-        ..idemgate_postgres::PgOptions::default()
+        ..support::options()
     };
-    match idemgate_postgres::PgStore::connect_with(&url, options).await {
-        Ok(store) => {
-            idemgate_conformance::Fixture::real(store).then_drop(move || drop_schema(url, schema))
-        }
-        Err(e) => panic!(
-            "failed to connect to the test Postgres at {url}: {e}\nstart it with: \
-             pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start \
-             (or point IDEMGATE_TEST_POSTGRES_URL at one)"
-        ),
-    }
+    let store = support::connect_with(&support::url(), options).await;
+    idemgate_conformance::Fixture::real(store).then_drop(move || drop_on_own_thread(schema))
 }
 
-/// Drops `schema` on the server at `url`, on a thread and runtime of its own (the fixture may
-/// be dropped inside its test's runtime, which cannot be blocked on).
-fn drop_schema(url: String, schema: String) {
-    use std::time::Duration;
+/// Drops `schema` (`support::drop_schema`) on a thread and runtime of its own: the fixture may
+/// be dropped inside its test's runtime, which cannot be blocked on.
+fn drop_on_own_thread(schema: String) {
     let dropped = std::thread::spawn(move || {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .expect("a runtime");
-        // Bounded: a server that stops answering, or a session holding the schema's locks,
-        // leaves the schema behind rather than hanging the test.
-        let dropping = async {
-            let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await?;
-            let driven = tokio::spawn(conn);
-            let dropped = client
-                .batch_execute(&format!(
-                    "SET lock_timeout = '10s'; DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"
-                ))
-                .await;
-            drop(client);
-            let _ = driven.await;
-            dropped
-        };
-        runtime.block_on(async { tokio::time::timeout(Duration::from_secs(30), dropping).await })
+        // Bounded: a server that stops answering leaves the schema behind rather than hanging
+        // the test.
+        // (The timeout's timer needs the runtime: made inside `block_on`.)
+        runtime.block_on(async {
+            tokio::time::timeout(Duration::from_secs(30), support::drop_schema(&schema)).await
+        })
     })
     .join();
-    // Not a failure of the behaviour: the schema is left behind, and says so.
+    // Not a failure of the behaviour: the schema is left behind, and says so (a failed drop has
+    // printed its panic).
     match dropped {
-        Ok(Ok(Ok(()))) => {}
-        Ok(Ok(Err(e))) => eprintln!("could not drop the test schema: {e}"),
+        Ok(Ok(())) => {}
         Ok(Err(_)) => eprintln!("dropping the test schema took over 30 s"),
-        Err(_) => eprintln!("dropping the test schema panicked"),
+        Err(_) => eprintln!("dropping the test schema failed"),
     }
 }
 
