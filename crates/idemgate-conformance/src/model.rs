@@ -247,15 +247,12 @@ impl Model {
         let now = self.now;
         let r = self.rec.as_mut().unwrap();
         if !matches!(r.state, MState::Done { .. }) {
-            let Kept {
-                ttl,
-                tombstone: kept,
-            } = self.kept;
-            let kept = if tombstone { kept } else { ttl };
+            let ttl = self.kept.ttl;
+            let retained = if tombstone { self.kept.tombstone } else { ttl };
             r.state = MState::Done {
                 body,
                 expires: now + ttl.as_millis() as u64,
-                retain: now + kept.as_millis() as u64,
+                retain: now + retained.as_millis() as u64,
             };
         }
         Seen::Ok
